@@ -1,0 +1,11 @@
+# fn_cuda: the CUDA backend (src/ops/cuda/*.cu and *.cpp). The baseline kernel set uses only SM70 instructions.
+file(GLOB_RECURSE cuda_srcs CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/ops/cuda/*.cu ${PROJECT_SOURCE_DIR}/src/ops/cuda/*.cpp)
+if(cuda_srcs)
+  add_library(fn_cuda STATIC ${cuda_srcs})
+  target_include_directories(fn_cuda PUBLIC ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(fn_cuda PUBLIC fn_model CUDA::cudart_static CUDA::cublas)
+  set_target_properties(fn_cuda PROPERTIES CUDA_SEPARABLE_COMPILATION OFF POSITION_INDEPENDENT_CODE ON)
+  target_compile_options(fn_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)
+else()
+  set(FLASHNEXT_HAVE_CUDA OFF)
+endif()

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: builds (installing dependencies if needed), runs every CTest test, then the loader
+# tests again under AddressSanitizer + UBSan (CPU-only build in build-asan/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure --parallel "$(nproc)" --timeout 1500
+
+echo "test: loader tests under AddressSanitizer and UBSan" >&2
+cmake -S . -B build-asan -G Ninja -DFLASHNEXT_CUDA=OFF -DFLASHNEXT_SANITIZE=ON -DFLASHNEXT_BENCHMARKS=OFF \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build-asan --target test_loader --parallel "$(nproc)"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure -L loader

@@ -1,0 +1,198 @@
+#include "loader/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace flashnext {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string TensorView::shape_str() const { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("{}: cannot open safetensors file ({})", path, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    fail("{}: cannot stat ({})", path, std::strerror(errno));
+  }
+  size_ = size_t(st.st_size);
+  if (size_ < 8) {
+    ::close(fd);
+    fail("{}: truncated safetensors file: {} bytes, the 8-byte header length alone needs 8", path, size_);
+  }
+  map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map_ == MAP_FAILED) {
+    map_ = nullptr;
+    fail("{}: mmap failed ({})", path, std::strerror(errno));
+  }
+  try {
+    auto* base = static_cast<const uint8_t*>(map_);
+    uint64_t header_len = 0;
+    std::memcpy(&header_len, base, 8);  // little-endian on every platform we build for
+    if (header_len > size_ - 8) {
+      fail("{}: header length {} runs past the end of the file ({} bytes)", path, header_len, size_);
+    }
+    json header;
+    try {
+      header = json::parse(base + 8, base + 8 + header_len);
+    } catch (const json::exception& e) {
+      fail("{}: header is not valid JSON ({})", path, e.what());
+    }
+    if (!header.is_object()) fail("{}: header is not a JSON object", path);
+    const uint8_t* data = base + 8 + header_len;
+    const size_t data_size = size_ - 8 - header_len;
+    std::vector<std::pair<size_t, size_t>> ranges;
+    std::vector<std::string> range_names;
+    for (auto& [name, entry] : header.items()) {
+      if (name == "__metadata__") {
+        if (entry.is_object()) {
+          for (auto& [k, v] : entry.items()) metadata_[k] = v.is_string() ? v.get<std::string>() : v.dump();
+        }
+        continue;
+      }
+      if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
+          !entry.contains("data_offsets")) {
+        fail("{}: tensor '{}' needs dtype, shape and data_offsets", path, name);
+      }
+      TensorView t;
+      t.name = name;
+      t.file = path;
+      if (!entry["dtype"].is_string()) fail("{}: tensor '{}': dtype is not a string", path, name);
+      std::string dt = entry["dtype"];
+      if (!parse_dtype(dt, &t.dtype)) {
+        fail("{}: tensor '{}' has dtype {}, which flashnext does not read (expected one of BF16, F16, F32, F8_E4M3, "
+             "F8_E5M2, U8, I8, I32, I64)", path, name, dt);
+      }
+      const auto& shape = entry["shape"];
+      if (!shape.is_array()) fail("{}: tensor '{}': shape is not an array", path, name);
+      size_t numel = 1;
+      for (auto& d : shape) {
+        if (!d.is_number_integer() || d.get<int64_t>() < 0) fail("{}: tensor '{}': bad shape {}", path, name, shape.dump());
+        int64_t v = d.get<int64_t>();
+        t.shape.push_back(v);
+        if (v != 0 && numel > (size_t(1) << 62) / size_t(v)) fail("{}: tensor '{}': shape {} overflows", path, name, shape.dump());
+        numel *= size_t(v);
+      }
+      const auto& off = entry["data_offsets"];
+      if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
+        fail("{}: tensor '{}': data_offsets must be two non-negative integers, got {}", path, name, off.dump());
+      }
+      size_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
+      if (begin > end || end > data_size) {
+        fail("{}: tensor '{}': data_offsets [{}, {}] out of range (data block is {} bytes)", path, name, begin, end,
+             data_size);
+      }
+      size_t expected = numel * dtype_size(t.dtype);
+      if (end - begin != expected) {
+        fail("{}: tensor '{}': {} bytes stored but shape {} of {} needs {}", path, name, end - begin, shape.dump(), dt,
+             expected);
+      }
+      t.data = data + begin;
+      t.nbytes = expected;
+      ranges.emplace_back(begin, end);
+      range_names.push_back(name);
+      tensors_.emplace(name, std::move(t));
+    }
+    std::vector<size_t> order(ranges.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ranges[a] < ranges[b]; });
+    for (size_t i = 1; i < order.size(); ++i) {
+      auto& prev = ranges[order[i - 1]];
+      auto& cur = ranges[order[i]];
+      if (cur.first < prev.second && cur.first != cur.second && prev.first != prev.second) {
+        fail("{}: tensors '{}' and '{}' overlap (bytes [{}, {}) and [{}, {}))", path, range_names[order[i - 1]],
+             range_names[order[i]], prev.first, prev.second, cur.first, cur.second);
+      }
+    }
+  } catch (...) {
+    ::munmap(map_, size_);
+    map_ = nullptr;
+    throw;
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_) ::munmap(map_, size_);
+}
+
+Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
+  if (!fs::is_directory(dir)) fail("{}: not a directory (expected a Hugging Face model folder)", dir);
+  fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  fs::path single = fs::path(dir) / "model.safetensors";
+  std::map<std::string, std::string> weight_map;  // tensor -> shard file name
+  std::vector<std::string> shard_names;
+  if (fs::exists(index)) {
+    std::ifstream in(index);
+    json j;
+    try {
+      j = json::parse(in);
+    } catch (const json::exception& e) {
+      fail("{}: not valid JSON ({})", index.string(), e.what());
+    }
+    if (!j.contains("weight_map") || !j["weight_map"].is_object()) {
+      fail("{}: missing the \"weight_map\" object", index.string());
+    }
+    for (auto& [k, v] : j["weight_map"].items()) {
+      if (!v.is_string()) fail("{}: weight_map entry '{}' is not a file name", index.string(), k);
+      weight_map[k] = v.get<std::string>();
+      if (std::find(shard_names.begin(), shard_names.end(), weight_map[k]) == shard_names.end()) {
+        shard_names.push_back(weight_map[k]);
+      }
+    }
+    std::sort(shard_names.begin(), shard_names.end());
+    for (auto& s : shard_names) {
+      fs::path p = fs::path(dir) / s;
+      if (!fs::exists(p)) fail("{}: shard {} named by the index is missing", index.string(), p.string());
+    }
+  } else if (fs::exists(single)) {
+    shard_names.push_back("model.safetensors");
+  } else {
+    for (auto& e : fs::directory_iterator(dir)) {
+      if (e.path().extension() == ".safetensors") shard_names.push_back(e.path().filename().string());
+    }
+    std::sort(shard_names.begin(), shard_names.end());
+    if (shard_names.empty()) fail("{}: no model.safetensors, no model.safetensors.index.json and no *.safetensors", dir);
+  }
+  for (auto& s : shard_names) {
+    files_.push_back(std::make_unique<SafetensorsFile>((fs::path(dir) / s).string()));
+    for (auto& [name, t] : files_.back()->tensors()) {
+      auto [it, inserted] = by_name_.emplace(name, &t);
+      if (!inserted) fail("{}: tensor '{}' appears in both {} and {}", dir, name, it->second->file, t.file);
+    }
+  }
+  for (auto& [name, shard] : weight_map) {
+    auto it = by_name_.find(name);
+    if (it == by_name_.end()) {
+      fail("{}: the index places tensor '{}' in {}, which does not hold it", index.string(), name, shard);
+    }
+    if (fs::path(it->second->file).filename() != shard) {
+      fail("{}: the index places tensor '{}' in {}, but it is in {}", index.string(), name, shard, it->second->file);
+    }
+  }
+}
+
+const TensorView* Checkpoint::find(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : it->second;
+}
+
+const TensorView& Checkpoint::get(const std::string& name) const {
+  auto* t = find(name);
+  if (!t) fail("{}: tensor '{}' is missing from the checkpoint", dir_, name);
+  return *t;
+}
+
+}  // namespace flashnext
