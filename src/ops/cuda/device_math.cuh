@@ -1,0 +1,81 @@
+// Device helpers shared by the baseline (SM70) kernels: conversions, activations and block reductions.
+// Only instructions that a V100 has: FP16 storage with FP32 arithmetic, warp shuffles.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include "ops/cuda/cuda_stdint.h"
+
+namespace flashnext::cuda {
+
+__device__ __forceinline__ float to_f(__half x) {
+  return __half2float(x);
+}
+__device__ __forceinline__ float to_f(float x) {
+  return x;
+}
+__device__ __forceinline__ __half to_h(float x) {
+  return __float2half_rn(x);
+}
+
+__device__ __forceinline__ float sigmoidf_(float x) {
+  return 1.f / (1.f + expf(-x));
+}
+__device__ __forceinline__ float siluf_(float x) {
+  return x / (1.f + expf(-x));
+}
+/// softplus as torch.nn.functional.softplus (beta 1, threshold 20).
+__device__ __forceinline__ float softplusf_(float x) {
+  return x > 20.f ? x : log1pf(expf(x));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/// Sum of `v` over the whole block (blockDim.x a multiple of 32, at most 1024). `scratch` holds 32 floats; the
+/// result is returned to every thread. Contains __syncthreads: call from all threads.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float r = lane < nwarps ? scratch[lane] : 0.f;
+  return warp_sum(r);
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float r = lane < nwarps ? scratch[lane] : -__int_as_float(0x7f800000);
+  return warp_max(r);
+}
+
+/// Maps a float to an unsigned key whose unsigned order is the float order (-inf < ... < +inf; NaN above +inf).
+__device__ __forceinline__ uint32_t float_order_key(float f) {
+  uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/// Rotary cos/sin for rotary pair i (0 <= i < rotary_dims/2) at `position`, computed as the reference does:
+/// inv_freq = 1 / theta^(2i/R) in float32, angle = inv_freq * position in float32.
+__device__ __forceinline__ void rope_cos_sin(int i, int rotary_dims, float theta, int64_t position, float* c,
+                                             float* s) {
+  float inv_freq = 1.f / powf(theta, float(2 * i) / float(rotary_dims));
+  float angle = inv_freq * float(position);
+  sincosf(angle, s, c);
+}
+
+}  // namespace flashnext::cuda

@@ -1,0 +1,26 @@
+// Launchers for the normalisation kernels (norm_kernels.cu). No argument checks here: call through norm.h.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include "ops/cuda/cuda_stdint.h"
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime_api.h>
+#endif
+
+namespace flashnext::cuda::detail {
+
+#ifndef __CUDACC_RTC__  // host launchers
+cudaError_t launch_zc_rmsnorm(const __half* x, int64_t ldx, __half* y, int64_t ldy, const __half* w, int w_len,
+                              int rows, int width, int group, float eps, cudaStream_t stream);
+
+cudaError_t launch_head_norm_rope(const __half* x, int64_t x_token_stride, int64_t x_head_stride, __half* y,
+                                  int64_t y_token_stride, int64_t y_head_stride, const __half* w, const int32_t* pos,
+                                  int tokens, int heads, int dim, int rotary_dims, float theta, float eps,
+                                  cudaStream_t stream);
+
+cudaError_t launch_gated_rmsnorm(const __half* x, int64_t ldx, const __half* z, int64_t ldz, __half* y, int64_t ldy,
+                                 const __half* w, int tokens, int heads, int dim, float eps, cudaStream_t stream);
+#endif
+
+}  // namespace flashnext::cuda::detail
