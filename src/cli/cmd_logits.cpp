@@ -1,0 +1,112 @@
+// `flashnext logits --model DIR --ids 1,2,3 --out FILE.npy [--chunk C] [--greedy N] [--threads N]`: runs the
+// prompt through the float32 CPU model and writes the next-token logits of every prompt position as a float32
+// [T, vocab] .npy file. The prompt is prefilled in chunks of C tokens (default: all at once). With --greedy N it
+// then decodes N tokens one at a time (argmax, first index on ties, as torch.argmax) and prints
+// `greedy: <id>,<id>,...` on stdout. Timing goes to stderr.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <memory>
+
+#include "cli/cli.h"
+#include "core/error.h"
+#include "core/npy.h"
+#include "model/qwen4_exp/model.h"
+
+namespace {
+
+using namespace flashnext;
+
+struct LogitsArgs {
+  std::string model, ids, out;
+  int64_t chunk = 0;
+  int greedy = 0;
+  int threads = 0;
+};
+
+// "1,2, 3" -> {1, 2, 3}; anything else is an error naming the bad entry.
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t end = text.find(',', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string item = text.substr(pos, end - pos);
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (!item.empty() || end < text.size()) {
+      int64_t v = 0;
+      auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+      if (item.empty() || ec != std::errc() || p != item.data() + item.size() || v < INT32_MIN || v > INT32_MAX) {
+        fail("--ids: '{}' is not a token id (expected comma-separated integers, e.g. 1,2,3)", item);
+      }
+      ids.push_back(int32_t(v));
+    }
+    pos = end + 1;
+  }
+  return ids;
+}
+
+int64_t argmax(const float* row, int64_t n) {
+  return std::max_element(row, row + n) - row;  // first maximum, like torch.argmax
+}
+
+int run(const LogitsArgs& a) {
+  const std::vector<int32_t> ids = parse_ids(a.ids);
+  if (ids.empty()) fail("--ids: the prompt is empty: give at least one token id");
+  if (a.chunk < 0) fail("--chunk must be >= 1 (or 0 for the whole prompt), got {}", a.chunk);
+  if (a.greedy < 0) fail("--greedy must be >= 0, got {}", a.greedy);
+  auto model = Model::load(a.model, ModelOptions{nullptr, a.threads});
+  const int64_t T = int64_t(ids.size()), V = model->config().vocab_size;
+  const int64_t chunk = a.chunk > 0 ? a.chunk : T;
+
+  using clock = std::chrono::steady_clock;
+  SequenceState seq = model->new_sequence();
+  std::vector<float> logits;
+  logits.reserve(size_t(T * V));
+  auto t0 = clock::now();
+  for (int64_t start = 0; start < T; start += chunk) {
+    const int64_t n = std::min(chunk, T - start);
+    const std::vector<float> part = model->forward(seq, std::span<const int32_t>(ids.data() + start, size_t(n)));
+    logits.insert(logits.end(), part.begin(), part.end());
+  }
+  const double prefill_s = std::chrono::duration<double>(clock::now() - t0).count();
+  write_npy(a.out, DType::F32, {T, V}, logits.data());
+  fmt::print(stderr, "wrote {} [{}, {}]; prefill {} tokens in {:.3f} s ({:.1f} tokens/s, chunk {})\n", a.out, T, V, T,
+             prefill_s, double(T) / prefill_s, chunk);
+
+  if (a.greedy > 0) {
+    std::vector<int64_t> out;
+    std::vector<float> row(logits.end() - V, logits.end());
+    t0 = clock::now();
+    for (int s = 0; s < a.greedy; ++s) {
+      const int32_t next = int32_t(argmax(row.data(), V));
+      out.push_back(next);
+      if (s + 1 < a.greedy) row = model->forward(seq, std::span<const int32_t>(&next, 1), LogitsMode::Last);
+    }
+    const double decode_s = std::chrono::duration<double>(clock::now() - t0).count();
+    fmt::print("greedy: {}\n", fmt::join(out, ","));
+    if (a.greedy > 1) {
+      fmt::print(stderr, "decode {} steps in {:.3f} s ({:.1f} tokens/s)\n", a.greedy - 1, decode_s,
+                 double(a.greedy - 1) / decode_s);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+FLASHNEXT_SUBCOMMAND(logits, "logits", "Write the float32 next-token logits of a prompt to a .npy file (CPU oracle)",
+                     [](CLI::App& sub) -> std::function<int()> {
+                       auto a = std::make_shared<LogitsArgs>();
+                       sub.add_option("--model", a->model, "model folder (config.json + safetensors)")->required();
+                       sub.add_option("--ids", a->ids, "prompt token ids, comma-separated (e.g. 1,2,3)")->required();
+                       sub.add_option("--out", a->out, "output .npy file: float32 [T, vocab]")->required();
+                       sub.add_option("--chunk", a->chunk, "prefill chunk size in tokens (default: whole prompt)");
+                       sub.add_option("--greedy", a->greedy, "then decode N greedy tokens and print them");
+                       sub.add_option("--threads", a->threads, "CPU threads (default: all cores)");
+                       return [a] { return run(*a); };
+                     });

@@ -1,0 +1,38 @@
+#include "model/qwen4_exp/gated_delta_net.h"
+
+namespace flashnext {
+
+GdnDims gdn_dims(const ModelConfig& cfg) {
+  return GdnDims{cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                 cfg.linear_value_head_dim};
+}
+
+Tensor gated_delta_net(Ops& ops, const ModelConfig& cfg, const GdnLayerWeights& w, LayerState& state, const Tensor& u) {
+  const int64_t T = u.dim(0);
+  const GdnDims dims = gdn_dims(cfg);
+  const int64_t nv = dims.num_v_heads, value_dim = nv * dims.v_head_dim;
+  // Projections: qkv (q | k | v), output gate z, beta logits b, decay input a.
+  Tensor qkv = ops.empty({T, dims.conv_dim()}), z = ops.empty({T, value_dim});
+  Tensor b = ops.empty({T, nv}), a = ops.empty({T, nv});
+  ops.linear(u, w.in_proj_qkv, qkv);
+  ops.linear(u, w.in_proj_z, z);
+  ops.linear(u, w.in_proj_b, b);
+  ops.linear(u, w.in_proj_a, a);
+  // qkv = silu(causal depthwise conv1d(qkv)), continuing the conv tail.
+  ops.gdn_conv(qkv, w.conv1d, state.conv);
+  // Gated delta rule over the chunk, continuing the recurrent state.
+  Tensor o = ops.empty({T, value_dim});
+  if (T == 1) {
+    ops.gdn_recurrent(qkv, a, b, w.rule, dims, state.recurrent, o);
+  } else {
+    ops.gdn_chunked(qkv, a, b, w.rule, dims, state.recurrent, o);
+  }
+  // Gated RMSNorm per value head, then out_proj.
+  ops.gated_rms_norm(o, z, w.norm, cfg.rms_norm_eps,
+                     cfg.output_gate_type == "sigmoid" ? GateAct::Sigmoid : GateAct::Silu, o);
+  Tensor out = ops.empty({T, cfg.hidden_size});
+  ops.linear(o, w.out_proj, out);
+  return out;
+}
+
+}  // namespace flashnext

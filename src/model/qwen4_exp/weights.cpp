@@ -1,0 +1,134 @@
+#include "model/qwen4_exp/weights.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace flashnext {
+
+namespace {
+
+struct Loader {
+  const WeightManifest& manifest;
+  Ops& ops;
+
+  /// The logical tensor `name` as a backend weight, optionally reshaped (same element count).
+  Tensor get(const std::string& name, Shape shape = {}) const {
+    const TensorView& v = manifest.get(name);
+    if (v.dtype != DType::BF16 && v.dtype != DType::F16 && v.dtype != DType::F32) {
+      fail("{}: tensor '{}' is {}: only BF16, F16 and F32 weights can be run so far", v.file, v.name,
+           dtype_name(v.dtype));
+    }
+    if (shape.empty()) shape = v.shape;
+    FN_CHECK(shape_numel(shape) == v.numel(), "{}: tensor '{}' {} cannot be used as [{}]", v.file, v.name,
+             v.shape_str(), fmt::join(shape, ", "));
+    return ops.load_weight(v.data, v.dtype, shape);
+  }
+  Tensor get_if(const std::string& name) const { return manifest.find(name) ? get(name) : Tensor(); }
+
+  HcWeights hc(const std::string& p, bool inject) const {
+    HcWeights w{get(p + ".hc_norm.weight"), get(p + ".input_mix_weight_down.weight"),
+                get(p + ".input_mix_weight_up.weight"), Tensor()};
+    if (inject) w.inject = get(p + ".block_inject_weight.weight");
+    return w;
+  }
+
+  /// Per-expert [rows, cols] tensors `experts.E.<proj>.weight` stacked into [E, rows, cols].
+  Tensor stacked(const std::string& p, const char* proj, int64_t E, int64_t rows, int64_t cols) const {
+    Tensor out = ops.empty({E, rows, cols});
+    for (int64_t e = 0; e < E; ++e) {
+      Tensor one = get(fmt::format("{}.experts.{}.{}.weight", p, e, proj), {1, rows, cols});
+      ops.copy_rows(one, 0, out, e, 1);
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest,
+                          std::shared_ptr<const Checkpoint> checkpoint, Ops& ops) {
+  FN_CHECK(!manifest.quantized(), "{}: quantized checkpoints are not supported by this engine yet", cfg.source);
+  Loader ld{manifest, ops};
+  ModelWeights w;
+  const int64_t H = cfg.hidden_size, W = cfg.hc_width();
+  w.embed_tokens = ld.get("embed_tokens.weight");
+  w.lm_head = manifest.find("lm_head.weight") ? ld.get("lm_head.weight") : w.embed_tokens;
+  w.mixer = ld.hc("hyper_connection_mixer", false);
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    const std::string p = fmt::format("layers.{}", l);
+    LayerWeights lw;
+    lw.kind = cfg.layer_types[size_t(l)];
+    lw.attn_hc = ld.hc(p + ".attn_hyper_connection", true);
+    lw.mlp_hc = ld.hc(p + ".mlp_hyper_connection", true);
+    if (lw.kind == LayerKind::GatedDeltaNet) {
+      const std::string a = p + ".linear_attn";
+      GdnLayerWeights& g = lw.gdn;
+      g.in_proj_qkv = ld.get(a + ".in_proj_qkv.weight");
+      g.in_proj_z = ld.get(a + ".in_proj_z.weight");
+      g.in_proj_b = ld.get(a + ".in_proj_b.weight");
+      g.in_proj_a = ld.get(a + ".in_proj_a.weight");
+      g.conv1d = ld.get(a + ".conv1d.weight", {cfg.gdn_conv_dim(), cfg.linear_conv_kernel_dim});
+      g.norm = ld.get(a + ".norm.weight");
+      g.out_proj = ld.get(a + ".out_proj.weight");
+      g.rule = GdnWeights{ld.get(a + ".A_log"), ld.get(a + ".dt_bias")};
+    } else {
+      const std::string a = p + ".self_attn";
+      QsaLayerWeights& q = lw.qsa;
+      q.q_proj = ld.get(a + ".q_proj.weight");
+      q.k_proj = ld.get(a + ".k_proj.weight");
+      q.v_proj = ld.get(a + ".v_proj.weight");
+      q.o_proj = ld.get(a + ".o_proj.weight");
+      q.q_bias = ld.get_if(a + ".q_proj.bias");
+      q.k_bias = ld.get_if(a + ".k_proj.bias");
+      q.v_bias = ld.get_if(a + ".v_proj.bias");
+      q.o_bias = ld.get_if(a + ".o_proj.bias");
+      q.q_norm = ld.get(a + ".q_norm.weight");
+      q.k_norm = ld.get(a + ".k_norm.weight");
+      const int64_t qi_rows = cfg.indexer_n_heads * cfg.indexer_head_dim;
+      Tensor qk = ld.get(a + ".indexer.index_qk_proj.weight");
+      q.index_q_proj = qk.rows(0, qi_rows);
+      q.index_k_proj = qk.rows(qi_rows, qi_rows + cfg.indexer_head_dim);
+      q.index_q_norm = ld.get(a + ".indexer.q_layernorm.weight");
+      q.index_k_norm = ld.get(a + ".indexer.k_layernorm.weight");
+    }
+    const std::string m = p + ".mlp";
+    const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size;
+    lw.moe.router = ld.get(m + ".gate.weight");
+    lw.moe.gate = ld.stacked(m, "gate_proj", E, I, H);
+    lw.moe.up = ld.stacked(m, "up_proj", E, I, H);
+    lw.moe.down = ld.stacked(m, "down_proj", E, H, I);
+    lw.moe.shared_gate_proj = ld.get(m + ".shared_expert.gate_proj.weight");
+    lw.moe.shared_up_proj = ld.get(m + ".shared_expert.up_proj.weight");
+    lw.moe.shared_down_proj = ld.get(m + ".shared_expert.down_proj.weight");
+    lw.moe.shared_expert_gate = ld.get(m + ".shared_expert_gate.weight");
+    if (const int m_idx = cfg.ple_index_of_layer(l); m_idx >= 0) {
+      const std::string e = p + ".ple";
+      PleLayerWeights pw;
+      pw.hash = ngram_hash_params(cfg, m_idx);
+      pw.table.head_dim = cfg.ple_head_dim();
+      for (const ManifestEntry* s : manifest.ple_table_shards(int(l))) {
+        const TensorView& v = s->view;
+        FN_CHECK(v.shape.size() == 2 && v.shape[1] == pw.table.head_dim, "{}: PLE shard '{}' {} must have {} columns",
+                 v.file, s->source, v.shape_str(), pw.table.head_dim);
+        pw.table.shards.push_back(ops.map_host_table(v.data, v.dtype, v.shape, checkpoint));
+        pw.table.rows += v.shape[0];
+      }
+      FN_CHECK(pw.table.rows == pw.hash.rows, "{}: PLE table of layer {} has {} rows, the hash needs {}", cfg.source, l,
+               pw.table.rows, pw.hash.rows);
+      FN_CHECK(!manifest.find(e + ".ple_embedding.ngram_embedding.weight_scale"),
+               "{}: layer {}: FP8 PLE tables (with weight_scale) are not supported by this engine yet", cfg.source, l);
+      pw.key_proj = ld.get(e + ".key_proj.weight");
+      pw.value_proj = ld.get(e + ".value_proj.weight");
+      pw.norm_key = ld.get(e + ".norm_key.weight");
+      pw.norm_query = ld.get(e + ".norm_query.weight");
+      pw.norm_conv = ld.get(e + ".norm_conv.weight");
+      pw.conv1d = ld.get(e + ".conv1d.weight", {W, cfg.ple_conv_kernel_size});
+      lw.ple = std::move(pw);
+    }
+    w.layers.push_back(std::move(lw));
+  }
+  return w;
+}
+
+}  // namespace flashnext

@@ -1,0 +1,74 @@
+// Typed weights of the qwen4_exp language model, one struct per block, filled from a validated WeightManifest.
+//
+// Every tensor is converted once at load into the backend's weight format (`Ops::load_weight`; CPU: float32);
+// routed experts are stacked into [E, ...] tensors; the PLE n-gram tables stay in the mapped checkpoint
+// (`Ops::map_host_table`). Names in comments are the reference's module paths (logical manifest names).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "loader/config.h"
+#include "loader/manifest.h"
+#include "loader/safetensors.h"
+#include "ops/ops.h"
+#include "ple/ngram_hash.h"
+
+namespace flashnext {
+
+/// layers.L.linear_attn.*
+struct GdnLayerWeights {
+  Tensor in_proj_qkv;  ///< [2*nk*dk + nv*dv, H]
+  Tensor in_proj_z;    ///< [nv*dv, H]
+  Tensor in_proj_b;    ///< [nv, H]
+  Tensor in_proj_a;    ///< [nv, H]
+  Tensor conv1d;       ///< [conv_dim, K] (checkpoint [conv_dim, 1, K])
+  Tensor norm;         ///< [dv] gated RMSNorm weight
+  Tensor out_proj;     ///< [H, nv*dv]
+  GdnWeights rule;     ///< A_log, dt_bias [nv]
+};
+
+/// layers.L.self_attn.*
+struct QsaLayerWeights {
+  Tensor q_proj, k_proj, v_proj, o_proj;  ///< [nh*2D, H], [nkv*D, H], [nkv*D, H], [H, nh*D]
+  Tensor q_bias, k_bias, v_bias, o_bias;  ///< defined only when attention_bias
+  Tensor q_norm, k_norm;                  ///< [D]
+  Tensor index_q_proj;                    ///< rows [0, ni*Di) of indexer.index_qk_proj: [ni*Di, H]
+  Tensor index_k_proj;                    ///< the last Di rows of indexer.index_qk_proj: [Di, H]
+  Tensor index_q_norm, index_k_norm;      ///< indexer.q_layernorm / k_layernorm [Di]
+};
+
+/// layers.L.ple.*
+struct PleLayerWeights {
+  NgramHashParams hash;                    ///< derived from the config for this PLE layer
+  PleTable table;                          ///< ple_embedding.ngram_embedding (shards in row order)
+  Tensor key_proj;                         ///< [S*H, ple_embed_dim]
+  Tensor value_proj;                       ///< [H, ple_embed_dim]
+  Tensor norm_key, norm_query, norm_conv;  ///< [S*H]
+  Tensor conv1d;                           ///< [S*H, kernel] (checkpoint [S*H, 1, kernel])
+};
+
+/// layers.L
+struct LayerWeights {
+  LayerKind kind = LayerKind::GatedDeltaNet;
+  HcWeights attn_hc, mlp_hc;
+  GdnLayerWeights gdn;  ///< when kind == GatedDeltaNet
+  QsaLayerWeights qsa;  ///< when kind == QSA
+  MoeWeights moe;
+  std::optional<PleLayerWeights> ple;
+};
+
+struct ModelWeights {
+  Tensor embed_tokens;  ///< [vocab, H]
+  Tensor lm_head;       ///< [vocab, H] (embed_tokens when tied)
+  HcWeights mixer;      ///< hyper_connection_mixer (no inject)
+  std::vector<LayerWeights> layers;
+};
+
+/// Fills the weights of `cfg` from `manifest` (built over `checkpoint`, which the PLE tables keep alive).
+/// Throws Error for tensors the backend cannot use (e.g. quantized weights or FP8 tables, not supported yet).
+ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest,
+                          std::shared_ptr<const Checkpoint> checkpoint, Ops& ops);
+
+}  // namespace flashnext

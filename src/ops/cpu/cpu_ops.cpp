@@ -1,0 +1,293 @@
+// CPU backend: memory, dense building blocks and hyper-connections.
+#include "ops/cpu/cpu_ops.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "ops/cpu/kernels.h"
+
+namespace flashnext {
+
+std::shared_ptr<Ops> make_cpu_ops(int threads) {
+  return std::make_shared<cpu::CpuOps>(threads);
+}
+
+namespace cpu {
+
+void check_tensor(const Tensor& t, DType dt, int rank, const char* op, const char* what) {
+  FN_CHECK(t.defined(), "{}: {} is undefined", op, what);
+  FN_CHECK(t.device() == Device::CPU, "{}: {} is on {}, expected the CPU", op, what, device_name(t.device()));
+  FN_CHECK(t.dtype() == dt, "{}: {} has dtype {}, expected {}", op, what, t.str(), dtype_name(dt));
+  FN_CHECK(rank < 0 || t.rank() == rank, "{}: {} is {}, expected rank {}", op, what, t.str(), rank);
+}
+
+namespace {
+
+const float* fp(const Tensor& t) {
+  return t.data_as<const float>();
+}
+float* mp(const Tensor& t) {
+  return t.data_as<float>();
+}
+
+Tensor alloc(const Shape& shape, DType dtype) {
+  for (auto d : shape) FN_CHECK(d >= 0, "cpu: negative dimension in shape [{}]", fmt::join(shape, ", "));
+  const size_t bytes = std::max<size_t>(size_t(shape_numel(shape)) * dtype_size(dtype), 1);
+  // 64-byte aligned storage; the deleter frees it when the last Tensor handle goes away.
+  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (!p) fail("cpu: out of memory allocating {} bytes for a {} tensor", bytes, dtype_name(dtype));
+  std::shared_ptr<void> owner(p, [](void* q) { std::free(q); });
+  return Tensor(std::move(owner), p, dtype, shape, Device::CPU);
+}
+
+}  // namespace
+
+CpuOps::CpuOps(int threads) : pool_(threads) {}
+
+std::string CpuOps::name() const {
+  return fmt::format("cpu ({} threads)", pool_.size());
+}
+
+Tensor CpuOps::empty(const Shape& shape, DType dtype) {
+  return alloc(shape, dtype);
+}
+
+Tensor CpuOps::zeros(const Shape& shape, DType dtype) {
+  Tensor t = alloc(shape, dtype);
+  std::memset(t.data(), 0, t.nbytes());
+  return t;
+}
+
+Tensor CpuOps::upload(const void* host, DType dtype, const Shape& shape) {
+  Tensor t = alloc(shape, dtype);
+  if (t.nbytes()) std::memcpy(t.data(), host, t.nbytes());
+  return t;
+}
+
+void CpuOps::download(const Tensor& t, void* host) {
+  FN_CHECK(t.device() == Device::CPU, "download: tensor {} is not on the CPU", t.str());
+  if (t.nbytes()) std::memcpy(host, t.data(), t.nbytes());
+}
+
+Tensor CpuOps::load_weight(const void* host, DType dtype, const Shape& shape) {
+  FN_CHECK(dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::F32,
+           "load_weight: weights must be BF16, F16 or F32, got {}", dtype_name(dtype));
+  Tensor t = alloc(shape, DType::F32);
+  convert_to_float(dtype, host, mp(t), size_t(t.numel()));
+  return t;
+}
+
+Tensor CpuOps::map_host_table(const void* host, DType dtype, const Shape& shape,
+                              std::shared_ptr<const void> keepalive) {
+  FN_CHECK(dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::F32,
+           "map_host_table: table must be BF16, F16 or F32, got {}", dtype_name(dtype));
+  std::shared_ptr<void> owner(std::const_pointer_cast<void>(std::move(keepalive)));
+  return Tensor(std::move(owner), const_cast<void*>(host), dtype, shape, Device::CPU);
+}
+
+void CpuOps::copy_rows(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row, int64_t n) {
+  FN_CHECK(src.device() == Device::CPU && dst.device() == Device::CPU, "copy_rows: tensors must be on the CPU");
+  FN_CHECK(src.rank() >= 1 && dst.rank() >= 1 && src.dtype() == dst.dtype(), "copy_rows: {} -> {}: dtype differs",
+           src.str(), dst.str());
+  const size_t row = src.dim(0) ? src.nbytes() / size_t(src.dim(0)) : 0;
+  const size_t drow = dst.dim(0) ? dst.nbytes() / size_t(dst.dim(0)) : 0;
+  FN_CHECK(n == 0 || row == drow, "copy_rows: row sizes of {} and {} differ", src.str(), dst.str());
+  FN_CHECK(n >= 0 && src_row >= 0 && dst_row >= 0 && src_row + n <= src.dim(0) && dst_row + n <= dst.dim(0),
+           "copy_rows: rows [{}, +{}) of {} -> [{}, +{}) of {} out of range", src_row, n, src.str(), dst_row, n,
+           dst.str());
+  if (n)
+    std::memmove(static_cast<uint8_t*>(dst.data()) + size_t(dst_row) * row,
+                 static_cast<const uint8_t*>(src.data()) + size_t(src_row) * row, size_t(n) * row);
+}
+
+void CpuOps::fill_zero(const Tensor& t) {
+  FN_CHECK(t.device() == Device::CPU, "fill_zero: tensor {} is not on the CPU", t.str());
+  if (t.nbytes()) std::memset(t.data(), 0, t.nbytes());
+}
+
+// ------------------------------------------------------------------------------------------------ dense
+
+void CpuOps::embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
+  check_tensor(table, DType::F32, 2, "embedding", "table");
+  check_tensor(ids, DType::I32, 1, "embedding", "ids");
+  check_tensor(out, DType::F32, 2, "embedding", "out");
+  const int64_t V = table.dim(0), H = table.dim(1), T = ids.dim(0);
+  FN_CHECK(out.dim(0) == T && H > 0 && out.dim(1) % H == 0, "embedding: out {} does not fit table {} and {} ids",
+           out.str(), table.str(), T);
+  const int64_t reps = out.dim(1) / H;
+  const int32_t* id = ids.data_as<const int32_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    FN_CHECK(id[t] >= 0 && id[t] < V, "embedding: token id {} at position {} is outside the vocabulary [0, {})", id[t],
+             t, V);
+    for (int64_t r = 0; r < reps; ++r) std::memcpy(mp(out) + (t * reps + r) * H, fp(table) + id[t] * H, H * 4);
+  }
+}
+
+namespace {
+
+// y[t, o] for tokens t0, t0+1 and rows o .. o+3: 2 x 4 dot products sharing their loads (8 accumulators of 4
+// lanes); `in` must be a multiple of 4. GCC/Clang vector extensions, so it vectorises without intrinsics.
+typedef float v4 __attribute__((vector_size(16)));
+
+inline v4 load4(const float* p) {
+  v4 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline float hsum(v4 v) {
+  return (v[0] + v[2]) + (v[1] + v[3]);
+}
+
+void tile_2x4(const float* x0, const float* x1, const float* w, int64_t in, float* y0, float* y1) {
+  v4 a00 = {}, a01 = {}, a02 = {}, a03 = {}, a10 = {}, a11 = {}, a12 = {}, a13 = {};
+  const float *w0 = w, *w1 = w + in, *w2 = w + 2 * in, *w3 = w + 3 * in;
+  for (int64_t i = 0; i < in; i += 4) {
+    const v4 p = load4(x0 + i), q = load4(x1 + i);
+    const v4 b0 = load4(w0 + i), b1 = load4(w1 + i), b2 = load4(w2 + i), b3 = load4(w3 + i);
+    a00 += p * b0, a01 += p * b1, a02 += p * b2, a03 += p * b3;
+    a10 += q * b0, a11 += q * b1, a12 += q * b2, a13 += q * b3;
+  }
+  y0[0] = hsum(a00), y0[1] = hsum(a01), y0[2] = hsum(a02), y0[3] = hsum(a03);
+  y1[0] = hsum(a10), y1[1] = hsum(a11), y1[2] = hsum(a12), y1[3] = hsum(a13);
+}
+
+// y[t, o .. o+3] for one token (the decode case): 4 dot products sharing the loads of x.
+void tile_1x4(const float* x0, const float* w, int64_t in, float* y0) {
+  v4 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+  const float *w0 = w, *w1 = w + in, *w2 = w + 2 * in, *w3 = w + 3 * in;
+  for (int64_t i = 0; i < in; i += 4) {
+    const v4 p = load4(x0 + i);
+    a0 += p * load4(w0 + i), a1 += p * load4(w1 + i), a2 += p * load4(w2 + i), a3 += p * load4(w3 + i);
+  }
+  y0[0] = hsum(a0), y0[1] = hsum(a1), y0[2] = hsum(a2), y0[3] = hsum(a3);
+}
+
+}  // namespace
+
+void CpuOps::matmul_nt(const float* x, int64_t T, int64_t in, const float* w, int64_t out, float* y) {
+  if (T == 0 || out == 0) return;
+  // Parallel over output features. Tokens in tiles of 8 so that a tile of x stays in cache while W streams; within
+  // a tile, 2 tokens x 4 rows at a time through the register tile when `in` allows it, plain dots otherwise.
+  const int64_t work_per_row = std::max<int64_t>(1, T * in);
+  const int64_t grain = std::max<int64_t>(4, 65536 / work_per_row);
+  const bool tiled = in % 4 == 0;
+  pool_.parallel_for(out, grain, [&](int64_t o0, int64_t o1) {
+    float r0[4], r1[4];
+    for (int64_t t0 = 0; t0 < T; t0 += 8) {
+      const int64_t t1 = std::min(T, t0 + 8);
+      int64_t o = o0;
+      if (tiled) {
+        for (; o + 4 <= o1; o += 4) {
+          int64_t t = t0;
+          for (; t + 2 <= t1; t += 2) {
+            tile_2x4(x + t * in, x + (t + 1) * in, w + o * in, in, r0, r1);
+            for (int k = 0; k < 4; ++k) y[t * out + o + k] = r0[k], y[(t + 1) * out + o + k] = r1[k];
+          }
+          for (; t < t1; ++t) {
+            tile_1x4(x + t * in, w + o * in, in, r0);
+            for (int k = 0; k < 4; ++k) y[t * out + o + k] = r0[k];
+          }
+        }
+      }
+      for (; o < o1; ++o) {
+        for (int64_t t = t0; t < t1; ++t) y[t * out + o] = dot(x + t * in, w + o * in, in);
+      }
+    }
+  });
+}
+
+void CpuOps::linear(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& bias) {
+  check_tensor(x, DType::F32, 2, "linear", "x");
+  check_tensor(w, DType::F32, 2, "linear", "weight");
+  check_tensor(y, DType::F32, 2, "linear", "y");
+  FN_CHECK(x.dim(1) == w.dim(1) && y.dim(0) == x.dim(0) && y.dim(1) == w.dim(0),
+           "linear: shapes do not match: x {}, weight {}, y {}", x.str(), w.str(), y.str());
+  matmul_nt(fp(x), x.dim(0), x.dim(1), fp(w), w.dim(0), mp(y));
+  if (bias.defined()) {
+    check_tensor(bias, DType::F32, 1, "linear", "bias");
+    FN_CHECK(bias.dim(0) == w.dim(0), "linear: bias {} does not fit weight {}", bias.str(), w.str());
+    for (int64_t t = 0; t < y.dim(0); ++t) {
+      for (int64_t o = 0; o < y.dim(1); ++o) mp(y)[t * y.dim(1) + o] += fp(bias)[o];
+    }
+  }
+}
+
+void CpuOps::zc_rms_norm(const Tensor& x, const Tensor& w, int64_t group, double eps, const Tensor& y) {
+  check_tensor(x, DType::F32, 2, "zc_rms_norm", "x");
+  check_tensor(w, DType::F32, -1, "zc_rms_norm", "weight");
+  check_tensor(y, DType::F32, 2, "zc_rms_norm", "y");
+  const int64_t T = x.dim(0), L = x.dim(1), W = w.numel();
+  FN_CHECK(y.shape() == x.shape() && group > 0 && W > 0 && L % W == 0 && W % group == 0,
+           "zc_rms_norm: x {}, weight {}, group {}, y {} do not fit", x.str(), w.str(), group, y.str());
+  pool_.parallel_for(T, std::max<int64_t>(1, 4096 / L), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t g = 0; g < L; g += group) {
+        zc_norm(fp(x) + t * L + g, fp(w) + g % W, group, float(eps), mp(y) + t * L + g);
+      }
+    }
+  });
+}
+
+// ------------------------------------------------------------------------------------------------ hyper-connections
+
+void CpuOps::hc_read(const Tensor& X, const HcWeights& hc, double eps, const Tensor& u, const Tensor& inj) {
+  check_tensor(X, DType::F32, 2, "hc_read", "X");
+  check_tensor(u, DType::F32, 2, "hc_read", "u");
+  check_tensor(hc.norm, DType::F32, 1, "hc_read", "hc_norm");
+  check_tensor(hc.down, DType::F32, 2, "hc_read", "input_mix_weight_down");
+  check_tensor(hc.up, DType::F32, 2, "hc_read", "input_mix_weight_up");
+  const int64_t T = X.dim(0), W = X.dim(1), H = u.dim(1);
+  FN_CHECK(u.dim(0) == T && H > 0 && W % H == 0 && W / H > 1, "hc_read: X {} and u {} do not fit", X.str(), u.str());
+  const int64_t S = W / H, R = hc.down.dim(0);
+  FN_CHECK(hc.norm.dim(0) == W && hc.down.dim(1) == W && hc.up.dim(0) == W && hc.up.dim(1) == R,
+           "hc_read: weights hc_norm {}, down {}, up {} do not fit X {}", hc.norm.str(), hc.down.str(), hc.up.str(),
+           X.str());
+  const bool with_inject = hc.inject.defined();
+  if (with_inject) {
+    check_tensor(hc.inject, DType::F32, 2, "hc_read", "block_inject_weight");
+    check_tensor(inj, DType::F32, 2, "hc_read", "inj");
+    FN_CHECK(hc.inject.dim(0) == S && hc.inject.dim(1) == W && inj.dim(0) == T && inj.dim(1) == S,
+             "hc_read: block_inject_weight {} / inj {} do not fit X {}", hc.inject.str(), inj.str(), X.str());
+  }
+  std::vector<float> N(static_cast<size_t>(T * W)), low(static_cast<size_t>(T * R)), m(static_cast<size_t>(T * W));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t b = 0; b < S; ++b)
+      zc_norm(fp(X) + t * W + b * H, fp(hc.norm) + b * H, H, float(eps), &N[t * W + b * H]);
+  }
+  matmul_nt(N.data(), T, W, fp(hc.down), R, low.data());
+  for (auto& v : low) v = silu(v / float(S));
+  matmul_nt(low.data(), T, R, fp(hc.up), W, m.data());
+  for (int64_t t = 0; t < T; ++t) {
+    float* ur = mp(u) + t * H;
+    for (int64_t j = 0; j < H; ++j) {
+      float s = 0;
+      for (int64_t b = 0; b < S; ++b) s += sigmoid(m[t * W + b * H + j]) * N[t * W + b * H + j];
+      ur[j] = s / float(S);
+    }
+  }
+  if (with_inject) {
+    matmul_nt(N.data(), T, W, fp(hc.inject), S, mp(inj));
+    for (int64_t i = 0; i < T * S; ++i) mp(inj)[i] = 2.0f * sigmoid(mp(inj)[i] / float(S));
+  }
+}
+
+void CpuOps::hc_inject(const Tensor& X, const Tensor& out, const Tensor& inj) {
+  check_tensor(X, DType::F32, 2, "hc_inject", "X");
+  check_tensor(out, DType::F32, 2, "hc_inject", "out");
+  check_tensor(inj, DType::F32, 2, "hc_inject", "inj");
+  const int64_t T = X.dim(0), H = out.dim(1), S = inj.dim(1);
+  FN_CHECK(out.dim(0) == T && inj.dim(0) == T && X.dim(1) == S * H, "hc_inject: X {}, out {}, inj {} do not fit",
+           X.str(), out.str(), inj.str());
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t b = 0; b < S; ++b) {
+      const float w = fp(inj)[t * S + b];
+      float* x = mp(X) + t * S * H + b * H;
+      const float* o = fp(out) + t * H;
+      for (int64_t j = 0; j < H; ++j) x[j] += o[j] * w;
+    }
+  }
+}
+
+}  // namespace cpu
+}  // namespace flashnext

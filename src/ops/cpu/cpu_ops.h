@@ -1,0 +1,75 @@
+// The float32 CPU backend of the ops interface (ops/ops.h): plain loops, multi-threaded over rows, heads and
+// experts with one ThreadPool. It is the oracle for every other backend, so clarity beats speed here.
+#pragma once
+
+#include <memory>
+
+#include "core/thread_pool.h"
+#include "ops/ops.h"
+
+namespace flashnext::cpu {
+
+/// Checks that `t` is a defined CPU tensor of dtype `dt` and rank `rank`; throws Error naming `op` and `what`.
+void check_tensor(const Tensor& t, DType dt, int rank, const char* op, const char* what);
+
+class CpuOps final : public Ops {
+ public:
+  explicit CpuOps(int threads);
+
+  Device device() const override { return Device::CPU; }
+  std::string name() const override;
+  ThreadPool& pool() { return pool_; }
+
+  Tensor empty(const Shape& shape, DType dtype) override;
+  Tensor zeros(const Shape& shape, DType dtype) override;
+  Tensor upload(const void* host, DType dtype, const Shape& shape) override;
+  void download(const Tensor& t, void* host) override;
+  Tensor load_weight(const void* host, DType dtype, const Shape& shape) override;
+  Tensor map_host_table(const void* host, DType dtype, const Shape& shape,
+                        std::shared_ptr<const void> keepalive) override;
+  void copy_rows(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row, int64_t n) override;
+  void fill_zero(const Tensor& t) override;
+
+  void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) override;
+  void linear(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& bias = Tensor()) override;
+  void zc_rms_norm(const Tensor& x, const Tensor& w, int64_t group, double eps, const Tensor& y) override;
+
+  void hc_read(const Tensor& X, const HcWeights& hc, double eps, const Tensor& u, const Tensor& inj) override;
+  void hc_inject(const Tensor& X, const Tensor& out, const Tensor& inj) override;
+
+  void gdn_conv(const Tensor& qkv, const Tensor& weight, const Tensor& state) override;
+  void gdn_chunked(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w, const GdnDims& dims,
+                   const Tensor& state, const Tensor& o) override;
+  void gdn_recurrent(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w, const GdnDims& dims,
+                     const Tensor& state, const Tensor& o) override;
+  void gated_rms_norm(const Tensor& x, const Tensor& z, const Tensor& w, double eps, GateAct act,
+                      const Tensor& y) override;
+
+  void qsa_prepare_qk(const Tensor& qg, const Tensor& k, const Tensor& q_norm, const Tensor& k_norm, double eps,
+                      const RopeParams& rope, int64_t pos0, const Tensor& q, const Tensor& gate) override;
+  void qsa_indexer_select(const Tensor& qi, const Tensor& index_keys, const Tensor& q_layernorm,
+                          const Tensor& k_layernorm, double eps, const RopeParams& rope, int64_t pos0, int64_t budget,
+                          int64_t block, const Tensor& selected) override;
+  void sparse_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& selected,
+                        const Tensor& gate, double scale, const Tensor& out) override;
+
+  void moe_router_topk(const Tensor& u, const Tensor& router, bool norm_topk_prob, const Tensor& ids,
+                       const Tensor& weights) override;
+  void moe_experts(const Tensor& u, const Tensor& ids, const Tensor& weights, const MoeWeights& w,
+                   const Tensor& out) override;
+  void moe_shared_expert(const Tensor& u, const MoeWeights& w, const Tensor& out) override;
+
+  void ple_gather(const PleTable& table, const Tensor& rows, const Tensor& e) override;
+  void ple_gate(const Tensor& kn, const Tensor& v, const Tensor& X, const Tensor& norm_query, double eps,
+                const Tensor& P) override;
+  void ple_conv_add(const Tensor& P, const Tensor& norm_conv, int64_t group, const Tensor& conv_w, int64_t dilation,
+                    double eps, const Tensor& state, const Tensor& X) override;
+
+  /// y[T, out] = x[T, in] W[out, in]^T on raw float32 buffers (the kernel behind `linear`).
+  void matmul_nt(const float* x, int64_t T, int64_t in, const float* w, int64_t out, float* y);
+
+ private:
+  ThreadPool pool_;
+};
+
+}  // namespace flashnext::cpu

@@ -1,0 +1,239 @@
+// The ops interface: every computation of the qwen4_exp forward, at the fused-op level.
+//
+// Model code (src/model/qwen4_exp) calls only these functions and never touches tensor memory; a backend implements
+// them for one device. The CPU backend (src/ops/cpu, `make_cpu_ops`) is plain float32 and is the oracle every other
+// backend is tested against. The math of each op is the reference's (transformers `models/qwen4_exp`, summarised in
+// docs MODEL.md); each comment names the module it reproduces.
+//
+// Conventions, shared by all ops:
+// - Activations are F32 tensors of the backend's device, row-major, one row per token: `[T, width]`. T may be 0.
+// - Weights are tensors produced by `load_weight` (the backend picks the storage dtype; the CPU backend stores F32)
+//   in the checkpoint's layout: a linear weight is `[out, in]` (y = x W^T).
+// - `H` hidden size, `S` hyper-connection streams (hc_count); wide rows are `S*H`, stream b at columns [b*H, (b+1)*H).
+// - Outputs are passed in, allocated by the caller with `empty` (never aliasing an input unless the comment says
+//   "in place"). Ops check shapes and dtypes and throw Error naming the op and the offending tensor.
+// - Sequence state (caches) lives in tensors owned by the caller's state object; ops update it where documented.
+//   A chunk of T tokens of one sequence has logical positions pos0 .. pos0+T-1; caches are indexed by logical
+//   position (row p of a cache holds position p).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ops/tensor.h"
+
+namespace flashnext {
+
+/// Activation of the GDN gated RMSNorm (config `output_gate_type`, else `hidden_act`).
+enum class GateAct : uint8_t { Silu, Sigmoid };
+
+/// Weights of one gated residual read (`Qwen4ExpTextGatedResidual`).
+struct HcWeights {
+  Tensor norm;    ///< hc_norm.weight [S*H] (zero-centred: scale is 1 + w)
+  Tensor down;    ///< input_mix_weight_down.weight [R, S*H]
+  Tensor up;      ///< input_mix_weight_up.weight [S*H, R]
+  Tensor inject;  ///< block_inject_weight.weight [S, S*H]; undefined for the final hyper_connection_mixer
+};
+
+/// Head geometry of a Gated DeltaNet layer.
+struct GdnDims {
+  int64_t num_k_heads = 0, num_v_heads = 0;  ///< nk, nv (nv a multiple of nk)
+  int64_t k_head_dim = 0, v_head_dim = 0;    ///< dk, dv
+  int64_t conv_dim() const { return 2 * num_k_heads * k_head_dim + num_v_heads * v_head_dim; }
+};
+
+/// Weights of the Gated DeltaNet recurrence proper (after the projections and the conv).
+struct GdnWeights {
+  Tensor A_log;    ///< [nv]
+  Tensor dt_bias;  ///< [nv]
+};
+
+/// Rotary embedding: NeoX rotate-half on the first `rotary_dim` dims of each head, angle pos * inv_freq[i] with
+/// inv_freq[i] = 1 / theta^(2i / rotary_dim) computed in float32 (`Qwen4ExpTextRotaryEmbedding`; for text the
+/// mRoPE sections share one position, so this is plain RoPE).
+struct RopeParams {
+  int64_t rotary_dim = 0;  ///< even, <= every head dim it is applied to
+  double theta = 10000.0;
+};
+
+/// Weights of the shared expert and router of one MoE block plus the stacked routed experts
+/// (`Qwen4ExpTextSparseMoeBlock`).
+struct MoeWeights {
+  Tensor router;              ///< gate.weight [E, H]
+  Tensor gate, up;            ///< experts' gate_proj / up_proj stacked [E, I, H]
+  Tensor down;                ///< experts' down_proj stacked [E, H, I]
+  Tensor shared_gate_proj;    ///< shared_expert.gate_proj [Is, H]
+  Tensor shared_up_proj;      ///< shared_expert.up_proj [Is, H]
+  Tensor shared_down_proj;    ///< shared_expert.down_proj [H, Is]
+  Tensor shared_expert_gate;  ///< shared_expert_gate.weight [1, H]
+};
+
+/// The hashed n-gram table of one PLE layer: the logical table [rows, head_dim] stored as row shards in shard order
+/// (shard k holds rows [sum of earlier shard heights, + its height)). Shards keep their checkpoint dtype
+/// (BF16/F16/F32) and may live in host memory (see `map_host_table`).
+struct PleTable {
+  std::vector<Tensor> shards;  ///< each [rows_k, head_dim]
+  int64_t rows = 0;            ///< sum of shard heights
+  int64_t head_dim = 0;
+};
+
+/// The backend interface. One instance per device; safe to use from one thread at a time (ops parallelise
+/// internally).
+class Ops {
+ public:
+  virtual ~Ops() = default;
+
+  /// The device tensors of this backend live on.
+  virtual Device device() const = 0;
+  /// A short description ("cpu (2 threads)").
+  virtual std::string name() const = 0;
+
+  // ---------------------------------------------------------------- memory
+
+  /// Uninitialised tensor.
+  virtual Tensor empty(const Shape& shape, DType dtype = DType::F32) = 0;
+  /// Zero-filled tensor.
+  virtual Tensor zeros(const Shape& shape, DType dtype = DType::F32) = 0;
+  /// Copies `shape`-many elements of `dtype` from host memory into a new tensor of the same dtype.
+  virtual Tensor upload(const void* host, DType dtype, const Shape& shape) = 0;
+  /// Copies all of `t` to host memory (`t.nbytes()` bytes, same dtype).
+  virtual void download(const Tensor& t, void* host) = 0;
+  /// A weight for the compute ops, converted from checkpoint data (BF16, F16 or F32 at `host`) to the backend's
+  /// weight format (CPU: F32). Throws Error for other dtypes.
+  virtual Tensor load_weight(const void* host, DType dtype, const Shape& shape) = 0;
+  /// A read-only table that ops may read in place from host memory (the PLE n-gram table: too large to convert).
+  /// `keepalive` owns the memory (e.g. the mapped checkpoint). CPU: wraps the pointer without a copy.
+  virtual Tensor map_host_table(const void* host, DType dtype, const Shape& shape,
+                                std::shared_ptr<const void> keepalive) = 0;
+  /// Copies `n` rows (dimension 0) from `src` starting at `src_row` into `dst` starting at `dst_row`. Both tensors
+  /// must have the same dtype and row size.
+  virtual void copy_rows(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row, int64_t n) = 0;
+  /// Sets every byte of `t` to zero.
+  virtual void fill_zero(const Tensor& t) = 0;
+
+  // ---------------------------------------------------------------- dense building blocks
+
+  /// out[t, r*H + j] = table[ids[t], j] for every replica r: an embedding lookup whose row is repeated
+  /// out.dim(1)/H times (the hyper-connection stream replication `hidden_states.repeat(1, 1, hc_count)`).
+  /// table [V, H] weight, ids [T] I32 (each in [0, V): checked), out [T, r*H].
+  virtual void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) = 0;
+
+  /// y = x W^T (+ bias). x [T, in], w [out, in], y [T, out], bias [out] or undefined (no bias).
+  virtual void linear(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& bias = Tensor()) = 0;
+
+  /// Zero-centred RMSNorm (`Qwen4ExpTextRMSNorm`) over each `group`-wide segment of a row:
+  /// y = x * rsqrt(mean(x^2) + eps) * (1 + w[j mod W]), W = w.numel(). x, y [T, L] with L % W == 0 and W % group
+  /// == 0: W = group is a per-head norm applied to every head, W = L a grouped norm with one weight row.
+  /// In place (y == x) allowed.
+  virtual void zc_rms_norm(const Tensor& x, const Tensor& w, int64_t group, double eps, const Tensor& y) = 0;
+
+  // ---------------------------------------------------------------- hyper-connections
+
+  /// Gated residual read (`Qwen4ExpTextGatedResidual.forward`): N = grouped ZC-RMSNorm(X) (groups of H);
+  /// m = sigmoid(W_up silu(W_down N / S)); u = mean_b(m_b * N_b); if `hc.inject` is defined,
+  /// inj = 2 sigmoid(W_inject N / S). X [T, S*H], u [T, H], inj [T, S] (ignored when hc.inject is undefined).
+  virtual void hc_read(const Tensor& X, const HcWeights& hc, double eps, const Tensor& u, const Tensor& inj) = 0;
+
+  /// Injection into every stream, in place: X[t, b*H + j] += inj[t, b] * out[t, j]. X [T, S*H], out [T, H],
+  /// inj [T, S].
+  virtual void hc_inject(const Tensor& X, const Tensor& out, const Tensor& inj) = 0;
+
+  // ---------------------------------------------------------------- Gated DeltaNet
+
+  /// Causal depthwise conv1d + SiLU over time, in place on `qkv` [T, C], with `weight` [C, K]
+  /// (conv1d.weight squeezed): y[t, c] = silu(sum_k weight[c, k] * x[t - (K-1) + k, c]). Inputs before the chunk
+  /// come from `state` [K-1, C] (time-major: row K-2 is the newest earlier input; zeros for a new sequence), which is
+  /// updated to the last K-1 inputs (`causal_conv1d_fn` / `causal_conv1d_update`).
+  virtual void gdn_conv(const Tensor& qkv, const Tensor& weight, const Tensor& state) = 0;
+
+  /// Gated delta rule over a chunk, chunked WY/UT form with chunks of 64 (`torch_chunk_gated_delta_rule`).
+  /// qkv [T, C] is the conv output, split q | k | v ([nk*dk | nk*dk | nv*dv]); value head i uses key head
+  /// i / (nv/nk). q, k are l2-normalised (x * rsqrt(sum x^2 + 1e-6)), q scaled by dk^-0.5; beta = sigmoid(b),
+  /// g = -exp(A_log) * softplus(a + dt_bias), with a, b [T, nv] the in_proj_a / in_proj_b outputs. Per value head,
+  /// S <- exp(g_t) S; S <- S + k_t (beta_t (v_t - S^T k_t))^T; o_t = S^T q_t. `state` [nv, dk, dv] F32 is read as
+  /// the initial state and overwritten with the final one; o [T, nv*dv].
+  virtual void gdn_chunked(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w,
+                           const GdnDims& dims, const Tensor& state, const Tensor& o) = 0;
+
+  /// The same computation token by token (`torch_recurrent_gated_delta_rule`): the decode path and the simplest
+  /// oracle. Same arguments and results as gdn_chunked (equal up to float rounding).
+  virtual void gdn_recurrent(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w,
+                             const GdnDims& dims, const Tensor& state, const Tensor& o) = 0;
+
+  /// GDN output norm (`Qwen4ExpTextRMSNormGated`) per head of width D = w.numel():
+  /// y = w * (x * rsqrt(mean(x^2) + eps)) * act(z). x, z, y [T, n*D]; w [D] (plain scale, not zero-centred).
+  /// In place (y == x) allowed.
+  virtual void gated_rms_norm(const Tensor& x, const Tensor& z, const Tensor& w, double eps, GateAct act,
+                              const Tensor& y) = 0;
+
+  // ---------------------------------------------------------------- QSA attention
+
+  /// Query/key preparation of `Qwen4ExpTextAttention`: qg [T, nh*2D] (q_proj output, per head [query D | gate D])
+  /// is split into q [T, nh*D] and gate [T, nh*D]; q = RoPE(ZC-RMSNorm(q; q_norm)) per head, and in place on
+  /// k [T, nkv*D]: k = RoPE(ZC-RMSNorm(k; k_norm)). q_norm, k_norm [D]; token t has position pos0 + t.
+  virtual void qsa_prepare_qk(const Tensor& qg, const Tensor& k, const Tensor& q_norm, const Tensor& k_norm, double eps,
+                              const RopeParams& rope, int64_t pos0, const Tensor& q, const Tensor& gate) = 0;
+
+  /// The QSA indexer's token selection (`Qwen4ExpTextQSAIndexer.forward`) for the T queries of a chunk at
+  /// positions pos0 .. pos0+T-1. qi [T, ni*Di] holds the raw index queries (index_qk_proj rows, first ni*Di
+  /// columns); index_keys [>= pos0+T, Di] the raw (un-normed, un-roped) index keys of positions 0.. (the chunk's
+  /// already appended). For the query at position p: nb = (p+1)/c complete blocks; block key j =
+  /// RoPE(ZC-RMSNorm(mean of keys c*j .. c*j+c-1; k_layernorm), position c*j); q_h = RoPE(ZC-RMSNorm(qi_h;
+  /// q_layernorm), p); score_j = sum_h relu(q_h . key_j) / sqrt(Di); the top min(budget/c, nb) blocks by score are
+  /// chosen exactly as torch.topk on CPU chooses them (ties included, see ops/cpu/topk.h), then the tail tokens
+  /// c*nb .. p. selected [T, budget + c - 1] I32 receives the chosen positions (block tokens in the order topk
+  /// returns them, then the tail), padded with -1.
+  virtual void qsa_indexer_select(const Tensor& qi, const Tensor& index_keys, const Tensor& q_layernorm,
+                                  const Tensor& k_layernorm, double eps, const RopeParams& rope, int64_t pos0,
+                                  int64_t budget, int64_t block, const Tensor& selected) = 0;
+
+  /// Attention of each query over its selected positions only, with the output gate: for query t and head h
+  /// (kv head h / (nh/nkv)), o = softmax_j(q . K[sel_j] * scale) V[sel_j] over the non-negative entries of
+  /// selected[t] (softmax in float32); out = o * sigmoid(gate). q, gate, out [T, nh, D]; k_cache, v_cache
+  /// [rows, nkv, D] indexed by position; selected [T, n_sel] I32 (-1 = unused; every other entry < rows; at least
+  /// one per query).
+  virtual void sparse_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& selected,
+                                const Tensor& gate, double scale, const Tensor& out) = 0;
+
+  // ---------------------------------------------------------------- MoE
+
+  /// Router (`Qwen4ExpTextTopKRouter`): p = softmax(u router^T) in float32 over E experts; the top-k of p as
+  /// torch.topk picks them; if norm_topk_prob the k weights are divided by their sum. u [T, H]; ids [T, k] I32,
+  /// weights [T, k] F32.
+  virtual void moe_router_topk(const Tensor& u, const Tensor& router, bool norm_topk_prob, const Tensor& ids,
+                               const Tensor& weights) = 0;
+
+  /// Routed experts (`Qwen4ExpTextExperts`): out[t] = sum_j weights[t, j] * down_e(silu(gate_e u_t) * up_e u_t),
+  /// e = ids[t, j]. Overwrites out [T, H].
+  virtual void moe_experts(const Tensor& u, const Tensor& ids, const Tensor& weights, const MoeWeights& w,
+                           const Tensor& out) = 0;
+
+  /// Shared expert, accumulated: out[t] += sigmoid(shared_expert_gate . u_t) * down_s(silu(gate_s u_t) * up_s u_t).
+  virtual void moe_shared_expert(const Tensor& u, const MoeWeights& w, const Tensor& out) = 0;
+
+  // ---------------------------------------------------------------- PLE
+
+  /// e[t, i*hd .. (i+1)*hd) = table row rows[t, i] (converted to float32): the concatenated n-gram embedding
+  /// (`Qwen4ExpTextNGramEmbedding`, `ngram_embedding(ids).flatten(-2)`). rows [T, heads] I64 (checked against
+  /// table.rows), e [T, heads*hd].
+  virtual void ple_gather(const PleTable& table, const Tensor& rows, const Tensor& e) = 0;
+
+  /// PLE gate (`Qwen4ExpTextPLELayer.forward`, before the conv): qn = grouped ZC-RMSNorm(X; norm_query);
+  /// s_b = (kn_b . qn_b) / sqrt(H); s_b = sign(s_b) sqrt(max(|s_b|, 1e-6)); P[:, b] = sigmoid(s_b) * v.
+  /// kn [T, S*H] (already normed keys), v [T, H], X [T, S*H], norm_query [S*H], P [T, S*H].
+  virtual void ple_gate(const Tensor& kn, const Tensor& v, const Tensor& X, const Tensor& norm_query, double eps,
+                        const Tensor& P) = 0;
+
+  /// PLE short conv and residual add, in place on X: X += P + silu(conv(n)), n = ZC-RMSNorm(P; norm_conv) over
+  /// groups of `group` (= H) columns, conv depthwise over time with weight [S*H, K] and dilation d:
+  /// c[t] = sum_k w[k] * n[t - (K-1-k)*d]. Earlier inputs come from `state` [(K-1)*d, S*H] (time-major, oldest
+  /// first; zeros for a new sequence), updated to the last (K-1)*d normed inputs (`_short_conv`).
+  virtual void ple_conv_add(const Tensor& P, const Tensor& norm_conv, int64_t group, const Tensor& conv_w,
+                            int64_t dilation, double eps, const Tensor& state, const Tensor& X) = 0;
+};
+
+/// The float32 CPU backend with a pool of `threads` threads (0: hardware concurrency).
+std::shared_ptr<Ops> make_cpu_ops(int threads = 0);
+
+}  // namespace flashnext

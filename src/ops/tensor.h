@@ -1,0 +1,101 @@
+// Tensor: a typed, shaped, contiguous block of memory on one device, with shared ownership.
+//
+// A Tensor is a handle: copying it shares the memory (like torch.Tensor). Memory is allocated by a backend
+// (`Ops::empty`, `Ops::upload`, ...), never by model code, and only backends read or write it: model code passes
+// tensors to ops and downloads results through `Ops::download`. Tensors are always dense and row-major (C order);
+// `view` reshapes and `rows` slices dimension 0 without copying.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace flashnext {
+
+/// Where a tensor's memory lives.
+enum class Device : uint8_t { CPU, CUDA };
+
+inline const char* device_name(Device d) {
+  return d == Device::CPU ? "cpu" : "cuda";
+}
+
+using Shape = std::vector<int64_t>;
+
+inline int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (auto d : s) n *= d;
+  return n;
+}
+
+class Tensor {
+ public:
+  Tensor() = default;
+  /// Wraps `data` (owned through `owner`, which may be null for borrowed memory that outlives the tensor).
+  Tensor(std::shared_ptr<void> owner, void* data, DType dtype, Shape shape, Device device, int device_index = 0)
+      : owner_(std::move(owner)),
+        data_(data),
+        dtype_(dtype),
+        shape_(std::move(shape)),
+        device_(device),
+        device_index_(device_index) {}
+
+  bool defined() const { return data_ != nullptr || (!shape_.empty() && numel() == 0); }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+  int device_index() const { return device_index_; }
+  const Shape& shape() const { return shape_; }
+  int rank() const { return int(shape_.size()); }
+  /// Size of dimension `i`; negative `i` counts from the end.
+  int64_t dim(int i) const {
+    const int r = rank();
+    FN_CHECK(i >= -r && i < r, "tensor {}: dimension {} out of range", str(), i);
+    return shape_[size_t(i < 0 ? i + r : i)];
+  }
+  int64_t numel() const { return shape_numel(shape_); }
+  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype_); }
+
+  /// Raw device pointer. Only backends dereference it.
+  void* data() const { return data_; }
+  template <class T>
+  T* data_as() const {
+    return static_cast<T*>(data_);
+  }
+
+  /// The same memory with another shape of equal element count.
+  Tensor view(Shape shape) const {
+    FN_CHECK(shape_numel(shape) == numel(), "tensor {}: cannot view as [{}]", str(), fmt::join(shape, ", "));
+    Tensor t = *this;
+    t.shape_ = std::move(shape);
+    return t;
+  }
+  /// Rows [begin, end) of dimension 0, sharing memory.
+  Tensor rows(int64_t begin, int64_t end) const {
+    FN_CHECK(rank() >= 1 && begin >= 0 && begin <= end && end <= shape_[0], "tensor {}: rows [{}, {}) out of range",
+             str(), begin, end);
+    Tensor t = *this;
+    t.shape_[0] = end - begin;
+    t.data_ = static_cast<uint8_t*>(data_) + size_t(begin) * (shape_[0] ? nbytes() / size_t(shape_[0]) : 0);
+    return t;
+  }
+
+  /// "F32[3, 4]@cpu", for messages.
+  std::string str() const {
+    return fmt::format("{}[{}]@{}", dtype_name(dtype_), fmt::join(shape_, ", "), device_name(device_));
+  }
+
+ private:
+  std::shared_ptr<void> owner_;
+  void* data_ = nullptr;
+  DType dtype_ = DType::F32;
+  Shape shape_;
+  Device device_ = Device::CPU;
+  int device_index_ = 0;
+};
+
+}  // namespace flashnext

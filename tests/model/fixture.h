@@ -1,0 +1,92 @@
+// Test helpers: the reference fixtures (tests/data/fixtures/*/reference.safetensors, written by transformers
+// models/qwen4_exp in float32) and shared models.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "loader/safetensors.h"
+#include "model/qwen4_exp/model.h"
+
+namespace flashnext::test {
+
+inline std::string source_path(const std::string& rel) {
+  return std::string(FLASHNEXT_SOURCE_DIR) + "/" + rel;
+}
+
+/// reference.safetensors of one fixture.
+class Reference {
+ public:
+  explicit Reference(const std::string& fixture)
+      : file_(source_path("tests/data/fixtures/" + fixture + "/reference.safetensors")) {}
+  const TensorView& view(const std::string& name) const {
+    auto it = file_.tensors().find(name);
+    if (it == file_.tensors().end()) throw std::runtime_error("reference tensor missing: " + name);
+    return it->second;
+  }
+  bool has(const std::string& name) const { return file_.tensors().count(name) > 0; }
+  std::vector<float> f32(const std::string& name) const {
+    const TensorView& v = view(name);
+    std::vector<float> out(size_t(v.numel()));
+    convert_to_float(v.dtype, v.data, out.data(), out.size());
+    return out;
+  }
+  std::vector<int64_t> i64(const std::string& name) const {
+    const TensorView& v = view(name);
+    if (v.dtype != DType::I64) throw std::runtime_error("reference tensor not int64: " + name);
+    std::vector<int64_t> out(size_t(v.numel()));
+    std::memcpy(out.data(), v.data, out.size() * 8);
+    return out;
+  }
+  std::vector<int32_t> ids(const std::string& prompt) const {
+    auto v = i64(prompt + ".input_ids");
+    return std::vector<int32_t>(v.begin(), v.end());
+  }
+
+ private:
+  SafetensorsFile file_;
+};
+
+/// One model per path for the whole test binary (loading is the slow part).
+inline Model& shared_model(const std::string& rel_dir) {
+  static std::map<std::string, std::unique_ptr<Model>> models;
+  auto& m = models[rel_dir];
+  if (!m) m = Model::load(source_path(rel_dir));
+  return *m;
+}
+
+/// Largest |a - b| over two equally long arrays.
+inline double max_abs_diff(const float* a, const float* b, size_t n) {
+  double m = 0;
+  for (size_t i = 0; i < n; ++i) m = std::max(m, double(std::fabs(a[i] - b[i])));
+  return m;
+}
+
+inline int64_t argmax(const float* row, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    if (row[i] > row[best]) best = i;
+  }
+  return best;
+}
+
+/// Greedy decode: prefill `prompt` then feed back the argmax `steps` times; returns the chosen ids.
+inline std::vector<int64_t> greedy(Model& model, const std::vector<int32_t>& prompt, int steps) {
+  SequenceState seq = model.new_sequence();
+  const int64_t V = model.config().vocab_size;
+  std::vector<float> logits = model.forward(seq, prompt, LogitsMode::Last);
+  std::vector<int64_t> out;
+  for (int s = 0; s < steps; ++s) {
+    const int32_t next = int32_t(argmax(logits.data(), V));
+    out.push_back(next);
+    if (s + 1 < steps) logits = model.forward(seq, std::span<const int32_t>(&next, 1), LogitsMode::Last);
+  }
+  return out;
+}
+
+}  // namespace flashnext::test
