@@ -1,0 +1,90 @@
+// `flashnext generate [--model DIR] (--prompt TEXT | --messages FILE.json) [--raw] [--max-tokens N]
+// [--temperature T --top-p P --top-k K --seed S ...] [--device cpu]`: one generation, text streamed to stdout as it
+// is decoded, then prompt and decode throughput on stderr. The chat template is applied (the prompt becomes one user
+// message) unless --raw; --messages is a JSON array of messages, or an object with "messages" and optionally
+// "tools" (as `flashnext chat-template` takes). --show-ids also prints the prompt and output token ids on stderr.
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "cli/generation_options.h"
+
+namespace {
+
+using json = nlohmann::ordered_json;
+using namespace flashnext;
+
+struct GenerateArgs {
+  cli::GenerationArgs gen;
+  std::optional<std::string> prompt;
+  std::string messages;
+  bool raw = false, show_ids = false;
+};
+
+json read_messages(const std::string& path, json& tools) {
+  std::ifstream f(path, std::ios::binary);
+  FN_CHECK(f.good(), "--messages: cannot open {}", path);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  json doc;
+  try {
+    doc = json::parse(ss.str());
+  } catch (const json::parse_error& e) {
+    fail("--messages: {} is not valid JSON: {}", path, e.what());
+  }
+  if (doc.is_object()) {
+    FN_CHECK(doc.contains("messages"), "--messages: {} is an object without a \"messages\" array", path);
+    if (doc.contains("tools")) tools = doc["tools"];
+    json m = doc["messages"];
+    doc = std::move(m);
+  }
+  if (!doc.is_array() || doc.empty())
+    fail("--messages: {} must hold a non-empty array of {{\"role\", \"content\"}} messages", path);
+  return doc;
+}
+
+std::string join_ids(const std::vector<TokenId>& ids) {
+  return fmt::format("{}", fmt::join(ids, " "));
+}
+
+int run(const GenerateArgs& a) {
+  const bool have_messages = !a.messages.empty();
+  if (a.prompt.has_value() == have_messages) fail("give exactly one of --prompt TEXT and --messages FILE.json");
+  if (a.prompt && a.prompt->empty()) fail("the prompt is empty: --prompt needs some text");
+  if (a.raw && have_messages) fail("--raw applies to --prompt only (--messages always uses the chat template)");
+
+  LoadedModel m = cli::load_for_generation(a.gen, /*with_chat_template=*/!a.raw);
+  std::vector<TokenId> prompt;
+  if (a.raw) {
+    prompt = m.raw_prompt(*a.prompt);
+  } else {
+    json tools = nullptr;
+    json messages = have_messages ? read_messages(a.messages, tools)
+                                  : json::array({json{{"role", "user"}, {"content", *a.prompt}}});
+    prompt = m.chat_prompt(messages, cli::template_vars(a.gen), tools);
+  }
+  GenerationRequest request{std::move(prompt), cli::sampling_params(a.gen, m.generation)};
+  Generator gen = generate(*m.model, m.tokenizer, m.generation, std::move(request), cli::emit);
+  cli::end_line(gen.text());
+  if (a.show_ids) {
+    fmt::print(stderr, "prompt ids: {}\noutput ids: {}\n", join_ids(gen.prompt()), join_ids(gen.output_ids()));
+  }
+  cli::print_stats(gen.stats(), gen.finish_reason());
+  return 0;
+}
+
+}  // namespace
+
+FLASHNEXT_SUBCOMMAND(generate, "generate", "Generate text for one prompt, streamed to stdout",
+                     [](CLI::App& sub) -> std::function<int()> {
+                       auto a = std::make_shared<GenerateArgs>();
+                       auto* p = sub.add_option("--prompt", a->prompt, "prompt text (one user message, unless --raw)");
+                       auto* m = sub.add_option("--messages", a->messages,
+                                                "JSON file: array of messages, or {\"messages\": [...], \"tools\": "
+                                                "[...]}");
+                       p->excludes(m);
+                       sub.add_flag("--raw", a->raw, "tokenize --prompt as is, without the chat template");
+                       sub.add_flag("--show-ids", a->show_ids, "print the prompt and output token ids on stderr");
+                       cli::add_generation_options(sub, a->gen);
+                       return [a] { return run(*a); };
+                     });

@@ -1,0 +1,18 @@
+// Where the model folder is when the user names none: the bundled `models/tiny-b-random` (random weights, real
+// Qwen3 tokenizer), so that a fresh clone's first command runs without a download.
+#pragma once
+
+#include <string>
+
+namespace flashnext {
+
+/// Folder name of the bundled model, relative to the source tree.
+inline constexpr const char* kBundledModel = "models/tiny-b-random";
+
+/// Returns `requested` when it is non-empty. Otherwise looks for the bundled model in the folder of the running
+/// executable and its parents (up to four levels: `build/flashnext`, `build/tests/test_engine`, ...), then in the
+/// current directory, and returns the first folder holding a config.json. Throws Error listing the places searched
+/// when none does.
+std::string resolve_model_dir(const std::string& requested);
+
+}  // namespace flashnext

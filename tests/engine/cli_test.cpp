@@ -1,0 +1,152 @@
+// The real CLI path: runs the built `flashnext` binary (generate and chat) on the bundled tiny-b model and checks
+// the reference: the prompt ids flashnext renders and tokenizes from the fixture's messages equal P.input_ids and
+// greedy decoding reproduces P.greedy_ids (tests/data/fixtures/tiny-b). Bad input exits with status 1 and a clear
+// message.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "fixture.h"
+
+namespace flashnext {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+struct CliResult {
+  int status = -1;
+  std::string out, err;
+};
+
+fs::path scratch() {
+  static const fs::path dir = [] {
+    fs::path d = fs::temp_directory_path() / ("flashnext_cli_test_" + std::to_string(::getpid()));
+    fs::create_directories(d);
+    return d;
+  }();
+  return dir;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Runs `flashnext ARGS` (each argument shell-quoted) with `input` on stdin.
+CliResult flashnext(const std::vector<std::string>& args, const std::string& input = "") {
+  const fs::path in = scratch() / "stdin", out = scratch() / "stdout", err = scratch() / "stderr";
+  std::ofstream(in, std::ios::binary) << input;
+  std::string cmd = quote(FLASHNEXT_BINARY_DIR "/flashnext");
+  for (const auto& a : args) cmd += " " + quote(a);
+  cmd += " <" + quote(in.string()) + " >" + quote(out.string()) + " 2>" + quote(err.string());
+  CliResult r;
+  const int rc = std::system(cmd.c_str());
+  r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+// The ids after `label` ("output ids: 1 2 3") in the --show-ids output.
+std::vector<TokenId> ids_after(const std::string& err, const std::string& label) {
+  const size_t at = err.find(label);
+  if (at == std::string::npos) return {};
+  std::istringstream line(err.substr(at + label.size(), err.find('\n', at) - at - label.size()));
+  std::vector<TokenId> ids;
+  for (TokenId id; line >> id;) ids.push_back(id);
+  return ids;
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { tok_ = new Tokenizer(Tokenizer::load(test::kModelDir)); }
+  static void TearDownTestSuite() {
+    delete tok_;
+    fs::remove_all(scratch());
+  }
+  static Tokenizer* tok_;
+};
+Tokenizer* Cli::tok_ = nullptr;
+
+TEST_F(Cli, GenerateFromMessagesReproducesTheReference) {
+  for (const auto& cp : test::kChatPrompts) {
+    SCOPED_TRACE(cp.name);
+    const fs::path file = scratch() / (std::string(cp.name) + ".json");
+    std::ofstream(file) << test::tokenizer_cases()["chat"][size_t(cp.chat_case)]["messages"].dump();
+    const auto greedy = test::reference_ids(std::string(cp.name) + ".greedy_ids");
+    // No --model: the bundled model is found relative to the executable.
+    CliResult r = flashnext({"generate", "--messages", file.string(), "--temperature", "0", "--max-tokens",
+                             std::to_string(greedy.size()), "--show-ids"});
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(ids_after(r.err, "prompt ids: "), test::reference_ids(std::string(cp.name) + ".input_ids"));
+    EXPECT_EQ(ids_after(r.err, "output ids: "), greedy);
+    EXPECT_EQ(r.out, tok_->decode(greedy, /*skip_special_tokens=*/true));
+    EXPECT_NE(r.err.find("tokens/s"), std::string::npos);
+    EXPECT_NE(r.err.find("finish: length"), std::string::npos);
+  }
+}
+
+TEST_F(Cli, GeneratePromptUsesTheChatTemplateAndRawDoesNot) {
+  // chat case 0 is one user message "What is 2+2?": --prompt with that text renders the chat0 prompt.
+  const std::string question = test::tokenizer_cases()["chat"][0]["messages"][0]["content"];
+  CliResult r = flashnext({"generate", "--model", test::kModelDir, "--prompt", question, "--temperature", "0",
+                           "--max-tokens", "3", "--show-ids"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(ids_after(r.err, "prompt ids: "), test::reference_ids("chat0.input_ids"));
+  auto greedy = test::reference_ids("chat0.greedy_ids");
+  greedy.resize(3);
+  EXPECT_EQ(ids_after(r.err, "output ids: "), greedy);
+
+  const std::string code = test::tokenizer_cases()["encode"][test::kCodeEncodeCase]["text"];
+  r = flashnext({"generate", "--prompt", code, "--raw", "--temperature", "0", "--max-tokens", "16", "--show-ids"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(ids_after(r.err, "prompt ids: "), test::reference_ids("code.input_ids"));
+  EXPECT_EQ(ids_after(r.err, "output ids: "), test::reference_ids("code.greedy_ids"));
+}
+
+TEST_F(Cli, ChatAnswersEachLineThenExits) {
+  // First turn = chat case 0's conversation, so its reply starts with chat0's greedy tokens.
+  const std::string question = test::tokenizer_cases()["chat"][0]["messages"][0]["content"];
+  CliResult r = flashnext({"chat", "--temperature", "0", "--max-tokens", "4"}, question + "\nAnd 3+3?\n/exit\n");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto greedy = test::reference_ids("chat0.greedy_ids");
+  greedy.resize(4);
+  const std::string first = tok_->decode(greedy, true);
+  EXPECT_EQ(r.out.substr(0, first.size()), first);
+  size_t turns = 0;
+  for (size_t at = 0; (at = r.err.find("tokens/s | decode", at)) != std::string::npos; ++at) ++turns;
+  EXPECT_EQ(turns, 2u) << r.err;
+}
+
+TEST_F(Cli, BadInputFailsWithAClearMessage) {
+  auto expect_error = [](const std::vector<std::string>& args, const std::string& text) {
+    CliResult r = flashnext(args);
+    EXPECT_EQ(r.status, 1) << r.err;
+    EXPECT_NE(r.err.find(text), std::string::npos) << r.err;
+  };
+  expect_error({"generate", "--prompt", ""}, "the prompt is empty");
+  expect_error({"generate", "--max-tokens", "4"}, "give exactly one of --prompt TEXT and --messages FILE.json");
+  expect_error({"generate", "--prompt", "hi", "--device", "cuda"}, "CUDA");
+  expect_error({"generate", "--messages", (scratch() / "missing.json").string()}, "cannot open");
+  expect_error({"generate", "--prompt", "hi", "--top-p", "0"}, "top_p must be in (0, 1]");
+  expect_error({"generate", "--prompt", "hi", "--model", (scratch() / "no-model").string()}, "no-model");
+  std::string long_prompt;
+  for (int i = 0; i < 9000; ++i) long_prompt += " a";  // > 8192 tokens (max_position_embeddings of tiny-b)
+  expect_error({"generate", "--raw", "--prompt", long_prompt}, "max_position_embeddings");
+}
+
+}  // namespace
+}  // namespace flashnext
