@@ -1,0 +1,164 @@
+// `flashnext serve [--model DIR] [--device cpu|cuda] [--host H] [--port P] [--max-model-len N] [--max-num-seqs N]
+// [--max-num-batched-tokens N] [--gpu-memory-utilization F] [--kv-cache-memory-bytes B] [--api-key KEY]
+// [--served-model-name NAME]`: the OpenAI-compatible server (server/server.h) over the continuous-batching
+// scheduler (engine/scheduler.h). Logs one line per request; SIGINT / SIGTERM stop it cleanly.
+#include <pthread.h>
+#include <spdlog/spdlog.h>
+
+#include <csignal>
+#include <filesystem>
+#include <thread>
+
+#include "cli/cli.h"
+#include "core/error.h"
+#include "engine/loaded_model.h"
+#include "engine/model_dir.h"
+#include "engine/scheduler.h"
+#include "loader/memory_plan.h"
+#include "server/server.h"
+
+namespace {
+
+using namespace flashnext;
+
+struct ServeArgs {
+  std::string model, device = "cpu", host = "127.0.0.1", api_key, log_level = "info", reasoning_parser = "qwen3";
+  std::vector<std::string> served_model_names;
+  int port = 8000, threads = 0;
+  int64_t max_model_len = 0, max_num_seqs = 64, max_num_batched_tokens = 2048, prefill_chunk_size = 0,
+          max_queued_requests = 256, block_size = 16;
+  int64_t kv_cache_memory_bytes = int64_t(4) << 30;  // vLLM's CPU default (VLLM_CPU_KVCACHE_SPACE=4 GiB)
+  std::optional<double> gpu_memory_utilization;
+  bool reject_control_token_text = false;
+};
+
+int run(const ServeArgs& a) {
+  spdlog::set_level(spdlog::level::from_str(a.log_level));
+  if (a.device == "cuda") {
+    fail("--device cuda: the CUDA backend is not yet integrated with the server; use --device cpu");
+  }
+  if (a.gpu_memory_utilization)
+    spdlog::warn(
+        "--gpu-memory-utilization applies to --device cuda; on the CPU the KV cache budget is "
+        "--kv-cache-memory-bytes ({} bytes)",
+        a.kv_cache_memory_bytes);
+
+  // Block the stop signals in every thread (they inherit the mask); one thread waits for them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGUSR1);  // sent to ourselves when the server ends on its own
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);  // a client that vanished is a failed write, not a dead process
+
+  const std::string dir = resolve_model_dir(a.model);
+  ModelOptions mo;
+  mo.threads = a.threads;
+  LoadedModel m = LoadedModel::load(dir, mo, /*with_chat_template=*/true);
+  const ModelConfig& cfg = m.model->config();
+
+  SchedulerConfig sc;
+  sc.max_num_seqs = a.max_num_seqs;
+  sc.max_num_batched_tokens = a.max_num_batched_tokens;
+  sc.prefill_chunk_size = a.prefill_chunk_size;
+  sc.max_model_len = a.max_model_len ? a.max_model_len : cfg.max_position_embeddings;
+  sc.max_waiting = a.max_queued_requests;
+  if (sc.max_model_len > cfg.max_position_embeddings)
+    fail("--max-model-len {} exceeds the model's max_position_embeddings {} ({})", sc.max_model_len,
+         cfg.max_position_embeddings, cfg.source);
+  // The CPU backend keeps every state in float32: 4 bytes per KV / indexer / conv element.
+  const StatePlan plan = state_plan(cfg, /*tp=*/1, /*kv_bytes=*/4, /*act_bytes=*/4);
+  MemoryPlanner planner(plan, a.block_size, a.kv_cache_memory_bytes, sc.max_num_seqs);
+  ModelRunner runner(*m.model);
+  Scheduler scheduler(runner, std::move(planner), sc);
+
+  server::ServerOptions so;
+  so.host = a.host;
+  so.port = a.port;
+  so.api_key = a.api_key;
+  so.served_model_names = a.served_model_names;
+  if (so.served_model_names.empty())
+    so.served_model_names.push_back(a.model.empty() ? std::filesystem::path(dir).filename().string() : a.model);
+  so.model_dir = dir;
+  so.reasoning_parser = a.reasoning_parser == "qwen3";
+  so.reject_control_token_text = a.reject_control_token_text;
+  const auto& mp = scheduler.planner();
+  server::Server srv(scheduler, m.tokenizer, m.chat_template ? &*m.chat_template : nullptr, m.generation, so);
+  const int port = srv.bind();
+  spdlog::info(
+      "flashnext serve: model {} as \"{}\" on {}, max_model_len {}, max_num_seqs {}, "
+      "max_num_batched_tokens {}, prefill chunk {}",
+      dir, so.served_model_names.front(), m.model->ops().name(), sc.max_model_len, sc.max_num_seqs,
+      sc.max_num_batched_tokens, scheduler.config().prefill_chunk_size);
+  spdlog::info(
+      "flashnext serve: memory {} bytes = {} state slots x {} B (GDN + PLE) + {} KV blocks x {} tokens x "
+      "{} B/token (K, V, indexer keys)",
+      mp.budget_bytes(), mp.total_slots(), mp.slot_bytes(), mp.total_blocks(), mp.block_size(),
+      mp.block_size() ? mp.block_bytes() / mp.block_size() : 0);
+  if (a.model.empty()) spdlog::warn("flashnext serve: the bundled test model has RANDOM weights: expect gibberish");
+
+  std::thread signal_waiter([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    if (sig != SIGUSR1) spdlog::info("flashnext serve: signal {}, stopping", sig);
+    srv.stop();
+  });
+  scheduler.start();
+  spdlog::info("flashnext serve: listening on http://{}:{}", a.host, port);
+  srv.run();
+  pthread_kill(signal_waiter.native_handle(), SIGUSR1);
+  signal_waiter.join();
+  scheduler.stop();
+  spdlog::info("flashnext serve: stopped");
+  return 0;
+}
+
+}  // namespace
+
+FLASHNEXT_SUBCOMMAND(
+    serve, "serve", "OpenAI-compatible HTTP server with continuous batching",
+    [](CLI::App& sub) -> std::function<int()> {
+      auto a = std::make_shared<ServeArgs>();
+      sub.add_option("--model", a->model,
+                     "model folder (Hugging Face layout); default: the bundled models/tiny-b-random "
+                     "(random weights)");
+      sub.add_option("--device", a->device, "cpu (default) or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+      sub.add_option("--host", a->host, "address to listen on (default 127.0.0.1; 0.0.0.0 = all)");
+      sub.add_option("--port", a->port, "TCP port (default 8000; 0 = any free port)")->check(CLI::Range(0, 65535));
+      sub.add_option("--max-model-len", a->max_model_len,
+                     "most tokens per sequence, prompt + output (default: max_position_embeddings)")
+          ->check(CLI::NonNegativeNumber);
+      sub.add_option("--max-num-seqs", a->max_num_seqs, "most sequences in one batch (default 64)")
+          ->check(CLI::PositiveNumber);
+      sub.add_option("--max-num-batched-tokens", a->max_num_batched_tokens,
+                     "most tokens fed in one engine step (default 2048)")
+          ->check(CLI::PositiveNumber);
+      sub.add_option("--prefill-chunk-size", a->prefill_chunk_size,
+                     "prefill chunk length (default: max-num-batched-tokens - max-num-seqs + 1)")
+          ->check(CLI::NonNegativeNumber);
+      sub.add_option("--max-queued-requests", a->max_queued_requests,
+                     "most requests waiting for a batch slot; more get 503 (default 256)")
+          ->check(CLI::NonNegativeNumber);
+      sub.add_option("--gpu-memory-utilization", a->gpu_memory_utilization,
+                     "fraction of GPU memory for weights + KV cache (--device cuda)")
+          ->check(CLI::Range(0.0, 1.0));
+      sub.add_option("--kv-cache-memory-bytes", a->kv_cache_memory_bytes,
+                     "bytes for the KV cache and sequence states on the CPU (default 4 GiB)")
+          ->check(CLI::PositiveNumber);
+      sub.add_option("--block-size", a->block_size, "tokens per KV cache block (default 16)")
+          ->check(CLI::PositiveNumber);
+      sub.add_option("--api-key", a->api_key, "require \"Authorization: Bearer KEY\" on /v1/* (env FLASHNEXT_API_KEY)")
+          ->envname("FLASHNEXT_API_KEY");
+      sub.add_option("--served-model-name", a->served_model_names,
+                     "model name(s) clients use; the first is reported (default: --model)");
+      sub.add_option("--reasoning-parser", a->reasoning_parser, "qwen3 (default: <think> -> reasoning_content) or none")
+          ->check(CLI::IsMember({"qwen3", "none"}));
+      sub.add_flag("--reject-control-token-text", a->reject_control_token_text,
+                   "answer 400 to chat messages that contain special-token text such as "
+                   "<|im_start|> (which would otherwise become control tokens)");
+      sub.add_option("--threads", a->threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+      sub.add_option("--log-level", a->log_level, "trace, debug, info (default), warn, error")
+          ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+      return [a] { return run(*a); };
+    });

@@ -1,0 +1,416 @@
+#include "engine/scheduler.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "model/qwen4_exp/model.h"
+
+namespace flashnext {
+
+// ---------------------------------------------------------------------------------------------------------------
+// MemoryPlanner
+// ---------------------------------------------------------------------------------------------------------------
+
+MemoryPlanner::MemoryPlanner(const StatePlan& plan, int64_t block_size, int64_t budget_bytes, int64_t num_slots)
+    : block_size_(block_size), budget_bytes_(budget_bytes) {
+  FN_CHECK(block_size >= 1, "memory planner: block size must be >= 1 token, got {}", block_size);
+  FN_CHECK(num_slots >= 1, "memory planner: the number of sequence state slots must be >= 1, got {}", num_slots);
+  block_bytes_ = (plan.kv_bytes_per_token + plan.indexer_bytes_per_token) * block_size;
+  slot_bytes_ =
+      plan.gdn_state_bytes_per_sequence + plan.gdn_conv_state_bytes_per_sequence + plan.ple_state_bytes_per_sequence;
+  const int64_t after_slots = budget_bytes - slot_bytes_ * num_slots;
+  // A model without QSA layers has no per-token cache: blocks then only count positions (bounded by the id type).
+  const int64_t blocks = block_bytes_ > 0 ? after_slots / block_bytes_ : (after_slots >= 0 ? (int64_t(1) << 30) : 0);
+  if (blocks < 1)
+    fail(
+        "memory planner: a budget of {} bytes cannot hold {} sequence state slots of {} bytes plus one KV block of "
+        "{} bytes; raise the KV cache memory or lower --max-num-seqs",
+        budget_bytes, num_slots, slot_bytes_, block_bytes_);
+  FN_CHECK(blocks <= INT32_MAX, "memory planner: {} KV blocks exceed the block id range", blocks);
+  all_blocks_ = size_t(blocks);
+  all_slots_ = size_t(num_slots);
+  free_blocks_.resize(all_blocks_);
+  for (size_t i = 0; i < all_blocks_; ++i) free_blocks_[i] = int32_t(all_blocks_ - 1 - i);
+  free_slots_.resize(all_slots_);
+  for (size_t i = 0; i < all_slots_; ++i) free_slots_[i] = int32_t(all_slots_ - 1 - i);
+}
+
+bool MemoryPlanner::try_grow(std::vector<int32_t>& table, int64_t tokens) {
+  const int64_t need = blocks_for(tokens) - int64_t(table.size());
+  if (need <= 0) return true;
+  if (need > free_blocks()) return false;
+  for (int64_t i = 0; i < need; ++i) {
+    table.push_back(free_blocks_.back());
+    free_blocks_.pop_back();
+  }
+  return true;
+}
+
+std::optional<int32_t> MemoryPlanner::acquire_slot() {
+  if (free_slots_.empty()) return std::nullopt;
+  int32_t s = free_slots_.back();
+  free_slots_.pop_back();
+  return s;
+}
+
+void MemoryPlanner::release(std::vector<int32_t>& table, int32_t slot) {
+  // Returned in reverse so that a sequence freed and re-admitted gets the same ids (easier to read in logs).
+  for (auto it = table.rbegin(); it != table.rend(); ++it) free_blocks_.push_back(*it);
+  table.clear();
+  if (slot >= 0) free_slots_.push_back(slot);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// ModelRunner
+// ---------------------------------------------------------------------------------------------------------------
+
+namespace {
+struct ModelSequence : RunnerSequence {
+  SequenceState state;
+};
+}  // namespace
+
+ModelRunner::ModelRunner(Model& model) : model_(model) {
+  const ModelConfig& c = model.config();
+  ple_rows_per_token_ = c.ngram_heads() * int64_t(c.ple_layer_ids.size());
+}
+
+int64_t ModelRunner::vocab_size() const {
+  return model_.config().vocab_size;
+}
+
+std::unique_ptr<RunnerSequence> ModelRunner::new_sequence() {
+  auto s = std::make_unique<ModelSequence>();
+  s->state = model_.new_sequence();
+  return s;
+}
+
+void ModelRunner::forward(std::span<Item> items) {
+  for (Item& item : items) {
+    try {
+      auto& seq = static_cast<ModelSequence&>(*item.seq);
+      std::vector<float> logits = model_.forward(seq.state, item.ids, LogitsMode::Last);
+      ple_rows_ += ple_rows_per_token_ * int64_t(item.ids.size());
+      if (!item.logits.empty()) {
+        FN_CHECK(logits.size() == item.logits.size(), "model returned {} logits, expected {}", logits.size(),
+                 item.logits.size());
+        std::copy(logits.begin(), logits.end(), item.logits.begin());
+      }
+    } catch (const std::exception& e) {
+      item.error = e.what();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Scheduler
+// ---------------------------------------------------------------------------------------------------------------
+
+struct Scheduler::Seq {
+  Request req;
+  std::unique_ptr<Sampler> sampler;
+  std::vector<int32_t> tokens;  // prompt + output so far
+  int64_t num_output = 0;
+  int64_t num_computed = 0;  // tokens fed to `state`
+  std::unique_ptr<RunnerSequence> state;
+  std::vector<int32_t> blocks;
+  int32_t slot = -1;
+  bool done = false;
+};
+
+Scheduler::Scheduler(Runner& runner, MemoryPlanner planner, SchedulerConfig config)
+    : runner_(runner), planner_(std::move(planner)), config_(config) {
+  auto& c = config_;
+  FN_CHECK(c.max_num_seqs >= 1, "scheduler: max_num_seqs must be >= 1, got {}", c.max_num_seqs);
+  FN_CHECK(c.max_num_batched_tokens >= c.max_num_seqs,
+           "scheduler: max_num_batched_tokens ({}) must be >= max_num_seqs ({})", c.max_num_batched_tokens,
+           c.max_num_seqs);
+  const int64_t max_chunk = c.max_num_batched_tokens - c.max_num_seqs + 1;
+  if (c.prefill_chunk_size == 0) c.prefill_chunk_size = max_chunk;
+  FN_CHECK(c.prefill_chunk_size >= 1 && c.prefill_chunk_size <= max_chunk,
+           "scheduler: prefill_chunk_size must be in [1, max_num_batched_tokens - max_num_seqs + 1 = {}], got {}",
+           max_chunk, c.prefill_chunk_size);
+  FN_CHECK(c.max_model_len >= 2, "scheduler: max_model_len must be >= 2, got {}", c.max_model_len);
+  FN_CHECK(c.max_waiting >= 0, "scheduler: max_waiting must be >= 0, got {}", c.max_waiting);
+  FN_CHECK(planner_.blocks_for(c.max_model_len) <= planner_.total_blocks(),
+           "scheduler: one sequence of max_model_len {} tokens needs {} KV blocks but the memory budget holds only "
+           "{}; lower --max-model-len or raise the KV cache memory",
+           c.max_model_len, planner_.blocks_for(c.max_model_len), planner_.total_blocks());
+  counters_.kv_blocks_total = planner_.total_blocks();
+  counters_.slots_total = planner_.total_slots();
+  stats_ = counters_;
+}
+
+Scheduler::~Scheduler() {
+  stop();
+}
+
+void Scheduler::submit(Request r) {
+  const int64_t vocab = runner_.vocab_size();
+  FN_CHECK(!r.prompt.empty(), "request {}: the prompt is empty", r.id);
+  for (int32_t id : r.prompt) {
+    if (id < 0 || id >= vocab)
+      fail("request {}: prompt token id {} is outside the vocabulary [0, {})", r.id, id, vocab);
+  }
+  const int64_t total = int64_t(r.prompt.size()) + r.sampling.max_tokens;
+  if (total > config_.max_model_len)
+    fail(
+        "request {}: the prompt ({} tokens) plus max_tokens ({}) is {} tokens, more than the maximum model length "
+        "{}",
+        r.id, r.prompt.size(), r.sampling.max_tokens, total, config_.max_model_len);
+  if (r.top_logprobs < -1 || r.top_logprobs > kMaxTopLogprobs)
+    fail("request {}: top_logprobs must be in [0, {}], got {}", r.id, kMaxTopLogprobs, r.top_logprobs);
+  auto seq = std::make_unique<Seq>();
+  try {
+    seq->sampler = std::make_unique<Sampler>(r.sampling, vocab, r.prompt);
+  } catch (const Error& e) {
+    fail("request {}: {}", r.id, e.what());
+  }
+  seq->tokens = r.prompt;
+  seq->req = std::move(r);
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) fail("request {}: the server is shutting down", seq->req.id);
+    if (int64_t(inbox_.size()) + stats_.waiting >= config_.max_waiting)
+      throw QueueFullError(fmt::format("request {}: the waiting queue is full ({} requests); try again later",
+                                       seq->req.id, config_.max_waiting));
+    inbox_.push_back(std::move(seq));
+  }
+  cv_.notify_one();
+}
+
+void Scheduler::start() {
+  std::lock_guard lock(mutex_);
+  FN_CHECK(!thread_.joinable(), "scheduler: already started");
+  stopping_ = false;
+  thread_ = std::thread([this] { loop(); });
+}
+
+void Scheduler::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::deque<std::unique_ptr<Seq>> inbox;
+  {
+    std::lock_guard lock(mutex_);
+    inbox.swap(inbox_);
+  }
+  for (auto& s : inbox) finish(*s, EndReason::Abort);
+  for (auto& s : waiting_) finish(*s, EndReason::Abort);
+  for (auto& s : running_) finish(*s, EndReason::Abort);
+  waiting_.clear();
+  running_.clear();
+  publish_stats();
+}
+
+void Scheduler::loop() {
+  for (;;) {
+    {
+      std::lock_guard lock(mutex_);
+      if (stopping_) return;
+    }
+    bool worked = false;
+    try {
+      worked = step_impl();
+    } catch (const std::exception& e) {
+      // step_impl isolates per-request failures; anything reaching here is a bug. Fail the running requests rather
+      // than leave their clients waiting forever, and keep serving.
+      spdlog::error("scheduler: step failed: {}", e.what());
+      for (auto& s : running_) finish(*s, EndReason::Error, {}, std::string("engine step failed: ") + e.what());
+      running_.clear();
+      publish_stats();
+      worked = true;
+    }
+    if (!worked) {
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [&] { return stopping_ || !inbox_.empty(); });
+    }
+  }
+}
+
+bool Scheduler::step() {
+  FN_CHECK(!thread_.joinable(), "scheduler: step() called while the engine thread runs");
+  return step_impl();
+}
+
+int64_t Scheduler::next_chunk(const Seq& s) const {
+  return std::min(int64_t(s.tokens.size()) - s.num_computed, config_.prefill_chunk_size);
+}
+
+void Scheduler::finish(Seq& s, EndReason reason, std::optional<int32_t> stop_token, std::string error) {
+  planner_.release(s.blocks, s.slot);
+  s.slot = -1;
+  s.state.reset();
+  s.done = true;
+  s.req.stream->finish(reason, stop_token, std::move(error));
+}
+
+void Scheduler::preempt(Seq& s) {
+  planner_.release(s.blocks, s.slot);
+  s.slot = -1;
+  s.state.reset();
+  s.num_computed = 0;
+  ++counters_.preemptions;
+  spdlog::debug("scheduler: preempted request {} ({} tokens to recompute)", s.req.id, s.tokens.size());
+}
+
+void Scheduler::publish_stats() {
+  counters_.running = int64_t(running_.size());
+  counters_.waiting = int64_t(waiting_.size());
+  counters_.kv_blocks_used = planner_.total_blocks() - planner_.free_blocks();
+  counters_.slots_used = planner_.total_slots() - planner_.free_slots();
+  counters_.kv_usage = planner_.usage();
+  counters_.ple_rows_fetched = runner_.ple_rows_fetched();
+  std::lock_guard lock(mutex_);
+  stats_ = counters_;
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard lock(mutex_);
+  SchedulerStats s = stats_;
+  s.waiting += int64_t(inbox_.size());
+  return s;
+}
+
+bool Scheduler::step_impl() {
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& s : inbox_) waiting_.push_back(std::move(s));
+    inbox_.clear();
+    stats_.waiting = int64_t(waiting_.size());
+  }
+  // Drop cancelled requests, wherever they are.
+  for (auto& s : running_) {
+    if (s->req.stream->cancelled()) finish(*s, EndReason::Abort);
+  }
+  std::erase_if(running_, [](const auto& s) { return s->done; });
+  for (auto& s : waiting_) {
+    if (s->req.stream->cancelled()) finish(*s, EndReason::Abort);
+  }
+  std::erase_if(waiting_, [](const auto& s) { return s->done; });
+  if (running_.empty() && waiting_.empty()) {
+    publish_stats();
+    return false;
+  }
+
+  // ---- schedule ----
+  struct Scheduled {
+    Seq* seq;
+    int64_t n;
+  };
+  std::vector<Scheduled> batch;
+  int64_t budget = config_.max_num_batched_tokens;
+  bool preempted = false;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Seq& s = *running_[i];
+    const int64_t n = next_chunk(s);
+    if (n > budget) continue;  // a whole chunk or nothing (batch invariance); it gets the next step
+    bool self_preempted = false;
+    while (!planner_.try_grow(s.blocks, s.num_computed + n)) {
+      // Free memory by preempting the most recently admitted sequence (never one scheduled already: those come
+      // before index i).
+      std::unique_ptr<Seq> victim = std::move(running_.back());
+      running_.pop_back();
+      preempt(*victim);
+      preempted = true;
+      self_preempted = victim.get() == &s;
+      waiting_.push_front(std::move(victim));
+      if (self_preempted) break;
+    }
+    if (self_preempted) break;
+    batch.push_back({&s, n});
+    budget -= n;
+  }
+  // Admit waiting requests in arrival order (none after a preemption: memory is short).
+  while (!preempted && !waiting_.empty() && int64_t(running_.size()) < config_.max_num_seqs && budget > 0) {
+    Seq& s = *waiting_.front();
+    const int64_t n = next_chunk(s);
+    if (n > budget || planner_.free_slots() == 0) break;
+    if (!planner_.try_grow(s.blocks, n)) break;
+    s.slot = *planner_.acquire_slot();
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+    try {
+      s.state = runner_.new_sequence();
+    } catch (const std::exception& e) {
+      finish(s, EndReason::Error, {}, fmt::format("could not create the sequence state: {}", e.what()));
+      continue;
+    }
+    batch.push_back({&s, n});
+    budget -= n;
+  }
+  if (batch.empty()) {
+    std::erase_if(running_, [](const auto& s) { return s->done; });
+    // Cannot happen with a valid config (the first running sequence, or the first waiting one when none runs,
+    // always fits); guard against spinning anyway.
+    if (running_.empty() && !waiting_.empty()) {
+      finish(*waiting_.front(), EndReason::Error, {}, "the scheduler could not place the request");
+      waiting_.pop_front();
+    }
+    publish_stats();
+    return true;
+  }
+
+  // ---- run ----
+  const int64_t vocab = runner_.vocab_size();
+  if (logits_buf_.size() < batch.size()) logits_buf_.resize(batch.size());
+  std::vector<Runner::Item> items(batch.size());
+  for (size_t k = 0; k < batch.size(); ++k) {
+    Seq& s = *batch[k].seq;
+    Runner::Item& it = items[k];
+    it.seq = s.state.get();
+    it.ids = std::span<const int32_t>(s.tokens).subspan(size_t(s.num_computed), size_t(batch[k].n));
+    it.block_table = s.blocks;
+    it.slot = s.slot;
+    if (s.num_computed + batch[k].n == int64_t(s.tokens.size())) {
+      logits_buf_[k].resize(size_t(vocab));
+      it.logits = logits_buf_[k];
+    }
+  }
+  runner_.forward(items);
+
+  // ---- sample ----
+  const Clock::time_point now = Clock::now();
+  std::vector<float> raw;
+  for (size_t k = 0; k < batch.size(); ++k) {
+    Seq& s = *batch[k].seq;
+    Runner::Item& it = items[k];
+    if (!it.error.empty()) {
+      finish(s, EndReason::Error, {}, it.error);
+      continue;
+    }
+    const bool decode = batch[k].n == 1 && s.num_output > 0 && !it.logits.empty();
+    (decode ? counters_.decode_tokens : counters_.prefill_tokens) += batch[k].n;
+    s.num_computed += batch[k].n;
+    if (it.logits.empty()) continue;
+    try {
+      const SamplingParams& p = s.sampler->params();
+      if (s.req.top_logprobs >= 0) raw.assign(it.logits.begin(), it.logits.end());
+      const int32_t tok = s.sampler->sample(it.logits);
+      s.sampler->accept(tok);
+      std::optional<TokenLogprobs> lp;
+      if (s.req.top_logprobs >= 0) lp = compute_logprobs(raw, tok, s.req.top_logprobs);
+      s.tokens.push_back(tok);
+      ++s.num_output;
+      s.req.stream->push_token(tok, std::move(lp), now);
+      auto has = [&](const auto& ids) { return std::find(ids.begin(), ids.end(), int64_t(tok)) != ids.end(); };
+      if (has(p.stop_token_ids) || (!p.ignore_eos && has(s.req.eos_token_ids))) {
+        finish(s, EndReason::Stop, tok);
+      } else if (s.num_output >= p.max_tokens || int64_t(s.tokens.size()) >= config_.max_model_len) {
+        finish(s, EndReason::Length);
+      }
+    } catch (const std::exception& e) {
+      finish(s, EndReason::Error, {}, fmt::format("sampling failed: {}", e.what()));
+    }
+  }
+  std::erase_if(running_, [](const auto& s) { return s->done; });
+  ++counters_.steps;
+  publish_stats();
+  return true;
+}
+
+}  // namespace flashnext

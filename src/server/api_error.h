@@ -1,0 +1,60 @@
+// Errors of the OpenAI-compatible API: an HTTP status plus a message, sent in OpenAI's error schema
+//   {"error": {"message": "...", "type": "invalid_request_error", "param": "temperature", "code": 400}}
+// (`code` carries the HTTP status, as vLLM does).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/error.h"
+
+namespace flashnext::server {
+
+/// An error to send to the client with `status` (400 bad request, 401 wrong API key, 404 unknown route,
+/// 503 full queue, 500 internal). `param` names the offending request field ("" when none).
+class ApiError : public Error {
+ public:
+  ApiError(int status, std::string message, std::string param = {})
+      : Error(std::move(message)), status_(status), param_(std::move(param)) {}
+  int status() const { return status_; }
+  const std::string& param() const { return param_; }
+
+ private:
+  int status_;
+  std::string param_;
+};
+
+/// Throws ApiError(400) with a fmt-formatted message naming field `param`.
+template <class... Args>
+[[noreturn]] void bad_request(std::string param, fmt::format_string<Args...> format, Args&&... args) {
+  throw ApiError(400, fmt::format(format, std::forward<Args>(args)...), std::move(param));
+}
+
+/// OpenAI error `type` for an HTTP status: 400 "invalid_request_error", 401 "authentication_error",
+/// 404 "not_found_error", 503 "server_overloaded_error", other "internal_server_error".
+inline const char* error_type(int status) {
+  switch (status) {
+    case 400:
+      return "invalid_request_error";
+    case 401:
+      return "authentication_error";
+    case 404:
+      return "not_found_error";
+    case 503:
+      return "server_overloaded_error";
+    default:
+      return "internal_server_error";
+  }
+}
+
+/// The error body for `status` and `message` (param null when empty).
+inline nlohmann::ordered_json error_body(int status, const std::string& message, const std::string& param = {}) {
+  nlohmann::ordered_json e;
+  e["message"] = message;
+  e["type"] = error_type(status);
+  e["param"] = param.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(param);
+  e["code"] = status;
+  return {{"error", std::move(e)}};
+}
+
+}  // namespace flashnext::server

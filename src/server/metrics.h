@@ -1,0 +1,95 @@
+// Prometheus metrics in the text exposition format 0.0.4
+// (https://prometheus.io/docs/instrumenting/exposition_formats/): counters, gauges and histograms, each with optional
+// labels, rendered by GET /metrics. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace flashnext::server {
+
+/// Label pairs of one series, e.g. {{"finished_reason", "stop"}}. Values are escaped when rendered.
+using Labels = std::vector<std::pair<std::string, std::string>>;
+
+class MetricsRegistry;
+
+/// A monotonically increasing value per label set.
+class Counter {
+ public:
+  /// Adds `v` (>= 0; a negative value is ignored, a counter never goes down).
+  void inc(double v = 1, const Labels& labels = {});
+  double value(const Labels& labels = {}) const;
+
+ private:
+  friend class MetricsRegistry;
+  mutable std::mutex mutex_;
+  std::map<Labels, double> values_;
+};
+
+/// A value that goes up and down per label set.
+class Gauge {
+ public:
+  void set(double v, const Labels& labels = {});
+  double value(const Labels& labels = {}) const;
+
+ private:
+  friend class MetricsRegistry;
+  mutable std::mutex mutex_;
+  std::map<Labels, double> values_;
+};
+
+/// Observations counted into cumulative buckets (upper bounds, ascending; +Inf is implicit), with their sum.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds);
+  void observe(double v);
+  uint64_t count() const;
+  double sum() const;
+  /// Cumulative count of observations <= bounds()[i].
+  uint64_t bucket(size_t i) const;
+  const std::vector<double>& bounds() const { return bounds_; }
+
+ private:
+  friend class MetricsRegistry;
+  mutable std::mutex mutex_;
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;  // per bucket, not cumulative; last = above every bound
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+/// The metrics of one server. Metrics are created once (names must be unique and valid Prometheus names) and
+/// live as long as the registry.
+class MetricsRegistry {
+ public:
+  Counter& counter(const std::string& name, const std::string& help);
+  Gauge& gauge(const std::string& name, const std::string& help);
+  Histogram& histogram(const std::string& name, const std::string& help, std::vector<double> bounds);
+
+  /// All metrics, in creation order, as Prometheus text (# HELP, # TYPE, then one line per series; histograms as
+  /// NAME_bucket{le="..."} cumulative, NAME_sum, NAME_count). A counter or gauge with no series yet renders as 0.
+  std::string render() const;
+
+ private:
+  enum class Kind { Counter, Gauge, Histogram };
+  struct Entry {
+    std::string name, help;
+    Kind kind;
+    std::unique_ptr<Counter> counter;
+    std::unique_ptr<Gauge> gauge;
+    std::unique_ptr<Histogram> histogram;
+  };
+  Entry& add(const std::string& name, const std::string& help, Kind kind);
+  mutable std::mutex mutex_;
+  std::vector<std::unique_ptr<Entry>> entries_;
+};
+
+/// `v` in Prometheus float syntax: integers without a fraction, "+Inf", "-Inf", "NaN", else shortest round-trip.
+std::string prometheus_number(double v);
+
+}  // namespace flashnext::server

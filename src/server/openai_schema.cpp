@@ -1,0 +1,496 @@
+#include "server/openai_schema.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "engine/request.h"
+
+namespace flashnext::server {
+
+namespace {
+
+// Short description of a JSON value for error messages: its type and, when small, its text.
+std::string describe(const json& v) {
+  std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return fmt::format("{} {}", v.type_name(), text);
+}
+
+// Typed access to the fields of one JSON object; `prefix` locates it in the request ("" or "messages[2].").
+class Fields {
+ public:
+  Fields(const json& obj, std::string prefix) : obj_(obj), prefix_(std::move(prefix)) {
+    if (!obj.is_object())
+      bad_request(prefix_.empty() ? "" : self(), "{} must be a JSON object, got {}",
+                  prefix_.empty() ? "the request body" : self(), describe(obj));
+  }
+
+  // The value of `key`, or nullptr when it is absent or null.
+  const json* get(std::string_view key) const {
+    auto it = obj_.find(key);
+    return it == obj_.end() || it->is_null() ? nullptr : &*it;
+  }
+  std::optional<bool> boolean(std::string_view key) const {
+    const json* v = get(key);
+    if (!v) return std::nullopt;
+    if (!v->is_boolean()) type_error(key, "a boolean", *v);
+    return v->get<bool>();
+  }
+  std::optional<int64_t> integer(std::string_view key) const {
+    const json* v = get(key);
+    if (!v) return std::nullopt;
+    if (v->is_number_integer()) return v->get<int64_t>();
+    // 100.0 is accepted as an integer (as pydantic's lax mode does); 1.5 is not.
+    if (v->is_number_float()) {
+      double d = v->get<double>();
+      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) return int64_t(d);
+    }
+    type_error(key, "an integer", *v);
+  }
+  std::optional<double> number(std::string_view key) const {
+    const json* v = get(key);
+    if (!v) return std::nullopt;
+    if (!v->is_number()) type_error(key, "a number", *v);
+    return v->get<double>();
+  }
+  std::optional<std::string> string(std::string_view key) const {
+    const json* v = get(key);
+    if (!v) return std::nullopt;
+    if (!v->is_string()) type_error(key, "a string", *v);
+    return v->get<std::string>();
+  }
+  const json* object(std::string_view key) const {
+    const json* v = get(key);
+    if (v && !v->is_object()) type_error(key, "an object", *v);
+    return v;
+  }
+  const json* array(std::string_view key) const {
+    const json* v = get(key);
+    if (v && !v->is_array()) type_error(key, "an array", *v);
+    return v;
+  }
+  // Rejects keys outside `known` (the OpenAI API answers 400 to an unrecognised argument; a silently ignored
+  // misspelt parameter is worse than an error).
+  void only(const std::set<std::string_view>& known) const {
+    for (auto it = obj_.begin(); it != obj_.end(); ++it) {
+      if (!known.count(it.key()))
+        bad_request(where(it.key()), "unknown field \"{}\"{}; this server does not support it", where(it.key()),
+                    prefix_.empty() ? " in the request" : "");
+    }
+  }
+  std::string where(std::string_view key) const { return prefix_ + std::string(key); }
+
+  [[noreturn]] void type_error(std::string_view key, const char* expected, const json& got) const {
+    bad_request(where(key), "field \"{}\" must be {}, got {}", where(key), expected, describe(got));
+  }
+
+ private:
+  std::string self() const { return prefix_.substr(0, prefix_.size() - 1); }  // "messages[2]" of "messages[2]."
+  const json& obj_;
+  std::string prefix_;
+};
+
+// Fields shared by both generation endpoints (OpenAI + vLLM sampling extensions).
+const std::set<std::string_view> kSamplingFields = {"model",
+                                                    "stream",
+                                                    "stream_options",
+                                                    "max_tokens",
+                                                    "temperature",
+                                                    "top_p",
+                                                    "top_k",
+                                                    "min_p",
+                                                    "n",
+                                                    "stop",
+                                                    "seed",
+                                                    "presence_penalty",
+                                                    "frequency_penalty",
+                                                    "repetition_penalty",
+                                                    "logit_bias",
+                                                    "user",
+                                                    "stop_token_ids",
+                                                    "ignore_eos",
+                                                    "include_stop_str_in_output",
+                                                    "skip_special_tokens",
+                                                    "echo",
+                                                    "logprobs",
+                                                    "return_tokens_as_token_ids"};
+
+void parse_sampling(const Fields& f, ApiRequest& r, const SamplingParams& defaults, int64_t vocab_size) {
+  r.sampling = defaults;
+  SamplingParams& p = r.sampling;
+  if (auto v = f.string("model")) r.model = *v;
+  if (auto v = f.string("user")) r.user = *v;
+  r.stream = f.boolean("stream").value_or(false);
+  if (const json* so = f.object("stream_options")) {
+    if (!r.stream) bad_request("stream_options", "stream_options can only be given when stream is true");
+    Fields o(*so, "stream_options.");
+    o.only({"include_usage", "continuous_usage_stats"});
+    r.include_usage = o.boolean("include_usage").value_or(false);
+    if (o.boolean("continuous_usage_stats").value_or(false))
+      bad_request("stream_options.continuous_usage_stats", "stream_options.continuous_usage_stats is not supported");
+  }
+  if (auto v = f.integer("n"); v && *v != 1)
+    bad_request("n", "n must be 1 (this server returns one choice per request), got {}", *v);
+  if (const json* lb = f.object("logit_bias"); lb && !lb->empty())
+    bad_request("logit_bias", "logit_bias is not supported by this server");
+  if (auto v = f.boolean("skip_special_tokens"); v && !*v)
+    bad_request("skip_special_tokens", "skip_special_tokens=false is not supported by this server");
+  if (auto v = f.number("temperature")) p.temperature = *v;
+  if (auto v = f.number("top_p")) p.top_p = *v;
+  if (auto v = f.integer("top_k")) p.top_k = *v;
+  if (auto v = f.number("min_p")) p.min_p = *v;
+  if (auto v = f.number("presence_penalty")) p.presence_penalty = *v;
+  if (auto v = f.number("frequency_penalty")) p.frequency_penalty = *v;
+  if (auto v = f.number("repetition_penalty")) p.repetition_penalty = *v;
+  if (auto v = f.integer("seed")) p.seed = uint64_t(*v);
+  if (auto v = f.boolean("ignore_eos")) p.ignore_eos = *v;
+  if (auto v = f.boolean("include_stop_str_in_output")) p.include_stop_str_in_output = *v;
+  r.tokens_as_ids = f.boolean("return_tokens_as_token_ids").value_or(false);
+  if (const json* s = f.get("stop")) {
+    p.stop.clear();
+    if (s->is_string()) {
+      p.stop.push_back(s->get<std::string>());
+    } else if (s->is_array()) {
+      for (size_t i = 0; i < s->size(); ++i) {
+        if (!(*s)[i].is_string()) bad_request("stop", "stop[{}] must be a string, got {}", i, describe((*s)[i]));
+        p.stop.push_back((*s)[i].get<std::string>());
+      }
+    } else {
+      f.type_error("stop", "a string or an array of strings", *s);
+    }
+  }
+  if (const json* ids = f.array("stop_token_ids")) {
+    for (size_t i = 0; i < ids->size(); ++i) {
+      if (!(*ids)[i].is_number_integer())
+        bad_request("stop_token_ids", "stop_token_ids[{}] must be an integer, got {}", i, describe((*ids)[i]));
+      p.stop_token_ids.push_back((*ids)[i].get<int64_t>());
+    }
+  }
+  if (auto v = f.integer("max_tokens")) {
+    if (*v < 1) bad_request("max_tokens", "max_tokens must be >= 1, got {}", *v);
+    p.max_tokens = *v;
+    r.max_tokens_given = true;
+  }
+}
+
+// Runs the engine's range checks (engine/sampling.h validate) and reports a failure as a 400.
+void validate_sampling(const ApiRequest& r, int64_t vocab_size) {
+  try {
+    validate(r.sampling, vocab_size);
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    if (msg.rfind("sampling: ", 0) == 0) msg = msg.substr(10);
+    std::string param = msg.substr(0, msg.find(' '));  // the engine's messages start with the field name
+    if (msg.rfind("stop token id", 0) == 0) param = "stop_token_ids";
+    throw ApiError(400, msg, param);
+  }
+}
+
+// Text of a message content: a string, null (""), or an array of {"type": "text", "text": ...} parts.
+std::string content_text(const json& content, const std::string& where) {
+  if (content.is_null()) return {};
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array())
+    bad_request(where, "field \"{}\" must be a string or an array of content parts, got {}", where, describe(content));
+  std::string out;
+  for (size_t j = 0; j < content.size(); ++j) {
+    const std::string pw = fmt::format("{}[{}]", where, j);
+    Fields part(content[j], pw + ".");
+    auto type = part.string("type");
+    if (!type) bad_request(pw + ".type", "field \"{}.type\" is required", pw);
+    if (*type != "text")
+      bad_request(pw + ".type", "content part type \"{}\" is not supported by this server (text only)", *type);
+    auto text = part.string("text");
+    if (!text) bad_request(pw + ".text", "field \"{}.text\" is required", pw);
+    if (j) out += "\n";
+    out += *text;
+  }
+  return out;
+}
+
+json normalize_tool_calls(const json& calls, const std::string& where) {
+  if (!calls.is_array()) bad_request(where, "field \"{}\" must be an array, got {}", where, describe(calls));
+  json out = json::array();
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const std::string cw = fmt::format("{}[{}]", where, k);
+    Fields c(calls[k], cw + ".");
+    if (auto t = c.string("type"); t && *t != "function")
+      bad_request(cw + ".type", "field \"{}.type\" must be \"function\", got \"{}\"", cw, *t);
+    const json* fn = c.object("function");
+    if (!fn) bad_request(cw + ".function", "field \"{}.function\" is required", cw);
+    Fields f(*fn, cw + ".function.");
+    auto name = f.string("name");
+    if (!name) bad_request(cw + ".function.name", "field \"{}.function.name\" is required", cw);
+    json args = json::object();
+    if (const json* a = f.get("arguments")) {
+      if (a->is_string()) {
+        const std::string& text = a->get_ref<const std::string&>();
+        if (!text.empty()) {
+          args = json::parse(text, nullptr, /*allow_exceptions=*/false);
+          if (args.is_discarded())
+            bad_request(cw + ".function.arguments",
+                        "field \"{}.function.arguments\" must be a JSON object text, got {}", cw, describe(*a));
+        }
+      } else {
+        args = *a;
+      }
+      if (!args.is_object())
+        bad_request(cw + ".function.arguments", "field \"{}.function.arguments\" must be a JSON object, got {}", cw,
+                    describe(args));
+    }
+    json call;
+    if (auto id = c.string("id")) call["id"] = *id;
+    call["type"] = "function";
+    call["function"] = {{"name", *name}, {"arguments", std::move(args)}};
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
+}  // namespace
+
+json parse_body(std::string_view body) {
+  json doc;
+  try {
+    doc = json::parse(body);
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    // "[json.exception.parse_error.101] parse error at line 1, column 5: ..." -> keep the part after the tag.
+    if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
+    bad_request("", "the request body is not valid JSON: {}", what);
+  }
+  if (!doc.is_object()) bad_request("", "the request body must be a JSON object, got {}", describe(doc));
+  return doc;
+}
+
+json normalize_messages(const json& messages) {
+  if (!messages.is_array()) bad_request("messages", "field \"messages\" must be an array, got {}", describe(messages));
+  if (messages.empty()) bad_request("messages", "field \"messages\" must not be empty");
+  static const std::set<std::string> roles = {"system", "developer", "user", "assistant", "tool"};
+  json out = json::array();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string mw = fmt::format("messages[{}]", i);
+    Fields m(messages[i], mw + ".");
+    auto role = m.string("role");
+    if (!role) bad_request(mw + ".role", "field \"{}.role\" is required", mw);
+    if (!roles.count(*role))
+      bad_request(mw + ".role", "field \"{}.role\" must be one of system, developer, user, assistant, tool; got \"{}\"",
+                  mw, *role);
+    json msg;
+    msg["role"] = *role;
+    const json* content = m.get("content");
+    const json* tool_calls = m.get("tool_calls");
+    if (!content && !(*role == "assistant"))
+      bad_request(mw + ".content", "field \"{}.content\" is required for a {} message", mw, *role);
+    msg["content"] = content ? content_text(*content, mw + ".content") : std::string();
+    if (auto name = m.string("name")) msg["name"] = *name;
+    if (*role == "assistant") {
+      auto reasoning = m.string("reasoning_content");
+      if (!reasoning) reasoning = m.string("reasoning");
+      if (reasoning) msg["reasoning_content"] = *reasoning;
+      if (tool_calls) msg["tool_calls"] = normalize_tool_calls(*tool_calls, mw + ".tool_calls");
+    } else if (tool_calls) {
+      bad_request(mw + ".tool_calls", "field \"{}.tool_calls\" is only allowed in assistant messages", mw);
+    }
+    if (*role == "tool") {
+      if (auto id = m.string("tool_call_id")) msg["tool_call_id"] = *id;
+    }
+    out.push_back(std::move(msg));
+  }
+  return out;
+}
+
+void check_tools(const json& tools) {
+  if (!tools.is_array()) bad_request("tools", "field \"tools\" must be an array, got {}", describe(tools));
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const std::string tw = fmt::format("tools[{}]", i);
+    Fields t(tools[i], tw + ".");
+    auto type = t.string("type");
+    if (!type || *type != "function") bad_request(tw + ".type", "field \"{}.type\" must be \"function\"", tw);
+    const json* fn = t.object("function");
+    if (!fn) bad_request(tw + ".function", "field \"{}.function\" is required", tw);
+    Fields f(*fn, tw + ".function.");
+    auto name = f.string("name");
+    if (!name || name->empty())
+      bad_request(tw + ".function.name", "field \"{}.function.name\" must be a non-empty string", tw);
+    f.string("description");
+    f.object("parameters");
+    f.boolean("strict");
+  }
+}
+
+namespace {
+// chat_template_kwargs (object) and a top-level reasoning_effort (string) become template variables.
+json template_vars_of(const Fields& f) {
+  json vars = json::object();
+  if (const json* kw = f.object("chat_template_kwargs")) vars = *kw;
+  if (auto effort = f.string("reasoning_effort"); effort && !vars.contains("reasoning_effort"))
+    vars["reasoning_effort"] = *effort;
+  return vars;
+}
+}  // namespace
+
+ApiRequest parse_chat_request(const json& body, const SamplingParams& defaults, int64_t vocab_size) {
+  Fields f(body, "");
+  std::set<std::string_view> known = kSamplingFields;
+  known.insert({"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
+                "response_format", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
+                "reasoning_effort", "metadata", "store", "service_tier"});
+  f.only(known);
+  ApiRequest r;
+  r.endpoint = Endpoint::Chat;
+  parse_sampling(f, r, defaults, vocab_size);
+  if (auto v = f.integer("max_completion_tokens")) {
+    if (*v < 1) bad_request("max_completion_tokens", "max_completion_tokens must be >= 1, got {}", *v);
+    r.sampling.max_tokens = *v;
+    r.max_tokens_given = true;
+  }
+  const bool logprobs = f.boolean("logprobs").value_or(false);
+  if (auto v = f.integer("top_logprobs")) {
+    if (*v < 0 || *v > kMaxTopLogprobs)
+      bad_request("top_logprobs", "top_logprobs must be in [0, {}], got {}", kMaxTopLogprobs, *v);
+    if (!logprobs && *v > 0) bad_request("top_logprobs", "top_logprobs requires logprobs to be true");
+    r.top_logprobs = int(*v);
+  }
+  if (logprobs)
+    r.top_logprobs = std::max(r.top_logprobs, 0);
+  else
+    r.top_logprobs = -1;
+  r.echo = f.boolean("echo").value_or(false);
+  if (const json* rf = f.object("response_format")) {
+    Fields rff(*rf, "response_format.");
+    if (rff.string("type").value_or("") != "text")
+      bad_request("response_format", "response_format {} is not supported by this server (only {{\"type\": \"text\"}})",
+                  describe(*rf));
+  }
+  f.boolean("parallel_tool_calls");
+  f.boolean("store");
+  f.object("metadata");
+  f.string("service_tier");
+
+  const json* messages = f.get("messages");
+  if (!messages) bad_request("messages", "field \"messages\" is required");
+  r.messages = normalize_messages(*messages);
+  if (const json* tools = f.get("tools")) {
+    check_tools(*tools);
+    if (!tools->empty()) r.tools = *tools;
+  }
+  std::string choice = r.tools.is_null() ? "none" : "auto";
+  if (const json* tc = f.get("tool_choice")) {
+    if (!tc->is_string())
+      bad_request("tool_choice", "tool_choice {} is not supported by this server (only \"auto\" and \"none\")",
+                  describe(*tc));
+    choice = tc->get<std::string>();
+    if (choice != "auto" && choice != "none")
+      bad_request("tool_choice", "tool_choice \"{}\" is not supported by this server (only \"auto\" and \"none\")",
+                  choice);
+  }
+  r.parse_tool_calls = !r.tools.is_null() && choice == "auto";
+  r.template_vars = template_vars_of(f);
+  r.add_generation_prompt = f.boolean("add_generation_prompt").value_or(true);
+  r.continue_final_message = f.boolean("continue_final_message").value_or(false);
+  if (r.continue_final_message && r.add_generation_prompt)
+    bad_request("continue_final_message",
+                "continue_final_message and add_generation_prompt cannot both be true; set add_generation_prompt "
+                "to false");
+  if (r.continue_final_message && r.messages.back()["role"] != "assistant")
+    bad_request("continue_final_message", "continue_final_message needs the last message to be an assistant message");
+  validate_sampling(r, vocab_size);
+  return r;
+}
+
+ApiRequest parse_completion_request(const json& body, const SamplingParams& defaults, int64_t vocab_size) {
+  Fields f(body, "");
+  std::set<std::string_view> known = kSamplingFields;
+  known.insert({"prompt", "suffix", "best_of"});
+  f.only(known);
+  ApiRequest r;
+  r.endpoint = Endpoint::Completion;
+  SamplingParams d = defaults;
+  d.max_tokens = 16;  // OpenAI / vLLM default for completions
+  parse_sampling(f, r, d, vocab_size);
+  r.max_tokens_given = true;
+  if (auto v = f.integer("logprobs")) {
+    if (*v < 0 || *v > kMaxTopLogprobs)
+      bad_request("logprobs", "logprobs must be in [0, {}], got {}", kMaxTopLogprobs, *v);
+    r.top_logprobs = int(*v);
+  }
+  r.echo = f.boolean("echo").value_or(false);
+  if (auto v = f.integer("best_of"); v && *v != 1) bad_request("best_of", "best_of must be 1, got {}", *v);
+  if (f.string("suffix")) bad_request("suffix", "suffix is not supported by this server");
+
+  const json* prompt = f.get("prompt");
+  if (!prompt) bad_request("prompt", "field \"prompt\" is required");
+  auto ids_of = [&](const json& arr) {
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < arr.size(); ++i) {
+      const json& v = arr[i];
+      if (!v.is_number_integer()) bad_request("prompt", "prompt token {} must be an integer, got {}", i, describe(v));
+      int64_t id = v.get<int64_t>();
+      if (id < 0 || id >= vocab_size)
+        bad_request("prompt", "prompt token id {} at position {} is outside the vocabulary [0, {})", id, i, vocab_size);
+      ids.push_back(int32_t(id));
+    }
+    return ids;
+  };
+  if (prompt->is_string()) {
+    r.prompt_text = prompt->get<std::string>();
+  } else if (prompt->is_array() && !prompt->empty() && (*prompt)[0].is_string()) {
+    if (prompt->size() != 1) bad_request("prompt", "only one prompt per request is supported, got {}", prompt->size());
+    r.prompt_text = (*prompt)[0].get<std::string>();
+  } else if (prompt->is_array() && !prompt->empty() && (*prompt)[0].is_array()) {
+    if (prompt->size() != 1) bad_request("prompt", "only one prompt per request is supported, got {}", prompt->size());
+    r.prompt_ids = ids_of((*prompt)[0]);
+  } else if (prompt->is_array()) {
+    r.prompt_ids = ids_of(*prompt);
+  } else {
+    f.type_error("prompt", "a string, an array of token ids, or a one-element array of either", *prompt);
+  }
+  if ((r.prompt_text && r.prompt_text->empty()) || (!r.prompt_text && r.prompt_ids.empty()))
+    bad_request("prompt", "the prompt is empty");
+  validate_sampling(r, vocab_size);
+  return r;
+}
+
+TokenizeRequest parse_tokenize_request(const json& body) {
+  Fields f(body, "");
+  f.only({"model", "prompt", "messages", "tools", "chat_template_kwargs", "add_generation_prompt", "add_special_tokens",
+          "return_token_strs", "reasoning_effort"});
+  TokenizeRequest r;
+  if (auto v = f.string("model")) r.model = *v;
+  r.prompt = f.string("prompt");
+  const json* messages = f.get("messages");
+  if (r.prompt.has_value() == (messages != nullptr))
+    bad_request("prompt", "give exactly one of \"prompt\" (text) and \"messages\" (a chat)");
+  if (messages) r.messages = normalize_messages(*messages);
+  if (const json* tools = f.get("tools")) {
+    check_tools(*tools);
+    if (!tools->empty()) r.tools = *tools;
+  }
+  r.template_vars = template_vars_of(f);
+  r.add_generation_prompt = f.boolean("add_generation_prompt").value_or(true);
+  f.boolean("add_special_tokens");  // Qwen tokenizers add no BOS/EOS either way
+  r.return_token_strs = f.boolean("return_token_strs").value_or(false);
+  return r;
+}
+
+DetokenizeRequest parse_detokenize_request(const json& body, int64_t vocab_size) {
+  Fields f(body, "");
+  f.only({"model", "tokens"});
+  DetokenizeRequest r;
+  if (auto v = f.string("model")) r.model = *v;
+  const json* tokens = f.array("tokens");
+  if (!tokens) bad_request("tokens", "field \"tokens\" is required");
+  for (size_t i = 0; i < tokens->size(); ++i) {
+    const json& v = (*tokens)[i];
+    if (!v.is_number_integer()) bad_request("tokens", "tokens[{}] must be an integer, got {}", i, describe(v));
+    int64_t id = v.get<int64_t>();
+    if (id < 0 || id >= vocab_size)
+      bad_request("tokens", "tokens[{}] = {} is outside the vocabulary [0, {})", i, id, vocab_size);
+    r.tokens.push_back(int32_t(id));
+  }
+  return r;
+}
+
+}  // namespace flashnext::server

@@ -1,0 +1,92 @@
+// Request side of the OpenAI-compatible API: JSON bodies of /v1/chat/completions, /v1/completions, /tokenize and
+// /detokenize, checked field by field and converted to what the engine needs.
+//
+// Fields are those of the OpenAI API plus vLLM's extensions (top_k, min_p, repetition_penalty, stop_token_ids,
+// ignore_eos, include_stop_str_in_output, chat_template_kwargs, add_generation_prompt, continue_final_message,
+// echo, return_tokens_as_token_ids). A null value means "not given". Every error is an ApiError(400) naming the field
+// and what was expected: malformed JSON, a top-level field this server does not know (as the OpenAI API does), a field
+// of the wrong type, a value out of range, or an option this server does not implement (n > 1, logit_bias,
+// response_format other than text, tool_choice "required" or a named function, non-text content parts, several prompts
+// in one request).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/sampling.h"
+#include "server/api_error.h"
+
+namespace flashnext::server {
+
+using json = nlohmann::ordered_json;
+
+enum class Endpoint { Chat, Completion };
+
+/// A validated generation request (chat or completion).
+struct ApiRequest {
+  Endpoint endpoint = Endpoint::Chat;
+  std::string model;  ///< as given; "" when absent
+  bool stream = false;
+  bool include_usage = false;     ///< stream_options.include_usage
+  SamplingParams sampling;        ///< the model's defaults overridden by the request; validated
+  bool max_tokens_given = false;  ///< false: the server picks max_tokens (chat: what the context leaves)
+  int top_logprobs = -1;          ///< -1: no logprobs; else how many alternatives per token (0..20)
+  bool echo = false;              ///< prepend the prompt to the output (completions; chat: the last message)
+  bool tokens_as_ids = false;     ///< return_tokens_as_token_ids (vLLM): logprobs name tokens "token_id:ID"
+  std::string user;
+
+  // Chat
+  json messages = json::array();  ///< normalised for the template: string contents, tool_call arguments as objects
+  json tools;                     ///< null or the array of tool definitions
+  bool parse_tool_calls = false;  ///< tools given and tool_choice "auto"
+  json template_vars = json::object();  ///< chat_template_kwargs, plus reasoning_effort when given top-level
+  bool add_generation_prompt = true;
+  bool continue_final_message = false;
+
+  // Completion: the prompt as text, or as token ids
+  std::optional<std::string> prompt_text;
+  std::vector<int32_t> prompt_ids;
+};
+
+/// Parses an HTTP body. Throws ApiError(400) on malformed JSON or when the body is not a JSON object.
+json parse_body(std::string_view body);
+
+/// /v1/chat/completions. `defaults`: the model's sampling defaults (generation_config.json); `vocab_size` bounds
+/// token ids (stop_token_ids).
+ApiRequest parse_chat_request(const json& body, const SamplingParams& defaults, int64_t vocab_size);
+/// /v1/completions (max_tokens defaults to 16, as in the OpenAI API and vLLM).
+ApiRequest parse_completion_request(const json& body, const SamplingParams& defaults, int64_t vocab_size);
+
+/// /tokenize (vLLM): either `prompt` (text) or `messages` (+ tools, chat_template_kwargs, add_generation_prompt).
+struct TokenizeRequest {
+  std::string model;
+  std::optional<std::string> prompt;
+  json messages;  ///< normalised like a chat request's, or null
+  json tools;
+  json template_vars = json::object();
+  bool add_generation_prompt = true;
+  bool return_token_strs = false;
+};
+TokenizeRequest parse_tokenize_request(const json& body);
+
+/// /detokenize (vLLM): `tokens`, each in [0, vocab_size).
+struct DetokenizeRequest {
+  std::string model;
+  std::vector<int32_t> tokens;
+};
+DetokenizeRequest parse_detokenize_request(const json& body, int64_t vocab_size);
+
+/// Checks a chat `messages` array and normalises it for the chat template: contents become strings (text parts
+/// joined with "\n", null -> ""), `reasoning` is renamed `reasoning_content`, tool_call `arguments` given as JSON
+/// text become objects. Throws ApiError(400) naming `messages[i]...`.
+json normalize_messages(const json& messages);
+
+/// Checks a `tools` array (function tools: {"type": "function", "function": {"name", "description"?,
+/// "parameters"?}}). Throws ApiError(400).
+void check_tools(const json& tools);
+
+}  // namespace flashnext::server

@@ -1,0 +1,748 @@
+#include "server/server.h"
+
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <chrono>
+#include <random>
+
+#include "engine/output.h"
+#include "server/metrics.h"
+#include "server/openai_schema.h"
+#include "server/output_parsers.h"
+#include "server/sse.h"
+
+namespace flashnext::server {
+
+namespace {
+
+using Ms = std::chrono::milliseconds;
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string random_hex(int n) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string s;
+  for (int i = 0; i < n; ++i) s += kHex[rng() & 15];
+  return s;
+}
+
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(dump(body), "application/json");
+}
+
+// Prometheus buckets (seconds), those of vLLM extended down to the millisecond the CPU backend reaches.
+const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,  0.75,
+                                          1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0};
+const std::vector<double> kItlBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+                                         0.3,   0.4,    0.5,   0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0};
+const std::vector<double> kE2eBuckets = {0.01, 0.025, 0.05, 0.1,  0.3,  0.5,  0.8,  1.0,   1.5,   2.0,   2.5,  5.0,
+                                         10.0, 15.0,  20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0};
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------------------------
+
+struct Server::Impl {
+  Impl(Scheduler& s, const Tokenizer& t, const chat::ChatTemplate* c, const GenerationConfig& g, ServerOptions o)
+      : scheduler(s), tokenizer(t), chat_template(c), generation(g), options(std::move(o)) {}
+
+  Scheduler& scheduler;
+  const Tokenizer& tokenizer;
+  const chat::ChatTemplate* chat_template;
+  const GenerationConfig& generation;
+  ServerOptions options;
+  httplib::Server http;
+  int64_t created = unix_now();
+  std::atomic<uint64_t> next_id{0};
+
+  MetricsRegistry metrics;
+  Counter& m_requests =
+      metrics.counter("flashnext_requests_total", "Generation requests finished, by endpoint and finish reason.");
+  Counter& m_errors = metrics.counter("flashnext_request_errors_total", "Requests answered with an error, by status.");
+  Counter& m_prompt_tokens = metrics.counter("flashnext_prompt_tokens_total", "Prompt tokens of admitted requests.");
+  Counter& m_generation_tokens = metrics.counter("flashnext_generation_tokens_total", "Tokens generated.");
+  Histogram& m_ttft = metrics.histogram("flashnext_time_to_first_token_seconds",
+                                        "Time from request arrival to its first generated token.", kTtftBuckets);
+  Histogram& m_itl = metrics.histogram("flashnext_inter_token_latency_seconds",
+                                       "Time between two consecutive generated tokens of a request.", kItlBuckets);
+  Histogram& m_e2e = metrics.histogram("flashnext_e2e_request_latency_seconds",
+                                       "Time from request arrival to its last token.", kE2eBuckets);
+  Gauge& m_running = metrics.gauge("flashnext_num_requests_running", "Requests in the running batch.");
+  Gauge& m_waiting =
+      metrics.gauge("flashnext_num_requests_waiting", "Requests waiting for admission (incl. preempted).");
+  Gauge& m_kv_usage = metrics.gauge("flashnext_kv_cache_usage_perc", "Fraction of KV cache blocks in use (0 to 1).");
+  Gauge& m_kv_blocks = metrics.gauge("flashnext_kv_cache_blocks", "KV cache blocks, by state (used, total).");
+  Gauge& m_slots = metrics.gauge("flashnext_state_slots", "GDN/PLE sequence state slots, by state (used, total).");
+  Gauge& m_preemptions = metrics.gauge("flashnext_num_preemptions_total", "Sequences preempted so far.");
+  Gauge& m_ple_rows = metrics.gauge("flashnext_ple_rows_fetched_total", "PLE table rows gathered so far.");
+  Gauge& m_steps = metrics.gauge("flashnext_engine_steps_total", "Engine steps run so far.");
+
+  const std::string& model_name() const { return options.served_model_names.front(); }
+
+  // With reject_control_token_text: throws 400 when a string anywhere in `value` contains a special token's text.
+  void check_control_tokens(const json& value, const std::string& where) const {
+    if (!options.reject_control_token_text) return;
+    if (value.is_string()) {
+      const std::string& s = value.get_ref<const std::string&>();
+      for (const AddedToken& t : tokenizer.added_tokens()) {
+        if (t.special && !t.content.empty() && s.find(t.content) != std::string::npos)
+          bad_request(where,
+                      "{} contains the control token text \"{}\", which this server does not accept in "
+                      "messages",
+                      where, t.content);
+      }
+    } else if (value.is_array()) {
+      for (size_t i = 0; i < value.size(); ++i) check_control_tokens(value[i], fmt::format("{}[{}]", where, i));
+    } else if (value.is_object()) {
+      for (auto it = value.begin(); it != value.end(); ++it) check_control_tokens(it.value(), where + "." + it.key());
+    }
+  }
+
+  void check_model(const std::string& model) const {
+    if (model.empty()) return;
+    for (auto& n : options.served_model_names) {
+      if (n == model) return;
+    }
+    bad_request("model", "the model \"{}\" does not exist; this server serves \"{}\"", model, model_name());
+  }
+
+  // Renders a chat for the template; template errors become 400 with the template's message.
+  std::string render_chat(const json& messages, const json& tools, bool add_generation_prompt, const json& vars,
+                          bool continue_final) const {
+    if (!chat_template) bad_request("messages", "this model has no chat template; use /v1/completions");
+    std::string prompt;
+    try {
+      prompt = chat_template->render(messages, tools, add_generation_prompt, vars.empty() ? json(nullptr) : vars);
+    } catch (const chat::jinja::TemplateError& e) {
+      bad_request("messages", "the chat template rejected the request: {}",
+                  e.raised_by_template() ? e.message() : std::string(e.what()));
+    }
+    if (continue_final) {
+      const std::string& last = messages.back()["content"].get_ref<const std::string&>();
+      const size_t pos = last.empty() ? std::string::npos : prompt.rfind(last);
+      if (pos == std::string::npos)
+        bad_request("continue_final_message",
+                    "continue_final_message needs a non-empty final assistant message that the template renders");
+      prompt.resize(pos + last.size());
+    }
+    return prompt;
+  }
+
+  void handle_generation(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
+  void install_routes();
+  void log_error(const httplib::Request& req, int status, const std::string& id, const std::string& msg) {
+    m_errors.inc(1, {{"status", std::to_string(status)}});
+    spdlog::info("{} {} {} {} {}: {}", req.remote_addr, req.method, req.path, status, id, msg);
+  }
+};
+
+// ------------------------------------------------------------------------------------------------------------------
+// One generation request, from submission to the last byte (runs on the request's HTTP thread).
+// ------------------------------------------------------------------------------------------------------------------
+
+class Session {
+ public:
+  Session(Server::Impl& srv, ApiRequest req, std::vector<int32_t> prompt, std::string echo_text,
+          bool starts_in_reasoning, std::string id, Clock::time_point arrival, std::string path)
+      : srv_(srv),
+        req_(std::move(req)),
+        prompt_(std::move(prompt)),
+        echo_text_(std::move(echo_text)),
+        id_(std::move(id)),
+        path_(std::move(path)),
+        arrival_(arrival),
+        created_(unix_now()),
+        output_(srv.tokenizer, srv.generation, req_.sampling, srv.scheduler.vocab_size(), int64_t(prompt_.size()),
+                srv.scheduler.config().max_model_len) {
+    if (req_.endpoint == Endpoint::Chat) {
+      if (srv.options.reasoning_parser) reasoning_.emplace(starts_in_reasoning);
+      if (req_.parse_tool_calls) tools_.emplace(req_.tools);
+    }
+  }
+
+  /// Submits to the scheduler (throws Error / QueueFullError).
+  void submit() {
+    Request r;
+    r.id = id_;
+    r.prompt = prompt_;
+    r.sampling = req_.sampling;
+    r.top_logprobs = req_.top_logprobs;
+    r.eos_token_ids = srv_.generation.eos_token_ids;
+    r.arrival = arrival_;
+    stream_ = r.stream;
+    srv_.scheduler.submit(std::move(r));
+    srv_.m_prompt_tokens.inc(double(prompt_.size()));
+  }
+
+  /// The chunked content provider: called by httplib until it returns false or the sink is done.
+  bool pump(httplib::DataSink& sink) {
+    if (done_) return false;
+    if (req_.stream && !started_) {
+      started_ = true;
+      if (!write(sink, sse_event(dump(first_chunk())))) return false;
+    }
+    RequestStream::Update u = stream_->wait(Ms(50));
+    Piece piece;
+    take_tokens(u, piece);
+    const bool finished = output_.finished() || u.finish != EndReason::None;
+    if (finished) {
+      if (!output_.finished() && (u.finish == EndReason::Stop || u.finish == EndReason::Length)) {
+        spdlog::warn("{}: the engine ended the request ({}) before its output did", id_, end_reason_name(u.finish));
+      }
+      flush_parsers(piece);
+      if (output_.finished()) {
+        finish_reason_ = finish_reason_name(output_.finish_reason());
+      } else if (u.finish == EndReason::Error) {
+        error_status_ = 500;
+        error_ = "the engine failed on this request: " + u.error;
+      } else if (u.finish == EndReason::Abort) {
+        error_status_ = 503;
+        error_ = "the request was aborted: the server is shutting down";
+      } else {
+        finish_reason_ = end_reason_name(u.finish);
+      }
+      if (finish_reason_ == "stop" && !calls_.empty()) finish_reason_ = "tool_calls";
+      stream_->cancel();  // the output ended (a stop string may end it before the engine does)
+    }
+    if (req_.stream) {
+      if (piece.any() && !write(sink, sse_event(dump(delta_chunk(piece))))) return false;
+      if (finished) {
+        std::string tail;
+        if (!error_.empty()) {
+          tail += sse_event(dump(error_body(error_status_, error_)));
+        } else {
+          tail += sse_event(dump(final_chunk()));
+          if (req_.include_usage) tail += sse_event(dump(usage_chunk()));
+        }
+        tail += kSseDone;
+        if (!write(sink, tail)) return false;
+      }
+    } else {
+      accumulate(piece);
+      if (finished) {
+        const json body = error_.empty() ? full_response() : error_body(error_status_, error_);
+        if (!write(sink, dump(body))) return false;
+      }
+    }
+    if (finished) {
+      done_ = true;
+      sink.done();
+      record_end();
+    }
+    return true;
+  }
+
+  /// Called when httplib is done with the response; `success` false: the client went away or a write failed.
+  void released(bool success) {
+    if (done_) return;
+    stream_->cancel();
+    done_ = true;
+    srv_.m_requests.inc(1, {{"endpoint", endpoint_label()}, {"finish_reason", "abort"}});
+    spdlog::info("{} {} 499 {}: client disconnected after {} tokens ({:.3f}s)", "POST", path_, id_,
+                 output_.token_ids().size(), seconds_between(arrival_, Clock::now()));
+    (void)success;
+  }
+
+ private:
+  // What one update produced.
+  struct Piece {
+    std::string content, reasoning;
+    std::vector<ToolCall> calls;
+    json logprobs = json::array();
+    bool any() const { return !content.empty() || !reasoning.empty() || !calls.empty() || !logprobs.empty(); }
+  };
+
+  const char* endpoint_label() const { return req_.endpoint == Endpoint::Chat ? "chat" : "completions"; }
+
+  bool write(httplib::DataSink& sink, const std::string& data) {
+    if (data.empty()) return true;
+    if (!sink.write(data.data(), data.size())) {
+      stream_->cancel();
+      return false;
+    }
+    return true;
+  }
+
+  void take_tokens(const RequestStream::Update& u, Piece& piece) {
+    for (size_t i = 0; i < u.tokens.size(); ++i) {
+      // Latency is measured when the engine produced the token.
+      if (!first_token_) {
+        first_token_ = u.times[i];
+        srv_.m_ttft.observe(seconds_between(arrival_, u.times[i]));
+      } else {
+        srv_.m_itl.observe(seconds_between(last_token_, u.times[i]));
+      }
+      last_token_ = u.times[i];
+      if (output_.finished()) continue;  // produced after a stop string: not part of the output
+      const TokenDelta d = output_.append(u.tokens[i]);
+      srv_.m_generation_tokens.inc();
+      if (req_.top_logprobs >= 0 && i < u.logprobs.size()) add_logprobs(u.tokens[i], u.logprobs[i], piece);
+      route(d.text, piece);
+    }
+  }
+
+  // Sends generated text through the reasoning and tool-call parsers.
+  void route(const std::string& text, Piece& piece) {
+    if (text.empty()) return;
+    std::string content = text;
+    if (reasoning_) {
+      auto r = reasoning_->feed(text);
+      piece.reasoning += r.reasoning;
+      content = std::move(r.content);
+    }
+    route_content(content, piece);
+  }
+  void route_content(const std::string& content, Piece& piece) {
+    if (!tools_) {
+      piece.content += content;
+      return;
+    }
+    auto t = tools_->feed(content);
+    piece.content += t.content;
+    for (auto& c : t.calls) piece.calls.push_back(std::move(c));
+  }
+  void flush_parsers(Piece& piece) {
+    if (reasoning_) {
+      auto r = reasoning_->finish();
+      piece.reasoning += r.reasoning;
+      route_content(r.content, piece);
+    }
+    if (tools_) {
+      auto t = tools_->finish();
+      piece.content += t.content;
+      for (auto& c : t.calls) piece.calls.push_back(std::move(c));
+    }
+  }
+
+  std::string token_text(int32_t id) const {
+    if (req_.tokens_as_ids) return fmt::format("token_id:{}", id);
+    return srv_.tokenizer.decode(std::span<const int32_t>(&id, 1));
+  }
+  json token_bytes(int32_t id) const {
+    json b = json::array();
+    for (unsigned char c : srv_.tokenizer.token_bytes(id)) b.push_back(int(c));
+    return b;
+  }
+
+  void add_logprobs(int32_t token, const TokenLogprobs& lp, Piece& piece) {
+    if (req_.endpoint == Endpoint::Chat) {
+      json top = json::array();
+      for (auto& [id, l] : lp.top)
+        top.push_back({{"token", token_text(id)}, {"logprob", l}, {"bytes", token_bytes(id)}});
+      piece.logprobs.push_back({{"token", token_text(token)},
+                                {"logprob", lp.logprob},
+                                {"bytes", token_bytes(token)},
+                                {"top_logprobs", top}});
+    } else {
+      json top = json::object();
+      for (auto& [id, l] : lp.top) top[token_text(id)] = l;
+      // text_offset counts characters (code points) of the decoded text, as the OpenAI API does.
+      const std::string text = srv_.tokenizer.decode(std::span<const int32_t>(&token, 1));
+      const size_t chars = size_t(std::count_if(text.begin(), text.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+      piece.logprobs.push_back({{"token", token_text(token)}, {"logprob", lp.logprob}, {"top", top}, {"chars", chars}});
+    }
+  }
+
+  // Completions' legacy logprobs object for `entries` ({"token", "logprob", "top", "chars"}), offsets from `offset`
+  // (characters).
+  json completion_logprobs(const json& entries, size_t offset) const {
+    json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+    for (const json& e : entries) {
+      tokens.push_back(e["token"]);
+      lps.push_back(e["logprob"]);
+      tops.push_back(e["top"]);
+      offsets.push_back(offset);
+      offset += e["chars"].get<size_t>();
+    }
+    return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+  }
+
+  json tool_calls_json(const std::vector<ToolCall>& calls, size_t first_index, bool with_index) const {
+    json out = json::array();
+    for (size_t k = 0; k < calls.size(); ++k) {
+      json c;
+      if (with_index) c["index"] = first_index + k;
+      c["id"] = calls[k].id;
+      c["type"] = "function";
+      c["function"] = {{"name", calls[k].name}, {"arguments", calls[k].arguments}};
+      out.push_back(std::move(c));
+    }
+    return out;
+  }
+
+  json usage() const {
+    const int64_t p = int64_t(prompt_.size()), c = int64_t(output_.token_ids().size());
+    return {{"prompt_tokens", p}, {"completion_tokens", c}, {"total_tokens", p + c}};
+  }
+
+  json stop_reason() const {
+    if (!output_.stop_string().empty()) return output_.stop_string();
+    const auto& ids = req_.sampling.stop_token_ids;
+    if (output_.stop_token() >= 0 && std::find(ids.begin(), ids.end(), output_.stop_token()) != ids.end())
+      return output_.stop_token();
+    return nullptr;
+  }
+
+  json chunk_base() const {
+    return {{"id", id_},
+            {"object", req_.endpoint == Endpoint::Chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", created_},
+            {"model", srv_.model_name()}};
+  }
+
+  json first_chunk() const {
+    json c = chunk_base();
+    if (req_.endpoint == Endpoint::Chat) {
+      c["choices"] = json::array({{{"index", 0},
+                                   {"delta", {{"role", "assistant"}, {"content", echo_text_}}},
+                                   {"logprobs", nullptr},
+                                   {"finish_reason", nullptr}}});
+    } else {
+      c["choices"] =
+          json::array({{{"index", 0}, {"text", echo_text_}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+    }
+    return c;
+  }
+
+  json delta_chunk(const Piece& piece) {
+    json c = chunk_base();
+    json choice;
+    choice["index"] = 0;
+    if (req_.endpoint == Endpoint::Chat) {
+      json delta = json::object();
+      if (!piece.reasoning.empty()) delta["reasoning_content"] = piece.reasoning;
+      if (!piece.content.empty()) delta["content"] = piece.content;
+      if (!piece.calls.empty()) delta["tool_calls"] = tool_calls_json(piece.calls, calls_.size(), true);
+      choice["delta"] = delta;
+      choice["logprobs"] = piece.logprobs.empty() ? json(nullptr) : json{{"content", piece.logprobs}};
+    } else {
+      choice["text"] = piece.content;
+      choice["logprobs"] = piece.logprobs.empty() ? json(nullptr) : completion_logprobs(piece.logprobs, text_offset_);
+      for (const json& e : piece.logprobs) text_offset_ += e["chars"].get<size_t>();
+    }
+    choice["finish_reason"] = nullptr;
+    c["choices"] = json::array({choice});
+    for (auto& call : piece.calls) calls_.push_back(call);
+    return c;
+  }
+
+  json final_chunk() const {
+    json c = chunk_base();
+    json choice = {{"index", 0}};
+    if (req_.endpoint == Endpoint::Chat)
+      choice["delta"] = json::object();
+    else
+      choice["text"] = "";
+    choice["logprobs"] = nullptr;
+    choice["finish_reason"] = finish_reason_;
+    choice["stop_reason"] = stop_reason();
+    c["choices"] = json::array({choice});
+    return c;
+  }
+
+  json usage_chunk() const {
+    json c = chunk_base();
+    c["choices"] = json::array();
+    c["usage"] = usage();
+    return c;
+  }
+
+  void accumulate(Piece& piece) {
+    content_ += piece.content;
+    reasoning_text_ += piece.reasoning;
+    for (auto& call : piece.calls) calls_.push_back(std::move(call));
+    for (auto& e : piece.logprobs) logprobs_.push_back(std::move(e));
+  }
+
+  json full_response() const {
+    json choice = {{"index", 0}};
+    if (req_.endpoint == Endpoint::Chat) {
+      json msg = {{"role", "assistant"}};
+      const std::string content = echo_text_ + content_;
+      msg["content"] = content.empty() && !calls_.empty() ? json(nullptr) : json(content);
+      msg["reasoning_content"] = reasoning_text_.empty() ? json(nullptr) : json(reasoning_text_);
+      msg["tool_calls"] = tool_calls_json(calls_, 0, false);
+      choice["message"] = msg;
+      choice["logprobs"] = req_.top_logprobs >= 0 ? json{{"content", logprobs_}} : json(nullptr);
+    } else {
+      choice["text"] = echo_text_ + content_;
+      choice["logprobs"] = req_.top_logprobs >= 0 ? completion_logprobs(logprobs_, 0) : json(nullptr);
+    }
+    choice["finish_reason"] = finish_reason_;
+    choice["stop_reason"] = stop_reason();
+    json r = {{"id", id_},
+              {"object", req_.endpoint == Endpoint::Chat ? "chat.completion" : "text_completion"},
+              {"created", created_},
+              {"model", srv_.model_name()},
+              {"choices", json::array({choice})},
+              {"usage", usage()}};
+    return r;
+  }
+
+  void record_end() {
+    const auto now = Clock::now();
+    if (error_.empty()) {
+      srv_.m_requests.inc(1, {{"endpoint", endpoint_label()}, {"finish_reason", finish_reason_}});
+      srv_.m_e2e.observe(seconds_between(arrival_, last_token_ == Clock::time_point{} ? now : last_token_));
+    } else {
+      srv_.m_errors.inc(1, {{"status", std::to_string(error_status_)}});
+    }
+    const double ttft = first_token_ ? seconds_between(arrival_, *first_token_) : 0;
+    spdlog::info("POST {} {} {}: prompt={} completion={} finish={} ttft={:.3f}s e2e={:.3f}s{}{}", path_,
+                 error_.empty() ? 200 : error_status_, id_, prompt_.size(), output_.token_ids().size(),
+                 error_.empty() ? finish_reason_ : "error", ttft, seconds_between(arrival_, now),
+                 req_.stream ? " stream" : "", error_.empty() ? "" : " error: " + error_);
+  }
+
+  Server::Impl& srv_;
+  ApiRequest req_;
+  std::vector<int32_t> prompt_;
+  std::string echo_text_;
+  std::string id_, path_;
+  Clock::time_point arrival_;
+  int64_t created_;
+  OutputProcessor output_;
+  std::optional<ReasoningParser> reasoning_;
+  std::optional<ToolCallParser> tools_;
+  std::shared_ptr<RequestStream> stream_;
+
+  bool started_ = false, done_ = false;
+  std::optional<Clock::time_point> first_token_;
+  Clock::time_point last_token_{};
+  std::string finish_reason_, error_;
+  int error_status_ = 0;
+  size_t text_offset_ = 0;
+  // Non-streaming accumulation (streaming: calls_ counts the calls sent, for their indices).
+  std::string content_, reasoning_text_;
+  std::vector<ToolCall> calls_;
+  json logprobs_ = json::array();
+};
+
+void Server::Impl::handle_generation(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
+  const Clock::time_point arrival = Clock::now();
+  const std::string id =
+      (endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-") + random_hex(16) + std::to_string(next_id++);
+  std::shared_ptr<Session> session;
+  bool stream = false;
+  try {
+    const json body = parse_body(req.body);
+    const int64_t vocab = scheduler.vocab_size();
+    ApiRequest ar = endpoint == Endpoint::Chat ? parse_chat_request(body, generation.default_sampling(), vocab)
+                                               : parse_completion_request(body, generation.default_sampling(), vocab);
+    check_model(ar.model);
+    std::vector<int32_t> prompt;
+    std::string echo_text;
+    bool starts_in_reasoning = false;
+    if (endpoint == Endpoint::Chat) {
+      check_control_tokens(ar.messages, "messages");
+      check_control_tokens(ar.tools, "tools");
+      const std::string text =
+          render_chat(ar.messages, ar.tools, ar.add_generation_prompt, ar.template_vars, ar.continue_final_message);
+      prompt = tokenizer.encode(text, /*parse_special=*/true);
+      starts_in_reasoning = ReasoningParser::prompt_opens_reasoning(text);
+      if (ar.echo && ar.messages.back()["role"] == "assistant")
+        echo_text = ar.messages.back()["content"].get<std::string>();
+    } else {
+      if (ar.echo && ar.top_logprobs >= 0)
+        bad_request("echo", "echo together with logprobs (prompt logprobs) is not supported by this server");
+      prompt = ar.prompt_text ? tokenizer.encode(*ar.prompt_text, /*parse_special=*/true) : ar.prompt_ids;
+      if (ar.echo) echo_text = ar.prompt_text ? *ar.prompt_text : tokenizer.decode(prompt);
+    }
+    const char* prompt_field = endpoint == Endpoint::Chat ? "messages" : "prompt";
+    const int64_t max_len = scheduler.config().max_model_len;
+    const int64_t n = int64_t(prompt.size());
+    if (n == 0) bad_request(prompt_field, "the prompt is empty after tokenization");
+    if (n >= max_len)
+      bad_request(prompt_field,
+                  "this model's maximum context length is {} tokens, but the prompt has {} tokens; shorten the {}",
+                  max_len, n, prompt_field);
+    if (!ar.max_tokens_given) {
+      ar.sampling.max_tokens = max_len - n;
+      if (generation.max_new_tokens)
+        ar.sampling.max_tokens = std::min(ar.sampling.max_tokens, *generation.max_new_tokens);
+    } else if (n + ar.sampling.max_tokens > max_len) {
+      bad_request("max_tokens",
+                  "this model's maximum context length is {} tokens, but {} tokens were requested ({} in the prompt, "
+                  "{} in the completion); reduce the prompt or max_tokens",
+                  max_len, n + ar.sampling.max_tokens, n, ar.sampling.max_tokens);
+    }
+    stream = ar.stream;
+    session = std::make_shared<Session>(*this, std::move(ar), std::move(prompt), std::move(echo_text),
+                                        starts_in_reasoning, id, arrival, req.path);
+    session->submit();
+  } catch (const ApiError& e) {
+    log_error(req, e.status(), id, e.what());
+    send_json(res, e.status(), error_body(e.status(), e.what(), e.param()));
+    return;
+  } catch (const QueueFullError& e) {
+    log_error(req, 503, id, e.what());
+    send_json(res, 503, error_body(503, e.what()));
+    return;
+  } catch (const Error& e) {  // the engine's checks (prompt ids, sampling, lengths)
+    log_error(req, 400, id, e.what());
+    send_json(res, 400, error_body(400, e.what()));
+    return;
+  }
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      stream ? "text/event-stream" : "application/json",
+      [session](size_t, httplib::DataSink& sink) { return session->pump(sink); },
+      [session](bool success) { session->released(success); });
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+
+void Server::Impl::install_routes() {
+  const SchedulerConfig& sc = scheduler.config();
+  const int threads = options.http_threads > 0 ? options.http_threads : int(sc.max_num_seqs + sc.max_waiting + 16);
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  http.set_tcp_nodelay(true);
+  http.set_payload_max_length(64u << 20);
+
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (options.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    if (req.get_header_value("Authorization") == "Bearer " + options.api_key)
+      return httplib::Server::HandlerResponse::Unhandled;
+    log_error(req, 401, "-", "missing or wrong API key");
+    send_json(res, 401, error_body(401, "invalid or missing API key (send \"Authorization: Bearer <key>\")"));
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  http.set_error_handler(
+      httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // already an error body
+        const std::string msg = res.status == 404 ? fmt::format("no route for {} {}", req.method, req.path)
+                                                  : fmt::format("HTTP {}", res.status);
+        log_error(req, res.status, "-", msg);
+        send_json(res, res.status, error_body(res.status, msg));
+        return httplib::Server::HandlerResponse::Handled;
+      }));
+  http.set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+    std::string msg = "internal error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const ApiError& e) {
+      log_error(req, e.status(), "-", e.what());
+      send_json(res, e.status(), error_body(e.status(), e.what(), e.param()));
+      return;
+    } catch (const Error& e) {
+      log_error(req, 400, "-", e.what());
+      send_json(res, 400, error_body(400, e.what()));
+      return;
+    } catch (const std::exception& e) {
+      msg = fmt::format("internal error: {}", e.what());
+    } catch (...) {
+    }
+    log_error(req, 500, "-", msg);
+    send_json(res, 500, error_body(500, msg));
+  });
+  // One log line per request; generation requests log their own (with tokens and latency) when they end.
+  http.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+    if (res.status >= 400 || req.path == "/v1/chat/completions" || req.path == "/v1/completions") return;
+    spdlog::info("{} {} {} {}", req.remote_addr, req.method, req.path, res.status);
+  });
+
+  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_generation(req, res, Endpoint::Chat);
+  });
+  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_generation(req, res, Endpoint::Completion);
+  });
+  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    json data = json::array();
+    for (auto& name : options.served_model_names) {
+      data.push_back({{"id", name},
+                      {"object", "model"},
+                      {"created", created},
+                      {"owned_by", "flashnext"},
+                      {"root", options.model_dir},
+                      {"parent", nullptr},
+                      {"max_model_len", scheduler.config().max_model_len}});
+    }
+    send_json(res, 200, {{"object", "list"}, {"data", data}});
+  });
+  http.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    const SchedulerStats s = scheduler.stats();
+    m_running.set(double(s.running));
+    m_waiting.set(double(s.waiting));
+    m_kv_usage.set(s.kv_usage);
+    m_kv_blocks.set(double(s.kv_blocks_used), {{"state", "used"}});
+    m_kv_blocks.set(double(s.kv_blocks_total), {{"state", "total"}});
+    m_slots.set(double(s.slots_used), {{"state", "used"}});
+    m_slots.set(double(s.slots_total), {{"state", "total"}});
+    m_preemptions.set(double(s.preemptions));
+    m_ple_rows.set(double(s.ple_rows_fetched));
+    m_steps.set(double(s.steps));
+    res.set_content(metrics.render(), "text/plain; version=0.0.4");
+  });
+  http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    const TokenizeRequest tr = parse_tokenize_request(parse_body(req.body));
+    check_model(tr.model);
+    const std::string text =
+        tr.prompt ? *tr.prompt : render_chat(tr.messages, tr.tools, tr.add_generation_prompt, tr.template_vars, false);
+    const std::vector<int32_t> ids = tokenizer.encode(text, /*parse_special=*/true);
+    json out = {{"count", ids.size()}, {"max_model_len", scheduler.config().max_model_len}, {"tokens", ids}};
+    if (tr.return_token_strs) {
+      json strs = json::array();
+      for (int32_t id : ids) strs.push_back(tokenizer.id_to_token(id).value_or(""));
+      out["token_strs"] = strs;
+    } else {
+      out["token_strs"] = nullptr;
+    }
+    send_json(res, 200, out);
+  });
+  http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    const DetokenizeRequest dr = parse_detokenize_request(parse_body(req.body), scheduler.vocab_size());
+    check_model(dr.model);
+    send_json(res, 200, {{"prompt", tokenizer.decode(dr.tokens)}});
+  });
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+
+Server::Server(Scheduler& scheduler, const Tokenizer& tokenizer, const chat::ChatTemplate* chat_template,
+               const GenerationConfig& generation, ServerOptions options) {
+  FN_CHECK(!options.served_model_names.empty(), "server: at least one served model name is needed");
+  impl_ = std::make_unique<Impl>(scheduler, tokenizer, chat_template, generation, std::move(options));
+  impl_->install_routes();
+}
+
+Server::~Server() {
+  stop();
+}
+
+int Server::bind() {
+  auto& o = impl_->options;
+  if (o.port == 0) {
+    const int port = impl_->http.bind_to_any_port(o.host);
+    if (port <= 0) fail("server: cannot bind to {} on any port", o.host);
+    o.port = port;
+  } else if (!impl_->http.bind_to_port(o.host, o.port)) {
+    fail("server: cannot bind to {}:{} (address in use, or not an address of this machine?)", o.host, o.port);
+  }
+  return o.port;
+}
+
+void Server::run() {
+  if (!impl_->http.listen_after_bind()) spdlog::debug("server: listen loop ended");
+}
+
+void Server::stop() {
+  if (impl_) impl_->http.stop();
+}
+
+}  // namespace flashnext::server

@@ -1,0 +1,492 @@
+// Scheduler and memory planner tests with a synthetic model whose logits depend on every token of the sequence,
+// so that any mix-up of sequences, lost token or wrongly resumed state changes the output. Expected outputs come
+// from running that model's definition directly (one sequence, token by token), not from the scheduler.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+#include <set>
+
+#include "engine/scheduler.h"
+
+namespace flashnext {
+namespace {
+
+constexpr int64_t kVocab = 64;
+
+uint64_t mix(uint64_t x) {  // splitmix64 finaliser
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// The synthetic model: the state is a hash of the whole history; logit v = a pseudo-random number of (state, v).
+uint64_t feed(uint64_t h, int32_t token) {
+  return mix(h ^ (uint64_t(token) * 0x100000001B3ull));
+}
+void logits_of(uint64_t h, std::span<float> out) {
+  for (int64_t v = 0; v < kVocab; ++v) out[size_t(v)] = float(mix(h ^ uint64_t(v + 1) * 0x9E37ull) >> 40) / 1e6f;
+}
+
+// Greedy output of the synthetic model, computed directly (the reference for every test).
+std::vector<int32_t> reference_greedy(const std::vector<int32_t>& prompt, int64_t max_tokens, int64_t eos = -1) {
+  uint64_t h = 0;
+  for (int32_t t : prompt) h = feed(h, t);
+  std::vector<int32_t> out;
+  std::vector<float> l(kVocab);
+  while (int64_t(out.size()) < max_tokens) {
+    logits_of(h, l);
+    int32_t best = 0;
+    for (int32_t v = 1; v < kVocab; ++v)
+      if (l[size_t(v)] > l[size_t(best)]) best = v;
+    out.push_back(best);
+    if (best == eos) break;
+    h = feed(h, best);
+  }
+  return out;
+}
+
+struct FakeSeq : RunnerSequence {
+  uint64_t h = 0;
+  int64_t length = 0;
+  int id = 0;
+};
+
+class FakeRunner : public Runner {
+ public:
+  int64_t vocab_size() const override { return kVocab; }
+  std::unique_ptr<RunnerSequence> new_sequence() override {
+    auto s = std::make_unique<FakeSeq>();
+    s->id = next_id_++;
+    return s;
+  }
+  void forward(std::span<Item> items) override {
+    int64_t tokens = 0;
+    bool prefill = false, decode = false;
+    std::set<RunnerSequence*> seen;
+    for (Item& it : items) {
+      EXPECT_TRUE(seen.insert(it.seq).second) << "a sequence appears twice in one step";
+      auto& s = static_cast<FakeSeq&>(*it.seq);
+      tokens += int64_t(it.ids.size());
+      (it.ids.size() > 1 ? prefill : decode) = true;
+      if (std::find(it.ids.begin(), it.ids.end(), poison) != it.ids.end()) {
+        it.error = "poisoned token";
+        continue;
+      }
+      for (int32_t t : it.ids) s.h = feed(s.h, t);
+      s.length += int64_t(it.ids.size());
+      EXPECT_LE(s.length, int64_t(it.block_table.size()) * block_size) << "fed past the KV blocks assigned";
+      EXPECT_GE(it.slot, 0);
+      if (!it.logits.empty()) logits_of(s.h, it.logits);
+    }
+    max_step_tokens = std::max(max_step_tokens, tokens);
+    if (prefill && decode) ++mixed_steps;
+    ++steps;
+  }
+  int32_t poison = -1;
+  int64_t block_size = 4;
+  int64_t max_step_tokens = 0, mixed_steps = 0, steps = 0;
+
+ private:
+  int next_id_ = 0;
+};
+
+// 16 bytes per token (10 KV + 6 indexer), 100 bytes of GDN/PLE state per sequence.
+StatePlan test_plan() {
+  StatePlan p;
+  p.kv_bytes_per_token = 10;
+  p.indexer_bytes_per_token = 6;
+  p.gdn_state_bytes_per_sequence = 60;
+  p.gdn_conv_state_bytes_per_sequence = 30;
+  p.ple_state_bytes_per_sequence = 10;
+  return p;
+}
+
+MemoryPlanner planner_with_blocks(int64_t blocks, int64_t slots, int64_t block_size = 4) {
+  return MemoryPlanner(test_plan(), block_size, slots * 100 + blocks * 16 * block_size, slots);
+}
+
+Request greedy_request(std::string id, std::vector<int32_t> prompt, int64_t max_tokens) {
+  Request r;
+  r.id = std::move(id);
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = max_tokens;
+  return r;
+}
+
+std::vector<int32_t> make_prompt(int len, int salt) {
+  std::vector<int32_t> p(static_cast<size_t>(len));
+  for (int i = 0; i < len; ++i) p[size_t(i)] = int32_t(mix(uint64_t(salt) * 1000 + uint64_t(i)) % kVocab);
+  return p;
+}
+
+// Drains a stream after the scheduler ran to completion.
+RequestStream::Update drain(RequestStream& s) {
+  RequestStream::Update all;
+  for (;;) {
+    auto u = s.wait(std::chrono::milliseconds(0));
+    all.tokens.insert(all.tokens.end(), u.tokens.begin(), u.tokens.end());
+    for (auto& l : u.logprobs) all.logprobs.push_back(l);
+    if (u.finish != EndReason::None) {
+      all.finish = u.finish;
+      all.stop_token = u.stop_token;
+      all.error = u.error;
+    }
+    if (u.tokens.empty() && u.finish == EndReason::None) return all;
+  }
+}
+
+void run_to_end(Scheduler& s) {
+  for (int i = 0; i < 100000 && s.step(); ++i) {
+  }
+}
+
+TEST(MemoryPlanner, CarvesSlotsThenBlocks) {
+  // budget 1000: 3 slots of 100 bytes, then (1000 - 300) / (16 * 4) = 10 blocks of 64 bytes.
+  MemoryPlanner m(test_plan(), 4, 1000, 3);
+  EXPECT_EQ(m.block_bytes(), 64);
+  EXPECT_EQ(m.slot_bytes(), 100);
+  EXPECT_EQ(m.total_blocks(), 10);
+  EXPECT_EQ(m.total_slots(), 3);
+  EXPECT_EQ(m.blocks_for(0), 0);
+  EXPECT_EQ(m.blocks_for(4), 1);
+  EXPECT_EQ(m.blocks_for(5), 2);
+  std::vector<int32_t> a, b;
+  EXPECT_TRUE(m.try_grow(a, 9));  // 3 blocks
+  EXPECT_EQ(a.size(), 3u);
+  EXPECT_FALSE(m.try_grow(b, 30));  // 8 blocks > 7 free: nothing taken
+  EXPECT_TRUE(b.empty());
+  EXPECT_EQ(m.free_blocks(), 7);
+  EXPECT_TRUE(m.try_grow(b, 28));
+  EXPECT_EQ(m.free_blocks(), 0);
+  std::set<int32_t> ids(a.begin(), a.end());
+  ids.insert(b.begin(), b.end());
+  EXPECT_EQ(ids.size(), 10u) << "a block was handed out twice";
+  EXPECT_DOUBLE_EQ(m.usage(), 1.0);
+  auto s0 = m.acquire_slot(), s1 = m.acquire_slot(), s2 = m.acquire_slot();
+  EXPECT_FALSE(m.acquire_slot().has_value());
+  m.release(a, *s1);
+  EXPECT_TRUE(a.empty());
+  EXPECT_EQ(m.free_blocks(), 3);
+  EXPECT_EQ(m.free_slots(), 1);
+  EXPECT_EQ(*m.acquire_slot(), *s1);
+  (void)s0;
+  (void)s2;
+}
+
+TEST(MemoryPlanner, RejectsBudgetWithoutRoom) {
+  EXPECT_THROW(MemoryPlanner(test_plan(), 4, 300 + 63, 3), Error);  // slots fit, not one block
+  EXPECT_THROW(MemoryPlanner(test_plan(), 0, 10000, 3), Error);
+  EXPECT_THROW(MemoryPlanner(test_plan(), 4, 10000, 0), Error);
+}
+
+TEST(Scheduler, RejectsInvalidConfig) {
+  FakeRunner runner;
+  auto make = [&](SchedulerConfig c) { Scheduler s(runner, planner_with_blocks(100, 4), c); };
+  EXPECT_THROW(make({.max_num_seqs = 0, .max_model_len = 64}), Error);
+  EXPECT_THROW(make({.max_num_seqs = 8, .max_num_batched_tokens = 4, .max_model_len = 64}), Error);
+  // C must leave room for the decodes of the other max_num_seqs - 1 sequences: 16 - 4 + 1 = 13.
+  EXPECT_THROW(make({.max_num_seqs = 4, .max_num_batched_tokens = 16, .prefill_chunk_size = 14, .max_model_len = 64}),
+               Error);
+  EXPECT_NO_THROW(
+      make({.max_num_seqs = 4, .max_num_batched_tokens = 16, .prefill_chunk_size = 13, .max_model_len = 64}));
+  // 100 blocks of 4 tokens hold 400 positions: max_model_len 401 can never fit.
+  EXPECT_THROW(make({.max_num_seqs = 4, .max_model_len = 401}), Error);
+}
+
+TEST(Scheduler, SingleGreedyRequestMatchesTheModel) {
+  FakeRunner runner;
+  Scheduler s(runner, planner_with_blocks(100, 4),
+              {.max_num_seqs = 4, .max_num_batched_tokens = 16, .max_model_len = 128});
+  auto prompt = make_prompt(37, 1);  // 37 > chunk size 13: three prefill chunks
+  Request r = greedy_request("a", prompt, 20);
+  auto stream = r.stream;
+  s.submit(std::move(r));
+  run_to_end(s);
+  auto u = drain(*stream);
+  EXPECT_EQ(u.tokens, reference_greedy(prompt, 20));
+  EXPECT_EQ(u.finish, EndReason::Length);
+  auto st = s.stats();
+  EXPECT_EQ(st.running, 0);
+  EXPECT_EQ(st.waiting, 0);
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  EXPECT_EQ(st.slots_used, 0);
+  EXPECT_EQ(st.prefill_tokens, 37);
+  EXPECT_EQ(st.decode_tokens, 19);  // the 20th token is sampled but never fed
+}
+
+TEST(Scheduler, ConcurrentGreedyRequestsMatchTheirSoloOutput) {
+  FakeRunner runner;
+  const SchedulerConfig cfg{.max_num_seqs = 8, .max_num_batched_tokens = 24, .max_model_len = 256};
+  Scheduler s(runner, planner_with_blocks(1000, 8), cfg);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int64_t> max_tokens;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 32; ++i) {
+    prompts.push_back(make_prompt(1 + (i * 7) % 60, 100 + i));
+    max_tokens.push_back(1 + (i * 5) % 23);
+    Request r = greedy_request("r" + std::to_string(i), prompts.back(), max_tokens.back());
+    streams.push_back(r.stream);
+    s.submit(std::move(r));
+  }
+  int64_t max_running = 0;
+  while (s.step()) max_running = std::max(max_running, s.stats().running);
+  for (int i = 0; i < 32; ++i) {
+    auto u = drain(*streams[size_t(i)]);
+    EXPECT_EQ(u.tokens, reference_greedy(prompts[size_t(i)], max_tokens[size_t(i)])) << "request " << i;
+    EXPECT_EQ(u.finish, EndReason::Length);
+  }
+  EXPECT_LE(runner.max_step_tokens, cfg.max_num_batched_tokens);
+  EXPECT_EQ(max_running, cfg.max_num_seqs);
+  EXPECT_GT(runner.mixed_steps, 0) << "prefill and decode never shared a step";
+  EXPECT_EQ(s.stats().kv_blocks_used, 0);
+}
+
+TEST(Scheduler, PrefillChunksDoNotDependOnTheBatch) {
+  // Chunk size C = 24 - 8 + 1 = 17: a 60-token prompt is always fed as 17 + 17 + 17 + 9, starting at 0, 17, 34, 51.
+  class Recording : public FakeRunner {
+   public:
+    void forward(std::span<Item> items) override {
+      for (auto& it : items) {
+        auto& fs = static_cast<FakeSeq&>(*it.seq);
+        if (fs.length < 60) starts[fs.id].push_back(fs.length);  // every feed inside the prompt
+      }
+      FakeRunner::forward(items);
+    }
+    std::map<int, std::vector<int64_t>> starts;
+  } rec;
+  Scheduler s2(rec, planner_with_blocks(1000, 8),
+               {.max_num_seqs = 8, .max_num_batched_tokens = 24, .max_model_len = 256});
+  for (int i = 0; i < 8; ++i) s2.submit(greedy_request("r" + std::to_string(i), make_prompt(60, i), 5));
+  run_to_end(s2);
+  ASSERT_EQ(rec.starts.size(), 8u);
+  for (auto& [id, starts] : rec.starts) EXPECT_EQ(starts, (std::vector<int64_t>{0, 17, 34, 51})) << "sequence " << id;
+}
+
+TEST(Scheduler, PreemptsWhenMemoryRunsOutAndStillMatches) {
+  // 24 blocks of 4 tokens = 96 positions shared by up to 6 sequences that each grow to ~60: preemption is needed.
+  FakeRunner runner;
+  Scheduler s(runner, planner_with_blocks(24, 6),
+              {.max_num_seqs = 6, .max_num_batched_tokens = 32, .max_model_len = 96});
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 12; ++i) {
+    prompts.push_back(make_prompt(20 + i * 3, 300 + i));
+    Request r = greedy_request("p" + std::to_string(i), prompts.back(), 30);
+    streams.push_back(r.stream);
+    s.submit(std::move(r));
+  }
+  run_to_end(s);
+  for (int i = 0; i < 12; ++i) {
+    auto u = drain(*streams[size_t(i)]);
+    EXPECT_EQ(u.tokens, reference_greedy(prompts[size_t(i)], 30)) << "request " << i;
+    EXPECT_EQ(u.finish, EndReason::Length);
+  }
+  auto st = s.stats();
+  EXPECT_GT(st.preemptions, 0);
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  EXPECT_EQ(st.slots_used, 0);
+}
+
+TEST(Scheduler, SeededSamplingSurvivesPreemption) {
+  // The same seeded request alone (no memory pressure) and under pressure gives the same tokens.
+  auto run = [](int64_t blocks, int64_t* preemptions) {
+    FakeRunner runner;
+    Scheduler s(runner, planner_with_blocks(blocks, 4),
+                {.max_num_seqs = 4, .max_num_batched_tokens = 16, .max_model_len = 64});
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (int i = 0; i < 4; ++i) {
+      Request r = greedy_request("s" + std::to_string(i), make_prompt(10 + i, 500 + i), 40);
+      r.sampling.temperature = 0.8;
+      r.sampling.seed = 1234 + uint64_t(i);
+      streams.push_back(r.stream);
+      s.submit(std::move(r));
+    }
+    run_to_end(s);
+    *preemptions = s.stats().preemptions;
+    std::vector<std::vector<int32_t>> out;
+    for (auto& st : streams) out.push_back(drain(*st).tokens);
+    return out;
+  };
+  int64_t p_free = 0, p_tight = 0;
+  auto free_run = run(1000, &p_free);
+  auto tight_run = run(16, &p_tight);
+  EXPECT_EQ(p_free, 0);
+  EXPECT_GT(p_tight, 0);
+  EXPECT_EQ(free_run, tight_run);
+}
+
+TEST(Scheduler, EosStopsWithItsToken) {
+  auto prompt = make_prompt(5, 7);
+  auto ref = reference_greedy(prompt, 10);
+  const int32_t eos = ref[3];  // make the 4th token (or an earlier equal one) the EOS
+  auto expected = reference_greedy(prompt, 10, eos);
+  FakeRunner runner;
+  Scheduler s(runner, planner_with_blocks(100, 2),
+              {.max_num_seqs = 2, .max_num_batched_tokens = 16, .max_model_len = 64});
+  Request r = greedy_request("e", prompt, 10);
+  r.eos_token_ids = {eos};
+  auto stream = r.stream;
+  s.submit(std::move(r));
+  run_to_end(s);
+  auto u = drain(*stream);
+  EXPECT_EQ(u.tokens, expected);
+  EXPECT_EQ(u.finish, EndReason::Stop);
+  ASSERT_TRUE(u.stop_token.has_value());
+  EXPECT_EQ(*u.stop_token, eos);
+
+  // ignore_eos keeps going; a stop token id still stops.
+  Request r2 = greedy_request("e2", prompt, 10);
+  r2.eos_token_ids = {eos};
+  r2.sampling.ignore_eos = true;
+  auto st2 = r2.stream;
+  s.submit(std::move(r2));
+  run_to_end(s);
+  EXPECT_EQ(drain(*st2).tokens, ref);
+  Request r3 = greedy_request("e3", prompt, 10);
+  r3.sampling.stop_token_ids = {ref[1]};
+  auto st3 = r3.stream;
+  s.submit(std::move(r3));
+  run_to_end(s);
+  auto u3 = drain(*st3);
+  EXPECT_EQ(u3.finish, EndReason::Stop);
+  EXPECT_EQ(u3.tokens, reference_greedy(prompt, 10, ref[1]));
+}
+
+TEST(Scheduler, CancelFreesEverything) {
+  FakeRunner runner;
+  Scheduler s(runner, planner_with_blocks(100, 4),
+              {.max_num_seqs = 2, .max_num_batched_tokens = 16, .max_model_len = 128});
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 4; ++i) {  // two run, two wait
+    Request r = greedy_request("c" + std::to_string(i), make_prompt(8, 700 + i), 50);
+    streams.push_back(r.stream);
+    s.submit(std::move(r));
+  }
+  for (int i = 0; i < 5; ++i) s.step();
+  EXPECT_EQ(s.stats().running, 2);
+  EXPECT_EQ(s.stats().waiting, 2);
+  streams[0]->cancel();  // running
+  streams[3]->cancel();  // waiting
+  s.step();
+  EXPECT_EQ(drain(*streams[0]).finish, EndReason::Abort);
+  EXPECT_EQ(drain(*streams[3]).finish, EndReason::Abort);
+  streams[1]->cancel();
+  streams[2]->cancel();
+  EXPECT_FALSE(s.step() && s.step());
+  auto st = s.stats();
+  EXPECT_EQ(st.running, 0);
+  EXPECT_EQ(st.waiting, 0);
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  EXPECT_EQ(st.slots_used, 0);
+}
+
+TEST(Scheduler, RejectsBadRequestsAndFullQueue) {
+  FakeRunner runner;
+  Scheduler s(runner, planner_with_blocks(100, 2),
+              {.max_num_seqs = 2, .max_num_batched_tokens = 16, .max_model_len = 32, .max_waiting = 2});
+  EXPECT_THROW(s.submit(greedy_request("empty", {}, 4)), Error);
+  EXPECT_THROW(s.submit(greedy_request("oov", {1, int32_t(kVocab)}, 4)), Error);
+  EXPECT_THROW(s.submit(greedy_request("long", make_prompt(30, 1), 3)), Error);  // 30 + 3 > 32
+  Request bad = greedy_request("temp", {1, 2}, 4);
+  bad.sampling.top_p = 0;
+  EXPECT_THROW(s.submit(std::move(bad)), Error);
+  Request lp = greedy_request("lp", {1, 2}, 4);
+  lp.top_logprobs = 21;
+  EXPECT_THROW(s.submit(std::move(lp)), Error);
+  s.submit(greedy_request("q1", {1, 2}, 4));
+  s.submit(greedy_request("q2", {1, 2}, 4));
+  EXPECT_THROW(s.submit(greedy_request("q3", {1, 2}, 4)), QueueFullError);
+  run_to_end(s);
+  EXPECT_NO_THROW(s.submit(greedy_request("q4", {1, 2}, 4)));  // room again
+}
+
+TEST(Scheduler, AFailingRequestDoesNotAffectOthers) {
+  // The runner fails any item that feeds the poison token; pick one the good request never feeds.
+  auto good = make_prompt(9, 11);
+  auto ref = reference_greedy(good, 6);
+  int32_t poison = 0;
+  auto used = [&](int32_t v) {
+    return std::find(good.begin(), good.end(), v) != good.end() || std::find(ref.begin(), ref.end(), v) != ref.end();
+  };
+  while (used(poison)) ++poison;
+  FakeRunner runner;
+  runner.poison = poison;
+  Scheduler s(runner, planner_with_blocks(100, 4),
+              {.max_num_seqs = 4, .max_num_batched_tokens = 16, .max_model_len = 64});
+  Request a = greedy_request("good", good, 6), b = greedy_request("bad", {1, poison, 2}, 6);
+  auto sa = a.stream, sb = b.stream;
+  s.submit(std::move(a));
+  s.submit(std::move(b));
+  run_to_end(s);
+  auto ua = drain(*sa), ub = drain(*sb);
+  EXPECT_EQ(ua.tokens, ref);
+  EXPECT_EQ(ua.finish, EndReason::Length);
+  EXPECT_TRUE(ub.tokens.empty());
+  EXPECT_EQ(ub.finish, EndReason::Error);
+  EXPECT_EQ(ub.error, "poisoned token");
+  EXPECT_EQ(s.stats().kv_blocks_used, 0);
+}
+
+TEST(Scheduler, LogprobsAreLogSoftmaxOfTheRawLogits) {
+  FakeRunner runner;
+  Scheduler s(runner, planner_with_blocks(100, 2),
+              {.max_num_seqs = 2, .max_num_batched_tokens = 16, .max_model_len = 64});
+  auto prompt = make_prompt(6, 3);
+  Request r = greedy_request("lp", prompt, 1);
+  r.top_logprobs = 3;
+  auto stream = r.stream;
+  s.submit(std::move(r));
+  run_to_end(s);
+  auto u = drain(*stream);
+  ASSERT_EQ(u.logprobs.size(), 1u);
+  uint64_t h = 0;
+  for (int32_t t : prompt) h = feed(h, t);
+  std::vector<float> l(kVocab);
+  logits_of(h, l);
+  double z = 0;
+  for (float x : l) z += std::exp(double(x));
+  std::vector<std::pair<double, int32_t>> sorted;
+  for (int32_t v = 0; v < kVocab; ++v) sorted.push_back({-double(l[size_t(v)]), v});
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(u.tokens[0], sorted[0].second);
+  EXPECT_NEAR(u.logprobs[0].logprob, double(l[size_t(sorted[0].second)]) - std::log(z), 1e-5);
+  ASSERT_EQ(u.logprobs[0].top.size(), 3u);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(u.logprobs[0].top[size_t(k)].first, sorted[size_t(k)].second);
+    EXPECT_NEAR(u.logprobs[0].top[size_t(k)].second, -sorted[size_t(k)].first - std::log(z), 1e-5);
+  }
+}
+
+TEST(Scheduler, EngineThreadServesConcurrentSubmitters) {
+  FakeRunner runner;
+  Scheduler s(runner, planner_with_blocks(1000, 8),
+              {.max_num_seqs = 8, .max_num_batched_tokens = 32, .max_model_len = 128});
+  s.start();
+  std::vector<std::thread> clients;
+  std::vector<int> ok(16, 0);
+  for (int i = 0; i < 16; ++i) {
+    clients.emplace_back([&, i] {
+      auto prompt = make_prompt(3 + i, 900 + i);
+      Request r = greedy_request("t" + std::to_string(i), prompt, 12);
+      auto stream = r.stream;
+      s.submit(std::move(r));
+      std::vector<int32_t> got;
+      for (;;) {
+        auto u = stream->wait(std::chrono::milliseconds(100));
+        got.insert(got.end(), u.tokens.begin(), u.tokens.end());
+        if (u.finish != EndReason::None) break;
+      }
+      ok[size_t(i)] = got == reference_greedy(prompt, 12);
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < 16; ++i) EXPECT_TRUE(ok[size_t(i)]) << "request " << i;
+  s.stop();
+  EXPECT_EQ(s.stats().running, 0);
+}
+
+}  // namespace
+}  // namespace flashnext

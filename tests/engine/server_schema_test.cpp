@@ -1,0 +1,267 @@
+// OpenAI request schema: field types, ranges, defaults and the 400 errors (server/openai_schema.h).
+#include <gtest/gtest.h>
+
+#include "server/openai_schema.h"
+
+namespace flashnext::server {
+namespace {
+
+constexpr int64_t kVocab = 1000;
+
+json chat(json extra = json::object()) {
+  json body = {{"model", "m"}, {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}};
+  for (auto it = extra.begin(); it != extra.end(); ++it) body[it.key()] = it.value();
+  return body;
+}
+
+// Runs `f`, expects ApiError(400) whose param is `param` and whose message contains `needle`.
+template <class F>
+void expect_400(F&& f, const std::string& param, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected 400 on " << param;
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_EQ(e.param(), param) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << "message: " << e.what();
+  }
+}
+
+ApiRequest parse_chat(const json& body, SamplingParams defaults = {}) {
+  return parse_chat_request(body, defaults, kVocab);
+}
+
+TEST(ServerSchema, MalformedBodies) {
+  expect_400([] { parse_body("{\"model\": "); }, "", "not valid JSON");
+  expect_400([] { parse_body("[1, 2]"); }, "", "must be a JSON object");
+  expect_400([] { parse_body(""); }, "", "not valid JSON");
+  EXPECT_EQ(parse_body("{\"a\": 1}")["a"], 1);
+}
+
+TEST(ServerSchema, ChatDefaultsAndOverrides) {
+  SamplingParams d;
+  d.temperature = 0.6;
+  d.top_p = 0.95;
+  d.top_k = 20;
+  ApiRequest r = parse_chat(chat(), d);
+  EXPECT_EQ(r.endpoint, Endpoint::Chat);
+  EXPECT_EQ(r.model, "m");
+  EXPECT_FALSE(r.stream);
+  EXPECT_FALSE(r.max_tokens_given);
+  EXPECT_DOUBLE_EQ(r.sampling.temperature, 0.6);  // the model's defaults apply when the request says nothing
+  EXPECT_EQ(r.sampling.top_k, 20);
+  EXPECT_EQ(r.top_logprobs, -1);
+  EXPECT_TRUE(r.add_generation_prompt);
+  EXPECT_TRUE(r.tools.is_null());
+  EXPECT_FALSE(r.parse_tool_calls);
+
+  r = parse_chat(chat({{"temperature", 0},
+                       {"top_p", 0.5},
+                       {"top_k", 5},
+                       {"min_p", 0.1},
+                       {"seed", 42},
+                       {"max_tokens", 7},
+                       {"presence_penalty", 0.5},
+                       {"frequency_penalty", -0.5},
+                       {"repetition_penalty", 1.1},
+                       {"stop", "END"},
+                       {"stop_token_ids", {3, 4}},
+                       {"ignore_eos", true},
+                       {"stream", true},
+                       {"stream_options", {{"include_usage", true}}},
+                       {"logprobs", true},
+                       {"top_logprobs", 3}}),
+                 d);
+  EXPECT_TRUE(r.sampling.greedy());
+  EXPECT_DOUBLE_EQ(r.sampling.top_p, 0.5);
+  EXPECT_EQ(r.sampling.top_k, 5);
+  EXPECT_DOUBLE_EQ(r.sampling.min_p, 0.1);
+  EXPECT_EQ(r.sampling.seed, 42u);
+  EXPECT_EQ(r.sampling.max_tokens, 7);
+  EXPECT_TRUE(r.max_tokens_given);
+  EXPECT_DOUBLE_EQ(r.sampling.presence_penalty, 0.5);
+  EXPECT_DOUBLE_EQ(r.sampling.frequency_penalty, -0.5);
+  EXPECT_DOUBLE_EQ(r.sampling.repetition_penalty, 1.1);
+  EXPECT_EQ(r.sampling.stop, std::vector<std::string>{"END"});
+  EXPECT_EQ(r.sampling.stop_token_ids, (std::vector<int64_t>{3, 4}));
+  EXPECT_TRUE(r.sampling.ignore_eos);
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_EQ(r.top_logprobs, 3);
+
+  // max_completion_tokens wins over max_tokens; logprobs alone means top_logprobs 0; null means "not given".
+  r = parse_chat(chat(
+      {{"max_tokens", 9}, {"max_completion_tokens", 4}, {"logprobs", true}, {"seed", nullptr}, {"stop", {"a", "b"}}}));
+  EXPECT_EQ(r.sampling.max_tokens, 4);
+  EXPECT_EQ(r.top_logprobs, 0);
+  EXPECT_FALSE(r.sampling.seed.has_value());
+  EXPECT_EQ(r.sampling.stop, (std::vector<std::string>{"a", "b"}));
+  // 100.0 is an integer, 1.5 is not
+  EXPECT_EQ(parse_chat(chat({{"max_tokens", 100.0}})).sampling.max_tokens, 100);
+}
+
+TEST(ServerSchema, ChatErrorsNameTheField) {
+  expect_400([] { parse_chat(chat({{"temprature", 0.5}})); }, "temprature", "unknown field");
+  expect_400([] { parse_chat(chat({{"temperature", "hot"}})); }, "temperature", "must be a number, got string");
+  expect_400([] { parse_chat(chat({{"max_tokens", 1.5}})); }, "max_tokens", "must be an integer");
+  expect_400([] { parse_chat(chat({{"max_tokens", 0}})); }, "max_tokens", ">= 1");
+  expect_400([] { parse_chat(chat({{"top_p", 0}})); }, "top_p", "(0, 1]");
+  expect_400([] { parse_chat(chat({{"temperature", -1}})); }, "temperature", ">= 0");
+  expect_400([] { parse_chat(chat({{"presence_penalty", 3}})); }, "presence_penalty", "[-2, 2]");
+  expect_400([] { parse_chat(chat({{"top_k", -2}})); }, "top_k", "top_k");
+  expect_400([] { parse_chat(chat({{"stop_token_ids", {5000}}})); }, "stop_token_ids", "out of range");
+  expect_400([] { parse_chat(chat({{"stop", {1}}})); }, "stop", "stop[0] must be a string");
+  expect_400([] { parse_chat(chat({{"stream", "yes"}})); }, "stream", "must be a boolean");
+  expect_400([] { parse_chat(chat({{"n", 2}})); }, "n", "n must be 1");
+  expect_400([] { parse_chat(chat({{"top_logprobs", 2}})); }, "top_logprobs", "requires logprobs");
+  expect_400([] { parse_chat(chat({{"logprobs", true}, {"top_logprobs", 21}})); }, "top_logprobs", "[0, 20]");
+  expect_400(
+      [] {
+        parse_chat(chat({{"stream_options", {{"include_usage", true}}}}));
+      },
+      "stream_options", "only be given when stream is true");
+  expect_400([] { parse_chat(chat({{"logit_bias", {{"5", 10}}}})); }, "logit_bias", "not supported");
+  expect_400([] { parse_chat(chat({{"tool_choice", "required"}})); }, "tool_choice", "not supported");
+  expect_400(
+      [] {
+        parse_chat(chat({{"response_format", {{"type", "json_object"}}}}));
+      },
+      "response_format", "not supported");
+  expect_400([] { parse_chat(json{{"model", "m"}}); }, "messages", "required");
+  expect_400([] { parse_chat(json{{"messages", json::array()}}); }, "messages", "must not be empty");
+  expect_400([] { parse_chat(json{{"messages", "hi"}}); }, "messages", "must be an array");
+}
+
+TEST(ServerSchema, MessagesAreNormalisedForTheTemplate) {
+  json messages = json::array(
+      {{{"role", "system"}, {"content", "sys"}},
+       {{"role", "user"},
+        {"content", json::array({{{"type", "text"}, {"text", "a"}}, {{"type", "text"}, {"text", "b"}}})}},
+       {{"role", "assistant"},
+        {"content", nullptr},
+        {"reasoning", "thought"},
+        {"tool_calls",
+         json::array(
+             {{{"id", "call_1"},
+               {"type", "function"},
+               {"function", {{"name", "get_weather"}, {"arguments", "{\"city\": \"Paris\", \"days\": 2}"}}}}})}},
+       {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "sunny"}}});
+  json out = normalize_messages(messages);
+  ASSERT_EQ(out.size(), 4u);
+  EXPECT_EQ(out[1]["content"], "a\nb");  // text parts joined with a newline, as vLLM does
+  EXPECT_EQ(out[2]["content"], "");
+  EXPECT_EQ(out[2]["reasoning_content"], "thought");
+  const json& call = out[2]["tool_calls"][0];
+  EXPECT_EQ(call["function"]["name"], "get_weather");
+  EXPECT_TRUE(call["function"]["arguments"].is_object());  // the templates iterate arguments|items
+  EXPECT_EQ(call["function"]["arguments"]["city"], "Paris");
+  EXPECT_EQ(call["function"]["arguments"]["days"], 2);
+  EXPECT_EQ(out[3]["tool_call_id"], "call_1");
+
+  expect_400(
+      [] {
+        normalize_messages(json::array({{{"role", "robot"}, {"content", "x"}}}));
+      },
+      "messages[0].role", "must be one of");
+  expect_400([] { normalize_messages(json::array({{{"content", "x"}}})); }, "messages[0].role", "required");
+  expect_400([] { normalize_messages(json::array({{{"role", "user"}}})); }, "messages[0].content", "required");
+  expect_400(
+      [] {
+        normalize_messages(
+            json::array({{{"role", "user"}, {"content", json::array({{{"type", "image_url"}, {"image_url", "x"}}})}}}));
+      },
+      "messages[0].content[0].type", "not supported");
+  expect_400(
+      [] {
+        normalize_messages(
+            json::array({{{"role", "assistant"},
+                          {"tool_calls", json::array({{{"function", {{"name", "f"}, {"arguments", "{oops"}}}}})}}}));
+      },
+      "messages[0].tool_calls[0].function.arguments", "JSON object");
+  expect_400([] { normalize_messages(json::array({"hi"})); }, "messages[0]", "must be a JSON object");
+}
+
+TEST(ServerSchema, ToolsAndTemplateVariables) {
+  json tools = json::array(
+      {{{"type", "function"},
+        {"function",
+         {{"name", "get_weather"}, {"parameters", {{"type", "object"}, {"properties", json::object()}}}}}}});
+  ApiRequest r = parse_chat(
+      chat({{"tools", tools}, {"chat_template_kwargs", {{"enable_thinking", false}}}, {"reasoning_effort", "low"}}));
+  EXPECT_EQ(r.tools, tools);
+  EXPECT_TRUE(r.parse_tool_calls);
+  EXPECT_EQ(r.template_vars["enable_thinking"], false);
+  EXPECT_EQ(r.template_vars["reasoning_effort"], "low");
+  EXPECT_FALSE(parse_chat(chat({{"tools", tools}, {"tool_choice", "none"}})).parse_tool_calls);
+  expect_400([] { check_tools(json::array({{{"type", "function"}}})); }, "tools[0].function", "required");
+  expect_400([] { check_tools(json::array({{{"type", "code"}}})); }, "tools[0].type", "must be \"function\"");
+  expect_400(
+      [] {
+        check_tools(json::array({{{"type", "function"}, {"function", {{"name", 3}}}}}));
+      },
+      "tools[0].function.name", "must be a string");
+  expect_400([] { parse_chat(chat({{"chat_template_kwargs", "x"}})); }, "chat_template_kwargs", "must be an object");
+}
+
+TEST(ServerSchema, Completions) {
+  SamplingParams d;
+  ApiRequest r = parse_completion_request(json{{"prompt", "hello"}}, d, kVocab);
+  EXPECT_EQ(r.endpoint, Endpoint::Completion);
+  EXPECT_EQ(r.prompt_text, "hello");
+  EXPECT_EQ(r.sampling.max_tokens, 16);  // the OpenAI / vLLM completions default
+  r = parse_completion_request(json{{"prompt", {1, 2, 3}}, {"logprobs", 2}, {"echo", true}}, d, kVocab);
+  EXPECT_FALSE(r.prompt_text.has_value());
+  EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(r.top_logprobs, 2);
+  EXPECT_TRUE(r.echo);
+  r = parse_completion_request(json{{"prompt", json::array({json::array({7, 8})})}}, d, kVocab);
+  EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{7, 8}));
+  expect_400([&] { parse_completion_request(json{{"prompt", {"a", "b"}}}, d, kVocab); }, "prompt", "one prompt");
+  expect_400(
+      [&] {
+        parse_completion_request(json{{"prompt", {1, 1000}}}, d, kVocab);
+      },
+      "prompt", "outside the vocabulary");
+  expect_400([&] { parse_completion_request(json{{"prompt", ""}}, d, kVocab); }, "prompt", "empty");
+  expect_400([&] { parse_completion_request(json{{"prompt", 5}}, d, kVocab); }, "prompt", "must be a string");
+  expect_400(
+      [&] {
+        parse_completion_request(json{{"prompt", "x"}, {"logprobs", 30}}, d, kVocab);
+      },
+      "logprobs", "[0, 20]");
+  expect_400(
+      [&] {
+        parse_completion_request(json{{"prompt", "x"}, {"messages", json::array()}}, d, kVocab);
+      },
+      "messages", "unknown field");
+  expect_400([&] { parse_completion_request(json{{"max_tokens", 3}}, d, kVocab); }, "prompt", "required");
+}
+
+TEST(ServerSchema, TokenizeAndDetokenize) {
+  auto t = parse_tokenize_request(json{{"prompt", "abc"}});
+  EXPECT_EQ(t.prompt, "abc");
+  t = parse_tokenize_request(
+      json{{"messages", json::array({{{"role", "user"}, {"content", "x"}}})}, {"add_generation_prompt", false}});
+  EXPECT_FALSE(t.prompt.has_value());
+  EXPECT_EQ(t.messages.size(), 1u);
+  EXPECT_FALSE(t.add_generation_prompt);
+  expect_400([] { parse_tokenize_request(json::object()); }, "prompt", "exactly one");
+  auto d = parse_detokenize_request(json{{"tokens", {1, 2}}}, kVocab);
+  EXPECT_EQ(d.tokens, (std::vector<int32_t>{1, 2}));
+  expect_400([] { parse_detokenize_request(json{{"tokens", {-1}}}, kVocab); }, "tokens", "outside the vocabulary");
+  expect_400([] { parse_detokenize_request(json{{"tokens", "1 2"}}, kVocab); }, "tokens", "must be an array");
+}
+
+TEST(ServerSchema, ErrorBodyIsOpenAIShaped) {
+  json e = error_body(400, "bad", "temperature");
+  EXPECT_EQ(e["error"]["message"], "bad");
+  EXPECT_EQ(e["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(e["error"]["param"], "temperature");
+  EXPECT_EQ(e["error"]["code"], 400);
+  EXPECT_TRUE(error_body(401, "k")["error"]["param"].is_null());
+  EXPECT_EQ(error_body(401, "k")["error"]["type"], "authentication_error");
+  EXPECT_EQ(error_body(503, "k")["error"]["type"], "server_overloaded_error");
+}
+
+}  // namespace
+}  // namespace flashnext::server
