@@ -56,17 +56,25 @@ float f8e4m3_to_float(uint8_t v) {
   return sign ? -out : out;
 }
 
+namespace {
+// Element i of a little-endian array at `src`, which may be unaligned (safetensors offsets need not be).
+template <class T>
+T load(const void* src, size_t i) {
+  T v;
+  std::memcpy(&v, static_cast<const uint8_t*>(src) + i * sizeof(T), sizeof(T));
+  return v;
+}
+}  // namespace
+
 void convert_to_float(DType t, const void* src, float* dst, size_t n) {
   switch (t) {
     case DType::F32: std::memcpy(dst, src, n * 4); return;
     case DType::BF16: {
-      auto* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_float(s[i]);
+      for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_float(load<uint16_t>(src, i));
       return;
     }
     case DType::F16: {
-      auto* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_float(s[i]);
+      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_float(load<uint16_t>(src, i));
       return;
     }
     case DType::F8_E4M3: {
@@ -90,13 +98,11 @@ void convert_to_float(DType t, const void* src, float* dst, size_t n) {
       return;
     }
     case DType::I32: {
-      auto* s = static_cast<const int32_t*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = float(s[i]);
+      for (size_t i = 0; i < n; ++i) dst[i] = float(load<int32_t>(src, i));
       return;
     }
     case DType::I64: {
-      auto* s = static_cast<const int64_t*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = float(s[i]);
+      for (size_t i = 0; i < n; ++i) dst[i] = float(load<int64_t>(src, i));
       return;
     }
   }

@@ -69,8 +69,8 @@ float f8e4m3_to_float(uint8_t v);
 /// FP8 E5M2 (bias 15, IEEE-style inf/NaN) -> float.
 inline float f8e5m2_to_float(uint8_t v) { return f16_to_float(uint16_t(v) << 8); }
 
-/// Converts `n` elements of type `t` at `src` to float32. Integer types convert by value. Throws Error for types
-/// that are not numeric tensors of a model (none today).
+/// Converts `n` elements of type `t` at `src` (any alignment) to float32. Integer types convert by value. Throws
+/// Error for types that are not numeric tensors of a model (none today).
 void convert_to_float(DType t, const void* src, float* dst, size_t n);
 
 }  // namespace flashnext

@@ -319,6 +319,15 @@ ModelConfig parse_config(const json& doc, const std::string& source) {
       fail("{}: ple_layer_ids must contain one-indexed ids in [1, {}], got {}", where, c.num_hidden_layers,
            fmt::join(bad, ", "));
     }
+    // PLE runs before the token mixer of GDN layers only (the reference rejects PLE on attention layers).
+    std::vector<int64_t> on_attention;
+    for (auto id : c.ple_layer_ids) {
+      if (c.layer_types[size_t(id - 1)] != LayerKind::GatedDeltaNet) on_attention.push_back(id);
+    }
+    if (!on_attention.empty()) {
+      fail("{}: PLE is only supported on linear_attention layers, but ple_layer_ids (one-indexed) puts it on the "
+           "attention layer(s) {}", where, fmt::join(on_attention, ", "));
+    }
     if (c.eos_token_ids.empty()) fail("{}: eos_token_id must be set when PLE layers are enabled", where);
     for (auto [key, v] : {std::pair{"ple_conv_kernel_size", c.ple_conv_kernel_size},
                           {"ngram_vocab_size_base", c.ngram_vocab_size_base},

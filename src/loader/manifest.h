@@ -36,7 +36,15 @@ enum class Component {
   Embedding, LmHead, HyperConnection, GatedDeltaNet, QSA, Router, SharedExpert, RoutedExperts, PleProjections,
   PleTable, PleHashBuffers, Mtp, Vision
 };
+/// The snake_case name of `c` ("embedding", "routed_experts", "ple_table", ...), used as the `params` keys of
+/// `flashnext inspect --json`.
 const char* component_name(Component c);
+
+/// The quantization companion suffix of a tensor name (`weight_scale`, `weight_scale_2`, `weight_scale_inv`,
+/// `input_scale`, `input_global_scale`, `weight_global_scale`, `weight_zero_point`, `weight_shape`,
+/// `weight_packed`; GPTQ `qweight`, `qzeros`, `scales`, `g_idx`), or an empty string when the last name component
+/// is none of them.
+std::string quant_companion_suffix(const std::string& name);
 
 /// One logical tensor.
 struct ManifestEntry {
@@ -50,9 +58,13 @@ struct ManifestEntry {
 /// The validated set of logical tensors of one checkpoint.
 class WeightManifest {
  public:
-  /// Maps and validates every tensor of `ckpt` against `cfg`. Throws Error naming the tensor (and file) for a
-  /// missing, unexpected, mis-shaped or wrongly typed tensor, or stored PLE hash buffers that disagree with the
-  /// values derived from the config.
+  /// Maps and validates every tensor of `ckpt` against `cfg` (expected shapes: loader/tensor_plan.h). Throws Error
+  /// naming the tensor (and file) for a missing, unexpected, mis-shaped or wrongly typed tensor, or stored PLE hash
+  /// buffers that disagree with the values derived from the config (ngram_hash_params). Float weights must be BF16,
+  /// F16 or F32; a weight of another dtype needs a scale companion and the packed shape of its format (FP8/I8: the
+  /// logical shape, U8: [N, K/2], I32: [N, K/8]). The PLE table shards must be numbered 0..n-1, [rows_k,
+  /// ple_head_dim] each, rows summing to the padded table height; FP8 shards need `ngram_embedding.weight_scale`.
+  /// The three hash buffers are optional (derivable), checked when present.
   static WeightManifest build(const ModelConfig& cfg, const Checkpoint& ckpt);
 
   /// The logical tensor `name`, or nullptr.
@@ -62,10 +74,16 @@ class WeightManifest {
   const std::map<std::string, ManifestEntry>& entries() const { return entries_; }
   /// Tensors recognised but not part of the language model (`model.visual.*`, `mtp.*`), by component.
   const std::vector<ManifestEntry>& extra() const { return extra_; }
+  /// The PLE n-gram table row shards of decoder layer `layer` in row order (by shard number K, not name order);
+  /// concatenated they are the [rows, ple_head_dim] table. Empty when the layer has no PLE.
+  std::vector<const ManifestEntry*> ple_table_shards(int layer) const;
+  /// True when some language-model weight is stored quantized (a non-float weight with its scale companions).
+  bool quantized() const { return quantized_; }
 
  private:
   std::map<std::string, ManifestEntry> entries_;
   std::vector<ManifestEntry> extra_;
+  bool quantized_ = false;
 };
 
 }  // namespace flashnext

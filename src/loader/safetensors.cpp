@@ -95,8 +95,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
         fail("{}: tensor '{}': data_offsets [{}, {}] out of range (data block is {} bytes)", path, name, begin, end,
              data_size);
       }
-      size_t expected = numel * dtype_size(t.dtype);
-      if (end - begin != expected) {
+      size_t expected = 0;
+      if (__builtin_mul_overflow(numel, dtype_size(t.dtype), &expected) || end - begin != expected) {
         fail("{}: tensor '{}': {} bytes stored but shape {} of {} needs {}", path, name, end - begin, shape.dump(), dt,
              expected);
       }
@@ -109,12 +109,21 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     std::vector<size_t> order(ranges.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ranges[a] < ranges[b]; });
-    for (size_t i = 1; i < order.size(); ++i) {
-      auto& prev = ranges[order[i - 1]];
-      auto& cur = ranges[order[i]];
-      if (cur.first < prev.second && cur.first != cur.second && prev.first != prev.second) {
-        fail("{}: tensors '{}' and '{}' overlap (bytes [{}, {}) and [{}, {}))", path, range_names[order[i - 1]],
-             range_names[order[i]], prev.first, prev.second, cur.first, cur.second);
+    // Sorted by start, a non-empty range overlaps an earlier one iff it starts before the furthest end so far
+    // (empty ranges hold no bytes and are skipped, so they cannot hide an overlap).
+    size_t furthest = 0;
+    const std::pair<size_t, size_t>* furthest_range = nullptr;
+    for (size_t i : order) {
+      const auto& cur = ranges[i];
+      if (cur.first == cur.second) continue;
+      if (furthest_range && cur.first < furthest) {
+        fail("{}: tensors '{}' and '{}' overlap (bytes [{}, {}) and [{}, {}))", path,
+             range_names[size_t(furthest_range - ranges.data())], range_names[i], furthest_range->first,
+             furthest_range->second, cur.first, cur.second);
+      }
+      if (cur.second > furthest) {
+        furthest = cur.second;
+        furthest_range = &cur;
       }
     }
   } catch (...) {

@@ -1,0 +1,379 @@
+#include "loader/inspect.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "loader/config.h"
+#include "loader/manifest.h"
+#include "loader/memory_plan.h"
+#include "loader/quant.h"
+#include "loader/safetensors.h"
+#include "loader/tensor_plan.h"
+#include "ple/ngram_hash.h"
+
+namespace flashnext {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+bool is_float(DType t) {
+  return t == DType::BF16 || t == DType::F16 || t == DType::F32;
+}
+
+json component_object(const ComponentTotals& v) {
+  json o = json::object();
+  for (int i = 0; i < kNumComponents; ++i) o[component_name(Component(i))] = v[i];
+  return o;
+}
+
+int64_t language_model_total(const ComponentTotals& v) {
+  int64_t n = 0;
+  for (int i = 0; i < kNumComponents; ++i) {
+    if (Component(i) != Component::Mtp && Component(i) != Component::Vision) n += v[i];
+  }
+  return n;
+}
+
+// The quantization_config of the document (top level, or inside text_config), summarised; null when absent.
+json quantization_config_summary(const json& doc) {
+  const json* q = nullptr;
+  if (auto it = doc.find("quantization_config"); it != doc.end() && it->is_object()) q = &*it;
+  if (auto t = doc.find("text_config"); !q && t != doc.end() && t->is_object()) {
+    if (auto it = t->find("quantization_config"); it != t->end() && it->is_object()) q = &*it;
+  }
+  if (!q) return nullptr;
+  json out = json::object();
+  for (const char* k :
+       {"quant_method", "quant_algo", "format", "activation_scheme", "weight_block_size", "bits", "group_size"}) {
+    if (auto it = q->find(k); it != q->end()) out[k] = *it;
+  }
+  return out;
+}
+
+}  // namespace
+
+json inspect_model(const std::string& path, const InspectOptions& opt) {
+  if (opt.tp < 1) fail("inspect: --tp must be >= 1, got {}", opt.tp);
+  if (opt.context < 0) fail("inspect: --context must be >= 1, got {}", opt.context);
+  if (!fs::exists(path)) fail("{}: no such file or directory (expected a model folder or a config.json)", path);
+  const bool folder = fs::is_directory(path);
+  const ModelConfig cfg = load_config(path);
+  json doc;
+  {
+    std::ifstream in(cfg.source);
+    doc = json::parse(in);  // load_config has parsed it already
+  }
+
+  json r = json::object();
+  r["source"] = path;
+  r["config"] = cfg.source;
+  r["has_weights"] = folder;
+  r["model_type"] = cfg.model_type;
+  r["architecture"] = cfg.architecture;
+  r["dims"] = {
+      {"vocab_size", cfg.vocab_size},
+      {"hidden_size", cfg.hidden_size},
+      {"hc_count", cfg.hc_count},
+      {"hc_lowrank", cfg.hc_lowrank},
+      {"max_position_embeddings", cfg.max_position_embeddings},
+      {"num_attention_heads", cfg.num_attention_heads},
+      {"num_key_value_heads", cfg.num_key_value_heads},
+      {"head_dim", cfg.head_dim},
+      {"rotary_dim", cfg.rotary_dim()},
+      {"rope_theta", cfg.rope.theta},
+      {"indexer_n_heads", cfg.indexer_n_heads},
+      {"indexer_head_dim", cfg.indexer_head_dim},
+      {"indexer_budget", cfg.indexer_budget},
+      {"indexer_compress_ratio", cfg.indexer_compress_ratio},
+      {"linear_num_key_heads", cfg.linear_num_key_heads},
+      {"linear_num_value_heads", cfg.linear_num_value_heads},
+      {"linear_key_head_dim", cfg.linear_key_head_dim},
+      {"linear_value_head_dim", cfg.linear_value_head_dim},
+      {"linear_conv_kernel_dim", cfg.linear_conv_kernel_dim},
+      {"output_gate_type", cfg.output_gate_type},
+      {"num_experts", cfg.num_experts},
+      {"num_experts_per_tok", cfg.num_experts_per_tok},
+      {"moe_intermediate_size", cfg.moe_intermediate_size},
+      {"shared_expert_intermediate_size", cfg.shared_expert_intermediate_size},
+      {"norm_topk_prob", cfg.norm_topk_prob},
+      {"tie_word_embeddings", cfg.tie_word_embeddings},
+      {"mtp_num_hidden_layers", cfg.mtp_num_hidden_layers},
+      {"has_vision", cfg.has_vision},
+  };
+
+  // Per-layer plan.
+  r["num_layers"] = cfg.num_hidden_layers;
+  json types = json::array(), layers = json::array(), ple_layers = json::array(), qsa = json::array(),
+       gdn = json::array();
+  for (int64_t L = 0; L < cfg.num_hidden_layers; ++L) {
+    const LayerKind k = cfg.layer_types[size_t(L)];
+    const bool ple = cfg.ple_index_of_layer(L) >= 0;
+    types.push_back(layer_kind_name(k));
+    layers.push_back({{"index", L}, {"type", layer_kind_name(k)}, {"ple", ple}});
+    (k == LayerKind::QSA ? qsa : gdn).push_back(L);
+    if (ple) ple_layers.push_back(L);
+  }
+  r["layer_types"] = types;
+  r["layers"] = layers;
+  r["qsa_layers"] = qsa;
+  r["gdn_layers"] = gdn;
+  r["ple_layers"] = ple_layers;
+
+  // PLE hash parameters (lists concatenated over PLE layers in order).
+  int64_t ple_rows = 0;
+  json moduli = json::array(), offsets = json::array(), mults = json::array(), per_layer = json::array();
+  for (int i = 0; i < int(cfg.ple_layer_ids.size()); ++i) {
+    const NgramHashParams hp = ngram_hash_params(cfg, i);
+    ple_rows += hp.rows;
+    for (auto v : hp.moduli) moduli.push_back(v);
+    for (auto v : hp.offsets) offsets.push_back(v);
+    for (auto v : hp.multipliers) mults.push_back(v);
+    per_layer.push_back({{"layer", cfg.ple_layer_ids[size_t(i)] - 1},
+                         {"rows", hp.rows},
+                         {"rows_used", hp.rows_used},
+                         {"moduli", hp.moduli},
+                         {"offsets", hp.offsets},
+                         {"multipliers", hp.multipliers}});
+  }
+  r["ple_rows"] = ple_rows;
+  r["ple_head_dim"] = cfg.ple_layer_ids.empty() ? 0 : cfg.ple_head_dim();
+  r["ple_head_moduli"] = moduli;
+  r["ple_head_offsets"] = offsets;
+  r["ple_multipliers"] = mults;
+  r["ple_detail"] = per_layer;
+  r["ple_split_ngram_parts"] = cfg.split_ngram_parts;
+
+  // Parameters from the config.
+  ComponentTotals params{};
+  for (const ExpectedTensor& e : expected_tensors(cfg)) params[int(e.component)] += e.numel();
+  for (const ExpectedTensor& e : expected_mtp_tensors(cfg)) params[int(Component::Mtp)] += e.numel();
+  const json* vision_cfg = nullptr;
+  if (auto it = doc.find("vision_config"); cfg.model_type == "qwen4_exp" && it != doc.end() && !it->is_null()) {
+    vision_cfg = &*it;
+    params[int(Component::Vision)] = vision_param_count(parse_vision_geometry(*it, cfg.source));
+  }
+
+  // Weight bytes: from the stored tensors for a folder, else estimated from the config's dtype.
+  ComponentTotals bytes{};
+  json quant = json::object();
+  quant["config"] = quantization_config_summary(doc);
+  if (folder) {
+    const Checkpoint ck(path);
+    const WeightManifest m = WeightManifest::build(cfg, ck);
+    ComponentTotals elements{};
+    json companions = json::object(), qdtypes = json::object();
+    auto count = [&](const ManifestEntry& e) {
+      elements[int(e.component)] += e.view.numel();
+      bytes[int(e.component)] += int64_t(e.view.nbytes);
+      if (auto s = quant_companion_suffix(e.name); !s.empty()) {
+        companions[s] = companions.value(s, 0) + 1;
+      } else if (!is_float(e.view.dtype) && e.view.dtype != DType::I64) {
+        const std::string d(dtype_name(e.view.dtype));
+        qdtypes[d] = qdtypes.value(d, 0) + 1;
+      }
+    };
+    for (const auto& [name, e] : m.entries()) {
+      if (name == "lm_head.weight" && e.source != "lm_head.weight") continue;  // tied alias
+      count(e);
+    }
+    for (const ManifestEntry& e : m.extra()) count(e);
+    json by_dtype = json::object();
+    int64_t file_bytes = 0, tensors = 0;
+    for (const auto& f : ck.files()) file_bytes += int64_t(f->file_size());
+    for (const auto& [name, t] : ck.tensors()) {
+      const std::string d(dtype_name(t->dtype));
+      by_dtype[d] = by_dtype.value(d, int64_t(0)) + int64_t(t->nbytes);
+      ++tensors;
+    }
+    const int64_t lm_elements = language_model_total(elements), lm_params = language_model_total(params);
+    if (!m.quantized() && lm_elements != lm_params) {
+      fail(
+          "{}: the language-model tensors hold {} elements but the config implies {} (internal inconsistency of "
+          "the weight manifest)",
+          path, lm_elements, lm_params);
+    }
+    r["stored"] = {{"files", ck.files().size()},
+                   {"file_bytes", file_bytes},
+                   {"tensors", tensors},
+                   {"bytes_by_dtype", by_dtype},
+                   {"bytes_by_component", component_object(bytes)},
+                   {"elements_by_component", component_object(elements)},
+                   {"language_model_elements", lm_elements},
+                   {"params_match_config", m.quantized() ? json("not checked: quantized checkpoint") : json(true)}};
+    quant["quantized"] = m.quantized();
+    quant["quantized_weight_dtypes"] = qdtypes;
+    quant["companions"] = companions;
+    // Storage format of each quantized component, validated against the declared quantization (loader/quant.h).
+    quant["formats"] = QuantScheme::build(read_quant_config(path), cfg, m).summary();
+    // MTP and vision as stored (the vision tower geometry of a folder is the one its tensors have).
+    params[int(Component::Mtp)] = elements[int(Component::Mtp)];
+    params[int(Component::Vision)] = elements[int(Component::Vision)];
+  } else {
+    std::string dtype = "bfloat16";
+    for (const json* o : {&doc, doc.contains("text_config") ? &doc["text_config"] : &doc}) {
+      for (const char* k : {"torch_dtype", "dtype"}) {
+        if (auto it = o->find(k); it != o->end() && it->is_string()) dtype = it->get<std::string>();
+      }
+    }
+    const int64_t wb = torch_dtype_bytes(dtype, cfg.source + ": dtype");
+    const int64_t tb = cfg.ple_embedding_dtype.empty()
+                           ? wb
+                           : torch_dtype_bytes(cfg.ple_embedding_dtype, cfg.source + ": ple_embedding_dtype");
+    for (int i = 0; i < kNumComponents; ++i) {
+      const Component c = Component(i);
+      bytes[i] = params[i] * (c == Component::PleTable ? tb : c == Component::PleHashBuffers ? 8 : wb);
+    }
+    quant["quantized"] = nullptr;  // unknown without the tensors
+  }
+  if (cfg.tie_word_embeddings) params[int(Component::LmHead)] = 0;  // shares embed_tokens
+  json pj = component_object(params);
+  pj["language_model"] = language_model_total(params);
+  pj["total"] = language_model_total(params) + params[int(Component::Mtp)] + params[int(Component::Vision)];
+  r["params"] = pj;
+  r["vision_from_config"] = vision_cfg != nullptr && !folder;
+  r["quantization"] = quant;
+
+  // Memory plan.
+  const StatePlan one = state_plan(cfg, 1, opt.kv_bytes), per_gpu = state_plan(cfg, opt.tp, opt.kv_bytes);
+  const int64_t context = opt.context ? opt.context : cfg.max_position_embeddings;
+  const int64_t weights_gpu = weight_bytes_per_gpu(bytes, opt.tp);
+  r["kv_bytes_per_token"] = one.kv_bytes_per_token;
+  r["indexer_bytes_per_token"] = one.indexer_bytes_per_token;
+  r["gdn_state_bytes_per_sequence"] = one.gdn_state_bytes_per_sequence;
+  r["gdn_conv_state_bytes_per_sequence"] = one.gdn_conv_state_bytes_per_sequence;
+  r["ple_state_bytes_per_sequence"] = one.ple_state_bytes_per_sequence;
+  r["memory"] = {
+      {"tp", opt.tp},
+      {"context", context},
+      {"weights_from", folder ? "checkpoint" : "config (unquantized dtype)"},
+      {"weight_bytes_by_component", component_object(bytes)},
+      {"weight_bytes_per_gpu", weights_gpu},
+      {"ple_table_bytes_host", bytes[int(Component::PleTable)] + bytes[int(Component::PleHashBuffers)]},
+      {"kv_bytes_per_token_per_gpu", per_gpu.kv_bytes_per_token},
+      {"indexer_bytes_per_token_per_gpu", per_gpu.indexer_bytes_per_token},
+      {"gdn_state_bytes_per_sequence_per_gpu", per_gpu.gdn_state_bytes_per_sequence},
+      {"gdn_conv_state_bytes_per_sequence_per_gpu", per_gpu.gdn_conv_state_bytes_per_sequence},
+      {"ple_state_bytes_per_sequence_per_gpu", per_gpu.ple_state_bytes_per_sequence},
+      {"sequence_bytes_per_gpu", per_gpu.bytes_at_context(context)},
+      {"total_bytes_per_gpu", weights_gpu + per_gpu.bytes_at_context(context)},
+  };
+  return r;
+}
+
+namespace {
+
+std::string human_bytes(int64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = double(b);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  return u == 0 ? fmt::format("{} B", b) : fmt::format("{:.2f} {}", v, units[u]);
+}
+
+std::string grouped(int64_t n) {
+  std::string s = std::to_string(n < 0 ? -n : n), out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i && (s.size() - i) % 3 == 0) out += ',';
+    out += s[i];
+  }
+  return n < 0 ? "-" + out : out;
+}
+
+}  // namespace
+
+std::string format_inspect(const json& r) {
+  std::ostringstream o;
+  const json& d = r["dims"];
+  o << fmt::format("{} ({}{})\n", r["source"].get<std::string>(), r["model_type"].get<std::string>(),
+                   r["architecture"].get<std::string>().empty() ? "" : ", " + r["architecture"].get<std::string>());
+  o << fmt::format("  vocab {}, hidden {}, {} hyper-connection streams (rank {}), max positions {}\n",
+                   d["vocab_size"].get<int64_t>(), d["hidden_size"].get<int64_t>(), d["hc_count"].get<int64_t>(),
+                   d["hc_lowrank"].get<int64_t>(), d["max_position_embeddings"].get<int64_t>());
+  o << fmt::format(
+      "  QSA: {} heads / {} KV heads x {}, rotary dim {}, indexer {} heads x {}, budget {} in blocks of {}\n",
+      d["num_attention_heads"].get<int64_t>(), d["num_key_value_heads"].get<int64_t>(), d["head_dim"].get<int64_t>(),
+      d["rotary_dim"].get<int64_t>(), d["indexer_n_heads"].get<int64_t>(), d["indexer_head_dim"].get<int64_t>(),
+      d["indexer_budget"].get<int64_t>(), d["indexer_compress_ratio"].get<int64_t>());
+  o << fmt::format("  GDN: {} key heads x {}, {} value heads x {}, conv {}, gate {}\n",
+                   d["linear_num_key_heads"].get<int64_t>(), d["linear_key_head_dim"].get<int64_t>(),
+                   d["linear_num_value_heads"].get<int64_t>(), d["linear_value_head_dim"].get<int64_t>(),
+                   d["linear_conv_kernel_dim"].get<int64_t>(), d["output_gate_type"].get<std::string>());
+  o << fmt::format("  MoE: {} experts, top-{}, width {}, shared expert width {}; MTP layers {}; vision {}\n",
+                   d["num_experts"].get<int64_t>(), d["num_experts_per_tok"].get<int64_t>(),
+                   d["moe_intermediate_size"].get<int64_t>(), d["shared_expert_intermediate_size"].get<int64_t>(),
+                   d["mtp_num_hidden_layers"].get<int64_t>(), d["has_vision"].get<bool>() ? "yes" : "no");
+
+  o << fmt::format("\nLayers ({}):\n", r["num_layers"].get<int64_t>());
+  for (const auto& l : r["layers"]) {
+    o << fmt::format("  {:>3}  {}{}\n", l["index"].get<int64_t>(), l["type"] == "qsa" ? "QSA" : "GDN",
+                     l["ple"].get<bool>() ? "  + PLE" : "");
+  }
+  for (const auto& p : r["ple_detail"]) {
+    o << fmt::format("PLE on layer {}: {} table rows ({} addressed) x {}, moduli [{}], multipliers [{}]\n",
+                     p["layer"].get<int64_t>(), grouped(p["rows"].get<int64_t>()),
+                     grouped(p["rows_used"].get<int64_t>()), r["ple_head_dim"].get<int64_t>(),
+                     fmt::join(p["moduli"].get<std::vector<int64_t>>(), ", "),
+                     fmt::join(p["multipliers"].get<std::vector<int64_t>>(), ", "));
+  }
+
+  o << "\nParameters:\n";
+  for (int i = 0; i < kNumComponents; ++i) {
+    const char* k = component_name(Component(i));
+    o << fmt::format("  {:<18} {:>20}\n", k, grouped(r["params"][k].get<int64_t>()));
+  }
+  o << fmt::format("  {:<18} {:>20}\n  {:<18} {:>20}\n", "language_model",
+                   grouped(r["params"]["language_model"].get<int64_t>()), "total",
+                   grouped(r["params"]["total"].get<int64_t>()));
+
+  if (r.contains("stored")) {
+    const json& s = r["stored"];
+    o << fmt::format("\nCheckpoint: {} files, {} tensors, {}\n", s["files"].get<int64_t>(), s["tensors"].get<int64_t>(),
+                     human_bytes(s["file_bytes"].get<int64_t>()));
+    for (const auto& [k, v] : s["bytes_by_dtype"].items()) {
+      o << fmt::format("  {:<8} {:>20}  ({})\n", k, grouped(v.get<int64_t>()), human_bytes(v.get<int64_t>()));
+    }
+    o << fmt::format("  language-model elements match the config: {}\n",
+                     s["params_match_config"].is_boolean() ? "yes" : s["params_match_config"].get<std::string>());
+  }
+  const json& q = r["quantization"];
+  o << fmt::format("Quantization: config {}, found {}\n", q["config"].is_null() ? "none" : q["config"].dump(),
+                   q["quantized"].is_null() ? "unknown (no weights)"
+                   : q["quantized"].get<bool>()
+                       ? fmt::format("weights {} with {}", q["quantized_weight_dtypes"].dump(), q["companions"].dump())
+                       : "none");
+  if (q.contains("formats")) {
+    for (const auto& [component, by_format] : q["formats"].items()) {
+      for (const auto& [format, n] : by_format.items()) {
+        o << fmt::format("  {:<18} {} ({} tensors)\n", component, format, n.get<int64_t>());
+      }
+    }
+  }
+
+  const json& m = r["memory"];
+  o << fmt::format("\nMemory plan (TP {}, context {} tokens, weights from {}):\n", m["tp"].get<int64_t>(),
+                   m["context"].get<int64_t>(), m["weights_from"].get<std::string>());
+  auto line = [&](const char* what, int64_t b) {
+    o << fmt::format("  {:<44} {:>18}  ({})\n", what, grouped(b), human_bytes(b));
+  };
+  line("weights per GPU", m["weight_bytes_per_gpu"].get<int64_t>());
+  line("PLE table on the host", m["ple_table_bytes_host"].get<int64_t>());
+  line("KV per token (whole model)", r["kv_bytes_per_token"].get<int64_t>());
+  line("indexer keys per token (whole model)", r["indexer_bytes_per_token"].get<int64_t>());
+  line("GDN recurrent state per sequence", r["gdn_state_bytes_per_sequence"].get<int64_t>());
+  line("GDN conv state per sequence", r["gdn_conv_state_bytes_per_sequence"].get<int64_t>());
+  line("PLE state per sequence", r["ple_state_bytes_per_sequence"].get<int64_t>());
+  line("KV + indexer per token per GPU",
+       m["kv_bytes_per_token_per_gpu"].get<int64_t>() + m["indexer_bytes_per_token_per_gpu"].get<int64_t>());
+  line("one sequence at the context, per GPU", m["sequence_bytes_per_gpu"].get<int64_t>());
+  line("total per GPU", m["total_bytes_per_gpu"].get<int64_t>());
+  return o.str();
+}
+
+}  // namespace flashnext

@@ -1,0 +1,172 @@
+// Quantized checkpoints: the declared quantization (config.json `quantization_config`, ModelOpt's
+// hf_quant_config.json), the storage format of every quantized weight of a WeightManifest, and exact dequantization
+// to float32 (the CPU oracle every GPU repacking is tested against).
+//
+// Formats (docs ARTIFACTS.md 3; N = output rows, K = input columns of a logical [N, K] weight):
+//   NVFP4, ModelOpt   `weight` U8 [N, K/2]: two E2M1 codes per byte, element 2j in the low nibble, 2j+1 in the high;
+//                     `weight_scale` F8_E4M3 [N, K/16] (linear, not swizzled); `weight_scale_2` F32 scalar;
+//                     `input_scale` F32 scalar (activations, unused by W4A16).
+//                     w = (e2m1(code) * e4m3(weight_scale[n, k/16])) * weight_scale_2
+//   NVFP4, compressed-tensors (`nvfp4-pack-quantized`)  the same codes and block scales in `weight_packed` /
+//                     `weight_scale`, with `weight_global_scale` F32 = 1 / weight_scale_2 (a divisor):
+//                     w = (e2m1(code) * e4m3(weight_scale[n, k/16])) / weight_global_scale
+//   FP8 block (quant_method `fp8`)  `weight` F8_E4M3 [N, K]; `weight_scale_inv` BF16/F16/F32
+//                     [ceil(N/bn), ceil(K/bk)] (the last block of a dimension may be partial):
+//                     w = e4m3(weight[n, k]) * weight_scale_inv[n/bn, k/bk]
+//   INT4 compressed-tensors (`pack-quantized`)  `weight_packed` I32 [N, K/8], element k at bits 4*(k%8) of word
+//                     k/8, stored +8 (unsigned); `weight_scale` [N, ceil(K/g)]; asymmetric groups add
+//                     `weight_zero_point` I32 [ceil(N/8), ceil(K/g)] packed the same way along dim 0 (row n at bits
+//                     4*(n%8) of word row n/8, +8); `weight_shape` I64 [2] = [N, K].
+//                     w = ((nibble - 8) - (zp_nibble - 8)) * weight_scale[n, k/g]   (zp term 0 when symmetric)
+//   INT4 GPTQ         `qweight` I32 [K/8, N] (element k at bits 4*(k%8) of word row k/8); `qzeros` I32
+//                     [ceil(K/g), N/8] (output n at bits 4*(n%8)); `scales` F16 [ceil(K/g), N]; `g_idx` I32 [K].
+//                     w = (nibble - z) * scales[k/g, n], z = zero nibble + 1 (checkpoint_format `gptq`, v1) or the
+//                     zero nibble (`gptq_v2`). Only g_idx[k] == k/g (desc_act false) is supported.
+//   PLE table, FP8    `ngram_embedding.shard_K.weight` F8_E4M3 rows, one BF16 `ngram_embedding.weight_scale` [1]:
+//                     row value = e4m3 * weight_scale.
+// Every product above is exact in float32 except the final multiply by weight_scale_2 (one rounding) and the
+// compressed-tensors NVFP4 division (one rounding). (compressed-tensors' own decompressor rounds int4 products to
+// the scale's dtype; transformers' Fp8Dequantize derives the block from the scale grid, which differs from
+// n/bn only for partial blocks of a multi-block dimension, absent from the released shapes.)
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "loader/config.h"
+#include "loader/manifest.h"
+#include "loader/safetensors.h"
+
+namespace flashnext {
+
+/// How one weight is stored.
+enum class QuantFormat : uint8_t {
+  None,      ///< BF16 / F16 / F32
+  Nvfp4,     ///< ModelOpt NVFP4 (weight_scale_2 multiplier)
+  CtNvfp4,   ///< compressed-tensors nvfp4-pack-quantized (weight_global_scale divisor)
+  Fp8Block,  ///< FP8 E4M3 with block weight_scale_inv
+  CtInt4,    ///< compressed-tensors pack-quantized int4, symmetric or with packed zero points
+  Gptq,      ///< GPTQ int4 (qweight / qzeros / scales / g_idx)
+};
+
+/// A short name for reports and messages ("nvfp4-modelopt", "fp8-block", "int4-gptq", ...).
+const char* quant_format_name(QuantFormat f);
+
+/// E2M1 (FP4) code -> float: bit 3 is the sign, bits 0-2 index the magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6}.
+float e2m1_to_float(uint8_t code);
+
+/// One compressed-tensors config group (`config_groups.<name>`), its `weights` arguments.
+struct CtGroup {
+  std::string name;
+  std::vector<std::string> targets;  ///< "Linear" (class) or "re:<regex>" (module names)
+  std::string format;                ///< the group's own format, else the config's
+  int64_t num_bits = 0;
+  std::string type;        ///< "int" or "float"
+  std::string strategy;    ///< "group", "channel", "tensor_group", ...
+  int64_t group_size = 0;  ///< 0 for channel (one group spans K)
+  bool symmetric = true;
+};
+
+/// One GPTQModel `dynamic` rule: a module-name regex (Python re.match) that excludes modules (`-:`) or overrides
+/// bits / group_size (`+:` or a bare pattern). An exclusion that matches wins over every override, and among
+/// overrides the first in key order applies (JSON objects are read sorted, so file order is not kept).
+struct GptqRule {
+  std::string pattern;
+  bool exclude = false;
+  int64_t bits = 0, group_size = 0;  ///< 0: not overridden
+};
+
+/// The quantization a checkpoint declares. Built by read_quant_config; `method` empty means "none declared".
+struct QuantConfig {
+  std::string source;  ///< file(s) it was read from, for messages
+  std::string method;  ///< quant_method: "modelopt", "fp8", "compressed-tensors" or "gptq"
+
+  // modelopt
+  std::string algo;                                                   ///< "NVFP4" or "MIXED_PRECISION"
+  std::vector<std::pair<std::string, std::string>> quantized_layers;  ///< MIXED_PRECISION: module -> quant_algo
+  std::vector<std::string> exclude_modules;                           ///< ModelOpt `exclude_modules` / `ignore`
+  // NVFP4 block (16) or GPTQ group size (-1 or 0 in the config: one group spans K, stored as 0)
+  int64_t group_size = 0;
+  // fp8
+  int64_t block_rows = 0, block_cols = 0;  ///< weight_block_size
+  // compressed-tensors
+  std::string ct_format;  ///< top-level `format`
+  std::vector<CtGroup> ct_groups;
+  // gptq
+  int64_t bits = 0;
+  bool desc_act = false;
+  bool gptq_v2 = false;  ///< checkpoint_format "gptq_v2": zero points stored without the v1 "-1"
+  std::vector<GptqRule> gptq_dynamic;
+};
+
+/// Parses the quantization of a model folder: `quantization_config` of config.json (top level, else inside
+/// text_config) and, when present, hf_quant_config.json (ModelOpt; its `quantization` block wins, and a quant_algo
+/// that disagrees with config.json is an error). Throws Error naming the file and field for an unknown
+/// quant_method, quant_algo, compressed-tensors format or group, unsupported options (GPTQ bits other than 4, FP8
+/// without weight_block_size, a non-null kv_cache_quant_algo, activation ordering in compressed-tensors) and fields
+/// of the wrong type. Returns an empty QuantConfig when nothing is declared.
+QuantConfig read_quant_config(const std::string& model_dir);
+
+/// Parses already-read documents (`hf_quant` may be null); `source` names them in messages.
+QuantConfig parse_quant_config(const nlohmann::json& config, const nlohmann::json& hf_quant, const std::string& source);
+
+/// One quantized weight: its format, geometry and the checkpoint tensors holding it.
+struct QuantizedWeight {
+  QuantFormat format = QuantFormat::None;
+  std::string name;                          ///< logical weight name, e.g. "layers.0.mlp.experts.3.gate_proj.weight"
+  int64_t rows = 0, cols = 0;                ///< logical [N, K]
+  int64_t group = 0;                         ///< inputs per scale: 16 (NVFP4) or the int4 group size (0: all of K)
+  int64_t block_rows = 0, block_cols = 0;    ///< FP8 block (bn, bk)
+  bool gptq_v2 = false;                      ///< GPTQ zero points without the v1 offset
+  const TensorView* data = nullptr;          ///< weight / weight_packed / qweight
+  const TensorView* scale = nullptr;         ///< weight_scale / weight_scale_inv / scales
+  const TensorView* global_scale = nullptr;  ///< weight_scale_2 / weight_global_scale (NVFP4)
+  const TensorView* zero_point = nullptr;    ///< weight_zero_point / qzeros; null when symmetric (compressed-tensors)
+  const TensorView* g_idx = nullptr;         ///< GPTQ g_idx, optional
+  const TensorView* shape = nullptr;         ///< compressed-tensors weight_shape, optional
+};
+
+/// Checks dtypes and shapes of every tensor of `w` against its format; throws Error naming the tensor, its file, the
+/// shape or dtype found and the one expected (also for a missing scale, a GPTQ g_idx that is not k / group, a
+/// compressed-tensors weight_shape that disagrees with [rows, cols]).
+void validate_quantized_weight(const QuantizedWeight& w);
+
+/// The exact float32 values of `w` as a row-major [rows, cols] array (validates first).
+std::vector<float> dequantize(const QuantizedWeight& w);
+
+/// One FP8 PLE table shard [rows, dim] times the table's scalar `weight_scale` (BF16/F16/F32, one element), exact,
+/// as row-major float32. Throws Error naming the tensors for a non-FP8 shard or a scale that is not one element.
+std::vector<float> dequantize_ple_shard(const TensorView& shard, const TensorView& weight_scale);
+
+/// The quantization of one checkpoint: every quantized language-model weight of a manifest, matched against the
+/// declared QuantConfig.
+class QuantScheme {
+ public:
+  /// Finds every weight of `m` stored in a non-float form (or as packed companions without a `.weight`), decides
+  /// its format from the tensors present, checks that `cfg` declares that format for the module (ModelOpt
+  /// MIXED_PRECISION: its `quantized_layers` entry; compressed-tensors: a config group whose targets match) and
+  /// takes the format's parameters from `cfg`, then validates every tensor (validate_quantized_weight). Throws
+  /// Error naming the tensor for: a quantized weight without a declared quantization, a format the config does not
+  /// declare, companions of two formats on one weight (or quantization companions on a float weight), FP8 weights
+  /// with per-tensor or per-channel `weight_scale` (not supported), and every validation failure.
+  /// Logical shapes come from `model` (loader/tensor_plan.h).
+  static QuantScheme build(const QuantConfig& cfg, const ModelConfig& model, const WeightManifest& m);
+
+  /// The quantized weight `name` (logical `....weight`), or nullptr when it is stored as a float tensor.
+  const QuantizedWeight* find(const std::string& name) const;
+  const std::map<std::string, QuantizedWeight>& weights() const { return weights_; }
+  /// Number of quantized weights by component and format, e.g. {routed_experts: {nvfp4-modelopt: 192}}; the PLE
+  /// table is listed as `fp8-scalar` per shard when stored in FP8.
+  std::map<std::string, std::map<std::string, int64_t>> summary() const { return summary_; }
+
+ private:
+  std::map<std::string, QuantizedWeight> weights_;
+  std::map<std::string, std::map<std::string, int64_t>> summary_;
+};
+
+}  // namespace flashnext
