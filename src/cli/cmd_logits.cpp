@@ -1,8 +1,9 @@
-// `flashnext logits --model DIR --ids 1,2,3 --out FILE.npy [--chunk C] [--greedy N] [--threads N]`: runs the
-// prompt through the float32 CPU model and writes the next-token logits of every prompt position as a float32
-// [T, vocab] .npy file. The prompt is prefilled in chunks of C tokens (default: all at once). With --greedy N it
-// then decodes N tokens one at a time (argmax, first index on ties, as torch.argmax) and prints
-// `greedy: <id>,<id>,...` on stdout. Timing goes to stderr.
+// `flashnext logits --model DIR --ids 1,2,3 --out FILE.npy [--chunk C] [--greedy N] [--threads N] [--device cpu|cuda]
+// [--warmup]`: runs the prompt through the model (float32 CPU oracle by default, or the CUDA backend) and writes the
+// next-token logits of every prompt position as a float32 [T, vocab] .npy file. The prompt is prefilled in chunks
+// of C tokens (default: all at once). With --greedy N it then decodes N tokens one at a time (argmax, first index on
+// ties, as torch.argmax) and prints `greedy: <id>,<id>,...` on stdout. Timing goes to stderr; --warmup first runs
+// the prompt once untimed (first-use costs such as GPU module loading stay out of the figures).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -12,6 +13,7 @@
 #include <memory>
 
 #include "cli/cli.h"
+#include "cli/device.h"
 #include "core/error.h"
 #include "core/npy.h"
 #include "model/qwen4_exp/model.h"
@@ -25,6 +27,8 @@ struct LogitsArgs {
   int64_t chunk = 0;
   int greedy = 0;
   int threads = 0;
+  std::string device = "cpu";
+  bool warmup = false;
 };
 
 // "1,2, 3" -> {1, 2, 3}; anything else is an error naming the bad entry.
@@ -59,11 +63,18 @@ int run(const LogitsArgs& a) {
   if (ids.empty()) fail("--ids: the prompt is empty: give at least one token id");
   if (a.chunk < 0) fail("--chunk must be >= 1 (or 0 for the whole prompt), got {}", a.chunk);
   if (a.greedy < 0) fail("--greedy must be >= 0, got {}", a.greedy);
-  auto model = Model::load(a.model, ModelOptions{nullptr, a.threads});
+  auto model = Model::load(a.model, ModelOptions{cli::make_backend(a.device, a.threads), a.threads});
   const int64_t T = int64_t(ids.size()), V = model->config().vocab_size;
   const int64_t chunk = a.chunk > 0 ? a.chunk : T;
 
   using clock = std::chrono::steady_clock;
+  if (a.warmup) {
+    SequenceState warm = model->new_sequence();
+    for (int64_t start = 0; start < T; start += chunk) {
+      const int64_t n = std::min(chunk, T - start);
+      model->forward(warm, std::span<const int32_t>(ids.data() + start, size_t(n)), LogitsMode::Last);
+    }
+  }
   SequenceState seq = model->new_sequence();
   std::vector<float> logits;
   logits.reserve(size_t(T * V));
@@ -99,7 +110,7 @@ int run(const LogitsArgs& a) {
 
 }  // namespace
 
-FLASHNEXT_SUBCOMMAND(logits, "logits", "Write the float32 next-token logits of a prompt to a .npy file (CPU oracle)",
+FLASHNEXT_SUBCOMMAND(logits, "logits", "Write the float32 next-token logits of a prompt to a .npy file",
                      [](CLI::App& sub) -> std::function<int()> {
                        auto a = std::make_shared<LogitsArgs>();
                        sub.add_option("--model", a->model, "model folder (config.json + safetensors)")->required();
@@ -108,5 +119,8 @@ FLASHNEXT_SUBCOMMAND(logits, "logits", "Write the float32 next-token logits of a
                        sub.add_option("--chunk", a->chunk, "prefill chunk size in tokens (default: whole prompt)");
                        sub.add_option("--greedy", a->greedy, "then decode N greedy tokens and print them");
                        sub.add_option("--threads", a->threads, "CPU threads (default: all cores)");
+                       sub.add_option("--device", a->device, "cpu (default: the float32 oracle) or cuda")
+                           ->check(CLI::IsMember({"cpu", "cuda"}));
+                       sub.add_flag("--warmup", a->warmup, "run the prompt once untimed before the timed prefill");
                        return [a] { return run(*a); };
                      });

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "loader/quant.h"
 
 namespace flashnext {
 
@@ -10,10 +11,19 @@ namespace {
 
 struct Loader {
   const WeightManifest& manifest;
+  const QuantScheme& quant;
   Ops& ops;
 
-  /// The logical tensor `name` as a backend weight, optionally reshaped (same element count).
+  /// The logical tensor `name` as a backend weight, optionally reshaped (same element count). A quantized weight
+  /// is dequantized exactly to float32 first (loader/quant.h).
   Tensor get(const std::string& name, Shape shape = {}) const {
+    if (const QuantizedWeight* q = quant.find(name)) {
+      if (shape.empty()) shape = {q->rows, q->cols};
+      FN_CHECK(shape_numel(shape) == q->rows * q->cols, "{}: quantized weight '{}' [{}, {}] cannot be used as [{}]",
+               q->data->file, name, q->rows, q->cols, fmt::join(shape, ", "));
+      const std::vector<float> w = dequantize(*q);
+      return ops.load_weight(w.data(), DType::F32, shape);
+    }
     const TensorView& v = manifest.get(name);
     if (v.dtype != DType::BF16 && v.dtype != DType::F16 && v.dtype != DType::F32) {
       fail("{}: tensor '{}' is {}: only BF16, F16 and F32 weights can be run so far", v.file, v.name,
@@ -22,7 +32,11 @@ struct Loader {
     if (shape.empty()) shape = v.shape;
     FN_CHECK(shape_numel(shape) == v.numel(), "{}: tensor '{}' {} cannot be used as [{}]", v.file, v.name,
              v.shape_str(), fmt::join(shape, ", "));
-    return ops.load_weight(v.data, v.dtype, shape);
+    try {
+      return ops.load_weight(v.data, v.dtype, shape);
+    } catch (const Error& e) {
+      fail("{}: tensor '{}': {}", v.file, v.name, e.what());  // the backend's reason, with the tensor's name
+    }
   }
   Tensor get_if(const std::string& name) const { return manifest.find(name) ? get(name) : Tensor(); }
 
@@ -33,11 +47,13 @@ struct Loader {
     return w;
   }
 
-  /// Per-expert [rows, cols] tensors `experts.E.<proj>.weight` stacked into [E, rows, cols].
+  /// Per-expert [rows, cols] tensors `experts.E.<proj>.weight` stacked into [E, rows, cols] (in the backend's weight
+  /// dtype, that of the first expert).
   Tensor stacked(const std::string& p, const char* proj, int64_t E, int64_t rows, int64_t cols) const {
-    Tensor out = ops.empty({E, rows, cols});
+    Tensor out;
     for (int64_t e = 0; e < E; ++e) {
       Tensor one = get(fmt::format("{}.experts.{}.{}.weight", p, e, proj), {1, rows, cols});
+      if (e == 0) out = ops.empty({E, rows, cols}, one.dtype());
       ops.copy_rows(one, 0, out, e, 1);
     }
     return out;
@@ -48,12 +64,13 @@ struct Loader {
 
 ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest,
                           std::shared_ptr<const Checkpoint> checkpoint, Ops& ops) {
-  FN_CHECK(!manifest.quantized(), "{}: quantized checkpoints are not supported by this engine yet", cfg.source);
-  Loader ld{manifest, ops};
+  const QuantScheme quant = QuantScheme::build(read_quant_config(checkpoint->dir()), cfg, manifest);
+  Loader ld{manifest, quant, ops};
   ModelWeights w;
   const int64_t H = cfg.hidden_size, W = cfg.hc_width();
   w.embed_tokens = ld.get("embed_tokens.weight");
-  w.lm_head = manifest.find("lm_head.weight") ? ld.get("lm_head.weight") : w.embed_tokens;
+  w.lm_head = manifest.find("lm_head.weight") || quant.find("lm_head.weight") ? ld.get("lm_head.weight")
+                                                                              : w.embed_tokens;
   w.mixer = ld.hc("hyper_connection_mixer", false);
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
     const std::string p = fmt::format("layers.{}", l);
@@ -111,13 +128,21 @@ ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest
         const TensorView& v = s->view;
         FN_CHECK(v.shape.size() == 2 && v.shape[1] == pw.table.head_dim, "{}: PLE shard '{}' {} must have {} columns",
                  v.file, s->source, v.shape_str(), pw.table.head_dim);
-        pw.table.shards.push_back(ops.map_host_table(v.data, v.dtype, v.shape, checkpoint));
+        try {
+          if (const ManifestEntry* scale = manifest.find(e + ".ple_embedding.ngram_embedding.weight_scale")) {
+            // FP8 table: dequantized exactly to a float32 host copy (4x the FP8 bytes; the CPU oracle's choice).
+            auto rows = std::make_shared<const std::vector<float>>(dequantize_ple_shard(v, scale->view));
+            pw.table.shards.push_back(ops.map_host_table(rows->data(), DType::F32, v.shape, rows));
+          } else {
+            pw.table.shards.push_back(ops.map_host_table(v.data, v.dtype, v.shape, checkpoint));
+          }
+        } catch (const Error& e) {
+          fail("{}: PLE shard '{}': {}", v.file, s->source, e.what());
+        }
         pw.table.rows += v.shape[0];
       }
       FN_CHECK(pw.table.rows == pw.hash.rows, "{}: PLE table of layer {} has {} rows, the hash needs {}", cfg.source, l,
                pw.table.rows, pw.hash.rows);
-      FN_CHECK(!manifest.find(e + ".ple_embedding.ngram_embedding.weight_scale"),
-               "{}: layer {}: FP8 PLE tables (with weight_scale) are not supported by this engine yet", cfg.source, l);
       pw.key_proj = ld.get(e + ".key_proj.weight");
       pw.value_proj = ld.get(e + ".value_proj.weight");
       pw.norm_key = ld.get(e + ".norm_key.weight");

@@ -67,7 +67,9 @@ struct ModelWeights {
 };
 
 /// Fills the weights of `cfg` from `manifest` (built over `checkpoint`, which the PLE tables keep alive).
-/// Throws Error for tensors the backend cannot use (e.g. quantized weights or FP8 tables, not supported yet).
+/// Quantized weights (the quantization_config / hf_quant_config.json of checkpoint->dir(), loader/quant.h) and FP8
+/// PLE tables are dequantized exactly to float32 at load. Throws Error for tensors the backend cannot use and for
+/// every quantization error of QuantScheme::build.
 ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest,
                           std::shared_ptr<const Checkpoint> checkpoint, Ops& ops);
 

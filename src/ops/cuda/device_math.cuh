@@ -17,6 +17,18 @@ __device__ __forceinline__ float to_f(float x) {
 __device__ __forceinline__ __half to_h(float x) {
   return __float2half_rn(x);
 }
+/// float -> T for the kernels templated on their activation type (FP16 storage, or FP32 for the ops interface's
+/// float32 activations).
+template <class T>
+__device__ __forceinline__ T from_f(float x);
+template <>
+__device__ __forceinline__ float from_f<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __half from_f<__half>(float x) {
+  return __float2half_rn(x);
+}
 
 __device__ __forceinline__ float sigmoidf_(float x) {
   return 1.f / (1.f + expf(-x));

@@ -1,6 +1,7 @@
 // Gated DeltaNet kernels (MODEL.md "Gated DeltaNet (linear attention) layer"; reference Qwen4ExpTextGatedDeltaNet,
 // causal_conv1d_fn / causal_conv1d_update, torch_recurrent_gated_delta_rule, torch_chunk_gated_delta_rule).
-// FP16 activations, FP32 arithmetic, FP32 recurrent state [slot, nv, dk, dv]; conv state [slot, C, K-1] FP16 holding
+// FP16 activations (the recurrence kernels are templated on the activation type T: FP16, or FP32 for the ops
+// interface), FP32 arithmetic, FP32 recurrent state [slot, nv, dk, dv]; conv state [slot, C, K-1] FP16 holding
 // the last K-1 conv inputs, oldest first. Only SM70 instructions (CUDA cores, shuffles, shared memory).
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/gdn_kernels.h"
@@ -77,7 +78,8 @@ __global__ void gdn_conv_update_kernel(const __half* __restrict__ x, int64_t ldx
 }
 
 // beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias)   (FP32, g <= 0).
-__device__ __forceinline__ void gdn_gates(const __half* a, const __half* b, const float* a_log, const float* dt_bias,
+template <class T>
+__device__ __forceinline__ void gdn_gates(const T* a, const T* b, const float* a_log, const float* dt_bias,
                                           int head, float* beta, float* g) {
   *beta = sigmoidf_(to_f(*b));
   *g = -expf(a_log[head]) * softplusf_(to_f(*a) + dt_bias[head]);
@@ -85,11 +87,12 @@ __device__ __forceinline__ void gdn_gates(const __half* a, const __half* b, cons
 
 // Recurrent step. Block = (sequence, value head, slice of 32 value columns); thread (warp w, lane l) owns column
 // j = 32*slice + l and key rows i = w, w+8, ... of the state S [dk, dv].
+template <class T>
 __global__ void __launch_bounds__(kThreads)
-    gdn_recurrent_kernel(const __half* __restrict__ qkv, int64_t ld_qkv, const __half* __restrict__ a,
-                         const __half* __restrict__ bb, int64_t ld_ab, const float* __restrict__ a_log,
-                         const float* __restrict__ dt_bias, float* __restrict__ state,
-                         const int32_t* __restrict__ slots, GdnDims d, __half* __restrict__ out, int64_t ld_out) {
+    gdn_recurrent_kernel(const T* __restrict__ qkv, int64_t ld_qkv, const T* __restrict__ a, const T* __restrict__ bb,
+                         int64_t ld_ab, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+                         float* __restrict__ state, const int32_t* __restrict__ slots, GdnDims d, T* __restrict__ out,
+                         int64_t ld_out) {
   __shared__ float qs[kGdnMaxDk], ks[kGdnMaxDk];
   __shared__ float part[kThreads / 32][32];
   __shared__ float scratch[32];
@@ -100,7 +103,7 @@ __global__ void __launch_bounds__(kThreads)
   const int slice = blockIdx.x % slices;
   const int kh = head / (d.nv / d.nk);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const __half* row = qkv + int64_t(bidx) * ld_qkv;
+  const T* row = qkv + int64_t(bidx) * ld_qkv;
   float sq = 0.f, sk = 0.f;
   for (int i = threadIdx.x; i < d.dk; i += kThreads) {
     const float q = to_f(row[int64_t(kh) * d.dk + i]), k = to_f(row[int64_t(d.nk + kh) * d.dk + i]);
@@ -150,7 +153,7 @@ __global__ void __launch_bounds__(kThreads)
     o = 0.f;
 #pragma unroll
     for (int w = 0; w < kThreads / 32; ++w) o += part[w][lane];
-    out[int64_t(bidx) * ld_out + int64_t(head) * d.dv + j] = to_h(o);
+    out[int64_t(bidx) * ld_out + int64_t(head) * d.dv + j] = from_f<T>(o);
   }
 }
 
@@ -183,11 +186,12 @@ struct ChunkSmem {
   }
 };
 
+template <class T>
 __global__ void __launch_bounds__(kThreads)
-    gdn_chunked_kernel(const __half* __restrict__ qkv, int64_t ld_qkv, const __half* __restrict__ a,
-                       const __half* __restrict__ bb, int64_t ld_ab, const float* __restrict__ a_log,
-                       const float* __restrict__ dt_bias, float* __restrict__ state, const int32_t* __restrict__ slots,
-                       const int32_t* __restrict__ cu, GdnDims d, __half* __restrict__ out, int64_t ld_out) {
+    gdn_chunked_kernel(const T* __restrict__ qkv, int64_t ld_qkv, const T* __restrict__ a, const T* __restrict__ bb,
+                       int64_t ld_ab, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+                       float* __restrict__ state, const int32_t* __restrict__ slots, const int32_t* __restrict__ cu,
+                       GdnDims d, T* __restrict__ out, int64_t ld_out) {
   extern __shared__ float smem_raw[];
   constexpr int C = kGdnChunk;
   ChunkSmem sm(smem_raw, d.dk);
@@ -213,7 +217,7 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t t = c0 + r;
       float sq = 0.f, sk = 0.f;
       if (r < L) {
-        const __half* row = qkv + t * ld_qkv;
+        const T* row = qkv + t * ld_qkv;
         for (int i = lane; i < d.dk; i += 32) {
           const float q = to_f(row[int64_t(kh) * d.dk + i]), k = to_f(row[int64_t(d.nk + kh) * d.dk + i]);
           sm.Q[r * sm.ld + i] = q;
@@ -293,7 +297,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = 0; i < d.dk; ++i) acc += sm.Q[r * sm.ld + i] * sm.S[i * 32 + lane];
       acc *= sm.eG[r];
       for (int c = 0; c <= r; ++c) acc += sm.M[r * (C + 1) + c] * sm.U[c * 32 + lane];
-      if (j0 + lane < d.dv) out[int64_t(c0 + r) * ld_out + int64_t(head) * d.dv + j0 + lane] = to_h(acc);
+      if (j0 + lane < d.dv) out[int64_t(c0 + r) * ld_out + int64_t(head) * d.dv + j0 + lane] = from_f<T>(acc);
     }
     __syncthreads();
     // (g) state update.
@@ -314,6 +318,17 @@ __global__ void __launch_bounds__(kThreads)
 unsigned grid_for(int64_t n) {
   return unsigned((n + kThreads - 1) / kThreads);
 }
+
+// Both activation types are compiled in every build (NVRTC included, for the SM70 check).
+#define FN_GDN_INSTANTIATE(T)                                                                                      \
+  template __global__ void gdn_recurrent_kernel<T>(const T*, int64_t, const T*, const T*, int64_t, const float*,  \
+                                                   const float*, float*, const int32_t*, GdnDims, T*, int64_t);   \
+  template __global__ void gdn_chunked_kernel<T>(const T*, int64_t, const T*, const T*, int64_t, const float*,    \
+                                                 const float*, float*, const int32_t*, const int32_t*, GdnDims, T*, \
+                                                 int64_t);
+FN_GDN_INSTANTIATE(__half)
+FN_GDN_INSTANTIATE(float)
+#undef FN_GDN_INSTANTIATE
 
 }  // namespace
 
@@ -340,29 +355,59 @@ cudaError_t launch_gdn_conv_update(const __half* x, int64_t ldx, int batch, __ha
   return cudaGetLastError();
 }
 
+namespace {
+template <class T>
+cudaError_t gdn_recurrent_launch(const T* qkv, int64_t ld_qkv, const T* a, const T* b, int64_t ld_ab,
+                                 const float* a_log, const float* dt_bias, float* state, const int32_t* slots,
+                                 int batch, GdnDims dims, T* out, int64_t ld_out, cudaStream_t stream) {
+  if (batch == 0) return cudaSuccess;
+  const unsigned blocks = unsigned(batch) * dims.nv * ((dims.dv + 31) / 32);
+  gdn_recurrent_kernel<T><<<blocks, kThreads, 0, stream>>>(qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots,
+                                                           dims, out, ld_out);
+  return cudaGetLastError();
+}
+
+template <class T>
+cudaError_t gdn_chunked_launch(const T* qkv, int64_t ld_qkv, const T* a, const T* b, int64_t ld_ab, const float* a_log,
+                               const float* dt_bias, float* state, const int32_t* slots, const int32_t* cu,
+                               int num_seqs, GdnDims dims, T* out, int64_t ld_out, cudaStream_t stream) {
+  if (num_seqs == 0) return cudaSuccess;
+  const size_t smem = ChunkSmem::bytes(dims.dk);
+  cudaError_t err =
+      cudaFuncSetAttribute(gdn_chunked_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (err != cudaSuccess) return err;
+  const unsigned blocks = unsigned(num_seqs) * dims.nv * ((dims.dv + 31) / 32);
+  gdn_chunked_kernel<T><<<blocks, kThreads, smem, stream>>>(qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots, cu,
+                                                            dims, out, ld_out);
+  return cudaGetLastError();
+}
+}  // namespace
+
 cudaError_t launch_gdn_recurrent_step(const __half* qkv, int64_t ld_qkv, const __half* a, const __half* b,
                                       int64_t ld_ab, const float* a_log, const float* dt_bias, float* state,
                                       const int32_t* slots, int batch, GdnDims dims, __half* out, int64_t ld_out,
                                       cudaStream_t stream) {
-  if (batch == 0) return cudaSuccess;
-  const unsigned blocks = unsigned(batch) * dims.nv * ((dims.dv + 31) / 32);
-  gdn_recurrent_kernel<<<blocks, kThreads, 0, stream>>>(qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots, dims,
-                                                        out, ld_out);
-  return cudaGetLastError();
+  return gdn_recurrent_launch(qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots, batch, dims, out, ld_out, stream);
+}
+cudaError_t launch_gdn_recurrent_step(const float* qkv, int64_t ld_qkv, const float* a, const float* b, int64_t ld_ab,
+                                      const float* a_log, const float* dt_bias, float* state, const int32_t* slots,
+                                      int batch, GdnDims dims, float* out, int64_t ld_out, cudaStream_t stream) {
+  return gdn_recurrent_launch(qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots, batch, dims, out, ld_out, stream);
 }
 
 cudaError_t launch_gdn_chunked_prefill(const __half* qkv, int64_t ld_qkv, const __half* a, const __half* b,
                                        int64_t ld_ab, const float* a_log, const float* dt_bias, float* state,
                                        const int32_t* slots, const int32_t* cu, int num_seqs, GdnDims dims, __half* out,
                                        int64_t ld_out, cudaStream_t stream) {
-  if (num_seqs == 0) return cudaSuccess;
-  const size_t smem = ChunkSmem::bytes(dims.dk);
-  cudaError_t err = cudaFuncSetAttribute(gdn_chunked_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-  if (err != cudaSuccess) return err;
-  const unsigned blocks = unsigned(num_seqs) * dims.nv * ((dims.dv + 31) / 32);
-  gdn_chunked_kernel<<<blocks, kThreads, smem, stream>>>(qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots, cu,
-                                                         dims, out, ld_out);
-  return cudaGetLastError();
+  return gdn_chunked_launch(qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots, cu, num_seqs, dims, out, ld_out,
+                            stream);
+}
+cudaError_t launch_gdn_chunked_prefill(const float* qkv, int64_t ld_qkv, const float* a, const float* b, int64_t ld_ab,
+                                       const float* a_log, const float* dt_bias, float* state, const int32_t* slots,
+                                       const int32_t* cu, int num_seqs, GdnDims dims, float* out, int64_t ld_out,
+                                       cudaStream_t stream) {
+  return gdn_chunked_launch(qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots, cu, num_seqs, dims, out, ld_out,
+                            stream);
 }
 #endif
 

@@ -34,6 +34,15 @@ cudaError_t launch_gdn_chunked_prefill(const __half* qkv, int64_t ld_qkv, const 
                                        int64_t ld_ab, const float* a_log, const float* dt_bias, float* state,
                                        const int32_t* slots, const int32_t* cu_seqlens, int num_seqs, GdnDims dims,
                                        __half* out, int64_t ld_out, cudaStream_t stream);
+
+// FP32-activation variants of the recurrence (the ops interface's float32 tensors); same kernels.
+cudaError_t launch_gdn_recurrent_step(const float* qkv, int64_t ld_qkv, const float* a, const float* b, int64_t ld_ab,
+                                      const float* a_log, const float* dt_bias, float* state, const int32_t* slots,
+                                      int batch, GdnDims dims, float* out, int64_t ld_out, cudaStream_t stream);
+cudaError_t launch_gdn_chunked_prefill(const float* qkv, int64_t ld_qkv, const float* a, const float* b, int64_t ld_ab,
+                                       const float* a_log, const float* dt_bias, float* state, const int32_t* slots,
+                                       const int32_t* cu_seqlens, int num_seqs, GdnDims dims, float* out,
+                                       int64_t ld_out, cudaStream_t stream);
 #endif
 
 }  // namespace flashnext::cuda::detail

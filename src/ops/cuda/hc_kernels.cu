@@ -11,23 +11,25 @@ constexpr int kThreads = 256;
 // One block per token. Optionally applies a pending inject first (x += w_prev[b] * y_prev, rounded to FP16 and
 // written back), then the grouped ZC-RMSNorm n = x * rsqrt(mean_b(x^2) + eps) * (1 + norm_w) per stream b, and the
 // inject weights w[s] = 2 * sigmoid((W_inject[s] · n) / S) from the FP16-rounded n (as the reference's bf16 n).
-// Launched with 1024 threads for a few tokens (decode) and 256 for many.
+// Launched with 1024 threads for a few tokens (decode) and 256 for many. TX: the residual's type (FP16, or FP32 for
+// the ops interface's float32 residual stream).
+template <class TX>
 __global__ void __launch_bounds__(1024)
-    hc_norm_kernel(__half* __restrict__ x, const __half* __restrict__ y_prev, const float* __restrict__ w_prev,
+    hc_norm_kernel(TX* __restrict__ x, const TX* __restrict__ y_prev, const float* __restrict__ w_prev,
                    const __half* __restrict__ norm_w, const __half* __restrict__ w_inject, __half* __restrict__ n_out,
                    float* __restrict__ inject_out, int streams, int hidden, float eps) {
   __shared__ float scratch[32];
   __shared__ float rstd[kHcMaxStreams];
   const int64_t t = blockIdx.x;
   const int64_t width = int64_t(streams) * hidden;
-  __half* xr = x + t * width;
+  TX* xr = x + t * width;
   for (int b = 0; b < streams; ++b) {
     float ss = 0.f;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
       const int64_t c = int64_t(b) * hidden + i;
       float v = to_f(xr[c]);
       if (y_prev) {
-        __half nv = to_h(v + w_prev[t * streams + b] * to_f(y_prev[t * hidden + i]));
+        TX nv = from_f<TX>(v + w_prev[t * streams + b] * to_f(y_prev[t * hidden + i]));
         xr[c] = nv;
         v = to_f(nv);
       }
@@ -69,7 +71,8 @@ __global__ void hc_act_kernel(const float* __restrict__ d, __half* __restrict__ 
 }
 
 // u[t, i] = mean over streams b of sigmoid(m[t, b*H + i]) * n[t, b*H + i].
-__global__ void hc_mix_kernel(const __half* __restrict__ m, const __half* __restrict__ nrm, __half* __restrict__ u,
+template <class TU>
+__global__ void hc_mix_kernel(const __half* __restrict__ m, const __half* __restrict__ nrm, TU* __restrict__ u,
                               int tokens, int streams, int hidden) {
   const int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (idx >= int64_t(tokens) * hidden) return;
@@ -80,11 +83,12 @@ __global__ void hc_mix_kernel(const __half* __restrict__ m, const __half* __rest
     const int64_t c = base + int64_t(b) * hidden;
     acc += sigmoidf_(to_f(m[c])) * to_f(nrm[c]);
   }
-  u[idx] = to_h(acc / float(streams));
+  u[idx] = from_f<TU>(acc / float(streams));
 }
 
 // x[t, b*H + i] += w[t, b] * y[t, i].
-__global__ void hc_inject_kernel(__half* __restrict__ x, const __half* __restrict__ y, const float* __restrict__ w,
+template <class T>
+__global__ void hc_inject_kernel(T* __restrict__ x, const T* __restrict__ y, const float* __restrict__ w,
                                  int tokens, int streams, int hidden) {
   const int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t width = int64_t(streams) * hidden;
@@ -92,28 +96,69 @@ __global__ void hc_inject_kernel(__half* __restrict__ x, const __half* __restric
   const int64_t t = idx / width, c = idx % width;
   const int b = int(c / hidden);
   const int64_t i = c % hidden;
-  x[idx] = to_h(to_f(x[idx]) + w[t * streams + b] * to_f(y[t * hidden + i]));
+  x[idx] = from_f<T>(to_f(x[idx]) + w[t * streams + b] * to_f(y[t * hidden + i]));
 }
 
 unsigned grid_for(int64_t n) {
   return unsigned((n + kThreads - 1) / kThreads);
 }
 
+// Both activation types are compiled in every build (NVRTC included, for the SM70 check).
+#define FN_HC_INSTANTIATE(T)                                                                                        \
+  template __global__ void hc_norm_kernel<T>(T*, const T*, const float*, const __half*, const __half*, __half*,   \
+                                             float*, int, int, float);                                             \
+  template __global__ void hc_mix_kernel<T>(const __half*, const __half*, T*, int, int, int);                      \
+  template __global__ void hc_inject_kernel<T>(T*, const T*, const float*, int, int, int);
+FN_HC_INSTANTIATE(__half)
+FN_HC_INSTANTIATE(float)
+#undef FN_HC_INSTANTIATE
+
 }  // namespace
 
 #ifndef __CUDACC_RTC__  // host launchers (NVRTC, used by the SM70 check, compiles device code only)
+namespace {
+template <class TX>
+cudaError_t hc_norm_launch(TX* x, const TX* y_prev, const float* w_prev, const __half* norm_w, const __half* w_inject,
+                           __half* n_out, float* inject_out, int tokens, int streams, int hidden, float eps,
+                           cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  if (tokens < 256)
+    hc_norm_kernel<TX><<<tokens, 1024, 0, stream>>>(x, y_prev, w_prev, norm_w, w_inject, n_out, inject_out, streams,
+                                                    hidden, eps);
+  else
+    hc_norm_kernel<TX><<<tokens, 256, 0, stream>>>(x, y_prev, w_prev, norm_w, w_inject, n_out, inject_out, streams,
+                                                   hidden, eps);
+  return cudaGetLastError();
+}
+
+template <class TU>
+cudaError_t hc_mix_launch(const __half* m, const __half* n, TU* u, int tokens, int streams, int hidden,
+                          cudaStream_t stream) {
+  const int64_t total = int64_t(tokens) * hidden;
+  if (total == 0) return cudaSuccess;
+  hc_mix_kernel<TU><<<grid_for(total), kThreads, 0, stream>>>(m, n, u, tokens, streams, hidden);
+  return cudaGetLastError();
+}
+
+template <class T>
+cudaError_t hc_inject_launch(T* x, const T* y, const float* w, int tokens, int streams, int hidden,
+                             cudaStream_t stream) {
+  const int64_t total = int64_t(tokens) * streams * hidden;
+  if (total == 0) return cudaSuccess;
+  hc_inject_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(x, y, w, tokens, streams, hidden);
+  return cudaGetLastError();
+}
+}  // namespace
 
 cudaError_t launch_hc_norm(__half* x, const __half* y_prev, const float* w_prev, const __half* norm_w,
                            const __half* w_inject, __half* n_out, float* inject_out, int tokens, int streams,
                            int hidden, float eps, cudaStream_t stream) {
-  if (tokens == 0) return cudaSuccess;
-  if (tokens < 256)
-    hc_norm_kernel<<<tokens, 1024, 0, stream>>>(x, y_prev, w_prev, norm_w, w_inject, n_out, inject_out, streams, hidden,
-                                                eps);
-  else
-    hc_norm_kernel<<<tokens, 256, 0, stream>>>(x, y_prev, w_prev, norm_w, w_inject, n_out, inject_out, streams, hidden,
-                                               eps);
-  return cudaGetLastError();
+  return hc_norm_launch(x, y_prev, w_prev, norm_w, w_inject, n_out, inject_out, tokens, streams, hidden, eps, stream);
+}
+cudaError_t launch_hc_norm(float* x, const float* y_prev, const float* w_prev, const __half* norm_w,
+                           const __half* w_inject, __half* n_out, float* inject_out, int tokens, int streams,
+                           int hidden, float eps, cudaStream_t stream) {
+  return hc_norm_launch(x, y_prev, w_prev, norm_w, w_inject, n_out, inject_out, tokens, streams, hidden, eps, stream);
 }
 
 cudaError_t launch_hc_act(const float* d, __half* a, int tokens, int rank, int streams, cudaStream_t stream) {
@@ -125,18 +170,20 @@ cudaError_t launch_hc_act(const float* d, __half* a, int tokens, int rank, int s
 
 cudaError_t launch_hc_mix(const __half* m, const __half* n, __half* u, int tokens, int streams, int hidden,
                           cudaStream_t stream) {
-  const int64_t total = int64_t(tokens) * hidden;
-  if (total == 0) return cudaSuccess;
-  hc_mix_kernel<<<grid_for(total), kThreads, 0, stream>>>(m, n, u, tokens, streams, hidden);
-  return cudaGetLastError();
+  return hc_mix_launch(m, n, u, tokens, streams, hidden, stream);
+}
+cudaError_t launch_hc_mix(const __half* m, const __half* n, float* u, int tokens, int streams, int hidden,
+                          cudaStream_t stream) {
+  return hc_mix_launch(m, n, u, tokens, streams, hidden, stream);
 }
 
 cudaError_t launch_hc_inject(__half* x, const __half* y, const float* w, int tokens, int streams, int hidden,
                              cudaStream_t stream) {
-  const int64_t total = int64_t(tokens) * streams * hidden;
-  if (total == 0) return cudaSuccess;
-  hc_inject_kernel<<<grid_for(total), kThreads, 0, stream>>>(x, y, w, tokens, streams, hidden);
-  return cudaGetLastError();
+  return hc_inject_launch(x, y, w, tokens, streams, hidden, stream);
+}
+cudaError_t launch_hc_inject(float* x, const float* y, const float* w, int tokens, int streams, int hidden,
+                             cudaStream_t stream) {
+  return hc_inject_launch(x, y, w, tokens, streams, hidden, stream);
 }
 #endif
 

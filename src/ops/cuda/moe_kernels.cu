@@ -170,9 +170,13 @@ struct TileRegs {
 // Grouped expert GEMM on one (tile of kMoeTileM sorted slots of one expert) x (kBN output columns).
 // GATE_UP: h[row, n] = silu(x · gate_n) * (x · up_n) for n in [n0, n0+kBN), x = u[token of the slot], K = H.
 // DOWN:    ys[row, n] = weight(slot) * (h[row] · down_n), K = I.
+// Weight row n of expert e is w0 + (e * expert_rows + n) * K (gate / down) and w1 + (e * expert_rows + n) * K (up):
+// the fused gate_up_proj [E, 2I, H] is w0 = gate_up, w1 = gate_up + I*H, expert_rows = 2I; separate stacked
+// gate_proj / up_proj [E, I, H] are w0 = gate, w1 = up, expert_rows = I; down_proj [E, H, I] has expert_rows = H.
 template <bool GATE_UP>
 __device__ __forceinline__ void moe_gemm_body(
-    const __half* __restrict__ a_src, int64_t lda, int top_k, const __half* __restrict__ w, int hidden, int inter,
+    const __half* __restrict__ a_src, int64_t lda, int top_k, const __half* __restrict__ w0,
+    const __half* __restrict__ w1, int64_t expert_rows, int hidden, int inter,
     const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted_slots, const float* __restrict__ weights,
     const int32_t* __restrict__ tile_expert, const int32_t* __restrict__ tile_row,
     const int32_t* __restrict__ num_tiles, __half* __restrict__ out) {
@@ -196,10 +200,7 @@ __device__ __forceinline__ void moe_gemm_body(
   for (int i = threadIdx.x; i < NB * kBN; i += kGemmThreads) {
     const int b = i / kBN, n = n0 + i % kBN;
     const __half* p = nullptr;
-    if (n < N) {
-      const int64_t wrow = GATE_UP ? int64_t(e) * 2 * inter + b * inter + n : int64_t(e) * hidden + n;
-      p = w + wrow * K;
-    }
+    if (n < N) p = (b == 0 ? w0 : w1) + (int64_t(e) * expert_rows + n) * K;
     brow[b][i % kBN] = p;
   }
   __syncthreads();
@@ -241,12 +242,13 @@ __device__ __forceinline__ void moe_gemm_body(
 }
 
 __global__ void __launch_bounds__(kGemmThreads)
-    moe_gate_up_kernel(const __half* __restrict__ u, int64_t ldu, int top_k, const __half* __restrict__ w, int hidden,
-                       int inter, const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted_slots,
+    moe_gate_up_kernel(const __half* __restrict__ u, int64_t ldu, int top_k, const __half* __restrict__ w_gate,
+                       const __half* __restrict__ w_up, int64_t expert_rows, int hidden, int inter,
+                       const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted_slots,
                        const int32_t* __restrict__ tile_expert, const int32_t* __restrict__ tile_row,
                        const int32_t* __restrict__ num_tiles, __half* __restrict__ h) {
-  moe_gemm_body<true>(u, ldu, top_k, w, hidden, inter, offsets, sorted_slots, nullptr, tile_expert, tile_row, num_tiles,
-                      h);
+  moe_gemm_body<true>(u, ldu, top_k, w_gate, w_up, expert_rows, hidden, inter, offsets, sorted_slots, nullptr,
+                      tile_expert, tile_row, num_tiles, h);
 }
 
 __global__ void __launch_bounds__(kGemmThreads)
@@ -255,14 +257,16 @@ __global__ void __launch_bounds__(kGemmThreads)
                     const float* __restrict__ weights, const int32_t* __restrict__ tile_expert,
                     const int32_t* __restrict__ tile_row, const int32_t* __restrict__ num_tiles,
                     __half* __restrict__ ys) {
-  moe_gemm_body<false>(h, inter, 1, w, hidden, inter, offsets, sorted_slots, weights, tile_expert, tile_row, num_tiles,
-                       ys);
+  moe_gemm_body<false>(h, inter, 1, w, w, hidden, hidden, inter, offsets, sorted_slots, weights, tile_expert, tile_row,
+                       num_tiles, ys);
 }
 
 // out[t, c] = sum_j ys[row of slot t*k+j, c] (slots in order j) + sigmoid(shared_gate[t]) * shared[t, c].
+// TO: the output type (FP16, or FP32 for the ops interface).
+template <class TO>
 __global__ void moe_combine_kernel(const __half* __restrict__ ys, const int32_t* __restrict__ slot_row, int tokens,
                                    int top_k, int hidden, const __half* __restrict__ shared,
-                                   const float* __restrict__ shared_gate, __half* __restrict__ out, int64_t ldo) {
+                                   const float* __restrict__ shared_gate, TO* __restrict__ out, int64_t ldo) {
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= int64_t(tokens) * hidden) return;
   const int64_t t = idx / hidden, c = idx % hidden;
@@ -272,7 +276,7 @@ __global__ void moe_combine_kernel(const __half* __restrict__ ys, const int32_t*
     if (r >= 0) acc += to_f(ys[int64_t(r) * hidden + c]);
   }
   if (shared) acc += sigmoidf_(shared_gate[t]) * to_f(shared[t * hidden + c]);
-  out[t * ldo + c] = to_h(acc);
+  out[t * ldo + c] = from_f<TO>(acc);
 }
 
 __global__ void silu_mul_kernel(const __half* __restrict__ gate, const __half* __restrict__ up, int64_t ld_in,
@@ -282,6 +286,12 @@ __global__ void silu_mul_kernel(const __half* __restrict__ gate, const __half* _
   const int64_t t = idx / width, c = idx % width;
   out[t * ld_out + c] = to_h(siluf_(to_f(gate[t * ld_in + c])) * to_f(up[t * ld_in + c]));
 }
+
+// Both output types are compiled in every build (NVRTC included, for the SM70 check).
+template __global__ void moe_combine_kernel<__half>(const __half*, const int32_t*, int, int, int, const __half*,
+                                                    const float*, __half*, int64_t);
+template __global__ void moe_combine_kernel<float>(const __half*, const int32_t*, int, int, int, const __half*,
+                                                   const float*, float*, int64_t);
 
 }  // namespace
 
@@ -305,10 +315,18 @@ cudaError_t launch_moe_gate_up(const __half* u, int64_t ldu, int top_k, const __
                                const int32_t* offsets, const int32_t* sorted_slots, const int32_t* tile_expert,
                                const int32_t* tile_row, const int32_t* num_tiles, int max_tiles, __half* h,
                                cudaStream_t stream) {
+  return launch_moe_gate_up_split(u, ldu, top_k, gate_up, gate_up + int64_t(inter) * hidden, 2 * int64_t(inter), hidden,
+                                  inter, offsets, sorted_slots, tile_expert, tile_row, num_tiles, max_tiles, h, stream);
+}
+
+cudaError_t launch_moe_gate_up_split(const __half* u, int64_t ldu, int top_k, const __half* gate, const __half* up,
+                                     int64_t expert_rows, int hidden, int inter, const int32_t* offsets,
+                                     const int32_t* sorted_slots, const int32_t* tile_expert, const int32_t* tile_row,
+                                     const int32_t* num_tiles, int max_tiles, __half* h, cudaStream_t stream) {
   if (max_tiles == 0) return cudaSuccess;
   dim3 grid((inter + kBN - 1) / kBN, max_tiles);
-  moe_gate_up_kernel<<<grid, kGemmThreads, 0, stream>>>(u, ldu, top_k, gate_up, hidden, inter, offsets, sorted_slots,
-                                                        tile_expert, tile_row, num_tiles, h);
+  moe_gate_up_kernel<<<grid, kGemmThreads, 0, stream>>>(u, ldu, top_k, gate, up, expert_rows, hidden, inter, offsets,
+                                                        sorted_slots, tile_expert, tile_row, num_tiles, h);
   return cudaGetLastError();
 }
 
@@ -328,8 +346,18 @@ cudaError_t launch_moe_combine(const __half* ys, const int32_t* slot_row, int to
                                cudaStream_t stream) {
   const int64_t n = int64_t(tokens) * hidden;
   if (n == 0) return cudaSuccess;
-  moe_combine_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(ys, slot_row, tokens, top_k, hidden, shared,
-                                                                    shared_gate, out, ldo);
+  moe_combine_kernel<__half><<<unsigned((n + 255) / 256), 256, 0, stream>>>(ys, slot_row, tokens, top_k, hidden, shared,
+                                                                            shared_gate, out, ldo);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_moe_combine(const __half* ys, const int32_t* slot_row, int tokens, int top_k, int hidden,
+                               const __half* shared, const float* shared_gate, float* out, int64_t ldo,
+                               cudaStream_t stream) {
+  const int64_t n = int64_t(tokens) * hidden;
+  if (n == 0) return cudaSuccess;
+  moe_combine_kernel<float><<<unsigned((n + 255) / 256), 256, 0, stream>>>(ys, slot_row, tokens, top_k, hidden, shared,
+                                                                           shared_gate, out, ldo);
   return cudaGetLastError();
 }
 

@@ -31,6 +31,16 @@ cudaError_t launch_moe_down(const __half* h, const __half* down, int hidden, int
 cudaError_t launch_moe_combine(const __half* ys, const int32_t* slot_row, int tokens, int top_k, int hidden,
                                const __half* shared, const float* shared_gate, __half* out, int64_t ldo,
                                cudaStream_t stream);
+// Gate/up GEMM over separately stacked gate_proj / up_proj [E, I, H] (expert_rows = I), or any two weight arrays
+// whose expert e, row n starts at (e * expert_rows + n) * H elements (launch_moe_gate_up: the fused layout).
+cudaError_t launch_moe_gate_up_split(const __half* u, int64_t ldu, int top_k, const __half* gate, const __half* up,
+                                     int64_t expert_rows, int hidden, int inter, const int32_t* offsets,
+                                     const int32_t* sorted_slots, const int32_t* tile_expert, const int32_t* tile_row,
+                                     const int32_t* num_tiles, int max_tiles, __half* h, cudaStream_t stream);
+/// FP32-output combine (the ops interface's float32 MoE output); same kernel.
+cudaError_t launch_moe_combine(const __half* ys, const int32_t* slot_row, int tokens, int top_k, int hidden,
+                               const __half* shared, const float* shared_gate, float* out, int64_t ldo,
+                               cudaStream_t stream);
 cudaError_t launch_silu_mul(const __half* gate, const __half* up, int64_t ld_in, __half* out, int64_t ld_out,
                             int tokens, int width, cudaStream_t stream);
 #endif

@@ -21,33 +21,35 @@ __device__ __forceinline__ float fp8e4m3_to_float(uint8_t v) {
   return __uint_as_float(__float_as_uint(mag) | sign);
 }
 
-// One warp per (token, head): out[t, h*row_dim ..] = decode(table[rows[t, h]]).
+// One warp per (token, head): out[t, h*row_dim ..] = decode(table[rows[t, h]]). TO: the output type (FP16, or
+// FP32 for the ops interface).
+template <class TO>
 __global__ void ple_gather_kernel(const void* const* __restrict__ shards, int num_shards, int64_t rows_per_shard,
                                   int64_t total_rows, int table_type, float scale, int row_dim,
-                                  const int64_t* __restrict__ rows, int tokens, int heads, __half* __restrict__ out,
+                                  const int64_t* __restrict__ rows, int tokens, int heads, TO* __restrict__ out,
                                   int32_t* status) {
   const int64_t item = (int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (item >= int64_t(tokens) * heads) return;
   const int64_t row = rows[item];
-  __half* o = out + item * row_dim;
+  TO* o = out + item * row_dim;
   const int64_t shard = row >= 0 ? row / rows_per_shard : -1;
   if (row < 0 || row >= total_rows || shard >= num_shards) {
     if (lane == 0 && status) atomicOr(status, 1);
-    for (int d = lane; d < row_dim; d += 32) o[d] = to_h(0.f);
+    for (int d = lane; d < row_dim; d += 32) o[d] = from_f<TO>(0.f);
     return;
   }
   const int64_t local = row - shard * rows_per_shard;
   if (table_type == kPleF8E4M3) {
     const uint8_t* src = static_cast<const uint8_t*>(shards[shard]) + local * row_dim;
-    for (int d = lane; d < row_dim; d += 32) o[d] = to_h(fp8e4m3_to_float(src[d]) * scale);
+    for (int d = lane; d < row_dim; d += 32) o[d] = from_f<TO>(fp8e4m3_to_float(src[d]) * scale);
   } else {
     const uint16_t* src = static_cast<const uint16_t*>(shards[shard]) + local * row_dim;
     for (int d = lane; d < row_dim; d += 32) {
       const uint16_t bits = src[d];
       const float v =
           table_type == kPleBF16 ? __uint_as_float(uint32_t(bits) << 16) : __half2float(__ushort_as_half(bits));
-      o[d] = to_h(v * scale);
+      o[d] = from_f<TO>(v * scale);
     }
   }
 }
@@ -154,6 +156,12 @@ __global__ void ple_conv_state_kernel(const __half* __restrict__ pn, const int32
   for (int j = 0; j < tail; ++j) st[int64_t(j) * channels + c] = nw[j];
 }
 
+// Both output types are compiled in every build (NVRTC included, for the SM70 check).
+template __global__ void ple_gather_kernel<__half>(const void* const*, int, int64_t, int64_t, int, float, int,
+                                                   const int64_t*, int, int, __half*, int32_t*);
+template __global__ void ple_gather_kernel<float>(const void* const*, int, int64_t, int64_t, int, float, int,
+                                                  const int64_t*, int, int, float*, int32_t*);
+
 }  // namespace
 
 #ifndef __CUDACC_RTC__  // host launchers (NVRTC, used by the SM70 check, compiles device code only)
@@ -162,7 +170,17 @@ cudaError_t launch_ple_gather(const void* const* shards, int num_shards, int64_t
                               __half* out, int32_t* status, cudaStream_t stream) {
   const int64_t items = int64_t(tokens) * heads;
   if (items == 0) return cudaSuccess;
-  ple_gather_kernel<<<unsigned((items * 32 + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+  ple_gather_kernel<__half><<<unsigned((items * 32 + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      shards, num_shards, rows_per_shard, total_rows, table_type, scale, row_dim, rows, tokens, heads, out, status);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_ple_gather(const void* const* shards, int num_shards, int64_t rows_per_shard, int64_t total_rows,
+                              int table_type, float scale, int row_dim, const int64_t* rows, int tokens, int heads,
+                              float* out, int32_t* status, cudaStream_t stream) {
+  const int64_t items = int64_t(tokens) * heads;
+  if (items == 0) return cudaSuccess;
+  ple_gather_kernel<float><<<unsigned((items * 32 + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
       shards, num_shards, rows_per_shard, total_rows, table_type, scale, row_dim, rows, tokens, heads, out, status);
   return cudaGetLastError();
 }

@@ -19,6 +19,10 @@ constexpr int kPleMaxConvTail = 32;  // (kernel-1)*dilation
 cudaError_t launch_ple_gather(const void* const* shards, int num_shards, int64_t rows_per_shard, int64_t total_rows,
                               int table_type, float scale, int row_dim, const int64_t* rows, int tokens, int heads,
                               __half* out, int32_t* status, cudaStream_t stream);
+// FP32-output gather (the ops interface's float32 n-gram embedding); same kernel.
+cudaError_t launch_ple_gather(const void* const* shards, int num_shards, int64_t rows_per_shard, int64_t total_rows,
+                              int table_type, float scale, int row_dim, const int64_t* rows, int tokens, int heads,
+                              float* out, int32_t* status, cudaStream_t stream);
 cudaError_t launch_ple_gate(const __half* key, const __half* value, const __half* x, const __half* w_key,
                             const __half* w_query, const __half* w_conv, int tokens, int streams, int hidden, float eps,
                             __half* p, __half* pn, cudaStream_t stream);

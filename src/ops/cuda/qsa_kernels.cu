@@ -277,14 +277,16 @@ __global__ void qsa_select_kernel(const float* __restrict__ scores, int64_t lds,
 
 // Sparse attention over the selected tokens. Block = (query token, KV head g, split of the selected list); the
 // group's G = heads/kv_heads query heads share each K/V row read. Online softmax over tiles of kTile tokens.
-// splits == 1: writes o * sigmoid(gate) in FP16; otherwise (m, l, acc[dim]) partials for qsa_combine_kernel.
+// splits == 1: writes o * sigmoid(gate) as T; otherwise (m, l, acc[dim]) partials for qsa_combine_kernel.
+// T: the type of q, the caches, the gate and the output (FP16, or FP32 for the ops interface).
+template <class T>
 __global__ void __launch_bounds__(kThreads)
-    qsa_attention_kernel(const __half* __restrict__ q, int64_t ldq, const int32_t* __restrict__ tok_seq,
+    qsa_attention_kernel(const T* __restrict__ q, int64_t ldq, const int32_t* __restrict__ tok_seq,
                          const int32_t* __restrict__ tok_pos, const int32_t* __restrict__ selected, int64_t ld_sel,
-                         const int32_t* __restrict__ counts, QsaPaging pg, const __half* __restrict__ k_cache,
-                         const __half* __restrict__ v_cache, int heads, int kv_heads, int dim, int splits,
-                         int split_len, const __half* __restrict__ gate, int64_t ld_gate, int64_t gate_hs,
-                         float* __restrict__ partial, __half* __restrict__ out, int64_t ldo, int32_t* status) {
+                         const int32_t* __restrict__ counts, QsaPaging pg, const T* __restrict__ k_cache,
+                         const T* __restrict__ v_cache, int heads, int kv_heads, int dim, int splits, int split_len,
+                         const T* __restrict__ gate, int64_t ld_gate, int64_t gate_hs, float* __restrict__ partial,
+                         T* __restrict__ out, int64_t ldo, int32_t* status) {
   __shared__ float qs[kQsaMaxGroup * kQsaMaxDim];
   __shared__ float s[kQsaMaxGroup][kTile];
   __shared__ int64_t rows[kTile];
@@ -381,7 +383,7 @@ __global__ void __launch_bounds__(kThreads)
     if (splits == 1) {
       float o = l_s[h] > 0.f ? acc[h] / l_s[h] : 0.f;
       if (gate) o *= sigmoidf_(to_f(gate[int64_t(t) * ld_gate + int64_t(hq) * gate_hs + dd]));
-      out[int64_t(t) * ldo + int64_t(hq) * dim + dd] = to_h(o);
+      out[int64_t(t) * ldo + int64_t(hq) * dim + dd] = from_f<T>(o);
     } else {
       float* pp = partial + ((int64_t(t) * heads + hq) * splits + split) * (dim + 2);
       if (dd == 0) {
@@ -394,9 +396,10 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Merges the split partials of each (token, head) and applies the output gate.
+template <class T>
 __global__ void qsa_combine_kernel(const float* __restrict__ partial, int heads, int dim, int splits,
-                                   const __half* __restrict__ gate, int64_t ld_gate, int64_t gate_hs,
-                                   __half* __restrict__ out, int64_t ldo) {
+                                   const T* __restrict__ gate, int64_t ld_gate, int64_t gate_hs, T* __restrict__ out,
+                                   int64_t ldo) {
   const int t = blockIdx.x / heads, hq = blockIdx.x % heads;
   const float* pp = partial + (int64_t(t) * heads + hq) * splits * (dim + 2);
   const float neg_inf = -__int_as_float(0x7f800000);
@@ -413,9 +416,20 @@ __global__ void qsa_combine_kernel(const float* __restrict__ partial, int heads,
     }
     o = L > 0.f ? o / L : 0.f;
     if (gate) o *= sigmoidf_(to_f(gate[int64_t(t) * ld_gate + int64_t(hq) * gate_hs + d]));
-    out[int64_t(t) * ldo + int64_t(hq) * dim + d] = to_h(o);
+    out[int64_t(t) * ldo + int64_t(hq) * dim + d] = from_f<T>(o);
   }
 }
+
+// Both activation types are compiled in every build (NVRTC included, for the SM70 check).
+#define FN_QSA_INSTANTIATE(T)                                                                                      \
+  template __global__ void qsa_attention_kernel<T>(const T*, int64_t, const int32_t*, const int32_t*,             \
+                                                   const int32_t*, int64_t, const int32_t*, QsaPaging, const T*,  \
+                                                   const T*, int, int, int, int, int, const T*, int64_t, int64_t, \
+                                                   float*, T*, int64_t, int32_t*);                                \
+  template __global__ void qsa_combine_kernel<T>(const float*, int, int, int, const T*, int64_t, int64_t, T*, int64_t);
+FN_QSA_INSTANTIATE(__half)
+FN_QSA_INSTANTIATE(float)
+#undef FN_QSA_INSTANTIATE
 
 }  // namespace
 
@@ -461,21 +475,44 @@ cudaError_t launch_qsa_select(const float* scores, int64_t lds, const int32_t* t
   return cudaGetLastError();
 }
 
+namespace {
+template <class T>
+cudaError_t qsa_attention_launch(const T* q, int64_t ldq, const int32_t* tok_seq, const int32_t* tok_pos,
+                                 const int32_t* selected, int64_t ld_sel, const int32_t* counts, int tokens,
+                                 QsaPaging pg, const T* k_cache, const T* v_cache, int heads, int kv_heads, int dim,
+                                 int splits, int split_len, const T* gate, int64_t ld_gate, int64_t gate_head_stride,
+                                 float* partial, T* out, int64_t ldo, int32_t* status, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  dim3 grid(tokens, kv_heads, splits);
+  qsa_attention_kernel<T><<<grid, kThreads, 0, stream>>>(q, ldq, tok_seq, tok_pos, selected, ld_sel, counts, pg,
+                                                         k_cache, v_cache, heads, kv_heads, dim, splits, split_len,
+                                                         gate, ld_gate, gate_head_stride, partial, out, ldo, status);
+  if (splits > 1)
+    qsa_combine_kernel<T><<<tokens * heads, kThreads, 0, stream>>>(partial, heads, dim, splits, gate, ld_gate,
+                                                                   gate_head_stride, out, ldo);
+  return cudaGetLastError();
+}
+}  // namespace
+
 cudaError_t launch_qsa_attention(const __half* q, int64_t ldq, const int32_t* tok_seq, const int32_t* tok_pos,
                                  const int32_t* selected, int64_t ld_sel, const int32_t* counts, int tokens,
                                  QsaPaging pg, const __half* k_cache, const __half* v_cache, int heads, int kv_heads,
                                  int dim, int splits, int split_len, const __half* gate, int64_t ld_gate,
                                  int64_t gate_head_stride, float* partial, __half* out, int64_t ldo, int32_t* status,
                                  cudaStream_t stream) {
-  if (tokens == 0) return cudaSuccess;
-  dim3 grid(tokens, kv_heads, splits);
-  qsa_attention_kernel<<<grid, kThreads, 0, stream>>>(q, ldq, tok_seq, tok_pos, selected, ld_sel, counts, pg, k_cache,
-                                                      v_cache, heads, kv_heads, dim, splits, split_len, gate, ld_gate,
-                                                      gate_head_stride, partial, out, ldo, status);
-  if (splits > 1)
-    qsa_combine_kernel<<<tokens * heads, kThreads, 0, stream>>>(partial, heads, dim, splits, gate, ld_gate,
-                                                                gate_head_stride, out, ldo);
-  return cudaGetLastError();
+  return qsa_attention_launch(q, ldq, tok_seq, tok_pos, selected, ld_sel, counts, tokens, pg, k_cache, v_cache, heads,
+                              kv_heads, dim, splits, split_len, gate, ld_gate, gate_head_stride, partial, out, ldo,
+                              status, stream);
+}
+cudaError_t launch_qsa_attention(const float* q, int64_t ldq, const int32_t* tok_seq, const int32_t* tok_pos,
+                                 const int32_t* selected, int64_t ld_sel, const int32_t* counts, int tokens,
+                                 QsaPaging pg, const float* k_cache, const float* v_cache, int heads, int kv_heads,
+                                 int dim, int splits, int split_len, const float* gate, int64_t ld_gate,
+                                 int64_t gate_head_stride, float* partial, float* out, int64_t ldo, int32_t* status,
+                                 cudaStream_t stream) {
+  return qsa_attention_launch(q, ldq, tok_seq, tok_pos, selected, ld_sel, counts, tokens, pg, k_cache, v_cache, heads,
+                              kv_heads, dim, splits, split_len, gate, ld_gate, gate_head_stride, partial, out, ldo,
+                              status, stream);
 }
 #endif
 

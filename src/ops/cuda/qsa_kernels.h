@@ -49,6 +49,13 @@ cudaError_t launch_qsa_attention(const __half* q, int64_t ldq, const int32_t* to
                                  int dim, int splits, int split_len, const __half* gate, int64_t ld_gate,
                                  int64_t gate_head_stride, float* partial, __half* out, int64_t ldo, int32_t* status,
                                  cudaStream_t stream);
+// FP32 variant (q, caches, gate and output float32: the ops interface's tensors); same kernels.
+cudaError_t launch_qsa_attention(const float* q, int64_t ldq, const int32_t* tok_seq, const int32_t* tok_pos,
+                                 const int32_t* selected, int64_t ld_sel, const int32_t* counts, int tokens,
+                                 QsaPaging pg, const float* k_cache, const float* v_cache, int heads, int kv_heads,
+                                 int dim, int splits, int split_len, const float* gate, int64_t ld_gate,
+                                 int64_t gate_head_stride, float* partial, float* out, int64_t ldo, int32_t* status,
+                                 cudaStream_t stream);
 #endif
 
 }  // namespace flashnext::cuda::detail

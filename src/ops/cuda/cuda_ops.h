@@ -1,0 +1,65 @@
+// The CUDA backend of the ops interface (ops/ops.h): every op of the qwen4_exp forward on one GPU, through the
+// SM70-set kernels of src/ops/cuda and cuBLAS.
+//
+// Precision: weights are stored in FP16 (`load_weight` converts BF16/F32 checkpoints and fails, naming the count and
+// the largest magnitude, when a value lies outside the FP16 range; BF16 values convert exactly unless they are
+// below FP16's normal range). Activations at the interface stay float32, as the interface defines them: the
+// residual stream, norm statistics, softmaxes, GDN states, QSA caches, indexer scores and the router are FP32.
+// The inputs of tensor-core products are, by default (ActivationPrecision::Fp16x2), split into two FP16 halves
+// hi = fp16(x), lo = fp16(x - hi) stacked as rows of one GEMM (the weights are read once), which makes every
+// product float32-accurate: needed because near-tied discrete decisions of the model (MoE routing, the QSA indexer's
+// block top-k) flip under plain FP16 activations and move the logits far beyond rounding (tiny-a "long": 0.15 with
+// FP16 rounding at the GEMM inputs, 4e-6 with the split; measured by emulation on the CPU oracle).
+// ActivationPrecision::Fp16 rounds those inputs to FP16 and runs the batched FP16 kernels (WMMA grouped experts,
+// the FP16 hyper-connection path): half the GEMM work in prefill, not reference-exact. The indexer's top-k runs on
+// the host with torch.topk's exact tie behaviour (ops/cpu/topk.h) whenever a query has more complete blocks than its
+// budget, so the selected token sets match the reference whenever the scores' order does.
+//
+// Memory: tensors come from the device's stream-ordered pool (cudaMallocAsync), all work runs on one stream in
+// order, and only `download` waits for it. Index errors that kernels meet (token ids, expert ids, PLE rows, QSA
+// selections) are recorded in a device status word and reported by the next `download` as an Error naming the op.
+// The PLE n-gram tables stay in pinned host memory read by the gather kernel over the host link (an exact-size
+// pinned copy of each shard), or are copied to the GPU: CudaOpsOptions::ple_table.
+//
+// Differences from the CPU oracle's contract: `qsa_indexer_select` returns the chosen positions in the same set but
+// with complete-selection rows (all blocks chosen) in position order, and `sparse_attention` supports only
+// scale = 1/sqrt(head_dim) (what the model uses). Up to float rounding every op computes what ops.h documents.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "ops/ops.h"
+
+namespace flashnext {
+
+/// Where the CUDA backend keeps the PLE n-gram tables (`Ops::map_host_table`).
+enum class PleTablePlacement : uint8_t {
+  Host,    ///< an exact-size pinned host copy per shard, read by the gather kernel through the unified address space
+  Device,  ///< a copy in GPU memory
+};
+
+/// How float32 activations enter the FP16 tensor-core products (see the header comment).
+enum class ActivationPrecision : uint8_t {
+  Fp16x2,  ///< hi + lo FP16 pairs: float32-accurate products (default)
+  Fp16,    ///< rounded to FP16: the batched FP16 kernels, faster prefill, not reference-exact
+};
+
+/// Options of the CUDA backend.
+struct CudaOpsOptions {
+  PleTablePlacement ple_table = PleTablePlacement::Host;
+  ActivationPrecision activations = ActivationPrecision::Fp16x2;
+
+  /// The defaults, overridden by the environment: FLASHNEXT_PLE_TABLE=host|device and
+  /// FLASHNEXT_CUDA_ACTIVATIONS=fp16x2|fp16. Throws Error for another value.
+  static CudaOpsOptions from_env();
+};
+
+/// The CUDA backend on GPU `device` with options from the environment (CudaOpsOptions::from_env()).
+/// Throws Error "no CUDA device found (...)" naming the cudaGetDeviceCount error when the machine has no usable
+/// GPU, and an Error when `device` is not one of the GPUs found.
+std::shared_ptr<Ops> make_cuda_ops(int device = 0);
+/// The same with explicit options.
+std::shared_ptr<Ops> make_cuda_ops(int device, const CudaOpsOptions& options);
+
+}  // namespace flashnext

@@ -1,0 +1,578 @@
+// Kernels of the ops-interface backend (cuda_ops.cpp) that the batched kernel set has no form of: conversions, and
+// float32-activation versions of small ops whose state layout or decomposition follows the ops interface (MODEL.md;
+// the float32 CPU backend src/ops/cpu is the oracle they are tested against). SM70 instructions only.
+#include "ops/cuda/cuda_ops_kernels.h"
+#include "ops/cuda/device_math.cuh"
+
+namespace flashnext::cuda::detail {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxIndexDim = 256;   // indexer head dim (block keys kernel's shared row)
+constexpr int kMaxIndexQuery = 2048;  // indexer heads * head dim held in shared memory by the scores kernel
+
+__global__ void f32_to_f16_kernel(const float* __restrict__ x, __half* __restrict__ y, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
+    y[i] = to_h(x[i]);
+}
+
+__global__ void f16_to_f32_kernel(const __half* __restrict__ x, float* __restrict__ y, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
+    y[i] = to_f(x[i]);
+}
+
+// Converts one checkpoint tensor to FP16 and counts the values FP16 cannot hold (stats[0]) and the largest finite
+// magnitude among the others (stats[1], float bits: unsigned order = float order for non-negative floats).
+__global__ void weight_to_f16_kernel(const void* __restrict__ src, int src_type, __half* __restrict__ dst, int64_t n,
+                                     uint32_t* stats) {
+  uint32_t bad = 0;
+  float mx = 0.f;
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
+    float v;
+    if (src_type == kSrcF16)
+      v = __half2float(static_cast<const __half*>(src)[i]);
+    else if (src_type == kSrcBF16)
+      v = __uint_as_float(uint32_t(static_cast<const uint16_t*>(src)[i]) << 16);
+    else
+      v = static_cast<const float*>(src)[i];
+    const float a = fabsf(v);
+    if (a <= kF16Max)
+      mx = fmaxf(mx, a);
+    else
+      ++bad;  // also NaN (a <= max is false)
+    dst[i] = __float2half_rn(v);
+  }
+  mx = warp_max(mx);
+  const float nbad = warp_sum(float(bad));
+  if ((threadIdx.x & 31) == 0) {
+    if (nbad > 0.f) atomicAdd(&stats[0], uint32_t(nbad));
+    atomicMax(&stats[1], __float_as_uint(mx));
+  }
+}
+
+__global__ void embedding_f32_kernel(const __half* __restrict__ table, int64_t vocab, int hidden,
+                                     const int32_t* __restrict__ ids, int reps, float* __restrict__ out,
+                                     int32_t* status) {
+  const int64_t t = blockIdx.x;
+  const int64_t id = ids[t];
+  const bool ok = id >= 0 && id < vocab;
+  if (!ok && threadIdx.x == 0 && status) atomicOr(status, 1);
+  float* o = out + t * reps * hidden;
+  for (int j = threadIdx.x; j < hidden; j += kThreads) {
+    const float v = ok ? to_f(table[id * hidden + j]) : 0.f;
+    for (int r = 0; r < reps; ++r) o[int64_t(r) * hidden + j] = v;
+  }
+}
+
+__global__ void add_bias_kernel(float* __restrict__ y, const __half* __restrict__ bias, int64_t n, int cols) {
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
+    y[i] += to_f(bias[i % cols]);
+}
+
+// One warp per output element y[t, o].
+__global__ void linear_f32_narrow_kernel(const float* __restrict__ x, const __half* __restrict__ w,
+                                         float* __restrict__ y, int tokens, int in, int out) {
+  const int64_t item = (int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (item >= int64_t(tokens) * out) return;
+  const int64_t t = item / out, o = item % out;
+  const float* xr = x + t * in;
+  const __half* wr = w + o * in;
+  float acc = 0.f;
+  for (int i = lane; i < in; i += 32) acc += xr[i] * to_f(wr[i]);
+  acc = warp_sum(acc);
+  if (lane == 0) y[item] = acc;
+}
+
+__global__ void gated_accumulate_kernel(float* __restrict__ out, const float* __restrict__ s,
+                                        const float* __restrict__ gate_logit, int64_t n, int hidden) {
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
+    out[i] += sigmoidf_(gate_logit[i / hidden]) * s[i];
+}
+
+// y[t, c] = silu(sum_k w[c, k] * in(t - (K-1) + k, c)); in(p) = x[p, c] (p >= 0) or state[(K-1) + p, c].
+__global__ void gdn_conv_f32_kernel(const float* __restrict__ x, float* __restrict__ y,
+                                    const float* __restrict__ state, const __half* __restrict__ w, int tokens,
+                                    int channels, int K) {
+  const int64_t n = int64_t(tokens) * channels;
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
+    const int64_t t = i / channels;
+    const int c = int(i % channels);
+    float acc = 0.f;
+    for (int k = 0; k < K; ++k) {
+      const int64_t p = t - (K - 1) + k;
+      const float v = p >= 0 ? x[p * channels + c] : state[((K - 1) + p) * channels + c];
+      acc += to_f(w[int64_t(c) * K + k]) * v;
+    }
+    y[i] = siluf_(acc);
+  }
+}
+
+// New time-major conv state: the last `ctx` rows of [state; x]. One thread per channel walks the rows in order:
+// row r reads old row tokens + r (> r) before any thread overwrites it, so the update is in place.
+__global__ void conv_state_kernel(const float* __restrict__ x, float* __restrict__ state, int tokens, int channels,
+                                  int ctx) {
+  const int c = blockIdx.x * kThreads + threadIdx.x;
+  if (c >= channels) return;
+  for (int r = 0; r < ctx; ++r) {
+    const int64_t p = int64_t(tokens) - ctx + r;
+    state[int64_t(r) * channels + c] =
+        p >= 0 ? x[p * channels + c] : state[(int64_t(tokens) + r) * channels + c];
+  }
+}
+
+// One block per token: the PLE gate of every stream.
+__global__ void ple_gate_f32_kernel(const float* __restrict__ kn, const float* __restrict__ v,
+                                    const float* __restrict__ x, const __half* __restrict__ norm_query, int streams,
+                                    int hidden, float eps, float* __restrict__ p) {
+  __shared__ float scratch[32];
+  const int64_t t = blockIdx.x, W = int64_t(streams) * hidden;
+  const float inv_sqrt_h = 1.f / sqrtf(float(hidden));
+  for (int b = 0; b < streams; ++b) {
+    const float* xr = x + t * W + int64_t(b) * hidden;
+    const float* kr = kn + t * W + int64_t(b) * hidden;
+    const __half* wr = norm_query + int64_t(b) * hidden;
+    float ss = 0.f;
+    for (int j = threadIdx.x; j < hidden; j += kThreads) ss += xr[j] * xr[j];
+    const float r = rsqrtf(block_sum(ss, scratch) / float(hidden) + eps);
+    float dot = 0.f;
+    for (int j = threadIdx.x; j < hidden; j += kThreads) dot += kr[j] * ((xr[j] * r) * (1.f + to_f(wr[j])));
+    float s = block_sum(dot, scratch) * inv_sqrt_h;
+    const float sign = s > 0.f ? 1.f : (s < 0.f ? -1.f : 0.f);
+    s = sqrtf(fmaxf(fabsf(s), 1e-6f)) * sign;
+    const float g = sigmoidf_(s);
+    float* pr = p + t * W + int64_t(b) * hidden;
+    for (int j = threadIdx.x; j < hidden; j += kThreads) pr[j] = g * v[t * hidden + j];
+  }
+}
+
+// X[t, c] += P[t, c] + silu(sum_k w[c, k] * n(t - (K-1-k)*d, c)); n(p) = N[p, c] (p >= 0) or state[ctx + p, c].
+__global__ void ple_conv_add_f32_kernel(const float* __restrict__ p, const float* __restrict__ nrm,
+                                        const __half* __restrict__ w, int tokens, int channels, int K, int dilation,
+                                        const float* __restrict__ state, float* __restrict__ x) {
+  const int64_t n = int64_t(tokens) * channels;
+  const int ctx = (K - 1) * dilation;
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
+    const int64_t t = i / channels;
+    const int c = int(i % channels);
+    float acc = 0.f;
+    for (int k = 0; k < K; ++k) {
+      const int64_t q = t - int64_t(K - 1 - k) * dilation;
+      const float v = q >= 0 ? nrm[q * channels + c] : state[(ctx + q) * channels + c];
+      acc += to_f(w[int64_t(c) * K + k]) * v;
+    }
+    x[i] += p[i] + siluf_(acc);
+  }
+}
+
+// One warp per block j: RoPE(ZC-RMSNorm(mean of the block's raw keys; k_norm), position block*j), FP32.
+__global__ void qsa_block_keys_f32_kernel(const float* __restrict__ keys, int blocks, int dim, int block,
+                                          const __half* __restrict__ w, int rotary_dims, float theta, float eps,
+                                          float* __restrict__ bkeys) {
+  __shared__ float buf[kWarps][kMaxIndexDim];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int j = blockIdx.x * kWarps + warp;
+  if (j >= blocks) return;
+  float ss = 0.f;
+  for (int d = lane; d < dim; d += 32) {
+    float m = 0.f;
+    for (int r = 0; r < block; ++r) m += keys[(int64_t(j) * block + r) * dim + d];
+    m /= float(block);
+    buf[warp][d] = m;
+    ss += m * m;
+  }
+  const float rs = rsqrtf(warp_sum(ss) / float(dim) + eps);
+  __syncwarp();
+  for (int d = lane; d < dim; d += 32) buf[warp][d] = (buf[warp][d] * rs) * (1.f + to_f(w[d]));
+  __syncwarp();
+  const int half_r = rotary_dims / 2;
+  for (int d = lane; d < dim; d += 32) {
+    float val = buf[warp][d];
+    if (d < rotary_dims) {
+      const int i = d < half_r ? d : d - half_r;
+      float c, s;
+      rope_cos_sin(i, rotary_dims, theta, int64_t(j) * block, &c, &s);
+      val = d < half_r ? buf[warp][d] * c - buf[warp][d + half_r] * s : buf[warp][d] * c + buf[warp][d - half_r] * s;
+    }
+    bkeys[int64_t(j) * dim + d] = val;
+  }
+}
+
+// One block per query token; a warp per block key.
+__global__ void qsa_block_scores_f32_kernel(const float* __restrict__ qn, int heads, int dim,
+                                            const float* __restrict__ bkeys, int64_t pos0, int block, int t0,
+                                            float* __restrict__ scores, int64_t ld) {
+  __shared__ float qs[kMaxIndexQuery];
+  const int t = t0 + blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t nb = (pos0 + t + 1) / block;
+  const int width = heads * dim;
+  for (int e = threadIdx.x; e < width; e += kThreads) qs[e] = qn[int64_t(t) * width + e];
+  __syncthreads();
+  const float sqrt_d = sqrtf(float(dim));
+  float* out = scores + int64_t(blockIdx.x) * ld;
+  for (int64_t j = warp; j < nb; j += kWarps) {
+    const float* kr = bkeys + j * dim;
+    float acc = 0.f;
+    for (int h = 0; h < heads; ++h) {
+      float dot = 0.f;
+      for (int d = lane; d < dim; d += 32) dot += qs[h * dim + d] * kr[d];
+      acc += fmaxf(warp_sum(dot), 0.f);
+    }
+    if (lane == 0) out[j] = acc / sqrt_d;
+  }
+}
+
+// One block per query token: writes its row of selected positions (see launch_qsa_expand_selection).
+__global__ void qsa_expand_selection_kernel(const int32_t* __restrict__ top, int64_t pos0, int block, int top_blocks,
+                                            int t0, int32_t* __restrict__ selected, int64_t width) {
+  const int t = t0 + blockIdx.x;
+  const int64_t p = pos0 + t, nb = (p + 1) / block;
+  const int64_t k = nb < top_blocks ? nb : top_blocks;
+  int32_t* row = selected + int64_t(t) * width;
+  int64_t used;
+  if (k == nb) {
+    for (int64_t i = threadIdx.x; i <= p; i += kThreads) row[i] = int32_t(i);
+    used = p + 1;
+  } else {
+    const int32_t* tr = top + int64_t(blockIdx.x) * top_blocks;
+    for (int64_t e = threadIdx.x; e < k * block; e += kThreads) row[e] = int32_t(tr[e / block] * int64_t(block) + e % block);
+    const int64_t tail = p + 1 - nb * block;
+    for (int64_t i = threadIdx.x; i < tail; i += kThreads) row[k * block + i] = int32_t(nb * block + i);
+    used = k * block + tail;
+  }
+  for (int64_t i = used + threadIdx.x; i < width; i += kThreads) row[i] = -1;
+}
+
+// One warp per row: stream compaction of the non-negative entries with a ballot per 32 entries.
+__global__ void compact_selection_kernel(const int32_t* __restrict__ selected, int tokens, int n_sel, int64_t rows,
+                                         int32_t* __restrict__ compact, int32_t* __restrict__ counts,
+                                         int32_t* status) {
+  const int t = (blockIdx.x * kThreads + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+  if (t >= tokens) return;
+  const int32_t* in = selected + int64_t(t) * n_sel;
+  int32_t* out = compact + int64_t(t) * n_sel;
+  int base = 0;
+  for (int i0 = 0; i0 < n_sel; i0 += 32) {
+    const int i = i0 + lane;
+    const int32_t v = i < n_sel ? in[i] : -1;
+    const bool keep = v >= 0 && v < rows;
+    if (v >= rows && status) atomicOr(status, 1);
+    const unsigned mask = __ballot_sync(0xffffffffu, keep);
+    if (keep) out[base + __popc(mask & ((1u << lane) - 1u))] = v;
+    base += __popc(mask);
+  }
+  if (lane == 0) counts[t] = base;
+}
+
+__device__ __forceinline__ void split_store(float x, __half* hi, __half* lo) {
+  const __half h = __float2half_rn(x);
+  *hi = h;
+  *lo = __float2half_rn(x - __half2float(h));
+}
+
+__global__ void split_f16x2_kernel(const float* __restrict__ x, __half* __restrict__ x2, int64_t rows, int cols) {
+  const int64_t n = rows * cols;
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
+    split_store(x[i], &x2[i], &x2[n + i]);
+}
+
+__global__ void sum_halves_kernel(const float* __restrict__ y2, float* __restrict__ y, int64_t rows, int cols,
+                                  const __half* __restrict__ bias) {
+  const int64_t n = rows * cols;
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
+    float v = y2[i] + y2[n + i];
+    if (bias) v += to_f(bias[i % cols]);
+    y[i] = v;
+  }
+}
+
+__global__ void silu_scale_f32_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n, float scale) {
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
+    y[i] = siluf_(x[i] * scale);
+}
+
+__global__ void silu_mul_f32_kernel(const float* __restrict__ g, const float* __restrict__ up, float* __restrict__ y,
+                                    int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
+    y[i] = siluf_(g[i]) * up[i];
+}
+
+__global__ void inject_weights_f32_kernel(float* __restrict__ x, int64_t n, float scale) {
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
+    x[i] = 2.f * sigmoidf_(x[i] * scale);
+}
+
+__global__ void hc_mix_f32_kernel(const float* __restrict__ m, const float* __restrict__ nrm, float* __restrict__ u,
+                                  int tokens, int streams, int hidden) {
+  const int64_t n = int64_t(tokens) * hidden;
+  for (int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x; idx < n; idx += int64_t(gridDim.x) * kThreads) {
+    const int64_t t = idx / hidden, i = idx % hidden;
+    const int64_t base = t * streams * int64_t(hidden) + i;
+    float acc = 0.f;
+    for (int b = 0; b < streams; ++b) {
+      const int64_t c = base + int64_t(b) * hidden;
+      acc += sigmoidf_(m[c]) * nrm[c];
+    }
+    u[idx] = acc / float(streams);
+  }
+}
+
+// Rows of sorted slot r in the expert-segmented [2*slots, width] layout: hi row and lo row.
+__device__ __forceinline__ void moe_split_rows(const int32_t* ids, const int32_t* offsets, int32_t slot, int32_t r,
+                                               int64_t* hi, int64_t* lo) {
+  const int e = ids[slot];
+  const int off = offsets[e], n = offsets[e + 1] - off;
+  *hi = 2 * int64_t(off) + (r - off);
+  *lo = *hi + n;
+}
+
+// One block per sorted slot.
+__global__ void moe_gather_f16x2_kernel(const float* __restrict__ u, const int32_t* __restrict__ ids,
+                                        const int32_t* __restrict__ sorted, const int32_t* __restrict__ offsets,
+                                        int top_k, int hidden, __half* __restrict__ x2) {
+  const int r = blockIdx.x;
+  const int32_t s = sorted[r];
+  int64_t hi, lo;
+  moe_split_rows(ids, offsets, s, r, &hi, &lo);
+  const float* src = u + int64_t(s / top_k) * hidden;
+  for (int c = threadIdx.x; c < hidden; c += kThreads) split_store(src[c], &x2[hi * hidden + c], &x2[lo * hidden + c]);
+}
+
+__global__ void moe_act_f16x2_kernel(const float* __restrict__ g2, const float* __restrict__ up2,
+                                     const int32_t* __restrict__ ids, const int32_t* __restrict__ sorted,
+                                     const int32_t* __restrict__ offsets, int inter, __half* __restrict__ a2) {
+  const int r = blockIdx.x;
+  int64_t hi, lo;
+  moe_split_rows(ids, offsets, sorted[r], r, &hi, &lo);
+  for (int c = threadIdx.x; c < inter; c += kThreads) {
+    const float g = g2[hi * inter + c] + g2[lo * inter + c], v = up2[hi * inter + c] + up2[lo * inter + c];
+    split_store(siluf_(g) * v, &a2[hi * inter + c], &a2[lo * inter + c]);
+  }
+}
+
+__global__ void moe_combine_f16x2_kernel(const float* __restrict__ y2, const int32_t* __restrict__ ids,
+                                         const int32_t* __restrict__ slot_row, const int32_t* __restrict__ offsets,
+                                         const float* __restrict__ weights, int tokens, int top_k, int hidden,
+                                         float* __restrict__ out) {
+  const int64_t n = int64_t(tokens) * hidden;
+  for (int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x; idx < n; idx += int64_t(gridDim.x) * kThreads) {
+    const int64_t t = idx / hidden, c = idx % hidden;
+    float acc = 0.f;
+    for (int j = 0; j < top_k; ++j) {
+      const int32_t s = int32_t(t * top_k + j), r = slot_row[s];
+      if (r < 0) continue;
+      int64_t hi, lo;
+      moe_split_rows(ids, offsets, s, r, &hi, &lo);
+      acc += (y2[hi * hidden + c] + y2[lo * hidden + c]) * weights[s];
+    }
+    out[idx] = acc;
+  }
+}
+
+__global__ void fill_i32_kernel(int32_t* __restrict__ p, int64_t n, int32_t value, int32_t step) {
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
+    p[i] = value + int32_t(i) * step;
+}
+
+}  // namespace
+
+#ifndef __CUDACC_RTC__  // host launchers (NVRTC, used by the SM70 check, compiles device code only)
+namespace {
+unsigned grid_for(int64_t n) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  return unsigned(blocks < 65535 * 16 ? (blocks > 0 ? blocks : 1) : 65535 * 16);  // grid-stride loops cover the rest
+}
+}  // namespace
+
+cudaError_t launch_f32_to_f16(const float* x, __half* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  f32_to_f16_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_f16_to_f32(const __half* x, float* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  f16_to_f32_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_weight_to_f16(const void* src, int src_type, __half* dst, int64_t n, uint32_t* stats,
+                                 cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  weight_to_f16_kernel<<<grid_for(n), kThreads, 0, stream>>>(src, src_type, dst, n, stats);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_embedding_f32(const __half* table, int64_t vocab, int hidden, const int32_t* ids, int tokens,
+                                 int reps, float* out, int32_t* status, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  embedding_f32_kernel<<<tokens, kThreads, 0, stream>>>(table, vocab, hidden, ids, reps, out, status);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_add_bias(float* y, const __half* bias, int64_t rows, int cols, cudaStream_t stream) {
+  const int64_t n = rows * cols;
+  if (n == 0) return cudaSuccess;
+  add_bias_kernel<<<grid_for(n), kThreads, 0, stream>>>(y, bias, n, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_linear_f32_narrow(const float* x, const __half* w, float* y, int tokens, int in, int out,
+                                     cudaStream_t stream) {
+  const int64_t items = int64_t(tokens) * out;
+  if (items == 0) return cudaSuccess;
+  linear_f32_narrow_kernel<<<unsigned((items + kWarps - 1) / kWarps), kThreads, 0, stream>>>(x, w, y, tokens, in,
+                                                                                              out);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gated_accumulate(float* out, const float* s, const float* gate_logit, int tokens, int hidden,
+                                    cudaStream_t stream) {
+  const int64_t n = int64_t(tokens) * hidden;
+  if (n == 0) return cudaSuccess;
+  gated_accumulate_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, s, gate_logit, n, hidden);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gdn_conv_f32(const float* x, float* y, float* state, const __half* w, int tokens, int channels,
+                                int kernel, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  gdn_conv_f32_kernel<<<grid_for(int64_t(tokens) * channels), kThreads, 0, stream>>>(x, y, state, w, tokens, channels,
+                                                                                    kernel);
+  if (kernel > 1)
+    conv_state_kernel<<<(channels + kThreads - 1) / kThreads, kThreads, 0, stream>>>(x, state, tokens, channels,
+                                                                                     kernel - 1);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_ple_gate_f32(const float* kn, const float* v, const float* x, const __half* norm_query, int tokens,
+                                int streams, int hidden, float eps, float* p, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  ple_gate_f32_kernel<<<tokens, kThreads, 0, stream>>>(kn, v, x, norm_query, streams, hidden, eps, p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_ple_conv_add_f32(const float* p, const float* n, const __half* w, int tokens, int channels,
+                                    int kernel, int dilation, float* state, float* x, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  ple_conv_add_f32_kernel<<<grid_for(int64_t(tokens) * channels), kThreads, 0, stream>>>(p, n, w, tokens, channels,
+                                                                                        kernel, dilation, state, x);
+  const int ctx = (kernel - 1) * dilation;
+  if (ctx > 0)
+    conv_state_kernel<<<(channels + kThreads - 1) / kThreads, kThreads, 0, stream>>>(n, state, tokens, channels, ctx);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_qsa_block_keys_f32(const float* keys, int blocks, int dim, int block, const __half* k_norm,
+                                      int rotary_dims, float theta, float eps, float* bkeys, cudaStream_t stream) {
+  if (blocks == 0) return cudaSuccess;
+  if (dim > kMaxIndexDim) return cudaErrorInvalidValue;
+  qsa_block_keys_f32_kernel<<<(blocks + kWarps - 1) / kWarps, kThreads, 0, stream>>>(keys, blocks, dim, block, k_norm,
+                                                                                     rotary_dims, theta, eps, bkeys);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_qsa_block_scores_f32(const float* qn, int heads, int dim, const float* bkeys, int64_t pos0,
+                                        int block, int t0, int t1, float* scores, int64_t ld, cudaStream_t stream) {
+  if (t1 <= t0) return cudaSuccess;
+  if (heads * dim > kMaxIndexQuery) return cudaErrorInvalidValue;
+  qsa_block_scores_f32_kernel<<<t1 - t0, kThreads, 0, stream>>>(qn, heads, dim, bkeys, pos0, block, t0, scores, ld);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_qsa_expand_selection(const int32_t* top, int64_t pos0, int block, int top_blocks, int t0, int t1,
+                                        int32_t* selected, int64_t width, cudaStream_t stream) {
+  if (t1 <= t0) return cudaSuccess;
+  qsa_expand_selection_kernel<<<t1 - t0, kThreads, 0, stream>>>(top, pos0, block, top_blocks, t0, selected, width);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_compact_selection(const int32_t* selected, int tokens, int n_sel, int64_t rows, int32_t* compact,
+                                     int32_t* counts, int32_t* status, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  compact_selection_kernel<<<(tokens + kWarps - 1) / kWarps, kThreads, 0, stream>>>(selected, tokens, n_sel, rows,
+                                                                                    compact, counts, status);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_split_f16x2(const float* x, __half* x2, int64_t rows, int cols, cudaStream_t stream) {
+  const int64_t n = rows * cols;
+  if (n == 0) return cudaSuccess;
+  split_f16x2_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, x2, rows, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_sum_halves(const float* y2, float* y, int64_t rows, int cols, const __half* bias,
+                              cudaStream_t stream) {
+  const int64_t n = rows * cols;
+  if (n == 0) return cudaSuccess;
+  sum_halves_kernel<<<grid_for(n), kThreads, 0, stream>>>(y2, y, rows, cols, bias);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_silu_scale_f32(const float* x, float* y, int64_t n, float scale, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  silu_scale_f32_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, y, n, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_silu_mul_f32(const float* g, const float* up, float* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  silu_mul_f32_kernel<<<grid_for(n), kThreads, 0, stream>>>(g, up, y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_inject_weights_f32(float* x, int64_t n, float scale, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  inject_weights_f32_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_hc_mix_f32(const float* m, const float* n, float* u, int tokens, int streams, int hidden,
+                              cudaStream_t stream) {
+  const int64_t total = int64_t(tokens) * hidden;
+  if (total == 0) return cudaSuccess;
+  hc_mix_f32_kernel<<<grid_for(total), kThreads, 0, stream>>>(m, n, u, tokens, streams, hidden);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_moe_gather_f16x2(const float* u, const int32_t* ids, const int32_t* sorted, const int32_t* offsets,
+                                    int slots, int top_k, int hidden, __half* x2, cudaStream_t stream) {
+  if (slots == 0) return cudaSuccess;
+  moe_gather_f16x2_kernel<<<slots, kThreads, 0, stream>>>(u, ids, sorted, offsets, top_k, hidden, x2);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_moe_act_f16x2(const float* g2, const float* up2, const int32_t* ids, const int32_t* sorted,
+                                 const int32_t* offsets, int slots, int inter, __half* a2, cudaStream_t stream) {
+  if (slots == 0) return cudaSuccess;
+  moe_act_f16x2_kernel<<<slots, kThreads, 0, stream>>>(g2, up2, ids, sorted, offsets, inter, a2);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_moe_combine_f16x2(const float* y2, const int32_t* ids, const int32_t* slot_row,
+                                     const int32_t* offsets, const float* weights, int tokens, int top_k, int hidden,
+                                     float* out, cudaStream_t stream) {
+  const int64_t n = int64_t(tokens) * hidden;
+  if (n == 0) return cudaSuccess;
+  moe_combine_f16x2_kernel<<<grid_for(n), kThreads, 0, stream>>>(y2, ids, slot_row, offsets, weights, tokens, top_k,
+                                                                 hidden, out);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_fill_i32(int32_t* p, int64_t n, int32_t value, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  fill_i32_kernel<<<grid_for(n), kThreads, 0, stream>>>(p, n, value, 0);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_iota_i32(int32_t* p, int64_t n, int32_t start, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  fill_i32_kernel<<<grid_for(n), kThreads, 0, stream>>>(p, n, start, 1);
+  return cudaGetLastError();
+}
+#endif
+
+}  // namespace flashnext::cuda::detail

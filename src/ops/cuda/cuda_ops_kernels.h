@@ -1,0 +1,110 @@
+// Launchers for the kernels that only the ops-interface backend (cuda_ops.cpp) needs: dtype conversions, and the
+// float32-activation forms of the small ops whose layout or decomposition differs from the batched kernels (token
+// embedding, GDN causal conv with a time-major state, PLE gate and conv, the QSA indexer's block keys and scores,
+// selection expansion). No argument checks here: cuda_ops.cpp checks the tensors. Kernels are SM70-set and
+// NVRTC-includable like the others (scripts/check-sm70.sh).
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include "ops/cuda/cuda_stdint.h"
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime_api.h>
+#endif
+
+namespace flashnext::cuda::detail {
+
+/// Checkpoint dtypes the weight conversion reads.
+enum WeightSrcType : int32_t { kSrcF16 = 0, kSrcBF16 = 1, kSrcF32 = 2 };
+
+/// Largest finite FP16 value.
+constexpr float kF16Max = 65504.f;
+
+#ifndef __CUDACC_RTC__  // host launchers
+/// y[i] = fp16(x[i]) (round to nearest even) for i < n.
+cudaError_t launch_f32_to_f16(const float* x, __half* y, int64_t n, cudaStream_t stream);
+/// y[i] = float(x[i]).
+cudaError_t launch_f16_to_f32(const __half* x, float* y, int64_t n, cudaStream_t stream);
+/// dst[i] = fp16(src[i]) for a checkpoint tensor of `src_type`; stats[0] += the number of values outside the FP16
+/// range (|x| > 65504, infinities and NaN included), stats[1] = max(stats[1], bits of the largest finite |x|).
+cudaError_t launch_weight_to_f16(const void* src, int src_type, __half* dst, int64_t n, uint32_t* stats,
+                                 cudaStream_t stream);
+/// out[t, r*H + j] = float(table[ids[t], j]) for r < reps; ids outside [0, V) give zeros and set *status.
+cudaError_t launch_embedding_f32(const __half* table, int64_t vocab, int hidden, const int32_t* ids, int tokens,
+                                 int reps, float* out, int32_t* status, cudaStream_t stream);
+/// y[r, c] += bias[c] for r < rows, c < cols.
+cudaError_t launch_add_bias(float* y, const __half* bias, int64_t rows, int cols, cudaStream_t stream);
+/// y[t, o] = sum_i x[t, i] * w[o, i] with FP32 inputs and accumulation over FP16 weights: for the narrow products
+/// that decide discrete choices or gates (MoE router logits, shared_expert_gate). One warp per output.
+cudaError_t launch_linear_f32_narrow(const float* x, const __half* w, float* y, int tokens, int in, int out,
+                                     cudaStream_t stream);
+/// out[t, c] += sigmoid(gate_logit[t]) * s[t, c] (the shared expert's gated add), [T, H] FP32.
+cudaError_t launch_gated_accumulate(float* out, const float* s, const float* gate_logit, int tokens, int hidden,
+                                    cudaStream_t stream);
+/// Causal depthwise conv + SiLU over a chunk: y[t, c] = silu(sum_k w[c, k] * in(t - (K-1) + k, c)) with in(p) =
+/// x[p, c] for p >= 0, else state[(K-1) + p, c]; then state (time-major [K-1, C], oldest first) becomes the last
+/// K-1 inputs. x, y [T, C] FP32 (y must not alias x), w [C, K] FP16.
+cudaError_t launch_gdn_conv_f32(const float* x, float* y, float* state, const __half* w, int tokens, int channels,
+                                int kernel, cudaStream_t stream);
+/// PLE gate per token: qn_b = ZC-RMSNorm(X_b; norm_query_b), s_b = (kn_b . qn_b) / sqrt(H),
+/// s_b = sign(s_b) sqrt(max(|s_b|, 1e-6)), P[:, b] = sigmoid(s_b) * v. kn, X, P [T, S*H], v [T, H].
+cudaError_t launch_ple_gate_f32(const float* kn, const float* v, const float* x, const __half* norm_query, int tokens,
+                                int streams, int hidden, float eps, float* p, cudaStream_t stream);
+/// PLE short conv and residual add: X[t, c] += P[t, c] + silu(sum_k w[c, k] * n(t - (K-1-k)*d, c)) with n(p) =
+/// N[p, c] for p >= 0, else state[ctx + p, c] (ctx = (K-1)*d); then state [ctx, C] becomes the last ctx rows of
+/// [state; N]. N is ZC-RMSNorm(P; norm_conv), computed by the caller.
+cudaError_t launch_ple_conv_add_f32(const float* p, const float* n, const __half* w, int tokens, int channels,
+                                    int kernel, int dilation, float* state, float* x, cudaStream_t stream);
+/// QSA indexer block keys: bkeys[j] = RoPE(ZC-RMSNorm(mean of keys[c*j .. c*j+c-1]; k_norm), position c*j) for
+/// j < blocks, keys [>= c*blocks, Di] raw indexer keys, FP32 throughout (as the reference in float32).
+cudaError_t launch_qsa_block_keys_f32(const float* keys, int blocks, int dim, int block, const __half* k_norm,
+                                      int rotary_dims, float theta, float eps, float* bkeys, cudaStream_t stream);
+/// Block scores of the queries t in [t0, t1): scores[(t - t0) * ld + j] = sum_h relu(qn[t, h] . bkeys[j]) /
+/// sqrt(Di) for j < nb(t) = (pos0 + t + 1) / block (entries beyond are not written). qn [T, heads*Di] already
+/// normed and roped.
+cudaError_t launch_qsa_block_scores_f32(const float* qn, int heads, int dim, const float* bkeys, int64_t pos0,
+                                        int block, int t0, int t1, float* scores, int64_t ld, cudaStream_t stream);
+/// Selection rows of the queries t in [t0, t1) (query position p = pos0 + t, nb = (p+1)/block complete blocks,
+/// k = min(top_blocks, nb)): if k == nb, positions 0..p in order; else the tokens of blocks top[(t - t0) * top_blocks
+/// + i] for i < k (host-chosen, torch.topk order), then the tail block*nb .. p. The rest of the row is -1.
+cudaError_t launch_qsa_expand_selection(const int32_t* top, int64_t pos0, int block, int top_blocks, int t0, int t1,
+                                        int32_t* selected, int64_t width, cudaStream_t stream);
+/// Packs the non-negative entries of each row of selected [T, n_sel] to the front of compact (same shape), in
+/// order, with counts[t] their number. Entries >= rows are dropped and set *status.
+cudaError_t launch_compact_selection(const int32_t* selected, int tokens, int n_sel, int64_t rows, int32_t* compact,
+                                     int32_t* counts, int32_t* status, cudaStream_t stream);
+// ---- FP16x2 activations: a float32 x enters a tensor-core product as hi = fp16(x) and lo = fp16(x - hi), rows of
+// ---- one matrix [hi rows; lo rows], so that hi·W + lo·W is x·W to about 2^-22 relative (FP16 weights, FP32 sums).
+/// x2[r, c] = hi(x[r, c]), x2[rows + r, c] = lo(x[r, c]) for x [rows, cols] FP32.
+cudaError_t launch_split_f16x2(const float* x, __half* x2, int64_t rows, int cols, cudaStream_t stream);
+/// y[r, c] = y2[r, c] + y2[rows + r, c] (+ bias[c] when bias is given): the product of a split input.
+cudaError_t launch_sum_halves(const float* y2, float* y, int64_t rows, int cols, const __half* bias,
+                              cudaStream_t stream);
+/// y[i] = silu(x[i] * scale) (FP32).
+cudaError_t launch_silu_scale_f32(const float* x, float* y, int64_t n, float scale, cudaStream_t stream);
+/// y[i] = silu(g[i]) * up[i] (FP32).
+cudaError_t launch_silu_mul_f32(const float* g, const float* up, float* y, int64_t n, cudaStream_t stream);
+/// x[i] = 2 * sigmoid(x[i] * scale) (the hyper-connection inject weights, in place).
+cudaError_t launch_inject_weights_f32(float* x, int64_t n, float scale, cudaStream_t stream);
+/// u[t, i] = mean over streams b of sigmoid(m[t, b*H + i]) * n[t, b*H + i] (FP32).
+cudaError_t launch_hc_mix_f32(const float* m, const float* n, float* u, int tokens, int streams, int hidden,
+                              cudaStream_t stream);
+/// Routed experts with FP16x2 inputs (token slots sorted by expert with moe_align: offsets [E+1], sorted [slots]):
+/// slot rows of expert e live in rows [2*off_e, 2*off_e + 2*n_e) of a [2*slots, width] matrix, hi rows first.
+/// x2 rows of the sorted slots = split(u[token of the slot]).
+cudaError_t launch_moe_gather_f16x2(const float* u, const int32_t* ids, const int32_t* sorted, const int32_t* offsets,
+                                    int slots, int top_k, int hidden, __half* x2, cudaStream_t stream);
+/// a2 = split(silu(g) * up) per sorted slot, g and up the (hi + lo) sums of g2, up2 [2*slots, inter] FP32.
+cudaError_t launch_moe_act_f16x2(const float* g2, const float* up2, const int32_t* ids, const int32_t* sorted,
+                                 const int32_t* offsets, int slots, int inter, __half* a2, cudaStream_t stream);
+/// out[t, c] = sum_j weights[t, j] * (y2 hi + lo rows of slot t*k+j) (slots whose expert id was invalid skipped).
+cudaError_t launch_moe_combine_f16x2(const float* y2, const int32_t* ids, const int32_t* slot_row,
+                                     const int32_t* offsets, const float* weights, int tokens, int top_k, int hidden,
+                                     float* out, cudaStream_t stream);
+/// p[i] = value for i < n.
+cudaError_t launch_fill_i32(int32_t* p, int64_t n, int32_t value, cudaStream_t stream);
+/// p[i] = start + i for i < n.
+cudaError_t launch_iota_i32(int32_t* p, int64_t n, int32_t start, cudaStream_t stream);
+#endif
+
+}  // namespace flashnext::cuda::detail

@@ -1,0 +1,348 @@
+// End to end on the GPU: the qwen4_exp model on the CUDA backend (make_cuda_ops) against transformers' float32
+// reference fixtures: tests/data/fixtures/tiny-a and tiny-b, and the `medium` fixture (released per-layer widths,
+// 4 layers, a 3,000-token prompt) that tools/make_fixtures.py builds on the GPU machine; its folder is given by the
+// environment variable FLASHNEXT_MEDIUM_FIXTURE (scripts/gpu-e2e.sh sets it).
+//
+// Acceptance (issue 5): at every prompt position the argmax equals the reference's, except near-ties (the
+// reference's top-2 gap below 1e-2, each one printed); greedy sequences equal; every logit within 2e-2 x the
+// reference scale, the largest |logit| of the reference over the prompt. Every check prints an `E2E:` line with its
+// figures (max |logit error|, scale, ratio, near-ties), and the hidden states of each layer print `E2E-HIDDEN:`
+// lines (diagnostics for a failure: which layer drifts first).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/fixture.h"
+#include "ops/cuda/cuda_ops.h"
+
+namespace flashnext::test {
+namespace {
+
+constexpr double kLogitTol = 2e-2;  // x the reference scale
+constexpr double kNearTie = 1e-2;   // reference top-2 gap below which an argmax difference is tolerated
+
+/// reference.safetensors at an explicit path.
+class RefFile {
+ public:
+  explicit RefFile(const std::string& path) : file_(path) {}
+  const TensorView& view(const std::string& name) const {
+    auto it = file_.tensors().find(name);
+    if (it == file_.tensors().end()) throw std::runtime_error("reference tensor missing: " + name);
+    return it->second;
+  }
+  std::vector<float> f32(const std::string& name) const {
+    const TensorView& v = view(name);
+    std::vector<float> out(size_t(v.numel()));
+    convert_to_float(v.dtype, v.data, out.data(), out.size());
+    return out;
+  }
+  std::vector<int64_t> i64(const std::string& name) const {
+    const TensorView& v = view(name);
+    std::vector<int64_t> out(size_t(v.numel()));
+    std::memcpy(out.data(), v.data, out.size() * 8);
+    return out;
+  }
+  std::vector<int32_t> ids(const std::string& prompt) const {
+    auto v = i64(prompt + ".input_ids");
+    return std::vector<int32_t>(v.begin(), v.end());
+  }
+
+ private:
+  SafetensorsFile file_;
+};
+
+std::string medium_dir() {
+  const char* d = std::getenv("FLASHNEXT_MEDIUM_FIXTURE");
+  if (!d || !*d) {
+    ADD_FAILURE() << "FLASHNEXT_MEDIUM_FIXTURE is not set: build the fixture with `python3 tools/make_fixtures.py OUT "
+                     "medium` and point the variable at OUT/medium (scripts/gpu-e2e.sh does both)";
+    return "";
+  }
+  return d;
+}
+
+/// One GPU model per (folder, PLE placement, activation precision) for the whole binary.
+Model& gpu_model(const std::string& dir, PleTablePlacement placement = PleTablePlacement::Host,
+                 ActivationPrecision act = ActivationPrecision::Fp16x2) {
+  static std::map<std::string, std::unique_ptr<Model>> models;
+  auto& m = models[dir + (placement == PleTablePlacement::Host ? "#host" : "#device") +
+                   (act == ActivationPrecision::Fp16x2 ? "#fp16x2" : "#fp16")];
+  if (!m) {
+    ModelOptions o;
+    o.ops = make_cuda_ops(0, CudaOpsOptions{placement, act});
+    m = Model::load(dir, o);
+  }
+  return *m;
+}
+
+/// Reference top-1 minus top-2 of one row.
+double top2_gap(const float* row, int64_t n) {
+  float a = -INFINITY, b = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) {
+    if (row[i] > a) {
+      b = a;
+      a = row[i];
+    } else if (row[i] > b) {
+      b = row[i];
+    }
+  }
+  return double(a) - double(b);
+}
+
+/// Argmax check of one position: equal, or a near-tie of the reference (counted and listed in `ties`).
+void check_argmax(const std::string& what, int64_t t, int64_t got, int64_t want, double ref_gap, int& near_ties,
+                  std::string& ties) {
+  if (got == want) return;
+  if (ref_gap < kNearTie) {
+    ++near_ties;
+    ties += fmt::format(" [position {}: cuda {} vs reference {}, reference top-2 gap {:.2e}]", t, got, want, ref_gap);
+    return;
+  }
+  ADD_FAILURE() << what << " position " << t << ": argmax " << got << ", reference " << want
+                << " (reference top-2 gap " << ref_gap << ")";
+}
+
+/// Full logits [T, V] against the reference's: the acceptance criteria, and one E2E line.
+void check_logits(const std::string& what, const std::vector<float>& got, const std::vector<float>& want, int64_t T,
+                  int64_t V, const std::vector<int64_t>& ref_argmax) {
+  ASSERT_EQ(got.size(), size_t(T * V)) << what;
+  ASSERT_EQ(want.size(), size_t(T * V)) << what;
+  double max_abs = 0, scale = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    max_abs = std::max(max_abs, double(std::fabs(got[i] - want[i])));
+    scale = std::max(scale, double(std::fabs(want[i])));
+  }
+  int near_ties = 0;
+  std::string ties;
+  for (int64_t t = 0; t < T; ++t) {
+    check_argmax(what, t, argmax(&got[size_t(t * V)], V), ref_argmax[size_t(t)], top2_gap(&want[size_t(t * V)], V),
+                 near_ties, ties);
+  }
+  EXPECT_LE(max_abs, kLogitTol * scale) << what;
+  std::printf("E2E: %s: T=%lld max|dlogit| %.3e, reference scale %.3f, ratio %.2e (limit %.0e); near-tie argmax "
+              "differences %d%s\n",
+              what.c_str(), (long long)T, max_abs, scale, max_abs / scale, kLogitTol, near_ties, ties.c_str());
+}
+
+/// Prints max |hidden - reference| per layer (E2E-HIDDEN lines) during one forward; returns the logits.
+std::vector<float> forward_with_hidden(Model& model, const RefFile& ref, const std::string& what, const std::string& P,
+                                       const std::vector<int32_t>& ids) {
+  SequenceState seq = model.new_sequence();
+  return model.forward(seq, ids, LogitsMode::All, [&](int i, const Tensor& h) {
+    const std::vector<float> g = model.download(h), w = ref.f32(P + ".hidden." + std::to_string(i));
+    if (g.size() != w.size()) {
+      ADD_FAILURE() << what << " hidden." << i << ": " << g.size() << " values, reference " << w.size();
+      return;
+    }
+    double err = 0, scale = 0;
+    for (size_t j = 0; j < g.size(); ++j) {
+      err = std::max(err, double(std::fabs(g[j] - w[j])));
+      scale = std::max(scale, double(std::fabs(w[j])));
+    }
+    std::printf("E2E-HIDDEN: %s hidden.%d max|d| %.3e (max|ref| %.3f)\n", what.c_str(), i, err, scale);
+  });
+}
+
+/// Greedy continuation against the reference's `P.greedy_ids`, through prefill + single-token decode steps.
+void check_greedy(Model& model, const RefFile& ref, const std::string& what, const std::string& P) {
+  const std::vector<int64_t> want = ref.i64(P + ".greedy_ids");
+  const std::vector<int64_t> got = greedy(model, ref.ids(P), int(want.size()));
+  EXPECT_EQ(got, want) << what << " greedy";
+  std::printf("E2E: %s greedy %zu tokens: %s\n", what.c_str(), want.size(), got == want ? "equal" : "DIFFERENT");
+}
+
+// ------------------------------------------------------------------------------------------------ tiny-a
+
+constexpr const char* kTinyA = "tests/data/fixtures/tiny-a/model";
+
+class TinyA : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TinyA, LogitsMatchReference) {
+  const std::string P = GetParam();
+  RefFile ref(source_path("tests/data/fixtures/tiny-a/reference.safetensors"));
+  Model& model = gpu_model(source_path(kTinyA));
+  const auto ids = ref.ids(P);
+  const int64_t T = int64_t(ids.size()), V = model.config().vocab_size;
+  const std::vector<float> logits = forward_with_hidden(model, ref, "tiny-a " + P, P, ids);
+  check_logits("tiny-a " + P, logits, ref.f32(P + ".logits"), T, V, ref.i64(P + ".argmax"));
+}
+
+TEST_P(TinyA, GreedyMatchesReference) {
+  const std::string P = GetParam();
+  RefFile ref(source_path("tests/data/fixtures/tiny-a/reference.safetensors"));
+  check_greedy(gpu_model(source_path(kTinyA)), ref, "tiny-a " + P, P);
+}
+
+INSTANTIATE_TEST_SUITE_P(Prompts, TinyA, ::testing::Values("short", "eos_inside", "long", "single", "eos_first"));
+
+// The FP16-activation path (ActivationPrecision::Fp16), measured: not reference-exact by design. FP16 rounding at
+// the GEMM inputs flips near-tied MoE routing and indexer choices (tiny-a "long", position 190 on: logits off by
+// 0.15, and one argmax off by a 0.029 reference gap at position 89, on the H200, 2026-11-30), so it is held only to
+// finite logits and at most one argmax difference beyond the near-tie rule per 100 positions (rounded up); its
+// figures are printed (`E2E-FP16:` lines) for BENCHMARKS.md.
+TEST(TinyAFp16, StaysCloseToReference) {
+  RefFile ref(source_path("tests/data/fixtures/tiny-a/reference.safetensors"));
+  Model& model = gpu_model(source_path(kTinyA), PleTablePlacement::Host, ActivationPrecision::Fp16);
+  const int64_t V = model.config().vocab_size;
+  for (const char* P : {"short", "eos_inside", "long", "single", "eos_first"}) {
+    const auto ids = ref.ids(P);
+    const int64_t T = int64_t(ids.size());
+    SequenceState seq = model.new_sequence();
+    const std::vector<float> got = model.forward(seq, ids), want = ref.f32(std::string(P) + ".logits");
+    const auto ref_argmax = ref.i64(std::string(P) + ".argmax");
+    ASSERT_EQ(got.size(), want.size()) << P;
+    double max_abs = 0, scale = 0;
+    bool finite = true;
+    for (size_t i = 0; i < got.size(); ++i) {
+      finite = finite && std::isfinite(got[i]);
+      max_abs = std::max(max_abs, double(std::fabs(got[i] - want[i])));
+      scale = std::max(scale, double(std::fabs(want[i])));
+    }
+    int near_ties = 0, other = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      if (argmax(&got[size_t(t * V)], V) == ref_argmax[size_t(t)]) continue;
+      ++(top2_gap(&want[size_t(t * V)], V) < kNearTie ? near_ties : other);
+    }
+    EXPECT_TRUE(finite) << P;
+    EXPECT_LE(other, (T + 99) / 100) << P << ": argmax differences beyond near-ties";
+    std::printf("E2E-FP16: tiny-a %s: T=%lld max|dlogit| %.3e, reference scale %.3f, ratio %.2e; argmax differences: "
+                "%d near-tie, %d other\n",
+                P, (long long)T, max_abs, scale, max_abs / scale, near_ties, other);
+  }
+}
+
+// Chunked prefill on the GPU (state carried across calls: GDN conv/recurrent, PLE history and conv, QSA caches and
+// the indexer over earlier chunks) meets the same criteria.
+TEST(TinyAChunked, LongPromptInChunks) {
+  RefFile ref(source_path("tests/data/fixtures/tiny-a/reference.safetensors"));
+  Model& model = gpu_model(source_path(kTinyA));
+  const auto ids = ref.ids("long");
+  const int64_t T = int64_t(ids.size()), V = model.config().vocab_size;
+  for (int64_t chunk : {int64_t(1), int64_t(7), int64_t(64)}) {
+    SequenceState seq = model.new_sequence();
+    std::vector<float> got;
+    for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+      const int64_t n = std::min(chunk, T - t0);
+      const auto part = model.forward(seq, std::span<const int32_t>(ids.data() + t0, size_t(n)));
+      got.insert(got.end(), part.begin(), part.end());
+    }
+    check_logits("tiny-a long, chunks of " + std::to_string(chunk), got, ref.f32("long.logits"), T, V,
+                 ref.i64("long.argmax"));
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ tiny-b
+
+constexpr const char* kTinyB = "models/tiny-b-random";
+
+class TinyB : public ::testing::TestWithParam<std::string> {};
+
+// The reference keeps the top 32 logits of every position and the last 4 rows in full.
+TEST_P(TinyB, LogitsMatchReference) {
+  const std::string P = GetParam();
+  RefFile ref(source_path("tests/data/fixtures/tiny-b/reference.safetensors"));
+  Model& model = gpu_model(source_path(kTinyB));
+  const auto ids = ref.ids(P);
+  const int64_t T = int64_t(ids.size()), V = model.config().vocab_size;
+  SequenceState seq = model.new_sequence();
+  const std::vector<float> logits = model.forward(seq, ids);
+  ASSERT_EQ(logits.size(), size_t(T * V));
+  const auto top_ids = ref.i64(P + ".top32_ids");
+  const auto top_vals = ref.f32(P + ".top32_logits");
+  const auto last4 = ref.f32(P + ".logits_last4");
+  const auto ref_argmax = ref.i64(P + ".argmax");
+  double max_abs = 0, scale = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < 32; ++j) {
+      const size_t r = size_t(t * 32 + j);
+      max_abs = std::max(max_abs, double(std::fabs(logits[size_t(t * V + top_ids[r])] - top_vals[r])));
+      scale = std::max(scale, double(std::fabs(top_vals[r])));
+    }
+  }
+  for (int64_t i = 0; i < 4 * V; ++i) {
+    max_abs = std::max(max_abs, double(std::fabs(logits[size_t((T - 4) * V + i)] - last4[size_t(i)])));
+    scale = std::max(scale, double(std::fabs(last4[size_t(i)])));
+  }
+  int near_ties = 0;
+  std::string ties;
+  for (int64_t t = 0; t < T; ++t) {
+    const double gap = double(top_vals[size_t(t * 32)]) - double(top_vals[size_t(t * 32 + 1)]);
+    check_argmax("tiny-b " + P, t, argmax(&logits[size_t(t * V)], V), ref_argmax[size_t(t)], gap, near_ties, ties);
+  }
+  EXPECT_LE(max_abs, kLogitTol * scale) << P;
+  std::printf("E2E: tiny-b %s: T=%lld max|dlogit| %.3e over the reference's top-32 and last 4 rows, reference "
+              "scale %.3f, ratio %.2e (limit %.0e); near-tie argmax differences %d%s\n",
+              P.c_str(), (long long)T, max_abs, scale, max_abs / scale, kLogitTol, near_ties, ties.c_str());
+}
+
+TEST_P(TinyB, GreedyMatchesReference) {
+  const std::string P = GetParam();
+  RefFile ref(source_path("tests/data/fixtures/tiny-b/reference.safetensors"));
+  check_greedy(gpu_model(source_path(kTinyB)), ref, "tiny-b " + P, P);
+}
+
+INSTANTIATE_TEST_SUITE_P(Prompts, TinyB, ::testing::Values("chat0", "chat2", "code"));
+
+// The PLE table in GPU memory gives the logits of the pinned-host table (same kernels, other memory).
+TEST(TinyBPleDevice, SameLogitsAsHostTable) {
+  RefFile ref(source_path("tests/data/fixtures/tiny-b/reference.safetensors"));
+  const auto ids = ref.ids("chat0");
+  Model& host = gpu_model(source_path(kTinyB), PleTablePlacement::Host);
+  Model& dev = gpu_model(source_path(kTinyB), PleTablePlacement::Device);
+  SequenceState s1 = host.new_sequence(), s2 = dev.new_sequence();
+  const auto a = host.forward(s1, ids, LogitsMode::Last), b = dev.forward(s2, ids, LogitsMode::Last);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_LE(max_abs_diff(a.data(), b.data(), a.size()), 1e-5);
+}
+
+// ------------------------------------------------------------------------------------------------ medium
+
+class Medium : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Medium, LogitsMatchReference) {
+  const std::string P = GetParam(), dir = medium_dir();
+  if (dir.empty()) return;
+  RefFile ref(dir + "/reference.safetensors");
+  Model& model = gpu_model(dir + "/model");
+  const auto ids = ref.ids(P);
+  const int64_t T = int64_t(ids.size()), V = model.config().vocab_size;
+  const std::vector<float> logits = forward_with_hidden(model, ref, "medium " + P, P, ids);
+  check_logits("medium " + P, logits, ref.f32(P + ".logits"), T, V, ref.i64(P + ".argmax"));
+}
+
+TEST_P(Medium, GreedyMatchesReference) {
+  const std::string P = GetParam(), dir = medium_dir();
+  if (dir.empty()) return;
+  RefFile ref(dir + "/reference.safetensors");
+  check_greedy(gpu_model(dir + "/model"), ref, "medium " + P, P);
+}
+
+INSTANTIATE_TEST_SUITE_P(Prompts, Medium, ::testing::Values("short", "long"));
+
+TEST(MediumChunked, LongPromptInChunksOf1000) {
+  const std::string dir = medium_dir();
+  if (dir.empty()) return;
+  RefFile ref(dir + "/reference.safetensors");
+  Model& model = gpu_model(dir + "/model");
+  const auto ids = ref.ids("long");
+  const int64_t T = int64_t(ids.size()), V = model.config().vocab_size, chunk = 1000;
+  SequenceState seq = model.new_sequence();
+  std::vector<float> got;
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    const int64_t n = std::min(chunk, T - t0);
+    const auto part = model.forward(seq, std::span<const int32_t>(ids.data() + t0, size_t(n)));
+    got.insert(got.end(), part.begin(), part.end());
+  }
+  check_logits("medium long, chunks of 1000", got, ref.f32("long.logits"), T, V, ref.i64("long.argmax"));
+}
+
+}  // namespace
+}  // namespace flashnext::test

@@ -1,0 +1,280 @@
+// Quantized checkpoints end to end (tests/data/quant, written by tools/make_quant_fixtures.py): the tiny-a model in
+// each format, logits against transformers run on the dequantized weights, the dequantized values themselves, the
+// scheme the loader finds, and clear errors for broken copies of those checkpoints.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+
+#include "core/error.h"
+#include "loader/config.h"
+#include "loader/inspect.h"
+#include "loader/manifest.h"
+#include "loader/quant.h"
+#include "loader/st_writer.h"
+#include "model/qwen4_exp/model.h"
+
+namespace flashnext {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::RawTensor;
+using testing::TempDir;
+namespace fs = std::filesystem;
+
+constexpr double kTol = 1e-3;
+const std::vector<std::string> kFormats = {"nvfp4-radixark",   "nvfp4-nvidia", "fp8-block",    "ct-int4-sym-g32",
+                                           "ct-int4-asym-g32", "ct-nvfp4",     "gptq-int4-g32"};
+
+std::string fixture(const std::string& fmt) {
+  return testing::source_path("tests/data/quant/" + fmt);
+}
+
+std::vector<float> f32(const TensorView& v) {
+  std::vector<float> out(size_t(v.numel()));
+  convert_to_float(v.dtype, v.data, out.data(), out.size());
+  return out;
+}
+
+class QuantFixture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(QuantFixture, LogitsMatchTransformersOnDequantizedWeights) {
+  const std::string fmt = GetParam();
+  const SafetensorsFile ref(fixture(fmt) + "/reference.safetensors");
+  const auto model = Model::load(fixture(fmt) + "/model");
+  const int64_t V = model->config().vocab_size;
+  for (const std::string p : {"short", "eos_inside"}) {
+    const TensorView& ids_v = ref.tensors().at(p + ".input_ids");
+    std::vector<int64_t> ids64(size_t(ids_v.numel()));
+    std::memcpy(ids64.data(), ids_v.data, ids64.size() * 8);
+    const std::vector<int32_t> ids(ids64.begin(), ids64.end());
+    SequenceState seq = model->new_sequence();
+    const std::vector<float> got = model->forward(seq, ids, LogitsMode::All);
+    const std::vector<float> want = f32(ref.tensors().at(p + ".logits"));
+    ASSERT_EQ(got.size(), want.size());
+    double err = 0;
+    for (size_t i = 0; i < got.size(); ++i) err = std::max(err, double(std::fabs(got[i] - want[i])));
+    EXPECT_LE(err, kTol) << fmt << " " << p;
+    RecordProperty(p + "_max_abs_logit_error", std::to_string(err));
+    std::printf("[ quant    ] %-18s %-10s max |logit - reference| = %.3g\n", fmt.c_str(), p.c_str(), err);
+    const TensorView& am = ref.tensors().at(p + ".argmax");
+    for (int64_t t = 0; t < int64_t(ids.size()); ++t) {
+      const float* row = &got[size_t(t * V)];
+      int64_t best = 0;
+      for (int64_t j = 1; j < V; ++j) best = row[j] > row[best] ? j : best;
+      int64_t want_arg;
+      std::memcpy(&want_arg, am.data + t * 8, 8);
+      EXPECT_EQ(best, want_arg) << fmt << " " << p << " position " << t;
+    }
+  }
+}
+
+// The dequantized values equal, bit for bit, those the script computed independently in torch.
+TEST_P(QuantFixture, DequantizedWeightsEqualTheScriptsBitForBit) {
+  const std::string fmt = GetParam();
+  const std::string dir = fixture(fmt) + "/model";
+  const SafetensorsFile ref(fixture(fmt) + "/reference.safetensors");
+  const ModelConfig cfg = load_config(dir);
+  const Checkpoint ck(dir);
+  const WeightManifest m = WeightManifest::build(cfg, ck);
+  const QuantScheme scheme = QuantScheme::build(read_quant_config(dir), cfg, m);
+  int checked = 0;
+  for (const auto& [key, view] : ref.tensors()) {
+    if (key.rfind("dequant.", 0) != 0) continue;
+    std::string name = key.substr(8);
+    if (name.rfind("model.language_model.", 0) == 0) name = name.substr(21);
+    std::vector<float> got;
+    if (name.find(".ngram_embedding.shard_") != std::string::npos) {
+      const std::string table = name.substr(0, name.find(".shard_"));
+      got = dequantize_ple_shard(m.get(name), m.get(table + ".weight_scale"));
+    } else {
+      const QuantizedWeight* q = scheme.find(name);
+      ASSERT_NE(q, nullptr) << fmt << ": " << name << " is not quantized";
+      got = dequantize(*q);
+    }
+    const std::vector<float> want = f32(view);
+    ASSERT_EQ(got.size(), want.size()) << name;
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << fmt << ": " << name;
+    ++checked;
+  }
+  EXPECT_GE(checked, 3) << fmt;
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, QuantFixture, ::testing::ValuesIn(kFormats), [](const auto& info) {
+  std::string n = info.param;
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+});
+
+// What the loader finds in each checkpoint: tiny-a has 8 layers x 8 experts x 3 projections and two PLE layers of 4
+// shards; the GPTQ release also quantizes lm_head.
+TEST(QuantScheme, FindsTheFormatOfEveryQuantizedComponent) {
+  using Summary = std::map<std::string, std::map<std::string, int64_t>>;
+  auto summary = [](const std::string& fmt) {
+    const std::string dir = fixture(fmt) + "/model";
+    const ModelConfig cfg = load_config(dir);
+    const Checkpoint ck(dir);
+    const WeightManifest m = WeightManifest::build(cfg, ck);
+    EXPECT_TRUE(m.quantized()) << fmt;
+    return QuantScheme::build(read_quant_config(dir), cfg, m).summary();
+  };
+  EXPECT_EQ(summary("nvfp4-radixark"),
+            (Summary{{"routed_experts", {{"nvfp4-modelopt", 192}}}, {"ple_table", {{"fp8-scalar", 8}}}}));
+  EXPECT_EQ(summary("nvfp4-nvidia"), summary("nvfp4-radixark"));
+  EXPECT_EQ(summary("fp8-block"),
+            (Summary{{"routed_experts", {{"fp8-block", 192}}}, {"ple_table", {{"fp8-scalar", 8}}}}));
+  EXPECT_EQ(summary("ct-int4-sym-g32"), (Summary{{"routed_experts", {{"int4-compressed-tensors", 192}}}}));
+  EXPECT_EQ(summary("ct-int4-asym-g32"),
+            (Summary{{"routed_experts", {{"int4-compressed-tensors", 192}}}, {"ple_table", {{"fp8-scalar", 8}}}}));
+  EXPECT_EQ(summary("ct-nvfp4"), (Summary{{"routed_experts", {{"nvfp4-compressed-tensors", 192}}}}));
+  EXPECT_EQ(summary("gptq-int4-g32"), (Summary{{"lm_head", {{"int4-gptq", 1}}},
+                                               {"routed_experts", {{"int4-gptq", 192}}},
+                                               {"ple_table", {{"fp8-scalar", 8}}}}));
+}
+
+// `flashnext inspect` reports the format of each quantized component.
+TEST(QuantInspect, ReportsFormatsByComponent) {
+  const nlohmann::json r = inspect_model(fixture("gptq-int4-g32") + "/model");
+  const nlohmann::json& q = r["quantization"];
+  EXPECT_EQ(q["quantized"], true);
+  EXPECT_EQ(q["config"]["quant_method"], "gptq");
+  EXPECT_EQ(q["formats"], nlohmann::json::parse(R"({"lm_head": {"int4-gptq": 1}, "routed_experts": {"int4-gptq": 192},
+                                                   "ple_table": {"fp8-scalar": 8}})"));
+  // GPTQ lm_head: qweight I32 [64/8, 1024] + qzeros I32 [2, 128] + scales F16 [2, 1024] + g_idx I32 [64].
+  EXPECT_EQ(r["stored"]["bytes_by_component"]["lm_head"], 8 * 1024 * 4 + 2 * 128 * 4 + 2 * 1024 * 2 + 64 * 4);
+  const std::string text = format_inspect(r);
+  EXPECT_THAT(text, HasSubstr("routed_experts     int4-gptq (192 tensors)"));
+  EXPECT_THAT(text, HasSubstr("ple_table          fp8-scalar (8 tensors)"));
+}
+
+// ------------------------------------------------------------------------------------------------ bad input
+
+/// A single-file copy of fixture `fmt` (its config files too) after `edit` changed its tensors.
+void broken_copy(const std::string& fmt, const fs::path& out,
+                 const std::function<void(std::map<std::string, RawTensor>&)>& edit) {
+  const std::string src = fixture(fmt) + "/model";
+  auto tensors = testing::read_checkpoint(src);
+  edit(tensors);
+  std::vector<RawTensor> list;
+  for (auto& [n, t] : tensors) list.push_back(t);
+  testing::write_checkpoint(out, testing::read_json(src + "/config.json"), list);
+  if (fs::exists(src + "/hf_quant_config.json"))
+    fs::copy_file(src + "/hf_quant_config.json", out / "hf_quant_config.json");
+}
+
+std::string load_error(const fs::path& dir) {
+  try {
+    Model::load(dir.string());
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+constexpr const char* kExpert = "model.language_model.layers.2.mlp.experts.5.up_proj.";
+
+TEST(QuantBadInput, MissingScaleTensor) {
+  TempDir d;
+  broken_copy("nvfp4-radixark", d.path, [](auto& t) { t.erase(std::string(kExpert) + "weight_scale"); });
+  EXPECT_THAT(load_error(d.path), HasSubstr("the nvfp4-modelopt weight 'layers.2.mlp.experts.5.up_proj.weight' [32, "
+                                            "64] has no 'weight_scale' tensor"));
+  TempDir g;
+  broken_copy("gptq-int4-g32", g.path, [](auto& t) { t.erase(std::string(kExpert) + "qzeros"); });
+  EXPECT_THAT(load_error(g.path), HasSubstr("has no 'qzeros' tensor"));
+  TempDir p;
+  broken_copy("fp8-block", p.path,
+              [](auto& t) { t.erase("model.language_model.layers.4.ple.ple_embedding.ngram_embedding.weight_scale"); });
+  EXPECT_THAT(load_error(p.path), HasSubstr("ngram_embedding.weight_scale"));
+}
+
+TEST(QuantBadInput, MisShapedScaleTensor) {
+  TempDir d;
+  broken_copy("nvfp4-nvidia", d.path, [](auto& t) { t.at(std::string(kExpert) + "weight_scale").shape = {16, 8}; });
+  EXPECT_THAT(load_error(d.path), HasSubstr("tensor '" + std::string(kExpert) +
+                                            "weight_scale' is F8_E4M3 [16, 8], expected F8_E4M3 [32, 4]"));
+  TempDir c;
+  broken_copy("ct-int4-asym-g32", c.path, [](auto& t) {
+    RawTensor& z = t.at(std::string(kExpert) + "weight_zero_point");
+    z.shape = {z.shape[1], z.shape[0]};  // [ceil(32/8), 64/32] = [4, 2] stored transposed
+  });
+  EXPECT_THAT(load_error(c.path), HasSubstr("weight_zero_point' is I32 [2, 4], expected I32 [4, 2]"));
+  TempDir f;
+  broken_copy("fp8-block", f.path, [](auto& t) { t.at(std::string(kExpert) + "weight_scale_inv").shape = {1}; });
+  EXPECT_THAT(load_error(f.path), HasSubstr("weight_scale_inv' is BF16 [1], expected BF16 or F16 or F32 [1, 1]"));
+}
+
+TEST(QuantBadInput, UnknownQuantAlgo) {
+  TempDir d;
+  broken_copy("nvfp4-radixark", d.path, [](auto&) {});
+  auto hf = testing::read_json(d.path / "hf_quant_config.json");
+  hf["quantization"]["quant_algo"] = "NVFP4_AWQ";
+  testing::write_json(d.path / "hf_quant_config.json", hf);
+  EXPECT_THAT(load_error(d.path), HasSubstr("quant_algo disagrees: config.json says 'NVFP4', hf_quant_config.json "
+                                            "says 'NVFP4_AWQ'"));
+  auto cfg = testing::read_json(d.path / "config.json");
+  cfg["quantization_config"]["quant_algo"] = "NVFP4_AWQ";
+  testing::write_json(d.path / "config.json", cfg);
+  EXPECT_THAT(load_error(d.path), HasSubstr("unknown ModelOpt quant_algo 'NVFP4_AWQ' (supported: NVFP4, "
+                                            "MIXED_PRECISION)"));
+}
+
+TEST(QuantBadInput, MixedFormatsTheCodeDoesNotKnow) {
+  // Companions of two formats on one weight.
+  TempDir d;
+  broken_copy("nvfp4-radixark", d.path, [](auto& t) {
+    RawTensor s{std::string(kExpert) + "weight_scale_inv", "BF16", {1, 1}, {0x80, 0x3F}};
+    t.emplace(s.name, s);
+  });
+  EXPECT_THAT(load_error(d.path), HasSubstr("does not belong to the nvfp4-modelopt format of "
+                                            "'layers.2.mlp.experts.5.up_proj.weight'"));
+  // A format the config does not declare: NVFP4 tensors under an FP8 block config.
+  TempDir f;
+  broken_copy("nvfp4-nvidia", f.path, [](auto&) {});
+  fs::remove(f.path / "hf_quant_config.json");
+  auto cfg = testing::read_json(f.path / "config.json");
+  cfg["quantization_config"] = testing::read_json(fixture("fp8-block") + "/model/config.json")["quantization_config"];
+  testing::write_json(f.path / "config.json", cfg);
+  EXPECT_THAT(load_error(f.path), HasSubstr("is stored as nvfp4-modelopt, but"));
+  EXPECT_THAT(load_error(f.path), HasSubstr("declares quant_method fp8 (block FP8)"));
+  // MIXED_PRECISION without an entry for a module that is stored quantized.
+  TempDir n;
+  broken_copy("nvfp4-nvidia", n.path, [](auto&) {});
+  auto hf = testing::read_json(n.path / "hf_quant_config.json");
+  hf["quantization"]["quantized_layers"].erase("model.language_model.layers.2.mlp.experts");
+  testing::write_json(n.path / "hf_quant_config.json", hf);
+  EXPECT_THAT(load_error(n.path), HasSubstr("declares no quantized_layers entry for module "
+                                            "'model.language_model.layers.2.mlp.experts.0.down_proj'"));
+  // Quantized tensors with no quantization_config at all.
+  TempDir z;
+  broken_copy("ct-int4-sym-g32", z.path, [](auto&) {});
+  cfg = testing::read_json(z.path / "config.json");
+  cfg.erase("quantization_config");
+  testing::write_json(z.path / "config.json", cfg);
+  EXPECT_THAT(load_error(z.path), HasSubstr("declares no quantization_config"));
+  // Asymmetric config, symmetric tensors.
+  TempDir a;
+  broken_copy("ct-int4-sym-g32", a.path, [](auto&) {});
+  cfg = testing::read_json(a.path / "config.json");
+  cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["symmetric"] = false;
+  testing::write_json(a.path / "config.json", cfg);
+  EXPECT_THAT(load_error(a.path), HasSubstr("but config group 'group_0' is asymmetric"));
+}
+
+TEST(QuantBadInput, GptqActOrderPermutation) {
+  TempDir d;
+  broken_copy("gptq-int4-g32", d.path, [](auto& t) {
+    RawTensor& g = t.at(std::string(kExpert) + "g_idx");
+    int32_t v[2];
+    std::memcpy(v, g.bytes.data(), 8);
+    v[1] = 1;  // input 1 in group 1
+    std::memcpy(g.bytes.data(), v, 8);
+  });
+  EXPECT_THAT(load_error(d.path), HasSubstr("maps input 1 to group 1, expected 0 (input / group_size 32): GPTQ "
+                                            "act-order (desc_act) permutations are not supported"));
+}
+
+}  // namespace
+}  // namespace flashnext
