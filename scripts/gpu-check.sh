@@ -9,6 +9,7 @@
 #      BENCH=0 to skip the benchmark, SANITIZE_FILTER=<gtest filter> to also run those tests under
 #      compute-sanitizer memcheck, OUT (if set, logs are copied there).
 # Exit status: non-zero if the build or any test fails (the benchmark's status is reported, not fatal).
+# The whole GPU check (these kernel tests, the ops-interface backend and the model end to end): scripts/gpu-e2e.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEPS=${GPU_DEPS:-build-cuda/gpu-deps}

@@ -1,6 +1,6 @@
-// main() of test_cuda. These tests need a CUDA GPU and never skip: without one the binary fails with a message.
-// Listing the tests (gtest_discover_tests at build time) works without a GPU. CI's ctest excludes the `cuda` label;
-// scripts/gpu-check.sh runs this binary on the GPU machine.
+// main() of test_cuda and test_cuda_e2e. These tests need a CUDA GPU and never skip: without one the binary fails
+// with a message. Listing the tests (gtest_discover_tests at build time) works without a GPU. CI's ctest excludes
+// the `cuda` label; scripts/gpu-check.sh (test_cuda) and scripts/gpu-e2e.sh (both) run them on the GPU machine.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -13,9 +13,9 @@ int main(int argc, char** argv) {
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess || n == 0) {
       std::fprintf(stderr,
-                   "test_cuda: FAILED: no usable CUDA GPU (%s). These tests need a GPU and skip nothing; run them on "
-                   "the GPU machine with scripts/gpu-check.sh.\n",
-                   err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+                   "%s: FAILED: no usable CUDA GPU (%s). These tests need a GPU and skip nothing; run them on the GPU "
+                   "machine with scripts/gpu-check.sh (kernels) or scripts/gpu-e2e.sh (everything).\n",
+                   argv[0], err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
       return 1;
     }
     cudaDeviceProp prop{};

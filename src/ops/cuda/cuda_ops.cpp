@@ -110,10 +110,11 @@ class CudaOps final : public Ops {
   CudaOps(int device, const CudaOpsOptions& options) : ctx_(std::make_shared<Context>(device)), options_(options) {
     cudaDeviceProp prop{};
     FN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device), "cuda backend: device properties");
-    name_ = fmt::format("cuda:{} ({}, sm_{}{}; FP16 weights, FP32 activations, {} GEMM inputs; PLE tables in {} "
-                        "memory)",
-                        device, prop.name, prop.major, prop.minor, split() ? "FP16x2" : "FP16",
-                        options.ple_table == PleTablePlacement::Host ? "pinned host" : "GPU");
+    name_ = fmt::format(
+        "cuda:{} ({}, sm_{}{}; FP16 weights, FP32 activations, {} GEMM inputs; PLE tables in {} "
+        "memory)",
+        device, prop.name, prop.major, prop.minor, split() ? "FP16x2" : "FP16",
+        options.ple_table == PleTablePlacement::Host ? "pinned host" : "GPU");
   }
   ~CudaOps() override {
     if (ctx_->stream) cudaStreamSynchronize(ctx_->stream);
@@ -293,12 +294,13 @@ class CudaOps final : public Ops {
                                               int(H), float(eps), stream()),
                     "hc_read norm");
       product(n, hc.down, d, Tensor(), "hc_read input_mix_weight_down");
-      FN_CUDA_CHECK(detail::launch_silu_scale_f32(dp<const float>(d), dp<float>(d), d.numel(), 1.f / float(S), stream()),
-                    "hc_read silu");
+      FN_CUDA_CHECK(
+          detail::launch_silu_scale_f32(dp<const float>(d), dp<float>(d), d.numel(), 1.f / float(S), stream()),
+          "hc_read silu");
       product(d, hc.up, m, Tensor(), "hc_read input_mix_weight_up");
-      FN_CUDA_CHECK(detail::launch_hc_mix_f32(dp<const float>(m), dp<const float>(n), dp<float>(u), t, int(S), int(H),
-                                              stream()),
-                    "hc_read mix");
+      FN_CUDA_CHECK(
+          detail::launch_hc_mix_f32(dp<const float>(m), dp<const float>(n), dp<float>(u), t, int(S), int(H), stream()),
+          "hc_read mix");
       if (with_inject) {
         FN_CUDA_CHECK(detail::launch_linear_f32_narrow(dp<const float>(n), dp<__half>(hc.inject), dp<float>(inj), t, w,
                                                        int(S), stream()),
@@ -310,11 +312,11 @@ class CudaOps final : public Ops {
     }
     Tensor n = alloc({T, W}, DType::F16, "hc_read normed"), d = alloc({T, R}, DType::F32, "hc_read down");
     Tensor a = alloc({T, R}, DType::F16, "hc_read act"), m = alloc({T, W}, DType::F16, "hc_read mix");
-    FN_CUDA_CHECK(detail::launch_hc_norm(dp<float>(X), static_cast<const float*>(nullptr), nullptr,
-                                         dp<__half>(hc.norm), with_inject ? dp<__half>(hc.inject) : nullptr,
-                                         dp<__half>(n), with_inject ? dp<float>(inj) : nullptr, t, int(S), int(H),
-                                         float(eps), stream()),
-                  "hc_read norm");
+    FN_CUDA_CHECK(
+        detail::launch_hc_norm(dp<float>(X), static_cast<const float*>(nullptr), nullptr, dp<__half>(hc.norm),
+                               with_inject ? dp<__half>(hc.inject) : nullptr, dp<__half>(n),
+                               with_inject ? dp<float>(inj) : nullptr, t, int(S), int(H), float(eps), stream()),
+        "hc_read norm");
     blas_.linear(dp<__half>(n), t, w, dp<__half>(hc.down), r, d.data(), OutType::F32, r, stream(),
                  "hc_read input_mix_weight_down");
     FN_CUDA_CHECK(detail::launch_hc_act(dp<float>(d), dp<__half>(a), t, r, int(S), stream()), "hc_read silu");
@@ -332,10 +334,10 @@ class CudaOps final : public Ops {
     const int64_t T = X.dim(0), H = out.dim(1), S = inj.dim(1);
     FN_CHECK(out.dim(0) == T && inj.dim(0) == T && X.dim(1) == S * H, "hc_inject: X {}, out {}, inj {} do not fit",
              X.str(), out.str(), inj.str());
-    FN_CUDA_CHECK(detail::launch_hc_inject(dp<float>(X), dp<const float>(out), dp<const float>(inj),
-                                           to_int(T, op, "tokens"), to_int(S, op, "streams"), to_int(H, op, "hidden"),
-                                           stream()),
-                  op);
+    FN_CUDA_CHECK(
+        detail::launch_hc_inject(dp<float>(X), dp<const float>(out), dp<const float>(inj), to_int(T, op, "tokens"),
+                                 to_int(S, op, "streams"), to_int(H, op, "hidden"), stream()),
+        op);
   }
 
   // ------------------------------------------------------------------------------------------------ Gated DeltaNet
@@ -438,8 +440,10 @@ class CudaOps final : public Ops {
     FN_CHECK(rope.rotary_dim > 0 && rope.rotary_dim % 2 == 0 && rope.rotary_dim <= Di,
              "{}: rotary_dim {} invalid for indexer_head_dim {}", op, rope.rotary_dim, Di);
     const int64_t ni = qi.dim(1) / Di;
-    FN_CHECK(Di <= 256 && ni * Di <= 2048, "{}: {} indexer heads of {} exceed the kernels' limits (dim <= 256, "
-             "heads*dim <= 2048)", op, ni, Di);
+    FN_CHECK(Di <= 256 && ni * Di <= 2048,
+             "{}: {} indexer heads of {} exceed the kernels' limits (dim <= 256, "
+             "heads*dim <= 2048)",
+             op, ni, Di);
     if (T == 0) return;
     const int64_t max_blocks = budget / block, width = selected.dim(1), nb_all = (pos0 + T) / block;
     to_int(pos0 + T, op, "positions");
@@ -471,10 +475,10 @@ class CudaOps final : public Ops {
     for (int64_t t0 = t_host; t0 < T; t0 += rows_per_chunk) {
       const int64_t t1 = std::min(T, t0 + rows_per_chunk), n = t1 - t0;
       Tensor s = alloc({n, nb_all}, DType::F32, "indexer scores");
-      FN_CUDA_CHECK(detail::launch_qsa_block_scores_f32(dp<const float>(qn), int(ni), int(Di), dp<const float>(bkeys),
-                                                        pos0, int(block), int(t0), int(t1), dp<float>(s), nb_all,
-                                                        stream()),
-                    "qsa_indexer_select scores");
+      FN_CUDA_CHECK(
+          detail::launch_qsa_block_scores_f32(dp<const float>(qn), int(ni), int(Di), dp<const float>(bkeys), pos0,
+                                              int(block), int(t0), int(t1), dp<float>(s), nb_all, stream()),
+          "qsa_indexer_select scores");
       scores.resize(size_t(n * nb_all));
       FN_CUDA_CHECK(cudaMemcpyAsync(scores.data(), s.data(), s.nbytes(), cudaMemcpyDeviceToHost, stream()), op);
       synchronize(op);
@@ -551,11 +555,10 @@ class CudaOps final : public Ops {
     check(weights, DType::F32, 2, op, "weights");
     const int64_t T = u.dim(0), H = u.dim(1), E = router.dim(0), k = ids.dim(1);
     FN_CHECK(router.dim(1) == H && ids.dim(0) == T && weights.shape() == ids.shape() && k >= 1 && k <= E,
-             "{}: u {}, router {}, ids {}, weights {} do not fit", op, u.str(), router.str(), ids.str(),
-             weights.str());
+             "{}: u {}, router {}, ids {}, weights {} do not fit", op, u.str(), router.str(), ids.str(), weights.str());
     FN_CHECK(E <= detail::kMoeMaxExperts && k <= detail::kMoeMaxTopK,
-             "{}: {} experts, top-{}: the kernel takes at most {} experts and top-{}", op, E, k,
-             detail::kMoeMaxExperts, detail::kMoeMaxTopK);
+             "{}: {} experts, top-{}: the kernel takes at most {} experts and top-{}", op, E, k, detail::kMoeMaxExperts,
+             detail::kMoeMaxTopK);
     if (T == 0) return;
     Tensor logits = alloc({T, E}, DType::F32, "router logits");
     FN_CUDA_CHECK(detail::launch_linear_f32_narrow(dp<const float>(u), dp<__half>(router), dp<float>(logits),
@@ -628,9 +631,10 @@ class CudaOps final : public Ops {
         blas_.linear(dp<__half>(a2) + r0 * I, int(m), int(I), dp<__half>(w.down) + e * H * I, int(H),
                      dp<float>(y2) + r0 * H, OutType::F32, int(H), stream(), "experts down_proj");
       }
-      FN_CUDA_CHECK(detail::launch_moe_combine_f16x2(dp<const float>(y2), id, slot_row, offsets, dp<const float>(weights),
-                                                     t, int(k), int(H), dp<float>(out), stream()),
-                    "moe_experts combine");
+      FN_CUDA_CHECK(
+          detail::launch_moe_combine_f16x2(dp<const float>(y2), id, slot_row, offsets, dp<const float>(weights), t,
+                                           int(k), int(H), dp<float>(out), stream()),
+          "moe_experts combine");
       return;
     }
     Tensor uh = half_copy(u, op);
@@ -640,10 +644,10 @@ class CudaOps final : public Ops {
                                                    int(H), int(I), offsets, sorted, tile_expert, tile_row, num_tiles,
                                                    max_tiles, dp<__half>(h), stream()),
                   "moe_experts gate_up");
-    FN_CUDA_CHECK(detail::launch_moe_down(dp<__half>(h), dp<__half>(w.down), int(H), int(I), offsets, sorted,
-                                          dp<float>(weights), tile_expert, tile_row, num_tiles, max_tiles,
-                                          dp<__half>(ys), stream()),
-                  "moe_experts down");
+    FN_CUDA_CHECK(
+        detail::launch_moe_down(dp<__half>(h), dp<__half>(w.down), int(H), int(I), offsets, sorted, dp<float>(weights),
+                                tile_expert, tile_row, num_tiles, max_tiles, dp<__half>(ys), stream()),
+        "moe_experts down");
     FN_CUDA_CHECK(detail::launch_moe_combine(dp<__half>(ys), slot_row, t, int(k), int(H), nullptr, nullptr,
                                              dp<float>(out), H, stream()),
                   "moe_experts combine");
@@ -671,9 +675,9 @@ class CudaOps final : public Ops {
       Tensor g = alloc({T, Is}, DType::F32, "shared expert gate"), up = alloc({T, Is}, DType::F32, "shared expert up");
       product(u, w.shared_gate_proj, g, Tensor(), "shared_expert.gate_proj");
       product(u, w.shared_up_proj, up, Tensor(), "shared_expert.up_proj");
-      FN_CUDA_CHECK(detail::launch_silu_mul_f32(dp<const float>(g), dp<const float>(up), dp<float>(g), g.numel(),
-                                                stream()),
-                    "moe_shared_expert silu");
+      FN_CUDA_CHECK(
+          detail::launch_silu_mul_f32(dp<const float>(g), dp<const float>(up), dp<float>(g), g.numel(), stream()),
+          "moe_shared_expert silu");
       product(g, w.shared_down_proj, s, Tensor(), "shared_expert.down_proj");
     } else {
       Tensor uh = half_copy(u, op);
@@ -691,9 +695,9 @@ class CudaOps final : public Ops {
     FN_CUDA_CHECK(detail::launch_linear_f32_narrow(dp<const float>(u), dp<__half>(w.shared_expert_gate),
                                                    dp<float>(logit), t, h, 1, stream()),
                   "shared_expert_gate");
-    FN_CUDA_CHECK(detail::launch_gated_accumulate(dp<float>(out), dp<const float>(s), dp<const float>(logit), t, h,
-                                                  stream()),
-                  op);
+    FN_CUDA_CHECK(
+        detail::launch_gated_accumulate(dp<float>(out), dp<const float>(s), dp<const float>(logit), t, h, stream()),
+        op);
   }
 
   // ------------------------------------------------------------------------------------------------ PLE
@@ -816,8 +820,8 @@ class CudaOps final : public Ops {
       return;
     }
     Tensor xh = half_copy(x, what);
-    blas_.linear(dp<__half>(xh), to_int(T, what, "rows"), in, dp<__half>(w), out, y.data(), OutType::F32, out,
-                 stream(), what);
+    blas_.linear(dp<__half>(xh), to_int(T, what, "rows"), in, dp<__half>(w), out, y.data(), OutType::F32, out, stream(),
+                 what);
     if (b) FN_CUDA_CHECK(detail::launch_add_bias(dp<float>(y), b, T, out, stream()), what);
   }
 
@@ -876,8 +880,8 @@ class CudaOps final : public Ops {
 
   void check_device(const Tensor& t, const char* op, const char* what) const {
     FN_CHECK(t.defined(), "{}: {} is undefined", op, what);
-    FN_CHECK(t.device() == Device::CUDA && t.device_index() == ctx_->device, "{}: {} is on {}:{}, expected cuda:{}",
-             op, what, device_name(t.device()), t.device_index(), ctx_->device);
+    FN_CHECK(t.device() == Device::CUDA && t.device_index() == ctx_->device, "{}: {} is on {}:{}, expected cuda:{}", op,
+             what, device_name(t.device()), t.device_index(), ctx_->device);
   }
 
   void check(const Tensor& t, DType dt, int rank, const char* op, const char* what) {
@@ -952,16 +956,15 @@ class CudaOps final : public Ops {
     const float* a_log = dp<const float>(gates);
     const float* dt_bias = a_log + nv;
     if (chunked) {
-      FN_CUDA_CHECK(detail::launch_gdn_chunked_prefill(dp<const float>(qkv), C, dp<const float>(a),
-                                                       dp<const float>(b), nv, a_log, dt_bias, dp<float>(state), slots,
-                                                       slots + 1, 1, dims, dp<float>(o), ld_o, stream()),
+      FN_CUDA_CHECK(detail::launch_gdn_chunked_prefill(dp<const float>(qkv), C, dp<const float>(a), dp<const float>(b),
+                                                       nv, a_log, dt_bias, dp<float>(state), slots, slots + 1, 1, dims,
+                                                       dp<float>(o), ld_o, stream()),
                     op);
     } else {
       for (int64_t i = 0; i < T; ++i) {  // token by token: the recurrence proper
-        FN_CUDA_CHECK(detail::launch_gdn_recurrent_step(dp<const float>(qkv) + i * C, C, dp<const float>(a) + i * nv,
-                                                        dp<const float>(b) + i * nv, nv, a_log, dt_bias,
-                                                        dp<float>(state), slots, 1, dims, dp<float>(o) + i * ld_o,
-                                                        ld_o, stream()),
+        FN_CUDA_CHECK(detail::launch_gdn_recurrent_step(
+                          dp<const float>(qkv) + i * C, C, dp<const float>(a) + i * nv, dp<const float>(b) + i * nv, nv,
+                          a_log, dt_bias, dp<float>(state), slots, 1, dims, dp<float>(o) + i * ld_o, ld_o, stream()),
                       op);
       }
     }
@@ -980,9 +983,10 @@ std::shared_ptr<Ops> make_cuda_ops(int device, const CudaOpsOptions& options) {
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
     cudaGetLastError();
-    fail("no CUDA device found (cudaGetDeviceCount: {}: {}); run with --device cpu, or on a machine with an NVIDIA "
-         "GPU and driver",
-         cudaGetErrorName(err), cudaGetErrorString(err));
+    fail(
+        "no CUDA device found (cudaGetDeviceCount: {}: {}); run with --device cpu, or on a machine with an NVIDIA "
+        "GPU and driver",
+        cudaGetErrorName(err), cudaGetErrorString(err));
   }
   if (count == 0) fail("no CUDA device found (cudaGetDeviceCount reports 0 devices); run with --device cpu");
   FN_CHECK(device >= 0 && device < count, "CUDA device {} does not exist: this machine has {} (0..{})", device, count,

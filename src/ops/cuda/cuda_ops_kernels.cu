@@ -9,7 +9,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kMaxIndexDim = 256;   // indexer head dim (block keys kernel's shared row)
+constexpr int kMaxIndexDim = 256;     // indexer head dim (block keys kernel's shared row)
 constexpr int kMaxIndexQuery = 2048;  // indexer heads * head dim held in shared memory by the scores kernel
 
 __global__ void f32_to_f16_kernel(const float* __restrict__ x, __half* __restrict__ y, int64_t n) {
@@ -92,9 +92,8 @@ __global__ void gated_accumulate_kernel(float* __restrict__ out, const float* __
 }
 
 // y[t, c] = silu(sum_k w[c, k] * in(t - (K-1) + k, c)); in(p) = x[p, c] (p >= 0) or state[(K-1) + p, c].
-__global__ void gdn_conv_f32_kernel(const float* __restrict__ x, float* __restrict__ y,
-                                    const float* __restrict__ state, const __half* __restrict__ w, int tokens,
-                                    int channels, int K) {
+__global__ void gdn_conv_f32_kernel(const float* __restrict__ x, float* __restrict__ y, const float* __restrict__ state,
+                                    const __half* __restrict__ w, int tokens, int channels, int K) {
   const int64_t n = int64_t(tokens) * channels;
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
     const int64_t t = i / channels;
@@ -117,8 +116,7 @@ __global__ void conv_state_kernel(const float* __restrict__ x, float* __restrict
   if (c >= channels) return;
   for (int r = 0; r < ctx; ++r) {
     const int64_t p = int64_t(tokens) - ctx + r;
-    state[int64_t(r) * channels + c] =
-        p >= 0 ? x[p * channels + c] : state[(int64_t(tokens) + r) * channels + c];
+    state[int64_t(r) * channels + c] = p >= 0 ? x[p * channels + c] : state[(int64_t(tokens) + r) * channels + c];
   }
 }
 
@@ -237,7 +235,8 @@ __global__ void qsa_expand_selection_kernel(const int32_t* __restrict__ top, int
     used = p + 1;
   } else {
     const int32_t* tr = top + int64_t(blockIdx.x) * top_blocks;
-    for (int64_t e = threadIdx.x; e < k * block; e += kThreads) row[e] = int32_t(tr[e / block] * int64_t(block) + e % block);
+    for (int64_t e = threadIdx.x; e < k * block; e += kThreads)
+      row[e] = int32_t(tr[e / block] * int64_t(block) + e % block);
     const int64_t tail = p + 1 - nb * block;
     for (int64_t i = threadIdx.x; i < tail; i += kThreads) row[k * block + i] = int32_t(nb * block + i);
     used = k * block + tail;
@@ -247,8 +246,7 @@ __global__ void qsa_expand_selection_kernel(const int32_t* __restrict__ top, int
 
 // One warp per row: stream compaction of the non-negative entries with a ballot per 32 entries.
 __global__ void compact_selection_kernel(const int32_t* __restrict__ selected, int tokens, int n_sel, int64_t rows,
-                                         int32_t* __restrict__ compact, int32_t* __restrict__ counts,
-                                         int32_t* status) {
+                                         int32_t* __restrict__ compact, int32_t* __restrict__ counts, int32_t* status) {
   const int t = (blockIdx.x * kThreads + threadIdx.x) >> 5, lane = threadIdx.x & 31;
   if (t >= tokens) return;
   const int32_t* in = selected + int64_t(t) * n_sel;
@@ -423,8 +421,7 @@ cudaError_t launch_linear_f32_narrow(const float* x, const __half* w, float* y, 
                                      cudaStream_t stream) {
   const int64_t items = int64_t(tokens) * out;
   if (items == 0) return cudaSuccess;
-  linear_f32_narrow_kernel<<<unsigned((items + kWarps - 1) / kWarps), kThreads, 0, stream>>>(x, w, y, tokens, in,
-                                                                                              out);
+  linear_f32_narrow_kernel<<<unsigned((items + kWarps - 1) / kWarps), kThreads, 0, stream>>>(x, w, y, tokens, in, out);
   return cudaGetLastError();
 }
 
@@ -440,7 +437,7 @@ cudaError_t launch_gdn_conv_f32(const float* x, float* y, float* state, const __
                                 int kernel, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   gdn_conv_f32_kernel<<<grid_for(int64_t(tokens) * channels), kThreads, 0, stream>>>(x, y, state, w, tokens, channels,
-                                                                                    kernel);
+                                                                                     kernel);
   if (kernel > 1)
     conv_state_kernel<<<(channels + kThreads - 1) / kThreads, kThreads, 0, stream>>>(x, state, tokens, channels,
                                                                                      kernel - 1);
@@ -458,7 +455,7 @@ cudaError_t launch_ple_conv_add_f32(const float* p, const float* n, const __half
                                     int kernel, int dilation, float* state, float* x, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   ple_conv_add_f32_kernel<<<grid_for(int64_t(tokens) * channels), kThreads, 0, stream>>>(p, n, w, tokens, channels,
-                                                                                        kernel, dilation, state, x);
+                                                                                         kernel, dilation, state, x);
   const int ctx = (kernel - 1) * dilation;
   if (ctx > 0)
     conv_state_kernel<<<(channels + kThreads - 1) / kThreads, kThreads, 0, stream>>>(n, state, tokens, channels, ctx);

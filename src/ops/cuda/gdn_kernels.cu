@@ -79,8 +79,8 @@ __global__ void gdn_conv_update_kernel(const __half* __restrict__ x, int64_t ldx
 
 // beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias)   (FP32, g <= 0).
 template <class T>
-__device__ __forceinline__ void gdn_gates(const T* a, const T* b, const float* a_log, const float* dt_bias,
-                                          int head, float* beta, float* g) {
+__device__ __forceinline__ void gdn_gates(const T* a, const T* b, const float* a_log, const float* dt_bias, int head,
+                                          float* beta, float* g) {
   *beta = sigmoidf_(to_f(*b));
   *g = -expf(a_log[head]) * softplusf_(to_f(*a) + dt_bias[head]);
 }
@@ -320,10 +320,10 @@ unsigned grid_for(int64_t n) {
 }
 
 // Both activation types are compiled in every build (NVRTC included, for the SM70 check).
-#define FN_GDN_INSTANTIATE(T)                                                                                      \
-  template __global__ void gdn_recurrent_kernel<T>(const T*, int64_t, const T*, const T*, int64_t, const float*,  \
-                                                   const float*, float*, const int32_t*, GdnDims, T*, int64_t);   \
-  template __global__ void gdn_chunked_kernel<T>(const T*, int64_t, const T*, const T*, int64_t, const float*,    \
+#define FN_GDN_INSTANTIATE(T)                                                                                       \
+  template __global__ void gdn_recurrent_kernel<T>(const T*, int64_t, const T*, const T*, int64_t, const float*,    \
+                                                   const float*, float*, const int32_t*, GdnDims, T*, int64_t);     \
+  template __global__ void gdn_chunked_kernel<T>(const T*, int64_t, const T*, const T*, int64_t, const float*,      \
                                                  const float*, float*, const int32_t*, const int32_t*, GdnDims, T*, \
                                                  int64_t);
 FN_GDN_INSTANTIATE(__half)
@@ -362,8 +362,8 @@ cudaError_t gdn_recurrent_launch(const T* qkv, int64_t ld_qkv, const T* a, const
                                  int batch, GdnDims dims, T* out, int64_t ld_out, cudaStream_t stream) {
   if (batch == 0) return cudaSuccess;
   const unsigned blocks = unsigned(batch) * dims.nv * ((dims.dv + 31) / 32);
-  gdn_recurrent_kernel<T><<<blocks, kThreads, 0, stream>>>(qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots,
-                                                           dims, out, ld_out);
+  gdn_recurrent_kernel<T>
+      <<<blocks, kThreads, 0, stream>>>(qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots, dims, out, ld_out);
   return cudaGetLastError();
 }
 
@@ -373,8 +373,7 @@ cudaError_t gdn_chunked_launch(const T* qkv, int64_t ld_qkv, const T* a, const T
                                int num_seqs, GdnDims dims, T* out, int64_t ld_out, cudaStream_t stream) {
   if (num_seqs == 0) return cudaSuccess;
   const size_t smem = ChunkSmem::bytes(dims.dk);
-  cudaError_t err =
-      cudaFuncSetAttribute(gdn_chunked_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  cudaError_t err = cudaFuncSetAttribute(gdn_chunked_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (err != cudaSuccess) return err;
   const unsigned blocks = unsigned(num_seqs) * dims.nv * ((dims.dv + 31) / 32);
   gdn_chunked_kernel<T><<<blocks, kThreads, smem, stream>>>(qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots, cu,

@@ -88,8 +88,8 @@ __global__ void hc_mix_kernel(const __half* __restrict__ m, const __half* __rest
 
 // x[t, b*H + i] += w[t, b] * y[t, i].
 template <class T>
-__global__ void hc_inject_kernel(T* __restrict__ x, const T* __restrict__ y, const float* __restrict__ w,
-                                 int tokens, int streams, int hidden) {
+__global__ void hc_inject_kernel(T* __restrict__ x, const T* __restrict__ y, const float* __restrict__ w, int tokens,
+                                 int streams, int hidden) {
   const int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t width = int64_t(streams) * hidden;
   if (idx >= int64_t(tokens) * width) return;
@@ -104,10 +104,10 @@ unsigned grid_for(int64_t n) {
 }
 
 // Both activation types are compiled in every build (NVRTC included, for the SM70 check).
-#define FN_HC_INSTANTIATE(T)                                                                                        \
-  template __global__ void hc_norm_kernel<T>(T*, const T*, const float*, const __half*, const __half*, __half*,   \
-                                             float*, int, int, float);                                             \
-  template __global__ void hc_mix_kernel<T>(const __half*, const __half*, T*, int, int, int);                      \
+#define FN_HC_INSTANTIATE(T)                                                                                    \
+  template __global__ void hc_norm_kernel<T>(T*, const T*, const float*, const __half*, const __half*, __half*, \
+                                             float*, int, int, float);                                          \
+  template __global__ void hc_mix_kernel<T>(const __half*, const __half*, T*, int, int, int);                   \
   template __global__ void hc_inject_kernel<T>(T*, const T*, const float*, int, int, int);
 FN_HC_INSTANTIATE(__half)
 FN_HC_INSTANTIATE(float)
@@ -123,11 +123,11 @@ cudaError_t hc_norm_launch(TX* x, const TX* y_prev, const float* w_prev, const _
                            cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   if (tokens < 256)
-    hc_norm_kernel<TX><<<tokens, 1024, 0, stream>>>(x, y_prev, w_prev, norm_w, w_inject, n_out, inject_out, streams,
-                                                    hidden, eps);
+    hc_norm_kernel<TX>
+        <<<tokens, 1024, 0, stream>>>(x, y_prev, w_prev, norm_w, w_inject, n_out, inject_out, streams, hidden, eps);
   else
-    hc_norm_kernel<TX><<<tokens, 256, 0, stream>>>(x, y_prev, w_prev, norm_w, w_inject, n_out, inject_out, streams,
-                                                   hidden, eps);
+    hc_norm_kernel<TX>
+        <<<tokens, 256, 0, stream>>>(x, y_prev, w_prev, norm_w, w_inject, n_out, inject_out, streams, hidden, eps);
   return cudaGetLastError();
 }
 

@@ -176,8 +176,8 @@ struct TileRegs {
 template <bool GATE_UP>
 __device__ __forceinline__ void moe_gemm_body(
     const __half* __restrict__ a_src, int64_t lda, int top_k, const __half* __restrict__ w0,
-    const __half* __restrict__ w1, int64_t expert_rows, int hidden, int inter,
-    const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted_slots, const float* __restrict__ weights,
+    const __half* __restrict__ w1, int64_t expert_rows, int hidden, int inter, const int32_t* __restrict__ offsets,
+    const int32_t* __restrict__ sorted_slots, const float* __restrict__ weights,
     const int32_t* __restrict__ tile_expert, const int32_t* __restrict__ tile_row,
     const int32_t* __restrict__ num_tiles, __half* __restrict__ out) {
   constexpr int NB = GATE_UP ? 2 : 1;

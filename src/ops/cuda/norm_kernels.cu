@@ -10,8 +10,8 @@ constexpr int kWarps = 8;
 
 // y = x * rsqrt(mean(x^2) + eps) * (1 + w[col % w_len]) over each group of `group` columns.
 template <class T>
-__global__ void zc_rmsnorm_kernel(const T* __restrict__ x, int64_t ldx, T* y, int64_t ldy,
-                                  const __half* __restrict__ w, int w_len, int rows, int width, int group, float eps) {
+__global__ void zc_rmsnorm_kernel(const T* __restrict__ x, int64_t ldx, T* y, int64_t ldy, const __half* __restrict__ w,
+                                  int w_len, int rows, int width, int group, float eps) {
   const int groups = width / group;
   const int64_t item = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (item >= int64_t(rows) * groups) return;
@@ -52,9 +52,9 @@ __global__ void zc_rmsnorm_wide_kernel(const T* __restrict__ x, int64_t ldx, T* 
 
 // Per (token, head): ZC-RMSNorm over `dim` with weight w[dim], then NeoX rotary on the first rotary_dims.
 template <class T>
-__global__ void head_norm_rope_kernel(const T* __restrict__ x, int64_t xts, int64_t xhs, T* y, int64_t yts,
-                                      int64_t yhs, const __half* __restrict__ w, const int32_t* __restrict__ pos,
-                                      int tokens, int heads, int dim, int rotary_dims, float theta, float eps) {
+__global__ void head_norm_rope_kernel(const T* __restrict__ x, int64_t xts, int64_t xhs, T* y, int64_t yts, int64_t yhs,
+                                      const __half* __restrict__ w, const int32_t* __restrict__ pos, int tokens,
+                                      int heads, int dim, int rotary_dims, float theta, float eps) {
   const int64_t item = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (item >= int64_t(tokens) * heads) return;
   const int lane = threadIdx.x & 31;
@@ -113,13 +113,13 @@ unsigned blocks_for(int64_t items) {
 }
 
 // Both activation types are compiled in every build (NVRTC included, for the SM70 check).
-#define FN_NORM_INSTANTIATE(T)                                                                                     \
-  template __global__ void zc_rmsnorm_kernel<T>(const T*, int64_t, T*, int64_t, const __half*, int, int, int, int, \
-                                                float);                                                            \
-  template __global__ void zc_rmsnorm_wide_kernel<T>(const T*, int64_t, T*, int64_t, const __half*, int, int, int, \
-                                                     float);                                                       \
+#define FN_NORM_INSTANTIATE(T)                                                                                       \
+  template __global__ void zc_rmsnorm_kernel<T>(const T*, int64_t, T*, int64_t, const __half*, int, int, int, int,   \
+                                                float);                                                              \
+  template __global__ void zc_rmsnorm_wide_kernel<T>(const T*, int64_t, T*, int64_t, const __half*, int, int, int,   \
+                                                     float);                                                         \
   template __global__ void head_norm_rope_kernel<T>(const T*, int64_t, int64_t, T*, int64_t, int64_t, const __half*, \
-                                                    const int32_t*, int, int, int, int, float, float);             \
+                                                    const int32_t*, int, int, int, int, float, float);               \
   template __global__ void gated_rmsnorm_kernel<T>(const T*, int64_t, const T*, int64_t, T*, int64_t, const __half*, \
                                                    int, int, int, float, bool);
 FN_NORM_INSTANTIATE(__half)
@@ -138,15 +138,15 @@ cudaError_t zc_rmsnorm_launch(const T* x, int64_t ldx, T* y, int64_t ldy, const 
   if (group >= kWideGroup && items < 2048)  // few wide groups (decode): a block each; else a warp each
     zc_rmsnorm_wide_kernel<T><<<unsigned(items), 256, 0, stream>>>(x, ldx, y, ldy, w, w_len, width, group, eps);
   else
-    zc_rmsnorm_kernel<T><<<blocks_for(items), kWarps * 32, 0, stream>>>(x, ldx, y, ldy, w, w_len, rows, width, group,
-                                                                        eps);
+    zc_rmsnorm_kernel<T>
+        <<<blocks_for(items), kWarps * 32, 0, stream>>>(x, ldx, y, ldy, w, w_len, rows, width, group, eps);
   return cudaGetLastError();
 }
 
 template <class T>
-cudaError_t head_norm_rope_launch(const T* x, int64_t xts, int64_t xhs, T* y, int64_t yts, int64_t yhs,
-                                  const __half* w, const int32_t* pos, int tokens, int heads, int dim, int rotary_dims,
-                                  float theta, float eps, cudaStream_t stream) {
+cudaError_t head_norm_rope_launch(const T* x, int64_t xts, int64_t xhs, T* y, int64_t yts, int64_t yhs, const __half* w,
+                                  const int32_t* pos, int tokens, int heads, int dim, int rotary_dims, float theta,
+                                  float eps, cudaStream_t stream) {
   int64_t items = int64_t(tokens) * heads;
   if (items == 0) return cudaSuccess;
   head_norm_rope_kernel<T><<<blocks_for(items), kWarps * 32, 0, stream>>>(x, xts, xhs, y, yts, yhs, w, pos, tokens,
@@ -159,8 +159,8 @@ cudaError_t gated_rmsnorm_launch(const T* x, int64_t ldx, const T* z, int64_t ld
                                  int tokens, int heads, int dim, float eps, bool silu_gate, cudaStream_t stream) {
   int64_t items = int64_t(tokens) * heads;
   if (items == 0) return cudaSuccess;
-  gated_rmsnorm_kernel<T><<<blocks_for(items), kWarps * 32, 0, stream>>>(x, ldx, z, ldz, y, ldy, w, tokens, heads,
-                                                                         dim, eps, silu_gate);
+  gated_rmsnorm_kernel<T>
+      <<<blocks_for(items), kWarps * 32, 0, stream>>>(x, ldx, z, ldz, y, ldy, w, tokens, heads, dim, eps, silu_gate);
   return cudaGetLastError();
 }
 }  // namespace

@@ -421,11 +421,10 @@ __global__ void qsa_combine_kernel(const float* __restrict__ partial, int heads,
 }
 
 // Both activation types are compiled in every build (NVRTC included, for the SM70 check).
-#define FN_QSA_INSTANTIATE(T)                                                                                      \
-  template __global__ void qsa_attention_kernel<T>(const T*, int64_t, const int32_t*, const int32_t*,             \
-                                                   const int32_t*, int64_t, const int32_t*, QsaPaging, const T*,  \
-                                                   const T*, int, int, int, int, int, const T*, int64_t, int64_t, \
-                                                   float*, T*, int64_t, int32_t*);                                \
+#define FN_QSA_INSTANTIATE(T)                                                                                          \
+  template __global__ void qsa_attention_kernel<T>(                                                                    \
+      const T*, int64_t, const int32_t*, const int32_t*, const int32_t*, int64_t, const int32_t*, QsaPaging, const T*, \
+      const T*, int, int, int, int, int, const T*, int64_t, int64_t, float*, T*, int64_t, int32_t*);                   \
   template __global__ void qsa_combine_kernel<T>(const float*, int, int, int, const T*, int64_t, int64_t, T*, int64_t);
 FN_QSA_INSTANTIATE(__half)
 FN_QSA_INSTANTIATE(float)

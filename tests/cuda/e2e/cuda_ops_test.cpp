@@ -4,6 +4,8 @@
 // FP16-representable values, so both backends see the same weights exactly: with FP16x2 activations every op must
 // match to float32 reduction-order differences; with FP16 activations the products to FP16 rounding of their
 // inputs.
+#include "ops/cuda/cuda_ops.h"
+
 #include <cuda_fp16.h>
 #include <gtest/gtest.h>
 
@@ -15,7 +17,6 @@
 #include <vector>
 
 #include "core/error.h"
-#include "ops/cuda/cuda_ops.h"
 #include "ops/ops.h"
 
 namespace flashnext {
@@ -28,8 +29,10 @@ std::shared_ptr<Ops> cpu() {
 ActivationPrecision g_mode = ActivationPrecision::Fp16x2;  // set by the fixture for each test
 
 std::shared_ptr<Ops> gpu() {
-  static std::shared_ptr<Ops> split = make_cuda_ops(0, CudaOpsOptions{PleTablePlacement::Host, ActivationPrecision::Fp16x2});
-  static std::shared_ptr<Ops> fp16 = make_cuda_ops(0, CudaOpsOptions{PleTablePlacement::Host, ActivationPrecision::Fp16});
+  static std::shared_ptr<Ops> split =
+      make_cuda_ops(0, CudaOpsOptions{PleTablePlacement::Host, ActivationPrecision::Fp16x2});
+  static std::shared_ptr<Ops> fp16 =
+      make_cuda_ops(0, CudaOpsOptions{PleTablePlacement::Host, ActivationPrecision::Fp16});
   return g_mode == ActivationPrecision::Fp16x2 ? split : fp16;
 }
 
@@ -87,7 +90,7 @@ double expect_close(const Pair& p, double atol, double rtol, const std::string& 
   for (size_t i = 0; i < std::min(c.size(), g.size()); ++i) {
     const double err = std::fabs(double(g[i]) - double(c[i]));
     const double ratio = err == 0 ? 0.0 : err / (atol + rtol * std::fabs(double(c[i])));  // 0/0 is a match
-    if (!(ratio <= 1.0)) ++bad;  // NaN too
+    if (!(ratio <= 1.0)) ++bad;                                                           // NaN too
     if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = i;
     if (!(err <= max_abs)) max_abs = err;
   }
@@ -221,7 +224,8 @@ TEST_P(CudaOps, GatedDeltaNet) {
   uint32_t seed = 100;
   for (int64_t n : {T, int64_t(1), int64_t(1), int64_t(1)}) {
     seed += 10;
-    Pair qkv = act({n, C}, seed), a = act({n, nv}, seed + 1), b = act({n, nv}, seed + 2), z = act({n, nv * 128}, seed + 3);
+    Pair qkv = act({n, C}, seed), a = act({n, nv}, seed + 1), b = act({n, nv}, seed + 2),
+         z = act({n, nv * 128}, seed + 3);
     cpu()->gdn_conv(qkv.c, conv_w.c, conv_state.c);
     gpu()->gdn_conv(qkv.g, conv_w.g, conv_state.g);
     expect_close(qkv, kF32, kF32, "gdn_conv T=" + std::to_string(n));
@@ -261,7 +265,8 @@ TEST_P(CudaOps, QsaAttention) {
   const int64_t nh = 8, nkv = 2, D = 256, ni = 2, Di = 128, budget = 16, block = 4, width = budget + block - 1;
   const RopeParams rope{64, 10000000.0};
   const int64_t total = 61;
-  Pair qn = weight({D}, 30, 0.2f), kn = weight({D}, 31, 0.2f), iqn = weight({Di}, 32, 0.2f), ikn = weight({Di}, 33, 0.2f);
+  Pair qn = weight({D}, 30, 0.2f), kn = weight({D}, 31, 0.2f), iqn = weight({Di}, 32, 0.2f),
+       ikn = weight({Di}, 33, 0.2f);
   Pair keys = act({total, Di}, 34), kc = empty({total, nkv, D}), vc = act({total, nkv, D}, 35);
   int64_t pos0 = 0;
   for (int64_t T : {int64_t(60), int64_t(1)}) {
@@ -279,7 +284,8 @@ TEST_P(CudaOps, QsaAttention) {
     cpu()->qsa_indexer_select(qi.c, keys_c, iqn.c, ikn.c, 1e-6, rope, pos0, budget, block, sel.c);
     gpu()->qsa_indexer_select(qi.g, keys_g, iqn.g, ikn.g, 1e-6, rope, pos0, budget, block, sel.g);
     const auto sc = selection_sets(*cpu(), sel.c), sg = selection_sets(*gpu(), sel.g);
-    for (int64_t t = 0; t < T; ++t) EXPECT_EQ(sg[size_t(t)], sc[size_t(t)]) << "selected tokens of position " << pos0 + t;
+    for (int64_t t = 0; t < T; ++t)
+      EXPECT_EQ(sg[size_t(t)], sc[size_t(t)]) << "selected tokens of position " << pos0 + t;
     // Attention over the CPU's selection on both (identical inputs).
     const auto sel_host = host_as<int32_t>(*cpu(), sel.c);
     Tensor sel_g = gpu()->upload(sel_host.data(), DType::I32, {T, width});
@@ -304,7 +310,8 @@ TEST_P(CudaOps, Moe) {
   EXPECT_EQ(ig, ic) << "router top-k ids (sorted by probability)";
   expect_close(wts, kF32, kF32, "router weights");
   MoeWeights wc, wg;
-  Pair gate = weight({E, I, H}, 42, 1.0f / 16), up = weight({E, I, H}, 43, 1.0f / 16), down = weight({E, H, I}, 44, 0.125f);
+  Pair gate = weight({E, I, H}, 42, 1.0f / 16), up = weight({E, I, H}, 43, 1.0f / 16),
+       down = weight({E, H, I}, 44, 0.125f);
   Pair sg = weight({Is, H}, 45, 1.0f / 16), su = weight({Is, H}, 46, 1.0f / 16), sd = weight({H, Is}, 47, 0.1f);
   Pair seg = weight({1, H}, 48, 1.0f / 16);
   wc.gate = gate.c, wc.up = up.c, wc.down = down.c, wc.shared_gate_proj = sg.c, wc.shared_up_proj = su.c;
@@ -348,7 +355,8 @@ TEST_P(CudaOps, Ple) {
     tg_dev.shards.push_back(gpu_dev->map_host_table(p, DType::BF16, {n, hd}, keep));
   }
   for (PleTable* t : {&tc, &tg_host, &tg_dev}) t->rows = rows, t->head_dim = hd;
-  Pair norm_query = weight({S * H}, 51, 0.2f), norm_conv = weight({S * H}, 52, 0.2f), conv = weight({S * H, K}, 53, 0.3f);
+  Pair norm_query = weight({S * H}, 51, 0.2f), norm_conv = weight({S * H}, 52, 0.2f),
+       conv = weight({S * H, K}, 53, 0.3f);
   Pair state = zeros({(K - 1) * dil, S * H}), X = act({12, S * H}, 54, 2.0f);
   int64_t t0 = 0;
   for (int64_t T : {int64_t(9), int64_t(1), int64_t(1)}) {

@@ -12,8 +12,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <span>
@@ -106,8 +106,8 @@ void check_argmax(const std::string& what, int64_t t, int64_t got, int64_t want,
     ties += fmt::format(" [position {}: cuda {} vs reference {}, reference top-2 gap {:.2e}]", t, got, want, ref_gap);
     return;
   }
-  ADD_FAILURE() << what << " position " << t << ": argmax " << got << ", reference " << want
-                << " (reference top-2 gap " << ref_gap << ")";
+  ADD_FAILURE() << what << " position " << t << ": argmax " << got << ", reference " << want << " (reference top-2 gap "
+                << ref_gap << ")";
 }
 
 /// Full logits [T, V] against the reference's: the acceptance criteria, and one E2E line.
@@ -127,9 +127,10 @@ void check_logits(const std::string& what, const std::vector<float>& got, const 
                  near_ties, ties);
   }
   EXPECT_LE(max_abs, kLogitTol * scale) << what;
-  std::printf("E2E: %s: T=%lld max|dlogit| %.3e, reference scale %.3f, ratio %.2e (limit %.0e); near-tie argmax "
-              "differences %d%s\n",
-              what.c_str(), (long long)T, max_abs, scale, max_abs / scale, kLogitTol, near_ties, ties.c_str());
+  std::printf(
+      "E2E: %s: T=%lld max|dlogit| %.3e, reference scale %.3f, ratio %.2e (limit %.0e); near-tie argmax "
+      "differences %d%s\n",
+      what.c_str(), (long long)T, max_abs, scale, max_abs / scale, kLogitTol, near_ties, ties.c_str());
 }
 
 /// Prints max |hidden - reference| per layer (E2E-HIDDEN lines) during one forward; returns the logits.
@@ -213,9 +214,10 @@ TEST(TinyAFp16, StaysCloseToReference) {
     }
     EXPECT_TRUE(finite) << P;
     EXPECT_LE(other, (T + 99) / 100) << P << ": argmax differences beyond near-ties";
-    std::printf("E2E-FP16: tiny-a %s: T=%lld max|dlogit| %.3e, reference scale %.3f, ratio %.2e; argmax differences: "
-                "%d near-tie, %d other\n",
-                P, (long long)T, max_abs, scale, max_abs / scale, near_ties, other);
+    std::printf(
+        "E2E-FP16: tiny-a %s: T=%lld max|dlogit| %.3e, reference scale %.3f, ratio %.2e; argmax differences: "
+        "%d near-tie, %d other\n",
+        P, (long long)T, max_abs, scale, max_abs / scale, near_ties, other);
   }
 }
 
@@ -278,9 +280,10 @@ TEST_P(TinyB, LogitsMatchReference) {
     check_argmax("tiny-b " + P, t, argmax(&logits[size_t(t * V)], V), ref_argmax[size_t(t)], gap, near_ties, ties);
   }
   EXPECT_LE(max_abs, kLogitTol * scale) << P;
-  std::printf("E2E: tiny-b %s: T=%lld max|dlogit| %.3e over the reference's top-32 and last 4 rows, reference "
-              "scale %.3f, ratio %.2e (limit %.0e); near-tie argmax differences %d%s\n",
-              P.c_str(), (long long)T, max_abs, scale, max_abs / scale, kLogitTol, near_ties, ties.c_str());
+  std::printf(
+      "E2E: tiny-b %s: T=%lld max|dlogit| %.3e over the reference's top-32 and last 4 rows, reference "
+      "scale %.3f, ratio %.2e (limit %.0e); near-tie argmax differences %d%s\n",
+      P.c_str(), (long long)T, max_abs, scale, max_abs / scale, kLogitTol, near_ties, ties.c_str());
 }
 
 TEST_P(TinyB, GreedyMatchesReference) {
