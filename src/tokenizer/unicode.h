@@ -4,6 +4,7 @@
 // the White_Space / word-character predicates that Hugging Face `tokenizers` uses for added tokens.
 #pragma once
 
+#include "core/utf8.h"
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -61,8 +62,7 @@ std::string replace_invalid_utf8(std::string_view s);
 /// of `s` except a trailing truncated sequence (at most 3 bytes).
 size_t utf8_stable_prefix(std::string_view s);
 
-/// Appends the UTF-8 encoding of `cp` (must be a scalar value) to `out`.
-void append_utf8(std::string& out, char32_t cp);
+using ::flashnext::append_utf8;  // core/utf8.h
 
 /// Byte offset of the first character of valid UTF-8 `s` from which NFC might change the text, or npos when `s`
 /// is certainly in NFC already (every character is a composition boundary, see nfc()).
