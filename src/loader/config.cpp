@@ -319,7 +319,8 @@ ModelConfig parse_config(const json& doc, const std::string& source) {
       fail("{}: ple_layer_ids must contain one-indexed ids in [1, {}], got {}", where, c.num_hidden_layers,
            fmt::join(bad, ", "));
     }
-    // PLE runs before the token mixer of GDN layers only (the reference rejects PLE on attention layers).
+    // PLE only on GDN layers: the validation rule of issue #2 (other ports reject it too). The transformers copy we
+    // read has no such check and would name such a layer `hybrid_indexed`; revisit if a release ever uses one.
     std::vector<int64_t> on_attention;
     for (auto id : c.ple_layer_ids) {
       if (c.layer_types[size_t(id - 1)] != LayerKind::GatedDeltaNet) on_attention.push_back(id);
