@@ -14,6 +14,9 @@ struct Case {
   std::string model, fixture, prompt;
 };
 
+// Readable test listings (gtest otherwise prints the bytes of the struct).
+void PrintTo(const Case& c, std::ostream* os) { *os << c.fixture << "/" << c.prompt; }
+
 class ChunkedPrefill : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ChunkedPrefill, AnyChunkSizeEqualsFullForward) {
