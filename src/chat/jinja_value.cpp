@@ -231,77 +231,43 @@ std::string Value::repr() const {
 
 namespace {
 
+// The short escapes of Python's json.dumps; false for characters without one.
+bool json_short_escape(std::string& out, char32_t c) {
+  switch (c) {
+    case '"': out += "\\\""; return true;
+    case '\\': out += "\\\\"; return true;
+    case '\n': out += "\\n"; return true;
+    case '\r': out += "\\r"; return true;
+    case '\t': out += "\\t"; return true;
+    case '\b': out += "\\b"; return true;
+    case '\f': out += "\\f"; return true;
+    default: return false;
+  }
+}
+
 void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
   out.push_back('"');
   auto hex4 = [&](uint32_t v) { out += fmt::format("\\u{:04x}", v); };
   if (!ensure_ascii) {
     for (char ch : s) {
       unsigned char c = static_cast<unsigned char>(ch);
-      switch (c) {
-        case '"':
-          out += "\\\"";
-          break;
-        case '\\':
-          out += "\\\\";
-          break;
-        case '\n':
-          out += "\\n";
-          break;
-        case '\r':
-          out += "\\r";
-          break;
-        case '\t':
-          out += "\\t";
-          break;
-        case '\b':
-          out += "\\b";
-          break;
-        case '\f':
-          out += "\\f";
-          break;
-        default:
-          if (c < 0x20)
-            hex4(c);
-          else
-            out.push_back(ch);
-      }
+      if (json_short_escape(out, c)) continue;
+      if (c < 0x20)
+        hex4(c);
+      else
+        out.push_back(ch);
     }
   } else {
     for (char32_t c : detail::decode_utf8(s)) {
-      switch (c) {
-        case '"':
-          out += "\\\"";
-          break;
-        case '\\':
-          out += "\\\\";
-          break;
-        case '\n':
-          out += "\\n";
-          break;
-        case '\r':
-          out += "\\r";
-          break;
-        case '\t':
-          out += "\\t";
-          break;
-        case '\b':
-          out += "\\b";
-          break;
-        case '\f':
-          out += "\\f";
-          break;
-        default:
-          if (c < 0x20 || c > 0x7e) {
-            if (c >= 0x10000) {
-              uint32_t v = c - 0x10000;
-              hex4(0xD800 + (v >> 10));
-              hex4(0xDC00 + (v & 0x3FF));
-            } else {
-              hex4(c);
-            }
-          } else {
-            out.push_back(static_cast<char>(c));
-          }
+      if (json_short_escape(out, c)) continue;
+      if (c >= 0x20 && c <= 0x7e) {
+        out.push_back(static_cast<char>(c));
+      } else if (c >= 0x10000) {
+        uint32_t v = c - 0x10000;
+        hex4(0xD800 + (v >> 10));
+        hex4(0xDC00 + (v & 0x3FF));
+      } else {
+        hex4(c);
       }
     }
   }
