@@ -24,6 +24,11 @@ class Reference {
  public:
   explicit Reference(const std::string& fixture)
       : file_(source_path("tests/data/fixtures/" + fixture + "/reference.safetensors")) {}
+  /// A reference.safetensors at an explicit path (e.g. the medium fixture, made outside the repository).
+  struct AtPath {
+    std::string path;
+  };
+  explicit Reference(const AtPath& at) : file_(at.path) {}
   const TensorView& view(const std::string& name) const {
     auto it = file_.tensors().find(name);
     if (it == file_.tensors().end()) throw std::runtime_error("reference tensor missing: " + name);

@@ -30,33 +30,8 @@ constexpr double kLogitTol = 2e-2;  // x the reference scale
 constexpr double kNearTie = 1e-2;   // reference top-2 gap below which an argmax difference is tolerated
 
 /// reference.safetensors at an explicit path.
-class RefFile {
- public:
-  explicit RefFile(const std::string& path) : file_(path) {}
-  const TensorView& view(const std::string& name) const {
-    auto it = file_.tensors().find(name);
-    if (it == file_.tensors().end()) throw std::runtime_error("reference tensor missing: " + name);
-    return it->second;
-  }
-  std::vector<float> f32(const std::string& name) const {
-    const TensorView& v = view(name);
-    std::vector<float> out(size_t(v.numel()));
-    convert_to_float(v.dtype, v.data, out.data(), out.size());
-    return out;
-  }
-  std::vector<int64_t> i64(const std::string& name) const {
-    const TensorView& v = view(name);
-    std::vector<int64_t> out(size_t(v.numel()));
-    std::memcpy(out.data(), v.data, out.size() * 8);
-    return out;
-  }
-  std::vector<int32_t> ids(const std::string& prompt) const {
-    auto v = i64(prompt + ".input_ids");
-    return std::vector<int32_t>(v.begin(), v.end());
-  }
-
- private:
-  SafetensorsFile file_;
+struct RefFile : Reference {
+  explicit RefFile(const std::string& path) : Reference(AtPath{path}) {}
 };
 
 std::string medium_dir() {
