@@ -6,7 +6,8 @@
 #                                         Debian packages into build-cuda/gpu-deps, to carry to the GPU machine
 #   bash scripts/gpu-check.sh             on the GPU machine: configure, build, run the tests, then the benchmark
 # Env: GPU_BUILD_DIR (default build-gpu), CUDA_ARCH (default 90), GPU_DEPS (default build-cuda/gpu-deps),
-#      BENCH=0 to skip the benchmark, SANITIZE_FILTER=<gtest filter> to also run those tests under
+#      BENCH=0 to skip the benchmarks (BENCH_CUDA=0: only bench_moe_w4a16), TEST_FILTER=<gtest filter> to run only
+#      those tests, SANITIZE_FILTER=<gtest filter> to also run those tests under
 #      compute-sanitizer memcheck, OUT (if set, logs are copied there).
 # Exit status: non-zero if the build or any test fails (the benchmark's status is reported, not fatal).
 # The whole GPU check (these kernel tests, the ops-interface backend and the model end to end): scripts/gpu-e2e.sh.
@@ -30,15 +31,19 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,m
 cmake -S tests/cuda -B "$BUILD" "${args[@]}" >/dev/null
 cmake --build "$BUILD" --parallel "$(nproc)"
 status=0
-"$BUILD/test_cuda" --gtest_color=no 2>&1 | tee "$BUILD/test.log" || status=$?
+"$BUILD/test_cuda" --gtest_color=no ${TEST_FILTER:+--gtest_filter="$TEST_FILTER"} 2>&1 | tee "$BUILD/test.log" ||
+  status=$?
 if [ -n "${SANITIZE_FILTER:-}" ] && command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/test_cuda" --gtest_color=no \
     --gtest_filter="$SANITIZE_FILTER" 2>&1 | tail -n 30 | tee "$BUILD/sanitizer.log" || status=$?
 fi
 if [ "${BENCH:-1}" != 0 ]; then
-  "$BUILD/bench_cuda" 2>&1 | tee "$BUILD/bench.md" || echo "gpu-check: bench_cuda failed" >&2
+  if [ "${BENCH_CUDA:-1}" != 0 ]; then
+    "$BUILD/bench_cuda" 2>&1 | tee "$BUILD/bench.md" || echo "gpu-check: bench_cuda failed" >&2
+  fi
+  "$BUILD/bench_moe_w4a16" 2>&1 | tee "$BUILD/bench_w4a16.md" || echo "gpu-check: bench_moe_w4a16 failed" >&2
 fi
-if [ -n "${OUT:-}" ]; then cp "$BUILD"/test.log "$OUT"/ 2>/dev/null || true; cp "$BUILD"/bench.md "$OUT"/ 2>/dev/null || true
+if [ -n "${OUT:-}" ]; then cp "$BUILD"/test.log "$OUT"/ 2>/dev/null || true; cp "$BUILD"/bench.md "$BUILD"/bench_w4a16.md "$OUT"/ 2>/dev/null || true
   cp "$BUILD"/sanitizer.log "$OUT"/ 2>/dev/null || true; fi
 echo "gpu-check: test_cuda exit status $status"
 exit $status

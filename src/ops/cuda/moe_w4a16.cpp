@@ -1,0 +1,367 @@
+#include "ops/cuda/moe_w4a16.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/moe_kernels.h"
+
+namespace flashnext::cuda {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// E2M1 code -> float (sign bit 3; magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}).
+float e2m1(uint32_t code) {
+  static constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  return (code & 8u) ? -kMag[code & 7u] : kMag[code & 7u];
+}
+
+// E4M3 (OCP FN: bias 7, no infinities, S.1111.111 NaN) -> float; NaN for the NaN codes.
+float e4m3(uint8_t v) {
+  const int e = (v >> 3) & 15, m = v & 7;
+  float f;
+  if (e == 15 && m == 7)
+    f = std::nanf("");
+  else if (e == 0)
+    f = std::ldexp(float(m), -9);
+  else
+    f = std::ldexp(1.0f + float(m) / 8.0f, e - 7);
+  return (v & 0x80) ? -f : f;
+}
+
+// Nibble position of input j (0..7) of a code word: k0 k2 k4 k6 k1 k3 k5 k7.
+constexpr int kNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+uint32_t code_at(const std::vector<uint32_t>& codes, size_t row_base, int k) {
+  return (codes[row_base + size_t(k / 8)] >> (4 * kNibble[k % 8])) & 0xfu;
+}
+
+}  // namespace
+
+Int4Plain unpack_gptq(const int32_t* qweight, const int32_t* qzeros, const float* scales, int64_t rows, int64_t cols,
+                      int64_t group, bool gptq_v2) {
+  FN_CHECK(rows > 0 && cols > 0 && rows % 8 == 0 && cols % 8 == 0,
+           "unpack_gptq: GPTQ packing needs both dimensions divisible by 8, got [{}, {}]", rows, cols);
+  FN_CHECK(group >= 0, "unpack_gptq: group size {}", group);
+  FN_CHECK(qweight && qzeros && scales, "unpack_gptq: null pointer");
+  const int64_t G = group ? ceil_div(cols, group) : 1;
+  Int4Plain p;
+  p.rows = rows;
+  p.cols = cols;
+  p.group = group;
+  p.q.resize(size_t(rows * cols));
+  p.zeros.resize(size_t(rows * G));
+  p.scales.resize(size_t(rows * G));
+  for (int64_t k = 0; k < cols; ++k)
+    for (int64_t n = 0; n < rows; ++n)
+      p.q[size_t(n * cols + k)] = uint8_t((uint32_t(qweight[(k / 8) * rows + n]) >> (4 * (k % 8))) & 0xfu);
+  const uint8_t off = gptq_v2 ? 0 : 1;
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t n = 0; n < rows; ++n) {
+      p.zeros[size_t(n * G + g)] = uint8_t(((uint32_t(qzeros[g * (rows / 8) + n / 8]) >> (4 * (n % 8))) & 0xfu) + off);
+      p.scales[size_t(n * G + g)] = scales[g * rows + n];
+    }
+  }
+  return p;
+}
+
+Int4Plain unpack_ct_int4(const int32_t* weight_packed, const int32_t* zero_point, const float* scales, int64_t rows,
+                         int64_t cols, int64_t group) {
+  FN_CHECK(rows > 0 && cols > 0 && group >= 0, "unpack_ct_int4: shape [{}, {}], group {}", rows, cols, group);
+  FN_CHECK(weight_packed && scales, "unpack_ct_int4: null pointer");
+  const int64_t G = group ? ceil_div(cols, group) : 1, KP = ceil_div(cols, 8);
+  Int4Plain p;
+  p.rows = rows;
+  p.cols = cols;
+  p.group = group;
+  p.q.resize(size_t(rows * cols));
+  p.scales.assign(scales, scales + rows * G);
+  for (int64_t n = 0; n < rows; ++n)
+    for (int64_t k = 0; k < cols; ++k)
+      p.q[size_t(n * cols + k)] = uint8_t((uint32_t(weight_packed[n * KP + k / 8]) >> (4 * (k % 8))) & 0xfu);
+  if (zero_point) {
+    p.zeros.resize(size_t(rows * G));
+    for (int64_t n = 0; n < rows; ++n)
+      for (int64_t g = 0; g < G; ++g)
+        p.zeros[size_t(n * G + g)] = uint8_t((uint32_t(zero_point[(n / 8) * G + g]) >> (4 * (n % 8))) & 0xfu);
+  }
+  return p;
+}
+
+W4Packed::W4Packed(W4Format format_, int experts_, int rows_, int cols_, int group_, bool with_zeros)
+    : format(format_), experts(experts_), rows(rows_), cols(cols_), group(group_ ? group_ : cols_), has_zeros(with_zeros) {
+  FN_CHECK(experts > 0 && rows > 0 && cols > 0 && cols % 8 == 0,
+           "W4Packed: {} experts of [{}, {}]: need positive sizes and cols a multiple of 8", experts, rows, cols);
+  FN_CHECK(format == W4Format::Int4 || (group == 16 && !with_zeros),
+           "W4Packed: NVFP4 has groups of 16 inputs and no zero points (group {}, zeros {})", group_, with_zeros);
+  FN_CHECK(group > 0 && group % 8 == 0, "W4Packed: group size {} must be a positive multiple of 8 (or 0: all {})",
+           group_, cols);
+  wpr = int(ceil_div(cols, 32) * detail::kW4WordsAlign);
+  groups = int(ceil_div(int64_t(wpr) * 8, group));
+  const size_t er = size_t(experts) * rows;
+  codes.assign(er * wpr, 0u);
+  scales.assign(er * groups, __float2half_rn(0.f));
+  if (has_zeros) zeros.assign(er * groups, uint8_t(8));
+  global.assign(er, 1.f);
+}
+
+void W4Packed::set_rows(int expert, int row0, const Nvfp4Source& src) {
+  FN_CHECK(format == W4Format::Nvfp4, "W4Packed::set_rows: NVFP4 rows given to an int4 matrix");
+  FN_CHECK(expert >= 0 && expert < experts && row0 >= 0 && src.rows > 0 && row0 + src.rows <= rows &&
+               src.cols == cols,
+           "W4Packed::set_rows: expert {} rows [{}, {}) x {} do not fit {} experts of [{}, {}]", expert, row0,
+           row0 + src.rows, src.cols, experts, rows, cols);
+  FN_CHECK(src.packed && src.scales, "W4Packed::set_rows: null NVFP4 pointer");
+  FN_CHECK(std::isfinite(src.global) && src.global != 0.f, "W4Packed::set_rows: NVFP4 global scale {} (expert {})",
+           src.global, expert);
+  const int kind = src.global_is_divisor ? 2 : 1;
+  FN_CHECK(divide_known_ == 0 || divide_known_ == kind,
+           "W4Packed::set_rows: NVFP4 rows mix global multipliers (weight_scale_2) and divisors (weight_global_scale)");
+  divide_known_ = kind;
+  divide = src.global_is_divisor;
+  const int64_t sc = ceil_div(cols, 16);
+  for (int64_t r = 0; r < src.rows; ++r) {
+    const size_t row = size_t(expert) * rows + size_t(row0 + r);
+    uint32_t* dst = &codes[row * wpr];
+    std::fill(dst, dst + wpr, 0u);
+    const uint8_t* in = src.packed + r * (cols / 2);
+    for (int k = 0; k < cols; ++k) {
+      const uint32_t c = (k & 1) ? uint32_t(in[k / 2] >> 4) : uint32_t(in[k / 2] & 0xf);
+      dst[k / 8] |= c << (4 * kNibble[k % 8]);
+    }
+    for (int64_t g = 0; g < sc; ++g) {
+      const uint8_t b = src.scales[r * sc + g];
+      const float f = e4m3(b);
+      FN_CHECK(!std::isnan(f), "W4Packed::set_rows: NVFP4 scale of expert {} row {} group {} is an E4M3 NaN (0x{:02x})",
+               expert, row0 + r, g, b);
+      scales[row * groups + size_t(g)] = __float2half_rn(f);  // exact: E4M3 fits FP16
+    }
+    global[row] = src.global;
+  }
+}
+
+void W4Packed::set_rows(int expert, int row0, const Int4Source& src) {
+  FN_CHECK(format == W4Format::Int4, "W4Packed::set_rows: int4 rows given to an NVFP4 matrix");
+  FN_CHECK(expert >= 0 && expert < experts && row0 >= 0 && src.rows > 0 && row0 + src.rows <= rows &&
+               src.cols == cols,
+           "W4Packed::set_rows: expert {} rows [{}, {}) x {} do not fit {} experts of [{}, {}]", expert, row0,
+           row0 + src.rows, src.cols, experts, rows, cols);
+  FN_CHECK((src.group ? src.group : src.cols) == group, "W4Packed::set_rows: int4 group {} (matrix made for {})",
+           src.group, group);
+  FN_CHECK(src.q && src.scales, "W4Packed::set_rows: null int4 pointer");
+  FN_CHECK(has_zeros || !src.zeros, "W4Packed::set_rows: zero points given to a matrix made without them");
+  const int64_t G = ceil_div(cols, group);
+  for (int64_t r = 0; r < src.rows; ++r) {
+    const size_t row = size_t(expert) * rows + size_t(row0 + r);
+    uint32_t* dst = &codes[row * wpr];
+    std::fill(dst, dst + wpr, 0u);
+    const uint8_t* in = src.q + r * cols;
+    for (int k = 0; k < cols; ++k) {
+      FN_CHECK(in[k] <= 15, "W4Packed::set_rows: int4 value {} at expert {} row {} input {}", in[k], expert, row0 + r,
+               k);
+      dst[k / 8] |= uint32_t(in[k]) << (4 * kNibble[k % 8]);
+    }
+    const float* s = src.scales + r * G;
+    float mx = 0.f;
+    for (int64_t g = 0; g < G; ++g) {
+      FN_CHECK(std::isfinite(s[g]), "W4Packed::set_rows: int4 scale {} at expert {} row {} group {}", s[g], expert,
+               row0 + r, g);
+      mx = std::max(mx, std::fabs(s[g]));
+    }
+    int p = 0;
+    if (mx > 0.f) {
+      int ex = 0;
+      std::frexp(mx, &ex);  // mx in [2^(ex-1), 2^ex)
+      p = ex - 1 - 10;      // max |s| * 2^-p in [2^10, 2^11)
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      const float v = std::ldexp(s[g], -p);
+      const __half h = __float2half_rn(v);
+      FN_CHECK(__half2float(h) == v && std::ldexp(__half2float(h), p) == s[g],
+               "W4Packed::set_rows: int4 scale {} at expert {} row {} group {} is not exact in FP16 next to the row's "
+               "largest scale {} (more than 11 significant bits or a range above 2^24)",
+               s[g], expert, row0 + r, g, mx);
+      scales[row * groups + size_t(g)] = h;
+      if (has_zeros) {
+        const uint8_t z = src.zeros ? src.zeros[r * G + g] : uint8_t(8);
+        FN_CHECK(z <= 16, "W4Packed::set_rows: zero point {} at expert {} row {} group {} (0..16)", z, expert,
+                 row0 + r, g);
+        zeros[row * groups + size_t(g)] = z;
+      }
+    }
+    for (int64_t g = G; g < groups; ++g) scales[row * groups + size_t(g)] = __float2half_rn(0.f);
+    global[row] = std::ldexp(1.f, p);
+  }
+}
+
+std::vector<float> W4Packed::unpack(int expert) const {
+  FN_CHECK(expert >= 0 && expert < experts, "W4Packed::unpack: expert {} of {}", expert, experts);
+  std::vector<float> out(size_t(rows) * cols);
+  for (int n = 0; n < rows; ++n) {
+    const size_t row = size_t(expert) * rows + n;
+    for (int k = 0; k < cols; ++k) {
+      const uint32_t c = code_at(codes, row * wpr, k);
+      const size_t gi = row * groups + size_t(k / group);
+      const float s = __half2float(scales[gi]);
+      float v;
+      if (format == W4Format::Nvfp4) {
+        const float a = e2m1(c) * s;  // exact
+        v = divide ? a / global[row] : a * global[row];
+      } else {
+        const int z = has_zeros ? zeros[gi] : 8;
+        v = float(int(c) - z) * (s * global[row]);  // s * 2^p: the source scale, exactly
+      }
+      out[size_t(n) * cols + k] = v;
+    }
+  }
+  return out;
+}
+
+size_t W4Packed::expert_bytes() const {
+  return size_t(rows) * (size_t(wpr) * 4 + size_t(groups) * (2 + (has_zeros ? 1 : 0)) + 4);
+}
+
+W4DeviceMatrix::W4DeviceMatrix(const W4Packed& p)
+    : experts(p.experts),
+      format(p.format),
+      codes_(p.codes.size(), "w4a16 codes"),
+      scales_(p.scales.size(), "w4a16 scales"),
+      zeros_(std::max<size_t>(1, p.zeros.size()), "w4a16 zero points"),
+      global_(p.global.size(), "w4a16 global scales") {
+  upload(codes_, p.codes);
+  upload(scales_, p.scales);
+  if (!p.zeros.empty()) upload(zeros_, p.zeros);
+  upload(global_, p.global);
+  view_.codes = codes_.get();
+  view_.scales = scales_.get();
+  view_.zeros = p.has_zeros ? zeros_.get() : nullptr;
+  view_.global = global_.get();
+  view_.rows = p.rows;
+  view_.cols = p.cols;
+  view_.wpr = p.wpr;
+  view_.groups = p.groups;
+  view_.group = p.group;
+  view_.nvfp4 = p.format == W4Format::Nvfp4;
+  view_.divide = p.divide;
+}
+
+MoeW4A16Workspace::MoeW4A16Workspace(int max_tokens_, int top_k_, int experts_, int hidden_, int inter_)
+    : max_tokens(max_tokens_),
+      top_k(top_k_),
+      experts(experts_),
+      hidden(hidden_),
+      inter(inter_),
+      max_tiles(int(ceil_div(int64_t(max_tokens_) * top_k_, detail::kW4TileM)) +
+                std::min(experts_, max_tokens_ * top_k_)),
+      max_active(std::min(experts_, max_tokens_ * top_k_)),
+      offsets(size_t(std::max(experts_, 0)) + 1, "w4a16 expert offsets"),
+      sorted_slots(size_t(std::max(1, max_tokens_ * top_k_)), "w4a16 sorted slots"),
+      slot_row(size_t(std::max(1, max_tokens_ * top_k_)), "w4a16 slot rows"),
+      tile_expert(size_t(std::max(1, max_tiles)), "w4a16 tiles"),
+      tile_row(size_t(std::max(1, max_tiles)), "w4a16 tiles"),
+      num_tiles(1, "w4a16 tile count"),
+      active(size_t(std::max(1, max_active)), "w4a16 active experts"),
+      num_active(1, "w4a16 active count"),
+      status(1, "w4a16 status"),
+      h(size_t(std::max(1, max_tokens_ * top_k_)) * std::max(1, inter_), "w4a16 expert activations"),
+      ys(size_t(std::max(1, max_tokens_ * top_k_)) * std::max(1, hidden_), "w4a16 expert outputs") {
+  FN_CHECK(max_tokens > 0 && top_k > 0 && experts > 0 && hidden > 0 && inter > 0,
+           "MoeW4A16Workspace: bad sizes tokens={} top_k={} experts={} hidden={} inter={}", max_tokens, top_k, experts,
+           hidden, inter);
+  FN_CUDA_CHECK(cudaMemset(status.get(), 0, sizeof(int32_t)), "MoeW4A16Workspace status");
+}
+
+W4Path moe_w4a16_pick_path(int tokens, int top_k, int experts) {
+  const int64_t slots = int64_t(tokens) * top_k;
+  const int64_t touched = std::max<int64_t>(1, std::min<int64_t>(experts, slots));
+  return slots <= kW4GemvMaxSlots && slots <= int64_t(kW4GemvMaxMean) * touched ? W4Path::Gemv : W4Path::Gemm;
+}
+
+namespace {
+
+// Everything up to the per-slot outputs ws.ys; returns false when there is nothing to do.
+bool routed_experts(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, const int32_t* ids,
+                    const float* weights, const __half* shared, const float* shared_gate, const void* out,
+                    int64_t ldo, MoeW4A16Workspace& ws, cudaStream_t stream, W4Path path) {
+  FN_CHECK(w.gate_up && w.down, "moe_w4a16_routed: missing expert weights");
+  const int E = w.experts, H = w.hidden, I = w.inter;
+  FN_CHECK(E >= 1 && E <= detail::kMoeMaxExperts, "moe_w4a16_routed: {} experts (1..{})", E, detail::kMoeMaxExperts);
+  FN_CHECK(H > 0 && I > 0 && H % 8 == 0 && I % 8 == 0,
+           "moe_w4a16_routed: hidden {} and expert width {} must be positive multiples of 8", H, I);
+  const auto& gu = w.gate_up->view();
+  const auto& dn = w.down->view();
+  FN_CHECK(w.gate_up->experts == E && gu.rows == 2 * I && gu.cols == H,
+           "moe_w4a16_routed: gate_up holds {} experts of [{}, {}], expected {} of [2I = {}, H = {}]",
+           w.gate_up->experts, gu.rows, gu.cols, E, 2 * I, H);
+  FN_CHECK(w.down->experts == E && dn.rows == H && dn.cols == I,
+           "moe_w4a16_routed: down holds {} experts of [{}, {}], expected {} of [H = {}, I = {}]", w.down->experts,
+           dn.rows, dn.cols, E, H, I);
+  FN_CHECK(ws.experts == E && ws.hidden == H && ws.inter == I,
+           "moe_w4a16_routed: workspace made for E={} H={} I={}, weights have E={} H={} I={}", ws.experts, ws.hidden,
+           ws.inter, E, H, I);
+  FN_CHECK(tokens >= 0 && tokens <= ws.max_tokens, "moe_w4a16_routed: {} tokens exceed the workspace's {}", tokens,
+           ws.max_tokens);
+  FN_CHECK(ldu >= H && ldu % 8 == 0 && ldo >= H, "moe_w4a16_routed: row strides u {} / out {} (H {})", ldu, ldo, H);
+  FN_CHECK(!shared || shared_gate, "moe_w4a16_routed: the shared expert output needs its gate logits");
+  if (tokens == 0) return false;
+  FN_CHECK(u && ids && weights && out, "moe_w4a16_routed: null pointer");
+  const int slots = tokens * ws.top_k;
+  if (path == W4Path::Auto) path = moe_w4a16_pick_path(tokens, ws.top_k, E);
+  FN_CUDA_CHECK(detail::launch_w4_align(ids, slots, E, ws.offsets.get(), ws.sorted_slots.get(), ws.slot_row.get(),
+                                        ws.tile_expert.get(), ws.tile_row.get(), ws.num_tiles.get(), ws.active.get(),
+                                        ws.num_active.get(), ws.status.get(), stream),
+                "moe_w4a16_routed align");
+  if (path == W4Path::Gemv) {
+    const int max_active = std::min(E, slots);
+    FN_CUDA_CHECK(detail::launch_w4_gemv_gate_up(gu, u, ldu, ws.top_k, I, ws.offsets.get(), ws.sorted_slots.get(),
+                                                 ws.active.get(), ws.num_active.get(), max_active, ws.h.get(), stream),
+                  "moe_w4a16_routed gemv gate_up");
+    FN_CUDA_CHECK(detail::launch_w4_gemv_down(dn, ws.h.get(), H, I, ws.offsets.get(), ws.sorted_slots.get(), weights,
+                                              ws.active.get(), ws.num_active.get(), max_active, ws.ys.get(), stream),
+                  "moe_w4a16_routed gemv down");
+  } else {
+    const int max_tiles = int(ceil_div(slots, detail::kW4TileM)) + std::min(E, slots);
+    FN_CUDA_CHECK(detail::launch_w4_gemm_gate_up(gu, u, ldu, ws.top_k, I, ws.offsets.get(), ws.sorted_slots.get(),
+                                                 ws.tile_expert.get(), ws.tile_row.get(), ws.num_tiles.get(),
+                                                 max_tiles, ws.h.get(), stream),
+                  "moe_w4a16_routed gemm gate_up");
+    FN_CUDA_CHECK(detail::launch_w4_gemm_down(dn, ws.h.get(), H, I, ws.offsets.get(), ws.sorted_slots.get(), weights,
+                                              ws.tile_expert.get(), ws.tile_row.get(), ws.num_tiles.get(), max_tiles,
+                                              ws.ys.get(), stream),
+                  "moe_w4a16_routed gemm down");
+  }
+  return true;
+}
+
+}  // namespace
+
+void moe_w4a16_routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, const int32_t* ids,
+                      const float* weights, const __half* shared, const float* shared_gate, __half* out, int64_t ldo,
+                      MoeW4A16Workspace& ws, cudaStream_t stream, W4Path path) {
+  if (!routed_experts(w, u, ldu, tokens, ids, weights, shared, shared_gate, out, ldo, ws, stream, path)) return;
+  FN_CUDA_CHECK(detail::launch_moe_combine(ws.ys.get(), ws.slot_row.get(), tokens, ws.top_k, w.hidden, shared,
+                                           shared_gate, out, ldo, stream),
+                "moe_w4a16_routed combine");
+}
+
+void moe_w4a16_routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, const int32_t* ids,
+                      const float* weights, const __half* shared, const float* shared_gate, float* out, int64_t ldo,
+                      MoeW4A16Workspace& ws, cudaStream_t stream, W4Path path) {
+  if (!routed_experts(w, u, ldu, tokens, ids, weights, shared, shared_gate, out, ldo, ws, stream, path)) return;
+  FN_CUDA_CHECK(detail::launch_moe_combine(ws.ys.get(), ws.slot_row.get(), tokens, ws.top_k, w.hidden, shared,
+                                           shared_gate, out, ldo, stream),
+                "moe_w4a16_routed combine");
+}
+
+void moe_w4a16_check_status(MoeW4A16Workspace& ws, cudaStream_t stream) {
+  FN_CUDA_CHECK(cudaStreamSynchronize(stream), "moe_w4a16_check_status");
+  int32_t v = 0;
+  FN_CUDA_CHECK(cudaMemcpy(&v, ws.status.get(), sizeof v, cudaMemcpyDeviceToHost), "moe_w4a16_check_status");
+  FN_CHECK(v == 0, "moe_w4a16_routed: expert ids outside 0..{} were given; those slots were dropped", ws.experts - 1);
+}
+
+}  // namespace flashnext::cuda

@@ -1,0 +1,187 @@
+// W4A16 routed experts on the GPU (issue 6; MODEL.md "MoE block", same contract as moe_routed in moe.h): 4-bit
+// expert weights (NVFP4 or int4) repacked once at load into one layout, FP16 activations, FP32 accumulation, SM70
+// instructions only (WMMA / half2 arithmetic; scripts/check-sm70.sh).
+//
+// Sources (formats of src/loader/quant.h; here as plain host arrays, so fn_cuda does not depend on the loader):
+//   NVFP4   codes E2M1 (sign bit 3, magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}), two per byte, element 2j in the low
+//           nibble; one E4M3 byte per 16 inputs; an F32 global scale that multiplies (ModelOpt weight_scale_2) or
+//           divides (compressed-tensors weight_global_scale):  w = (e2m1 * e4m3) * g   or   (e2m1 * e4m3) / g
+//   int4    one value q in 0..15 per input, a float scale per group of `group` inputs, an optional zero point z in
+//           0..16 per group (absent: z = 8):  w = (q - z) * s. GPTQ and compressed-tensors packings are unpacked to
+//           this form by unpack_gptq / unpack_ct_int4 below.
+//
+// Repacked layout (W4Packed; E experts of a logical [rows, cols] matrix, cols a multiple of 8):
+//   codes   uint32 [E][rows][wpr], wpr = 4 * ceil(cols / 32) (rows padded to 16 bytes with code 0); word i holds
+//           inputs 8i..8i+7 with nibble n holding input 8i + {0, 2, 4, 6, 1, 3, 5, 7}[n] (the kernels' decode order)
+//   scales  FP16 [E][rows][groups], groups = ceil(8 * wpr / group) (padding groups hold 0): NVFP4: the E4M3 scale
+//           (exact in FP16); int4: s * 2^-p with the row's power of two p chosen so that max |s| * 2^-p lies in
+//           [2^10, 2^11) (exact; repacking throws Error when a scale would not be)
+//   zeros   uint8 [E][rows][groups] (int4 with zero points only)
+//   global  F32 [E][rows]: NVFP4 the source's global scale (a divisor for compressed-tensors), int4 2^p
+// Repacking is lossless: W4Packed::unpack returns, bit for bit, the float32 values of the formulas above
+// (NVFP4: float(e2m1 * e4m3) then one multiply or divide by g; int4: float(q - z) * s).
+//
+// What the kernels compute (per expert row n, input vector x in FP16):
+//   GEMV path (decode)  y_n = G_n( sum over code words of (sum_8 float(v_k) * float(x_k)) * float(scale16) ), the
+//                       products and sums in FP32, v = e2m1 (NVFP4) or q - z (int4) exact, G_n the row's global
+//                       multiply (or divide) in FP32: exact weights, FP32 accumulation.
+//   GEMM path (prefill) WMMA m16n16k16 on FP16 weights w16 = fp16(v * scale16) with FP32 accumulation, then G_n in
+//                       FP32. NVFP4: w16 is exact (e2m1 * e4m3 has <= 5 significant bits, |value| in
+//                       2^-10..2688). int4: w16 is (q - z) * s * 2^-p rounded once to FP16 (relative error <= 2^-11).
+//   Then, as moe_routed: h = fp16(silu(gate) * up), each slot's output fp16(weight * down(h)), the top_k slots of a
+//   token summed in FP32 in slot order (+ the gated shared expert), rounded to the output type.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "ops/cuda/buffer.h"
+#include "ops/cuda/moe_w4a16_kernels.h"
+
+namespace flashnext::cuda {
+
+enum class W4Format : uint8_t { Nvfp4, Int4 };
+
+/// One NVFP4 weight of one expert, [rows, cols] logical (host pointers, row-major, checkpoint layout).
+struct Nvfp4Source {
+  int64_t rows = 0, cols = 0;
+  const uint8_t* packed = nullptr;  ///< [rows, cols/2] E2M1 codes, element 2j in the low nibble of byte j
+  const uint8_t* scales = nullptr;  ///< [rows, ceil(cols/16)] E4M3 bytes (linear, not swizzled)
+  float global = 1.f;               ///< weight_scale_2 (multiplier) or weight_global_scale (divisor)
+  bool global_is_divisor = false;   ///< true for compressed-tensors nvfp4-pack-quantized
+};
+
+/// One int4 weight of one expert in plain form (host pointers, row-major).
+struct Int4Source {
+  int64_t rows = 0, cols = 0;
+  int64_t group = 0;                ///< inputs per scale (a multiple of 8), 0: one group spans cols
+  const uint8_t* q = nullptr;       ///< [rows, cols] one value 0..15 per byte
+  const float* scales = nullptr;    ///< [rows, ceil(cols/group)] exact float copies of the checkpoint scales
+  const uint8_t* zeros = nullptr;   ///< [rows, ceil(cols/group)] zero points 0..16, or null (symmetric: z = 8)
+};
+
+/// An int4 weight unpacked from a checkpoint packing (owns the arrays; source() views them).
+struct Int4Plain {
+  int64_t rows = 0, cols = 0, group = 0;
+  std::vector<uint8_t> q, zeros;  ///< zeros empty when symmetric
+  std::vector<float> scales;
+  Int4Source source() const { return {rows, cols, group, q.data(), scales.data(), zeros.empty() ? nullptr : zeros.data()}; }
+};
+
+/// GPTQ int4 (quant.h): qweight I32 [cols/8, rows] (input k at bits 4*(k%8) of word row k/8), qzeros I32
+/// [ceil(cols/group), rows/8] (output n at bits 4*(n%8)), scales [ceil(cols/group), rows] as float; z = zero nibble
+/// + 1 (v1, `gptq`) or the zero nibble (`gptq_v2`). group 0: one group. Only g_idx[k] == k/group is meaningful (the
+/// caller checks g_idx). Throws Error for rows or cols not multiples of 8.
+Int4Plain unpack_gptq(const int32_t* qweight, const int32_t* qzeros, const float* scales, int64_t rows, int64_t cols,
+                      int64_t group, bool gptq_v2);
+
+/// compressed-tensors pack-quantized int4 (quant.h): weight_packed I32 [rows, ceil(cols/8)] (input k at bits
+/// 4*(k%8) of word k/8, stored +8), weight_scale [rows, ceil(cols/group)] as float, optional weight_zero_point I32
+/// [ceil(rows/8), ceil(cols/group)] (row n at bits 4*(n%8), +8). w = (nibble - 8) - (zp - 8) = nibble - zp:
+/// q = nibble, z = zp nibble (8 when symmetric: zeros left empty).
+Int4Plain unpack_ct_int4(const int32_t* weight_packed, const int32_t* zero_point, const float* scales, int64_t rows,
+                         int64_t cols, int64_t group);
+
+/// Host-side repacked weights of `experts` experts of a logical [rows, cols] matrix (layout above). Fill every
+/// expert's rows with set_rows (several calls may fill row ranges of one expert, e.g. gate rows 0..I-1 and up rows
+/// I..2I-1 of a fused gate_up [2I, H] from two checkpoint tensors, each with its own global scale), then upload.
+class W4Packed {
+ public:
+  /// format; group: 16 for NVFP4, the int4 group size (multiple of 8) or 0 for one group over cols; with_zeros: int4
+  /// with zero points. Throws Error for cols not a positive multiple of 8 or a bad group.
+  W4Packed(W4Format format, int experts, int rows, int cols, int group, bool with_zeros);
+
+  /// Rows [row0, row0 + src.rows) of expert `expert` from an NVFP4 source (format Nvfp4; src.cols == cols). Throws
+  /// Error for mismatched shapes, an E4M3 NaN scale, or a divisor/multiplier kind different from earlier rows.
+  void set_rows(int expert, int row0, const Nvfp4Source& src);
+  /// The same from an int4 source (format Int4; src.group equal to the matrix's). Throws Error for q > 15, zero
+  /// points > 16, zero points given to a matrix made without them, a non-finite scale, or a scale that FP16 cannot
+  /// hold exactly after the row's power-of-two shift.
+  void set_rows(int expert, int row0, const Int4Source& src);
+
+  /// The exact float32 values of expert `expert`, row-major [rows, cols] (what the checkpoint formulas give).
+  std::vector<float> unpack(int expert) const;
+
+  /// Bytes the kernels read for one expert (codes + scales + zeros + global).
+  size_t expert_bytes() const;
+
+  W4Format format;
+  int experts, rows, cols, group, wpr, groups;
+  bool has_zeros;
+  bool divide = false;  ///< NVFP4 global scales are divisors
+  std::vector<uint32_t> codes;
+  std::vector<__half> scales;
+  std::vector<uint8_t> zeros;
+  std::vector<float> global;
+
+ private:
+  int divide_known_ = 0;  // 0: no NVFP4 rows yet, 1: multiplier, 2: divisor
+};
+
+/// A W4Packed matrix stack in device memory.
+class W4DeviceMatrix {
+ public:
+  W4DeviceMatrix() = default;
+  /// Uploads `p` (synchronous). Throws Error when device memory runs out.
+  explicit W4DeviceMatrix(const W4Packed& p);
+  /// The kernels' view.
+  const detail::W4Mat& view() const { return view_; }
+  int experts = 0;
+  W4Format format = W4Format::Int4;
+
+ private:
+  DeviceArray<uint32_t> codes_;
+  DeviceArray<__half> scales_;
+  DeviceArray<uint8_t> zeros_;
+  DeviceArray<float> global_;
+  detail::W4Mat view_;
+};
+
+/// Routed experts: gate_up [E, 2I, H] (gate rows 0..I-1, then up rows) and down [E, H, I]; H and I multiples of 8.
+struct MoeW4A16Experts {
+  const W4DeviceMatrix* gate_up = nullptr;
+  const W4DeviceMatrix* down = nullptr;
+  int experts = 0, hidden = 0, inter = 0;
+};
+
+/// Scratch for moe_w4a16_routed, for up to max_tokens tokens with top_k slots each.
+class MoeW4A16Workspace {
+ public:
+  MoeW4A16Workspace(int max_tokens, int top_k, int experts, int hidden, int inter);
+  int max_tokens, top_k, experts, hidden, inter, max_tiles, max_active;
+  DeviceArray<int32_t> offsets, sorted_slots, slot_row, tile_expert, tile_row, num_tiles, active, num_active, status;
+  DeviceArray<__half> h, ys;
+};
+
+/// Which kernels compute the experts: GEMV (one warp per output, FP32 FMA; for few tokens per expert) or the WMMA
+/// GEMM (64-slot tiles; prefill). Auto picks per launch, without a device round trip.
+enum class W4Path : uint8_t { Auto, Gemv, Gemm };
+
+/// Auto's choice: GEMV when there are at most kW4GemvMaxSlots slots (tokens * top_k) and the mean number of slots
+/// per touched expert, tokens * top_k / min(E, tokens * top_k), is at most kW4GemvMaxMean; else the GEMM. From the
+/// H200 measurements of bench_moe_w4a16 at 512 experts, top-10 (2026-11-30): the GEMV wins at 1 token (79 vs 92 us),
+/// the GEMM from 4 tokens on (223 vs 253 us at 4, 538 vs 827 us at 16).
+constexpr int kW4GemvMaxMean = 8;
+constexpr int kW4GemvMaxSlots = 16;
+W4Path moe_w4a16_pick_path(int tokens, int top_k, int experts);
+
+/// out[t] = sum_j weights[t,j] * down_{ids[t,j]}( silu(gate(u_t)) * up(u_t) )  (+ sigmoid(shared_gate[t]) *
+/// shared[t] when `shared` is given: the shared expert's output [tokens, H] FP16 and its gate logit [tokens] FP32).
+/// u [tokens, H] FP16 with row stride ldu (a multiple of 8); ids / weights [tokens, top_k] (router output);
+/// out [tokens, H] with row stride ldo. Arithmetic as in the file comment. An expert id outside [0, E) is dropped
+/// and reported by moe_w4a16_check_status. Throws Error for mismatched shapes, workspace or null pointers.
+void moe_w4a16_routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, const int32_t* ids,
+                      const float* weights, const __half* shared, const float* shared_gate, __half* out, int64_t ldo,
+                      MoeW4A16Workspace& ws, cudaStream_t stream, W4Path path = W4Path::Auto);
+/// The same with an FP32 output (the ops interface's float32 MoE output).
+void moe_w4a16_routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, const int32_t* ids,
+                      const float* weights, const __half* shared, const float* shared_gate, float* out, int64_t ldo,
+                      MoeW4A16Workspace& ws, cudaStream_t stream, W4Path path = W4Path::Auto);
+
+/// Throws Error if a routed call met expert ids outside [0, E) (waits for the stream).
+void moe_w4a16_check_status(MoeW4A16Workspace& ws, cudaStream_t stream);
+
+}  // namespace flashnext::cuda

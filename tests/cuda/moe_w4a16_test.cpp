@@ -1,0 +1,430 @@
+// W4A16 MoE (ops/cuda/moe_w4a16.h).
+// Repacking: for every source format (NVFP4 ModelOpt and compressed-tensors, GPTQ v1/v2, compressed-tensors int4
+// symmetric and asymmetric, groups 16/32/128 with partial last groups) W4Packed::unpack equals, bit for bit, a
+// straightforward float32 dequantization of the checkpoint tensors written here from src/loader/quant.h's formulas.
+// Kernels: both paths (GEMV and WMMA GEMM) against a CPU loop in double over the dequantized weights, over expert
+// counts {1, 3, 16, 33}, top-k {1, 2, 10}, tokens {1, 2, 5, 16, 17, 100, 1000}, H {256, 200}, I {160, 40}.
+// Tolerance atol 3e-3 + rtol 1e-2 on outputs of magnitude ~0.1-0.5, h ~0.3 (as moe_test): the kernels round the activation
+// h = silu(g) * u and every weighted slot output to FP16 (relative 2^-11 each; up to 10 slots per token), the int4
+// GEMM path rounds each weight once to FP16, sums run in FP32 in another order; the CPU loop rounds nothing. A
+// wrong code, scale, zero point, group or row costs errors of order 0.1.
+#include "ops/cuda/moe_w4a16.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "cuda_test_util.h"
+
+namespace flashnext::cuda::test {
+namespace {
+
+int64_t cdiv(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// ------------------------------------------------------------------ the oracle (quant.h formulas)
+
+float ref_e2m1(uint32_t c) {
+  const float mag[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+  return (c & 8) ? -mag[c & 7] : mag[c & 7];
+}
+
+float ref_e4m3(uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  const float v = e == 0 ? std::ldexp(float(m), -9) : std::ldexp(float(8 + m), e - 10);
+  return (b & 0x80) ? -v : v;
+}
+
+float bf16_round(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u += 0x7fff + ((u >> 16) & 1);
+  u &= 0xffff0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+float f16_round(float x) {
+  return __half2float(__float2half_rn(x));
+}
+
+// The formats as checkpoint tensors for one expert matrix [N, K].
+enum class Fmt { Nvfp4ModelOpt, Nvfp4Ct, CtInt4Sym, CtInt4Asym, GptqV1, GptqV2 };
+
+const char* fmt_name(Fmt f) {
+  switch (f) {
+    case Fmt::Nvfp4ModelOpt: return "nvfp4_modelopt";
+    case Fmt::Nvfp4Ct: return "nvfp4_ct";
+    case Fmt::CtInt4Sym: return "ct_int4_sym";
+    case Fmt::CtInt4Asym: return "ct_int4_asym";
+    case Fmt::GptqV1: return "gptq_v1";
+    case Fmt::GptqV2: return "gptq_v2";
+  }
+  return "?";
+}
+
+bool is_nvfp4(Fmt f) {
+  return f == Fmt::Nvfp4ModelOpt || f == Fmt::Nvfp4Ct;
+}
+bool has_zeros(Fmt f) {
+  return f == Fmt::CtInt4Asym || f == Fmt::GptqV1 || f == Fmt::GptqV2;
+}
+
+struct Checkpoint {
+  Fmt fmt;
+  int64_t N = 0, K = 0, group = 0;
+  std::vector<uint8_t> packed, e4m3;  // NVFP4
+  float global = 1.f;
+  std::vector<int32_t> words, zwords;  // int4: weight_packed / qweight, weight_zero_point / qzeros
+  std::vector<float> scales;           // int4: [N, G] (compressed-tensors) or [G, N] (GPTQ)
+};
+
+// Random checkpoint tensors whose weights have magnitude about `mag`.
+Checkpoint make_checkpoint(Fmt fmt, int64_t N, int64_t K, int64_t group, float mag, std::mt19937& rng) {
+  Checkpoint c;
+  c.fmt = fmt;
+  c.N = N;
+  c.K = K;
+  c.group = is_nvfp4(fmt) ? 16 : (group ? group : K);
+  std::uniform_real_distribution<float> u01(0.5f, 1.5f);
+  if (is_nvfp4(fmt)) {
+    c.packed.resize(size_t(N * K / 2));
+    for (auto& b : c.packed) b = uint8_t(rng());
+    c.e4m3.resize(size_t(N * cdiv(K, 16)));
+    for (auto& b : c.e4m3) b = uint8_t(((4 + rng() % 6) << 3) | (rng() % 8) | ((rng() % 8 == 0) ? 0x80 : 0));
+    // code * e4m3 has magnitude ~2 * 2: the global brings it to `mag` (a multiplier, or a divisor for CT)
+    const float g = mag / 4.f * 1.0371f;
+    c.global = fmt == Fmt::Nvfp4ModelOpt ? g : 1.f / g;
+    return c;
+  }
+  const int64_t G = cdiv(K, c.group);
+  const float base = mag / 4.5f;
+  const bool gptq = fmt == Fmt::GptqV1 || fmt == Fmt::GptqV2;
+  c.scales.resize(size_t(N * G));
+  for (auto& s : c.scales) s = gptq ? f16_round(base * u01(rng)) : bf16_round(base * u01(rng));
+  if (gptq) {
+    c.words.resize(size_t(K / 8 * N));
+    c.zwords.resize(size_t(G * N / 8));
+  } else {
+    c.words.resize(size_t(N * cdiv(K, 8)));
+    if (fmt == Fmt::CtInt4Asym) c.zwords.resize(size_t(cdiv(N, 8) * G));
+  }
+  for (auto& w : c.words) w = int32_t(rng());
+  for (auto& w : c.zwords) w = int32_t(rng());
+  return c;
+}
+
+// float32 dequantization straight from the checkpoint tensors (quant.h).
+std::vector<float> oracle(const Checkpoint& c) {
+  const int64_t N = c.N, K = c.K, G = cdiv(K, c.group);
+  std::vector<float> w(size_t(N * K));
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t g = k / c.group;
+      float v = 0;
+      switch (c.fmt) {
+        case Fmt::Nvfp4ModelOpt:
+        case Fmt::Nvfp4Ct: {
+          const uint8_t byte = c.packed[size_t(n * (K / 2) + k / 2)];
+          const uint32_t code = (k & 1) ? byte >> 4 : byte & 0xf;
+          const float a = ref_e2m1(code) * ref_e4m3(c.e4m3[size_t(n * cdiv(K, 16) + k / 16)]);
+          v = c.fmt == Fmt::Nvfp4ModelOpt ? a * c.global : a / c.global;
+          break;
+        }
+        case Fmt::CtInt4Sym:
+        case Fmt::CtInt4Asym: {
+          const uint32_t word = uint32_t(c.words[size_t(n * cdiv(K, 8) + k / 8)]);
+          int32_t q = int32_t((word >> (4 * (k % 8))) & 0xfu) - 8;
+          if (c.fmt == Fmt::CtInt4Asym) {
+            const uint32_t zw = uint32_t(c.zwords[size_t((n / 8) * G + g)]);
+            q -= int32_t((zw >> (4 * (n % 8))) & 0xfu) - 8;
+          }
+          v = float(q) * c.scales[size_t(n * G + g)];
+          break;
+        }
+        case Fmt::GptqV1:
+        case Fmt::GptqV2: {
+          const uint32_t word = uint32_t(c.words[size_t((k / 8) * N + n)]);
+          const int32_t q = int32_t((word >> (4 * (k % 8))) & 0xfu);
+          const uint32_t zw = uint32_t(c.zwords[size_t(g * (N / 8) + n / 8)]);
+          const int32_t z = int32_t((zw >> (4 * (n % 8))) & 0xfu) + (c.fmt == Fmt::GptqV1 ? 1 : 0);
+          v = float(q - z) * c.scales[size_t(g * N + n)];
+          break;
+        }
+      }
+      w[size_t(n * K + k)] = v;
+    }
+  }
+  return w;
+}
+
+// Fills rows [row0, row0 + c.N) of expert e through the public helpers (the unpacking under test).
+void set_rows(W4Packed& p, int e, int row0, const Checkpoint& c) {
+  if (is_nvfp4(c.fmt)) {
+    p.set_rows(e, row0, Nvfp4Source{c.N, c.K, c.packed.data(), c.e4m3.data(), c.global, c.fmt == Fmt::Nvfp4Ct});
+    return;
+  }
+  Int4Plain plain;
+  if (c.fmt == Fmt::GptqV1 || c.fmt == Fmt::GptqV2) {
+    plain = unpack_gptq(c.words.data(), c.zwords.data(), c.scales.data(), c.N, c.K, c.group, c.fmt == Fmt::GptqV2);
+  } else {
+    plain = unpack_ct_int4(c.words.data(), c.zwords.empty() ? nullptr : c.zwords.data(), c.scales.data(), c.N, c.K,
+                           c.group);
+  }
+  p.set_rows(e, row0, plain.source());
+}
+
+W4Packed make_packed(Fmt f, int experts, int rows, int cols, int group) {
+  return W4Packed(is_nvfp4(f) ? W4Format::Nvfp4 : W4Format::Int4, experts, rows, cols, is_nvfp4(f) ? 16 : group,
+                  has_zeros(f));
+}
+
+void expect_bits_equal(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], 4) != 0) {
+      if (!bad) first = i;
+      ++bad;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " values differ; first at " << first << ": "
+                     << got[first] << " vs " << want[first];
+}
+
+// ------------------------------------------------------------------ repacking is lossless
+
+struct RepackCase {
+  Fmt fmt;
+  int group, rows, cols;
+};
+
+class W4Repack : public ::testing::TestWithParam<RepackCase> {};
+
+TEST_P(W4Repack, UnpackEqualsCheckpointDequantBitForBit) {
+  const auto p = GetParam();
+  std::mt19937 rng(11);
+  const int E = 3;
+  W4Packed packed = make_packed(p.fmt, E, 2 * p.rows, p.cols, p.group);
+  std::vector<std::vector<float>> want(E);
+  for (int e = 0; e < E; ++e) {
+    // Two row ranges per expert from two checkpoint tensors of different magnitude (a fused gate_up).
+    const Checkpoint a = make_checkpoint(p.fmt, p.rows, p.cols, p.group, 0.05f, rng);
+    const Checkpoint b = make_checkpoint(p.fmt, p.rows, p.cols, p.group, 3e-4f, rng);
+    set_rows(packed, e, 0, a);
+    set_rows(packed, e, p.rows, b);
+    want[e] = oracle(a);
+    const auto wb = oracle(b);
+    want[e].insert(want[e].end(), wb.begin(), wb.end());
+  }
+  for (int e = 0; e < E; ++e) expect_bits_equal(packed.unpack(e), want[e], "expert " + std::to_string(e));
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, W4Repack,
+                         ::testing::Values(RepackCase{Fmt::Nvfp4ModelOpt, 16, 40, 200},
+                                           RepackCase{Fmt::Nvfp4Ct, 16, 40, 200},
+                                           RepackCase{Fmt::Nvfp4ModelOpt, 16, 16, 40},
+                                           RepackCase{Fmt::CtInt4Sym, 32, 24, 200},
+                                           RepackCase{Fmt::CtInt4Asym, 32, 20, 160},
+                                           RepackCase{Fmt::CtInt4Asym, 128, 24, 200},
+                                           RepackCase{Fmt::CtInt4Sym, 128, 8, 40},
+                                           RepackCase{Fmt::GptqV1, 32, 40, 200}, RepackCase{Fmt::GptqV2, 32, 16, 40},
+                                           RepackCase{Fmt::GptqV1, 128, 24, 256},
+                                           RepackCase{Fmt::GptqV2, 128, 40, 200}, RepackCase{Fmt::GptqV1, 0, 16, 64}),
+                         [](const auto& info) {
+                           return std::string(fmt_name(info.param.fmt)) + "_g" + std::to_string(info.param.group) +
+                                  "_" + std::to_string(info.param.rows) + "x" + std::to_string(info.param.cols);
+                         });
+
+TEST(W4Repack, EveryE4m3AndE2m1CodeIsExact) {
+  // All 256 x 16 (scale, code) pairs except the E4M3 NaNs, as one row each of 16 equal codes.
+  std::vector<uint8_t> bytes, scales;
+  for (int s = 0; s < 256; ++s) {
+    if ((s & 0x7f) == 0x7f) continue;
+    for (int c = 0; c < 16; ++c) {
+      scales.push_back(uint8_t(s));
+      bytes.insert(bytes.end(), 8, uint8_t(c | (c << 4)));
+    }
+  }
+  const int rows = int(scales.size());
+  W4Packed p(W4Format::Nvfp4, 1, rows, 16, 16, false);
+  p.set_rows(0, 0, Nvfp4Source{rows, 16, bytes.data(), scales.data(), 0.3f, false});
+  const auto got = p.unpack(0);
+  for (int r = 0; r < rows; ++r) {
+    const float want = ref_e2m1(bytes[size_t(r) * 8] & 0xf) * ref_e4m3(scales[size_t(r)]) * 0.3f;
+    for (int k = 0; k < 16; ++k) ASSERT_EQ(got[size_t(r) * 16 + k], want) << "row " << r;
+  }
+}
+
+TEST(W4Repack, BadInputIsAnError) {
+  std::vector<uint8_t> q(64, 3), z(2, 8), bad_q(64, 16), bad_z(2, 17);
+  std::vector<float> s = {0.0078125f, 0.01171875f}, inexact = {1.f, 1.f + 1.f / 4096};
+  W4Packed sym(W4Format::Int4, 1, 1, 64, 32, false), asym(W4Format::Int4, 1, 1, 64, 32, true);
+  EXPECT_THROW(sym.set_rows(0, 0, Int4Source{1, 64, 32, q.data(), s.data(), z.data()}), Error);  // zeros, none made
+  EXPECT_THROW(sym.set_rows(0, 0, Int4Source{1, 64, 32, bad_q.data(), s.data(), nullptr}), Error);
+  EXPECT_THROW(asym.set_rows(0, 0, Int4Source{1, 64, 32, q.data(), s.data(), bad_z.data()}), Error);
+  EXPECT_THROW(sym.set_rows(0, 0, Int4Source{1, 64, 32, q.data(), inexact.data(), nullptr}), Error);  // 13 bits
+  EXPECT_THROW(sym.set_rows(0, 0, Int4Source{1, 64, 128, q.data(), s.data(), nullptr}), Error);       // group
+  EXPECT_THROW(sym.set_rows(0, 1, Int4Source{1, 64, 32, q.data(), s.data(), nullptr}), Error);        // row range
+  EXPECT_THROW(W4Packed(W4Format::Int4, 1, 1, 60, 32, false), Error);                                 // cols % 8
+  EXPECT_THROW(W4Packed(W4Format::Nvfp4, 1, 1, 64, 32, false), Error);                                // NVFP4 group
+  std::vector<uint8_t> codes(32, 0x21), e4(4, 0x38), nan_e4 = {0x38, 0x7f, 0x38, 0x38};
+  W4Packed fp4(W4Format::Nvfp4, 1, 2, 64, 16, false);
+  EXPECT_THROW(fp4.set_rows(0, 0, Nvfp4Source{1, 64, codes.data(), nan_e4.data(), 1.f, false}), Error);
+  fp4.set_rows(0, 0, Nvfp4Source{1, 64, codes.data(), e4.data(), 1.f, false});
+  EXPECT_THROW(fp4.set_rows(0, 1, Nvfp4Source{1, 64, codes.data(), e4.data(), 2.f, true}), Error);  // mixed kinds
+  EXPECT_THROW(fp4.set_rows(0, 0, Int4Source{1, 64, 16, q.data(), s.data(), nullptr}), Error);      // wrong format
+  sym.set_rows(0, 0, Int4Source{1, 64, 32, q.data(), s.data(), nullptr});  // and a good one passes
+}
+
+// ------------------------------------------------------------------ kernels vs a CPU loop
+
+struct MoeCase {
+  int experts, top_k, tokens, hidden, inter;
+  bool shared;
+};
+
+struct FmtCase {
+  Fmt fmt;
+  int group;
+};
+
+class W4Moe : public ::testing::TestWithParam<std::tuple<FmtCase, MoeCase>> {};
+
+TEST_P(W4Moe, BothPathsMatchReference) {
+  const auto [fc, p] = GetParam();
+  const int E = p.experts, H = p.hidden, I = p.inter, T = p.tokens, k = p.top_k;
+  std::mt19937 rng(uint32_t(E * 1000 + k * 100 + T + H + I));
+  W4Packed gu = make_packed(fc.fmt, E, 2 * I, H, fc.group), dn = make_packed(fc.fmt, E, H, I, fc.group);
+  std::vector<std::vector<float>> wgu(E), wdn(E);
+  for (int e = 0; e < E; ++e) {
+    const float mg = 1.f / std::sqrt(float(H)), md = 0.5f / std::sqrt(float(I));  // outputs ~0.1-0.5
+    const Checkpoint gate = make_checkpoint(fc.fmt, I, H, fc.group, mg, rng);
+    const Checkpoint up = make_checkpoint(fc.fmt, I, H, fc.group, mg * 0.7f, rng);
+    const Checkpoint down = make_checkpoint(fc.fmt, H, I, fc.group, md, rng);
+    set_rows(gu, e, 0, gate);
+    set_rows(gu, e, I, up);
+    set_rows(dn, e, 0, down);
+    wgu[e] = oracle(gate);
+    const auto wu = oracle(up);
+    wgu[e].insert(wgu[e].end(), wu.begin(), wu.end());
+    wdn[e] = oracle(down);
+  }
+  const W4DeviceMatrix dgu(gu), ddn(dn);
+  const MoeW4A16Experts experts{&dgu, &ddn, E, H, I};
+
+  const auto u = rand_f16_values(size_t(T) * H, 7);
+  std::vector<int32_t> ids(size_t(T) * k);
+  std::vector<float> wts(size_t(T) * k);
+  std::vector<int> perm(E);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::uniform_real_distribution<float> uw(0.1f, 1.f);
+  for (int t = 0; t < T; ++t) {
+    std::shuffle(perm.begin(), perm.end(), rng);
+    float sum = 0;
+    for (int j = 0; j < k; ++j) sum += (wts[size_t(t) * k + j] = uw(rng));
+    for (int j = 0; j < k; ++j) {
+      ids[size_t(t) * k + j] = perm[j];
+      wts[size_t(t) * k + j] /= sum;
+    }
+  }
+  const auto sh = rand_f16_values(size_t(T) * H, 9, -0.5f, 0.5f);
+  const auto sg = rand_f16_values(size_t(T), 10, -2.f, 2.f);
+
+  // Reference in double: no roundings.
+  std::vector<float> ref(size_t(T) * H);
+  std::vector<double> hbuf(I), acc(H);
+  for (int t = 0; t < T; ++t) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    const float* x = &u[size_t(t) * H];
+    for (int j = 0; j < k; ++j) {
+      const int e = ids[size_t(t) * k + j];
+      for (int n = 0; n < I; ++n) {
+        double g = 0, v = 0;
+        const float* wg = &wgu[e][size_t(n) * H];
+        const float* wu = &wgu[e][size_t(I + n) * H];
+        for (int c = 0; c < H; ++c) {
+          g += double(wg[c]) * x[c];
+          v += double(wu[c]) * x[c];
+        }
+        hbuf[n] = g / (1.0 + std::exp(-g)) * v;
+      }
+      for (int c = 0; c < H; ++c) {
+        double y = 0;
+        const float* wd = &wdn[e][size_t(c) * I];
+        for (int n = 0; n < I; ++n) y += double(wd[n]) * hbuf[n];
+        acc[c] += double(wts[size_t(t) * k + j]) * y;
+      }
+    }
+    for (int c = 0; c < H; ++c) {
+      if (p.shared) acc[c] += 1.0 / (1.0 + std::exp(-double(sg[t]))) * sh[size_t(t) * H + c];
+      ref[size_t(t) * H + c] = float(acc[c]);
+    }
+  }
+
+  auto du = dev_half(u), dsh = dev_half(sh);
+  auto dids = to_device(ids);
+  auto dw = to_device(wts), dsg = to_device(sg);
+  MoeW4A16Workspace ws(T, k, E, H, I);
+  DeviceArray<__half> out(size_t(T) * H, "out");
+  DeviceArray<float> out32(size_t(T) * H, "out32");
+  for (W4Path path : {W4Path::Gemv, W4Path::Gemm}) {
+    moe_w4a16_routed(experts, du.get(), H, T, dids.get(), dw.get(), p.shared ? dsh.get() : nullptr,
+                     p.shared ? dsg.get() : nullptr, out.get(), H, ws, nullptr, path);
+    sync();
+    expect_close(host_half(out.get(), size_t(T) * H), ref, 3e-3f, 1e-2f,
+                 path == W4Path::Gemv ? "GEMV path" : "GEMM path");
+  }
+  moe_w4a16_routed(experts, du.get(), H, T, dids.get(), dw.get(), p.shared ? dsh.get() : nullptr,
+                   p.shared ? dsg.get() : nullptr, out32.get(), H, ws, nullptr);
+  moe_w4a16_check_status(ws, nullptr);
+  expect_close(download(out32.get(), size_t(T) * H), ref, 3e-3f, 1e-2f, "auto path, FP32 output");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, W4Moe,
+    ::testing::Combine(::testing::Values(FmtCase{Fmt::Nvfp4ModelOpt, 16}, FmtCase{Fmt::Nvfp4Ct, 16},
+                                         FmtCase{Fmt::CtInt4Sym, 32}, FmtCase{Fmt::GptqV1, 32},
+                                         FmtCase{Fmt::CtInt4Asym, 128}, FmtCase{Fmt::GptqV2, 128}),
+                       ::testing::Values(MoeCase{1, 1, 1, 256, 160, false}, MoeCase{1, 1, 1000, 200, 40, true},
+                                         MoeCase{3, 2, 2, 256, 40, false}, MoeCase{3, 2, 17, 200, 160, true},
+                                         MoeCase{3, 1, 1000, 256, 160, false}, MoeCase{16, 10, 5, 256, 160, true},
+                                         MoeCase{16, 2, 16, 200, 40, false}, MoeCase{16, 10, 100, 200, 160, false},
+                                         MoeCase{33, 10, 1, 200, 40, false}, MoeCase{33, 10, 17, 256, 160, false},
+                                         MoeCase{33, 2, 100, 256, 40, true}, MoeCase{33, 10, 1000, 256, 160, true})),
+    [](const auto& info) {
+      const FmtCase f = std::get<0>(info.param);
+      const MoeCase m = std::get<1>(info.param);
+      return std::string(fmt_name(f.fmt)) + "_g" + std::to_string(f.group) + "_E" + std::to_string(m.experts) + "_k" +
+             std::to_string(m.top_k) + "_T" + std::to_string(m.tokens) + "_H" + std::to_string(m.hidden) + "_I" +
+             std::to_string(m.inter) + (m.shared ? "_shared" : "");
+    });
+
+TEST(W4Moe, ExpertIdOutOfRangeIsReported) {
+  const int E = 3, H = 64, I = 32, T = 2, k = 1;
+  std::mt19937 rng(3);
+  W4Packed gu = make_packed(Fmt::CtInt4Sym, E, 2 * I, H, 32), dn = make_packed(Fmt::CtInt4Sym, E, H, I, 32);
+  for (int e = 0; e < E; ++e) {
+    set_rows(gu, e, 0, make_checkpoint(Fmt::CtInt4Sym, 2 * I, H, 32, 0.1f, rng));
+    set_rows(dn, e, 0, make_checkpoint(Fmt::CtInt4Sym, H, I, 32, 0.1f, rng));
+  }
+  const W4DeviceMatrix dgu(gu), ddn(dn);
+  auto du = dev_half(rand_f16_values(size_t(T) * H, 1));
+  auto dids = to_device(std::vector<int32_t>{1, 7});
+  auto dw = to_device(std::vector<float>{1.f, 1.f});
+  MoeW4A16Workspace ws(T, k, E, H, I);
+  DeviceArray<__half> out(size_t(T) * H, "out");
+  moe_w4a16_routed(MoeW4A16Experts{&dgu, &ddn, E, H, I}, du.get(), H, T, dids.get(), dw.get(), nullptr, nullptr,
+                   out.get(), H, ws, nullptr);
+  EXPECT_THROW(moe_w4a16_check_status(ws, nullptr), Error);
+  EXPECT_THROW(moe_w4a16_routed(MoeW4A16Experts{&dgu, &ddn, E, H, 2 * I}, du.get(), H, T, dids.get(), dw.get(),
+                                nullptr, nullptr, out.get(), H, ws, nullptr),
+               Error);
+}
+
+}  // namespace
+}  // namespace flashnext::cuda::test
