@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "cli/cli.h"
+#include "cli/device.h"
 #include "core/error.h"
 #include "engine/loaded_model.h"
 #include "engine/model_dir.h"
@@ -32,12 +33,34 @@ struct ServeArgs {
   bool reject_control_token_text = false;
 };
 
+/// Bytes for KV blocks and state slots on the GPU, as vLLM sizes them: --gpu-memory-utilization (default 0.9) of
+/// the GPU's memory, minus what is in use after loading the weights, minus a workspace for one step's
+/// activations (about 64 wide rows per batched token, logits of max_num_seqs rows, and 1 GiB for the kernels'
+/// scratch). Throws Error when nothing is left.
+int64_t gpu_cache_budget(const ServeArgs& a, const ModelConfig& cfg, const SchedulerConfig& sc) {
+#ifdef FLASHNEXT_HAVE_CUDA
+  const GpuMemory mem = cuda_memory_info(0);
+  const double util = a.gpu_memory_utilization.value_or(0.9);
+  const int64_t used = mem.total_bytes - mem.free_bytes;
+  const int64_t workspace = (int64_t(1) << 30) + sc.max_num_batched_tokens * cfg.hc_width() * 4 * 64 +
+                            sc.max_num_seqs * cfg.vocab_size * 4;
+  const int64_t budget = int64_t(util * double(mem.total_bytes)) - used - workspace;
+  spdlog::info("flashnext serve: GPU memory {} bytes, {} in use after loading, workspace {}, cache budget {} ({:.2f})",
+               mem.total_bytes, used, workspace, budget, util);
+  if (budget <= 0)
+    fail("--gpu-memory-utilization {}: {} of {} bytes are in use after loading the model and the step workspace "
+         "needs {}; nothing is left for the KV cache (raise it, or lower --max-num-batched-tokens)",
+         util, used, mem.total_bytes, workspace);
+  return budget;
+#else
+  (void)a, (void)cfg, (void)sc;
+  fail("--device cuda: the CUDA backend is not available in this build");
+#endif
+}
+
 int run(const ServeArgs& a) {
   spdlog::set_level(spdlog::level::from_str(a.log_level));
-  if (a.device == "cuda") {
-    fail("--device cuda: the CUDA backend is not yet integrated with the server; use --device cpu");
-  }
-  if (a.gpu_memory_utilization)
+  if (a.device == "cpu" && a.gpu_memory_utilization)
     spdlog::warn(
         "--gpu-memory-utilization applies to --device cuda; on the CPU the KV cache budget is "
         "--kv-cache-memory-bytes ({} bytes)",
@@ -55,6 +78,7 @@ int run(const ServeArgs& a) {
   const std::string dir = resolve_model_dir(a.model);
   ModelOptions mo;
   mo.threads = a.threads;
+  mo.ops = cli::make_backend(a.device, a.threads);
   LoadedModel m = LoadedModel::load(dir, mo, /*with_chat_template=*/true);
   const ModelConfig& cfg = m.model->config();
 
@@ -67,10 +91,11 @@ int run(const ServeArgs& a) {
   if (sc.max_model_len > cfg.max_position_embeddings)
     fail("--max-model-len {} exceeds the model's max_position_embeddings {} ({})", sc.max_model_len,
          cfg.max_position_embeddings, cfg.source);
-  // The CPU backend keeps every state in float32: 4 bytes per KV / indexer / conv element.
+  // Both backends keep the caches and states in float32: 4 bytes per KV / indexer / conv element.
   const StatePlan plan = state_plan(cfg, /*tp=*/1, /*kv_bytes=*/4, /*act_bytes=*/4);
-  MemoryPlanner planner(plan, a.block_size, a.kv_cache_memory_bytes, sc.max_num_seqs);
-  ModelRunner runner(*m.model);
+  const int64_t budget = a.device == "cuda" ? gpu_cache_budget(a, cfg, sc) : a.kv_cache_memory_bytes;
+  MemoryPlanner planner(plan, a.block_size, budget, sc.max_num_seqs);
+  ModelRunner runner(*m.model, planner);
   Scheduler scheduler(runner, std::move(planner), sc);
 
   server::ServerOptions so;

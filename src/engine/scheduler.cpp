@@ -71,7 +71,8 @@ struct ModelSequence : RunnerSequence {
 };
 }  // namespace
 
-ModelRunner::ModelRunner(Model& model) : model_(model) {
+ModelRunner::ModelRunner(Model& model, const MemoryPlanner& planner)
+    : model_(model), cache_(model.new_cache(planner.total_blocks(), planner.block_size(), planner.total_slots())) {
   const ModelConfig& c = model.config();
   ple_rows_per_token_ = c.ngram_heads() * int64_t(c.ple_layer_ids.size());
 }
@@ -80,26 +81,42 @@ int64_t ModelRunner::vocab_size() const {
   return model_.config().vocab_size;
 }
 
-std::unique_ptr<RunnerSequence> ModelRunner::new_sequence() {
+std::unique_ptr<RunnerSequence> ModelRunner::new_sequence(int32_t slot) {
   auto s = std::make_unique<ModelSequence>();
-  s->state = model_.new_sequence();
+  s->state = model_.new_sequence(cache_, slot);
   return s;
 }
 
 void ModelRunner::forward(std::span<Item> items) {
+  std::vector<BatchItem> batch;
+  std::vector<Item*> fed;
   for (Item& item : items) {
     try {
       auto& seq = static_cast<ModelSequence&>(*item.seq);
-      std::vector<float> logits = model_.forward(seq.state, item.ids, LogitsMode::Last);
-      ple_rows_ += ple_rows_per_token_ * int64_t(item.ids.size());
-      if (!item.logits.empty()) {
-        FN_CHECK(logits.size() == item.logits.size(), "model returned {} logits, expected {}", logits.size(),
-                 item.logits.size());
-        std::copy(logits.begin(), logits.end(), item.logits.begin());
-      }
+      FN_CHECK(item.slot == seq.state.slot, "the step gives slot {} to a sequence made in slot {}", item.slot,
+               seq.state.slot);
+      model_.validate(seq.state, item.ids);
+      seq.state.block_table.assign(item.block_table.begin(), item.block_table.end());
+      batch.push_back({&seq.state, item.ids, LogitsMode::Last});
+      fed.push_back(&item);
     } catch (const std::exception& e) {
       item.error = e.what();
     }
+  }
+  if (batch.empty()) return;
+  try {
+    std::vector<int64_t> rows;
+    const std::vector<float> logits = model_.download(model_.forward_batch(batch, &rows));
+    const size_t vocab = size_t(model_.config().vocab_size);
+    for (size_t i = 0; i < fed.size(); ++i) {
+      ple_rows_ += ple_rows_per_token_ * int64_t(fed[i]->ids.size());
+      if (fed[i]->logits.empty()) continue;
+      FN_CHECK(fed[i]->logits.size() == vocab, "logits buffer of {} entries, the vocabulary has {}",
+               fed[i]->logits.size(), vocab);
+      std::copy_n(logits.begin() + rows[i] * int64_t(vocab), vocab, fed[i]->logits.begin());
+    }
+  } catch (const std::exception& e) {
+    for (Item* item : fed) item->error = e.what();
   }
 }
 
@@ -335,7 +352,7 @@ bool Scheduler::step_impl() {
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
     try {
-      s.state = runner_.new_sequence();
+      s.state = runner_.new_sequence(s.slot);
     } catch (const std::exception& e) {
       finish(s, EndReason::Error, {}, fmt::format("could not create the sequence state: {}", e.what()));
       continue;

@@ -38,6 +38,7 @@
 namespace flashnext {
 
 class Model;
+struct CachePool;
 
 // ------------------------------------------------------------------------------------------------------------------
 // Memory planner
@@ -104,8 +105,8 @@ class Runner {
 
   virtual ~Runner() = default;
   virtual int64_t vocab_size() const = 0;
-  /// State of a fresh, empty sequence.
-  virtual std::unique_ptr<RunnerSequence> new_sequence() = 0;
+  /// State of a fresh, empty sequence that lives in state slot `slot` (from the MemoryPlanner).
+  virtual std::unique_ptr<RunnerSequence> new_sequence(int32_t slot) = 0;
   /// Runs one step over `items` (distinct sequences). A failure of one item is reported in its `error` and must not
   /// affect the others.
   virtual void forward(std::span<Item> items) = 0;
@@ -113,18 +114,22 @@ class Runner {
   virtual int64_t ple_rows_fetched() const { return 0; }
 };
 
-/// Runner over a flashnext::Model: one Model::forward per item (the CPU backend runs one sequence per call).
+/// Runner over a flashnext::Model: one Model::forward_batch per step over a cache pool with the planner's blocks
+/// and slots (the items' block tables and slots index it directly). Items that fail Model::validate get their
+/// error and are left out of the step; a failure of the step itself is reported on every item of it.
 /// PLE rows counted: per token fed, (ngram_size - 1) * heads_per_ngram rows in each PLE layer (docs MODEL.md, PLE).
 class ModelRunner : public Runner {
  public:
-  explicit ModelRunner(Model& model);
+  /// Allocates the pool: planner.total_blocks() blocks of planner.block_size() positions, total_slots() slots.
+  ModelRunner(Model& model, const MemoryPlanner& planner);
   int64_t vocab_size() const override;
-  std::unique_ptr<RunnerSequence> new_sequence() override;
+  std::unique_ptr<RunnerSequence> new_sequence(int32_t slot) override;
   void forward(std::span<Item> items) override;
   int64_t ple_rows_fetched() const override { return ple_rows_; }
 
  private:
   Model& model_;
+  std::shared_ptr<CachePool> cache_;
   int64_t ple_rows_per_token_;
   int64_t ple_rows_ = 0;
 };

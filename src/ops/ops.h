@@ -15,12 +15,17 @@
 // - Sequence state (caches) lives in tensors owned by the caller's state object; ops update it where documented.
 //   A chunk of T tokens of one sequence has logical positions pos0 .. pos0+T-1; caches are indexed by logical
 //   position (row p of a cache holds position p).
+// - Batched steps (several sequences, prefill chunks and decode tokens mixed) use the `*_batch` ops with a StepBatch
+//   (ops/step_batch.h): token-wise ops simply run over the concatenated rows; the `*_batch` ops know where each
+//   sequence's rows, positions, paged KV blocks and state slots are. Their default implementations loop over the
+//   sequences and call the per-sequence ops on row slices; backends override them with batched kernels.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "ops/step_batch.h"
 #include "ops/tensor.h"
 
 namespace flashnext {
@@ -111,6 +116,12 @@ class Ops {
   virtual void copy_rows(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row, int64_t n) = 0;
   /// Sets every byte of `t` to zero.
   virtual void fill_zero(const Tensor& t) = 0;
+  /// dst[i] = src[rows[i]] for every i (rows of dimension 0). rows I32 [n], each in [0, src.dim(0)) (checked);
+  /// dst [n, ...] with src's dtype and row size.
+  virtual void gather_rows(const Tensor& src, const Tensor& rows, const Tensor& dst) = 0;
+  /// dst[rows[i]] = src[i] for every i: writes the tokens of a step into a paged cache (vLLM's slot mapping).
+  /// rows I32 [n] distinct, each in [0, dst.dim(0)) (checked); src [n, ...] with dst's dtype and row size.
+  virtual void scatter_rows(const Tensor& src, const Tensor& rows, const Tensor& dst) = 0;
 
   // ---------------------------------------------------------------- dense building blocks
 
@@ -231,6 +242,44 @@ class Ops {
   /// first; zeros for a new sequence), updated to the last (K-1)*d normed inputs (`_short_conv`).
   virtual void ple_conv_add(const Tensor& P, const Tensor& norm_conv, int64_t group, const Tensor& conv_w,
                             int64_t dilation, double eps, const Tensor& state, const Tensor& X) = 0;
+
+  // ---------------------------------------------------------------- batched steps (ops/step_batch.h)
+  //
+  // The same computations for every sequence of a StepBatch at once. Activations are the concatenated rows
+  // [batch.num_tokens, width]; per-sequence state lives in pools whose dimension 0 is the state slot
+  // (StepBatch::slots), KV caches in pools of batch.block_size-row blocks addressed through the block tables.
+  // The defaults below call the per-sequence ops on each sequence's row slice.
+
+  /// gdn_conv per sequence; state_pool [slots, K-1, C].
+  virtual void gdn_conv_batch(const Tensor& qkv, const Tensor& weight, const Tensor& state_pool,
+                              const StepBatch& batch);
+  /// The gated delta rule per sequence: gdn_recurrent for a sequence with one token (decode), gdn_chunked
+  /// otherwise; state_pool [slots, nv, dk, dv] F32.
+  virtual void gdn_rule_batch(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w,
+                              const GdnDims& dims, const Tensor& state_pool, const StepBatch& batch, const Tensor& o);
+  /// ple_conv_add per sequence; state_pool [slots, (K-1)*dilation, S*H].
+  virtual void ple_conv_add_batch(const Tensor& P, const Tensor& norm_conv, int64_t group, const Tensor& conv_w,
+                                  int64_t dilation, double eps, const Tensor& state_pool, const StepBatch& batch,
+                                  const Tensor& X);
+  /// qsa_prepare_qk with each token at its own position (batch.positions).
+  virtual void qsa_prepare_qk_batch(const Tensor& qg, const Tensor& k, const Tensor& q_norm, const Tensor& k_norm,
+                                    double eps, const RopeParams& rope, const StepBatch& batch, const Tensor& q,
+                                    const Tensor& gate);
+  /// qsa_indexer_select per sequence over its paged raw index keys: index_key_pool [num_blocks*block_size, Di]
+  /// (the step's keys already written); selected [T, budget + block - 1] I32 receives logical positions.
+  virtual void qsa_indexer_select_batch(const Tensor& qi, const Tensor& index_key_pool, const Tensor& q_layernorm,
+                                        const Tensor& k_layernorm, double eps, const RopeParams& rope,
+                                        int64_t budget, int64_t block, const StepBatch& batch,
+                                        const Tensor& selected);
+  /// sparse_attention per sequence over its paged K/V: k_pool, v_pool [num_blocks*block_size, nkv, D]; selected
+  /// holds logical positions of the token's own sequence.
+  virtual void sparse_attention_batch(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
+                                      const Tensor& selected, const Tensor& gate, double scale, const StepBatch& batch,
+                                      const Tensor& out);
+
+ private:
+  /// Rows [0, length) of sequence s's paged cache `pool` gathered into a contiguous [length, ...] tensor.
+  Tensor gather_sequence(const Tensor& pool, const StepBatch& batch, int64_t s, int64_t length);
 };
 
 /// The float32 CPU backend with a pool of `threads` threads (0: hardware concurrency).

@@ -56,7 +56,8 @@ struct FakeSeq : RunnerSequence {
 class FakeRunner : public Runner {
  public:
   int64_t vocab_size() const override { return kVocab; }
-  std::unique_ptr<RunnerSequence> new_sequence() override {
+  std::unique_ptr<RunnerSequence> new_sequence(int32_t slot) override {
+    EXPECT_GE(slot, 0);
     auto s = std::make_unique<FakeSeq>();
     s->id = next_id_++;
     return s;

@@ -7,7 +7,8 @@ GdnDims gdn_dims(const ModelConfig& cfg) {
                  cfg.linear_value_head_dim};
 }
 
-Tensor gated_delta_net(Ops& ops, const ModelConfig& cfg, const GdnLayerWeights& w, LayerState& state, const Tensor& u) {
+Tensor gated_delta_net(Ops& ops, const ModelConfig& cfg, const GdnLayerWeights& w, LayerCache& cache,
+                       const StepBatch& batch, const Tensor& u) {
   const int64_t T = u.dim(0);
   const GdnDims dims = gdn_dims(cfg);
   const int64_t nv = dims.num_v_heads, value_dim = nv * dims.v_head_dim;
@@ -19,14 +20,11 @@ Tensor gated_delta_net(Ops& ops, const ModelConfig& cfg, const GdnLayerWeights& 
   ops.linear(u, w.in_proj_b, b);
   ops.linear(u, w.in_proj_a, a);
   // qkv = silu(causal depthwise conv1d(qkv)), continuing the conv tail.
-  ops.gdn_conv(qkv, w.conv1d, state.conv);
-  // Gated delta rule over the chunk, continuing the recurrent state.
+  ops.gdn_conv_batch(qkv, w.conv1d, cache.conv, batch);
+  // Gated delta rule over each sequence's tokens, continuing its recurrent state (the recurrence for a decode
+  // token, the chunked form for a prefill chunk).
   Tensor o = ops.empty({T, value_dim});
-  if (T == 1) {
-    ops.gdn_recurrent(qkv, a, b, w.rule, dims, state.recurrent, o);
-  } else {
-    ops.gdn_chunked(qkv, a, b, w.rule, dims, state.recurrent, o);
-  }
+  ops.gdn_rule_batch(qkv, a, b, w.rule, dims, cache.recurrent, batch, o);
   // Gated RMSNorm per value head, then out_proj.
   ops.gated_rms_norm(o, z, w.norm, cfg.rms_norm_eps,
                      cfg.output_gate_type == "sigmoid" ? GateAct::Sigmoid : GateAct::Silu, o);

@@ -8,9 +8,11 @@
 
 namespace flashnext {
 
-/// out [T, H] = GatedDeltaNet(u [T, H]), continuing from and updating the layer's conv tail and recurrent state.
-/// A chunk of more than one token runs the chunked (WY) form, a single token the recurrence (decode).
-Tensor gated_delta_net(Ops& ops, const ModelConfig& cfg, const GdnLayerWeights& w, LayerState& state, const Tensor& u);
+/// out [T, H] = GatedDeltaNet(u [T, H]) for the tokens of a step, continuing from and updating each sequence's conv
+/// tail and recurrent state (its slot of the layer's pools). A sequence's chunk of more than one token runs the
+/// chunked (WY) form, a single token the recurrence (decode).
+Tensor gated_delta_net(Ops& ops, const ModelConfig& cfg, const GdnLayerWeights& w, LayerCache& cache,
+                       const StepBatch& batch, const Tensor& u);
 
 /// Head geometry of the config's GDN layers.
 GdnDims gdn_dims(const ModelConfig& cfg);

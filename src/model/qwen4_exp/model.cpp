@@ -1,5 +1,7 @@
 #include "model/qwen4_exp/model.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "loader/manifest.h"
 #include "loader/safetensors.h"
@@ -24,53 +26,124 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   return m;
 }
 
-SequenceState Model::new_sequence() const {
+namespace {
+/// Positions per KV block of a private cache (Model::new_sequence()); it grows by whole blocks.
+constexpr int64_t kPrivateBlockSize = 64;
+}  // namespace
+
+std::shared_ptr<CachePool> Model::allocate_cache(int64_t num_blocks, int64_t block_size, int64_t num_slots,
+                                                 bool zero_kv) const {
+  FN_CHECK(num_blocks >= 0 && block_size >= 1 && num_slots >= 1,
+           "cache pool: {} blocks of {} positions and {} slots (need block size >= 1, slots >= 1)", num_blocks,
+           block_size, num_slots);
   const ModelConfig& c = config_;
-  SequenceState s;
-  s.layers.resize(size_t(c.num_hidden_layers));
+  auto pool = std::make_shared<CachePool>();
+  pool->block_size = block_size;
+  pool->num_blocks = num_blocks;
+  pool->num_slots = num_slots;
+  pool->layers.resize(size_t(c.num_hidden_layers));
+  const int64_t rows = num_blocks * block_size;
+  auto kv = [&](const Shape& shape) { return zero_kv ? ops_->zeros(shape) : ops_->empty(shape); };
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    LayerState& ls = s.layers[size_t(l)];
+    LayerCache& lc = pool->layers[size_t(l)];
     if (c.layer_types[size_t(l)] == LayerKind::GatedDeltaNet) {
-      ls.conv = ops_->zeros({c.linear_conv_kernel_dim - 1, c.gdn_conv_dim()});
-      ls.recurrent = ops_->zeros({c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim});
+      lc.conv = ops_->zeros({num_slots, c.linear_conv_kernel_dim - 1, c.gdn_conv_dim()});
+      lc.recurrent =
+          ops_->zeros({num_slots, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim});
+    } else {
+      lc.k = kv({rows, c.num_key_value_heads, c.head_dim});
+      lc.v = kv({rows, c.num_key_value_heads, c.head_dim});
+      lc.index_keys = kv({rows, c.indexer_head_dim});
     }
-    if (c.ple_index_of_layer(l) >= 0) {
-      ls.ple_history.assign(size_t(c.ngram_size - 1), c.ple_boundary_token());
-      ls.ple_conv = ops_->zeros({c.ple_conv_state_len(), c.hc_width()});
-    }
+    if (c.ple_index_of_layer(l) >= 0) lc.ple_conv = ops_->zeros({num_slots, c.ple_conv_state_len(), c.hc_width()});
   }
+  return pool;
+}
+
+std::shared_ptr<CachePool> Model::new_cache(int64_t num_blocks, int64_t block_size, int64_t num_slots) const {
+  FN_CHECK(num_blocks >= 1, "cache pool: {} KV blocks requested, at least 1 is needed", num_blocks);
+  return allocate_cache(num_blocks, block_size, num_slots, /*zero_kv=*/false);
+}
+
+SequenceState Model::new_sequence(std::shared_ptr<CachePool> cache, int32_t slot) const {
+  FN_CHECK(cache && int64_t(cache->layers.size()) == config_.num_hidden_layers,
+           "new_sequence: the cache pool was not made by this model (Model::new_cache)");
+  FN_CHECK(slot >= 0 && slot < cache->num_slots, "new_sequence: slot {} is outside the pool's {} slots", slot,
+           cache->num_slots);
+  SequenceState s;
+  for (LayerCache& lc : cache->layers) {
+    for (const Tensor* t : {&lc.conv, &lc.recurrent, &lc.ple_conv})
+      if (t->defined()) ops_->fill_zero(t->rows(slot, slot + 1));
+  }
+  s.cache = std::move(cache);
+  s.slot = slot;
+  s.ple_history.resize(size_t(config_.num_hidden_layers));
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l)
+    if (config_.ple_index_of_layer(l) >= 0)
+      s.ple_history[size_t(l)].assign(size_t(config_.ngram_size - 1), config_.ple_boundary_token());
   return s;
+}
+
+SequenceState Model::new_sequence() const {
+  SequenceState s = new_sequence(allocate_cache(0, kPrivateBlockSize, 1, false), 0);
+  s.private_cache = true;
+  return s;
+}
+
+void Model::reserve_private(SequenceState& seq, int64_t length) const {
+  CachePool& old = *seq.cache;
+  const int64_t need = (length + old.block_size - 1) / old.block_size;
+  if (need <= old.num_blocks) return;
+  const int64_t max_blocks = (config_.max_position_embeddings + old.block_size - 1) / old.block_size;
+  const int64_t blocks = std::min(max_blocks, std::max(need, 2 * old.num_blocks));
+  auto grown = allocate_cache(blocks, old.block_size, 1, false);
+  const int64_t keep = old.num_blocks * old.block_size;
+  for (size_t l = 0; l < grown->layers.size(); ++l) {
+    LayerCache& n = grown->layers[l];
+    const LayerCache& o = old.layers[l];
+    if (o.k.defined() && keep > 0) {
+      ops_->copy_rows(o.k, 0, n.k, 0, keep);
+      ops_->copy_rows(o.v, 0, n.v, 0, keep);
+      ops_->copy_rows(o.index_keys, 0, n.index_keys, 0, keep);
+    }
+    n.conv = o.conv;
+    n.recurrent = o.recurrent;
+    n.ple_conv = o.ple_conv;
+  }
+  seq.cache = std::move(grown);
+  seq.block_table.resize(size_t(blocks));
+  for (int64_t i = 0; i < blocks; ++i) seq.block_table[size_t(i)] = int32_t(i);
 }
 
 SequenceState Model::clone_sequence(const SequenceState& seq) const {
-  auto copy = [&](const Tensor& t, int64_t rows) {
-    if (!t.defined()) return Tensor();
-    Tensor out = ops_->empty(t.shape(), t.dtype());
-    ops_->copy_rows(t, 0, out, 0, rows);
-    return out;
-  };
-  SequenceState s;
-  s.length = seq.length;
-  for (const LayerState& ls : seq.layers) {
-    LayerState n;
-    n.capacity = ls.capacity;
-    n.k_cache = copy(ls.k_cache, seq.length);
-    n.v_cache = copy(ls.v_cache, seq.length);
-    n.index_keys = copy(ls.index_keys, seq.length);
-    n.conv = copy(ls.conv, ls.conv.defined() ? ls.conv.dim(0) : 0);
-    n.recurrent = copy(ls.recurrent, ls.recurrent.defined() ? ls.recurrent.dim(0) : 0);
-    n.ple_history = ls.ple_history;
-    n.ple_conv = copy(ls.ple_conv, ls.ple_conv.defined() ? ls.ple_conv.dim(0) : 0);
-    s.layers.push_back(std::move(n));
+  SequenceState s = new_sequence();
+  reserve_private(s, seq.length);
+  const CachePool& from = *seq.cache;
+  std::vector<int32_t> rows(static_cast<size_t>(seq.length));
+  for (int64_t p = 0; p < seq.length; ++p)
+    rows[size_t(p)] = int32_t(seq.block_table[size_t(p / from.block_size)] * from.block_size + p % from.block_size);
+  const Tensor rows_d = ops_->upload(rows.data(), DType::I32, {seq.length});
+  for (size_t l = 0; l < from.layers.size(); ++l) {
+    const LayerCache& o = from.layers[l];
+    LayerCache& n = s.cache->layers[l];
+    if (o.k.defined() && seq.length > 0) {
+      ops_->gather_rows(o.k, rows_d, n.k.rows(0, seq.length));
+      ops_->gather_rows(o.v, rows_d, n.v.rows(0, seq.length));
+      ops_->gather_rows(o.index_keys, rows_d, n.index_keys.rows(0, seq.length));
+    }
+    for (auto [src, dst] : {std::pair{&o.conv, &n.conv}, {&o.recurrent, &n.recurrent}, {&o.ple_conv, &n.ple_conv}})
+      if (src->defined()) ops_->copy_rows(*src, seq.slot, *dst, 0, 1);
   }
+  s.length = seq.length;
+  s.ple_history = seq.ple_history;
   return s;
 }
 
-void Model::check_ids(const SequenceState& seq, std::span<const int32_t> ids) const {
+void Model::validate(const SequenceState& seq, std::span<const int32_t> ids) const {
   if (ids.empty()) fail("forward: empty input: at least one token id is required");
-  FN_CHECK(int64_t(seq.layers.size()) == config_.num_hidden_layers,
-           "forward: the sequence state has {} layers, the model {}: use Model::new_sequence()", seq.layers.size(),
-           config_.num_hidden_layers);
+  FN_CHECK(seq.cache && int64_t(seq.cache->layers.size()) == config_.num_hidden_layers &&
+               int64_t(seq.ple_history.size()) == config_.num_hidden_layers,
+           "forward: the sequence state was not made by this model: use Model::new_sequence()");
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= config_.vocab_size) {
       fail("forward: token id {} at index {} is outside the vocabulary [0, {})", ids[i], i, config_.vocab_size);
@@ -84,35 +157,87 @@ void Model::check_ids(const SequenceState& seq, std::span<const int32_t> ids) co
 
 Tensor Model::forward_tensor(SequenceState& seq, std::span<const int32_t> ids, LogitsMode mode,
                              const HiddenHook& hook) {
-  check_ids(seq, ids);
+  const BatchItem item{&seq, ids, mode};
+  return forward_batch({&item, 1}, nullptr, hook);
+}
+
+Tensor Model::forward_batch(std::span<const BatchItem> items, std::vector<int64_t>* row_offsets,
+                            const HiddenHook& hook) {
+  FN_CHECK(!items.empty(), "forward_batch: no sequences");
+  for (size_t i = 0; i < items.size(); ++i) {
+    const BatchItem& it = items[i];
+    FN_CHECK(it.seq != nullptr, "forward_batch: item {} has no sequence", i);
+    try {
+      validate(*it.seq, it.ids);
+    } catch (const Error& e) {
+      if (items.size() == 1) throw;
+      fail("forward_batch: item {}: {}", i, e.what());
+    }
+    FN_CHECK(it.seq->cache == items[0].seq->cache,
+             "forward_batch: item {} lives in another cache pool than item 0 (a batch shares one pool)", i);
+    FN_CHECK(!it.seq->private_cache || items.size() == 1,
+             "forward_batch: item {} has a private cache (Model::new_sequence()): feed it alone or use new_cache", i);
+    for (size_t j = 0; j < i; ++j)
+      FN_CHECK(items[j].seq != it.seq, "forward_batch: items {} and {} are the same sequence", j, i);
+  }
+  if (items[0].seq->private_cache) reserve_private(*items[0].seq, items[0].seq->length + int64_t(items[0].ids.size()));
+
   Ops& ops = *ops_;
   const ModelConfig& c = config_;
   const ModelWeights& w = *weights_;
-  const int64_t T = int64_t(ids.size()), H = c.hidden_size, L = c.num_hidden_layers, pos0 = seq.length;
+  CachePool& cache = *items[0].seq->cache;
+  const int64_t H = c.hidden_size, L = c.num_hidden_layers;
   const double eps = c.rms_norm_eps;
+
+  // The step's layout: rows, positions, block tables, slots (checks that every table covers its new length).
+  std::vector<StepSequence> parts;
+  std::vector<int32_t> all_ids;
+  for (const BatchItem& it : items) {
+    parts.push_back({int64_t(it.ids.size()), it.seq->length, it.seq->slot, it.seq->block_table});
+    all_ids.insert(all_ids.end(), it.ids.begin(), it.ids.end());
+  }
+  for (const StepSequence& p : parts)
+    FN_CHECK(p.slot < cache.num_slots, "forward_batch: slot {} is outside the pool's {} slots", p.slot,
+             cache.num_slots);
+  const StepBatch batch = make_step_batch(ops, parts, cache.block_size);
+  for (int32_t b : batch.host_block_tables)
+    FN_CHECK(b < cache.num_blocks, "forward_batch: block id {} is outside the pool's {} blocks", b, cache.num_blocks);
+  const int64_t T = batch.num_tokens;
 
   // x0 = embed_tokens[ids], replicated into the S hyper-connection streams.
   Tensor X = ops.empty({T, c.hc_width()});
-  ops.embedding(w.embed_tokens, ops.upload(ids.data(), DType::I32, {T}), X);
+  ops.embedding(w.embed_tokens, ops.upload(all_ids.data(), DType::I32, {T}), X);
   if (hook) hook(0, X);
 
   for (int64_t l = 0; l < L; ++l) {
     const LayerWeights& lw = w.layers[size_t(l)];
-    LayerState& st = seq.layers[size_t(l)];
-    if (lw.ple) ple_add(ops, c, *lw.ple, st, ids, X);
+    LayerCache& lc = cache.layers[size_t(l)];
+    if (lw.ple) ple_add(ops, c, *lw.ple, lc, items, l, batch, X);
     HcRead r = gated_residual_read(ops, X, lw.attn_hc, H, eps);
-    Tensor out = lw.kind == LayerKind::GatedDeltaNet ? gated_delta_net(ops, c, lw.gdn, st, r.u)
-                                                     : qsa_attention(ops, c, lw.qsa, st, r.u, pos0);
+    Tensor out = lw.kind == LayerKind::GatedDeltaNet ? gated_delta_net(ops, c, lw.gdn, lc, batch, r.u)
+                                                     : qsa_attention(ops, c, lw.qsa, lc, batch, r.u);
     inject(ops, X, out, r.inj);
     r = gated_residual_read(ops, X, lw.mlp_hc, H, eps);
     inject(ops, X, moe_block(ops, c, lw.moe, r.u), r.inj);
     if (hook && l + 1 < L) hook(int(l + 1), X);
   }
-  seq.length += T;
+  for (const BatchItem& it : items) it.seq->length += int64_t(it.ids.size());
 
   Tensor h = hyper_connection_mixer(ops, X, w.mixer, H, eps);
   if (hook) hook(int(L), h);
-  if (mode == LogitsMode::Last) h = h.rows(T - 1, T);
+  // lm_head only over the rows asked for.
+  std::vector<int32_t> keep;
+  if (row_offsets) row_offsets->clear();
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (row_offsets) row_offsets->push_back(int64_t(keep.size()));
+    const int32_t r0 = batch.cu_seqlens[i], r1 = batch.cu_seqlens[i + 1];
+    for (int32_t r = items[i].mode == LogitsMode::All ? r0 : r1 - 1; r < r1; ++r) keep.push_back(r);
+  }
+  if (int64_t(keep.size()) < T) {
+    Tensor picked = ops.empty({int64_t(keep.size()), H});
+    ops.gather_rows(h, ops.upload(keep.data(), DType::I32, {int64_t(keep.size())}), picked);
+    h = picked;
+  }
   Tensor logits = ops.empty({h.dim(0), c.vocab_size});
   ops.linear(h, w.lm_head, logits);
   return logits;

@@ -7,9 +7,13 @@
 //   int next = argmax(last row); model->forward(seq, {&next, 1}, ...);     // decode: one token at a time
 //
 // A SequenceState holds everything the model remembers about one sequence (QSA K/V and raw indexer keys, GDN conv
-// tails and recurrent states, PLE token history and conv tails, the number of tokens seen). Feeding a prompt in
-// chunks of any size, then single tokens, gives the same logits as one forward over everything (up to float
-// rounding). The math is the reference's (transformers `models/qwen4_exp`, docs MODEL.md); every computation goes
+// tails and recurrent states, PLE token history and conv tails, the number of tokens seen), in paged cache memory
+// (state.h). Feeding a prompt in chunks of any size, then single tokens, gives the same logits as one forward over
+// everything (up to float rounding).
+//
+// Batched steps (the serving engine): sequences of one shared CachePool (new_cache + new_sequence(cache, slot), their
+// block tables set by the caller) are fed together with forward_batch: prefill chunks and decode tokens of different
+// sequences in one step; every token-wise computation (projections, MoE, norms) runs once over all rows. The math is the reference's (transformers `models/qwen4_exp`, docs MODEL.md); every computation goes
 // through the ops interface (ops/ops.h), so the same model code runs on every backend.
 #pragma once
 
@@ -42,6 +46,13 @@ enum class LogitsMode {
   Last,  ///< only the last token's row: [1, vocab] (what decoding needs; skips T-1 lm_head rows)
 };
 
+/// One sequence's part of a batched step (Model::forward_batch).
+struct BatchItem {
+  SequenceState* seq = nullptr;
+  std::span<const int32_t> ids;  ///< the next tokens of the sequence (>= 1)
+  LogitsMode mode = LogitsMode::Last;
+};
+
 /// Called during forward with the wide residual stream: index 0 is the embedding repeated into the hc streams
 /// [T, S*H], index i (1 <= i < L) the stream after layer i-1, index L the output of the final hyper-connection
 /// mixer [T, H] (input of lm_head); the same numbering as the reference's `output_hidden_states`. The tensor is on
@@ -58,9 +69,17 @@ class Model {
   const ModelConfig& config() const { return config_; }
   Ops& ops() const { return *ops_; }
 
-  /// A fresh, empty sequence (position 0, zero states, PLE history = boundary token).
+  /// A fresh, empty sequence with a private cache that grows on demand (position 0, zero states, PLE history =
+  /// boundary token).
   SequenceState new_sequence() const;
-  /// A deep copy of `seq` (prefix reuse, speculative branches).
+  /// A cache pool for sequences fed together: `num_blocks` KV blocks of `block_size` positions and `num_slots` state
+  /// slots (block and slot ids as the scheduler's MemoryPlanner hands them out). Throws Error for sizes < 1 or when
+  /// the backend cannot allocate it.
+  std::shared_ptr<CachePool> new_cache(int64_t num_blocks, int64_t block_size, int64_t num_slots) const;
+  /// A fresh sequence in slot `slot` of `cache` (the slot's state is zeroed); its block_table starts empty and is
+  /// the caller's to fill before each forward. Throws Error for a slot outside the pool.
+  SequenceState new_sequence(std::shared_ptr<CachePool> cache, int32_t slot) const;
+  /// A deep copy of `seq` with a private cache (prefix reuse, speculative branches).
   SequenceState clone_sequence(const SequenceState& seq) const;
 
   /// Feeds `ids` (the next tokens of the sequence) through the model, updating `seq`, and returns the next-token
@@ -73,12 +92,27 @@ class Model {
   std::vector<float> forward(SequenceState& seq, std::span<const int32_t> ids, LogitsMode mode = LogitsMode::All,
                              const HiddenHook& hook = {});
 
+  /// One step over several sequences (distinct, all in the same CachePool, each with a block table covering its new
+  /// length; a sequence with a private cache must be alone). Returns the logits of every item, stacked in item
+  /// order: T_i rows for LogitsMode::All, 1 for Last; `row_offsets` (if given) receives each item's first row.
+  /// Each sequence ends exactly as if it had been fed alone. Throws Error naming the item, leaving every sequence
+  /// unchanged, when an item is invalid (see validate()).
+  Tensor forward_batch(std::span<const BatchItem> items, std::vector<int64_t>* row_offsets = nullptr,
+                       const HiddenHook& hook = {});
+
+  /// Checks that `ids` can be fed to `seq`: non-empty, every id in [0, vocab_size), the new length within
+  /// max_position_embeddings, the state made by this model. Throws Error saying what is wrong.
+  void validate(const SequenceState& seq, std::span<const int32_t> ids) const;
+
   /// Copies a float32 device tensor to a host vector.
   std::vector<float> download(const Tensor& t) const;
 
  private:
   Model() = default;
-  void check_ids(const SequenceState& seq, std::span<const int32_t> ids) const;
+  std::shared_ptr<CachePool> allocate_cache(int64_t num_blocks, int64_t block_size, int64_t num_slots,
+                                            bool zero_kv) const;
+  /// Grows a private cache so that `seq` has blocks for `length` positions.
+  void reserve_private(SequenceState& seq, int64_t length) const;
 
   ModelConfig config_;
   std::shared_ptr<Ops> ops_;

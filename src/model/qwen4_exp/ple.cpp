@@ -4,16 +4,22 @@
 
 namespace flashnext {
 
-void ple_add(Ops& ops, const ModelConfig& cfg, const PleLayerWeights& w, LayerState& state,
-             std::span<const int32_t> ids, const Tensor& X) {
-  const int64_t T = int64_t(ids.size()), H = cfg.hidden_size, heads = w.hash.heads();
-  // Row ids of every (token, head) from the n-gram hash, on the host; then advance the token history.
-  const std::vector<int64_t> ids64(ids.begin(), ids.end());
+void ple_add(Ops& ops, const ModelConfig& cfg, const PleLayerWeights& w, LayerCache& cache,
+             std::span<const BatchItem> items, int64_t layer, const StepBatch& batch, const Tensor& X) {
+  const int64_t T = batch.num_tokens, H = cfg.hidden_size, heads = w.hash.heads();
+  // Row ids of every (token, head) from the n-gram hash of each sequence's tokens after its history (host); then
+  // advance the histories.
   std::vector<int64_t> rows(size_t(T * heads));
-  w.hash.rows_for(state.ple_history, ids64, rows.data());
-  std::vector<int64_t> window = state.ple_history;
-  window.insert(window.end(), ids64.begin(), ids64.end());
-  state.ple_history.assign(window.end() - w.hash.context_len(), window.end());
+  int64_t at = 0;
+  for (const BatchItem& it : items) {
+    std::vector<int64_t>& history = it.seq->ple_history[size_t(layer)];
+    const std::vector<int64_t> ids64(it.ids.begin(), it.ids.end());
+    w.hash.rows_for(history, ids64, rows.data() + at * heads);
+    at += int64_t(ids64.size());
+    std::vector<int64_t> window = history;
+    window.insert(window.end(), ids64.begin(), ids64.end());
+    history.assign(window.end() - w.hash.context_len(), window.end());
+  }
   // e = concatenated table rows; kn = grouped ZC-RMSNorm(key_proj e); v = value_proj e.
   Tensor e = ops.empty({T, heads * w.table.head_dim});
   ops.ple_gather(w.table, ops.upload(rows.data(), DType::I64, {T, heads}), e);
@@ -21,10 +27,10 @@ void ple_add(Ops& ops, const ModelConfig& cfg, const PleLayerWeights& w, LayerSt
   ops.linear(e, w.key_proj, kn);
   ops.zc_rms_norm(kn, w.norm_key, H, cfg.rms_norm_eps, kn);
   ops.linear(e, w.value_proj, v);
-  // P = per-stream sigmoid gate of (kn_b . qn_b) times v; X += P + silu(dilated conv(norm_conv(P))).
+  // P = per-stream sigmoid gate of (kn_b . qn_b) times v; X += P + silu(dilated conv(norm_conv(P))) per sequence.
   Tensor P = ops.empty({T, cfg.hc_width()});
   ops.ple_gate(kn, v, X, w.norm_query, cfg.rms_norm_eps, P);
-  ops.ple_conv_add(P, w.norm_conv, H, w.conv1d, cfg.ngram_size, cfg.rms_norm_eps, state.ple_conv, X);
+  ops.ple_conv_add_batch(P, w.norm_conv, H, w.conv1d, cfg.ngram_size, cfg.rms_norm_eps, cache.ple_conv, batch, X);
 }
 
 }  // namespace flashnext

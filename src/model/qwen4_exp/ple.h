@@ -5,15 +5,17 @@
 #include <span>
 
 #include "loader/config.h"
+#include "model/qwen4_exp/model.h"
 #include "model/qwen4_exp/state.h"
 #include "model/qwen4_exp/weights.h"
 
 namespace flashnext {
 
-/// X = X + PLE(X, ids), in place on X [T, S*H]. Hashes the n-grams of `ids` after the layer's token history (host),
-/// gathers the table rows, gates the value per stream and adds the dilated short conv; updates the history and the
-/// conv tail of `state`.
-void ple_add(Ops& ops, const ModelConfig& cfg, const PleLayerWeights& w, LayerState& state,
-             std::span<const int32_t> ids, const Tensor& X);
+/// X = X + PLE(X, ids), in place on X [T, S*H] for the tokens of a step (items in batch row order). Hashes each
+/// sequence's n-grams after its token history of this layer (host), gathers the table rows, gates the value per
+/// stream and adds the dilated short conv; updates the histories and each sequence's conv tail (its slot of
+/// cache.ple_conv).
+void ple_add(Ops& ops, const ModelConfig& cfg, const PleLayerWeights& w, LayerCache& cache,
+             std::span<const BatchItem> items, int64_t layer, const StepBatch& batch, const Tensor& X);
 
 }  // namespace flashnext

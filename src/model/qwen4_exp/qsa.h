@@ -8,12 +8,9 @@
 
 namespace flashnext {
 
-/// out [T, H] = QSA(u [T, H]) for tokens at positions pos0 .. pos0+T-1, appending their K, V and raw indexer keys
-/// to the layer's caches (grown as needed, up to max_position_embeddings rows).
-Tensor qsa_attention(Ops& ops, const ModelConfig& cfg, const QsaLayerWeights& w, LayerState& state, const Tensor& u,
-                     int64_t pos0);
-
-/// Makes the QSA caches of `state` hold at least `rows` positions, keeping the first `keep` rows.
-void qsa_reserve(Ops& ops, const ModelConfig& cfg, LayerState& state, int64_t rows, int64_t keep);
+/// out [T, H] = QSA(u [T, H]) for the tokens of a step (batch.positions), writing their K, V and raw indexer keys
+/// into the layer's paged caches at batch.slot_mapping.
+Tensor qsa_attention(Ops& ops, const ModelConfig& cfg, const QsaLayerWeights& w, LayerCache& cache,
+                     const StepBatch& batch, const Tensor& u);
 
 }  // namespace flashnext

@@ -1,39 +1,50 @@
-// Per-sequence state of the qwen4_exp model (docs MODEL.md, "Caches and state per sequence").
+// Cache memory and per-sequence state of the qwen4_exp model (docs MODEL.md, "Caches and state per sequence").
 //
-// All tensors live on the model's backend device and are owned by the state (shared handles: a copied
-// SequenceState shares memory; use Model::clone_sequence for an independent copy). Layouts:
-//   QSA layer:  k_cache, v_cache [capacity, nkv, D] (row p = position p, K after norm+RoPE),
-//               index_keys [capacity, Di] raw indexer keys (no norm, no RoPE); rows >= length are unused.
-//   GDN layer:  conv [K-1, conv_dim] (time-major: last K-1 conv inputs, oldest first), recurrent [nv, dk, dv] F32.
-//   PLE layer:  history: the last ngram_size-1 token ids (host; oldest first; starts as the boundary token),
-//               ple_conv [(kernel-1)*ngram_size, S*H] (last normed conv inputs, oldest first).
-// The QSA caches grow on demand (capacity doubles, bounded by max_position_embeddings); a paged cache can replace
-// them behind the same fields later.
+// Memory is paged, as in vLLM: a CachePool holds, per layer,
+//   QSA layer:  k, v [num_blocks*block_size, nkv, D] (K after k_norm + RoPE) and index_keys
+//               [num_blocks*block_size, Di] (raw indexer keys, no norm, no RoPE): KV blocks of block_size positions;
+//   GDN layer:  conv [num_slots, K-1, conv_dim] (last K-1 conv inputs, oldest first), recurrent
+//               [num_slots, nv, dk, dv] F32: one state slot per sequence;
+//   PLE layer:  ple_conv [num_slots, (kernel-1)*ngram_size, S*H] (last normed conv inputs, oldest first).
+// A sequence owns one slot and a block table (logical block i of its positions -> pool block). The engine's pool is
+// shared by all running sequences (Model::new_cache; the scheduler's MemoryPlanner hands out blocks and slots); a
+// sequence from Model::new_sequence() has a private pool with one slot that grows with it (for tools and tests).
+// All tensors live on the model's backend device.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "ops/tensor.h"
 
 namespace flashnext {
 
-/// State of one decoder layer (only the fields of its kind are defined).
-struct LayerState {
-  // QSA
-  Tensor k_cache, v_cache, index_keys;
-  int64_t capacity = 0;  ///< rows allocated in the QSA caches
-  // Gated DeltaNet
-  Tensor conv, recurrent;
-  // PLE (layers listed in ple_layer_ids)
-  std::vector<int64_t> ple_history;
-  Tensor ple_conv;
+/// The cache tensors of one decoder layer (only those of its kind are defined).
+struct LayerCache {
+  Tensor k, v, index_keys;  ///< QSA
+  Tensor conv, recurrent;   ///< Gated DeltaNet
+  Tensor ple_conv;          ///< PLE (layers listed in ple_layer_ids)
+};
+
+/// KV blocks and state slots shared by a set of sequences.
+struct CachePool {
+  int64_t block_size = 0;  ///< positions per KV block
+  int64_t num_blocks = 0;
+  int64_t num_slots = 0;
+  std::vector<LayerCache> layers;
 };
 
 /// Everything the model remembers about one sequence.
 struct SequenceState {
-  int64_t length = 0;  ///< tokens fed so far = position of the next token
-  std::vector<LayerState> layers;
+  int64_t length = 0;                ///< tokens fed so far = position of the next token
+  std::shared_ptr<CachePool> cache;  ///< where its KV blocks and state slot live
+  int32_t slot = 0;                  ///< its state slot in `cache`
+  std::vector<int32_t> block_table;  ///< its KV blocks in `cache`, covering at least `length` positions
+  bool private_cache = false;        ///< `cache` is its own and grows on demand (Model::new_sequence())
+  /// Per layer: the last ngram_size-1 token ids (oldest first; starts as the boundary token); empty for layers
+  /// without PLE. Host memory.
+  std::vector<std::vector<int64_t>> ple_history;
 };
 
 }  // namespace flashnext

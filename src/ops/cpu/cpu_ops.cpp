@@ -106,6 +106,41 @@ void CpuOps::fill_zero(const Tensor& t) {
   if (t.nbytes()) std::memset(t.data(), 0, t.nbytes());
 }
 
+namespace {
+/// Checks one side of gather_rows / scatter_rows: `indexed` is addressed by `rows`, `packed` has one row per index.
+size_t check_row_map(const char* op, const Tensor& indexed, const Tensor& rows, const Tensor& packed) {
+  check_tensor(rows, DType::I32, 1, op, "rows");
+  FN_CHECK(indexed.device() == Device::CPU && packed.device() == Device::CPU, "{}: tensors must be on the CPU", op);
+  FN_CHECK(indexed.rank() >= 1 && packed.rank() >= 1 && indexed.dtype() == packed.dtype() &&
+               packed.dim(0) == rows.dim(0),
+           "{}: {} and {} with {} row ids do not fit", op, indexed.str(), packed.str(), rows.dim(0));
+  const size_t row = indexed.dim(0) ? indexed.nbytes() / size_t(indexed.dim(0)) : 0;
+  FN_CHECK(packed.dim(0) == 0 || packed.nbytes() / size_t(packed.dim(0)) == row, "{}: row sizes of {} and {} differ",
+           op, indexed.str(), packed.str());
+  const int32_t* r = rows.data_as<const int32_t>();
+  for (int64_t i = 0; i < rows.dim(0); ++i)
+    FN_CHECK(r[i] >= 0 && r[i] < indexed.dim(0), "{}: row id {} at index {} is outside [0, {})", op, r[i], i,
+             indexed.dim(0));
+  return row;
+}
+}  // namespace
+
+void CpuOps::gather_rows(const Tensor& src, const Tensor& rows, const Tensor& dst) {
+  const size_t row = check_row_map("gather_rows", src, rows, dst);
+  const int32_t* r = rows.data_as<const int32_t>();
+  for (int64_t i = 0; i < rows.dim(0); ++i)
+    std::memcpy(static_cast<uint8_t*>(dst.data()) + size_t(i) * row,
+                static_cast<const uint8_t*>(src.data()) + size_t(r[i]) * row, row);
+}
+
+void CpuOps::scatter_rows(const Tensor& src, const Tensor& rows, const Tensor& dst) {
+  const size_t row = check_row_map("scatter_rows", dst, rows, src);
+  const int32_t* r = rows.data_as<const int32_t>();
+  for (int64_t i = 0; i < rows.dim(0); ++i)
+    std::memcpy(static_cast<uint8_t*>(dst.data()) + size_t(r[i]) * row,
+                static_cast<const uint8_t*>(src.data()) + size_t(i) * row, row);
+}
+
 // ------------------------------------------------------------------------------------------------ dense
 
 void CpuOps::embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {

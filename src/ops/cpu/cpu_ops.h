@@ -29,6 +29,8 @@ class CpuOps final : public Ops {
                         std::shared_ptr<const void> keepalive) override;
   void copy_rows(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row, int64_t n) override;
   void fill_zero(const Tensor& t) override;
+  void gather_rows(const Tensor& src, const Tensor& rows, const Tensor& dst) override;
+  void scatter_rows(const Tensor& src, const Tensor& rows, const Tensor& dst) override;
 
   void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) override;
   void linear(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& bias = Tensor()) override;

@@ -58,7 +58,15 @@ namespace cuda {
 namespace {
 
 // Slots of the device status words: kernels OR error bits into their op's slot; every download reads them.
-enum StatusSlot : int { kStatusEmbedding, kStatusMoe, kStatusPle, kStatusQsa, kStatusSelection, kStatusSlots };
+enum StatusSlot : int {
+  kStatusEmbedding,
+  kStatusMoe,
+  kStatusPle,
+  kStatusQsa,
+  kStatusSelection,
+  kStatusRows,
+  kStatusSlots
+};
 
 /// What every tensor of the backend shares: the device, the stream all work runs on, and the status words. Tensors
 /// hold it so that their memory is freed on the stream even after the backend object is gone.
@@ -215,6 +223,14 @@ class CudaOps final : public Ops {
   void fill_zero(const Tensor& t) override {
     check_device(t, "fill_zero", "tensor");
     if (t.nbytes()) FN_CUDA_CHECK(cudaMemsetAsync(t.data(), 0, t.nbytes(), stream()), "fill_zero");
+  }
+
+  void gather_rows(const Tensor& src, const Tensor& rows, const Tensor& dst) override {
+    copy_rows_indexed("gather_rows", src, rows, dst, /*scatter=*/false);
+  }
+
+  void scatter_rows(const Tensor& src, const Tensor& rows, const Tensor& dst) override {
+    copy_rows_indexed("scatter_rows", src, rows, dst, /*scatter=*/true);
   }
 
   // ------------------------------------------------------------------------------------------------ dense
@@ -539,6 +555,53 @@ class CudaOps final : public Ops {
     FN_CUDA_CHECK(detail::launch_qsa_attention(dp<const float>(q), nh * D, tok_seq, tok_pos, dp<int32_t>(compact),
                                                n_sel, dp<int32_t>(counts), t, pg, dp<const float>(k_cache),
                                                dp<const float>(v_cache), int(nh), int(nkv), int(D), plan.splits,
+                                               plan.split_len, dp<const float>(gate), nh * D, D, dp<float>(partial),
+                                               dp<float>(out), nh * D, status(kStatusQsa), stream()),
+                  op);
+  }
+
+  /// Sparse attention over the paged K/V pools directly (no per-sequence gather): the kernel maps each selected
+  /// logical position through the sequence's block table.
+  void sparse_attention_batch(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& selected,
+                              const Tensor& gate, double scale, const StepBatch& batch, const Tensor& out) override {
+    const char* op = "sparse_attention_batch";
+    check(q, DType::F32, 3, op, "q");
+    check(k_pool, DType::F32, 3, op, "k_pool");
+    check(v_pool, DType::F32, 3, op, "v_pool");
+    check(selected, DType::I32, 2, op, "selected");
+    check(gate, DType::F32, 3, op, "gate");
+    check(out, DType::F32, 3, op, "out");
+    const int64_t T = q.dim(0), nh = q.dim(1), D = q.dim(2), rows = k_pool.dim(0), nkv = k_pool.dim(1);
+    const int64_t n_sel = selected.dim(1), bs = batch.block_size;
+    FN_CHECK(T == batch.num_tokens && v_pool.shape() == k_pool.shape() && k_pool.dim(2) == D && nkv > 0 &&
+                 nh % nkv == 0 && selected.dim(0) == T && gate.shape() == q.shape() && out.shape() == q.shape() &&
+                 n_sel > 0 && bs > 0 && rows % bs == 0,
+             "{}: q {}, pools {} / {}, selected {}, gate {}, out {} do not fit a step of {} tokens in blocks of {}", op,
+             q.str(), k_pool.str(), v_pool.str(), selected.str(), gate.str(), out.str(), batch.num_tokens, bs);
+    FN_CHECK(D <= detail::kQsaMaxDim && nh / nkv <= detail::kQsaMaxGroup,
+             "{}: head_dim {} (at most {}) and {} query heads per KV head (at most {}) exceed the kernel's limits", op,
+             D, detail::kQsaMaxDim, nh / nkv, detail::kQsaMaxGroup);
+    FN_CHECK(std::fabs(scale * std::sqrt(double(D)) - 1.0) < 1e-6,
+             "{}: the CUDA kernel scales scores by 1/sqrt(head_dim) = {}, asked for {}", op, 1.0 / std::sqrt(double(D)),
+             scale);
+    if (T == 0) return;
+    const int t = to_int(T, op, "tokens");
+    // Valid entries packed to the front with their counts; logical positions at or beyond the step's longest
+    // context are invalid.
+    Tensor compact = alloc(selected.shape(), DType::I32, "selection");
+    Tensor counts = alloc({T}, DType::I32, "selection counts");
+    FN_CUDA_CHECK(detail::launch_compact_selection(dp<int32_t>(selected), t, int(n_sel), batch.max_context,
+                                                   dp<int32_t>(compact), dp<int32_t>(counts),
+                                                   status(kStatusSelection), stream()),
+                  "sparse_attention_batch selection");
+    const detail::QsaPaging pg{dp<int32_t>(batch.block_tables), batch.max_blocks, to_int(rows / bs, op, "blocks"),
+                               to_int(bs, op, "block size")};
+    const QsaAttentionPlan plan = qsa_attention_plan(t, int(nh), int(nkv), int(D), int(n_sel));
+    Tensor partial = alloc({std::max<int64_t>(plan.partial_floats, 1)}, DType::F32, "attention partials");
+    FN_CUDA_CHECK(detail::launch_qsa_attention(dp<const float>(q), nh * D, dp<int32_t>(batch.token_seq),
+                                               dp<int32_t>(batch.positions), dp<int32_t>(compact), n_sel,
+                                               dp<int32_t>(counts), t, pg, dp<const float>(k_pool),
+                                               dp<const float>(v_pool), int(nh), int(nkv), int(D), plan.splits,
                                                plan.split_len, dp<const float>(gate), nh * D, D, dp<float>(partial),
                                                dp<float>(out), nh * D, status(kStatusQsa), stream()),
                   op);
@@ -878,6 +941,26 @@ class CudaOps final : public Ops {
     return gather_tables_.emplace(std::move(key), std::move(g)).first->second;
   }
 
+  /// gather_rows / scatter_rows: `rows` index the rows of dst (scatter) or src (gather); row ids are checked on
+  /// the device (status word kStatusRows, reported at the next synchronisation).
+  void copy_rows_indexed(const char* op, const Tensor& src, const Tensor& rows, const Tensor& dst, bool scatter) {
+    check(rows, DType::I32, 1, op, "rows");
+    check_device(src, op, "src");
+    check_device(dst, op, "dst");
+    const Tensor& indexed = scatter ? dst : src;
+    const Tensor& packed = scatter ? src : dst;
+    FN_CHECK(indexed.rank() >= 1 && packed.rank() >= 1 && src.dtype() == dst.dtype() && packed.dim(0) == rows.dim(0),
+             "{}: {} and {} with {} row ids do not fit", op, src.str(), dst.str(), rows.dim(0));
+    const size_t row = indexed.dim(0) ? indexed.nbytes() / size_t(indexed.dim(0)) : 0;
+    FN_CHECK(packed.dim(0) == 0 || packed.nbytes() / size_t(packed.dim(0)) == row,
+             "{}: row sizes of {} and {} differ", op, src.str(), dst.str());
+    FN_CHECK(row % 4 == 0, "{}: rows of {} bytes; the kernel copies 4-byte words", op, row);
+    FN_CUDA_CHECK(detail::launch_copy_rows_indexed(src.data(), dst.data(), dp<int32_t>(rows), rows.dim(0),
+                                                   int64_t(row / 4), indexed.dim(0), scatter, status(kStatusRows),
+                                                   stream()),
+                  op);
+  }
+
   void check_device(const Tensor& t, const char* op, const char* what) const {
     FN_CHECK(t.defined(), "{}: {} is undefined", op, what);
     FN_CHECK(t.device() == Device::CUDA && t.device_index() == ctx_->device, "{}: {} is on {}:{}, expected cuda:{}", op,
@@ -904,7 +987,8 @@ class CudaOps final : public Ops {
         "moe_experts: expert ids outside the expert range (those slots were dropped)",
         "ple_gather: row ids outside the n-gram table (read as zeros)",
         "sparse_attention: cache indices outside the cache (skipped)",
-        "sparse_attention: selected positions at or beyond the cache rows (skipped)"};
+        "sparse_attention: selected positions at or beyond the cache rows (skipped)",
+        "gather_rows/scatter_rows: row ids outside the tensor (skipped)"};
     for (int s = 0; s < kStatusSlots; ++s) {
       if (ctx_->status_host[s]) what += fmt::format("{}{}", what.empty() ? "" : "; ", kWhat[s]);
     }
@@ -973,6 +1057,13 @@ class CudaOps final : public Ops {
 
 }  // namespace
 }  // namespace cuda
+
+GpuMemory cuda_memory_info(int device) {
+  FN_CUDA_CHECK(cudaSetDevice(device), "cuda_memory_info");
+  size_t free_b = 0, total_b = 0;
+  FN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b), "cuda_memory_info");
+  return {int64_t(free_b), int64_t(total_b)};
+}
 
 std::shared_ptr<Ops> make_cuda_ops(int device) {
   return make_cuda_ops(device, CudaOpsOptions::from_env());

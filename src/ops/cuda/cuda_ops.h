@@ -62,4 +62,10 @@ std::shared_ptr<Ops> make_cuda_ops(int device = 0);
 /// The same with explicit options.
 std::shared_ptr<Ops> make_cuda_ops(int device, const CudaOpsOptions& options);
 
+/// Free and total memory of GPU `device` in bytes (cudaMemGetInfo). Throws Error when the query fails.
+struct GpuMemory {
+  int64_t free_bytes = 0, total_bytes = 0;
+};
+GpuMemory cuda_memory_info(int device);
+
 }  // namespace flashnext

@@ -376,6 +376,20 @@ __global__ void fill_i32_kernel(int32_t* __restrict__ p, int64_t n, int32_t valu
 
 }  // namespace
 
+__global__ void copy_rows_indexed_kernel(const uint32_t* src, uint32_t* dst, const int32_t* rows, int64_t n,
+                                         int64_t words, int64_t limit, bool scatter, int32_t* status) {
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const int32_t r = rows[i];
+    if (r < 0 || r >= limit) {
+      if (threadIdx.x == 0) atomicOr(status, 1);
+      continue;
+    }
+    const uint32_t* s = src + (scatter ? i : int64_t(r)) * words;
+    uint32_t* d = dst + (scatter ? int64_t(r) : i) * words;
+    for (int64_t j = threadIdx.x; j < words; j += blockDim.x) d[j] = s[j];
+  }
+}
+
 #ifndef __CUDACC_RTC__  // host launchers (NVRTC, used by the SM70 check, compiles device code only)
 namespace {
 unsigned grid_for(int64_t n) {
@@ -556,6 +570,15 @@ cudaError_t launch_moe_combine_f16x2(const float* y2, const int32_t* ids, const 
   if (n == 0) return cudaSuccess;
   moe_combine_f16x2_kernel<<<grid_for(n), kThreads, 0, stream>>>(y2, ids, slot_row, offsets, weights, tokens, top_k,
                                                                  hidden, out);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_copy_rows_indexed(const void* src, void* dst, const int32_t* rows, int64_t n, int64_t words,
+                                     int64_t limit, bool scatter, int32_t* status, cudaStream_t stream) {
+  if (n == 0 || words == 0) return cudaSuccess;
+  const int blocks = int(n < 65535 ? n : 65535);
+  copy_rows_indexed_kernel<<<blocks, 128, 0, stream>>>(static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst),
+                                                        rows, n, words, limit, scatter, status);
   return cudaGetLastError();
 }
 

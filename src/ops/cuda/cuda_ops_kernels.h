@@ -101,6 +101,11 @@ cudaError_t launch_moe_act_f16x2(const float* g2, const float* up2, const int32_
 cudaError_t launch_moe_combine_f16x2(const float* y2, const int32_t* ids, const int32_t* slot_row,
                                      const int32_t* offsets, const float* weights, int tokens, int top_k, int hidden,
                                      float* out, cudaStream_t stream);
+/// Indexed row copy of `words` 32-bit words per row: gather (scatter false) dst[i] = src[rows[i]], scatter (true)
+/// dst[rows[i]] = src[i], for i < n. A row id outside [0, limit) (limit = rows of the indexed side) is skipped and
+/// ORs 1 into *status.
+cudaError_t launch_copy_rows_indexed(const void* src, void* dst, const int32_t* rows, int64_t n, int64_t words,
+                                     int64_t limit, bool scatter, int32_t* status, cudaStream_t stream);
 /// p[i] = value for i < n.
 cudaError_t launch_fill_i32(int32_t* p, int64_t n, int32_t value, cudaStream_t stream);
 /// p[i] = start + i for i < n.

@@ -1,0 +1,63 @@
+// StepBatch: the sequences of one batched forward step and where their cache rows live (the equivalent of vLLM's
+// attention metadata). Built once per step by make_step_batch; read by the `*_batch` ops of ops/ops.h.
+//
+// Layout of a step with S sequences and T tokens:
+//   - sequence s owns activation rows [cu_seqlens[s], cu_seqlens[s+1]); its tokens are at logical positions
+//     pos0[s], pos0[s]+1, ... (a prefill chunk, a whole prompt, or one decode token);
+//   - KV caches are paged: a pool of num_blocks blocks of block_size rows; logical position p of sequence s lives
+//     at pool row block_tables[s, p / block_size] * block_size + p % block_size;
+//   - recurrent state (GDN conv and recurrent state, PLE conv state) lives in state pools indexed by slot: row
+//     slots[s] of a pool [num_slots, ...].
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "ops/tensor.h"
+
+namespace flashnext {
+
+class Ops;
+
+/// One sequence's part of a step, as make_step_batch takes it.
+struct StepSequence {
+  int64_t tokens = 0;                     ///< rows it feeds this step (>= 1)
+  int64_t pos0 = 0;                       ///< position of its first token = tokens it has fed before
+  int32_t slot = 0;                       ///< its state slot
+  std::span<const int32_t> block_table;   ///< its KV blocks, logical block i -> pool block; covers pos0 + tokens
+};
+
+/// The metadata of one step (see the top of this file). Host vectors for the host-side loops, device tensors (on
+/// the backend's device, I32) for kernels.
+struct StepBatch {
+  int64_t num_seqs = 0;
+  int64_t num_tokens = 0;
+  int64_t block_size = 0;
+  int64_t max_blocks = 0;           ///< columns of block_tables (the longest table in the step)
+  int64_t max_context = 0;          ///< largest pos0[s] + tokens of the step
+  std::vector<int32_t> cu_seqlens;  ///< host [num_seqs + 1]: row ranges
+  std::vector<int64_t> pos0;        ///< host [num_seqs]
+  std::vector<int32_t> slot_ids;    ///< host [num_seqs]
+  std::vector<int32_t> host_block_tables;  ///< host [num_seqs, max_blocks], -1 past a table's end
+
+  Tensor positions;     ///< [T]: logical position of each token
+  Tensor token_seq;     ///< [T]: sequence index of each token
+  Tensor slot_mapping;  ///< [T]: cache pool row of each token (where its K, V and index key are written)
+  Tensor block_tables;  ///< [num_seqs, max_blocks]
+  Tensor seq_starts;    ///< [num_seqs + 1]: cu_seqlens on the device
+  Tensor slots;         ///< [num_seqs]
+
+  int64_t rows_of(int64_t s) const { return cu_seqlens[size_t(s) + 1] - cu_seqlens[size_t(s)]; }
+  /// Cache pool row of logical position `p` of sequence `s`.
+  int64_t cache_row(int64_t s, int64_t p) const {
+    return int64_t(host_block_tables[size_t(s * max_blocks + p / block_size)]) * block_size + p % block_size;
+  }
+};
+
+/// Builds the StepBatch of `seqs` (in row order) and uploads its device tensors in one copy. Throws Error naming
+/// the sequence when it has no tokens, a negative position or slot, or a block table that does not cover
+/// pos0 + tokens positions or holds a negative block id; block_size must be >= 1.
+StepBatch make_step_batch(Ops& ops, std::span<const StepSequence> seqs, int64_t block_size);
+
+}  // namespace flashnext
