@@ -75,7 +75,8 @@ def one_request(url, model: str, prompt: list[int], output_len: int, api_key: st
 
 def run_level(args, concurrency: int) -> dict:
     rng = random.Random(args.seed * 1000 + concurrency)
-    prompts = [[rng.randrange(1000, 150000) for _ in range(args.input_len)] for _ in range(args.num_requests)]
+    lo = min(1000, args.vocab_size // 4)
+    prompts = [[rng.randrange(lo, args.vocab_size) for _ in range(args.input_len)] for _ in range(args.num_requests)]
     results, errors, lock = [], [], threading.Lock()
     it = iter(prompts)
 
@@ -126,6 +127,8 @@ def main():
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vocab-size", type=int, default=150000,
+                    help="prompt ids are drawn from [min(1000, vocab/4), vocab) (default 150000, for Qwen vocabularies)")
     ap.add_argument("--json", action="store_true", help="print one JSON object per level instead of a table")
     args = ap.parse_args()
     if args.model is None:

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Batched steps and serving on the GPU in one repeatable command: the batch tests of the CUDA backend (8 sequences
+# in one step = each alone, tiny-a and the medium fixture), the rest of test_cuda_e2e, then `flashnext serve
+# --device cuda` on the medium fixture driven by tools/bench_serve.py at concurrency 1, 8 and 32.
+#
+#   bash scripts/gpu-serve.sh --prepare   HERE: builds `flashnext` and `test_cuda_e2e` in $BUILD (default build,
+#                                         which must be configured for the GPU's architecture, e.g. 90) and packs
+#                                         them with the shared libraries the GPU machine lacks into
+#                                         gpu/serve/bundle.tar.xz (gpu/ is git-ignored).
+#   bash scripts/gpu-serve.sh             ON THE GPU MACHINE from the repo root (the `run` tool: carry ["gpu"]).
+# The medium fixture (tools/make_fixtures.py, torch + transformers there) has vocab_size 4096 and no tokenizer: the
+# server gets the bundled Qwen3 tokenizer cut to 4096 ids (tools/truncate_tokenizer.py).
+# Output in $OUT (default gpu/out-serve): e2e.log, e2e-medium.log, fixture.log, serve.log, bench.log, summary.txt.
+# Env: BUILD, FIXTURE_DIR (default /tmp/fx), E2E=0 to skip the tests, BENCH_ARGS (extra bench_serve.py arguments).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+BUNDLE=gpu/serve/bundle.tar.xz
+
+if [ "${1:-}" = "--prepare" ]; then
+  set -e
+  cmake --build "$BUILD" --target flashnext test_cuda_e2e --parallel 2
+  stage=$(mktemp -d)
+  mkdir -p "$stage/bin" "$stage/lib"
+  cp "$BUILD/flashnext" "$BUILD/tests/test_cuda_e2e" "$stage/bin/"
+  strip "$stage"/bin/*
+  for bin in "$stage"/bin/*; do ldd "$bin" | awk '/=> \//{print $3}'; done | sort -u |
+    grep -E 'lib(fmt|spdlog|pcre2-8|utf8proc|cpp-httplib|brotli[a-z]*)\.so' | while read -r lib; do
+      cp -L "$lib" "$stage/lib/"
+    done
+  pwd >"$stage/source_dir"
+  mkdir -p "$(dirname "$BUNDLE")"
+  tar -C "$stage" -cJf "$BUNDLE" .
+  rm -rf "$stage"
+  echo "gpu-serve: packed $BUNDLE ($(du -h "$BUNDLE" | cut -f1)); run: bash scripts/gpu-serve.sh"
+  exit 0
+fi
+
+OUT=${OUT:-gpu/out-serve}
+mkdir -p "$OUT"
+G=$(mktemp -d /tmp/flashnext-serve.XXXX)
+tar -C "$G" -xJf "$BUNDLE" || { echo "gpu-serve: no $BUNDLE: run --prepare first" >&2; exit 2; }
+export LD_LIBRARY_PATH="$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+SRC=$(cat "$G/source_dir")
+if [ "$SRC" != "$PWD" ] && [ ! -e "$SRC" ]; then mkdir -p "$(dirname "$SRC")" && ln -s "$PWD" "$SRC"; fi
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+status=0
+FX=${FIXTURE_DIR:-/tmp/fx}
+fx_pid=""
+if [ ! -f "$FX/medium/reference.safetensors" ]; then
+  (PYTHONUNBUFFERED=1 python3 tools/make_fixtures.py "$FX" medium >"$OUT/fixture.log" 2>&1) &
+  fx_pid=$!
+fi
+if [ "${E2E:-1}" != 0 ]; then
+  echo "gpu-serve: test_cuda_e2e without the medium tests"
+  timeout 240 "$G/bin/test_cuda_e2e" --gtest_color=no --gtest_filter='-*Medium*' >"$OUT/e2e.log" 2>&1 || status=1
+  tail -n 3 "$OUT/e2e.log"
+fi
+if [ -n "$fx_pid" ]; then
+  wait "$fx_pid" || { echo "gpu-serve: make_fixtures.py medium failed"; tail -n 20 "$OUT/fixture.log"; exit 1; }
+fi
+if [ "${E2E:-1}" != 0 ]; then
+  echo "gpu-serve: medium batch test"
+  FLASHNEXT_MEDIUM_FIXTURE="$FX/medium" timeout 200 "$G/bin/test_cuda_e2e" --gtest_color=no \
+    --gtest_filter='*MediumBatch*' >"$OUT/e2e-medium.log" 2>&1 || status=1
+  tail -n 3 "$OUT/e2e-medium.log"
+fi
+
+python3 tools/truncate_tokenizer.py models/tiny-b-random "$FX/medium/model" 4096
+port=8011
+get() { python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())" "$1"; }
+"$G/bin/flashnext" serve --device cuda --model "$FX/medium/model" --port $port --served-model-name medium \
+  --max-model-len 4096 >"$OUT/serve.log" 2>&1 &
+srv=$!
+for _ in $(seq 1 120); do
+  get "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
+  kill -0 $srv 2>/dev/null || break
+  sleep 1
+done
+if get "http://127.0.0.1:$port/health" >/dev/null 2>&1; then
+  echo "\$ flashnext serve --device cuda --model <medium> --port $port --served-model-name medium --max-model-len 4096" \
+    >"$OUT/bench.log"
+  echo "\$ python3 tools/bench_serve.py --url http://127.0.0.1:$port --concurrency 1 8 32 --num-requests 32 --vocab-size 4096 ${BENCH_ARGS:-}" \
+    >>"$OUT/bench.log"
+  # shellcheck disable=SC2086
+  timeout 300 python3 tools/bench_serve.py --url "http://127.0.0.1:$port" --concurrency 1 8 32 --num-requests 32 \
+    --vocab-size 4096 ${BENCH_ARGS:-} >>"$OUT/bench.log" 2>&1 || status=1
+  get "http://127.0.0.1:$port/metrics" | grep -E '^flashnext_(kv|num|engine|generation|prompt)' >>"$OUT/bench.log"
+  cat "$OUT/bench.log"
+else
+  echo "gpu-serve: the server did not come up:"; tail -n 20 "$OUT/serve.log"; status=1
+fi
+kill $srv 2>/dev/null; wait $srv 2>/dev/null
+grep -E 'GPU memory|memory [0-9]+ bytes' "$OUT/serve.log" >>"$OUT/bench.log"
+{
+  grep -h -E '^\[  (PASSED|FAILED) |tests? ran|^E2E:' "$OUT"/e2e.log "$OUT"/e2e-medium.log 2>/dev/null
+  cat "$OUT/bench.log"
+} >"$OUT/summary.txt"
+echo "gpu-serve: exit status $status (logs in $OUT)"
+exit $status
