@@ -58,16 +58,7 @@ TEST(BatchedSteps, BatchedPrefillLogitsEqualSingleSequenceLogits) {
 
 // The reference's greedy ids come out of a batched run too (tiny-a: 16 greedy tokens per prompt).
 TEST(BatchedSteps, BatchedGreedyMatchesReference) {
-  Model& model = shared_model(kTinyA);
-  Reference ref("tiny-a");
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<std::vector<int64_t>> want;
-  for (const char* p : {"short", "eos_inside", "single", "eos_first"}) {
-    prompts.push_back(ref.ids(p));
-    want.push_back(ref.i64(std::string(p) + ".greedy_ids"));
-  }
-  const auto got = batched_greedy(model, prompts, 16, BatchPlan{.block_size = 4, .chunk = 7, .start = {0, 1, 2, 3}});
-  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], want[i]) << "prompt " << i;
+  expect_tiny_a_batched_greedy_matches_reference(shared_model(kTinyA));
 }
 
 TEST(BatchedSteps, BadBatchesAreRejectedAndLeaveSequencesUnchanged) {

@@ -2,6 +2,8 @@
 // shared by the CPU batch test and the CUDA end-to-end batch test.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <numeric>
 #include <vector>
@@ -81,6 +83,20 @@ inline std::vector<std::vector<int32_t>> tiny_a_batch_prompts() {
   prompts.emplace_back(long_ids.begin(), long_ids.begin() + 64);
   prompts.emplace_back(long_ids.begin() + 200, long_ids.begin() + 205);
   return prompts;
+}
+
+/// Runs the tiny-a prompts that have 16 reference greedy ids (all but the 300-token one) through batched_greedy
+/// together (blocks of 4 positions, chunks of 7, joining one step apart) and expects the reference's ids.
+inline void expect_tiny_a_batched_greedy_matches_reference(Model& model) {
+  Reference ref("tiny-a");
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::vector<int64_t>> want;
+  for (const char* p : {"short", "eos_inside", "single", "eos_first"}) {
+    prompts.push_back(ref.ids(p));
+    want.push_back(ref.i64(std::string(p) + ".greedy_ids"));
+  }
+  const auto got = batched_greedy(model, prompts, 16, BatchPlan{.block_size = 4, .chunk = 7, .start = {0, 1, 2, 3}});
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], want[i]) << "prompt " << i;
 }
 
 }  // namespace flashnext::test

@@ -234,16 +234,7 @@ TEST(TinyABatch, EightSequencesGenerateWhatEachGeneratesAlone) {
 }
 
 TEST(TinyABatch, BatchedGreedyMatchesReference) {
-  Model& model = gpu_model(source_path(kTinyA));
-  RefFile ref(source_path("tests/data/fixtures/tiny-a/reference.safetensors"));
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<std::vector<int64_t>> want;
-  for (const char* p : {"short", "eos_inside", "single", "eos_first"}) {
-    prompts.push_back(ref.ids(p));
-    want.push_back(ref.i64(std::string(p) + ".greedy_ids"));
-  }
-  const auto got = batched_greedy(model, prompts, 16, BatchPlan{.block_size = 4, .chunk = 7, .start = {0, 1, 2, 3}});
-  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], want[i]) << "prompt " << i;
+  expect_tiny_a_batched_greedy_matches_reference(gpu_model(source_path(kTinyA)));
 }
 
 // ------------------------------------------------------------------------------------------------ tiny-b
