@@ -16,7 +16,8 @@
 # Output: logs in $OUT (default gpu/out): kernel.log, e2e.log, e2e-medium.log, fixture.log, bench.log, and
 # summary.txt (gtest verdicts, every `E2E:` line, the timing lines).
 # Env: BUILD; FIXTURE_DIR (default /tmp/fx; an existing $FIXTURE_DIR/medium/reference.safetensors is reused);
-#      SKIP_MEDIUM=1 to skip the medium fixture; BENCH=0 to skip the timings.
+#      SKIP_MEDIUM=1 to skip the medium fixture; BENCH=0 to skip the timings; FILTER='<gtest filter>' to run only
+#      those test_cuda_e2e tests (no kernel tests, medium fixture or timings; log $OUT/e2e.log).
 # Exit status: non-zero when a build (prepare), a test or the fixture generation fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,6 +55,14 @@ SRC=$(cat "$G/source_dir")
 if [ "$SRC" != "$PWD" ] && [ ! -e "$SRC" ]; then mkdir -p "$(dirname "$SRC")" && ln -s "$PWD" "$SRC"; fi
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 status=0
+if [ -n "${FILTER:-}" ]; then
+  echo "gpu-e2e: test_cuda_e2e --gtest_filter='$FILTER'"
+  timeout 450 "$G/bin/test_cuda_e2e" --gtest_color=no --gtest_filter="$FILTER" >"$OUT/e2e.log" 2>&1 || status=1
+  grep -h -E '^\[  (PASSED|FAILED) |tests? ran|^E2E' "$OUT/e2e.log" >"$OUT/summary.txt"
+  tail -n 3 "$OUT/e2e.log"
+  echo "gpu-e2e: exit status $status (logs in $OUT)"
+  exit $status
+fi
 FX=${FIXTURE_DIR:-/tmp/fx}
 fx_pid=""
 if [ -z "${SKIP_MEDIUM:-}" ] && [ ! -f "$FX/medium/reference.safetensors" ]; then

@@ -2,6 +2,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "core/error.h"
@@ -159,6 +161,9 @@ json inspect_model(const std::string& path, const InspectOptions& opt) {
 
   // Weight bytes: from the stored tensors for a folder, else estimated from the config's dtype.
   ComponentTotals bytes{};
+  // The CUDA backend's storage of quantized weights: logical elements and device bytes per component, and how.
+  ComponentTotals q_elements{}, q_cuda_bytes{};
+  std::map<std::string, std::set<std::string>> q_cuda_form;
   json quant = json::object();
   quant["config"] = quantization_config_summary(doc);
   if (folder) {
@@ -208,7 +213,34 @@ json inspect_model(const std::string& path, const InspectOptions& opt) {
     quant["quantized_weight_dtypes"] = qdtypes;
     quant["companions"] = companions;
     // Storage format of each quantized component, validated against the declared quantization (loader/quant.h).
-    quant["formats"] = QuantScheme::build(read_quant_config(path), cfg, m).summary();
+    const QuantScheme scheme = QuantScheme::build(read_quant_config(path), cfg, m);
+    quant["formats"] = scheme.summary();
+    std::map<std::string, Component> component_of;
+    for (const ExpectedTensor& e : expected_tensors(cfg)) component_of.emplace(e.name, e.component);
+    for (const auto& [name, w] : scheme.weights()) {
+      auto it = component_of.find(name);
+      if (it == component_of.end()) continue;
+      const int c = int(it->second);
+      const bool w4 = it->second == Component::RoutedExperts && w.format != QuantFormat::Fp8Block &&
+                      cfg.hidden_size % 8 == 0 && cfg.moe_intermediate_size % 8 == 0 &&
+                      (w.format == QuantFormat::Nvfp4 || w.format == QuantFormat::CtNvfp4 || w.group % 8 == 0);
+      q_elements[c] += w.rows * w.cols;
+      if (w4) {
+        const bool zeros = w.format == QuantFormat::Gptq || w.zero_point != nullptr;
+        const bool nv = w.format == QuantFormat::Nvfp4 || w.format == QuantFormat::CtNvfp4;
+        q_cuda_bytes[c] += w4a16_packed_bytes(w.rows, w.cols, nv ? 16 : w.group, zeros);
+        q_cuda_form[component_name(it->second)].insert(
+            fmt::format("w4a16 from {} (4-bit codes, FP16 group scales{}, F32 row scales)", quant_format_name(w.format),
+                        zeros ? ", uint8 zero points" : ""));
+      } else {
+        q_cuda_bytes[c] += 2 * w.rows * w.cols;
+        q_cuda_form[component_name(it->second)].insert(
+            fmt::format("fp16 (dequantized from {} at load)", quant_format_name(w.format)));
+      }
+    }
+    if (scheme.summary().count("ple_table")) {
+      q_cuda_form["ple_table"].insert("fp8 e4m3 kept as stored (pinned host or GPU), rows converted in the gather");
+    }
     // MTP and vision as stored (the vision tower geometry of a folder is the one its tensors have).
     params[int(Component::Mtp)] = elements[int(Component::Mtp)];
     params[int(Component::Vision)] = elements[int(Component::Vision)];
@@ -235,6 +267,27 @@ json inspect_model(const std::string& path, const InspectOptions& opt) {
   pj["total"] = language_model_total(params) + params[int(Component::Mtp)] + params[int(Component::Vision)];
   r["params"] = pj;
   r["vision_from_config"] = vision_cfg != nullptr && !folder;
+  // What the CUDA backend (single GPU) holds: FP16 weights, quantized routed experts as W4A16 or FP16 (above), the
+  // PLE table and hash buffers as stored. Language model only (no MTP / vision).
+  if (folder) {
+    ComponentTotals cuda_bytes{};
+    int64_t gpu = 0;
+    for (int i = 0; i < kNumComponents; ++i) {
+      const Component c = Component(i);
+      if (c == Component::Mtp || c == Component::Vision) continue;
+      cuda_bytes[i] = c == Component::PleTable || c == Component::PleHashBuffers
+                          ? bytes[i]
+                          : 2 * (params[i] - q_elements[i]) + q_cuda_bytes[i];
+      if (c != Component::PleTable && c != Component::PleHashBuffers) gpu += cuda_bytes[i];
+    }
+    json forms = json::object();
+    for (const auto& [c, f] : q_cuda_form) forms[c] = f;
+    quant["cuda_storage"] = forms;
+    r["memory_cuda"] = {{"weight_bytes_by_component", component_object(cuda_bytes)},
+                        {"gpu_weight_bytes", gpu},
+                        {"routed_expert_bytes", cuda_bytes[int(Component::RoutedExperts)]},
+                        {"ple_table_bytes", cuda_bytes[int(Component::PleTable)]}};
+  }
   r["quantization"] = quant;
 
   // Memory plan.
@@ -356,6 +409,13 @@ std::string format_inspect(const json& r) {
     }
   }
 
+  if (q.contains("cuda_storage") && !q["cuda_storage"].empty()) {
+    o << "  on the CUDA backend:\n";
+    for (const auto& [component, forms] : q["cuda_storage"].items()) {
+      for (const auto& f : forms) o << fmt::format("  {:<18} {}\n", component, f.get<std::string>());
+    }
+  }
+
   const json& m = r["memory"];
   o << fmt::format("\nMemory plan (TP {}, context {} tokens, weights from {}):\n", m["tp"].get<int64_t>(),
                    m["context"].get<int64_t>(), m["weights_from"].get<std::string>());
@@ -373,6 +433,13 @@ std::string format_inspect(const json& r) {
        m["kv_bytes_per_token_per_gpu"].get<int64_t>() + m["indexer_bytes_per_token_per_gpu"].get<int64_t>());
   line("one sequence at the context, per GPU", m["sequence_bytes_per_gpu"].get<int64_t>());
   line("total per GPU", m["total_bytes_per_gpu"].get<int64_t>());
+  if (r.contains("memory_cuda")) {
+    const json& c = r["memory_cuda"];
+    o << "CUDA backend, one GPU (FP16 weights, W4A16 NVFP4/int4 experts):\n";
+    line("weights on the GPU", c["gpu_weight_bytes"].get<int64_t>());
+    line("  of which routed experts", c["routed_expert_bytes"].get<int64_t>());
+    line("PLE table (pinned host or GPU)", c["ple_table_bytes"].get<int64_t>());
+  }
   return o.str();
 }
 

@@ -1,6 +1,7 @@
 #include "loader/quant.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -519,7 +520,7 @@ std::vector<float> dequantize(const QuantizedWeight& w) {
   return out;
 }
 
-std::vector<float> dequantize_ple_shard(const TensorView& shard, const TensorView& weight_scale) {
+float ple_table_scale(const TensorView& shard, const TensorView& weight_scale) {
   if (shard.dtype != DType::F8_E4M3 && shard.dtype != DType::F8_E5M2) {
     fail("{}: PLE table shard '{}' is {}, expected FP8 to go with '{}'", shard.file, shard.name,
          dtype_name(shard.dtype), weight_scale.name);
@@ -529,6 +530,21 @@ std::vector<float> dequantize_ple_shard(const TensorView& shard, const TensorVie
          weight_scale.file, weight_scale.name, dtype_name(weight_scale.dtype), weight_scale.shape_str());
   }
   const float s = to_float(weight_scale)[0];
+  if (!std::isfinite(s)) {
+    fail("{}: tensor '{}' (the FP8 PLE table's multiplier) is {}, expected a finite value", weight_scale.file,
+         weight_scale.name, s);
+  }
+  return s;
+}
+
+int64_t w4a16_packed_bytes(int64_t rows, int64_t cols, int64_t group, bool zeros) {
+  const int64_t wpr = 4 * ceil_div(cols, 32), g = group > 0 ? group : cols;
+  const int64_t groups = g > 0 ? ceil_div(8 * wpr, g) : 0;
+  return rows * (wpr * 4 + groups * (2 + (zeros ? 1 : 0)) + 4);
+}
+
+std::vector<float> dequantize_ple_shard(const TensorView& shard, const TensorView& weight_scale) {
+  const float s = ple_table_scale(shard, weight_scale);
   std::vector<float> out(size_t(shard.numel()));
   convert_to_float(shard.dtype, shard.data, out.data(), out.size());
   for (float& v : out) v *= s;  // exact: 4-bit by 8-bit significands

@@ -143,6 +143,17 @@ std::vector<float> dequantize(const QuantizedWeight& w);
 /// as row-major float32. Throws Error naming the tensors for a non-FP8 shard or a scale that is not one element.
 std::vector<float> dequantize_ple_shard(const TensorView& shard, const TensorView& weight_scale);
 
+/// The FP8 PLE table's multiplier: `weight_scale` as float32 (exact), after the checks of dequantize_ple_shard on
+/// `shard` (FP8) and the scale (one BF16/F16/F32 element); also a finite value. Backends keep the FP8 shards and
+/// multiply each converted row by it (ops/ops.h PleTable::scale), which gives dequantize_ple_shard's values.
+float ple_table_scale(const TensorView& shard, const TensorView& weight_scale);
+
+/// Bytes the CUDA backend's W4A16 repacking (src/ops/cuda/moe_w4a16.h W4Packed::expert_bytes) holds for one
+/// expert's [rows, cols] matrix: codes 4 bytes x 4*ceil(cols/32) words per row, per row ceil(32*ceil(cols/32) /
+/// g) FP16 group scales (g = group, or cols when 0) plus as many uint8 zero points when `zeros`, and one F32 row
+/// scale. Used by `flashnext inspect` for the GPU memory plan (the loader does not link the CUDA code).
+int64_t w4a16_packed_bytes(int64_t rows, int64_t cols, int64_t group, bool zeros);
+
 /// The quantization of one checkpoint: every quantized language-model weight of a manifest, matched against the
 /// declared QuantConfig.
 class QuantScheme {

@@ -22,8 +22,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ops/step_batch.h"
 #include "ops/tensor.h"
@@ -62,12 +64,24 @@ struct RopeParams {
   double theta = 10000.0;
 };
 
+/// Routed experts that a backend keeps in a form of its own (e.g. the CUDA backend's W4A16 repacking of NVFP4 /
+/// int4 checkpoints), made by `Ops::load_quantized_experts`. Only the backend that made it reads it.
+class PackedExperts {
+ public:
+  virtual ~PackedExperts() = default;
+  /// What the backend stores, for reports ("w4a16 nvfp4-modelopt").
+  virtual std::string format() const = 0;
+  /// Bytes of device memory held (all experts, gate/up/down).
+  virtual int64_t device_bytes() const = 0;
+};
+
 /// Weights of the shared expert and router of one MoE block plus the stacked routed experts
 /// (`Qwen4ExpTextSparseMoeBlock`).
 struct MoeWeights {
   Tensor router;              ///< gate.weight [E, H]
-  Tensor gate, up;            ///< experts' gate_proj / up_proj stacked [E, I, H]
-  Tensor down;                ///< experts' down_proj stacked [E, H, I]
+  Tensor gate, up;            ///< experts' gate_proj / up_proj stacked [E, I, H]; undefined when `packed` is set
+  Tensor down;                ///< experts' down_proj stacked [E, H, I]; undefined when `packed` is set
+  std::shared_ptr<const PackedExperts> packed;  ///< the routed experts in the backend's own quantized form, or null
   Tensor shared_gate_proj;    ///< shared_expert.gate_proj [Is, H]
   Tensor shared_up_proj;      ///< shared_expert.up_proj [Is, H]
   Tensor shared_down_proj;    ///< shared_expert.down_proj [H, Is]
@@ -76,11 +90,64 @@ struct MoeWeights {
 
 /// The hashed n-gram table of one PLE layer: the logical table [rows, head_dim] stored as row shards in shard order
 /// (shard k holds rows [sum of earlier shard heights, + its height)). Shards keep their checkpoint dtype
-/// (BF16/F16/F32) and may live in host memory (see `map_host_table`).
+/// (BF16/F16/F32, or F8_E4M3 for the FP8 tables of quantized releases) and may live in host memory (see
+/// `map_host_table`). Row value = float(stored element) * scale.
 struct PleTable {
-  std::vector<Tensor> shards;  ///< each [rows_k, head_dim]
+  std::vector<Tensor> shards;  ///< each [rows_k, head_dim], all of one dtype
   int64_t rows = 0;            ///< sum of shard heights
   int64_t head_dim = 0;
+  /// Multiplies every value: the FP8 table's `ngram_embedding.weight_scale` (a BF16 scalar, converted exactly);
+  /// 1 for float tables. The product float(e4m3) * scale is exact in float32 (4 by 8 significant bits).
+  float scale = 1.f;
+};
+
+/// Storage formats of quantized routed experts (loader/quant.h has the exact rules; same names).
+enum class QuantKind : uint8_t {
+  Nvfp4,     ///< ModelOpt NVFP4: w = (e2m1 * e4m3 block scale) * weight_scale_2
+  CtNvfp4,   ///< compressed-tensors nvfp4-pack-quantized: w = (e2m1 * e4m3 block scale) / weight_global_scale
+  Fp8Block,  ///< FP8 E4M3 with a block weight_scale_inv
+  CtInt4,    ///< compressed-tensors pack-quantized int4 (optional packed zero points)
+  Gptq,      ///< GPTQ int4 (qweight / qzeros / scales; g_idx[k] == k / group, checked by the loader)
+};
+
+/// A checkpoint array in host memory (borrowed: the mapped checkpoint outlives the load). Elements may be unaligned.
+struct HostArray {
+  const void* data = nullptr;  ///< null: absent
+  DType dtype = DType::F32;
+  Shape shape;
+  bool defined() const { return data != nullptr; }
+};
+
+/// One quantized [rows, cols] matrix of one expert as the checkpoint stores it (validated by the loader,
+/// loader/quant.h validate_quantized_weight), with the loader's exact float32 dequantization.
+struct QuantMatrix {
+  QuantKind format = QuantKind::Nvfp4;
+  std::string name;                       ///< logical weight name, for messages
+  int64_t rows = 0, cols = 0;             ///< logical [N, K]
+  int64_t group = 0;                      ///< inputs per scale: 16 (NVFP4), the int4 group size (0: all of K)
+  int64_t block_rows = 0, block_cols = 0;  ///< FP8 block
+  bool gptq_v2 = false;                   ///< GPTQ zero points without the v1 "+1"
+  HostArray data;          ///< NVFP4 U8 [N, K/2]; FP8 F8_E4M3 [N, K]; CtInt4 I32 [N, ceil(K/8)]; GPTQ I32 [K/8, N]
+  HostArray scale;         ///< NVFP4 F8_E4M3 [N, K/16]; FP8 [ceil(N/bn), ceil(K/bk)]; int4 BF16/F16/F32 per group
+  HostArray global_scale;  ///< NVFP4 F32 scalar (multiplier for Nvfp4, divisor for CtNvfp4)
+  HostArray zero_point;    ///< CtInt4 I32 [ceil(N/8), G] (absent: symmetric); GPTQ qzeros I32 [G, N/8]
+  /// The exact float32 values, row-major [rows, cols] (loader/quant.h `dequantize`): the oracle's path.
+  std::function<std::vector<float>()> dequantize;
+};
+
+/// The quantized routed experts of one MoE block: per expert e, gate[e] / up[e] [I, H] and down[e] [H, I], all of
+/// one format.
+struct QuantExperts {
+  std::string name;  ///< "layers.L.mlp.experts", for messages
+  int64_t experts = 0, hidden = 0, inter = 0;
+  std::vector<QuantMatrix> gate, up, down;
+};
+
+/// What `Ops::load_quantized_experts` returns: either stacked backend weights (gate / up [E, I, H], down [E, H, I])
+/// or the backend's own packed form (`packed`, the three tensors undefined). Assign to MoeWeights' members.
+struct RoutedExperts {
+  Tensor gate, up, down;
+  std::shared_ptr<const PackedExperts> packed;
 };
 
 /// The backend interface. One instance per device; safe to use from one thread at a time (ops parallelise
@@ -107,10 +174,16 @@ class Ops {
   /// A weight for the compute ops, converted from checkpoint data (BF16, F16 or F32 at `host`) to the backend's
   /// weight format (CPU: F32). Throws Error for other dtypes.
   virtual Tensor load_weight(const void* host, DType dtype, const Shape& shape) = 0;
-  /// A read-only table that ops may read in place from host memory (the PLE n-gram table: too large to convert).
+  /// A read-only table that ops may read in place from host memory (the PLE n-gram table: too large to convert),
+  /// BF16 / F16 / F32 or FP8 (F8_E4M3; the CPU also takes F8_E5M2), kept in that dtype.
   /// `keepalive` owns the memory (e.g. the mapped checkpoint). CPU: wraps the pointer without a copy.
   virtual Tensor map_host_table(const void* host, DType dtype, const Shape& shape,
                                 std::shared_ptr<const void> keepalive) = 0;
+  /// The routed experts of one MoE block from their quantized checkpoint tensors, converted once. Default: every
+  /// matrix dequantized exactly to float32 (QuantMatrix::dequantize), loaded with load_weight and stacked (the CPU
+  /// oracle's behaviour). Backends override it to keep formats their kernels read (the CUDA backend: NVFP4 and
+  /// int4 repacked for its W4A16 kernels). Throws Error naming the matrix for inconsistent input.
+  virtual RoutedExperts load_quantized_experts(const QuantExperts& q);
   /// Copies `n` rows (dimension 0) from `src` starting at `src_row` into `dst` starting at `dst_row`. Both tensors
   /// must have the same dtype and row size.
   virtual void copy_rows(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row, int64_t n) = 0;
@@ -216,7 +289,7 @@ class Ops {
                                const Tensor& weights) = 0;
 
   /// Routed experts (`Qwen4ExpTextExperts`): out[t] = sum_j weights[t, j] * down_e(silu(gate_e u_t) * up_e u_t),
-  /// e = ids[t, j]. Overwrites out [T, H].
+  /// e = ids[t, j]. Overwrites out [T, H]. Takes w.gate / w.up / w.down, or w.packed when this backend made it.
   virtual void moe_experts(const Tensor& u, const Tensor& ids, const Tensor& weights, const MoeWeights& w,
                            const Tensor& out) = 0;
 
@@ -225,7 +298,8 @@ class Ops {
 
   // ---------------------------------------------------------------- PLE
 
-  /// e[t, i*hd .. (i+1)*hd) = table row rows[t, i] (converted to float32): the concatenated n-gram embedding
+  /// e[t, i*hd .. (i+1)*hd) = table row rows[t, i] (converted to float32, times table.scale; FP8 rows are
+  /// converted row by row as they are read): the concatenated n-gram embedding
   /// (`Qwen4ExpTextNGramEmbedding`, `ngram_embedding(ids).flatten(-2)`). rows [T, heads] I64 (checked against
   /// table.rows), e [T, heads*hd].
   virtual void ple_gather(const PleTable& table, const Tensor& rows, const Tensor& e) = 0;
@@ -281,6 +355,31 @@ class Ops {
   /// Rows [0, length) of sequence s's paged cache `pool` gathered into a contiguous [length, ...] tensor.
   Tensor gather_sequence(const Tensor& pool, const StepBatch& batch, int64_t s, int64_t length);
 };
+
+inline RoutedExperts Ops::load_quantized_experts(const QuantExperts& q) {
+  const int64_t E = q.experts, H = q.hidden, I = q.inter;
+  FN_CHECK(E > 0 && int64_t(q.gate.size()) == E && int64_t(q.up.size()) == E && int64_t(q.down.size()) == E,
+           "load_quantized_experts: {}: {} experts but {} / {} / {} gate / up / down matrices", q.name, E,
+           q.gate.size(), q.up.size(), q.down.size());
+  auto stack = [&](const std::vector<QuantMatrix>& ms, int64_t rows, int64_t cols) {
+    Tensor out;
+    for (int64_t e = 0; e < E; ++e) {
+      const QuantMatrix& m = ms[size_t(e)];
+      FN_CHECK(m.rows == rows && m.cols == cols && m.dequantize, "load_quantized_experts: '{}' is [{}, {}], expected "
+               "[{}, {}] with its dequantization", m.name, m.rows, m.cols, rows, cols);
+      const std::vector<float> w = m.dequantize();
+      Tensor one = load_weight(w.data(), DType::F32, {1, rows, cols});
+      if (e == 0) out = empty({E, rows, cols}, one.dtype());
+      copy_rows(one, 0, out, e, 1);
+    }
+    return out;
+  };
+  RoutedExperts r;
+  r.gate = stack(q.gate, I, H);
+  r.up = stack(q.up, I, H);
+  r.down = stack(q.down, H, I);
+  return r;
+}
 
 /// The float32 CPU backend with a pool of `threads` threads (0: hardware concurrency).
 std::shared_ptr<Ops> make_cpu_ops(int threads = 0);

@@ -16,6 +16,8 @@
 #include "loader/quant.h"
 #include "loader/st_writer.h"
 #include "model/qwen4_exp/model.h"
+#include "model/qwen4_exp/weights.h"
+#include "ops/ops.h"
 
 namespace flashnext {
 namespace {
@@ -148,6 +150,109 @@ TEST(QuantInspect, ReportsFormatsByComponent) {
   const std::string text = format_inspect(r);
   EXPECT_THAT(text, HasSubstr("routed_experts     int4-gptq (192 tensors)"));
   EXPECT_THAT(text, HasSubstr("ple_table          fp8-scalar (8 tensors)"));
+}
+
+// The GPU memory plan of `flashnext inspect`: tiny-a's routed experts (8 layers x 8 experts, H = 64, I = 32) as the
+// CUDA backend's W4A16 repacking holds them (moe_w4a16.h W4Packed): per row 4*ceil(K/32) code words of 4 bytes,
+// ceil(32*ceil(K/32) / g) FP16 group scales (+ as many uint8 zero points), one F32 row scale; gate_up [64, 64] and
+// down [64, 32]. FP8-block experts are FP16 on the GPU, the FP8 PLE table stays as stored.
+TEST(QuantInspect, CudaMemoryPlan) {
+  auto plan = [](const std::string& fmt) { return inspect_model(fixture(fmt) + "/model"); };
+  const int64_t experts = 8 * 8;
+  // NVFP4, g = 16: gate_up rows 8*4 + 4*2 + 4 = 44 bytes, down rows 4*4 + 2*2 + 4 = 24 bytes.
+  const nlohmann::json nv = plan("nvfp4-radixark");
+  EXPECT_EQ(nv["memory_cuda"]["routed_expert_bytes"], experts * (64 * 44 + 64 * 24));
+  EXPECT_EQ(plan("ct-nvfp4")["memory_cuda"]["routed_expert_bytes"], experts * (64 * 44 + 64 * 24));
+  // GPTQ g = 32 with zero points: gate_up 8*4 + 2*3 + 4 = 42, down 4*4 + 1*3 + 4 = 23.
+  const nlohmann::json gq = plan("gptq-int4-g32");
+  EXPECT_EQ(gq["memory_cuda"]["routed_expert_bytes"], experts * (64 * 42 + 64 * 23));
+  // compressed-tensors symmetric g = 32: no zero points: 40 and 22.
+  EXPECT_EQ(plan("ct-int4-sym-g32")["memory_cuda"]["routed_expert_bytes"], experts * (64 * 40 + 64 * 22));
+  EXPECT_EQ(plan("ct-int4-asym-g32")["memory_cuda"]["routed_expert_bytes"], experts * (64 * 42 + 64 * 23));
+  // FP8 block: FP16, 3 * 32 * 64 elements per expert.
+  const nlohmann::json f8 = plan("fp8-block");
+  EXPECT_EQ(f8["memory_cuda"]["routed_expert_bytes"], experts * 3 * 32 * 64 * 2);
+  // The FP8 table stays one byte per element (its stored bytes, scales included).
+  EXPECT_EQ(f8["memory_cuda"]["ple_table_bytes"], f8["stored"]["bytes_by_component"]["ple_table"]);
+  EXPECT_EQ(f8["quantization"]["cuda_storage"]["routed_experts"][0], "fp16 (dequantized from fp8-block at load)");
+  // The GPTQ lm_head is dequantized to FP16: 1024 x 64 x 2 bytes.
+  EXPECT_EQ(gq["memory_cuda"]["weight_bytes_by_component"]["lm_head"], 1024 * 64 * 2);
+  const std::string text = format_inspect(nv);
+  EXPECT_THAT(text, HasSubstr("routed_experts     w4a16 from nvfp4-modelopt (4-bit codes, FP16 group scales, F32 row "
+                              "scales)"));
+  EXPECT_THAT(text, HasSubstr("weights on the GPU"));
+  std::printf("[ quant    ] inspect: routed experts on the GPU: nvfp4 %lld, gptq %lld, fp8-block %lld bytes\n",
+              (long long)nv["memory_cuda"]["routed_expert_bytes"].get<int64_t>(),
+              (long long)gq["memory_cuda"]["routed_expert_bytes"].get<int64_t>(),
+              (long long)f8["memory_cuda"]["routed_expert_bytes"].get<int64_t>());
+}
+
+// The FP8 PLE table stays FP8 (PleTable::scale): the CPU gather converts each row as it reads it and gives exactly
+// the rows of the dequantized table (dequantize_ple_shard), for every row of every shard of both PLE layers.
+TEST(QuantPleFp8, CpuGatherEqualsDequantizedRows) {
+  for (const std::string fmt : {"fp8-block", "nvfp4-radixark", "gptq-int4-g32"}) {
+    const std::string dir = fixture(fmt) + "/model";
+    const ModelConfig cfg = load_config(dir);
+    const Checkpoint ck(dir);
+    const WeightManifest m = WeightManifest::build(cfg, ck);
+    auto ops = make_cpu_ops(1);
+    int tables = 0;
+    for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+      const auto shards = m.ple_table_shards(int(l));
+      if (shards.empty()) continue;
+      const TensorView& scale = m.get(fmt::format("layers.{}.ple.ple_embedding.ngram_embedding.weight_scale", l));
+      PleTable table;
+      table.head_dim = cfg.ple_head_dim();
+      std::vector<float> want;
+      for (const ManifestEntry* s : shards) {
+        ASSERT_EQ(s->view.dtype, DType::F8_E4M3) << fmt;
+        table.scale = ple_table_scale(s->view, scale);
+        table.shards.push_back(ops->map_host_table(s->view.data, s->view.dtype, s->view.shape, nullptr));
+        table.rows += s->view.shape[0];
+        const std::vector<float> d = dequantize_ple_shard(s->view, scale);
+        want.insert(want.end(), d.begin(), d.end());
+      }
+      // Every row once, in a scrambled order, as [T, 2] (two heads per token).
+      std::vector<int64_t> rows(size_t(table.rows + (table.rows & 1)));
+      for (size_t i = 0; i < rows.size(); ++i) rows[i] = int64_t((i * 7919) % size_t(table.rows));
+      const int64_t T = int64_t(rows.size()) / 2, hd = table.head_dim;
+      Tensor r = ops->upload(rows.data(), DType::I64, {T, 2});
+      Tensor e = ops->empty({T, 2 * hd});
+      ops->ple_gather(table, r, e);
+      std::vector<float> got(size_t(e.numel()));
+      ops->download(e, got.data());
+      size_t mismatches = 0;
+      for (size_t i = 0; i < rows.size(); ++i) {
+        mismatches += std::memcmp(&got[i * size_t(hd)], &want[size_t(rows[i] * hd)], size_t(hd) * 4) != 0;
+      }
+      EXPECT_EQ(mismatches, 0u) << fmt << " layer " << l;
+      EXPECT_NE(table.scale, 1.f) << fmt << ": a real scale, so the multiply is exercised";
+      ++tables;
+    }
+    EXPECT_EQ(tables, 2) << fmt;
+  }
+}
+
+// Ops::load_quantized_experts' default (the CPU backend's): the stacked experts are the exact dequantized matrices.
+TEST(QuantExperts, CpuDefaultStacksTheDequantizedMatrices) {
+  for (const std::string& fmt : kFormats) {
+    const std::string dir = fixture(fmt) + "/model";
+    const ModelConfig cfg = load_config(dir);
+    const Checkpoint ck(dir);
+    const WeightManifest m = WeightManifest::build(cfg, ck);
+    const QuantScheme scheme = QuantScheme::build(read_quant_config(dir), cfg, m);
+    const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, H = cfg.hidden_size;
+    const auto qe = quantized_experts(scheme, "layers.3.mlp", E, I, H);
+    ASSERT_TRUE(qe.has_value()) << fmt;
+    auto ops = make_cpu_ops(1);
+    const RoutedExperts r = ops->load_quantized_experts(*qe);
+    EXPECT_EQ(r.packed, nullptr);
+    ASSERT_EQ(r.down.shape(), (Shape{E, H, I})) << fmt;
+    for (int64_t e = 0; e < E; e += 3) {
+      const std::vector<float> want = dequantize(*scheme.find(fmt::format("layers.3.mlp.experts.{}.down_proj.weight", e)));
+      EXPECT_EQ(std::memcmp(r.down.data_as<float>() + e * H * I, want.data(), want.size() * 4), 0) << fmt << " " << e;
+    }
+  }
 }
 
 // ------------------------------------------------------------------------------------------------ bad input

@@ -2,10 +2,65 @@
 
 #include <fmt/format.h>
 
+#include <optional>
+
 #include "core/error.h"
 #include "loader/quant.h"
 
 namespace flashnext {
+
+namespace {
+
+/// The ops-level description of a quantized weight (borrowing the mapped checkpoint's memory and `q`).
+QuantMatrix quant_matrix(const QuantizedWeight& q) {
+  auto arr = [](const TensorView* v) { return v ? HostArray{v->data, v->dtype, v->shape} : HostArray{}; };
+  QuantMatrix m;
+  switch (q.format) {
+    case QuantFormat::Nvfp4: m.format = QuantKind::Nvfp4; break;
+    case QuantFormat::CtNvfp4: m.format = QuantKind::CtNvfp4; break;
+    case QuantFormat::Fp8Block: m.format = QuantKind::Fp8Block; break;
+    case QuantFormat::CtInt4: m.format = QuantKind::CtInt4; break;
+    case QuantFormat::Gptq: m.format = QuantKind::Gptq; break;
+    case QuantFormat::None: fail("internal: '{}' listed as quantized without a format", q.name);
+  }
+  m.name = q.name;
+  m.rows = q.rows;
+  m.cols = q.cols;
+  m.group = q.group;
+  m.block_rows = q.block_rows;
+  m.block_cols = q.block_cols;
+  m.gptq_v2 = q.gptq_v2;
+  m.data = arr(q.data);
+  m.scale = arr(q.scale);
+  m.global_scale = arr(q.global_scale);
+  m.zero_point = arr(q.zero_point);
+  const QuantizedWeight* qp = &q;
+  m.dequantize = [qp] { return dequantize(*qp); };
+  return m;
+}
+
+}  // namespace
+
+std::optional<QuantExperts> quantized_experts(const QuantScheme& scheme, const std::string& prefix, int64_t E,
+                                              int64_t I, int64_t H) {
+  QuantExperts qe;
+  qe.name = prefix + ".experts";
+  qe.experts = E;
+  qe.hidden = H;
+  qe.inter = I;
+  std::optional<QuantFormat> format;
+  for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
+    std::vector<QuantMatrix>& dst = proj[0] == 'g' ? qe.gate : proj[0] == 'u' ? qe.up : qe.down;
+    for (int64_t e = 0; e < E; ++e) {
+      const QuantizedWeight* q = scheme.find(fmt::format("{}.experts.{}.{}.weight", prefix, e, proj));
+      if (!q || (format && *format != q->format)) return std::nullopt;
+      format = q->format;
+      dst.push_back(quant_matrix(*q));
+    }
+  }
+  if (!format) return std::nullopt;
+  return qe;
+}
 
 namespace {
 
@@ -45,6 +100,24 @@ struct Loader {
                 get(p + ".input_mix_weight_up.weight"), Tensor()};
     if (inject) w.inject = get(p + ".block_inject_weight.weight");
     return w;
+  }
+
+  /// The routed experts of MoE block `p` (`p.experts.E.{gate,up,down}_proj.weight`). When all 3E matrices are
+  /// quantized in one format they go to the backend as checkpoint tensors (`Ops::load_quantized_experts`: the CPU
+  /// dequantizes them exactly, the CUDA backend repacks NVFP4 / int4 for its W4A16 kernels); otherwise each is
+  /// loaded as a weight (quantized ones dequantized) and stacked.
+  void experts(const std::string& p, int64_t E, int64_t I, int64_t H, MoeWeights& moe) const {
+    if (std::optional<QuantExperts> qe = quantized_experts(quant, p, E, I, H)) {
+      RoutedExperts r = ops.load_quantized_experts(*qe);
+      moe.gate = std::move(r.gate);
+      moe.up = std::move(r.up);
+      moe.down = std::move(r.down);
+      moe.packed = std::move(r.packed);
+      return;
+    }
+    moe.gate = stacked(p, "gate_proj", E, I, H);
+    moe.up = stacked(p, "up_proj", E, I, H);
+    moe.down = stacked(p, "down_proj", E, H, I);
   }
 
   /// Per-expert [rows, cols] tensors `experts.E.<proj>.weight` stacked into [E, rows, cols] (in the backend's weight
@@ -112,9 +185,7 @@ ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest
     const std::string m = p + ".mlp";
     const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size;
     lw.moe.router = ld.get(m + ".gate.weight");
-    lw.moe.gate = ld.stacked(m, "gate_proj", E, I, H);
-    lw.moe.up = ld.stacked(m, "up_proj", E, I, H);
-    lw.moe.down = ld.stacked(m, "down_proj", E, H, I);
+    ld.experts(m, E, I, H, lw.moe);
     lw.moe.shared_gate_proj = ld.get(m + ".shared_expert.gate_proj.weight");
     lw.moe.shared_up_proj = ld.get(m + ".shared_expert.up_proj.weight");
     lw.moe.shared_down_proj = ld.get(m + ".shared_expert.down_proj.weight");
@@ -130,12 +201,10 @@ ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest
                  v.file, s->source, v.shape_str(), pw.table.head_dim);
         try {
           if (const ManifestEntry* scale = manifest.find(e + ".ple_embedding.ngram_embedding.weight_scale")) {
-            // FP8 table: dequantized exactly to a float32 host copy (4x the FP8 bytes; the CPU oracle's choice).
-            auto rows = std::make_shared<const std::vector<float>>(dequantize_ple_shard(v, scale->view));
-            pw.table.shards.push_back(ops.map_host_table(rows->data(), DType::F32, v.shape, rows));
-          } else {
-            pw.table.shards.push_back(ops.map_host_table(v.data, v.dtype, v.shape, checkpoint));
+            // FP8 table: the shards stay FP8 (no float copy); the gather converts rows and multiplies by the scale.
+            pw.table.scale = ple_table_scale(v, scale->view);
           }
+          pw.table.shards.push_back(ops.map_host_table(v.data, v.dtype, v.shape, checkpoint));
         } catch (const Error& e) {
           fail("{}: PLE shard '{}': {}", v.file, s->source, e.what());
         }

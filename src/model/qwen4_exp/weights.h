@@ -11,6 +11,7 @@
 
 #include "loader/config.h"
 #include "loader/manifest.h"
+#include "loader/quant.h"
 #include "loader/safetensors.h"
 #include "ops/ops.h"
 #include "ple/ngram_hash.h"
@@ -66,9 +67,17 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
 };
 
+/// The routed experts of MoE block `prefix` ("layers.L.mlp") as the ops interface describes quantized experts
+/// (gate / up [I, H], down [H, I] per expert), or nullopt when not all 3E matrices are quantized in one format.
+/// The result borrows `scheme` and the checkpoint memory behind it.
+std::optional<QuantExperts> quantized_experts(const QuantScheme& scheme, const std::string& prefix, int64_t E,
+                                              int64_t I, int64_t H);
+
 /// Fills the weights of `cfg` from `manifest` (built over `checkpoint`, which the PLE tables keep alive).
-/// Quantized weights (the quantization_config / hf_quant_config.json of checkpoint->dir(), loader/quant.h) and FP8
-/// PLE tables are dequantized exactly to float32 at load. Throws Error for tensors the backend cannot use and for
+/// Quantized weights (the quantization_config / hf_quant_config.json of checkpoint->dir(), loader/quant.h) are
+/// dequantized exactly to float32 at load, except routed experts quantized in one format, which go to
+/// `Ops::load_quantized_experts` (the backend decides: CPU dequantizes, CUDA keeps NVFP4 / int4 as W4A16). FP8 PLE
+/// tables stay FP8 with their scale (PleTable::scale). Throws Error for tensors the backend cannot use and for
 /// every quantization error of QuantScheme::build.
 ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest,
                           std::shared_ptr<const Checkpoint> checkpoint, Ops& ops);

@@ -40,7 +40,11 @@ void CpuOps::ple_gather(const PleTable& table, const Tensor& rows, const Tensor&
     const Tensor& shard = table.shards[s];
     const uint8_t* src =
         static_cast<const uint8_t*>(shard.data()) + size_t(row - starts[s]) * size_t(hd) * dtype_size(shard.dtype());
-    convert_to_float(shard.dtype(), src, mp(e) + i * hd, size_t(hd));
+    float* out = mp(e) + i * hd;
+    convert_to_float(shard.dtype(), src, out, size_t(hd));  // one row at a time: FP8 tables are never copied
+    if (table.scale != 1.f) {
+      for (int64_t j = 0; j < hd; ++j) out[j] *= table.scale;  // exact for FP8 rows (loader/quant.h)
+    }
   }
 }
 

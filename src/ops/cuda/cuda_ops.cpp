@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -24,6 +25,7 @@
 #include "ops/cuda/gdn_kernels.h"
 #include "ops/cuda/hc_kernels.h"
 #include "ops/cuda/moe_kernels.h"
+#include "ops/cuda/moe_w4a16.h"
 #include "ops/cuda/norm_kernels.h"
 #include "ops/cuda/ple_kernels.h"
 #include "ops/cuda/qsa.h"
@@ -113,6 +115,48 @@ int to_int(int64_t v, const char* op, const char* what) {
   return int(v);
 }
 
+/// Routed experts repacked for the W4A16 kernels (moe_w4a16.h): gate and up fused as gate_up [E, 2I, H], down
+/// [E, H, I], in device memory of GPU `device`.
+class CudaW4Experts final : public PackedExperts {
+ public:
+  CudaW4Experts(const W4Packed& gu, const W4Packed& dn, int device_, std::string what)
+      : gate_up(gu),
+        down(dn),
+        device(device_),
+        experts(gu.experts),
+        hidden(gu.cols),
+        inter(dn.cols),
+        bytes_(int64_t(gu.expert_bytes() + dn.expert_bytes()) * gu.experts),
+        format_(std::move(what)) {}
+  std::string format() const override { return format_; }
+  int64_t device_bytes() const override { return bytes_; }
+
+  W4DeviceMatrix gate_up, down;
+  int device, experts, hidden, inter;
+
+ private:
+  int64_t bytes_;
+  std::string format_;
+};
+
+/// An aligned copy of a little-endian checkpoint array (which may be unaligned in the mapping).
+template <class T>
+std::vector<T> host_copy(const HostArray& a) {
+  std::vector<T> v(size_t(shape_numel(a.shape)));
+  if (!v.empty()) std::memcpy(v.data(), a.data, v.size() * sizeof(T));
+  return v;
+}
+
+/// A float copy of a BF16 / F16 / F32 checkpoint array (exact).
+std::vector<float> float_copy(const HostArray& a, const std::string& what) {
+  FN_CHECK(a.defined() && (a.dtype == DType::BF16 || a.dtype == DType::F16 || a.dtype == DType::F32),
+           "load_quantized_experts: {} must be BF16, F16 or F32, got {}", what,
+           a.defined() ? dtype_name(a.dtype) : "nothing");
+  std::vector<float> v(size_t(shape_numel(a.shape)));
+  convert_to_float(a.dtype, a.data, v.data(), v.size());
+  return v;
+}
+
 class CudaOps final : public Ops {
  public:
   CudaOps(int device, const CudaOpsOptions& options) : ctx_(std::make_shared<Context>(device)), options_(options) {
@@ -190,8 +234,8 @@ class CudaOps final : public Ops {
 
   Tensor map_host_table(const void* host, DType dtype, const Shape& shape,
                         std::shared_ptr<const void> keepalive) override {
-    FN_CHECK(dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::F32,
-             "map_host_table: table must be BF16, F16 or F32, got {}", dtype_name(dtype));
+    FN_CHECK(dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::F32 || dtype == DType::F8_E4M3,
+             "map_host_table: table must be BF16, F16, F32 or F8_E4M3, got {}", dtype_name(dtype));
     if (dtype == DType::F32) return load_weight(host, dtype, shape);  // FP32 tables: an FP16 copy on the GPU
     const size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
     if (options_.ple_table == PleTablePlacement::Device) return upload(host, dtype, shape);
@@ -200,6 +244,42 @@ class CudaOps final : public Ops {
     if (bytes) std::memcpy(pinned->host(), host, bytes);
     void* dev = const_cast<void*>(pinned->device());
     return Tensor(std::move(pinned), dev, dtype, shape, Device::CUDA, ctx_->device);
+  }
+
+  /// NVFP4 (ModelOpt, compressed-tensors) and int4 (compressed-tensors, GPTQ) experts are repacked once into the
+  /// W4A16 layout (moe_w4a16.h W4Packed: lossless) and uploaded; FP8-block experts, and geometries the W4A16
+  /// kernels do not take (H or I not a multiple of 8, an int4 group that is not), take the default path:
+  /// dequantized exactly to float32 on the host, stored as FP16 weights.
+  RoutedExperts load_quantized_experts(const QuantExperts& q) override {
+    const char* op = "load_quantized_experts";
+    const int64_t E = q.experts, H = q.hidden, I = q.inter;
+    FN_CHECK(E > 0 && int64_t(q.gate.size()) == E && int64_t(q.up.size()) == E && int64_t(q.down.size()) == E,
+             "{}: {}: {} experts but {} / {} / {} gate / up / down matrices", op, q.name, E, q.gate.size(),
+             q.up.size(), q.down.size());
+    const QuantKind kind = q.gate[0].format;
+    const bool nvfp4 = kind == QuantKind::Nvfp4 || kind == QuantKind::CtNvfp4;
+    const bool int4 = kind == QuantKind::CtInt4 || kind == QuantKind::Gptq;
+    const int64_t g_gu = nvfp4 ? 16 : q.gate[0].group, g_dn = nvfp4 ? 16 : q.down[0].group;
+    if ((!nvfp4 && !int4) || H % 8 != 0 || I % 8 != 0 || g_gu % 8 != 0 || g_dn % 8 != 0 ||
+        E > detail::kMoeMaxExperts) {
+      return Ops::load_quantized_experts(q);
+    }
+    use_device();
+    const bool zeros = kind == QuantKind::Gptq || (kind == QuantKind::CtInt4 && q.gate[0].zero_point.defined());
+    const W4Format f = nvfp4 ? W4Format::Nvfp4 : W4Format::Int4;
+    W4Packed gu(f, int(E), int(2 * I), int(H), int(g_gu), zeros), dn(f, int(E), int(H), int(I), int(g_dn), zeros);
+    for (int64_t e = 0; e < E; ++e) {
+      pack_rows(gu, e, 0, q.gate[size_t(e)], kind, I, H, g_gu, zeros);
+      pack_rows(gu, e, I, q.up[size_t(e)], kind, I, H, g_gu, zeros);
+      pack_rows(dn, e, 0, q.down[size_t(e)], kind, H, I, g_dn, zeros);
+    }
+    const char* src = kind == QuantKind::Nvfp4     ? "nvfp4-modelopt"
+                      : kind == QuantKind::CtNvfp4 ? "nvfp4-compressed-tensors"
+                      : kind == QuantKind::CtInt4  ? "int4-compressed-tensors"
+                                                   : "int4-gptq";
+    RoutedExperts r;
+    r.packed = std::make_shared<CudaW4Experts>(gu, dn, ctx_->device, fmt::format("w4a16 ({})", src));
+    return r;
   }
 
   void copy_rows(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row, int64_t n) override {
@@ -635,6 +715,10 @@ class CudaOps final : public Ops {
   void moe_experts(const Tensor& u, const Tensor& ids, const Tensor& weights, const MoeWeights& w,
                    const Tensor& out) override {
     const char* op = "moe_experts";
+    if (w.packed) {
+      moe_experts_w4a16(u, ids, weights, *w.packed, out);
+      return;
+    }
     check(u, DType::F32, 2, op, "u");
     check(ids, DType::I32, 2, op, "ids");
     check(weights, DType::F32, 2, op, "weights");
@@ -716,6 +800,32 @@ class CudaOps final : public Ops {
                   "moe_experts combine");
   }
 
+  /// moe_experts on W4A16 experts: u rounded to FP16 (the kernels' activations), FP32 accumulation, FP32 output
+  /// (moe_w4a16.h for the arithmetic).
+  void moe_experts_w4a16(const Tensor& u, const Tensor& ids, const Tensor& weights, const PackedExperts& packed,
+                         const Tensor& out) {
+    const char* op = "moe_experts";
+    const auto* p = dynamic_cast<const CudaW4Experts*>(&packed);
+    FN_CHECK(p && p->device == ctx_->device, "{}: the packed experts ({}) were not made by this backend (cuda:{})", op,
+             packed.format(), ctx_->device);
+    check(u, DType::F32, 2, op, "u");
+    check(ids, DType::I32, 2, op, "ids");
+    check(weights, DType::F32, 2, op, "weights");
+    check(out, DType::F32, 2, op, "out");
+    const int64_t T = u.dim(0), k = ids.dim(1);
+    FN_CHECK(u.dim(1) == p->hidden && ids.dim(0) == T && weights.shape() == ids.shape() && out.shape() == u.shape() &&
+                 k >= 1,
+             "{}: u {}, ids {}, weights {}, out {} do not fit W4A16 experts of hidden {}", op, u.str(), ids.str(),
+             weights.str(), out.str(), p->hidden);
+    if (T == 0) return;
+    Tensor uh = half_copy(u, op);
+    MoeW4A16Workspace& ws = w4_workspace(to_int(T, op, "tokens"), to_int(k, op, "top_k"), p->experts, p->hidden,
+                                         p->inter);
+    const MoeW4A16Experts ex{&p->gate_up, &p->down, p->experts, p->hidden, p->inter};
+    moe_w4a16_routed(ex, dp<__half>(uh), p->hidden, int(T), dp<int32_t>(ids), dp<float>(weights), nullptr, nullptr,
+                     dp<float>(out), p->hidden, ws, stream());
+  }
+
   void moe_shared_expert(const Tensor& u, const MoeWeights& w, const Tensor& out) override {
     const char* op = "moe_shared_expert";
     check(u, DType::F32, 2, op, "u");
@@ -776,14 +886,17 @@ class CudaOps final : public Ops {
     for (size_t i = 0; i < table.shards.size(); ++i) {
       const Tensor& s = table.shards[i];
       check_device(s, op, "table shard");
-      FN_CHECK(s.rank() == 2 && s.dim(1) == hd && s.dtype() == dt && (dt == DType::BF16 || dt == DType::F16),
-               "{}: shard {} is {}; expected BF16 or F16 [rows, {}] like shard 0 ({})", op, i, s.str(), hd,
+      FN_CHECK(s.rank() == 2 && s.dim(1) == hd && s.dtype() == dt &&
+                   (dt == DType::BF16 || dt == DType::F16 || dt == DType::F8_E4M3),
+               "{}: shard {} is {}; expected BF16, F16 or F8_E4M3 [rows, {}] like shard 0 ({})", op, i, s.str(), hd,
                dtype_name(dt));
     }
+    FN_CHECK(std::isfinite(table.scale), "{}: table scale {}", op, table.scale);
     if (T == 0 || heads == 0) return;
     const GatherTable& g = gather_table(table);
+    const int type = dt == DType::BF16 ? detail::kPleBF16 : dt == DType::F16 ? detail::kPleF16 : detail::kPleF8E4M3;
     FN_CUDA_CHECK(detail::launch_ple_gather(g.addresses.get(), int(g.addresses.size()), g.rows_per_shard, g.rows,
-                                            dt == DType::BF16 ? detail::kPleBF16 : detail::kPleF16, 1.f,
+                                            type, table.scale,
                                             to_int(hd, op, "head_dim"), dp<int64_t>(rows), to_int(T, op, "tokens"),
                                             to_int(heads, op, "heads"), dp<float>(e), status(kStatusPle), stream()),
                   op);
@@ -903,6 +1016,65 @@ class CudaOps final : public Ops {
     return pos;
   }
 
+  /// Rows [row0, row0 + m.rows) of expert `e` of `dst` from one checkpoint matrix (lossless, moe_w4a16.h).
+  static void pack_rows(W4Packed& dst, int64_t e, int64_t row0, const QuantMatrix& m, QuantKind kind, int64_t rows,
+                        int64_t cols, int64_t group, bool zeros) {
+    const char* op = "load_quantized_experts";
+    FN_CHECK(m.format == kind && m.rows == rows && m.cols == cols && m.data.defined() && m.scale.defined(),
+             "{}: '{}' ({} [{}, {}]) does not fit its block: expected the format of the first expert, [{}, {}], with "
+             "data and scales",
+             op, m.name, int(m.format), m.rows, m.cols, rows, cols);
+    if (kind == QuantKind::Nvfp4 || kind == QuantKind::CtNvfp4) {
+      FN_CHECK(m.data.dtype == DType::U8 && m.scale.dtype == DType::F8_E4M3 && m.global_scale.defined() &&
+                   m.global_scale.dtype == DType::F32 && shape_numel(m.global_scale.shape) == 1,
+               "{}: NVFP4 weight '{}' needs U8 codes, F8_E4M3 block scales and one F32 global scale", op, m.name);
+      float global = 0.f;
+      std::memcpy(&global, m.global_scale.data, 4);
+      const Nvfp4Source src{rows, cols, static_cast<const uint8_t*>(m.data.data),
+                            static_cast<const uint8_t*>(m.scale.data), global, kind == QuantKind::CtNvfp4};
+      try {
+        dst.set_rows(int(e), int(row0), src);
+      } catch (const Error& err) {
+        fail("{}: '{}': {}", op, m.name, err.what());
+      }
+      return;
+    }
+    FN_CHECK(m.data.dtype == DType::I32 && (m.group ? m.group : cols) == (group ? group : cols),
+             "{}: int4 weight '{}' needs I32 packed codes and group {} (has {})", op, m.name, group, m.group);
+    const std::vector<int32_t> packed = host_copy<int32_t>(m.data);
+    const std::vector<float> scales = float_copy(m.scale, "the scales of '" + m.name + "'");
+    Int4Plain plain;
+    if (kind == QuantKind::Gptq) {
+      FN_CHECK(m.zero_point.defined() && m.zero_point.dtype == DType::I32, "{}: GPTQ weight '{}' needs I32 qzeros", op,
+               m.name);
+      const std::vector<int32_t> z = host_copy<int32_t>(m.zero_point);
+      plain = unpack_gptq(packed.data(), z.data(), scales.data(), rows, cols, m.group, m.gptq_v2);
+    } else {
+      FN_CHECK(m.zero_point.defined() == zeros && (!zeros || m.zero_point.dtype == DType::I32),
+               "{}: '{}' {} zero points, the first expert {}", op, m.name, m.zero_point.defined() ? "has" : "lacks",
+               zeros ? "has them" : "does not");
+      const std::vector<int32_t> z = zeros ? host_copy<int32_t>(m.zero_point) : std::vector<int32_t>();
+      plain = unpack_ct_int4(packed.data(), zeros ? z.data() : nullptr, scales.data(), rows, cols, m.group);
+    }
+    try {
+      dst.set_rows(int(e), int(row0), plain.source());
+    } catch (const Error& err) {
+      fail("{}: '{}': {}", op, m.name, err.what());
+    }
+  }
+
+  /// The W4A16 scratch for (top_k, E, H, I), grown to at least `tokens` tokens (a replaced one is freed with
+  /// cudaFree, which waits for the work that uses it).
+  MoeW4A16Workspace& w4_workspace(int tokens, int top_k, int experts, int hidden, int inter) {
+    auto& ws = w4_workspaces_[{top_k, experts, hidden, inter}];
+    if (!ws || ws->max_tokens < tokens) {
+      const int n = std::max(tokens, ws ? std::min(2 * ws->max_tokens, 1 << 16) : 64);
+      ws.reset();
+      ws = std::make_unique<MoeW4A16Workspace>(n, top_k, experts, hidden, inter);
+    }
+    return *ws;
+  }
+
   /// What the PLE gather kernel reads: shard k holds rows [k * rows_per_shard, ...) (equal shards, the last may be
   /// shorter). Tables whose shards are not like that are merged once into one GPU copy.
   struct GatherTable {
@@ -1003,6 +1175,7 @@ class CudaOps final : public Ops {
   std::string name_;
   Blas blas_;
   std::map<std::vector<const void*>, GatherTable> gather_tables_;
+  std::map<std::array<int, 4>, std::unique_ptr<MoeW4A16Workspace>> w4_workspaces_;
 
   // Shared by gdn_chunked and gdn_recurrent.
   void gdn_rule(const char* op, const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w,
