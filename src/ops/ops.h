@@ -78,14 +78,14 @@ class PackedExperts {
 /// Weights of the shared expert and router of one MoE block plus the stacked routed experts
 /// (`Qwen4ExpTextSparseMoeBlock`).
 struct MoeWeights {
-  Tensor router;              ///< gate.weight [E, H]
-  Tensor gate, up;            ///< experts' gate_proj / up_proj stacked [E, I, H]; undefined when `packed` is set
-  Tensor down;                ///< experts' down_proj stacked [E, H, I]; undefined when `packed` is set
+  Tensor router;    ///< gate.weight [E, H]
+  Tensor gate, up;  ///< experts' gate_proj / up_proj stacked [E, I, H]; undefined when `packed` is set
+  Tensor down;      ///< experts' down_proj stacked [E, H, I]; undefined when `packed` is set
   std::shared_ptr<const PackedExperts> packed;  ///< the routed experts in the backend's own quantized form, or null
-  Tensor shared_gate_proj;    ///< shared_expert.gate_proj [Is, H]
-  Tensor shared_up_proj;      ///< shared_expert.up_proj [Is, H]
-  Tensor shared_down_proj;    ///< shared_expert.down_proj [H, Is]
-  Tensor shared_expert_gate;  ///< shared_expert_gate.weight [1, H]
+  Tensor shared_gate_proj;                      ///< shared_expert.gate_proj [Is, H]
+  Tensor shared_up_proj;                        ///< shared_expert.up_proj [Is, H]
+  Tensor shared_down_proj;                      ///< shared_expert.down_proj [H, Is]
+  Tensor shared_expert_gate;                    ///< shared_expert_gate.weight [1, H]
 };
 
 /// The hashed n-gram table of one PLE layer: the logical table [rows, head_dim] stored as row shards in shard order
@@ -122,11 +122,11 @@ struct HostArray {
 /// loader/quant.h validate_quantized_weight), with the loader's exact float32 dequantization.
 struct QuantMatrix {
   QuantKind format = QuantKind::Nvfp4;
-  std::string name;                       ///< logical weight name, for messages
-  int64_t rows = 0, cols = 0;             ///< logical [N, K]
-  int64_t group = 0;                      ///< inputs per scale: 16 (NVFP4), the int4 group size (0: all of K)
+  std::string name;                        ///< logical weight name, for messages
+  int64_t rows = 0, cols = 0;              ///< logical [N, K]
+  int64_t group = 0;                       ///< inputs per scale: 16 (NVFP4), the int4 group size (0: all of K)
   int64_t block_rows = 0, block_cols = 0;  ///< FP8 block
-  bool gptq_v2 = false;                   ///< GPTQ zero points without the v1 "+1"
+  bool gptq_v2 = false;                    ///< GPTQ zero points without the v1 "+1"
   HostArray data;          ///< NVFP4 U8 [N, K/2]; FP8 F8_E4M3 [N, K]; CtInt4 I32 [N, ceil(K/8)]; GPTQ I32 [K/8, N]
   HostArray scale;         ///< NVFP4 F8_E4M3 [N, K/16]; FP8 [ceil(N/bn), ceil(K/bk)]; int4 BF16/F16/F32 per group
   HostArray global_scale;  ///< NVFP4 F32 scalar (multiplier for Nvfp4, divisor for CtNvfp4)
@@ -304,6 +304,18 @@ class Ops {
   /// table.rows), e [T, heads*hd].
   virtual void ple_gather(const PleTable& table, const Tensor& rows, const Tensor& e) = 0;
 
+  /// ple_gather begun so that it overlaps with the ops enqueued after it (the CUDA backend runs it on a side stream
+  /// once `rows` is on the device, so the gather of a PLE layer's rows from host memory starts before layer 0). `e`
+  /// holds the rows only after ple_gather_wait(e); the backend keeps `rows` and `e` alive until then. Default: the
+  /// gather at once.
+  virtual void ple_gather_start(const PleTable& table, const Tensor& rows, const Tensor& e) {
+    ple_gather(table, rows, e);
+  }
+  /// Orders every op enqueued after this call after the gather into `e` begun by ple_gather_start (CUDA: the main
+  /// stream waits on the gather's event). Throws Error when no gather into `e` is pending on a backend that tracks
+  /// them. Default: nothing to wait for.
+  virtual void ple_gather_wait(const Tensor& e) { (void)e; }
+
   /// PLE gate (`Qwen4ExpTextPLELayer.forward`, before the conv): qn = grouped ZC-RMSNorm(X; norm_query);
   /// s_b = (kn_b . qn_b) / sqrt(H); s_b = sign(s_b) sqrt(max(|s_b|, 1e-6)); P[:, b] = sigmoid(s_b) * v.
   /// kn [T, S*H] (already normed keys), v [T, H], X [T, S*H], norm_query [S*H], P [T, S*H].
@@ -342,9 +354,8 @@ class Ops {
   /// qsa_indexer_select per sequence over its paged raw index keys: index_key_pool [num_blocks*block_size, Di]
   /// (the step's keys already written); selected [T, budget + block - 1] I32 receives logical positions.
   virtual void qsa_indexer_select_batch(const Tensor& qi, const Tensor& index_key_pool, const Tensor& q_layernorm,
-                                        const Tensor& k_layernorm, double eps, const RopeParams& rope,
-                                        int64_t budget, int64_t block, const StepBatch& batch,
-                                        const Tensor& selected);
+                                        const Tensor& k_layernorm, double eps, const RopeParams& rope, int64_t budget,
+                                        int64_t block, const StepBatch& batch, const Tensor& selected);
   /// sparse_attention per sequence over its paged K/V: k_pool, v_pool [num_blocks*block_size, nkv, D]; selected
   /// holds logical positions of the token's own sequence.
   virtual void sparse_attention_batch(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
@@ -365,8 +376,10 @@ inline RoutedExperts Ops::load_quantized_experts(const QuantExperts& q) {
     Tensor out;
     for (int64_t e = 0; e < E; ++e) {
       const QuantMatrix& m = ms[size_t(e)];
-      FN_CHECK(m.rows == rows && m.cols == cols && m.dequantize, "load_quantized_experts: '{}' is [{}, {}], expected "
-               "[{}, {}] with its dequantization", m.name, m.rows, m.cols, rows, cols);
+      FN_CHECK(m.rows == rows && m.cols == cols && m.dequantize,
+               "load_quantized_experts: '{}' is [{}, {}], expected "
+               "[{}, {}] with its dequantization",
+               m.name, m.rows, m.cols, rows, cols);
       const std::vector<float> w = m.dequantize();
       Tensor one = load_weight(w.data(), DType::F32, {1, rows, cols});
       if (e == 0) out = empty({E, rows, cols}, one.dtype());

@@ -48,8 +48,7 @@ std::shared_ptr<CachePool> Model::allocate_cache(int64_t num_blocks, int64_t blo
     LayerCache& lc = pool->layers[size_t(l)];
     if (c.layer_types[size_t(l)] == LayerKind::GatedDeltaNet) {
       lc.conv = ops_->zeros({num_slots, c.linear_conv_kernel_dim - 1, c.gdn_conv_dim()});
-      lc.recurrent =
-          ops_->zeros({num_slots, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim});
+      lc.recurrent = ops_->zeros({num_slots, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim});
     } else {
       lc.k = kv({rows, c.num_key_value_heads, c.head_dim});
       lc.v = kv({rows, c.num_key_value_heads, c.head_dim});
@@ -204,6 +203,11 @@ Tensor Model::forward_batch(std::span<const BatchItem> items, std::vector<int64_
     FN_CHECK(b < cache.num_blocks, "forward_batch: block id {} is outside the pool's {} blocks", b, cache.num_blocks);
   const int64_t T = batch.num_tokens;
 
+  // The PLE rows of every PLE layer depend only on the token ids: their gathers start now, before layer 0.
+  std::vector<Tensor> ple_rows(static_cast<size_t>(L));
+  for (int64_t l = 0; l < L; ++l)
+    if (w.layers[size_t(l)].ple) ple_rows[size_t(l)] = ple_fetch(ops, *w.layers[size_t(l)].ple, items, l);
+
   // x0 = embed_tokens[ids], replicated into the S hyper-connection streams.
   Tensor X = ops.empty({T, c.hc_width()});
   ops.embedding(w.embed_tokens, ops.upload(all_ids.data(), DType::I32, {T}), X);
@@ -212,7 +216,7 @@ Tensor Model::forward_batch(std::span<const BatchItem> items, std::vector<int64_
   for (int64_t l = 0; l < L; ++l) {
     const LayerWeights& lw = w.layers[size_t(l)];
     LayerCache& lc = cache.layers[size_t(l)];
-    if (lw.ple) ple_add(ops, c, *lw.ple, lc, items, l, batch, X);
+    if (lw.ple) ple_add(ops, c, *lw.ple, lc, ple_rows[size_t(l)], batch, X);
     HcRead r = gated_residual_read(ops, X, lw.attn_hc, H, eps);
     Tensor out = lw.kind == LayerKind::GatedDeltaNet ? gated_delta_net(ops, c, lw.gdn, lc, batch, r.u)
                                                      : qsa_attention(ops, c, lw.qsa, lc, batch, r.u);

@@ -4,9 +4,10 @@
 
 namespace flashnext {
 
-void ple_add(Ops& ops, const ModelConfig& cfg, const PleLayerWeights& w, LayerCache& cache,
-             std::span<const BatchItem> items, int64_t layer, const StepBatch& batch, const Tensor& X) {
-  const int64_t T = batch.num_tokens, H = cfg.hidden_size, heads = w.hash.heads();
+Tensor ple_fetch(Ops& ops, const PleLayerWeights& w, std::span<const BatchItem> items, int64_t layer) {
+  int64_t T = 0;
+  for (const BatchItem& it : items) T += int64_t(it.ids.size());
+  const int64_t heads = w.hash.heads();
   // Row ids of every (token, head) from the n-gram hash of each sequence's tokens after its history (host); then
   // advance the histories.
   std::vector<int64_t> rows(size_t(T * heads));
@@ -20,9 +21,17 @@ void ple_add(Ops& ops, const ModelConfig& cfg, const PleLayerWeights& w, LayerCa
     window.insert(window.end(), ids64.begin(), ids64.end());
     history.assign(window.end() - w.hash.context_len(), window.end());
   }
-  // e = concatenated table rows; kn = grouped ZC-RMSNorm(key_proj e); v = value_proj e.
+  // e = concatenated table rows, gathered while the layers before this one run.
   Tensor e = ops.empty({T, heads * w.table.head_dim});
-  ops.ple_gather(w.table, ops.upload(rows.data(), DType::I64, {T, heads}), e);
+  ops.ple_gather_start(w.table, ops.upload(rows.data(), DType::I64, {T, heads}), e);
+  return e;
+}
+
+void ple_add(Ops& ops, const ModelConfig& cfg, const PleLayerWeights& w, LayerCache& cache, const Tensor& e,
+             const StepBatch& batch, const Tensor& X) {
+  const int64_t T = batch.num_tokens, H = cfg.hidden_size;
+  ops.ple_gather_wait(e);
+  // kn = grouped ZC-RMSNorm(key_proj e); v = value_proj e.
   Tensor kn = ops.empty({T, cfg.hc_width()}), v = ops.empty({T, H});
   ops.linear(e, w.key_proj, kn);
   ops.zc_rms_norm(kn, w.norm_key, H, cfg.rms_norm_eps, kn);

@@ -75,12 +75,14 @@ enum StatusSlot : int {
 struct Context {
   int device = 0;
   cudaStream_t stream = nullptr;
+  cudaStream_t side = nullptr;     // PLE gathers started ahead of their layer (ple_gather_start)
   int32_t* status = nullptr;       // device [kStatusSlots]
   int32_t* status_host = nullptr;  // pinned [kStatusSlots]
 
   explicit Context(int dev) : device(dev) {
     FN_CUDA_CHECK(cudaSetDevice(dev), "cuda backend: cudaSetDevice");
     FN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cuda backend: stream");
+    FN_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "cuda backend: side stream");
     // Keep freed pool memory for reuse instead of returning it to the driver at every synchronisation.
     cudaMemPool_t pool = nullptr;
     FN_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev), "cuda backend: memory pool");
@@ -96,9 +98,11 @@ struct Context {
   }
   ~Context() {  // errors ignored: at process exit the runtime may already be gone
     if (stream) cudaStreamSynchronize(stream);
+    if (side) cudaStreamSynchronize(side);
     if (status) cudaFree(status);
     if (status_host) cudaFreeHost(status_host);
     if (stream) cudaStreamDestroy(stream);
+    if (side) cudaStreamDestroy(side);
   }
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -254,14 +258,13 @@ class CudaOps final : public Ops {
     const char* op = "load_quantized_experts";
     const int64_t E = q.experts, H = q.hidden, I = q.inter;
     FN_CHECK(E > 0 && int64_t(q.gate.size()) == E && int64_t(q.up.size()) == E && int64_t(q.down.size()) == E,
-             "{}: {}: {} experts but {} / {} / {} gate / up / down matrices", op, q.name, E, q.gate.size(),
-             q.up.size(), q.down.size());
+             "{}: {}: {} experts but {} / {} / {} gate / up / down matrices", op, q.name, E, q.gate.size(), q.up.size(),
+             q.down.size());
     const QuantKind kind = q.gate[0].format;
     const bool nvfp4 = kind == QuantKind::Nvfp4 || kind == QuantKind::CtNvfp4;
     const bool int4 = kind == QuantKind::CtInt4 || kind == QuantKind::Gptq;
     const int64_t g_gu = nvfp4 ? 16 : q.gate[0].group, g_dn = nvfp4 ? 16 : q.down[0].group;
-    if ((!nvfp4 && !int4) || H % 8 != 0 || I % 8 != 0 || g_gu % 8 != 0 || g_dn % 8 != 0 ||
-        E > detail::kMoeMaxExperts) {
+    if ((!nvfp4 && !int4) || H % 8 != 0 || I % 8 != 0 || g_gu % 8 != 0 || g_dn % 8 != 0 || E > detail::kMoeMaxExperts) {
       return Ops::load_quantized_experts(q);
     }
     use_device();
@@ -465,6 +468,67 @@ class CudaOps final : public Ops {
     gdn_rule("gdn_recurrent", qkv, a, b, w, dims, state, o, /*chunked=*/false);
   }
 
+  /// A decode step (one token per sequence): one conv-update launch over the state slots; else per sequence.
+  void gdn_conv_batch(const Tensor& qkv, const Tensor& weight, const Tensor& state_pool,
+                      const StepBatch& batch) override {
+    const char* op = "gdn_conv_batch";
+    check(state_pool, DType::F32, 3, op, "state pool");
+    if (!all_decode(batch, state_pool, op)) return Ops::gdn_conv_batch(qkv, weight, state_pool, batch);
+    check(qkv, DType::F32, 2, op, "qkv");
+    check(weight, DType::F16, 2, op, "weight");
+    const int64_t B = qkv.dim(0), C = qkv.dim(1), K = weight.dim(1);
+    FN_CHECK(
+        B == batch.num_tokens && weight.dim(0) == C && K >= 1 && state_pool.dim(1) == K - 1 && state_pool.dim(2) == C,
+        "{}: qkv {}, weight {}, state pool {} do not fit a step of {} tokens", op, qkv.str(), weight.str(),
+        state_pool.str(), batch.num_tokens);
+    FN_CUDA_CHECK(
+        detail::launch_conv_decode_slots(dp<const float>(qkv), nullptr, dp<float>(qkv), false, dp<float>(state_pool),
+                                         dp<int32_t>(batch.slots), dp<__half>(weight), to_int(B, op, "sequences"),
+                                         to_int(C, op, "channels"), to_int(K, op, "kernel"), 1, stream()),
+        op);
+  }
+
+  /// A decode step: one recurrent-step launch for all sequences over the state slots; else per sequence.
+  void gdn_rule_batch(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w, const GdnDims& dims,
+                      const Tensor& state_pool, const StepBatch& batch, const Tensor& o) override {
+    const char* op = "gdn_rule_batch";
+    check(state_pool, DType::F32, 4, op, "state pool");
+    if (!all_decode(batch, state_pool, op)) return Ops::gdn_rule_batch(qkv, a, b, w, dims, state_pool, batch, o);
+    // Shapes as gdn_recurrent checks them, with slot 0's state standing for every slot.
+    gdn_rule(op, qkv, a, b, w, dims, state_pool.rows(0, 1).view({dims.num_v_heads, dims.k_head_dim, dims.v_head_dim}),
+             o, /*chunked=*/false, &batch, &state_pool);
+  }
+
+  /// A decode step: one conv-add launch for all sequences over the state slots; else per sequence.
+  void ple_conv_add_batch(const Tensor& P, const Tensor& norm_conv, int64_t group, const Tensor& conv_w,
+                          int64_t dilation, double eps, const Tensor& state_pool, const StepBatch& batch,
+                          const Tensor& X) override {
+    const char* op = "ple_conv_add_batch";
+    check(state_pool, DType::F32, 3, op, "state pool");
+    if (!all_decode(batch, state_pool, op))
+      return Ops::ple_conv_add_batch(P, norm_conv, group, conv_w, dilation, eps, state_pool, batch, X);
+    check(P, DType::F32, 2, op, "P");
+    check(norm_conv, DType::F16, 1, op, "norm_conv");
+    check(conv_w, DType::F16, 2, op, "conv1d weight");
+    check(X, DType::F32, 2, op, "X");
+    const int64_t B = P.dim(0), W = P.dim(1), K = conv_w.dim(1);
+    FN_CHECK(B == batch.num_tokens && dilation >= 1 && K >= 1 && group > 0 && W % group == 0 && norm_conv.dim(0) == W &&
+                 conv_w.dim(0) == W && state_pool.dim(1) == (K - 1) * dilation && state_pool.dim(2) == W &&
+                 X.shape() == P.shape(),
+             "{}: P {}, norm_conv {}, conv {}, state pool {}, X {} do not fit (group {}, dilation {})", op, P.str(),
+             norm_conv.str(), conv_w.str(), state_pool.str(), X.str(), group, dilation);
+    const int b = to_int(B, op, "sequences"), w = to_int(W, op, "width");
+    Tensor n = alloc(P.shape(), DType::F32, "ple normed conv input");
+    FN_CUDA_CHECK(detail::launch_zc_rmsnorm(dp<const float>(P), W, dp<float>(n), W, dp<__half>(norm_conv), w, b, w,
+                                            to_int(group, op, "group"), float(eps), stream()),
+                  "ple_conv_add_batch norm");
+    FN_CUDA_CHECK(
+        detail::launch_conv_decode_slots(dp<const float>(n), dp<const float>(P), dp<float>(X), true,
+                                         dp<float>(state_pool), dp<int32_t>(batch.slots), dp<__half>(conv_w), b, w,
+                                         to_int(K, op, "kernel"), to_int(dilation, op, "dilation"), stream()),
+        op);
+  }
+
   void gated_rms_norm(const Tensor& x, const Tensor& z, const Tensor& w, double eps, GateAct act,
                       const Tensor& y) override {
     const char* op = "gated_rms_norm";
@@ -485,35 +549,20 @@ class CudaOps final : public Ops {
 
   void qsa_prepare_qk(const Tensor& qg, const Tensor& k, const Tensor& q_norm, const Tensor& k_norm, double eps,
                       const RopeParams& rope, int64_t pos0, const Tensor& q, const Tensor& gate) override {
-    const char* op = "qsa_prepare_qk";
-    check(qg, DType::F32, 2, op, "q_proj output");
-    check(k, DType::F32, 2, op, "k");
-    check(q_norm, DType::F16, 1, op, "q_norm");
-    check(k_norm, DType::F16, 1, op, "k_norm");
-    check(q, DType::F32, 2, op, "q");
-    check(gate, DType::F32, 2, op, "gate");
-    const int64_t T = qg.dim(0), D = q_norm.dim(0);
-    FN_CHECK(D > 0 && k_norm.dim(0) == D && qg.dim(1) % (2 * D) == 0 && k.dim(0) == T && k.dim(1) % D == 0 &&
-                 q.dim(0) == T && q.dim(1) * 2 == qg.dim(1) && gate.shape() == q.shape(),
-             "{}: q_proj output {}, k {}, q {}, gate {} do not fit head_dim {}", op, qg.str(), k.str(), q.str(),
-             gate.str(), D);
-    FN_CHECK(rope.rotary_dim > 0 && rope.rotary_dim % 2 == 0 && rope.rotary_dim <= D,
-             "{}: rotary_dim {} invalid for head_dim {}", op, rope.rotary_dim, D);
-    if (T == 0) return;
-    const int64_t nh = q.dim(1) / D, nkv = k.dim(1) / D;
-    Tensor pos = positions(pos0, T, op);
-    FN_CUDA_CHECK(detail::launch_head_norm_rope(dp<const float>(qg), nh * 2 * D, 2 * D, dp<float>(q), nh * D, D,
-                                                dp<__half>(q_norm), dp<int32_t>(pos), int(T), int(nh), int(D),
-                                                int(rope.rotary_dim), float(rope.theta), float(eps), stream()),
-                  "qsa_prepare_qk q");
-    // gate[t, h] = the second half of head h's q_proj output.
-    FN_CUDA_CHECK(cudaMemcpy2DAsync(gate.data(), size_t(D) * 4, dp<float>(qg) + D, size_t(2 * D) * 4, size_t(D) * 4,
-                                    size_t(T * nh), cudaMemcpyDeviceToDevice, stream()),
-                  "qsa_prepare_qk gate");
-    FN_CUDA_CHECK(detail::launch_head_norm_rope(dp<const float>(k), nkv * D, D, dp<float>(k), nkv * D, D,
-                                                dp<__half>(k_norm), dp<int32_t>(pos), int(T), int(nkv), int(D),
-                                                int(rope.rotary_dim), float(rope.theta), float(eps), stream()),
-                  "qsa_prepare_qk k");
+    prepare_qk(
+        "qsa_prepare_qk", qg, k, q_norm, k_norm, eps, rope,
+        [&] { return positions(pos0, qg.dim(0), "qsa_prepare_qk"); }, q, gate);
+  }
+
+  void qsa_prepare_qk_batch(const Tensor& qg, const Tensor& k, const Tensor& q_norm, const Tensor& k_norm, double eps,
+                            const RopeParams& rope, const StepBatch& batch, const Tensor& q,
+                            const Tensor& gate) override {
+    FN_CHECK(qg.rank() == 2 && qg.dim(0) == batch.num_tokens,
+             "qsa_prepare_qk_batch: q_proj output {} has not the "
+             "step's {} rows",
+             qg.str(), batch.num_tokens);
+    prepare_qk(
+        "qsa_prepare_qk_batch", qg, k, q_norm, k_norm, eps, rope, [&] { return batch.positions; }, q, gate);
   }
 
   void qsa_indexer_select(const Tensor& qi, const Tensor& index_keys, const Tensor& q_layernorm,
@@ -670,21 +719,21 @@ class CudaOps final : public Ops {
     // context are invalid.
     Tensor compact = alloc(selected.shape(), DType::I32, "selection");
     Tensor counts = alloc({T}, DType::I32, "selection counts");
-    FN_CUDA_CHECK(detail::launch_compact_selection(dp<int32_t>(selected), t, int(n_sel), batch.max_context,
-                                                   dp<int32_t>(compact), dp<int32_t>(counts),
-                                                   status(kStatusSelection), stream()),
-                  "sparse_attention_batch selection");
+    FN_CUDA_CHECK(
+        detail::launch_compact_selection(dp<int32_t>(selected), t, int(n_sel), batch.max_context, dp<int32_t>(compact),
+                                         dp<int32_t>(counts), status(kStatusSelection), stream()),
+        "sparse_attention_batch selection");
     const detail::QsaPaging pg{dp<int32_t>(batch.block_tables), batch.max_blocks, to_int(rows / bs, op, "blocks"),
                                to_int(bs, op, "block size")};
     const QsaAttentionPlan plan = qsa_attention_plan(t, int(nh), int(nkv), int(D), int(n_sel));
     Tensor partial = alloc({std::max<int64_t>(plan.partial_floats, 1)}, DType::F32, "attention partials");
-    FN_CUDA_CHECK(detail::launch_qsa_attention(dp<const float>(q), nh * D, dp<int32_t>(batch.token_seq),
-                                               dp<int32_t>(batch.positions), dp<int32_t>(compact), n_sel,
-                                               dp<int32_t>(counts), t, pg, dp<const float>(k_pool),
-                                               dp<const float>(v_pool), int(nh), int(nkv), int(D), plan.splits,
-                                               plan.split_len, dp<const float>(gate), nh * D, D, dp<float>(partial),
-                                               dp<float>(out), nh * D, status(kStatusQsa), stream()),
-                  op);
+    FN_CUDA_CHECK(
+        detail::launch_qsa_attention(dp<const float>(q), nh * D, dp<int32_t>(batch.token_seq),
+                                     dp<int32_t>(batch.positions), dp<int32_t>(compact), n_sel, dp<int32_t>(counts), t,
+                                     pg, dp<const float>(k_pool), dp<const float>(v_pool), int(nh), int(nkv), int(D),
+                                     plan.splits, plan.split_len, dp<const float>(gate), nh * D, D, dp<float>(partial),
+                                     dp<float>(out), nh * D, status(kStatusQsa), stream()),
+        op);
   }
 
   // ------------------------------------------------------------------------------------------------ MoE
@@ -819,8 +868,8 @@ class CudaOps final : public Ops {
              weights.str(), out.str(), p->hidden);
     if (T == 0) return;
     Tensor uh = half_copy(u, op);
-    MoeW4A16Workspace& ws = w4_workspace(to_int(T, op, "tokens"), to_int(k, op, "top_k"), p->experts, p->hidden,
-                                         p->inter);
+    MoeW4A16Workspace& ws =
+        w4_workspace(to_int(T, op, "tokens"), to_int(k, op, "top_k"), p->experts, p->hidden, p->inter);
     const MoeW4A16Experts ex{&p->gate_up, &p->down, p->experts, p->hidden, p->inter};
     moe_w4a16_routed(ex, dp<__half>(uh), p->hidden, int(T), dp<int32_t>(ids), dp<float>(weights), nullptr, nullptr,
                      dp<float>(out), p->hidden, ws, stream());
@@ -876,6 +925,36 @@ class CudaOps final : public Ops {
   // ------------------------------------------------------------------------------------------------ PLE
 
   void ple_gather(const PleTable& table, const Tensor& rows, const Tensor& e) override {
+    gather_ple_rows(table, rows, e, stream());
+  }
+
+  void ple_gather_start(const PleTable& table, const Tensor& rows, const Tensor& e) override {
+    use_device();
+    if (!table.shards.empty()) gather_table(table);  // made (once) on the main stream, before the event below
+    // The side stream starts once the main stream has made `rows` (and allocated `e`).
+    cudaEvent_t ready = nullptr, done = nullptr;
+    FN_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "ple_gather_start");
+    FN_CUDA_CHECK(cudaEventRecord(ready, stream()), "ple_gather_start");
+    FN_CUDA_CHECK(cudaStreamWaitEvent(ctx_->side, ready, 0), "ple_gather_start");
+    cudaEventDestroy(ready);  // released once the wait is satisfied
+    gather_ple_rows(table, rows, e, ctx_->side);
+    FN_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "ple_gather_start");
+    FN_CUDA_CHECK(cudaEventRecord(done, ctx_->side), "ple_gather_start");
+    pending_gathers_.push_back({rows, e, done});
+  }
+
+  void ple_gather_wait(const Tensor& e) override {
+    auto it = std::find_if(pending_gathers_.begin(), pending_gathers_.end(),
+                           [&](const PendingGather& g) { return g.e.data() == e.data(); });
+    FN_CHECK(it != pending_gathers_.end(), "ple_gather_wait: no gather into {} was started", e.str());
+    FN_CUDA_CHECK(cudaStreamWaitEvent(stream(), it->done, 0), "ple_gather_wait");
+    cudaEventDestroy(it->done);
+    pending_gathers_.erase(it);  // rows and e may now be freed: later frees are ordered after the gather
+  }
+
+ private:
+  /// ple_gather on stream `s`.
+  void gather_ple_rows(const PleTable& table, const Tensor& rows, const Tensor& e, cudaStream_t s) {
     const char* op = "ple_gather";
     check(rows, DType::I64, 2, op, "rows");
     check(e, DType::F32, 2, op, "e");
@@ -895,13 +974,14 @@ class CudaOps final : public Ops {
     if (T == 0 || heads == 0) return;
     const GatherTable& g = gather_table(table);
     const int type = dt == DType::BF16 ? detail::kPleBF16 : dt == DType::F16 ? detail::kPleF16 : detail::kPleF8E4M3;
-    FN_CUDA_CHECK(detail::launch_ple_gather(g.addresses.get(), int(g.addresses.size()), g.rows_per_shard, g.rows,
-                                            type, table.scale,
-                                            to_int(hd, op, "head_dim"), dp<int64_t>(rows), to_int(T, op, "tokens"),
-                                            to_int(heads, op, "heads"), dp<float>(e), status(kStatusPle), stream()),
-                  op);
+    FN_CUDA_CHECK(
+        detail::launch_ple_gather(g.addresses.get(), int(g.addresses.size()), g.rows_per_shard, g.rows, type,
+                                  table.scale, to_int(hd, op, "head_dim"), dp<int64_t>(rows), to_int(T, op, "tokens"),
+                                  to_int(heads, op, "heads"), dp<float>(e), status(kStatusPle), s),
+        op);
   }
 
+ public:
   void ple_gate(const Tensor& kn, const Tensor& v, const Tensor& X, const Tensor& norm_query, double eps,
                 const Tensor& P) override {
     const char* op = "ple_gate";
@@ -1009,6 +1089,51 @@ class CudaOps final : public Ops {
   }
 
   /// Device int32 [T]: pos0, pos0+1, ...
+  /// qsa_prepare_qk with the token positions from `make_positions()` (an I32 [T] device tensor).
+  template <class MakePositions>
+  void prepare_qk(const char* op, const Tensor& qg, const Tensor& k, const Tensor& q_norm, const Tensor& k_norm,
+                  double eps, const RopeParams& rope, MakePositions make_positions, const Tensor& q,
+                  const Tensor& gate) {
+    check(qg, DType::F32, 2, op, "q_proj output");
+    check(k, DType::F32, 2, op, "k");
+    check(q_norm, DType::F16, 1, op, "q_norm");
+    check(k_norm, DType::F16, 1, op, "k_norm");
+    check(q, DType::F32, 2, op, "q");
+    check(gate, DType::F32, 2, op, "gate");
+    const int64_t T = qg.dim(0), D = q_norm.dim(0);
+    FN_CHECK(D > 0 && k_norm.dim(0) == D && qg.dim(1) % (2 * D) == 0 && k.dim(0) == T && k.dim(1) % D == 0 &&
+                 q.dim(0) == T && q.dim(1) * 2 == qg.dim(1) && gate.shape() == q.shape(),
+             "{}: q_proj output {}, k {}, q {}, gate {} do not fit head_dim {}", op, qg.str(), k.str(), q.str(),
+             gate.str(), D);
+    FN_CHECK(rope.rotary_dim > 0 && rope.rotary_dim % 2 == 0 && rope.rotary_dim <= D,
+             "{}: rotary_dim {} invalid for head_dim {}", op, rope.rotary_dim, D);
+    if (T == 0) return;
+    const int64_t nh = q.dim(1) / D, nkv = k.dim(1) / D;
+    const Tensor pos = make_positions();
+    check(pos, DType::I32, 1, op, "positions");
+    FN_CUDA_CHECK(detail::launch_head_norm_rope(dp<const float>(qg), nh * 2 * D, 2 * D, dp<float>(q), nh * D, D,
+                                                dp<__half>(q_norm), dp<int32_t>(pos), int(T), int(nh), int(D),
+                                                int(rope.rotary_dim), float(rope.theta), float(eps), stream()),
+                  op);
+    // gate[t, h] = the second half of head h's q_proj output.
+    FN_CUDA_CHECK(cudaMemcpy2DAsync(gate.data(), size_t(D) * 4, dp<float>(qg) + D, size_t(2 * D) * 4, size_t(D) * 4,
+                                    size_t(T * nh), cudaMemcpyDeviceToDevice, stream()),
+                  op);
+    FN_CUDA_CHECK(detail::launch_head_norm_rope(dp<const float>(k), nkv * D, D, dp<float>(k), nkv * D, D,
+                                                dp<__half>(k_norm), dp<int32_t>(pos), int(T), int(nkv), int(D),
+                                                int(rope.rotary_dim), float(rope.theta), float(eps), stream()),
+                  op);
+  }
+
+  /// Whether a step is pure decode (one token per sequence) and its slots fit `pool` [slots, ...]: then the batched
+  /// decode kernels run over the state slots directly.
+  static bool all_decode(const StepBatch& b, const Tensor& pool, const char* op) {
+    if (b.num_tokens != b.num_seqs || b.num_seqs == 0) return false;
+    for (int32_t slot : b.slot_ids)
+      FN_CHECK(slot >= 0 && slot < pool.dim(0), "{}: state slot {} outside the pool {}", op, slot, pool.str());
+    return true;
+  }
+
   Tensor positions(int64_t pos0, int64_t T, const char* op) {
     to_int(pos0 + T, op, "positions");
     Tensor pos = alloc({T}, DType::I32, "positions");
@@ -1030,8 +1155,12 @@ class CudaOps final : public Ops {
                "{}: NVFP4 weight '{}' needs U8 codes, F8_E4M3 block scales and one F32 global scale", op, m.name);
       float global = 0.f;
       std::memcpy(&global, m.global_scale.data, 4);
-      const Nvfp4Source src{rows, cols, static_cast<const uint8_t*>(m.data.data),
-                            static_cast<const uint8_t*>(m.scale.data), global, kind == QuantKind::CtNvfp4};
+      const Nvfp4Source src{rows,
+                            cols,
+                            static_cast<const uint8_t*>(m.data.data),
+                            static_cast<const uint8_t*>(m.scale.data),
+                            global,
+                            kind == QuantKind::CtNvfp4};
       try {
         dst.set_rows(int(e), int(row0), src);
       } catch (const Error& err) {
@@ -1124,13 +1253,13 @@ class CudaOps final : public Ops {
     FN_CHECK(indexed.rank() >= 1 && packed.rank() >= 1 && src.dtype() == dst.dtype() && packed.dim(0) == rows.dim(0),
              "{}: {} and {} with {} row ids do not fit", op, src.str(), dst.str(), rows.dim(0));
     const size_t row = indexed.dim(0) ? indexed.nbytes() / size_t(indexed.dim(0)) : 0;
-    FN_CHECK(packed.dim(0) == 0 || packed.nbytes() / size_t(packed.dim(0)) == row,
-             "{}: row sizes of {} and {} differ", op, src.str(), dst.str());
+    FN_CHECK(packed.dim(0) == 0 || packed.nbytes() / size_t(packed.dim(0)) == row, "{}: row sizes of {} and {} differ",
+             op, src.str(), dst.str());
     FN_CHECK(row % 4 == 0, "{}: rows of {} bytes; the kernel copies 4-byte words", op, row);
-    FN_CUDA_CHECK(detail::launch_copy_rows_indexed(src.data(), dst.data(), dp<int32_t>(rows), rows.dim(0),
-                                                   int64_t(row / 4), indexed.dim(0), scatter, status(kStatusRows),
-                                                   stream()),
-                  op);
+    FN_CUDA_CHECK(
+        detail::launch_copy_rows_indexed(src.data(), dst.data(), dp<int32_t>(rows), rows.dim(0), int64_t(row / 4),
+                                         indexed.dim(0), scatter, status(kStatusRows), stream()),
+        op);
   }
 
   void check_device(const Tensor& t, const char* op, const char* what) const {
@@ -1176,10 +1305,18 @@ class CudaOps final : public Ops {
   Blas blas_;
   std::map<std::vector<const void*>, GatherTable> gather_tables_;
   std::map<std::array<int, 4>, std::unique_ptr<MoeW4A16Workspace>> w4_workspaces_;
+  /// PLE gathers begun on the side stream and not yet waited for, with what they read and write.
+  struct PendingGather {
+    Tensor rows, e;
+    cudaEvent_t done = nullptr;
+  };
+  std::vector<PendingGather> pending_gathers_;
 
-  // Shared by gdn_chunked and gdn_recurrent.
+  /// Shared by gdn_chunked and gdn_recurrent (one sequence, `state` [nv, dk, dv]) and by gdn_rule_batch for a decode
+  /// step (`batch` and `pool` [slots, nv, dk, dv] given: token b of the step is sequence b, in slot batch->slots[b]).
   void gdn_rule(const char* op, const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w,
-                const GdnDims& d, const Tensor& state, const Tensor& o, bool chunked) {
+                const GdnDims& d, const Tensor& state, const Tensor& o, bool chunked, const StepBatch* batch = nullptr,
+                const Tensor* pool = nullptr) {
     check(qkv, DType::F32, 2, op, "qkv");
     check(a, DType::F32, 2, op, "a");
     check(b, DType::F32, 2, op, "b");
@@ -1202,16 +1339,24 @@ class CudaOps final : public Ops {
     const int t = to_int(T, op, "tokens");
     const detail::GdnDims dims{int(d.num_k_heads), int(nv), int(d.k_head_dim), int(d.v_head_dim)};
     const int64_t C = qkv.dim(1), ld_o = nv * d.v_head_dim;
-    // A_log, dt_bias as float32; one sequence in slot 0 with cu_seqlens {0, T}.
+    // A_log, dt_bias as float32.
     Tensor gates = alloc({2 * nv}, DType::F32, "gdn gates");
     FN_CUDA_CHECK(detail::launch_f16_to_f32(dp<__half>(w.A_log), dp<float>(gates), nv, stream()), op);
     FN_CUDA_CHECK(detail::launch_f16_to_f32(dp<__half>(w.dt_bias), dp<float>(gates) + nv, nv, stream()), op);
+    const float* a_log = dp<const float>(gates);
+    const float* dt_bias = a_log + nv;
+    if (batch) {  // a decode step: token b of sequence b, state in slot slots[b]
+      FN_CUDA_CHECK(detail::launch_gdn_recurrent_step(dp<const float>(qkv), C, dp<const float>(a), dp<const float>(b),
+                                                      nv, a_log, dt_bias, dp<float>(*pool), dp<int32_t>(batch->slots),
+                                                      t, dims, dp<float>(o), ld_o, stream()),
+                    op);
+      return;
+    }
+    // One sequence in slot 0 with cu_seqlens {0, T}.
     Tensor seq = alloc({3}, DType::I32, "gdn sequence");
     int32_t* slots = dp<int32_t>(seq);
     FN_CUDA_CHECK(detail::launch_fill_i32(slots, 2, 0, stream()), op);      // slots[0] = 0, cu[0] = 0
     FN_CUDA_CHECK(detail::launch_fill_i32(slots + 2, 1, t, stream()), op);  // cu[1] = T
-    const float* a_log = dp<const float>(gates);
-    const float* dt_bias = a_log + nv;
     if (chunked) {
       FN_CUDA_CHECK(detail::launch_gdn_chunked_prefill(dp<const float>(qkv), C, dp<const float>(a), dp<const float>(b),
                                                        nv, a_log, dt_bias, dp<float>(state), slots, slots + 1, 1, dims,

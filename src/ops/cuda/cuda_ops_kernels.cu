@@ -390,6 +390,37 @@ __global__ void copy_rows_indexed_kernel(const uint32_t* src, uint32_t* dst, con
   }
 }
 
+// Decode conv over state slots: one token per sequence (row b of `in`), taps over [state rows of slot slots[b];
+// in] spaced by `dilation` (the same summation order as gdn_conv_f32_kernel / ple_conv_add_f32_kernel), the state
+// shifted by one row in place (oldest dropped, `in` appended). accumulate: out += add + silu(conv) (PLE); else
+// out = silu(conv) (GDN; out may alias in).
+__global__ void conv_decode_slots_kernel(const float* in, const float* __restrict__ add, float* out, bool accumulate,
+                                         float* __restrict__ state_pool, const int32_t* __restrict__ slots,
+                                         const __half* __restrict__ w, int batch, int channels, int K, int dilation) {
+  const int64_t n = int64_t(batch) * channels;
+  const int ctx = (K - 1) * dilation;
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
+    const int64_t b = i / channels;
+    const int c = int(i % channels);
+    float* st = state_pool + int64_t(slots[b]) * ctx * channels;
+    const float v = in[i];
+    float acc = 0.f;
+    for (int k = 0; k < K; ++k) {
+      const float x = k == K - 1 ? v : st[int64_t(ctx - (K - 1 - k) * dilation) * channels + c];
+      acc += to_f(w[int64_t(c) * K + k]) * x;
+    }
+    if (ctx > 0) {
+      for (int r = 0; r + 1 < ctx; ++r) st[int64_t(r) * channels + c] = st[int64_t(r + 1) * channels + c];
+      st[int64_t(ctx - 1) * channels + c] = v;
+    }
+    if (accumulate) {
+      out[i] += add[i] + siluf_(acc);
+    } else {
+      out[i] = siluf_(acc);
+    }
+  }
+}
+
 #ifndef __CUDACC_RTC__  // host launchers (NVRTC, used by the SM70 check, compiles device code only)
 namespace {
 unsigned grid_for(int64_t n) {
@@ -455,6 +486,15 @@ cudaError_t launch_gdn_conv_f32(const float* x, float* y, float* state, const __
   if (kernel > 1)
     conv_state_kernel<<<(channels + kThreads - 1) / kThreads, kThreads, 0, stream>>>(x, state, tokens, channels,
                                                                                      kernel - 1);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_conv_decode_slots(const float* in, const float* add, float* out, bool accumulate, float* state_pool,
+                                     const int32_t* slots, const __half* w, int batch, int channels, int kernel,
+                                     int dilation, cudaStream_t stream) {
+  if (batch == 0) return cudaSuccess;
+  conv_decode_slots_kernel<<<grid_for(int64_t(batch) * channels), kThreads, 0, stream>>>(
+      in, add, out, accumulate, state_pool, slots, w, batch, channels, kernel, dilation);
   return cudaGetLastError();
 }
 
@@ -578,7 +618,7 @@ cudaError_t launch_copy_rows_indexed(const void* src, void* dst, const int32_t* 
   if (n == 0 || words == 0) return cudaSuccess;
   const int blocks = int(n < 65535 ? n : 65535);
   copy_rows_indexed_kernel<<<blocks, 128, 0, stream>>>(static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst),
-                                                        rows, n, words, limit, scatter, status);
+                                                       rows, n, words, limit, scatter, status);
   return cudaGetLastError();
 }
 

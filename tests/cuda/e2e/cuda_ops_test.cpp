@@ -382,6 +382,78 @@ TEST_P(CudaOps, Ple) {
   }
 }
 
+// Batched decode over state slots (the CUDA backend's one-launch paths for a step of one token per sequence) against
+// the CPU's per-sequence loop: 5 sequences in scrambled slots of a 7-slot pool with non-zero state, odd widths; then
+// a mixed step (a prefill chunk among decodes, the per-sequence path on both). Also qsa_prepare_qk_batch at
+// scattered positions and the PLE gather begun ahead (ple_gather_start / ple_gather_wait).
+TEST_P(CudaOps, BatchedStepsOverStateSlots) {
+  const GdnDims d{1, 3, 32, 24};
+  const int64_t C = d.conv_dim(), nv = d.num_v_heads, K = 4, slots = 7, S = 4, H = 40, dil = 3;
+  const std::vector<int32_t> slot_of = {3, 0, 6, 2, 5};
+  const std::vector<int64_t> pos = {5, 0, 17, 3, 100};
+  std::vector<std::vector<int32_t>> tables(slot_of.size());
+  for (auto& t : tables) t = {0, 1, 2, 3, 4, 5, 6};  // 7 blocks of 16 cover position 111
+  auto step = [&](Ops& ops, const std::vector<int64_t>& tokens) {
+    std::vector<StepSequence> seqs;
+    for (size_t i = 0; i < slot_of.size(); ++i) seqs.push_back({tokens[i], pos[i], slot_of[i], tables[i]});
+    return make_step_batch(ops, seqs, 16);
+  };
+  Pair conv_w = weight({C, K}, 60, 0.3f), a_log = weight({nv}, 61, 0.5f), dt_bias = weight({nv}, 62, 0.5f);
+  Pair conv_pool = act({slots, K - 1, C}, 63), rec_pool = act({slots, nv, d.k_head_dim, d.v_head_dim}, 64, 0.1f);
+  Pair ple_w = weight({S * H, K}, 65, 0.3f), ple_norm = weight({S * H}, 66, 0.2f);
+  Pair ple_pool = act({slots, (K - 1) * dil, S * H}, 67);
+  const GdnWeights wc{a_log.c, dt_bias.c}, wg{a_log.g, dt_bias.g};
+  uint32_t seed = 700;
+  for (const std::vector<int64_t>& tokens :
+       {std::vector<int64_t>{1, 1, 1, 1, 1}, std::vector<int64_t>{1, 6, 1, 1, 1}}) {
+    const std::string what = tokens[1] == 1 ? " (decode step)" : " (mixed step)";
+    const StepBatch bc = step(*cpu(), tokens), bg = step(*gpu(), tokens);
+    const int64_t T = bc.num_tokens;
+    Pair qkv = act({T, C}, ++seed), a = act({T, nv}, ++seed), b = act({T, nv}, ++seed), o = empty({T, nv * 24});
+    cpu()->gdn_conv_batch(qkv.c, conv_w.c, conv_pool.c, bc);
+    gpu()->gdn_conv_batch(qkv.g, conv_w.g, conv_pool.g, bg);
+    expect_close(qkv, kF32, kF32, "gdn_conv_batch" + what);
+    expect_close(conv_pool, 0, 0, "gdn_conv_batch state pool" + what);
+    cpu()->gdn_rule_batch(qkv.c, a.c, b.c, wc, d, rec_pool.c, bc, o.c);
+    gpu()->gdn_rule_batch(qkv.g, a.g, b.g, wg, d, rec_pool.g, bg, o.g);
+    expect_close(o, kF32, 1e-3, "gdn_rule_batch output" + what);
+    expect_close(rec_pool, kF32, 1e-3, "gdn_rule_batch state pool" + what);
+    Pair P = act({T, S * H}, ++seed), X = act({T, S * H}, ++seed);
+    cpu()->ple_conv_add_batch(P.c, ple_norm.c, H, ple_w.c, dil, 1e-6, ple_pool.c, bc, X.c);
+    gpu()->ple_conv_add_batch(P.g, ple_norm.g, H, ple_w.g, dil, 1e-6, ple_pool.g, bg, X.g);
+    expect_close(X, kF32, kF32, "ple_conv_add_batch" + what);
+    expect_close(ple_pool, kF32, kF32, "ple_conv_add_batch state pool" + what);
+    // Query/key preparation at each token's own position (head dim 24, rotary 8, 3 query heads, 1 KV head).
+    Pair qg = act({T, 3 * 48}, ++seed), k = act({T, 24}, ++seed), qn = weight({24}, ++seed, 0.2f),
+         kn = weight({24}, ++seed, 0.2f), q = empty({T, 72}), gate = empty({T, 72});
+    cpu()->qsa_prepare_qk_batch(qg.c, k.c, qn.c, kn.c, 1e-6, RopeParams{8, 10000.0}, bc, q.c, gate.c);
+    gpu()->qsa_prepare_qk_batch(qg.g, k.g, qn.g, kn.g, 1e-6, RopeParams{8, 10000.0}, bg, q.g, gate.g);
+    expect_close(q, kF32, kF32, "qsa_prepare_qk_batch q" + what);
+    expect_close(k, kF32, kF32, "qsa_prepare_qk_batch k" + what);
+    expect_close(gate, 0, 0, "qsa_prepare_qk_batch gate" + what);
+  }
+  // A PLE gather begun ahead equals the plain gather, also with work enqueued in between.
+  const int64_t rows = 50, hd = 8, heads = 3, T = 5;
+  std::vector<uint16_t> table(size_t(rows * hd));
+  for (size_t i = 0; i < table.size(); ++i) table[i] = __half_as_ushort(__float2half(float(i % 97) / 97.0f - 0.5f));
+  auto keep = std::make_shared<int>(0);
+  PleTable tc, tg;
+  tc.shards.push_back(cpu()->map_host_table(table.data(), DType::F16, {rows, hd}, keep));
+  tg.shards.push_back(gpu()->map_host_table(table.data(), DType::F16, {rows, hd}, keep));
+  tc.rows = tg.rows = rows;
+  tc.head_dim = tg.head_dim = hd;
+  std::vector<int64_t> r(size_t(T * heads));
+  for (size_t i = 0; i < r.size(); ++i) r[i] = int64_t((i * 17 + 3) % size_t(rows));
+  Pair e = empty({T, heads * hd});
+  cpu()->ple_gather(tc, cpu()->upload(r.data(), DType::I64, {T, heads}), e.c);
+  gpu()->ple_gather_start(tg, gpu()->upload(r.data(), DType::I64, {T, heads}), e.g);
+  Pair busy = act({64, 64}, ++seed), busy_out = empty({64, 64}), busy_w = weight({64, 64}, ++seed);
+  gpu()->linear(busy.g, busy_w.g, busy_out.g);
+  gpu()->ple_gather_wait(e.g);
+  expect_close(e, 0, 0, "ple_gather_start + ple_gather_wait");
+  EXPECT_THROW(gpu()->ple_gather_wait(e.g), Error);  // nothing pending any more
+}
+
 // Bad input: a mismatched dtype is an Error naming the op; an out-of-vocabulary id is reported by the next download.
 TEST_P(CudaOps, BadInputIsAnError) {
   Tensor x = gpu()->zeros({2, 8}), w32 = gpu()->zeros({4, 8}), y = gpu()->zeros({2, 4});
