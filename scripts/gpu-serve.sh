@@ -60,9 +60,9 @@ if [ -n "$fx_pid" ]; then
   wait "$fx_pid" || { echo "gpu-serve: make_fixtures.py medium failed"; tail -n 20 "$OUT/fixture.log"; exit 1; }
 fi
 if [ "${E2E:-1}" != 0 ]; then
-  echo "gpu-serve: medium batch test"
+  echo "gpu-serve: medium fixture tests"
   FLASHNEXT_MEDIUM_FIXTURE="$FX/medium" timeout 200 "$G/bin/test_cuda_e2e" --gtest_color=no \
-    --gtest_filter='*MediumBatch*' >"$OUT/e2e-medium.log" 2>&1 || status=1
+    --gtest_filter='*Medium*' >"$OUT/e2e-medium.log" 2>&1 || status=1
   tail -n 3 "$OUT/e2e-medium.log"
 fi
 

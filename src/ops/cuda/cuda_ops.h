@@ -3,7 +3,10 @@
 //
 // Precision: weights are stored in FP16 (`load_weight` converts BF16/F32 checkpoints and fails, naming the count and
 // the largest magnitude, when a value lies outside the FP16 range; BF16 values convert exactly unless they are
-// below FP16's normal range). Activations at the interface stay float32, as the interface defines them: the
+// below FP16's normal range). Quantized routed experts (`load_quantized_experts`): NVFP4 and int4 (GPTQ,
+// compressed-tensors) are repacked once, losslessly, into the W4A16 layout of moe_w4a16.h and run by its grouped
+// kernels with FP16 activations; FP8-block experts are dequantized to FP16 at load. An FP8 PLE table stays FP8 and
+// is converted row by row in the gather. Activations at the interface stay float32, as the interface defines them: the
 // residual stream, norm statistics, softmaxes, GDN states, QSA caches, indexer scores and the router are FP32.
 // The inputs of tensor-core products are, by default (ActivationPrecision::Fp16x2), split into two FP16 halves
 // hi = fp16(x), lo = fp16(x - hi) stacked as rows of one GEMM (the weights are read once), which makes every
@@ -16,7 +19,10 @@
 // budget, so the selected token sets match the reference whenever the scores' order does.
 //
 // Memory: tensors come from the device's stream-ordered pool (cudaMallocAsync), all work runs on one stream in
-// order, and only `download` waits for it. Index errors that kernels meet (token ids, expert ids, PLE rows, QSA
+// order (except PLE gathers begun ahead with `ple_gather_start`, on a side stream joined by `ple_gather_wait`), and
+// only `download` waits for it. Batched steps: a pure decode step runs the GDN conv and recurrence and the PLE conv
+// over the state slots in one launch each, and sparse attention reads the paged K/V pools through the block
+// tables; the indexer and mixed prefill steps run per sequence (the defaults of ops.h). Index errors that kernels meet (token ids, expert ids, PLE rows, QSA
 // selections) are recorded in a device status word and reported by the next `download` as an Error naming the op.
 // The PLE n-gram tables stay in pinned host memory read by the gather kernel over the host link (an exact-size
 // pinned copy of each shard), or are copied to the GPU: CudaOpsOptions::ple_table.
