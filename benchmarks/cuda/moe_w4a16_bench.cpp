@@ -18,10 +18,12 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "ops/cuda/buffer.h"
 #include "ops/cuda/moe_w4a16.h"
 
 using namespace flashnext::cuda;
+using flashnext::cuda::bench::time_ms;
 
 namespace {
 
@@ -29,32 +31,6 @@ constexpr double kLimitGbs = 4300;      // LIMITS.md: H200 device-to-device copy
 constexpr double kPeakTflops = 990;     // LIMITS.md: FP16 dense tensor peak
 constexpr double kMeasuredTflops = 790; // LIMITS.md: 8192^3 GEMM as measured
 double g_copy_gbs = 0;
-
-double time_ms(const std::function<void()>& fn, int iters) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  for (int i = 0; i < 3; ++i) fn();
-  cudaEventRecord(a);
-  for (int i = 0; i < iters; ++i) fn();
-  cudaEventRecord(b);
-  cudaEventSynchronize(b);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, a, b);
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) std::printf("CUDA error: %s\n", cudaGetErrorString(err));
-  return ms / iters;
-}
-
-void measure_copy() {
-  const size_t bytes = size_t(2) << 30;
-  DeviceMemory a(bytes, "copy src"), b(bytes, "copy dst");
-  cudaMemset(a.get(), 1, bytes);
-  const double ms = time_ms([&] { cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice); }, 10);
-  g_copy_gbs = 2.0 * bytes / (ms * 1e-3) / 1e9;
-}
 
 // Random repacked weights (valid codes, scales and global multipliers; no checkpoint needed).
 W4Packed random_packed(W4Format f, int E, int rows, int cols, int group, uint32_t seed) {
@@ -137,7 +113,7 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  measure_copy();
+  g_copy_gbs = bench::measure_copy_gbs();
   std::printf("bench_moe_w4a16 on %s: device-to-device copy %.0f GB/s (read + write); E=512 H=2560 I=640 top-10\n\n",
               prop.name, g_copy_gbs);
   std::printf("| format | tokens | path | experts hit | us/call | expert weight bytes | arithmetic |\n"

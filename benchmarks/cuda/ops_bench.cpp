@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "ops/cuda/blas.h"
 #include "ops/cuda/buffer.h"
 #include "ops/cuda/embedding.h"
@@ -26,30 +27,13 @@
 #include "ops/cuda/sampling.h"
 
 using namespace flashnext::cuda;
+using flashnext::cuda::bench::time_ms;
 
 namespace {
 
 double g_copy_gbs = 0;                // measured device-to-device copy bandwidth (read + write), GB/s
 constexpr double kFp16Peak = 790e12;  // H200 FP16/BF16 tensor GEMM as measured (LIMITS.md: 770-800 TFLOP/s)
 const char* g_filter = nullptr;
-
-double time_ms(const std::function<void()>& fn, int iters) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  for (int i = 0; i < 3; ++i) fn();
-  cudaEventRecord(a);
-  for (int i = 0; i < iters; ++i) fn();
-  cudaEventRecord(b);
-  cudaEventSynchronize(b);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, a, b);
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) std::printf("CUDA error: %s\n", cudaGetErrorString(err));
-  return ms / iters;
-}
 
 // bytes: minimum bytes moved; flops: arithmetic (0 when the op is bandwidth-bound by nature).
 void report(const std::string& op, const std::string& shape, const std::function<void()>& fn, double bytes,
@@ -84,14 +68,6 @@ DeviceArray<__half> halfs(size_t n, float lo = -1.f, float hi = 1.f, uint32_t se
   std::vector<__half> h(n);
   for (auto& x : h) x = __float2half(d(rng));
   return to_device(h, "bench input");
-}
-
-void measure_copy() {
-  const size_t bytes = size_t(2) << 30;
-  DeviceMemory a(bytes, "copy src"), b(bytes, "copy dst");
-  cudaMemset(a.get(), 1, bytes);
-  const double ms = time_ms([&] { cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice); }, 10);
-  g_copy_gbs = 2.0 * bytes / (ms * 1e-3) / 1e9;
 }
 
 void bench_norm_hc() {
@@ -393,7 +369,7 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  measure_copy();
+  g_copy_gbs = bench::measure_copy_gbs();
   std::printf("bench_cuda on %s: device-to-device copy %.0f GB/s (read + write)\n\n", prop.name, g_copy_gbs);
   std::printf("| op | shape | us/call | bandwidth | arithmetic |\n| --- | --- | --- | --- | --- |\n");
   try {

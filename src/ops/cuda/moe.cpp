@@ -81,11 +81,15 @@ void moe_routed(const MoeExperts& w, const __half* u, int64_t ldu, int tokens, c
                 "moe_routed combine");
 }
 
-void moe_check_status(MoeWorkspace& ws, cudaStream_t stream) {
-  FN_CUDA_CHECK(cudaStreamSynchronize(stream), "moe_check_status");
+void detail::check_expert_status(const int32_t* status, int experts, const char* op, cudaStream_t stream) {
+  FN_CUDA_CHECK(cudaStreamSynchronize(stream), op);
   int32_t v = 0;
-  FN_CUDA_CHECK(cudaMemcpy(&v, ws.status.get(), sizeof v, cudaMemcpyDeviceToHost), "moe_check_status");
-  FN_CHECK(v == 0, "moe_routed: expert ids outside 0..{} were given; those slots were dropped", ws.experts - 1);
+  FN_CUDA_CHECK(cudaMemcpy(&v, status, sizeof v, cudaMemcpyDeviceToHost), op);
+  FN_CHECK(v == 0, "{}: expert ids outside 0..{} were given; those slots were dropped", op, experts - 1);
+}
+
+void moe_check_status(MoeWorkspace& ws, cudaStream_t stream) {
+  detail::check_expert_status(ws.status.get(), ws.experts, "moe_routed", stream);
 }
 
 SharedExpertWorkspace::SharedExpertWorkspace(int max_tokens_, int inter)

@@ -19,13 +19,16 @@ namespace flashnext::cuda {
 void moe_router_topk(const float* logits, int64_t ld, int tokens, int experts, int top_k, bool norm_topk_prob,
                      int32_t* ids, float* weights, cudaStream_t stream);
 
-/// Routed experts: experts.gate_up_proj [E, 2I, H] (gate rows, then up rows) and experts.down_proj [E, H, I].
+/// Routed experts of any weight storage W: gate_up [E, 2I, H] (gate rows, then up rows) and down [E, H, I].
 /// H and I must be multiples of 8.
-struct MoeExperts {
-  const __half* gate_up = nullptr;
-  const __half* down = nullptr;
+template <class W>
+struct MoeExpertWeights {
+  const W* gate_up = nullptr;
+  const W* down = nullptr;
   int experts = 0, hidden = 0, inter = 0;
 };
+/// FP16 routed experts: experts.gate_up_proj and experts.down_proj as stored in the checkpoint.
+using MoeExperts = MoeExpertWeights<__half>;
 
 /// Scratch for moe_routed, sized for up to max_tokens tokens with top_k slots each.
 class MoeWorkspace {
@@ -47,6 +50,12 @@ void moe_routed(const MoeExperts& w, const __half* u, int64_t ldu, int tokens, c
 
 /// Throws Error if a routed call met expert ids outside [0, E) (waits for the stream).
 void moe_check_status(MoeWorkspace& ws, cudaStream_t stream);
+
+namespace detail {
+/// Waits for `stream`, then throws Error naming `op` if the device flag `status` (set by the grouping kernels) is
+/// non-zero: expert ids outside [0, experts) were given.
+void check_expert_status(const int32_t* status, int experts, const char* op, cudaStream_t stream);
+}  // namespace detail
 
 /// Shared expert: shared_expert.{gate,up}_proj [I, H], down_proj [H, I]; shared_expert_gate.weight [1, H].
 struct SharedExpert {

@@ -250,29 +250,11 @@ W4DeviceMatrix::W4DeviceMatrix(const W4Packed& p)
 }
 
 MoeW4A16Workspace::MoeW4A16Workspace(int max_tokens_, int top_k_, int experts_, int hidden_, int inter_)
-    : max_tokens(max_tokens_),
-      top_k(top_k_),
-      experts(experts_),
-      hidden(hidden_),
-      inter(inter_),
-      max_tiles(int(ceil_div(int64_t(max_tokens_) * top_k_, detail::kW4TileM)) +
-                std::min(experts_, max_tokens_ * top_k_)),
-      max_active(std::min(experts_, max_tokens_ * top_k_)),
-      offsets(size_t(std::max(experts_, 0)) + 1, "w4a16 expert offsets"),
-      sorted_slots(size_t(std::max(1, max_tokens_ * top_k_)), "w4a16 sorted slots"),
-      slot_row(size_t(std::max(1, max_tokens_ * top_k_)), "w4a16 slot rows"),
-      tile_expert(size_t(std::max(1, max_tiles)), "w4a16 tiles"),
-      tile_row(size_t(std::max(1, max_tiles)), "w4a16 tiles"),
-      num_tiles(1, "w4a16 tile count"),
-      active(size_t(std::max(1, max_active)), "w4a16 active experts"),
-      num_active(1, "w4a16 active count"),
-      status(1, "w4a16 status"),
-      h(size_t(std::max(1, max_tokens_ * top_k_)) * std::max(1, inter_), "w4a16 expert activations"),
-      ys(size_t(std::max(1, max_tokens_ * top_k_)) * std::max(1, hidden_), "w4a16 expert outputs") {
-  FN_CHECK(max_tokens > 0 && top_k > 0 && experts > 0 && hidden > 0 && inter > 0,
-           "MoeW4A16Workspace: bad sizes tokens={} top_k={} experts={} hidden={} inter={}", max_tokens, top_k, experts,
-           hidden, inter);
-  FN_CUDA_CHECK(cudaMemset(status.get(), 0, sizeof(int32_t)), "MoeW4A16Workspace status");
+    : MoeWorkspace(max_tokens_, top_k_, experts_, hidden_, inter_),
+      done(size_t(std::max(1, max_tokens_)) *
+               std::max(1, detail::w4_gemv_row_blocks(hidden_, inter_, detail::kW4GemvOutsDown)),
+           "w4a16 gemv counters") {
+  FN_CUDA_CHECK(cudaMemset(done.get(), 0, done.size() * sizeof(int32_t)), "MoeW4A16Workspace counters");
 }
 
 W4Path moe_w4a16_pick_path(int tokens, int top_k, int experts) {
@@ -283,10 +265,10 @@ W4Path moe_w4a16_pick_path(int tokens, int top_k, int experts) {
 
 namespace {
 
-// Everything up to the per-slot outputs ws.ys; returns false when there is nothing to do.
-bool routed_experts(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, const int32_t* ids,
-                    const float* weights, const __half* shared, const float* shared_gate, const void* out,
-                    int64_t ldo, MoeW4A16Workspace& ws, cudaStream_t stream, W4Path path) {
+template <class TO>
+void routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, const int32_t* ids,
+            const float* weights, const __half* shared, const float* shared_gate, TO* out, int64_t ldo,
+            MoeW4A16Workspace& ws, cudaStream_t stream, W4Path path) {
   FN_CHECK(w.gate_up && w.down, "moe_w4a16_routed: missing expert weights");
   const int E = w.experts, H = w.hidden, I = w.inter;
   FN_CHECK(E >= 1 && E <= detail::kMoeMaxExperts, "moe_w4a16_routed: {} experts (1..{})", E, detail::kMoeMaxExperts);
@@ -307,34 +289,35 @@ bool routed_experts(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int 
            ws.max_tokens);
   FN_CHECK(ldu >= H && ldu % 8 == 0 && ldo >= H, "moe_w4a16_routed: row strides u {} / out {} (H {})", ldu, ldo, H);
   FN_CHECK(!shared || shared_gate, "moe_w4a16_routed: the shared expert output needs its gate logits");
-  if (tokens == 0) return false;
+  if (tokens == 0) return;
   FN_CHECK(u && ids && weights && out, "moe_w4a16_routed: null pointer");
   const int slots = tokens * ws.top_k;
   if (path == W4Path::Auto) path = moe_w4a16_pick_path(tokens, ws.top_k, E);
-  FN_CUDA_CHECK(detail::launch_w4_align(ids, slots, E, ws.offsets.get(), ws.sorted_slots.get(), ws.slot_row.get(),
-                                        ws.tile_expert.get(), ws.tile_row.get(), ws.num_tiles.get(), ws.active.get(),
-                                        ws.num_active.get(), ws.status.get(), stream),
-                "moe_w4a16_routed align");
-  if (path == W4Path::Gemv) {
-    const int max_active = std::min(E, slots);
-    FN_CUDA_CHECK(detail::launch_w4_gemv_gate_up(gu, u, ldu, ws.top_k, I, ws.offsets.get(), ws.sorted_slots.get(),
-                                                 ws.active.get(), ws.num_active.get(), max_active, ws.h.get(), stream),
+  if (path == W4Path::Gemv) {  // two launches, no grouping pass
+    FN_CUDA_CHECK(detail::launch_w4_gemv_gate_up(gu, u, ldu, ids, slots, ws.top_k, E, I, ws.h.get(), ws.status.get(),
+                                                 stream),
                   "moe_w4a16_routed gemv gate_up");
-    FN_CUDA_CHECK(detail::launch_w4_gemv_down(dn, ws.h.get(), H, I, ws.offsets.get(), ws.sorted_slots.get(), weights,
-                                              ws.active.get(), ws.num_active.get(), max_active, ws.ys.get(), stream),
+    FN_CUDA_CHECK(detail::launch_w4_gemv_down(dn, ws.h.get(), ids, weights, tokens, ws.top_k, E, H, I, ws.ys.get(),
+                                              ws.done.get(), shared, shared_gate, out, ldo, stream),
                   "moe_w4a16_routed gemv down");
-  } else {
-    const int max_tiles = int(ceil_div(slots, detail::kW4TileM)) + std::min(E, slots);
-    FN_CUDA_CHECK(detail::launch_w4_gemm_gate_up(gu, u, ldu, ws.top_k, I, ws.offsets.get(), ws.sorted_slots.get(),
-                                                 ws.tile_expert.get(), ws.tile_row.get(), ws.num_tiles.get(),
-                                                 max_tiles, ws.h.get(), stream),
-                  "moe_w4a16_routed gemm gate_up");
-    FN_CUDA_CHECK(detail::launch_w4_gemm_down(dn, ws.h.get(), H, I, ws.offsets.get(), ws.sorted_slots.get(), weights,
-                                              ws.tile_expert.get(), ws.tile_row.get(), ws.num_tiles.get(), max_tiles,
-                                              ws.ys.get(), stream),
-                  "moe_w4a16_routed gemm down");
+    return;
   }
-  return true;
+  FN_CUDA_CHECK(detail::launch_w4_align(ids, slots, E, ws.offsets.get(), ws.sorted_slots.get(), ws.slot_row.get(),
+                                        ws.tile_expert.get(), ws.tile_row.get(), ws.num_tiles.get(), ws.status.get(),
+                                        stream),
+                "moe_w4a16_routed align");
+  const int max_tiles = int(ceil_div(slots, detail::kW4TileM)) + std::min(E, slots);
+  FN_CUDA_CHECK(detail::launch_w4_gemm_gate_up(gu, u, ldu, ws.top_k, I, ws.offsets.get(), ws.sorted_slots.get(),
+                                               ws.tile_expert.get(), ws.tile_row.get(), ws.num_tiles.get(), max_tiles,
+                                               ws.h.get(), stream),
+                "moe_w4a16_routed gemm gate_up");
+  FN_CUDA_CHECK(detail::launch_w4_gemm_down(dn, ws.h.get(), H, I, ws.offsets.get(), ws.sorted_slots.get(), weights,
+                                            ws.tile_expert.get(), ws.tile_row.get(), ws.num_tiles.get(), max_tiles,
+                                            ws.ys.get(), stream),
+                "moe_w4a16_routed gemm down");
+  FN_CUDA_CHECK(detail::launch_moe_combine(ws.ys.get(), ws.slot_row.get(), tokens, ws.top_k, H, shared, shared_gate,
+                                           out, ldo, stream),
+                "moe_w4a16_routed combine");
 }
 
 }  // namespace
@@ -342,26 +325,17 @@ bool routed_experts(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int 
 void moe_w4a16_routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, const int32_t* ids,
                       const float* weights, const __half* shared, const float* shared_gate, __half* out, int64_t ldo,
                       MoeW4A16Workspace& ws, cudaStream_t stream, W4Path path) {
-  if (!routed_experts(w, u, ldu, tokens, ids, weights, shared, shared_gate, out, ldo, ws, stream, path)) return;
-  FN_CUDA_CHECK(detail::launch_moe_combine(ws.ys.get(), ws.slot_row.get(), tokens, ws.top_k, w.hidden, shared,
-                                           shared_gate, out, ldo, stream),
-                "moe_w4a16_routed combine");
+  routed(w, u, ldu, tokens, ids, weights, shared, shared_gate, out, ldo, ws, stream, path);
 }
 
 void moe_w4a16_routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, const int32_t* ids,
                       const float* weights, const __half* shared, const float* shared_gate, float* out, int64_t ldo,
                       MoeW4A16Workspace& ws, cudaStream_t stream, W4Path path) {
-  if (!routed_experts(w, u, ldu, tokens, ids, weights, shared, shared_gate, out, ldo, ws, stream, path)) return;
-  FN_CUDA_CHECK(detail::launch_moe_combine(ws.ys.get(), ws.slot_row.get(), tokens, ws.top_k, w.hidden, shared,
-                                           shared_gate, out, ldo, stream),
-                "moe_w4a16_routed combine");
+  routed(w, u, ldu, tokens, ids, weights, shared, shared_gate, out, ldo, ws, stream, path);
 }
 
 void moe_w4a16_check_status(MoeW4A16Workspace& ws, cudaStream_t stream) {
-  FN_CUDA_CHECK(cudaStreamSynchronize(stream), "moe_w4a16_check_status");
-  int32_t v = 0;
-  FN_CUDA_CHECK(cudaMemcpy(&v, ws.status.get(), sizeof v, cudaMemcpyDeviceToHost), "moe_w4a16_check_status");
-  FN_CHECK(v == 0, "moe_w4a16_routed: expert ids outside 0..{} were given; those slots were dropped", ws.experts - 1);
+  detail::check_expert_status(ws.status.get(), ws.experts, "moe_w4a16_routed", stream);
 }
 
 }  // namespace flashnext::cuda

@@ -24,7 +24,8 @@
 // What the kernels compute (per expert row n, input vector x in FP16):
 //   GEMV path (decode)  y_n = G_n( sum over code words of (sum_8 float(v_k) * float(x_k)) * float(scale16) ), the
 //                       products and sums in FP32, v = e2m1 (NVFP4) or q - z (int4) exact, G_n the row's global
-//                       multiply (or divide) in FP32: exact weights, FP32 accumulation.
+//                       multiply (or divide) in FP32: exact weights, FP32 accumulation. Computed per token slot
+//                       (no grouping pass); the down kernel also combines each token's slots.
 //   GEMM path (prefill) WMMA m16n16k16 on FP16 weights w16 = fp16(v * scale16) with FP32 accumulation, then G_n in
 //                       FP32. NVFP4: w16 is exact (e2m1 * e4m3 has <= 5 significant bits, |value| in
 //                       2^-10..2688). int4: w16 is (q - z) * s * 2^-p rounded once to FP16 (relative error <= 2^-11).
@@ -39,6 +40,7 @@
 #include <vector>
 
 #include "ops/cuda/buffer.h"
+#include "ops/cuda/moe.h"
 #include "ops/cuda/moe_w4a16_kernels.h"
 
 namespace flashnext::cuda {
@@ -141,31 +143,30 @@ class W4DeviceMatrix {
 };
 
 /// Routed experts: gate_up [E, 2I, H] (gate rows 0..I-1, then up rows) and down [E, H, I]; H and I multiples of 8.
-struct MoeW4A16Experts {
-  const W4DeviceMatrix* gate_up = nullptr;
-  const W4DeviceMatrix* down = nullptr;
-  int experts = 0, hidden = 0, inter = 0;
-};
+using MoeW4A16Experts = MoeExpertWeights<W4DeviceMatrix>;
 
-/// Scratch for moe_w4a16_routed, for up to max_tokens tokens with top_k slots each.
-class MoeW4A16Workspace {
+/// Scratch for moe_w4a16_routed, for up to max_tokens tokens with top_k slots each: moe_routed's grouping arrays
+/// and activations (MoeWorkspace), plus the GEMV path's completion counters `done` [max_tokens,
+/// detail::w4_gemv_row_blocks(hidden, inter, detail::kW4GemvOutsDown)] (zero between calls).
+class MoeW4A16Workspace : public MoeWorkspace {
  public:
   MoeW4A16Workspace(int max_tokens, int top_k, int experts, int hidden, int inter);
-  int max_tokens, top_k, experts, hidden, inter, max_tiles, max_active;
-  DeviceArray<int32_t> offsets, sorted_slots, slot_row, tile_expert, tile_row, num_tiles, active, num_active, status;
-  DeviceArray<__half> h, ys;
+  DeviceArray<int32_t> done;
 };
 
-/// Which kernels compute the experts: GEMV (one warp per output, FP32 FMA; for few tokens per expert) or the WMMA
-/// GEMM (64-slot tiles; prefill). Auto picks per launch, without a device round trip.
+/// Which kernels compute the experts: GEMV (per token slot, a lane group per 1-2 outputs, FP32 FMA; for few
+/// tokens per expert) or the WMMA GEMM (64-slot tiles over the slots grouped by expert; prefill). Auto picks per
+/// launch, without a device round trip.
 enum class W4Path : uint8_t { Auto, Gemv, Gemm };
 
 /// Auto's choice: GEMV when there are at most kW4GemvMaxSlots slots (tokens * top_k) and the mean number of slots
-/// per touched expert, tokens * top_k / min(E, tokens * top_k), is at most kW4GemvMaxMean; else the GEMM. From the
-/// H200 measurements of bench_moe_w4a16 at 512 experts, top-10 (2026-11-30): the GEMV wins at 1 token (79 vs 92 us),
-/// the GEMM from 4 tokens on (223 vs 253 us at 4, 538 vs 827 us at 16).
-constexpr int kW4GemvMaxMean = 8;
-constexpr int kW4GemvMaxSlots = 16;
+/// per touched expert, tokens * top_k / min(E, tokens * top_k), is at most kW4GemvMaxMean; else the GEMM. The GEMV
+/// reads an expert's weights once per slot, the GEMM once per 64-slot tile but at a lower rate. From bench_moe_w4a16
+/// on the H200 (512 experts, top-10, 2026-11-30): the GEMV wins up to 16 tokens (NVFP4 306 vs 523 us, int4 455 vs
+/// 521 us at 16); at 64 tokens NVFP4 is even (1169 vs 1295 us) and int4 prefers the GEMM (1284 vs 1766 us); from
+/// 256 tokens the GEMM wins by 2.5x and more.
+constexpr int kW4GemvMaxMean = 2;
+constexpr int kW4GemvMaxSlots = 160;
 W4Path moe_w4a16_pick_path(int tokens, int top_k, int experts);
 
 /// out[t] = sum_j weights[t,j] * down_{ids[t,j]}( silu(gate(u_t)) * up(u_t) )  (+ sigmoid(shared_gate[t]) *

@@ -51,195 +51,280 @@ __device__ __forceinline__ float apply_global(float acc, float g, bool divide) {
   return divide ? acc / g : acc * g;
 }
 
-// ---------------------------------------------------------------- grouping
+// ---------------------------------------------------------------- grouping (GEMM path)
 
-__global__ void w4_align_kernel(const int32_t* __restrict__ ids, int slots, int experts, int32_t* __restrict__ offsets,
-                                int32_t* __restrict__ sorted_slots, int32_t* __restrict__ slot_row,
-                                int32_t* __restrict__ tile_expert, int32_t* __restrict__ tile_row,
-                                int32_t* __restrict__ num_tiles, int32_t* __restrict__ active,
-                                int32_t* __restrict__ num_active, int32_t* __restrict__ status) {
+// Inclusive prefix sums of a and b over the 32 lanes of the warp (all lanes call it).
+__device__ __forceinline__ void warp_inclusive_scan2(int& a, int& b, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int ua = __shfl_up_sync(0xffffffffu, a, o), ub = __shfl_up_sync(0xffffffffu, b, o);
+    if (lane >= o) {
+      a += ua;
+      b += ub;
+    }
+  }
+}
+
+// One block of kMoeMaxExperts threads, thread e for expert e: slot counts by shared-memory atomics, then one
+// block-wide exclusive scan of (slots, tiles) per expert gives the offsets and the tile list in parallel; slots are
+// scattered into their expert's rows by atomics (the order inside an expert does not change any result: each
+// sorted row is computed on its own and the combine sums in slot order).
+__global__ void __launch_bounds__(kMoeMaxExperts)
+    w4_align_kernel(const int32_t* __restrict__ ids, int slots, int experts, int32_t* __restrict__ offsets,
+                    int32_t* __restrict__ sorted_slots, int32_t* __restrict__ slot_row,
+                    int32_t* __restrict__ tile_expert, int32_t* __restrict__ tile_row, int32_t* __restrict__ num_tiles,
+                    int32_t* __restrict__ status) {
   __shared__ int count[kMoeMaxExperts];
-  __shared__ int cursor[kMoeMaxExperts];
-  __shared__ int tile_start[kMoeMaxExperts];
-  for (int e = threadIdx.x; e < experts; e += blockDim.x) count[e] = 0;
+  __shared__ int warp_rows[kMoeMaxExperts / 32], warp_tiles[kMoeMaxExperts / 32];
+  const int e = threadIdx.x, lane = e & 31, warp = e >> 5;
+  count[e] = 0;
   __syncthreads();
-  for (int s = threadIdx.x; s < slots; s += blockDim.x) {
-    const int e = ids[s];
-    if (e >= 0 && e < experts)
-      atomicAdd(&count[e], 1);
+  for (int s = e; s < slots; s += blockDim.x) {
+    const int id = ids[s];
+    if (id >= 0 && id < experts)
+      atomicAdd(&count[id], 1);
     else if (status)
       atomicOr(status, 1);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int run = 0, tiles = 0, act = 0;
-    for (int e = 0; e < experts; ++e) {
-      offsets[e] = run;
-      cursor[e] = run;
-      tile_start[e] = tiles;
-      run += count[e];
-      tiles += (count[e] + kW4TileM - 1) / kW4TileM;
-      if (count[e] > 0) active[act++] = e;
-    }
-    offsets[experts] = run;
-    *num_tiles = tiles;
-    *num_active = act;
+  const int c = e < experts ? count[e] : 0, nt = (c + kW4TileM - 1) / kW4TileM;
+  int rows = c, tiles = nt;
+  warp_inclusive_scan2(rows, tiles, lane);
+  if (lane == 31) {
+    warp_rows[warp] = rows;
+    warp_tiles[warp] = tiles;
   }
   __syncthreads();
-  for (int s = threadIdx.x; s < slots; s += blockDim.x) {
-    const int e = ids[s];
-    if (e < 0 || e >= experts) {
+  if (warp == 0) {  // exclusive scan of the warp totals
+    const int r0 = warp_rows[lane], t0 = warp_tiles[lane];
+    int r = r0, t = t0;
+    warp_inclusive_scan2(r, t, lane);
+    warp_rows[lane] = r - r0;
+    warp_tiles[lane] = t - t0;
+  }
+  __syncthreads();
+  const int off = warp_rows[warp] + rows - c, ts = warp_tiles[warp] + tiles - nt;
+  if (e < experts) {
+    offsets[e] = off;
+    count[e] = off;  // now the scatter cursor
+    for (int i = 0; i < nt; ++i) {
+      tile_expert[ts + i] = e;
+      tile_row[ts + i] = off + i * kW4TileM;
+    }
+    if (e == experts - 1) {
+      offsets[experts] = off + c;
+      *num_tiles = ts + nt;
+    }
+  }
+  __syncthreads();
+  for (int s = e; s < slots; s += blockDim.x) {
+    const int id = ids[s];
+    if (id < 0 || id >= experts) {
       slot_row[s] = -1;
       continue;
     }
-    const int r = atomicAdd(&cursor[e], 1);
+    const int r = atomicAdd(&count[id], 1);
     sorted_slots[r] = s;
     slot_row[s] = r;
-  }
-  for (int e = threadIdx.x; e < experts; e += blockDim.x) {
-    const int n = (count[e] + kW4TileM - 1) / kW4TileM;
-    for (int i = 0; i < n; ++i) {
-      tile_expert[tile_start[e] + i] = e;
-      tile_row[tile_start[e] + i] = offsets[e] + i * kW4TileM;
-    }
   }
 }
 
 // ---------------------------------------------------------------- GEMV path (decode)
 
-constexpr int kGemvWarps = 8;
+// Sum over the `lanes` lanes (a power of two <= 32) of this thread's lane group; every lane of the group calls it.
+__device__ __forceinline__ float group_sum(float v, int lanes) {
+  const unsigned mask = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1u) << ((threadIdx.x & 31) & ~(lanes - 1));
+  for (int o = lanes >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(mask, v, o);
+  return v;
+}
 
-// One warp per output column n (GATE_UP: gate row n and up row I + n together) of one active expert, over all its
-// sorted slots in chunks of kW4GemvTokens. Lanes stride over the code words (8 inputs each, one group each); per
-// word the 8 products with the FP16 activations are summed in FP32 and multiplied by the FP32 group scale, then the
-// warp sums, and the row's global multiplier (or divisor) is applied to the FP32 row result.
-template <bool GATE_UP, bool NVFP4>
-__device__ __forceinline__ void w4_gemv_body(const W4Mat& w, const __half* __restrict__ a_src, int64_t lda, int top_k,
-                                             int n_out, const int32_t* __restrict__ offsets,
-                                             const int32_t* __restrict__ sorted_slots,
-                                             const float* __restrict__ weights, const int32_t* __restrict__ active,
-                                             const int32_t* __restrict__ num_active, __half* __restrict__ out) {
-  constexpr int NB = GATE_UP ? 2 : 1, T = kW4GemvTokens;
-  if (int(blockIdx.y) >= *num_active) return;
-  const int e = active[blockIdx.y];
-  const int lane = threadIdx.x & 31;
-  const int n = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
-  if (n >= n_out) return;
-  const int r0 = offsets[e], r1 = offsets[e + 1];
-  const int words = w.cols / 8;
-  const uint32_t* code[NB];
-  const __half* scale[NB];
-  const uint8_t* zero[NB];
-  float gl[NB];
+// The R rows `row` (indices into the stacked [E * rows] matrix) times the FP16 vector x, this lane's share: a lane
+// group of `lanes` lanes splits each row into chunks of 16 code bytes (4 words, 32 inputs); lane `sub` takes chunks
+// sub, sub + lanes, ... and loads kW4GemvChunks of them per row (codes, and their scales and zero points where a
+// chunk has one or two groups) before any arithmetic, so that many bytes are in flight. Per code word: the 8
+// products of exact weight values and FP16 activations summed in FP32, times the FP32 group scale, into acc[r].
+template <bool NVFP4, int R>
+__device__ __forceinline__ void w4_dot_rows(const W4Mat& w, const int64_t (&row)[R], const __half* __restrict__ x,
+                                            int sub, int lanes, float (&acc)[R]) {
+  constexpr int C = kW4GemvChunks;
+  const int words = w.cols / 8, chunks = (words + 3) / 4;
+  const bool chunk_scale = !NVFP4 && w.group % 32 == 0;  // one int4 group per chunk (else looked up per word)
 #pragma unroll
-  for (int b = 0; b < NB; ++b) {
-    const int64_t row = int64_t(e) * w.rows + n + b * n_out;
-    code[b] = w.codes + row * w.wpr;
-    scale[b] = w.scales + row * w.groups;
-    zero[b] = w.zeros ? w.zeros + row * w.groups : nullptr;
-    gl[b] = w.global[row];
-  }
-  for (int c0 = r0; c0 < r1; c0 += T) {
-    const int cnt = min(T, r1 - c0);
-    const __half* xp[T];
+  for (int r = 0; r < R; ++r) acc[r] = 0.f;
+  for (int c0 = sub; c0 < chunks; c0 += lanes * C) {
+    uint4 code[R][C];
+    uint32_t sc[R][C];  // NVFP4: the FP16 scales of groups 2c, 2c+1; int4: FP16 scale | zero point << 16
 #pragma unroll
-    for (int t = 0; t < T; ++t) {
-      xp[t] = nullptr;
-      if (t < cnt) xp[t] = GATE_UP ? a_src + int64_t(sorted_slots[c0 + t] / top_k) * lda : a_src + int64_t(c0 + t) * lda;
+    for (int i = 0; i < C; ++i) {
+      const int c = c0 + i * lanes;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        code[r][i] = make_uint4(0, 0, 0, 0);
+        sc[r][i] = 0;
+        if (c < chunks) {
+          code[r][i] = __ldg(reinterpret_cast<const uint4*>(w.codes + row[r] * w.wpr) + c);
+          if (NVFP4) {  // groups of 16, an even count per row: 4-byte aligned pairs
+            sc[r][i] = __ldg(reinterpret_cast<const uint32_t*>(w.scales + row[r] * w.groups) + c);
+          } else if (chunk_scale) {
+            const int64_t gi = row[r] * w.groups + (c * 32) / w.group;
+            sc[r][i] = uint32_t(__half_as_ushort(__ldg(w.scales + gi))) |
+                       ((w.zeros ? uint32_t(__ldg(w.zeros + gi)) : 8u) << 16);
+          }
+        }
+      }
     }
-    float acc[NB][T];
 #pragma unroll
-    for (int b = 0; b < NB; ++b)
+    for (int i = 0; i < C; ++i) {
+      const int c = c0 + i * lanes;
+      if (c >= chunks) break;
 #pragma unroll
-      for (int t = 0; t < T; ++t) acc[b][t] = 0.f;
-#pragma unroll 4  // several words' loads in flight per lane
-    for (int wi = lane; wi < words; wi += 32) {
-      const int gi = (wi * 8) / w.group;
-      float wv[NB][8], s[NB];
-#pragma unroll
-      for (int b = 0; b < NB; ++b) {
-        __half2 v[4];
-        decode_word<NVFP4>(__ldg(code[b] + wi), zero[b] ? uint32_t(zero[b][gi]) : 8u, v);
+      for (int q = 0; q < 4; ++q) {
+        const int wi = 4 * c + q;
+        if (wi >= words) break;  // padding words of the last chunk (codes 0, no activations behind them)
+        const uint4 xr = __ldg(reinterpret_cast<const uint4*>(x + wi * 8));
+        const uint32_t xw[4] = {xr.x, xr.y, xr.z, xr.w};
+        float xf[8];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const float2 f = __half22float2(v[j]);
-          wv[b][2 * j] = f.x;
-          wv[b][2 * j + 1] = f.y;
+          const float2 f = __half22float2(bits_h2(xw[j]));
+          xf[2 * j] = f.x;
+          xf[2 * j + 1] = f.y;
         }
-        s[b] = __half2float(scale[b][gi]);
-      }
 #pragma unroll
-      for (int t = 0; t < T; ++t) {
-        if (t < cnt) {
-          const uint4 xr = *reinterpret_cast<const uint4*>(xp[t] + wi * 8);
-          const uint32_t xw[4] = {xr.x, xr.y, xr.z, xr.w};
-          float x[8];
+        for (int r = 0; r < R; ++r) {
+          float s;
+          uint32_t z = 8;
+          if (NVFP4) {
+            s = __half2float(__ushort_as_half(uint16_t(sc[r][i] >> (16 * (q >> 1)))));
+          } else if (chunk_scale) {
+            s = __half2float(__ushort_as_half(uint16_t(sc[r][i])));
+            z = sc[r][i] >> 16;
+          } else {
+            const int64_t gi = row[r] * w.groups + (wi * 8) / w.group;
+            s = __half2float(w.scales[gi]);
+            if (w.zeros) z = w.zeros[gi];
+          }
+          const uint32_t cw[4] = {code[r][i].x, code[r][i].y, code[r][i].z, code[r][i].w};
+          __half2 v[4];
+          decode_word<NVFP4>(cw[q], z, v);
+          float p = 0.f;
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            const float2 f = __half22float2(bits_h2(xw[j]));
-            x[2 * j] = f.x;
-            x[2 * j + 1] = f.y;
+            const float2 f = __half22float2(v[j]);
+            p = fmaf(f.x, xf[2 * j], p);
+            p = fmaf(f.y, xf[2 * j + 1], p);
           }
-#pragma unroll
-          for (int b = 0; b < NB; ++b) {
-            float p = 0.f;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) p = fmaf(wv[b][i], x[i], p);
-            acc[b][t] = fmaf(p, s[b], acc[b][t]);
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < T; ++t) {
-      if (t < cnt) {  // warp-uniform
-        float r[NB];
-#pragma unroll
-        for (int b = 0; b < NB; ++b) r[b] = apply_global(warp_sum(acc[b][t]), gl[b], w.divide);
-        if (lane == 0) {
-          const int row = c0 + t;
-          if (GATE_UP)
-            out[int64_t(row) * n_out + n] = to_h(siluf_(r[0]) * r[NB - 1]);
-          else
-            out[int64_t(row) * n_out + n] = to_h(r[0] * weights[sorted_slots[row]]);
+          acc[r] = fmaf(p, s, acc[r]);
         }
       }
     }
   }
 }
 
-// One kernel per (matrix, format), each holding one instance of the body.
-__global__ void __launch_bounds__(kGemvWarps * 32)
-    w4_gemv_gate_up_nvfp4_kernel(W4Mat w, const __half* __restrict__ u, int64_t ldu, int top_k, int inter,
-                              const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted_slots,
-                              const int32_t* __restrict__ active, const int32_t* __restrict__ num_active,
-                              __half* __restrict__ h) {
-  w4_gemv_body<true, true>(w, u, ldu, top_k, inter, offsets, sorted_slots, nullptr, active, num_active, h);
+// First output column of this thread's lane group; the block covers O * (threads / lanes) columns.
+template <int O>
+__device__ __forceinline__ int gemv_col0(int lanes) {
+  return (int(blockIdx.y) * (kW4GemvThreads / lanes) + int(threadIdx.x) / lanes) * O;
 }
 
-__global__ void __launch_bounds__(kGemvWarps * 32)
-    w4_gemv_down_nvfp4_kernel(W4Mat w, const __half* __restrict__ h, int hidden, int inter,
-                           const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted_slots,
-                           const float* __restrict__ weights, const int32_t* __restrict__ active,
-                           const int32_t* __restrict__ num_active, __half* __restrict__ ys) {
-  w4_gemv_body<false, true>(w, h, inter, 1, hidden, offsets, sorted_slots, weights, active, num_active, ys);
+// Block (s, y): slot s, kW4GemvOutsGateUp gate and up rows per lane group. h[s, n] = fp16(silu(G(g)) * G(u)).
+template <bool NVFP4>
+__global__ void __launch_bounds__(kW4GemvThreads)
+    w4_gemv_gate_up_kernel(W4Mat w, const __half* __restrict__ u, int64_t ldu, const int32_t* __restrict__ ids,
+                           int top_k, int experts, int inter, int lanes, __half* __restrict__ h,
+                           int32_t* __restrict__ status) {
+  constexpr int O = kW4GemvOutsGateUp;
+  const int s = blockIdx.x, e = ids[s];
+  if (e < 0 || e >= experts) {
+    if (blockIdx.y == 0 && threadIdx.x == 0 && status) atomicOr(status, 1);
+    return;
+  }
+  const int n0 = gemv_col0<O>(lanes);
+  if (n0 >= inter) return;  // the whole lane group
+  int64_t row[2 * O];
+#pragma unroll
+  for (int o = 0; o < O; ++o) {
+    const int n = min(n0 + o, inter - 1);
+    row[o] = int64_t(e) * w.rows + n;
+    row[O + o] = int64_t(e) * w.rows + inter + n;
+  }
+  float acc[2 * O];
+  w4_dot_rows<NVFP4>(w, row, u + int64_t(s / top_k) * ldu, int(threadIdx.x) % lanes, lanes, acc);
+#pragma unroll
+  for (int o = 0; o < O; ++o) {
+    const float g = apply_global(group_sum(acc[o], lanes), w.global[row[o]], w.divide);
+    const float v = apply_global(group_sum(acc[O + o], lanes), w.global[row[O + o]], w.divide);
+    if (int(threadIdx.x) % lanes == 0 && n0 + o < inter) h[int64_t(s) * inter + n0 + o] = to_h(siluf_(g) * v);
+  }
 }
 
-__global__ void __launch_bounds__(kGemvWarps * 32)
-    w4_gemv_gate_up_int4_kernel(W4Mat w, const __half* __restrict__ u, int64_t ldu, int top_k, int inter,
-                              const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted_slots,
-                              const int32_t* __restrict__ active, const int32_t* __restrict__ num_active,
-                              __half* __restrict__ h) {
-  w4_gemv_body<true, false>(w, u, ldu, top_k, inter, offsets, sorted_slots, nullptr, active, num_active, h);
+// Block (s, y): slot s, kW4GemvOutsDown down rows per lane group: ys[s, n] = fp16(weights[s] * G(y)). The last of the
+// top_k slot blocks of token s / top_k to finish row block y (a counter per (token, y), reset by that block) then
+// combines those rows as moe_combine_kernel: the valid slots' ys in slot order, in FP32, + the gated shared expert.
+// Threads publish their ys with __threadfence before the count; the combining block reads them from L2 (__ldcg).
+template <bool NVFP4, class TO>
+__global__ void __launch_bounds__(kW4GemvThreads)
+    w4_gemv_down_kernel(W4Mat w, const __half* __restrict__ h, const int32_t* __restrict__ ids,
+                        const float* __restrict__ weights, int top_k, int experts, int hidden, int inter, int lanes,
+                        __half* ys, int32_t* __restrict__ done, const __half* __restrict__ shared,
+                        const float* __restrict__ shared_gate, TO* __restrict__ out, int64_t ldo) {
+  constexpr int O = kW4GemvOutsDown;
+  __shared__ int last;
+  const int s = blockIdx.x, t = s / top_k, e = ids[s];
+  if (e >= 0 && e < experts) {
+    const int n0 = gemv_col0<O>(lanes);
+    if (n0 < hidden) {
+      int64_t row[O];
+#pragma unroll
+      for (int o = 0; o < O; ++o) row[o] = int64_t(e) * w.rows + min(n0 + o, hidden - 1);
+      float acc[O];
+      w4_dot_rows<NVFP4>(w, row, h + int64_t(s) * inter, int(threadIdx.x) % lanes, lanes, acc);
+      const float ws = weights[s];
+#pragma unroll
+      for (int o = 0; o < O; ++o) {
+        const float y = apply_global(group_sum(acc[o], lanes), w.global[row[o]], w.divide);
+        if (int(threadIdx.x) % lanes == 0 && n0 + o < hidden) ys[int64_t(s) * hidden + n0 + o] = to_h(y * ws);
+      }
+    }
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t* cnt = done + int64_t(t) * gridDim.y + blockIdx.y;
+    last = atomicAdd(cnt, 1) == top_k - 1;
+    if (last) {
+      *cnt = 0;
+      __threadfence();
+    }
+  }
+  __syncthreads();
+  if (!last) return;
+  const int per_block = O * (kW4GemvThreads / lanes), c0 = int(blockIdx.y) * per_block;
+  for (int c = c0 + int(threadIdx.x); c < min(hidden, c0 + per_block); c += kW4GemvThreads) {
+    float acc = 0.f;
+    for (int j = 0; j < top_k; ++j) {
+      const int sj = t * top_k + j, ej = ids[sj];
+      if (ej >= 0 && ej < experts) acc += to_f(__ldcg(ys + int64_t(sj) * hidden + c));
+    }
+    if (shared) acc += sigmoidf_(shared_gate[t]) * to_f(shared[int64_t(t) * hidden + c]);
+    out[int64_t(t) * ldo + c] = from_f<TO>(acc);
+  }
 }
 
-__global__ void __launch_bounds__(kGemvWarps * 32)
-    w4_gemv_down_int4_kernel(W4Mat w, const __half* __restrict__ h, int hidden, int inter,
-                           const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted_slots,
-                           const float* __restrict__ weights, const int32_t* __restrict__ active,
-                           const int32_t* __restrict__ num_active, __half* __restrict__ ys) {
-  w4_gemv_body<false, false>(w, h, inter, 1, hidden, offsets, sorted_slots, weights, active, num_active, ys);
-}
+// Every instance is compiled in every build (NVRTC included, for the SM70 check).
+template __global__ void w4_gemv_gate_up_kernel<true>(W4Mat, const __half*, int64_t, const int32_t*, int, int, int,
+                                                      int, __half*, int32_t*);
+template __global__ void w4_gemv_gate_up_kernel<false>(W4Mat, const __half*, int64_t, const int32_t*, int, int, int,
+                                                       int, __half*, int32_t*);
+#define FN_W4_GEMV_DOWN(NV, TO)                                                                                   \
+  template __global__ void w4_gemv_down_kernel<NV, TO>(W4Mat, const __half*, const int32_t*, const float*, int, int, \
+                                                       int, int, int, __half*, int32_t*, const __half*,            \
+                                                       const float*, TO*, int64_t);
+FN_W4_GEMV_DOWN(true, __half)
+FN_W4_GEMV_DOWN(true, float)
+FN_W4_GEMV_DOWN(false, __half)
+FN_W4_GEMV_DOWN(false, float)
+#undef FN_W4_GEMV_DOWN
 
 // ---------------------------------------------------------------- tensor-core path (prefill)
 
@@ -395,84 +480,76 @@ __device__ __forceinline__ void w4_gemm_body(const W4Mat& w, const __half* __res
   }
 }
 
-// One kernel per (matrix, format): each holds one instance of the body and its shared memory.
+// One kernel per (matrix, format): each instance holds one body and its shared memory.
+template <bool GATE_UP, bool NVFP4>
 __global__ void __launch_bounds__(kThreads)
-    w4_gemm_gate_up_nvfp4_kernel(W4Mat w, const __half* __restrict__ u, int64_t ldu, int top_k, int inter,
-                              const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted_slots,
-                              const int32_t* __restrict__ tile_expert, const int32_t* __restrict__ tile_row,
-                              const int32_t* __restrict__ num_tiles, __half* __restrict__ h) {
-  w4_gemm_body<true, true>(w, u, ldu, top_k, inter, offsets, sorted_slots, nullptr, tile_expert, tile_row, num_tiles,
-                          h);
+    w4_gemm_kernel(W4Mat w, const __half* __restrict__ a_src, int64_t lda, int top_k, int n_out,
+                   const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted_slots,
+                   const float* __restrict__ weights, const int32_t* __restrict__ tile_expert,
+                   const int32_t* __restrict__ tile_row, const int32_t* __restrict__ num_tiles,
+                   __half* __restrict__ out) {
+  w4_gemm_body<GATE_UP, NVFP4>(w, a_src, lda, top_k, n_out, offsets, sorted_slots, weights, tile_expert, tile_row,
+                               num_tiles, out);
 }
 
-__global__ void __launch_bounds__(kThreads)
-    w4_gemm_down_nvfp4_kernel(W4Mat w, const __half* __restrict__ h, int hidden, int inter,
-                           const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted_slots,
-                           const float* __restrict__ weights, const int32_t* __restrict__ tile_expert,
-                           const int32_t* __restrict__ tile_row, const int32_t* __restrict__ num_tiles,
-                           __half* __restrict__ ys) {
-  w4_gemm_body<false, true>(w, h, inter, 1, hidden, offsets, sorted_slots, weights, tile_expert, tile_row, num_tiles,
-                           ys);
-}
-
-__global__ void __launch_bounds__(kThreads)
-    w4_gemm_gate_up_int4_kernel(W4Mat w, const __half* __restrict__ u, int64_t ldu, int top_k, int inter,
-                              const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted_slots,
-                              const int32_t* __restrict__ tile_expert, const int32_t* __restrict__ tile_row,
-                              const int32_t* __restrict__ num_tiles, __half* __restrict__ h) {
-  w4_gemm_body<true, false>(w, u, ldu, top_k, inter, offsets, sorted_slots, nullptr, tile_expert, tile_row, num_tiles,
-                          h);
-}
-
-__global__ void __launch_bounds__(kThreads)
-    w4_gemm_down_int4_kernel(W4Mat w, const __half* __restrict__ h, int hidden, int inter,
-                           const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted_slots,
-                           const float* __restrict__ weights, const int32_t* __restrict__ tile_expert,
-                           const int32_t* __restrict__ tile_row, const int32_t* __restrict__ num_tiles,
-                           __half* __restrict__ ys) {
-  w4_gemm_body<false, false>(w, h, inter, 1, hidden, offsets, sorted_slots, weights, tile_expert, tile_row, num_tiles,
-                           ys);
-}
+#define FN_W4_GEMM(GU, NV)                                                                                       \
+  template __global__ void w4_gemm_kernel<GU, NV>(W4Mat, const __half*, int64_t, int, int, const int32_t*,       \
+                                                  const int32_t*, const float*, const int32_t*, const int32_t*, \
+                                                  const int32_t*, __half*);
+FN_W4_GEMM(true, true)
+FN_W4_GEMM(true, false)
+FN_W4_GEMM(false, true)
+FN_W4_GEMM(false, false)
+#undef FN_W4_GEMM
 
 }  // namespace
 
 #ifndef __CUDACC_RTC__  // host launchers (NVRTC, used by the SM70 check, compiles device code only)
 cudaError_t launch_w4_align(const int32_t* ids, int slots, int experts, int32_t* offsets, int32_t* sorted_slots,
                             int32_t* slot_row, int32_t* tile_expert, int32_t* tile_row, int32_t* num_tiles,
-                            int32_t* active, int32_t* num_active, int32_t* status, cudaStream_t stream) {
-  w4_align_kernel<<<1, 1024, 0, stream>>>(ids, slots, experts, offsets, sorted_slots, slot_row, tile_expert, tile_row,
-                                          num_tiles, active, num_active, status);
+                            int32_t* status, cudaStream_t stream) {
+  w4_align_kernel<<<1, kMoeMaxExperts, 0, stream>>>(ids, slots, experts, offsets, sorted_slots, slot_row, tile_expert,
+                                                    tile_row, num_tiles, status);
   return cudaGetLastError();
 }
 
-cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const __half* u, int64_t ldu, int top_k, int inter,
-                                   const int32_t* offsets, const int32_t* sorted_slots, const int32_t* active,
-                                   const int32_t* num_active, int max_active, __half* h, cudaStream_t stream) {
-  if (max_active == 0) return cudaSuccess;
-  dim3 grid((inter + kGemvWarps - 1) / kGemvWarps, max_active);
-  (w.nvfp4 ? w4_gemv_gate_up_nvfp4_kernel : w4_gemv_gate_up_int4_kernel)<<<grid, kGemvWarps * 32, 0, stream>>>(
-      w, u, ldu, top_k, inter, offsets, sorted_slots, active, num_active, h);
+cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const __half* u, int64_t ldu, const int32_t* ids, int slots,
+                                   int top_k, int experts, int inter, __half* h, int32_t* status,
+                                   cudaStream_t stream) {
+  if (slots == 0) return cudaSuccess;
+  const dim3 grid(slots, w4_gemv_row_blocks(inter, w.cols, kW4GemvOutsGateUp));
+  (w.nvfp4 ? w4_gemv_gate_up_kernel<true> : w4_gemv_gate_up_kernel<false>)<<<grid, kW4GemvThreads, 0, stream>>>(
+      w, u, ldu, ids, top_k, experts, inter, w4_gemv_lanes(w.cols), h, status);
   return cudaGetLastError();
 }
 
-cudaError_t launch_w4_gemv_down(const W4Mat& w, const __half* h, int hidden, int inter, const int32_t* offsets,
-                                const int32_t* sorted_slots, const float* weights, const int32_t* active,
-                                const int32_t* num_active, int max_active, __half* ys, cudaStream_t stream) {
-  if (max_active == 0) return cudaSuccess;
-  dim3 grid((hidden + kGemvWarps - 1) / kGemvWarps, max_active);
-  (w.nvfp4 ? w4_gemv_down_nvfp4_kernel : w4_gemv_down_int4_kernel)<<<grid, kGemvWarps * 32, 0, stream>>>(
-      w, h, hidden, inter, offsets, sorted_slots, weights, active, num_active, ys);
+template <class TO>
+cudaError_t launch_w4_gemv_down(const W4Mat& w, const __half* h, const int32_t* ids, const float* weights, int tokens,
+                                int top_k, int experts, int hidden, int inter, __half* ys, int32_t* done,
+                                const __half* shared, const float* shared_gate, TO* out, int64_t ldo,
+                                cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  const dim3 grid(tokens * top_k, w4_gemv_row_blocks(hidden, inter, kW4GemvOutsDown));
+  (w.nvfp4 ? w4_gemv_down_kernel<true, TO> : w4_gemv_down_kernel<false, TO>)<<<grid, kW4GemvThreads, 0, stream>>>(
+      w, h, ids, weights, top_k, experts, hidden, inter, w4_gemv_lanes(inter), ys, done, shared, shared_gate, out,
+      ldo);
   return cudaGetLastError();
 }
+template cudaError_t launch_w4_gemv_down<__half>(const W4Mat&, const __half*, const int32_t*, const float*, int, int,
+                                                 int, int, int, __half*, int32_t*, const __half*, const float*,
+                                                 __half*, int64_t, cudaStream_t);
+template cudaError_t launch_w4_gemv_down<float>(const W4Mat&, const __half*, const int32_t*, const float*, int, int,
+                                                int, int, int, __half*, int32_t*, const __half*, const float*, float*,
+                                                int64_t, cudaStream_t);
 
 cudaError_t launch_w4_gemm_gate_up(const W4Mat& w, const __half* u, int64_t ldu, int top_k, int inter,
                                    const int32_t* offsets, const int32_t* sorted_slots, const int32_t* tile_expert,
                                    const int32_t* tile_row, const int32_t* num_tiles, int max_tiles, __half* h,
                                    cudaStream_t stream) {
   if (max_tiles == 0) return cudaSuccess;
-  dim3 grid((inter + kBN - 1) / kBN, max_tiles);
-  (w.nvfp4 ? w4_gemm_gate_up_nvfp4_kernel : w4_gemm_gate_up_int4_kernel)<<<grid, kThreads, 0, stream>>>(
-      w, u, ldu, top_k, inter, offsets, sorted_slots, tile_expert, tile_row, num_tiles, h);
+  const dim3 grid((inter + kBN - 1) / kBN, max_tiles);
+  (w.nvfp4 ? w4_gemm_kernel<true, true> : w4_gemm_kernel<true, false>)<<<grid, kThreads, 0, stream>>>(
+      w, u, ldu, top_k, inter, offsets, sorted_slots, nullptr, tile_expert, tile_row, num_tiles, h);
   return cudaGetLastError();
 }
 
@@ -481,9 +558,9 @@ cudaError_t launch_w4_gemm_down(const W4Mat& w, const __half* h, int hidden, int
                                 const int32_t* tile_row, const int32_t* num_tiles, int max_tiles, __half* ys,
                                 cudaStream_t stream) {
   if (max_tiles == 0) return cudaSuccess;
-  dim3 grid((hidden + kBN - 1) / kBN, max_tiles);
-  (w.nvfp4 ? w4_gemm_down_nvfp4_kernel : w4_gemm_down_int4_kernel)<<<grid, kThreads, 0, stream>>>(
-      w, h, hidden, inter, offsets, sorted_slots, weights, tile_expert, tile_row, num_tiles, ys);
+  const dim3 grid((hidden + kBN - 1) / kBN, max_tiles);
+  (w.nvfp4 ? w4_gemm_kernel<false, true> : w4_gemm_kernel<false, false>)<<<grid, kThreads, 0, stream>>>(
+      w, h, inter, 1, hidden, offsets, sorted_slots, weights, tile_expert, tile_row, num_tiles, ys);
   return cudaGetLastError();
 }
 #endif

@@ -12,7 +12,10 @@ namespace flashnext::cuda::detail {
 
 constexpr int kW4TileM = 64;        // token slots per GEMM tile (prefill path)
 constexpr int kW4WordsAlign = 4;    // code words per row are padded to a multiple of this (16 bytes, 32 inputs)
-constexpr int kW4GemvTokens = 8;    // tokens per register chunk of the GEMV path
+constexpr int kW4GemvThreads = 256; // threads per GEMV block
+constexpr int kW4GemvOutsGateUp = 1;  // output columns per GEMV lane group, gate/up (a gate and an up row each)
+constexpr int kW4GemvOutsDown = 2;    // output columns per GEMV lane group, down
+constexpr int kW4GemvChunks = 3;    // 16-byte code chunks per lane and row loaded ahead of the arithmetic
 
 /// One repacked W4 matrix stack on the device (layout: moe_w4a16.h, W4Packed).
 struct W4Mat {
@@ -25,21 +28,41 @@ struct W4Mat {
 };
 
 #ifndef __CUDACC_RTC__  // host launchers
-/// Groups token slots by expert (one block; experts <= kMoeMaxExperts): offsets [E+1], sorted_slots / slot_row
-/// [slots], GEMM tiles of kW4TileM rows (tile_expert / tile_row, count in *num_tiles), the experts with at least one
-/// slot (active, count in *num_active). Ids outside [0, E) get slot_row -1 and set *status.
+/// Lanes that share one output row in the GEMV kernels for rows of `cols` inputs: the fewest of 4, 8, 16, 32 that
+/// leave each lane at most kW4GemvChunks code chunks of 32 inputs (32 when none does; the lanes then loop).
+constexpr int w4_gemv_lanes(int cols) {
+  const int chunks = (cols + 31) / 32;
+  int lanes = 4;
+  while (lanes < 32 && (chunks + lanes - 1) / lanes > kW4GemvChunks) lanes *= 2;
+  return lanes;
+}
+/// GEMV blocks over `rows` output columns of `cols` inputs, `outs` columns per lane group (the grid's y extent).
+constexpr int w4_gemv_row_blocks(int rows, int cols, int outs) {
+  const int per_block = outs * (kW4GemvThreads / w4_gemv_lanes(cols));
+  return (rows + per_block - 1) / per_block;
+}
+
+/// Groups token slots by expert for the GEMM path (one block, parallel scan; experts <= kMoeMaxExperts): offsets
+/// [E+1], sorted_slots / slot_row [slots], GEMM tiles of kW4TileM rows (tile_expert / tile_row, count in
+/// *num_tiles). Ids outside [0, E) get slot_row -1 and set *status.
 cudaError_t launch_w4_align(const int32_t* ids, int slots, int experts, int32_t* offsets, int32_t* sorted_slots,
                             int32_t* slot_row, int32_t* tile_expert, int32_t* tile_row, int32_t* num_tiles,
-                            int32_t* active, int32_t* num_active, int32_t* status, cudaStream_t stream);
-/// GEMV path, gate/up: h[r, n] = fp16(silu(g) * u) for every sorted slot r of the active experts.
-cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const __half* u, int64_t ldu, int top_k, int inter,
-                                   const int32_t* offsets, const int32_t* sorted_slots, const int32_t* active,
-                                   const int32_t* num_active, int max_active, __half* h, cudaStream_t stream);
-/// GEMV path, down: ys[r, n] = fp16(weight(slot r) * down(h[r])).
-cudaError_t launch_w4_gemv_down(const W4Mat& w, const __half* h, int hidden, int inter, const int32_t* offsets,
-                                const int32_t* sorted_slots, const float* weights, const int32_t* active,
-                                const int32_t* num_active, int max_active, __half* ys, cudaStream_t stream);
-/// Tensor-core path (WMMA m16n16k16, FP32 accumulation), same outputs as the GEMV launchers.
+                            int32_t* status, cudaStream_t stream);
+/// GEMV path (decode), gate/up, one slot per block column: h[s, n] = fp16(silu(g) * u) of expert ids[s] on token
+/// s / top_k, for every slot s < slots. Ids outside [0, E) are skipped and set *status.
+cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const __half* u, int64_t ldu, const int32_t* ids, int slots,
+                                   int top_k, int experts, int inter, __half* h, int32_t* status, cudaStream_t stream);
+/// GEMV path, down and combine in one kernel: ys[s, n] = fp16(weights[s] * down_{ids[s]}(h[s])); the last block of
+/// each (token, row block) to finish (counted in done [tokens, w4_gemv_row_blocks(H, I, kW4GemvOutsDown)], zero
+/// before and after) writes out[t, n] = the FP32 sum of the token's valid slots in slot order
+/// (+ sigmoid(shared_gate[t]) * shared[t, n]), as launch_moe_combine. TO: __half or float.
+template <class TO>
+cudaError_t launch_w4_gemv_down(const W4Mat& w, const __half* h, const int32_t* ids, const float* weights, int tokens,
+                                int top_k, int experts, int hidden, int inter, __half* ys, int32_t* done,
+                                const __half* shared, const float* shared_gate, TO* out, int64_t ldo,
+                                cudaStream_t stream);
+/// Tensor-core path (WMMA m16n16k16, FP32 accumulation) over the sorted rows of launch_w4_align: h[r, n] and
+/// ys[r, n] for every sorted row r (combined afterwards by launch_moe_combine).
 cudaError_t launch_w4_gemm_gate_up(const W4Mat& w, const __half* u, int64_t ldu, int top_k, int inter,
                                    const int32_t* offsets, const int32_t* sorted_slots, const int32_t* tile_expert,
                                    const int32_t* tile_row, const int32_t* num_tiles, int max_tiles, __half* h,
