@@ -353,9 +353,15 @@ class Ops {
                                     const Tensor& gate);
   /// qsa_indexer_select per sequence over its paged raw index keys: index_key_pool [num_blocks*block_size, Di]
   /// (the step's keys already written); selected [T, budget + block - 1] I32 receives logical positions.
-  virtual void qsa_indexer_select_batch(const Tensor& qi, const Tensor& index_key_pool, const Tensor& q_layernorm,
-                                        const Tensor& k_layernorm, double eps, const RopeParams& rope, int64_t budget,
-                                        int64_t block, const StepBatch& batch, const Tensor& selected);
+  /// pooled_key_pool [num_blocks*block_size/block, Di] is a cache the op may keep of the pooled block keys (the
+  /// reference recomputes them for every query): a backend that uses it writes the pooled key of every indexer block
+  /// that a token of the step completes (row block_tables[s, j*block / block_size] * (block_size / block) +
+  /// (j*block % block_size) / block for block j) and reads earlier ones from it; block_size must be a multiple of
+  /// `block`. The default recomputes the keys per sequence and leaves the cache alone.
+  virtual void qsa_indexer_select_batch(const Tensor& qi, const Tensor& index_key_pool, const Tensor& pooled_key_pool,
+                                        const Tensor& q_layernorm, const Tensor& k_layernorm, double eps,
+                                        const RopeParams& rope, int64_t budget, int64_t block, const StepBatch& batch,
+                                        const Tensor& selected);
   /// sparse_attention per sequence over its paged K/V: k_pool, v_pool [num_blocks*block_size, nkv, D]; selected
   /// holds logical positions of the token's own sequence.
   virtual void sparse_attention_batch(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,

@@ -111,8 +111,8 @@ void Ops::gdn_conv_batch(const Tensor& qkv, const Tensor& weight, const Tensor& 
     gdn_conv(seq_rows(qkv, b, s), weight, slot_view(state_pool, b.slot_ids[size_t(s)], "gdn_conv_batch"));
 }
 
-void Ops::gdn_rule_batch(const Tensor& qkv, const Tensor& a, const Tensor& bb, const GdnWeights& w,
-                         const GdnDims& dims, const Tensor& state_pool, const StepBatch& b, const Tensor& o) {
+void Ops::gdn_rule_batch(const Tensor& qkv, const Tensor& a, const Tensor& bb, const GdnWeights& w, const GdnDims& dims,
+                         const Tensor& state_pool, const StepBatch& b, const Tensor& o) {
   check_rows(qkv, b, "gdn_rule_batch", "qkv");
   for (int64_t s = 0; s < b.num_seqs; ++s) {
     const Tensor state = slot_view(state_pool, b.slot_ids[size_t(s)], "gdn_rule_batch");
@@ -142,9 +142,11 @@ void Ops::qsa_prepare_qk_batch(const Tensor& qg, const Tensor& k, const Tensor& 
                    seq_rows(q, b, s), seq_rows(gate, b, s));
 }
 
-void Ops::qsa_indexer_select_batch(const Tensor& qi, const Tensor& index_key_pool, const Tensor& q_layernorm,
-                                   const Tensor& k_layernorm, double eps, const RopeParams& rope, int64_t budget,
-                                   int64_t block, const StepBatch& b, const Tensor& selected) {
+void Ops::qsa_indexer_select_batch(const Tensor& qi, const Tensor& index_key_pool, const Tensor& pooled_key_pool,
+                                   const Tensor& q_layernorm, const Tensor& k_layernorm, double eps,
+                                   const RopeParams& rope, int64_t budget, int64_t block, const StepBatch& b,
+                                   const Tensor& selected) {
+  (void)pooled_key_pool;  // the per-sequence op recomputes the block keys
   check_rows(qi, b, "qsa_indexer_select_batch", "index queries");
   for (int64_t s = 0; s < b.num_seqs; ++s) {
     const int64_t pos0 = b.pos0[size_t(s)], end = pos0 + b.rows_of(s);

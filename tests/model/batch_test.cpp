@@ -99,6 +99,13 @@ TEST(BatchedSteps, BadBatchesAreRejectedAndLeaveSequencesUnchanged) {
   EXPECT_THROW(model.forward_batch(std::vector<BatchItem>{{&a, ids}, {&p, ids}}), Error);
   // A slot outside the pool.
   EXPECT_THROW(model.new_sequence(cache, 2), Error);
+  // A KV block size that is not a multiple of the indexer block (indexer_compress_ratio 4).
+  try {
+    model.new_cache(8, 6, 1);
+    ADD_FAILURE() << "a block size of 6 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("indexer_compress_ratio = 4"), std::string::npos) << e.what();
+  }
   EXPECT_EQ(a.length, 0);
   EXPECT_EQ(b.length, 0);
   // After all that, a valid batch still runs.

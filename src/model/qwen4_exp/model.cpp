@@ -27,16 +27,17 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
 }
 
 namespace {
-/// Positions per KV block of a private cache (Model::new_sequence()); it grows by whole blocks.
-constexpr int64_t kPrivateBlockSize = 64;
+/// Positions per KV block of a private cache (Model::new_sequence()), in indexer blocks; it grows by whole blocks.
+constexpr int64_t kPrivateBlockIndexerBlocks = 16;
 }  // namespace
 
 std::shared_ptr<CachePool> Model::allocate_cache(int64_t num_blocks, int64_t block_size, int64_t num_slots,
                                                  bool zero_kv) const {
-  FN_CHECK(num_blocks >= 0 && block_size >= 1 && num_slots >= 1,
-           "cache pool: {} blocks of {} positions and {} slots (need block size >= 1, slots >= 1)", num_blocks,
-           block_size, num_slots);
   const ModelConfig& c = config_;
+  FN_CHECK(num_blocks >= 0 && block_size >= 1 && num_slots >= 1 && block_size % c.indexer_compress_ratio == 0,
+           "cache pool: {} blocks of {} positions and {} slots (need slots >= 1 and a block size that is a multiple "
+           "of the indexer block, indexer_compress_ratio = {})",
+           num_blocks, block_size, num_slots, c.indexer_compress_ratio);
   auto pool = std::make_shared<CachePool>();
   pool->block_size = block_size;
   pool->num_blocks = num_blocks;
@@ -53,6 +54,7 @@ std::shared_ptr<CachePool> Model::allocate_cache(int64_t num_blocks, int64_t blo
       lc.k = kv({rows, c.num_key_value_heads, c.head_dim});
       lc.v = kv({rows, c.num_key_value_heads, c.head_dim});
       lc.index_keys = kv({rows, c.indexer_head_dim});
+      lc.pooled_keys = kv({rows / c.indexer_compress_ratio, c.indexer_head_dim});
     }
     if (c.ple_index_of_layer(l) >= 0) lc.ple_conv = ops_->zeros({num_slots, c.ple_conv_state_len(), c.hc_width()});
   }
@@ -84,7 +86,8 @@ SequenceState Model::new_sequence(std::shared_ptr<CachePool> cache, int32_t slot
 }
 
 SequenceState Model::new_sequence() const {
-  SequenceState s = new_sequence(allocate_cache(0, kPrivateBlockSize, 1, false), 0);
+  SequenceState s =
+      new_sequence(allocate_cache(0, kPrivateBlockIndexerBlocks * config_.indexer_compress_ratio, 1, false), 0);
   s.private_cache = true;
   return s;
 }
@@ -104,6 +107,7 @@ void Model::reserve_private(SequenceState& seq, int64_t length) const {
       ops_->copy_rows(o.k, 0, n.k, 0, keep);
       ops_->copy_rows(o.v, 0, n.v, 0, keep);
       ops_->copy_rows(o.index_keys, 0, n.index_keys, 0, keep);
+      ops_->copy_rows(o.pooled_keys, 0, n.pooled_keys, 0, keep / config_.indexer_compress_ratio);
     }
     n.conv = o.conv;
     n.recurrent = o.recurrent;
@@ -122,6 +126,12 @@ SequenceState Model::clone_sequence(const SequenceState& seq) const {
   for (int64_t p = 0; p < seq.length; ++p)
     rows[size_t(p)] = int32_t(seq.block_table[size_t(p / from.block_size)] * from.block_size + p % from.block_size);
   const Tensor rows_d = ops_->upload(rows.data(), DType::I32, {seq.length});
+  // Pooled key rows of the complete indexer blocks (the private copy's table is the identity: block j in row j).
+  const int64_t c = config_.indexer_compress_ratio, nb = seq.length / c;
+  std::vector<int32_t> pooled(static_cast<size_t>(nb));
+  for (int64_t j = 0; j < nb; ++j)
+    pooled[size_t(j)] = int32_t(rows[size_t(j * c)] / c);  // block_size % c == 0: row / c is the pooled row
+  const Tensor pooled_d = ops_->upload(pooled.data(), DType::I32, {nb});
   for (size_t l = 0; l < from.layers.size(); ++l) {
     const LayerCache& o = from.layers[l];
     LayerCache& n = s.cache->layers[l];
@@ -129,6 +139,7 @@ SequenceState Model::clone_sequence(const SequenceState& seq) const {
       ops_->gather_rows(o.k, rows_d, n.k.rows(0, seq.length));
       ops_->gather_rows(o.v, rows_d, n.v.rows(0, seq.length));
       ops_->gather_rows(o.index_keys, rows_d, n.index_keys.rows(0, seq.length));
+      if (nb > 0) ops_->gather_rows(o.pooled_keys, pooled_d, n.pooled_keys.rows(0, nb));
     }
     for (auto [src, dst] : {std::pair{&o.conv, &n.conv}, {&o.recurrent, &n.recurrent}, {&o.ple_conv, &n.ple_conv}})
       if (src->defined()) ops_->copy_rows(*src, seq.slot, *dst, 0, 1);

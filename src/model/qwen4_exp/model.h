@@ -13,8 +13,9 @@
 //
 // Batched steps (the serving engine): sequences of one shared CachePool (new_cache + new_sequence(cache, slot), their
 // block tables set by the caller) are fed together with forward_batch: prefill chunks and decode tokens of different
-// sequences in one step; every token-wise computation (projections, MoE, norms) runs once over all rows. The math is the reference's (transformers `models/qwen4_exp`, docs MODEL.md); every computation goes
-// through the ops interface (ops/ops.h), so the same model code runs on every backend.
+// sequences in one step; every token-wise computation (projections, MoE, norms) runs once over all rows. The math is
+// the reference's (transformers `models/qwen4_exp`, docs MODEL.md); every computation goes through the ops interface
+// (ops/ops.h), so the same model code runs on every backend.
 #pragma once
 
 #include <cstdint>

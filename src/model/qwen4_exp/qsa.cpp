@@ -27,8 +27,8 @@ Tensor qsa_attention(Ops& ops, const ModelConfig& cfg, const QsaLayerWeights& w,
   ops.scatter_rows(ki, batch.slot_mapping, cache.index_keys);
   // Token selection: top blocks by indexer score plus the incomplete tail block.
   Tensor selected = ops.empty({T, cfg.indexer_budget + c - 1}, DType::I32);
-  ops.qsa_indexer_select_batch(qi, cache.index_keys, w.index_q_norm, w.index_k_norm, cfg.rms_norm_eps, rope,
-                               cfg.indexer_budget, c, batch, selected);
+  ops.qsa_indexer_select_batch(qi, cache.index_keys, cache.pooled_keys, w.index_q_norm, w.index_k_norm,
+                               cfg.rms_norm_eps, rope, cfg.indexer_budget, c, batch, selected);
   // Softmax attention over the selected tokens only, gated by sigmoid(gate); then o_proj.
   Tensor o = ops.empty({T, nh, D});
   ops.sparse_attention_batch(q.view({T, nh, D}), cache.k, cache.v, selected, gate.view({T, nh, D}),

@@ -3,6 +3,8 @@
 // Memory is paged, as in vLLM: a CachePool holds, per layer,
 //   QSA layer:  k, v [num_blocks*block_size, nkv, D] (K after k_norm + RoPE) and index_keys
 //               [num_blocks*block_size, Di] (raw indexer keys, no norm, no RoPE): KV blocks of block_size positions;
+//               pooled_keys [num_blocks*block_size/c, Di]: the indexer's pooled key of each complete block of c
+//               positions (c = indexer_compress_ratio, a divisor of block_size), kept by backends that cache them;
 //   GDN layer:  conv [num_slots, K-1, conv_dim] (last K-1 conv inputs, oldest first), recurrent
 //               [num_slots, nv, dk, dv] F32: one state slot per sequence;
 //   PLE layer:  ple_conv [num_slots, (kernel-1)*ngram_size, S*H] (last normed conv inputs, oldest first).
@@ -22,9 +24,9 @@ namespace flashnext {
 
 /// The cache tensors of one decoder layer (only those of its kind are defined).
 struct LayerCache {
-  Tensor k, v, index_keys;  ///< QSA
-  Tensor conv, recurrent;   ///< Gated DeltaNet
-  Tensor ple_conv;          ///< PLE (layers listed in ple_layer_ids)
+  Tensor k, v, index_keys, pooled_keys;  ///< QSA
+  Tensor conv, recurrent;                ///< Gated DeltaNet
+  Tensor ple_conv;                       ///< PLE (layers listed in ple_layer_ids)
 };
 
 /// KV blocks and state slots shared by a set of sequences.

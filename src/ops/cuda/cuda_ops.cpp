@@ -640,6 +640,101 @@ class CudaOps final : public Ops {
     }
   }
 
+  /// The indexer over the whole step at once, on the paged keys: pooled keys cached per complete block (written by
+  /// the token that completes the block), scores from the cache, the torch-exact top-k on the host only for the
+  /// queries that have more complete blocks than the budget (one download per chunk of rows, none in a step
+  /// without such queries).
+  void qsa_indexer_select_batch(const Tensor& qi, const Tensor& index_key_pool, const Tensor& pooled_key_pool,
+                                const Tensor& q_layernorm, const Tensor& k_layernorm, double eps,
+                                const RopeParams& rope, int64_t budget, int64_t block, const StepBatch& batch,
+                                const Tensor& selected) override {
+    const char* op = "qsa_indexer_select_batch";
+    check(qi, DType::F32, 2, op, "index queries");
+    check(index_key_pool, DType::F32, 2, op, "index key pool");
+    check(pooled_key_pool, DType::F32, 2, op, "pooled key pool");
+    check(q_layernorm, DType::F16, 1, op, "q_layernorm");
+    check(k_layernorm, DType::F16, 1, op, "k_layernorm");
+    check(selected, DType::I32, 2, op, "selected");
+    const int64_t T = qi.dim(0), Di = index_key_pool.dim(1), R = index_key_pool.dim(0), page = batch.block_size;
+    FN_CHECK(block > 0 && budget > 0 && budget % block == 0, "{}: budget {} must be a positive multiple of block {}",
+             op, budget, block);
+    FN_CHECK(T == batch.num_tokens && Di > 0 && qi.dim(1) % Di == 0 && q_layernorm.dim(0) == Di &&
+                 k_layernorm.dim(0) == Di && selected.dim(0) == T && selected.dim(1) == budget + block - 1 &&
+                 page % block == 0 && R % page == 0 && pooled_key_pool.dim(0) == R / block &&
+                 pooled_key_pool.dim(1) == Di,
+             "{}: index queries {}, key pool {}, pooled pool {}, selected {} do not fit a step of {} tokens (blocks of "
+             "{} positions, indexer block {}, budget {})",
+             op, qi.str(), index_key_pool.str(), pooled_key_pool.str(), selected.str(), batch.num_tokens, page, block,
+             budget);
+    FN_CHECK(rope.rotary_dim > 0 && rope.rotary_dim % 2 == 0 && rope.rotary_dim <= Di,
+             "{}: rotary_dim {} invalid for indexer_head_dim {}", op, rope.rotary_dim, Di);
+    const int64_t ni = qi.dim(1) / Di;
+    FN_CHECK(Di <= 256 && ni * Di <= 2048,
+             "{}: {} indexer heads of {} exceed the kernels' limits (dim <= 256, heads*dim <= 2048)", op, ni, Di);
+    if (T == 0) return;
+    const int t = to_int(T, op, "tokens");
+    to_int(batch.max_context, op, "positions");
+    const detail::QsaPagedIndex pi{dp<int32_t>(batch.token_seq),    dp<int32_t>(batch.positions),
+                                   dp<int32_t>(batch.block_tables), batch.max_blocks,
+                                   to_int(page, op, "block size"),  int(block)};
+    // Queries: RoPE(ZC-RMSNorm(qi_h; q_layernorm), p); pooled keys of the blocks this step completes.
+    Tensor qn = alloc(qi.shape(), DType::F32, "indexer queries");
+    FN_CUDA_CHECK(detail::launch_head_norm_rope(dp<const float>(qi), ni * Di, Di, dp<float>(qn), ni * Di, Di,
+                                                dp<__half>(q_layernorm), dp<int32_t>(batch.positions), t, int(ni),
+                                                int(Di), int(rope.rotary_dim), float(rope.theta), float(eps), stream()),
+                  "qsa_indexer_select_batch queries");
+    FN_CUDA_CHECK(detail::launch_qsa_pool_blocks_paged_f32(
+                      pi, dp<const float>(index_key_pool), t, int(Di), dp<__half>(k_layernorm), int(rope.rotary_dim),
+                      float(rope.theta), float(eps), dp<float>(pooled_key_pool), stream()),
+                  "qsa_indexer_select_batch pooled keys");
+    const int64_t max_blocks = budget / block, width = selected.dim(1);
+    // Queries with at most max_blocks complete blocks take them all; does any query need a top-k?
+    const int64_t first_topk_position = (max_blocks + 1) * block - 1;
+    bool any_topk = false;
+    for (int64_t q = 0; q < batch.num_seqs; ++q)
+      any_topk = any_topk || batch.pos0[size_t(q)] + batch.rows_of(q) - 1 >= first_topk_position;
+    if (!any_topk) {
+      FN_CUDA_CHECK(detail::launch_qsa_expand_selection_paged(pi, nullptr, int(max_blocks), 0, t, dp<int32_t>(selected),
+                                                              width, stream()),
+                    "qsa_indexer_select_batch expand");
+      return;
+    }
+    // Scores on the GPU, torch.topk's choice on the host (its tie behaviour decides among the equal zero scores that
+    // relu produces) for the rows that need it, expansion on the GPU. Rows in chunks of bounded score memory.
+    const int64_t ld = std::max<int64_t>(batch.max_context / block, 1);
+    const int64_t rows_per_chunk = std::max<int64_t>(1, (int64_t(1) << 24) / ld);
+    std::vector<int64_t> position(static_cast<size_t>(T));
+    for (int64_t q = 0; q < batch.num_seqs; ++q)
+      for (int64_t i = 0; i < batch.rows_of(q); ++i)
+        position[size_t(batch.cu_seqlens[size_t(q)] + i)] = batch.pos0[size_t(q)] + i;
+    std::vector<float> scores;
+    std::vector<int32_t> top;
+    std::vector<int64_t> picked(static_cast<size_t>(max_blocks));
+    std::vector<std::pair<float, int64_t>> queue;
+    for (int64_t t0 = 0; t0 < T; t0 += rows_per_chunk) {
+      const int64_t t1 = std::min(T, t0 + rows_per_chunk), n = t1 - t0;
+      Tensor sc = alloc({n, ld}, DType::F32, "indexer scores");
+      FN_CUDA_CHECK(detail::launch_qsa_block_scores_paged_f32(pi, dp<const float>(qn), int(ni), int(Di),
+                                                              dp<const float>(pooled_key_pool), int(t0), int(t1),
+                                                              dp<float>(sc), ld, stream()),
+                    "qsa_indexer_select_batch scores");
+      scores.resize(size_t(n * ld));
+      FN_CUDA_CHECK(cudaMemcpyAsync(scores.data(), sc.data(), sc.nbytes(), cudaMemcpyDeviceToHost, stream()), op);
+      synchronize(op);
+      top.assign(size_t(n * max_blocks), 0);
+      for (int64_t i = t0; i < t1; ++i) {
+        const int64_t nb = (position[size_t(i)] + 1) / block;
+        if (nb <= max_blocks) continue;  // takes every block; its row of `top` is not read
+        cpu::torch_topk(&scores[size_t((i - t0) * ld)], nb, max_blocks, queue, picked.data());
+        for (int64_t k = 0; k < max_blocks; ++k) top[size_t((i - t0) * max_blocks + k)] = int32_t(picked[size_t(k)]);
+      }
+      Tensor top_d = upload(top.data(), DType::I32, {n, max_blocks});
+      FN_CUDA_CHECK(detail::launch_qsa_expand_selection_paged(pi, dp<int32_t>(top_d), int(max_blocks), int(t0), int(t1),
+                                                              dp<int32_t>(selected), width, stream()),
+                    "qsa_indexer_select_batch expand");
+    }
+  }
+
   void sparse_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& selected,
                         const Tensor& gate, double scale, const Tensor& out) override {
     const char* op = "sparse_attention";

@@ -164,18 +164,60 @@ __global__ void ple_conv_add_f32_kernel(const float* __restrict__ p, const float
   }
 }
 
-// One warp per block j: RoPE(ZC-RMSNorm(mean of the block's raw keys; k_norm), position block*j), FP32.
-__global__ void qsa_block_keys_f32_kernel(const float* __restrict__ keys, int blocks, int dim, int block,
+// Where the indexer's keys of a batch live (the kernels below are written once over a layout):
+//   ContiguousIndex: one sequence, query t at position pos0 + t, raw key of position p in row p, block key j in
+//                    row j; the block-keys kernel's items are the blocks j;
+//   PagedIndex:      query t of sequence tok_seq[t] at positions[t], rows through that sequence's block table
+//                    (`page` positions per KV block, page % block == 0); the block-keys kernel's items are the
+//                    tokens, each writing the block it completes (if any).
+struct ContiguousIndex {
+  int64_t pos0;
+  __device__ int64_t position(int t) const { return pos0 + t; }
+  __device__ bool completed_block(int item, int64_t* j) const {
+    *j = item;
+    return true;
+  }
+  __device__ int64_t key_row(int, int64_t p) const { return p; }
+  __device__ int64_t block_row(int, int64_t j) const { return j; }
+};
+
+struct PagedIndex {
+  const int32_t* tok_seq;
+  const int32_t* positions;
+  const int32_t* tables;
+  int64_t ld;  // block-table row stride
+  int page;    // positions per KV block
+  int block;   // indexer block (compress ratio)
+  __device__ int64_t position(int t) const { return positions[t]; }
+  __device__ bool completed_block(int t, int64_t* j) const {
+    const int64_t p = positions[t];
+    *j = p / block;
+    return (p + 1) % block == 0;
+  }
+  __device__ int64_t key_row(int t, int64_t p) const {
+    return int64_t(tables[int64_t(tok_seq[t]) * ld + p / page]) * page + p % page;
+  }
+  __device__ int64_t block_row(int t, int64_t j) const {
+    const int64_t p = j * block;
+    return int64_t(tables[int64_t(tok_seq[t]) * ld + p / page]) * (page / block) + (p % page) / block;
+  }
+};
+
+// One warp per item (see the layouts): block key j = RoPE(ZC-RMSNorm(mean of the block's raw keys; k_norm),
+// position block*j), FP32.
+template <class Layout>
+__global__ void qsa_block_keys_f32_kernel(Layout lay, const float* __restrict__ keys, int items, int dim, int block,
                                           const __half* __restrict__ w, int rotary_dims, float theta, float eps,
                                           float* __restrict__ bkeys) {
   __shared__ float buf[kWarps][kMaxIndexDim];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int j = blockIdx.x * kWarps + warp;
-  if (j >= blocks) return;
+  const int item = blockIdx.x * kWarps + warp;
+  int64_t j = 0;
+  if (item >= items || !lay.completed_block(item, &j)) return;
   float ss = 0.f;
   for (int d = lane; d < dim; d += 32) {
     float m = 0.f;
-    for (int r = 0; r < block; ++r) m += keys[(int64_t(j) * block + r) * dim + d];
+    for (int r = 0; r < block; ++r) m += keys[lay.key_row(item, j * block + r) * dim + d];
     m /= float(block);
     buf[warp][d] = m;
     ss += m * m;
@@ -185,33 +227,35 @@ __global__ void qsa_block_keys_f32_kernel(const float* __restrict__ keys, int bl
   for (int d = lane; d < dim; d += 32) buf[warp][d] = (buf[warp][d] * rs) * (1.f + to_f(w[d]));
   __syncwarp();
   const int half_r = rotary_dims / 2;
+  float* out = bkeys + lay.block_row(item, j) * dim;
   for (int d = lane; d < dim; d += 32) {
     float val = buf[warp][d];
     if (d < rotary_dims) {
       const int i = d < half_r ? d : d - half_r;
       float c, s;
-      rope_cos_sin(i, rotary_dims, theta, int64_t(j) * block, &c, &s);
+      rope_cos_sin(i, rotary_dims, theta, j * block, &c, &s);
       val = d < half_r ? buf[warp][d] * c - buf[warp][d + half_r] * s : buf[warp][d] * c + buf[warp][d - half_r] * s;
     }
-    bkeys[int64_t(j) * dim + d] = val;
+    out[d] = val;
   }
 }
 
 // One block per query token; a warp per block key.
-__global__ void qsa_block_scores_f32_kernel(const float* __restrict__ qn, int heads, int dim,
-                                            const float* __restrict__ bkeys, int64_t pos0, int block, int t0,
+template <class Layout>
+__global__ void qsa_block_scores_f32_kernel(Layout lay, const float* __restrict__ qn, int heads, int dim,
+                                            const float* __restrict__ bkeys, int block, int t0,
                                             float* __restrict__ scores, int64_t ld) {
   __shared__ float qs[kMaxIndexQuery];
   const int t = t0 + blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t nb = (pos0 + t + 1) / block;
+  const int64_t nb = (lay.position(t) + 1) / block;
   const int width = heads * dim;
   for (int e = threadIdx.x; e < width; e += kThreads) qs[e] = qn[int64_t(t) * width + e];
   __syncthreads();
   const float sqrt_d = sqrtf(float(dim));
   float* out = scores + int64_t(blockIdx.x) * ld;
   for (int64_t j = warp; j < nb; j += kWarps) {
-    const float* kr = bkeys + j * dim;
+    const float* kr = bkeys + lay.block_row(t, j) * dim;
     float acc = 0.f;
     for (int h = 0; h < heads; ++h) {
       float dot = 0.f;
@@ -223,10 +267,11 @@ __global__ void qsa_block_scores_f32_kernel(const float* __restrict__ qn, int he
 }
 
 // One block per query token: writes its row of selected positions (see launch_qsa_expand_selection).
-__global__ void qsa_expand_selection_kernel(const int32_t* __restrict__ top, int64_t pos0, int block, int top_blocks,
+template <class Layout>
+__global__ void qsa_expand_selection_kernel(Layout lay, const int32_t* __restrict__ top, int block, int top_blocks,
                                             int t0, int32_t* __restrict__ selected, int64_t width) {
   const int t = t0 + blockIdx.x;
-  const int64_t p = pos0 + t, nb = (p + 1) / block;
+  const int64_t p = lay.position(t), nb = (p + 1) / block;
   const int64_t k = nb < top_blocks ? nb : top_blocks;
   int32_t* row = selected + int64_t(t) * width;
   int64_t used;
@@ -243,6 +288,20 @@ __global__ void qsa_expand_selection_kernel(const int32_t* __restrict__ top, int
   }
   for (int64_t i = used + threadIdx.x; i < width; i += kThreads) row[i] = -1;
 }
+
+// The templates as sm_70 kernels for the NVRTC check (scripts/check-sm70.sh compiles device code only).
+template __global__ void qsa_block_keys_f32_kernel<ContiguousIndex>(ContiguousIndex, const float*, int, int, int,
+                                                                    const __half*, int, float, float, float*);
+template __global__ void qsa_block_keys_f32_kernel<PagedIndex>(PagedIndex, const float*, int, int, int, const __half*,
+                                                               int, float, float, float*);
+template __global__ void qsa_block_scores_f32_kernel<ContiguousIndex>(ContiguousIndex, const float*, int, int,
+                                                                      const float*, int, int, float*, int64_t);
+template __global__ void qsa_block_scores_f32_kernel<PagedIndex>(PagedIndex, const float*, int, int, const float*, int,
+                                                                 int, float*, int64_t);
+template __global__ void qsa_expand_selection_kernel<ContiguousIndex>(ContiguousIndex, const int32_t*, int, int, int,
+                                                                      int32_t*, int64_t);
+template __global__ void qsa_expand_selection_kernel<PagedIndex>(PagedIndex, const int32_t*, int, int, int, int32_t*,
+                                                                 int64_t);
 
 // One warp per row: stream compaction of the non-negative entries with a ballot per 32 entries.
 __global__ void compact_selection_kernel(const int32_t* __restrict__ selected, int tokens, int n_sel, int64_t rows,
@@ -520,8 +579,8 @@ cudaError_t launch_qsa_block_keys_f32(const float* keys, int blocks, int dim, in
                                       int rotary_dims, float theta, float eps, float* bkeys, cudaStream_t stream) {
   if (blocks == 0) return cudaSuccess;
   if (dim > kMaxIndexDim) return cudaErrorInvalidValue;
-  qsa_block_keys_f32_kernel<<<(blocks + kWarps - 1) / kWarps, kThreads, 0, stream>>>(keys, blocks, dim, block, k_norm,
-                                                                                     rotary_dims, theta, eps, bkeys);
+  qsa_block_keys_f32_kernel<<<(blocks + kWarps - 1) / kWarps, kThreads, 0, stream>>>(
+      ContiguousIndex{0}, keys, blocks, dim, block, k_norm, rotary_dims, theta, eps, bkeys);
   return cudaGetLastError();
 }
 
@@ -529,14 +588,46 @@ cudaError_t launch_qsa_block_scores_f32(const float* qn, int heads, int dim, con
                                         int block, int t0, int t1, float* scores, int64_t ld, cudaStream_t stream) {
   if (t1 <= t0) return cudaSuccess;
   if (heads * dim > kMaxIndexQuery) return cudaErrorInvalidValue;
-  qsa_block_scores_f32_kernel<<<t1 - t0, kThreads, 0, stream>>>(qn, heads, dim, bkeys, pos0, block, t0, scores, ld);
+  qsa_block_scores_f32_kernel<<<t1 - t0, kThreads, 0, stream>>>(ContiguousIndex{pos0}, qn, heads, dim, bkeys, block, t0,
+                                                                scores, ld);
   return cudaGetLastError();
 }
 
 cudaError_t launch_qsa_expand_selection(const int32_t* top, int64_t pos0, int block, int top_blocks, int t0, int t1,
                                         int32_t* selected, int64_t width, cudaStream_t stream) {
   if (t1 <= t0) return cudaSuccess;
-  qsa_expand_selection_kernel<<<t1 - t0, kThreads, 0, stream>>>(top, pos0, block, top_blocks, t0, selected, width);
+  qsa_expand_selection_kernel<<<t1 - t0, kThreads, 0, stream>>>(ContiguousIndex{pos0}, top, block, top_blocks, t0,
+                                                                selected, width);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_qsa_pool_blocks_paged_f32(const QsaPagedIndex& pi, const float* key_pool, int tokens, int dim,
+                                             const __half* k_norm, int rotary_dims, float theta, float eps,
+                                             float* pooled_pool, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  if (dim > kMaxIndexDim || pi.page % pi.block != 0) return cudaErrorInvalidValue;
+  const PagedIndex lay{pi.tok_seq, pi.positions, pi.tables, pi.ld, pi.page, pi.block};
+  qsa_block_keys_f32_kernel<<<(tokens + kWarps - 1) / kWarps, kThreads, 0, stream>>>(
+      lay, key_pool, tokens, dim, pi.block, k_norm, rotary_dims, theta, eps, pooled_pool);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_qsa_block_scores_paged_f32(const QsaPagedIndex& pi, const float* qn, int heads, int dim,
+                                              const float* pooled_pool, int t0, int t1, float* scores, int64_t ld,
+                                              cudaStream_t stream) {
+  if (t1 <= t0) return cudaSuccess;
+  if (heads * dim > kMaxIndexQuery || pi.page % pi.block != 0) return cudaErrorInvalidValue;
+  const PagedIndex lay{pi.tok_seq, pi.positions, pi.tables, pi.ld, pi.page, pi.block};
+  qsa_block_scores_f32_kernel<<<t1 - t0, kThreads, 0, stream>>>(lay, qn, heads, dim, pooled_pool, pi.block, t0, scores,
+                                                                ld);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_qsa_expand_selection_paged(const QsaPagedIndex& pi, const int32_t* top, int top_blocks, int t0,
+                                              int t1, int32_t* selected, int64_t width, cudaStream_t stream) {
+  if (t1 <= t0) return cudaSuccess;
+  const PagedIndex lay{pi.tok_seq, pi.positions, pi.tables, pi.ld, pi.page, pi.block};
+  qsa_expand_selection_kernel<<<t1 - t0, kThreads, 0, stream>>>(lay, top, pi.block, top_blocks, t0, selected, width);
   return cudaGetLastError();
 }
 

@@ -75,6 +75,30 @@ cudaError_t launch_qsa_block_scores_f32(const float* qn, int heads, int dim, con
 /// + i] for i < k (host-chosen, torch.topk order), then the tail block*nb .. p. The rest of the row is -1.
 cudaError_t launch_qsa_expand_selection(const int32_t* top, int64_t pos0, int block, int top_blocks, int t0, int t1,
                                         int32_t* selected, int64_t width, cudaStream_t stream);
+/// A batch's paged indexer keys: token t belongs to sequence tok_seq[t] (row of the block tables [*, ld]) at
+/// positions[t]; a KV block holds `page` positions (a multiple of the indexer block `block`); the raw key of
+/// logical position p is row tables[s, p / page] * page + p % page of the raw key pool, the pooled key of indexer
+/// block j row tables[s, j*block / page] * (page / block) + (j*block % page) / block of the pooled key pool.
+struct QsaPagedIndex {
+  const int32_t* tok_seq;
+  const int32_t* positions;
+  const int32_t* tables;
+  int64_t ld;
+  int page;
+  int block;
+};
+/// The pooled key (as launch_qsa_block_keys_f32 computes it) of the indexer block that token t completes, for every
+/// token of the batch whose position p has (p + 1) % block == 0, from its raw keys (already in the pool).
+cudaError_t launch_qsa_pool_blocks_paged_f32(const QsaPagedIndex& pi, const float* key_pool, int tokens, int dim,
+                                             const __half* k_norm, int rotary_dims, float theta, float eps,
+                                             float* pooled_pool, cudaStream_t stream);
+/// launch_qsa_block_scores_f32 over the paged pooled keys: scores[(t - t0) * ld + j] for j < (positions[t]+1)/block.
+cudaError_t launch_qsa_block_scores_paged_f32(const QsaPagedIndex& pi, const float* qn, int heads, int dim,
+                                              const float* pooled_pool, int t0, int t1, float* scores, int64_t ld,
+                                              cudaStream_t stream);
+/// launch_qsa_expand_selection with the query positions from pi.positions.
+cudaError_t launch_qsa_expand_selection_paged(const QsaPagedIndex& pi, const int32_t* top, int top_blocks, int t0,
+                                              int t1, int32_t* selected, int64_t width, cudaStream_t stream);
 /// Packs the non-negative entries of each row of selected [T, n_sel] to the front of compact (same shape), in
 /// order, with counts[t] their number. Entries >= rows are dropped and set *status.
 cudaError_t launch_compact_selection(const int32_t* selected, int tokens, int n_sel, int64_t rows, int32_t* compact,

@@ -300,6 +300,44 @@ TEST_P(CudaOps, QsaAttention) {
   }
 }
 
+// The batched indexer over paged raw keys (CUDA: a pooled-key cache written as blocks complete, scores from it, the
+// host top-k only where a query has more blocks than the budget) against the CPU's per-sequence recomputation: 3
+// sequences over 4 steps (prefill chunks, decodes, contexts up to 41 positions = 10 blocks for a budget of 4), KV
+// blocks of 8 positions handed out in a scrambled order.
+TEST_P(CudaOps, QsaIndexerBatchOverPagedKeys) {
+  const int64_t ni = 2, Di = 128, budget = 16, block = 4, width = budget + block - 1, page = 8, num_blocks = 24;
+  const RopeParams rope{64, 10000000.0};
+  Pair iqn = weight({Di}, 80, 0.2f), ikn = weight({Di}, 81, 0.2f);
+  Pair key_pool = zeros({num_blocks * page, Di}), pooled = zeros({num_blocks * page / block, Di});
+  std::vector<int32_t> free_blocks;
+  for (int32_t b = 0; b < num_blocks; ++b) free_blocks.push_back(int32_t((b * 7 + 5) % num_blocks));
+  std::vector<std::vector<int32_t>> tables(3);
+  std::vector<int64_t> length(3, 0);
+  uint32_t seed = 800;
+  for (const std::vector<int64_t>& tokens : {std::vector<int64_t>{23, 9, 1}, std::vector<int64_t>{1, 1, 1},
+                                             std::vector<int64_t>{5, 1, 7}, std::vector<int64_t>{1, 30, 1}}) {
+    std::vector<StepSequence> seqs;
+    for (size_t q = 0; q < 3; ++q) {
+      while (int64_t(tables[q].size()) * page < length[q] + tokens[q]) {
+        tables[q].push_back(free_blocks.back());
+        free_blocks.pop_back();
+      }
+      seqs.push_back({tokens[q], length[q], int32_t(q), tables[q]});
+    }
+    const StepBatch bc = make_step_batch(*cpu(), seqs, page), bg = make_step_batch(*gpu(), seqs, page);
+    const int64_t T = bc.num_tokens;
+    Pair ki = act({T, Di}, ++seed), qi = act({T, ni * Di}, ++seed), sel = empty({T, width}, DType::I32);
+    cpu()->scatter_rows(ki.c, bc.slot_mapping, key_pool.c);
+    gpu()->scatter_rows(ki.g, bg.slot_mapping, key_pool.g);
+    cpu()->qsa_indexer_select_batch(qi.c, key_pool.c, pooled.c, iqn.c, ikn.c, 1e-6, rope, budget, block, bc, sel.c);
+    gpu()->qsa_indexer_select_batch(qi.g, key_pool.g, pooled.g, iqn.g, ikn.g, 1e-6, rope, budget, block, bg, sel.g);
+    const auto sc = selection_sets(*cpu(), sel.c), sg = selection_sets(*gpu(), sel.g);
+    for (int64_t t = 0; t < T; ++t) EXPECT_EQ(sg[size_t(t)], sc[size_t(t)]) << "selected tokens of row " << t;
+    for (size_t q = 0; q < 3; ++q) length[q] += tokens[q];
+  }
+  EXPECT_EQ(length[1], 41);
+}
+
 TEST_P(CudaOps, Moe) {
   const int64_t T = 33, H = 256, E = 16, k = 4, I = 64, Is = 96;
   Pair u = act({T, H}, 40), router = weight({E, H}, 41, 1.0f / 16);
