@@ -42,15 +42,16 @@ int64_t gpu_cache_budget(const ServeArgs& a, const ModelConfig& cfg, const Sched
   const GpuMemory mem = cuda_memory_info(0);
   const double util = a.gpu_memory_utilization.value_or(0.9);
   const int64_t used = mem.total_bytes - mem.free_bytes;
-  const int64_t workspace = (int64_t(1) << 30) + sc.max_num_batched_tokens * cfg.hc_width() * 4 * 64 +
-                            sc.max_num_seqs * cfg.vocab_size * 4;
+  const int64_t workspace =
+      (int64_t(1) << 30) + sc.max_num_batched_tokens * cfg.hc_width() * 4 * 64 + sc.max_num_seqs * cfg.vocab_size * 4;
   const int64_t budget = int64_t(util * double(mem.total_bytes)) - used - workspace;
   spdlog::info("flashnext serve: GPU memory {} bytes, {} in use after loading, workspace {}, cache budget {} ({:.2f})",
                mem.total_bytes, used, workspace, budget, util);
   if (budget <= 0)
-    fail("--gpu-memory-utilization {}: {} of {} bytes are in use after loading the model and the step workspace "
-         "needs {}; nothing is left for the KV cache (raise it, or lower --max-num-batched-tokens)",
-         util, used, mem.total_bytes, workspace);
+    fail(
+        "--gpu-memory-utilization {}: {} of {} bytes are in use after loading the model and the step workspace "
+        "needs {}; nothing is left for the KV cache (raise it, or lower --max-num-batched-tokens)",
+        util, used, mem.total_bytes, workspace);
   return budget;
 #else
   (void)a, (void)cfg, (void)sc;
@@ -92,7 +93,9 @@ int run(const ServeArgs& a) {
     fail("--max-model-len {} exceeds the model's max_position_embeddings {} ({})", sc.max_model_len,
          cfg.max_position_embeddings, cfg.source);
   // Both backends keep the caches and states in float32: 4 bytes per KV / indexer / conv element.
-  const StatePlan plan = state_plan(cfg, /*tp=*/1, /*kv_bytes=*/4, /*act_bytes=*/4);
+  StatePlan plan = state_plan(cfg, /*tp=*/1, /*kv_bytes=*/4, /*act_bytes=*/4);
+  // The engine also caches the indexer's pooled block keys: one key per indexer_compress_ratio positions.
+  plan.indexer_bytes_per_token += plan.indexer_bytes_per_token / cfg.indexer_compress_ratio;
   const int64_t budget = a.device == "cuda" ? gpu_cache_budget(a, cfg, sc) : a.kv_cache_memory_bytes;
   MemoryPlanner planner(plan, a.block_size, budget, sc.max_num_seqs);
   ModelRunner runner(*m.model, planner);

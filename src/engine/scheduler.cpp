@@ -3,6 +3,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <limits>
+#include <optional>
+#include <random>
 
 #include "model/qwen4_exp/model.h"
 
@@ -87,6 +90,10 @@ std::unique_ptr<RunnerSequence> ModelRunner::new_sequence(int32_t slot) {
   return s;
 }
 
+bool ModelRunner::samples_on_device() const {
+  return model_.ops().samples_on_device();
+}
+
 void ModelRunner::forward(std::span<Item> items) {
   std::vector<BatchItem> batch;
   std::vector<Item*> fed;
@@ -95,8 +102,11 @@ void ModelRunner::forward(std::span<Item> items) {
       auto& seq = static_cast<ModelSequence&>(*item.seq);
       FN_CHECK(item.slot == seq.state.slot, "the step gives slot {} to a sequence made in slot {}", item.slot,
                seq.state.slot);
-      model_.validate(seq.state, item.ids);
+      FN_CHECK(!item.sampling || samples_on_device(), "device sampling asked of a backend that samples on the host");
+      FN_CHECK(item.logits.empty() || int64_t(item.logits.size()) == model_.config().vocab_size,
+               "logits buffer of {} entries, the vocabulary has {}", item.logits.size(), model_.config().vocab_size);
       seq.state.block_table.assign(item.block_table.begin(), item.block_table.end());
+      model_.validate(seq.state, item.ids);
       batch.push_back({&seq.state, item.ids, LogitsMode::Last});
       fed.push_back(&item);
     } catch (const std::exception& e) {
@@ -106,14 +116,38 @@ void ModelRunner::forward(std::span<Item> items) {
   if (batch.empty()) return;
   try {
     std::vector<int64_t> rows;
-    const std::vector<float> logits = model_.download(model_.forward_batch(batch, &rows));
-    const size_t vocab = size_t(model_.config().vocab_size);
-    for (size_t i = 0; i < fed.size(); ++i) {
-      ple_rows_ += ple_rows_per_token_ * int64_t(fed[i]->ids.size());
-      if (fed[i]->logits.empty()) continue;
-      FN_CHECK(fed[i]->logits.size() == vocab, "logits buffer of {} entries, the vocabulary has {}",
-               fed[i]->logits.size(), vocab);
-      std::copy_n(logits.begin() + rows[i] * int64_t(vocab), vocab, fed[i]->logits.begin());
+    const Tensor logits = model_.forward_batch(batch, &rows);
+    Ops& ops = model_.ops();
+    const int64_t vocab = model_.config().vocab_size;
+    // The logits rows of `which` items, as one tensor (the whole output when that is all of it).
+    auto pick = [&](const std::vector<Item*>& which) {
+      std::vector<int32_t> idx;
+      for (size_t i = 0; i < fed.size(); ++i)
+        if (std::find(which.begin(), which.end(), fed[i]) != which.end()) idx.push_back(int32_t(rows[i]));
+      if (int64_t(idx.size()) == logits.dim(0)) return logits;
+      Tensor out = ops.empty({int64_t(idx.size()), vocab});
+      ops.gather_rows(logits, ops.upload(idx.data(), DType::I32, {int64_t(idx.size())}), out);
+      return out;
+    };
+    std::vector<Item*> on_device, on_host;
+    std::vector<TokenSampling> params;
+    for (Item* item : fed) {
+      ple_rows_ += ple_rows_per_token_ * int64_t(item->ids.size());
+      if (item->sampling) {
+        on_device.push_back(item);
+        params.push_back(*item->sampling);
+      } else if (!item->logits.empty()) {
+        on_host.push_back(item);
+      }
+    }
+    if (!on_device.empty()) {
+      const std::vector<int32_t> tokens = ops.sample_tokens(pick(on_device), params);
+      for (size_t i = 0; i < on_device.size(); ++i) on_device[i]->token = tokens[i];
+    }
+    if (!on_host.empty()) {
+      const std::vector<float> host = model_.download(pick(on_host));
+      for (size_t i = 0; i < on_host.size(); ++i)
+        std::copy_n(host.begin() + int64_t(i) * vocab, vocab, on_host[i]->logits.begin());
     }
   } catch (const std::exception& e) {
     for (Item* item : fed) item->error = e.what();
@@ -134,7 +168,27 @@ struct Scheduler::Seq {
   std::vector<int32_t> blocks;
   int32_t slot = -1;
   bool done = false;
+  /// Device sampling parameters (offset = tokens generated so far), when the request needs nothing the device
+  /// sampler lacks (penalties, logprobs) and the Runner samples on the device.
+  std::optional<TokenSampling> device_sampling;
 };
+
+namespace {
+/// The device sampling of `r`, or nullopt when it needs the host sampler (penalties or logprobs). Greedy requests
+/// map to temperature 0; an unseeded request gets a random seed here, once.
+std::optional<TokenSampling> device_sampling_of(const Request& r) {
+  const SamplingParams& p = r.sampling;
+  if (r.top_logprobs >= 0 || p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0)
+    return std::nullopt;
+  TokenSampling t;
+  t.temperature = p.greedy() ? 0.f : float(p.temperature);
+  t.top_k = p.top_k > 0 ? int32_t(std::min<int64_t>(p.top_k, std::numeric_limits<int32_t>::max())) : 0;
+  t.top_p = float(p.top_p);
+  t.min_p = float(p.min_p);
+  t.seed = p.seed ? *p.seed : (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
+  return t;
+}
+}  // namespace
 
 Scheduler::Scheduler(Runner& runner, MemoryPlanner planner, SchedulerConfig config)
     : runner_(runner), planner_(std::move(planner)), config_(config) {
@@ -184,6 +238,7 @@ void Scheduler::submit(Request r) {
   } catch (const Error& e) {
     fail("request {}: {}", r.id, e.what());
   }
+  if (runner_.samples_on_device()) seq->device_sampling = device_sampling_of(r);
   seq->tokens = r.prompt;
   seq->req = std::move(r);
   {
@@ -376,6 +431,7 @@ bool Scheduler::step_impl() {
   const int64_t vocab = runner_.vocab_size();
   if (logits_buf_.size() < batch.size()) logits_buf_.resize(batch.size());
   std::vector<Runner::Item> items(batch.size());
+  std::vector<TokenSampling> sampling(batch.size());
   for (size_t k = 0; k < batch.size(); ++k) {
     Seq& s = *batch[k].seq;
     Runner::Item& it = items[k];
@@ -384,8 +440,14 @@ bool Scheduler::step_impl() {
     it.block_table = s.blocks;
     it.slot = s.slot;
     if (s.num_computed + batch[k].n == int64_t(s.tokens.size())) {
-      logits_buf_[k].resize(size_t(vocab));
-      it.logits = logits_buf_[k];
+      if (s.device_sampling) {
+        sampling[k] = *s.device_sampling;
+        sampling[k].offset = uint64_t(s.num_output);
+        it.sampling = &sampling[k];
+      } else {
+        logits_buf_[k].resize(size_t(vocab));
+        it.logits = logits_buf_[k];
+      }
     }
   }
   runner_.forward(items);
@@ -400,14 +462,20 @@ bool Scheduler::step_impl() {
       finish(s, EndReason::Error, {}, it.error);
       continue;
     }
-    const bool decode = batch[k].n == 1 && s.num_output > 0 && !it.logits.empty();
+    const bool wants_token = !it.logits.empty() || it.sampling;
+    const bool decode = batch[k].n == 1 && s.num_output > 0 && wants_token;
     (decode ? counters_.decode_tokens : counters_.prefill_tokens) += batch[k].n;
     s.num_computed += batch[k].n;
-    if (it.logits.empty()) continue;
+    if (!wants_token) continue;
     try {
       const SamplingParams& p = s.sampler->params();
-      if (s.req.top_logprobs >= 0) raw.assign(it.logits.begin(), it.logits.end());
-      const int32_t tok = s.sampler->sample(it.logits);
+      int32_t tok = it.token;
+      if (it.sampling) {
+        FN_CHECK(tok >= 0 && tok < vocab, "the device sampler returned token {} (vocabulary {})", tok, vocab);
+      } else {
+        if (s.req.top_logprobs >= 0) raw.assign(it.logits.begin(), it.logits.end());
+        tok = s.sampler->sample(it.logits);
+      }
       s.sampler->accept(tok);
       std::optional<TokenLogprobs> lp;
       if (s.req.top_logprobs >= 0) lp = compute_logprobs(raw, tok, s.req.top_logprobs);

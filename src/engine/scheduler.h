@@ -6,7 +6,9 @@
 //   2. running requests are served first, in admission order: a decode feeds 1 token, a prefill feeds its next
 //      chunk; then waiting requests are admitted while there is a free sequence slot, memory and step budget.
 //      Prefill and decode tokens mix in one step; the step feeds at most `max_num_batched_tokens` tokens;
-//   3. the Runner runs the step; every sequence whose known tokens are now all fed samples its next token.
+//   3. the Runner runs the step; every sequence whose known tokens are now all fed samples its next token: on the
+//      device when the Runner can (Runner::samples_on_device) and the request needs nothing but temperature, top-k,
+//      top-p and min-p (no penalties, no logprobs), so only the token comes back; else on the host from its logits.
 // Memory: a sequence holds one GDN/PLE state slot and ceil(fed tokens / block_size) KV blocks (each block holds
 // K, V and indexer keys of every QSA layer for block_size positions). When a running sequence needs a block and
 // none is free, the most recently admitted running sequence is preempted: its memory is freed and it goes back to
@@ -34,6 +36,7 @@
 #include "core/error.h"
 #include "engine/request.h"
 #include "loader/memory_plan.h"
+#include "ops/ops.h"
 
 namespace flashnext {
 
@@ -100,7 +103,11 @@ class Runner {
     std::span<const int32_t> block_table;  ///< KV blocks assigned to the sequence (paged backends)
     int32_t slot = -1;                     ///< state slot of the sequence (paged backends)
     std::span<float> logits;               ///< [vocab] out: next-token logits after the last id; empty: not wanted
-    std::string error;                     ///< out: set when this item failed (its sequence is then unchanged)
+    /// When set (only if samples_on_device()), the next token is sampled on the device under these parameters and
+    /// returned in `token` instead of the logits (`logits` is then left alone).
+    const TokenSampling* sampling = nullptr;
+    int32_t token = -1;  ///< out: the token sampled on the device
+    std::string error;   ///< out: set when this item failed (its sequence is then unchanged)
   };
 
   virtual ~Runner() = default;
@@ -112,6 +119,8 @@ class Runner {
   virtual void forward(std::span<Item> items) = 0;
   /// PLE table rows gathered so far (monotonic; 0 for a model without PLE).
   virtual int64_t ple_rows_fetched() const { return 0; }
+  /// Whether items may ask for device sampling (Item::sampling): then only the sampled token comes back.
+  virtual bool samples_on_device() const { return false; }
 };
 
 /// Runner over a flashnext::Model: one Model::forward_batch per step over a cache pool with the planner's blocks
@@ -126,6 +135,7 @@ class ModelRunner : public Runner {
   std::unique_ptr<RunnerSequence> new_sequence(int32_t slot) override;
   void forward(std::span<Item> items) override;
   int64_t ple_rows_fetched() const override { return ple_rows_; }
+  bool samples_on_device() const override;
 
  private:
   Model& model_;

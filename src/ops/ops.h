@@ -24,9 +24,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "ops/step_batch.h"
 #include "ops/tensor.h"
 
@@ -148,6 +150,16 @@ struct QuantExperts {
 struct RoutedExperts {
   Tensor gate, up, down;
   std::shared_ptr<const PackedExperts> packed;
+};
+
+/// Per-row parameters of Ops::sample_tokens (those of the GPU sampling kernel, ops/cuda/sampling_kernels.h).
+struct TokenSampling {
+  float temperature = 0.f;  ///< <= 0: greedy (argmax, lowest id among equal maxima)
+  int32_t top_k = 0;        ///< <= 0 or >= vocab: no top-k
+  float top_p = 1.f;        ///< >= 1: no top-p
+  float min_p = 0.f;        ///< <= 0: no min-p
+  uint64_t seed = 0;        ///< with `offset`, selects the draw (counter-based: the same pair gives the same draw)
+  uint64_t offset = 0;
 };
 
 /// The backend interface. One instance per device; safe to use from one thread at a time (ops parallelise
@@ -328,6 +340,20 @@ class Ops {
   /// first; zeros for a new sequence), updated to the last (K-1)*d normed inputs (`_short_conv`).
   virtual void ple_conv_add(const Tensor& P, const Tensor& norm_conv, int64_t group, const Tensor& conv_w,
                             int64_t dilation, double eps, const Tensor& state, const Tensor& X) = 0;
+
+  // ---------------------------------------------------------------- sampling
+
+  /// Whether sample_tokens runs on this backend's device (the CUDA backend). Otherwise the engine samples on the host
+  /// from downloaded logits (engine/sampling.h), as the CPU backend does.
+  virtual bool samples_on_device() const { return false; }
+  /// The next token of each row of logits [rows, vocab] F32 under params[r]: greedy for temperature <= 0; else
+  /// temperature, top-k, top-p (over the top-k survivors), min-p, in that order, ties at a boundary kept, then a draw
+  /// from the rest with the counter-based random number of (seed, offset) (ops/cuda/sampling.h). Returns the ids on
+  /// the host. Throws Error when params.size() != rows, and on backends without device sampling.
+  virtual std::vector<int32_t> sample_tokens(const Tensor& logits, std::span<const TokenSampling> params) {
+    (void)logits, (void)params;
+    throw Error(name() + ": sample_tokens: this backend samples on the host (samples_on_device() is false)");
+  }
 
   // ---------------------------------------------------------------- batched steps (ops/step_batch.h)
   //

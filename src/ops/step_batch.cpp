@@ -35,6 +35,18 @@ StepBatch make_step_batch(Ops& ops, std::span<const StepSequence> seqs, int64_t 
     b.max_context = std::max(b.max_context, end);
   }
   b.num_tokens = b.cu_seqlens.back();
+  // Distinct slots, and no KV block written by two sequences: a batched kernel updates them without ordering.
+  std::vector<int32_t> slots = b.slot_ids, written;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const int64_t bs = block_size, first = seqs[s].pos0 / bs, last = (seqs[s].pos0 + seqs[s].tokens - 1) / bs;
+    for (int64_t i = first; i <= last; ++i) written.push_back(seqs[s].block_table[size_t(i)]);
+  }
+  std::sort(slots.begin(), slots.end());
+  std::sort(written.begin(), written.end());
+  FN_CHECK(std::adjacent_find(slots.begin(), slots.end()) == slots.end(),
+           "step batch: two sequences share a state slot (each sequence needs its own)");
+  FN_CHECK(std::adjacent_find(written.begin(), written.end()) == written.end(),
+           "step batch: two sequences write the same KV block (block tables must not overlap)");
   const int64_t T = b.num_tokens, S = b.num_seqs, M = std::max<int64_t>(b.max_blocks, 1);
   b.max_blocks = M;
   b.host_block_tables.assign(size_t(S * M), -1);
@@ -89,7 +101,7 @@ Tensor seq_rows(const Tensor& t, const StepBatch& b, int64_t s) {
 }
 
 void check_rows(const Tensor& t, const StepBatch& b, const char* op, const char* what) {
-  FN_CHECK(t.rank() >= 1 && t.dim(0) == b.num_tokens, "{}: {} {} has not the step's {} rows", op, what, t.str(),
+  FN_CHECK(t.rank() >= 1 && t.dim(0) == b.num_tokens, "{}: {} {} does not have the step's {} rows", op, what, t.str(),
            b.num_tokens);
 }
 

@@ -31,9 +31,9 @@ struct StepSequence {
 /// The metadata of one step (see the top of this file). Host vectors for the host-side loops, device tensors (on
 /// the backend's device, I32) for kernels.
 struct StepBatch {
-  int64_t num_seqs = 0;
-  int64_t num_tokens = 0;
-  int64_t block_size = 0;
+  int64_t num_seqs = 0;    ///< sequences in the step (S)
+  int64_t num_tokens = 0;  ///< rows of the step's activations (T)
+  int64_t block_size = 0;  ///< positions per KV block
   int64_t max_blocks = 0;           ///< columns of block_tables (the longest table in the step)
   int64_t max_context = 0;          ///< largest pos0[s] + tokens of the step
   std::vector<int32_t> cu_seqlens;  ///< host [num_seqs + 1]: row ranges
@@ -48,6 +48,7 @@ struct StepBatch {
   Tensor seq_starts;    ///< [num_seqs + 1]: cu_seqlens on the device
   Tensor slots;         ///< [num_seqs]
 
+  /// Rows (tokens) sequence `s` feeds this step.
   int64_t rows_of(int64_t s) const { return cu_seqlens[size_t(s) + 1] - cu_seqlens[size_t(s)]; }
   /// Cache pool row of logical position `p` of sequence `s`.
   int64_t cache_row(int64_t s, int64_t p) const {
@@ -57,7 +58,8 @@ struct StepBatch {
 
 /// Builds the StepBatch of `seqs` (in row order) and uploads its device tensors in one copy. Throws Error naming
 /// the sequence when it has no tokens, a negative position or slot, or a block table that does not cover
-/// pos0 + tokens positions or holds a negative block id; block_size must be >= 1.
+/// pos0 + tokens positions or holds a negative block id; and when two sequences share a slot or write the same KV
+/// block this step. block_size must be >= 1.
 StepBatch make_step_batch(Ops& ops, std::span<const StepSequence> seqs, int64_t block_size);
 
 }  // namespace flashnext

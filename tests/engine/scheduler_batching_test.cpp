@@ -51,6 +51,7 @@ struct FakeSeq : RunnerSequence {
   uint64_t h = 0;
   int64_t length = 0;
   int id = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> draws;  ///< (seed, offset) of each device-sampled token
 };
 
 class FakeRunner : public Runner {
@@ -79,15 +80,30 @@ class FakeRunner : public Runner {
       s.length += int64_t(it.ids.size());
       EXPECT_LE(s.length, int64_t(it.block_table.size()) * block_size) << "fed past the KV blocks assigned";
       EXPECT_GE(it.slot, 0);
-      if (!it.logits.empty()) logits_of(s.h, it.logits);
+      if (!it.logits.empty()) {
+        logits_of(s.h, it.logits);
+        ++host_logit_rows;
+      }
+      if (it.sampling) {  // the "device" sampler: greedy, or a draw that depends on (seed, offset, state)
+        EXPECT_TRUE(device) << "device sampling asked of a host-sampling runner";
+        EXPECT_TRUE(it.logits.empty()) << "logits asked together with device sampling";
+        s.draws.push_back({it.sampling->seed, it.sampling->offset});
+        std::vector<float> l(kVocab);
+        logits_of(s.h, l);
+        it.token = it.sampling->temperature <= 0.f
+                       ? int32_t(std::max_element(l.begin(), l.end()) - l.begin())
+                       : int32_t(mix(it.sampling->seed ^ (it.sampling->offset << 20) ^ s.h) % kVocab);
+      }
     }
     max_step_tokens = std::max(max_step_tokens, tokens);
     if (prefill && decode) ++mixed_steps;
     ++steps;
   }
+  bool samples_on_device() const override { return device; }
+  bool device = false;  ///< answer Item::sampling (see forward) instead of only producing logits
   int32_t poison = -1;
   int64_t block_size = 4;
-  int64_t max_step_tokens = 0, mixed_steps = 0, steps = 0;
+  int64_t max_step_tokens = 0, mixed_steps = 0, steps = 0, host_logit_rows = 0;
 
  private:
   int next_id_ = 0;
@@ -293,8 +309,9 @@ TEST(Scheduler, PreemptsWhenMemoryRunsOutAndStillMatches) {
 
 TEST(Scheduler, SeededSamplingSurvivesPreemption) {
   // The same seeded request alone (no memory pressure) and under pressure gives the same tokens.
-  auto run = [](int64_t blocks, int64_t* preemptions) {
+  auto run = [](int64_t blocks, int64_t* preemptions, bool device) {
     FakeRunner runner;
+    runner.device = device;
     Scheduler s(runner, planner_with_blocks(blocks, 4),
                 {.max_num_seqs = 4, .max_num_batched_tokens = 16, .max_model_len = 64});
     std::vector<std::shared_ptr<RequestStream>> streams;
@@ -311,12 +328,58 @@ TEST(Scheduler, SeededSamplingSurvivesPreemption) {
     for (auto& st : streams) out.push_back(drain(*st).tokens);
     return out;
   };
-  int64_t p_free = 0, p_tight = 0;
-  auto free_run = run(1000, &p_free);
-  auto tight_run = run(16, &p_tight);
-  EXPECT_EQ(p_free, 0);
-  EXPECT_GT(p_tight, 0);
-  EXPECT_EQ(free_run, tight_run);
+  for (bool device : {false, true}) {
+    int64_t p_free = 0, p_tight = 0;
+    auto free_run = run(1000, &p_free, device);
+    auto tight_run = run(16, &p_tight, device);
+    EXPECT_EQ(p_free, 0);
+    EXPECT_GT(p_tight, 0);
+    EXPECT_EQ(free_run, tight_run) << (device ? "device" : "host") << " sampling";
+  }
+}
+
+// A Runner that samples on the device gets the sampling parameters instead of giving logits, for requests that need
+// nothing else: greedy ones (temperature 0: the same tokens as the host's greedy) and seeded ones (the request's
+// seed, offset = tokens generated so far); requests with penalties or logprobs still sample on the host.
+TEST(Scheduler, DeviceSamplingForPlainRequestsHostForTheRest) {
+  FakeRunner runner;
+  runner.device = true;
+  Scheduler s(runner, planner_with_blocks(1000, 4),
+              {.max_num_seqs = 4, .max_num_batched_tokens = 32, .max_model_len = 128});
+  const auto p0 = make_prompt(20, 900), p1 = make_prompt(9, 901), p2 = make_prompt(13, 902);
+  Request greedy = greedy_request("greedy", p0, 12);
+  Request seeded = greedy_request("seeded", p1, 12);
+  seeded.sampling.temperature = 0.7;
+  seeded.sampling.seed = 77;
+  Request penalised = greedy_request("penalised", p2, 12);
+  penalised.sampling.repetition_penalty = 1.5;
+  auto sg = greedy.stream, ss = seeded.stream, sp = penalised.stream;
+  s.submit(std::move(greedy));
+  s.submit(std::move(seeded));
+  s.submit(std::move(penalised));
+  run_to_end(s);
+  EXPECT_EQ(drain(*sg).tokens, reference_greedy(p0, 12));
+  // The seeded request's tokens are the fake device draws of seed 77 at offsets 0..11 along its own history.
+  std::vector<int32_t> want;
+  uint64_t h = 0;
+  for (int32_t t : p1) h = feed(h, t);
+  for (uint64_t k = 0; k < 12; ++k) {
+    want.push_back(int32_t(mix(77 ^ (k << 20) ^ h) % kVocab));
+    h = feed(h, want.back());
+  }
+  EXPECT_EQ(drain(*ss).tokens, want);
+  // Only the penalised request asked for logits (one row per generated token), and it got what a host-sampling
+  // runner gives it.
+  EXPECT_EQ(runner.host_logit_rows, 12);
+  FakeRunner host_runner;
+  Scheduler h2(host_runner, planner_with_blocks(1000, 4),
+               {.max_num_seqs = 4, .max_num_batched_tokens = 32, .max_model_len = 128});
+  Request again = greedy_request("penalised", p2, 12);
+  again.sampling.repetition_penalty = 1.5;
+  auto sa = again.stream;
+  h2.submit(std::move(again));
+  run_to_end(h2);
+  EXPECT_EQ(drain(*sp).tokens, drain(*sa).tokens);
 }
 
 TEST(Scheduler, EosStopsWithItsToken) {

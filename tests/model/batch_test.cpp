@@ -17,7 +17,7 @@ TEST(BatchedSteps, EightSequencesGenerateWhatEachGeneratesAlone) {
   const auto prompts = tiny_a_batch_prompts();
   BatchPlan plan;
   plan.block_size = 16;
-  plan.chunk = 40;                         // the 300- and 150-token prompts prefill over several steps ...
+  plan.chunk = 40;                        // the 300- and 150-token prompts prefill over several steps ...
   plan.start = {0, 0, 1, 2, 0, 3, 1, 0};  // ... while others already decode
   const auto together = batched_greedy(model, prompts, 8, plan);
   ASSERT_EQ(together.size(), prompts.size());
@@ -42,7 +42,8 @@ TEST(BatchedSteps, BatchedPrefillLogitsEqualSingleSequenceLogits) {
   int32_t next_block = int32_t(blocks);
   for (size_t i = 0; i < prompts.size(); ++i) {
     seqs.push_back(model.new_sequence(cache, int32_t(i)));
-    for (int64_t b = 0; b < (int64_t(prompts[i].size()) + bs - 1) / bs; ++b) seqs.back().block_table.push_back(--next_block);
+    for (int64_t b = 0; b < (int64_t(prompts[i].size()) + bs - 1) / bs; ++b)
+      seqs.back().block_table.push_back(--next_block);
   }
   for (size_t i = 0; i < prompts.size(); ++i) items.push_back({&seqs[i], prompts[i], LogitsMode::All});
   std::vector<int64_t> rows;
@@ -68,7 +69,11 @@ TEST(BatchedSteps, BadBatchesAreRejectedAndLeaveSequencesUnchanged) {
   a.block_table = {0};
   b.block_table = {1};
   const std::vector<int32_t> ids = {1, 2, 3};
-  // The same sequence twice.
+  const auto history_a = a.ple_history, history_b = b.ple_history;
+  // The same sequence twice, and two sequences in one slot.
+  SequenceState twin = model.new_sequence(cache, 1);
+  twin.block_table = {2};
+  EXPECT_THROW(model.forward_batch(std::vector<BatchItem>{{&b, ids}, {&twin, ids}}), Error);
   EXPECT_THROW(model.forward_batch(std::vector<BatchItem>{{&a, ids}, {&a, ids}}), Error);
   // A block table that does not cover the new tokens (17 positions need 2 blocks of 16).
   const std::vector<int32_t> long_ids(17, 5);
@@ -76,7 +81,7 @@ TEST(BatchedSteps, BadBatchesAreRejectedAndLeaveSequencesUnchanged) {
     model.forward_batch(std::vector<BatchItem>{{&a, ids}, {&b, long_ids}});
     ADD_FAILURE() << "a short block table was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("sequence 1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("item 1"), std::string::npos) << e.what();
   }
   // A token outside the vocabulary: the error names the item.
   const std::vector<int32_t> bad = {int32_t(model.config().vocab_size)};
@@ -108,6 +113,8 @@ TEST(BatchedSteps, BadBatchesAreRejectedAndLeaveSequencesUnchanged) {
   }
   EXPECT_EQ(a.length, 0);
   EXPECT_EQ(b.length, 0);
+  EXPECT_EQ(a.ple_history, history_a);
+  EXPECT_EQ(b.ple_history, history_b);
   // After all that, a valid batch still runs.
   const auto logits = model.forward_batch(std::vector<BatchItem>{{&a, ids}, {&b, ids}});
   EXPECT_EQ(logits.dim(0), 2);

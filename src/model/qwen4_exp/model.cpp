@@ -1,6 +1,7 @@
 #include "model/qwen4_exp/model.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "core/error.h"
 #include "loader/manifest.h"
@@ -44,6 +45,9 @@ std::shared_ptr<CachePool> Model::allocate_cache(int64_t num_blocks, int64_t blo
   pool->num_slots = num_slots;
   pool->layers.resize(size_t(c.num_hidden_layers));
   const int64_t rows = num_blocks * block_size;
+  FN_CHECK(rows <= std::numeric_limits<int32_t>::max(),
+           "cache pool: {} blocks of {} positions = {} rows, more than the int32 row ids of the kernels allow",
+           num_blocks, block_size, rows);
   auto kv = [&](const Shape& shape) { return zero_kv ? ops_->zeros(shape) : ops_->empty(shape); };
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     LayerCache& lc = pool->layers[size_t(l)];
@@ -163,6 +167,19 @@ void Model::validate(const SequenceState& seq, std::span<const int32_t> ids) con
     fail("forward: the sequence would reach {} tokens ({} already + {} new), more than max_position_embeddings = {}",
          seq.length + int64_t(ids.size()), seq.length, ids.size(), config_.max_position_embeddings);
   }
+  if (seq.private_cache) return;  // its cache grows on demand
+  const CachePool& pool = *seq.cache;
+  FN_CHECK(seq.slot >= 0 && seq.slot < pool.num_slots, "forward: state slot {} is outside the pool's {} slots",
+           seq.slot, pool.num_slots);
+  const int64_t end = seq.length + int64_t(ids.size()), need = (end + pool.block_size - 1) / pool.block_size;
+  FN_CHECK(int64_t(seq.block_table.size()) >= need,
+           "forward: the sequence reaches position {} but its block table covers {} blocks of {} ({} needed)", end - 1,
+           seq.block_table.size(), pool.block_size, need);
+  for (int64_t i = 0; i < need; ++i) {
+    const int32_t b = seq.block_table[size_t(i)];
+    FN_CHECK(b >= 0 && b < pool.num_blocks, "forward: block table entry {} is {}, outside the pool's {} blocks", i, b,
+             pool.num_blocks);
+  }
 }
 
 Tensor Model::forward_tensor(SequenceState& seq, std::span<const int32_t> ids, LogitsMode mode,
@@ -206,12 +223,7 @@ Tensor Model::forward_batch(std::span<const BatchItem> items, std::vector<int64_
     parts.push_back({int64_t(it.ids.size()), it.seq->length, it.seq->slot, it.seq->block_table});
     all_ids.insert(all_ids.end(), it.ids.begin(), it.ids.end());
   }
-  for (const StepSequence& p : parts)
-    FN_CHECK(p.slot < cache.num_slots, "forward_batch: slot {} is outside the pool's {} slots", p.slot,
-             cache.num_slots);
   const StepBatch batch = make_step_batch(ops, parts, cache.block_size);
-  for (int32_t b : batch.host_block_tables)
-    FN_CHECK(b < cache.num_blocks, "forward_batch: block id {} is outside the pool's {} blocks", b, cache.num_blocks);
   const int64_t T = batch.num_tokens;
 
   // The PLE rows of every PLE layer depend only on the token ids: their gathers start now, before layer 0.

@@ -49,9 +49,9 @@ enum class LogitsMode {
 
 /// One sequence's part of a batched step (Model::forward_batch).
 struct BatchItem {
-  SequenceState* seq = nullptr;
-  std::span<const int32_t> ids;  ///< the next tokens of the sequence (>= 1)
-  LogitsMode mode = LogitsMode::Last;
+  SequenceState* seq = nullptr;        ///< the sequence fed (updated by the step)
+  std::span<const int32_t> ids;        ///< the next tokens of the sequence (>= 1)
+  LogitsMode mode = LogitsMode::Last;  ///< which of its logits rows the step returns
 };
 
 /// Called during forward with the wide residual stream: index 0 is the embedding repeated into the hc streams
@@ -96,13 +96,16 @@ class Model {
   /// One step over several sequences (distinct, all in the same CachePool, each with a block table covering its new
   /// length; a sequence with a private cache must be alone). Returns the logits of every item, stacked in item
   /// order: T_i rows for LogitsMode::All, 1 for Last; `row_offsets` (if given) receives each item's first row.
-  /// Each sequence ends exactly as if it had been fed alone. Throws Error naming the item, leaving every sequence
-  /// unchanged, when an item is invalid (see validate()).
+  /// Each sequence ends as if it had been fed alone: bit for bit on the CPU backend, up to float rounding on the GPU
+  /// (its GEMM algorithms and attention splits depend on the batch size). Throws Error naming the item, leaving
+  /// every sequence unchanged, when an item is invalid (see validate()); after a failure while the step runs (a
+  /// backend error) the sequences' states are unspecified and must be discarded.
   Tensor forward_batch(std::span<const BatchItem> items, std::vector<int64_t>* row_offsets = nullptr,
                        const HiddenHook& hook = {});
 
   /// Checks that `ids` can be fed to `seq`: non-empty, every id in [0, vocab_size), the new length within
-  /// max_position_embeddings, the state made by this model. Throws Error saying what is wrong.
+  /// max_position_embeddings, the state made by this model; in a shared pool also its slot, and a block table that
+  /// covers the new length with block ids inside the pool. Throws Error saying what is wrong.
   void validate(const SequenceState& seq, std::span<const int32_t> ids) const;
 
   /// Copies a float32 device tensor to a host vector.
@@ -110,6 +113,8 @@ class Model {
 
  private:
   Model() = default;
+  /// A pool of `num_blocks` KV blocks (0 allowed: a private cache before its first forward) and `num_slots` zeroed
+  /// state slots; zero_kv also zeroes the KV tensors.
   std::shared_ptr<CachePool> allocate_cache(int64_t num_blocks, int64_t block_size, int64_t num_slots,
                                             bool zero_kv) const;
   /// Grows a private cache so that `seq` has blocks for `length` positions.

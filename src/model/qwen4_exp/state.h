@@ -32,12 +32,13 @@ struct LayerCache {
 /// KV blocks and state slots shared by a set of sequences.
 struct CachePool {
   int64_t block_size = 0;  ///< positions per KV block
-  int64_t num_blocks = 0;
-  int64_t num_slots = 0;
+  int64_t num_blocks = 0;  ///< KV blocks (block ids 0 .. num_blocks-1)
+  int64_t num_slots = 0;   ///< state slots (slot ids 0 .. num_slots-1)
   std::vector<LayerCache> layers;
 };
 
-/// Everything the model remembers about one sequence.
+/// Everything the model remembers about one sequence. A copy shares the slot and the blocks (two copies must not be
+/// fed in one step, nor both be fed at all): use Model::clone_sequence for an independent copy.
 struct SequenceState {
   int64_t length = 0;                ///< tokens fed so far = position of the next token
   std::shared_ptr<CachePool> cache;  ///< where its KV blocks and state slot live

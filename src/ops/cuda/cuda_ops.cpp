@@ -30,6 +30,7 @@
 #include "ops/cuda/ple_kernels.h"
 #include "ops/cuda/qsa.h"
 #include "ops/cuda/qsa_kernels.h"
+#include "ops/cuda/sampling.h"
 
 namespace flashnext {
 
@@ -173,6 +174,8 @@ class CudaOps final : public Ops {
         options.ple_table == PleTablePlacement::Host ? "pinned host" : "GPU");
   }
   ~CudaOps() override {
+    if (ctx_->side) cudaStreamSynchronize(ctx_->side);  // gathers begun but never waited for (a failed step)
+    for (PendingGather& g : pending_gathers_) cudaEventDestroy(g.done);
     if (ctx_->stream) cudaStreamSynchronize(ctx_->stream);
   }
 
@@ -468,6 +471,31 @@ class CudaOps final : public Ops {
     gdn_rule("gdn_recurrent", qkv, a, b, w, dims, state, o, /*chunked=*/false);
   }
 
+  // ------------------------------------------------------------------------------------------------ sampling
+
+  bool samples_on_device() const override { return true; }
+
+  std::vector<int32_t> sample_tokens(const Tensor& logits, std::span<const TokenSampling> params) override {
+    const char* op = "sample_tokens";
+    check(logits, DType::F32, 2, op, "logits");
+    const int64_t rows = logits.dim(0), vocab = logits.dim(1);
+    FN_CHECK(int64_t(params.size()) == rows, "{}: {} parameter rows for logits {}", op, params.size(), logits.str());
+    std::vector<int32_t> out(static_cast<size_t>(rows));
+    if (rows == 0) return out;
+    std::vector<SamplingParams> sp(params.size());
+    for (size_t r = 0; r < params.size(); ++r) {
+      const TokenSampling& p = params[r];
+      FN_CHECK(std::isfinite(p.temperature) && std::isfinite(p.top_p) && std::isfinite(p.min_p),
+               "{}: row {} has a non-finite temperature, top_p or min_p", op, r);
+      sp[r] = SamplingParams{p.temperature, p.top_k, p.top_p, p.min_p, p.seed, p.offset};
+    }
+    Tensor params_d = upload(sp.data(), DType::U8, {int64_t(sp.size() * sizeof(SamplingParams))});
+    Tensor tokens = alloc({rows}, DType::I32, "sampled tokens");
+    sample_tokens_kernel(logits, params_d, tokens, to_int(rows, op, "rows"), to_int(vocab, op, "vocab"));
+    download(tokens, out.data());
+    return out;
+  }
+
   /// A decode step (one token per sequence): one conv-update launch over the state slots; else per sequence.
   void gdn_conv_batch(const Tensor& qkv, const Tensor& weight, const Tensor& state_pool,
                       const StepBatch& batch) override {
@@ -494,6 +522,10 @@ class CudaOps final : public Ops {
     const char* op = "gdn_rule_batch";
     check(state_pool, DType::F32, 4, op, "state pool");
     if (!all_decode(batch, state_pool, op)) return Ops::gdn_rule_batch(qkv, a, b, w, dims, state_pool, batch, o);
+    FN_CHECK(state_pool.dim(1) == dims.num_v_heads && state_pool.dim(2) == dims.k_head_dim &&
+                 state_pool.dim(3) == dims.v_head_dim,
+             "{}: state pool {} is not [slots, {}, {}, {}]", op, state_pool.str(), dims.num_v_heads, dims.k_head_dim,
+             dims.v_head_dim);
     // Shapes as gdn_recurrent checks them, with slot 0's state standing for every slot.
     gdn_rule(op, qkv, a, b, w, dims, state_pool.rows(0, 1).view({dims.num_v_heads, dims.k_head_dim, dims.v_head_dim}),
              o, /*chunked=*/false, &batch, &state_pool);
@@ -558,7 +590,7 @@ class CudaOps final : public Ops {
                             const RopeParams& rope, const StepBatch& batch, const Tensor& q,
                             const Tensor& gate) override {
     FN_CHECK(qg.rank() == 2 && qg.dim(0) == batch.num_tokens,
-             "qsa_prepare_qk_batch: q_proj output {} has not the "
+             "qsa_prepare_qk_batch: q_proj output {} does not have the "
              "step's {} rows",
              qg.str(), batch.num_tokens);
     prepare_qk(
@@ -674,6 +706,7 @@ class CudaOps final : public Ops {
     if (T == 0) return;
     const int t = to_int(T, op, "tokens");
     to_int(batch.max_context, op, "positions");
+    check_block_ids(batch, R / page, op);
     const detail::QsaPagedIndex pi{dp<int32_t>(batch.token_seq),    dp<int32_t>(batch.positions),
                                    dp<int32_t>(batch.block_tables), batch.max_blocks,
                                    to_int(page, op, "block size"),  int(block)};
@@ -810,6 +843,7 @@ class CudaOps final : public Ops {
              scale);
     if (T == 0) return;
     const int t = to_int(T, op, "tokens");
+    check_block_ids(batch, rows / bs, op);
     // Valid entries packed to the front with their counts; logical positions at or beyond the step's longest
     // context are invalid.
     Tensor compact = alloc(selected.shape(), DType::I32, "selection");
@@ -1025,6 +1059,13 @@ class CudaOps final : public Ops {
 
   void ple_gather_start(const PleTable& table, const Tensor& rows, const Tensor& e) override {
     use_device();
+    // Gathers of a failed step are never waited for: forget those that have finished.
+    std::erase_if(pending_gathers_, [](const PendingGather& g) {
+      if (cudaEventQuery(g.done) != cudaSuccess) return false;
+      cudaEventDestroy(g.done);
+      return true;
+    });
+    cudaGetLastError();                              // cudaEventQuery's cudaErrorNotReady is not an error
     if (!table.shards.empty()) gather_table(table);  // made (once) on the main stream, before the event below
     // The side stream starts once the main stream has made `rows` (and allocated `e`).
     cudaEvent_t ready = nullptr, done = nullptr;
@@ -1184,6 +1225,11 @@ class CudaOps final : public Ops {
   }
 
   /// Device int32 [T]: pos0, pos0+1, ...
+  void sample_tokens_kernel(const Tensor& logits, const Tensor& params, const Tensor& tokens, int rows, int vocab) {
+    cuda::sample_tokens(dp<const float>(logits), vocab, rows, vocab,
+                        reinterpret_cast<const SamplingParams*>(params.data()), dp<int32_t>(tokens), stream());
+  }
+
   /// qsa_prepare_qk with the token positions from `make_positions()` (an I32 [T] device tensor).
   template <class MakePositions>
   void prepare_qk(const char* op, const Tensor& qg, const Tensor& k, const Tensor& q_norm, const Tensor& k_norm,
@@ -1218,6 +1264,12 @@ class CudaOps final : public Ops {
                                                 dp<__half>(k_norm), dp<int32_t>(pos), int(T), int(nkv), int(D),
                                                 int(rope.rotary_dim), float(rope.theta), float(eps), stream()),
                   op);
+  }
+
+  /// Every block id of the step's tables is inside a pool of `blocks` blocks (the paged kernels index with them).
+  static void check_block_ids(const StepBatch& b, int64_t blocks, const char* op) {
+    for (int32_t id : b.host_block_tables)
+      FN_CHECK(id < blocks, "{}: block id {} outside the pool's {} blocks", op, id, blocks);
   }
 
   /// Whether a step is pure decode (one token per sequence) and its slots fit `pool` [slots, ...]: then the batched
@@ -1373,6 +1425,8 @@ class CudaOps final : public Ops {
   /// Waits for the stream; throws Error for a failed kernel and for index errors the kernels recorded.
   void synchronize(const char* where) {
     use_device();
+    // PLE gathers on the side stream report into the same status words: let them finish first.
+    FN_CUDA_CHECK(cudaStreamSynchronize(ctx_->side), where);
     FN_CUDA_CHECK(cudaMemcpyAsync(ctx_->status_host, ctx_->status, sizeof(int32_t) * kStatusSlots,
                                   cudaMemcpyDeviceToHost, stream()),
                   where);

@@ -21,9 +21,11 @@
 // Memory: tensors come from the device's stream-ordered pool (cudaMallocAsync), all work runs on one stream in
 // order (except PLE gathers begun ahead with `ple_gather_start`, on a side stream joined by `ple_gather_wait`), and
 // only `download` waits for it. Batched steps: a pure decode step runs the GDN conv and recurrence and the PLE conv
-// over the state slots in one launch each, and sparse attention reads the paged K/V pools through the block
-// tables; the indexer and mixed prefill steps run per sequence (the defaults of ops.h). Index errors that kernels meet (token ids, expert ids, PLE rows, QSA
-// selections) are recorded in a device status word and reported by the next `download` as an Error naming the op.
+// over the state slots in one launch each; the indexer (with a cache of pooled block keys) and sparse attention
+// run once per step over the paged pools through the block tables; the GDN and PLE convs and the GDN chunked rule of
+// a mixed prefill step run per sequence (the defaults of ops.h). Next tokens can be sampled on the GPU
+// (`sample_tokens`). Index errors that kernels meet (token ids, expert ids, PLE rows, QSA selections) are recorded in
+// a device status word and reported by the next `download` as an Error naming the op.
 // The PLE n-gram tables stay in pinned host memory read by the gather kernel over the host link (an exact-size
 // pinned copy of each shard), or are copied to the GPU: CudaOpsOptions::ple_table.
 //
@@ -68,10 +70,12 @@ std::shared_ptr<Ops> make_cuda_ops(int device = 0);
 /// The same with explicit options.
 std::shared_ptr<Ops> make_cuda_ops(int device, const CudaOpsOptions& options);
 
-/// Free and total memory of GPU `device` in bytes (cudaMemGetInfo). Throws Error when the query fails.
+/// Memory of one GPU, in bytes.
 struct GpuMemory {
-  int64_t free_bytes = 0, total_bytes = 0;
+  int64_t free_bytes = 0;   ///< free now (cudaMemGetInfo)
+  int64_t total_bytes = 0;  ///< the device's total
 };
+/// Free and total memory of GPU `device` (cudaMemGetInfo). Throws Error when the query fails.
 GpuMemory cuda_memory_info(int device);
 
 }  // namespace flashnext

@@ -302,7 +302,7 @@ TEST_P(CudaOps, QsaAttention) {
 
 // The batched indexer over paged raw keys (CUDA: a pooled-key cache written as blocks complete, scores from it, the
 // host top-k only where a query has more blocks than the budget) against the CPU's per-sequence recomputation: 3
-// sequences over 4 steps (prefill chunks, decodes, contexts up to 41 positions = 10 blocks for a budget of 4), KV
+// sequences over 5 steps (prefill chunks, decodes, contexts up to 41 positions = 10 blocks for a budget of 4), KV
 // blocks of 8 positions handed out in a scrambled order.
 TEST_P(CudaOps, QsaIndexerBatchOverPagedKeys) {
   const int64_t ni = 2, Di = 128, budget = 16, block = 4, width = budget + block - 1, page = 8, num_blocks = 24;
@@ -314,8 +314,10 @@ TEST_P(CudaOps, QsaIndexerBatchOverPagedKeys) {
   std::vector<std::vector<int32_t>> tables(3);
   std::vector<int64_t> length(3, 0);
   uint32_t seed = 800;
-  for (const std::vector<int64_t>& tokens : {std::vector<int64_t>{23, 9, 1}, std::vector<int64_t>{1, 1, 1},
-                                             std::vector<int64_t>{5, 1, 7}, std::vector<int64_t>{1, 30, 1}}) {
+  // The first step stays within the budget (no top-k at all), the later ones need it.
+  for (const std::vector<int64_t>& tokens :
+       {std::vector<int64_t>{3, 2, 1}, std::vector<int64_t>{20, 7, 1}, std::vector<int64_t>{1, 1, 1},
+        std::vector<int64_t>{5, 1, 7}, std::vector<int64_t>{1, 30, 1}}) {
     std::vector<StepSequence> seqs;
     for (size_t q = 0; q < 3; ++q) {
       while (int64_t(tables[q].size()) * page < length[q] + tokens[q]) {
@@ -430,7 +432,8 @@ TEST_P(CudaOps, BatchedStepsOverStateSlots) {
   const std::vector<int32_t> slot_of = {3, 0, 6, 2, 5};
   const std::vector<int64_t> pos = {5, 0, 17, 3, 100};
   std::vector<std::vector<int32_t>> tables(slot_of.size());
-  for (auto& t : tables) t = {0, 1, 2, 3, 4, 5, 6};  // 7 blocks of 16 cover position 111
+  for (size_t i = 0; i < tables.size(); ++i)  // 7 blocks of 16 cover position 111; distinct per sequence
+    for (int32_t b = 0; b < 7; ++b) tables[i].push_back(int32_t(i * 7) + b);
   auto step = [&](Ops& ops, const std::vector<int64_t>& tokens) {
     std::vector<StepSequence> seqs;
     for (size_t i = 0; i < slot_of.size(); ++i) seqs.push_back({tokens[i], pos[i], slot_of[i], tables[i]});
@@ -490,6 +493,33 @@ TEST_P(CudaOps, BatchedStepsOverStateSlots) {
   gpu()->ple_gather_wait(e.g);
   expect_close(e, 0, 0, "ple_gather_start + ple_gather_wait");
   EXPECT_THROW(gpu()->ple_gather_wait(e.g), Error);  // nothing pending any more
+}
+
+// Sampling on the device through the ops interface: greedy rows are the argmax (lowest id on ties), top-k 1 too,
+// and a draw is a function of (seed, offset); the CPU backend says it samples on the host.
+TEST_P(CudaOps, SampleTokens) {
+  const int64_t rows = 6, V = 1000;
+  std::vector<float> l = normal(size_t(rows * V), 90, 2.0f, false);
+  l[size_t(2 * V + 17)] = l[size_t(2 * V + 400)] = 100.f;  // a tie in row 2: the lower id wins
+  const Tensor logits = gpu()->upload(l.data(), DType::F32, {rows, V});
+  std::vector<TokenSampling> p(static_cast<size_t>(rows));
+  p[3].temperature = 0.8f;
+  p[3].top_k = 1;
+  p[4].temperature = 1.f;
+  p[4].seed = 5;
+  p[4].offset = 9;
+  p[5] = p[4];
+  const auto a = gpu()->sample_tokens(logits, p), b = gpu()->sample_tokens(logits, p);
+  for (int64_t r : {0, 1, 2, 3})
+    EXPECT_EQ(a[size_t(r)], std::max_element(l.begin() + r * V, l.begin() + (r + 1) * V) - (l.begin() + r * V))
+        << "row " << r;
+  EXPECT_EQ(a[2], 17);
+  EXPECT_EQ(a, b) << "the same seeds and offsets drew differently";
+  EXPECT_EQ(a[4], a[5]);
+  EXPECT_TRUE(gpu()->samples_on_device());
+  EXPECT_FALSE(cpu()->samples_on_device());
+  EXPECT_THROW(cpu()->sample_tokens(cpu()->upload(l.data(), DType::F32, {rows, V}), p), Error);
+  EXPECT_THROW(gpu()->sample_tokens(logits, std::span<const TokenSampling>(p.data(), 2)), Error);
 }
 
 // Bad input: a mismatched dtype is an Error naming the op; an out-of-vocabulary id is reported by the next download.
