@@ -226,8 +226,23 @@ Tensor Model::forward_batch(std::span<const BatchItem> items, std::vector<int64_
   const StepBatch batch = make_step_batch(ops, parts, cache.block_size);
   const int64_t T = batch.num_tokens;
 
-  // The PLE rows of every PLE layer depend only on the token ids: their gathers start now, before layer 0.
+  // The PLE rows of every PLE layer depend only on the token ids: their gathers start now, before layer 0. If the
+  // step fails before a PLE layer consumes its rows, the guard still waits for the gather (the backend then lets
+  // go of what it holds for it).
   std::vector<Tensor> ple_rows(static_cast<size_t>(L));
+  struct WaitPending {
+    Ops& ops;
+    std::vector<Tensor>& rows;
+    ~WaitPending() {
+      for (Tensor& e : rows) {
+        if (!e.defined()) continue;
+        try {
+          ops.ple_gather_wait(e);
+        } catch (...) {  // already failing; the first error is the one reported
+        }
+      }
+    }
+  } wait_pending{ops, ple_rows};
   for (int64_t l = 0; l < L; ++l)
     if (w.layers[size_t(l)].ple) ple_rows[size_t(l)] = ple_fetch(ops, *w.layers[size_t(l)].ple, items, l);
 
@@ -239,7 +254,10 @@ Tensor Model::forward_batch(std::span<const BatchItem> items, std::vector<int64_
   for (int64_t l = 0; l < L; ++l) {
     const LayerWeights& lw = w.layers[size_t(l)];
     LayerCache& lc = cache.layers[size_t(l)];
-    if (lw.ple) ple_add(ops, c, *lw.ple, lc, ple_rows[size_t(l)], batch, X);
+    if (lw.ple) {
+      ple_add(ops, c, *lw.ple, lc, ple_rows[size_t(l)], batch, X);
+      ple_rows[size_t(l)] = Tensor();  // waited for by ple_add
+    }
     HcRead r = gated_residual_read(ops, X, lw.attn_hc, H, eps);
     Tensor out = lw.kind == LayerKind::GatedDeltaNet ? gated_delta_net(ops, c, lw.gdn, lc, batch, r.u)
                                                      : qsa_attention(ops, c, lw.qsa, lc, batch, r.u);

@@ -1059,13 +1059,6 @@ class CudaOps final : public Ops {
 
   void ple_gather_start(const PleTable& table, const Tensor& rows, const Tensor& e) override {
     use_device();
-    // Gathers of a failed step are never waited for: forget those that have finished.
-    std::erase_if(pending_gathers_, [](const PendingGather& g) {
-      if (cudaEventQuery(g.done) != cudaSuccess) return false;
-      cudaEventDestroy(g.done);
-      return true;
-    });
-    cudaGetLastError();                              // cudaEventQuery's cudaErrorNotReady is not an error
     if (!table.shards.empty()) gather_table(table);  // made (once) on the main stream, before the event below
     // The side stream starts once the main stream has made `rows` (and allocated `e`).
     cudaEvent_t ready = nullptr, done = nullptr;
