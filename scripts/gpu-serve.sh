@@ -11,7 +11,8 @@
 # The medium fixture (tools/make_fixtures.py, torch + transformers there) has vocab_size 4096 and no tokenizer: the
 # server gets the bundled Qwen3 tokenizer cut to 4096 ids (tools/truncate_tokenizer.py).
 # Output in $OUT (default gpu/out-serve): e2e.log, e2e-medium.log, fixture.log, serve.log, bench.log, summary.txt.
-# Env: BUILD, FIXTURE_DIR (default /tmp/fx), E2E=0 to skip the tests, BENCH_ARGS (extra bench_serve.py arguments).
+# Env: BUILD, FIXTURE_DIR (default /tmp/fx), E2E=0 to skip the tests, BENCH_ARGS (extra bench_serve.py arguments),
+#      SERVE_ARGS (extra `flashnext serve` arguments, e.g. --sampler host).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -69,8 +70,9 @@ fi
 python3 tools/truncate_tokenizer.py models/tiny-b-random "$FX/medium/model" 4096
 port=8011
 get() { python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())" "$1"; }
+# shellcheck disable=SC2086
 "$G/bin/flashnext" serve --device cuda --model "$FX/medium/model" --port $port --served-model-name medium \
-  --max-model-len 4096 >"$OUT/serve.log" 2>&1 &
+  --max-model-len 4096 ${SERVE_ARGS:-} >"$OUT/serve.log" 2>&1 &
 srv=$!
 for _ in $(seq 1 120); do
   get "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
@@ -78,7 +80,7 @@ for _ in $(seq 1 120); do
   sleep 1
 done
 if get "http://127.0.0.1:$port/health" >/dev/null 2>&1; then
-  echo "\$ flashnext serve --device cuda --model <medium> --port $port --served-model-name medium --max-model-len 4096" \
+  echo "\$ flashnext serve --device cuda --model <medium> --port $port --served-model-name medium --max-model-len 4096 ${SERVE_ARGS:-}" \
     >"$OUT/bench.log"
   echo "\$ python3 tools/bench_serve.py --url http://127.0.0.1:$port --concurrency 1 8 32 --num-requests 32 --vocab-size 4096 ${BENCH_ARGS:-}" \
     >>"$OUT/bench.log"

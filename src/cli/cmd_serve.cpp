@@ -31,6 +31,7 @@ struct ServeArgs {
   int64_t kv_cache_memory_bytes = int64_t(4) << 30;  // vLLM's CPU default (VLLM_CPU_KVCACHE_SPACE=4 GiB)
   std::optional<double> gpu_memory_utilization;
   bool reject_control_token_text = false;
+  std::string sampler = "auto";
 };
 
 /// Bytes for KV blocks and state slots on the GPU, as vLLM sizes them: --gpu-memory-utilization (default 0.9) of
@@ -98,7 +99,7 @@ int run(const ServeArgs& a) {
   plan.indexer_bytes_per_token += plan.indexer_bytes_per_token / cfg.indexer_compress_ratio;
   const int64_t budget = a.device == "cuda" ? gpu_cache_budget(a, cfg, sc) : a.kv_cache_memory_bytes;
   MemoryPlanner planner(plan, a.block_size, budget, sc.max_num_seqs);
-  ModelRunner runner(*m.model, planner);
+  ModelRunner runner(*m.model, planner, /*device_sampling=*/a.sampler == "auto");
   Scheduler scheduler(runner, std::move(planner), sc);
 
   server::ServerOptions so;
@@ -182,6 +183,10 @@ FLASHNEXT_SUBCOMMAND(
                      "model name(s) clients use; the first is reported (default: --model)");
       sub.add_option("--reasoning-parser", a->reasoning_parser, "qwen3 (default: <think> -> reasoning_content) or none")
           ->check(CLI::IsMember({"qwen3", "none"}));
+      sub.add_option("--sampler", a->sampler,
+                     "auto (default: requests without penalties or logprobs sample on the GPU with --device cuda) "
+                     "or host (every request samples on the host: the same seeded draws as --device cpu)")
+          ->check(CLI::IsMember({"auto", "host"}));
       sub.add_flag("--reject-control-token-text", a->reject_control_token_text,
                    "answer 400 to chat messages that contain special-token text such as "
                    "<|im_start|> (which would otherwise become control tokens)");

@@ -74,8 +74,10 @@ struct ModelSequence : RunnerSequence {
 };
 }  // namespace
 
-ModelRunner::ModelRunner(Model& model, const MemoryPlanner& planner)
-    : model_(model), cache_(model.new_cache(planner.total_blocks(), planner.block_size(), planner.total_slots())) {
+ModelRunner::ModelRunner(Model& model, const MemoryPlanner& planner, bool device_sampling)
+    : model_(model),
+      cache_(model.new_cache(planner.total_blocks(), planner.block_size(), planner.total_slots())),
+      device_sampling_(device_sampling) {
   const ModelConfig& c = model.config();
   ple_rows_per_token_ = c.ngram_heads() * int64_t(c.ple_layer_ids.size());
 }
@@ -91,7 +93,7 @@ std::unique_ptr<RunnerSequence> ModelRunner::new_sequence(int32_t slot) {
 }
 
 bool ModelRunner::samples_on_device() const {
-  return model_.ops().samples_on_device();
+  return device_sampling_ && model_.ops().samples_on_device();
 }
 
 void ModelRunner::forward(std::span<Item> items) {

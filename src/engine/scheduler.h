@@ -130,7 +130,9 @@ class Runner {
 class ModelRunner : public Runner {
  public:
   /// Allocates the pool: planner.total_blocks() blocks of planner.block_size() positions, total_slots() slots.
-  ModelRunner(Model& model, const MemoryPlanner& planner);
+  /// `device_sampling`: let plain requests sample on the device when the backend can (Ops::samples_on_device);
+  /// false: every request samples on the host (engine/sampling.h, the same seeded draws on every backend).
+  ModelRunner(Model& model, const MemoryPlanner& planner, bool device_sampling = true);
   int64_t vocab_size() const override;
   std::unique_ptr<RunnerSequence> new_sequence(int32_t slot) override;
   void forward(std::span<Item> items) override;
@@ -140,6 +142,7 @@ class ModelRunner : public Runner {
  private:
   Model& model_;
   std::shared_ptr<CachePool> cache_;
+  bool device_sampling_;
   int64_t ple_rows_per_token_;
   int64_t ple_rows_ = 0;
 };

@@ -501,6 +501,7 @@ TEST_P(CudaOps, SampleTokens) {
   const int64_t rows = 6, V = 1000;
   std::vector<float> l = normal(size_t(rows * V), 90, 2.0f, false);
   l[size_t(2 * V + 17)] = l[size_t(2 * V + 400)] = 100.f;  // a tie in row 2: the lower id wins
+  std::copy_n(l.begin() + 4 * V, V, l.begin() + 5 * V);    // rows 4 and 5: the same logits and draw
   const Tensor logits = gpu()->upload(l.data(), DType::F32, {rows, V});
   std::vector<TokenSampling> p(static_cast<size_t>(rows));
   p[3].temperature = 0.8f;
