@@ -140,6 +140,8 @@ TEST_F(Cli, BadInputFailsWithAClearMessage) {
   expect_error({"generate", "--prompt", ""}, "the prompt is empty");
   expect_error({"generate", "--max-tokens", "4"}, "give exactly one of --prompt TEXT and --messages FILE.json");
   expect_error({"generate", "--prompt", "hi", "--device", "cuda"}, "CUDA");
+  // serve --device cuda on this GPU-less machine: the same clear error before anything listens.
+  expect_error({"serve", "--device", "cuda", "--port", "0"}, "CUDA");
   expect_error({"generate", "--messages", (scratch() / "missing.json").string()}, "cannot open");
   expect_error({"generate", "--prompt", "hi", "--top-p", "0"}, "top_p must be in (0, 1]");
   expect_error({"generate", "--prompt", "hi", "--model", (scratch() / "no-model").string()}, "no-model");
