@@ -80,6 +80,20 @@ inline int64_t argmax(const float* row, int64_t n) {
   return best;
 }
 
+/// Top-1 minus top-2 of one logits row (how near a tie its argmax is).
+inline double top2_gap(const float* row, int64_t n) {
+  float a = -INFINITY, b = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) {
+    if (row[i] > a) {
+      b = a;
+      a = row[i];
+    } else if (row[i] > b) {
+      b = row[i];
+    }
+  }
+  return double(a) - double(b);
+}
+
 /// Greedy decode: prefill `prompt` then feed back the argmax `steps` times; returns the chosen ids.
 inline std::vector<int64_t> greedy(Model& model, const std::vector<int32_t>& prompt, int steps) {
   SequenceState seq = model.new_sequence();

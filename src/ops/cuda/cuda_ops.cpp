@@ -771,34 +771,11 @@ class CudaOps final : public Ops {
   void sparse_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& selected,
                         const Tensor& gate, double scale, const Tensor& out) override {
     const char* op = "sparse_attention";
-    check(q, DType::F32, 3, op, "q");
-    check(k_cache, DType::F32, 3, op, "k_cache");
-    check(v_cache, DType::F32, 3, op, "v_cache");
-    check(selected, DType::I32, 2, op, "selected");
-    check(gate, DType::F32, 3, op, "gate");
-    check(out, DType::F32, 3, op, "out");
-    const int64_t T = q.dim(0), nh = q.dim(1), D = q.dim(2), rows = k_cache.dim(0), nkv = k_cache.dim(1);
-    const int64_t n_sel = selected.dim(1);
-    FN_CHECK(v_cache.shape() == k_cache.shape() && k_cache.dim(2) == D && nkv > 0 && nh % nkv == 0 &&
-                 selected.dim(0) == T && gate.shape() == q.shape() && out.shape() == q.shape() && n_sel > 0,
-             "{}: q {}, caches {} / {}, selected {}, gate {}, out {} do not fit", op, q.str(), k_cache.str(),
-             v_cache.str(), selected.str(), gate.str(), out.str());
-    FN_CHECK(D <= detail::kQsaMaxDim && nh / nkv <= detail::kQsaMaxGroup,
-             "{}: head_dim {} (at most {}) and {} query heads per KV head (at most {}) exceed the kernel's limits", op,
-             D, detail::kQsaMaxDim, nh / nkv, detail::kQsaMaxGroup);
-    FN_CHECK(std::fabs(scale * std::sqrt(double(D)) - 1.0) < 1e-6,
-             "{}: the CUDA kernel scales scores by 1/sqrt(head_dim) = {}, asked for {}", op, 1.0 / std::sqrt(double(D)),
-             scale);
-    if (T == 0) return;
-    const int t = to_int(T, op, "tokens");
+    if (!check_attention(op, q, k_cache, v_cache, selected, gate, scale, out)) return;
+    const int64_t T = q.dim(0), rows = k_cache.dim(0);
     to_int(rows, op, "cache rows");
-    // Valid entries packed to the front with their counts; one page holding the whole cache; every position
-    // below `rows` visible (the caller's selection already encodes causality).
-    Tensor compact = alloc(selected.shape(), DType::I32, "selection");
-    Tensor counts = alloc({T}, DType::I32, "selection counts");
-    FN_CUDA_CHECK(detail::launch_compact_selection(dp<int32_t>(selected), t, int(n_sel), rows, dp<int32_t>(compact),
-                                                   dp<int32_t>(counts), status(kStatusSelection), stream()),
-                  "sparse_attention selection");
+    // One sequence, one page holding the whole cache; every position below `rows` visible (the caller's selection
+    // already encodes causality).
     Tensor tok = alloc({2 * T + 1}, DType::I32, "attention tokens");
     int32_t* tok_seq = dp<int32_t>(tok);
     int32_t* tok_pos = tok_seq + T;
@@ -806,15 +783,7 @@ class CudaOps final : public Ops {
     FN_CUDA_CHECK(detail::launch_fill_i32(tok_seq, T, 0, stream()), op);
     FN_CUDA_CHECK(detail::launch_fill_i32(tok_pos, T, int32_t(rows - 1), stream()), op);
     FN_CUDA_CHECK(detail::launch_fill_i32(table, 1, 0, stream()), op);
-    const detail::QsaPaging pg{table, 1, 1, int32_t(rows)};
-    const QsaAttentionPlan plan = qsa_attention_plan(t, int(nh), int(nkv), int(D), int(n_sel));
-    Tensor partial = alloc({std::max<int64_t>(plan.partial_floats, 1)}, DType::F32, "attention partials");
-    FN_CUDA_CHECK(detail::launch_qsa_attention(dp<const float>(q), nh * D, tok_seq, tok_pos, dp<int32_t>(compact),
-                                               n_sel, dp<int32_t>(counts), t, pg, dp<const float>(k_cache),
-                                               dp<const float>(v_cache), int(nh), int(nkv), int(D), plan.splits,
-                                               plan.split_len, dp<const float>(gate), nh * D, D, dp<float>(partial),
-                                               dp<float>(out), nh * D, status(kStatusQsa), stream()),
-                  op);
+    attend(op, q, k_cache, v_cache, selected, gate, out, tok_seq, tok_pos, {table, 1, 1, int32_t(rows)}, rows);
   }
 
   /// Sparse attention over the paged K/V pools directly (no per-sequence gather): the kernel maps each selected
@@ -822,47 +791,17 @@ class CudaOps final : public Ops {
   void sparse_attention_batch(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& selected,
                               const Tensor& gate, double scale, const StepBatch& batch, const Tensor& out) override {
     const char* op = "sparse_attention_batch";
-    check(q, DType::F32, 3, op, "q");
-    check(k_pool, DType::F32, 3, op, "k_pool");
-    check(v_pool, DType::F32, 3, op, "v_pool");
-    check(selected, DType::I32, 2, op, "selected");
-    check(gate, DType::F32, 3, op, "gate");
-    check(out, DType::F32, 3, op, "out");
-    const int64_t T = q.dim(0), nh = q.dim(1), D = q.dim(2), rows = k_pool.dim(0), nkv = k_pool.dim(1);
-    const int64_t n_sel = selected.dim(1), bs = batch.block_size;
-    FN_CHECK(T == batch.num_tokens && v_pool.shape() == k_pool.shape() && k_pool.dim(2) == D && nkv > 0 &&
-                 nh % nkv == 0 && selected.dim(0) == T && gate.shape() == q.shape() && out.shape() == q.shape() &&
-                 n_sel > 0 && bs > 0 && rows % bs == 0,
-             "{}: q {}, pools {} / {}, selected {}, gate {}, out {} do not fit a step of {} tokens in blocks of {}", op,
-             q.str(), k_pool.str(), v_pool.str(), selected.str(), gate.str(), out.str(), batch.num_tokens, bs);
-    FN_CHECK(D <= detail::kQsaMaxDim && nh / nkv <= detail::kQsaMaxGroup,
-             "{}: head_dim {} (at most {}) and {} query heads per KV head (at most {}) exceed the kernel's limits", op,
-             D, detail::kQsaMaxDim, nh / nkv, detail::kQsaMaxGroup);
-    FN_CHECK(std::fabs(scale * std::sqrt(double(D)) - 1.0) < 1e-6,
-             "{}: the CUDA kernel scales scores by 1/sqrt(head_dim) = {}, asked for {}", op, 1.0 / std::sqrt(double(D)),
-             scale);
-    if (T == 0) return;
-    const int t = to_int(T, op, "tokens");
+    const int64_t rows = k_pool.rank() == 3 ? k_pool.dim(0) : 0, bs = batch.block_size;
+    FN_CHECK(q.rank() == 3 && q.dim(0) == batch.num_tokens && bs > 0 && rows % bs == 0,
+             "{}: q {} and pool {} do not fit a step of {} tokens in blocks of {}", op, q.str(), k_pool.str(),
+             batch.num_tokens, bs);
+    if (!check_attention(op, q, k_pool, v_pool, selected, gate, scale, out)) return;
     check_block_ids(batch, rows / bs, op);
-    // Valid entries packed to the front with their counts; logical positions at or beyond the step's longest
-    // context are invalid.
-    Tensor compact = alloc(selected.shape(), DType::I32, "selection");
-    Tensor counts = alloc({T}, DType::I32, "selection counts");
-    FN_CUDA_CHECK(
-        detail::launch_compact_selection(dp<int32_t>(selected), t, int(n_sel), batch.max_context, dp<int32_t>(compact),
-                                         dp<int32_t>(counts), status(kStatusSelection), stream()),
-        "sparse_attention_batch selection");
-    const detail::QsaPaging pg{dp<int32_t>(batch.block_tables), batch.max_blocks, to_int(rows / bs, op, "blocks"),
-                               to_int(bs, op, "block size")};
-    const QsaAttentionPlan plan = qsa_attention_plan(t, int(nh), int(nkv), int(D), int(n_sel));
-    Tensor partial = alloc({std::max<int64_t>(plan.partial_floats, 1)}, DType::F32, "attention partials");
-    FN_CUDA_CHECK(
-        detail::launch_qsa_attention(dp<const float>(q), nh * D, dp<int32_t>(batch.token_seq),
-                                     dp<int32_t>(batch.positions), dp<int32_t>(compact), n_sel, dp<int32_t>(counts), t,
-                                     pg, dp<const float>(k_pool), dp<const float>(v_pool), int(nh), int(nkv), int(D),
-                                     plan.splits, plan.split_len, dp<const float>(gate), nh * D, D, dp<float>(partial),
-                                     dp<float>(out), nh * D, status(kStatusQsa), stream()),
-        op);
+    // Logical positions at or beyond the step's longest context are invalid.
+    attend(op, q, k_pool, v_pool, selected, gate, out, dp<int32_t>(batch.token_seq), dp<int32_t>(batch.positions),
+           {dp<int32_t>(batch.block_tables), batch.max_blocks, to_int(rows / bs, op, "blocks"),
+            to_int(bs, op, "block size")},
+           batch.max_context);
   }
 
   // ------------------------------------------------------------------------------------------------ MoE
@@ -1257,6 +1196,53 @@ class CudaOps final : public Ops {
                                                 dp<__half>(k_norm), dp<int32_t>(pos), int(T), int(nkv), int(D),
                                                 int(rope.rotary_dim), float(rope.theta), float(eps), stream()),
                   op);
+  }
+
+  /// The checks shared by sparse_attention and sparse_attention_batch; false when there is nothing to do (T == 0).
+  bool check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& selected,
+                       const Tensor& gate, double scale, const Tensor& out) {
+    check(q, DType::F32, 3, op, "q");
+    check(k, DType::F32, 3, op, "k cache");
+    check(v, DType::F32, 3, op, "v cache");
+    check(selected, DType::I32, 2, op, "selected");
+    check(gate, DType::F32, 3, op, "gate");
+    check(out, DType::F32, 3, op, "out");
+    const int64_t T = q.dim(0), nh = q.dim(1), D = q.dim(2), nkv = k.dim(1);
+    FN_CHECK(v.shape() == k.shape() && k.dim(2) == D && nkv > 0 && nh % nkv == 0 && selected.dim(0) == T &&
+                 gate.shape() == q.shape() && out.shape() == q.shape() && selected.dim(1) > 0,
+             "{}: q {}, caches {} / {}, selected {}, gate {}, out {} do not fit", op, q.str(), k.str(), v.str(),
+             selected.str(), gate.str(), out.str());
+    FN_CHECK(D <= detail::kQsaMaxDim && nh / nkv <= detail::kQsaMaxGroup,
+             "{}: head_dim {} (at most {}) and {} query heads per KV head (at most {}) exceed the kernel's limits", op,
+             D, detail::kQsaMaxDim, nh / nkv, detail::kQsaMaxGroup);
+    FN_CHECK(std::fabs(scale * std::sqrt(double(D)) - 1.0) < 1e-6,
+             "{}: the CUDA kernel scales scores by 1/sqrt(head_dim) = {}, asked for {}", op, 1.0 / std::sqrt(double(D)),
+             scale);
+    to_int(T, op, "tokens");
+    return T > 0;
+  }
+
+  /// Attention of each query over its selected positions (entries at or beyond `visible` are invalid) through the
+  /// paging `pg`, token t in block-table row tok_seq[t] at position tok_pos[t]; inputs checked by check_attention.
+  void attend(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& selected,
+              const Tensor& gate, const Tensor& out, const int32_t* tok_seq, const int32_t* tok_pos,
+              const detail::QsaPaging& pg, int64_t visible) {
+    const int64_t T = q.dim(0), nh = q.dim(1), D = q.dim(2), nkv = k.dim(1), n_sel = selected.dim(1);
+    const int t = int(T);
+    // Valid entries packed to the front with their counts.
+    Tensor compact = alloc(selected.shape(), DType::I32, "selection");
+    Tensor counts = alloc({T}, DType::I32, "selection counts");
+    FN_CUDA_CHECK(detail::launch_compact_selection(dp<int32_t>(selected), t, int(n_sel), visible, dp<int32_t>(compact),
+                                                   dp<int32_t>(counts), status(kStatusSelection), stream()),
+                  op);
+    const QsaAttentionPlan plan = qsa_attention_plan(t, int(nh), int(nkv), int(D), int(n_sel));
+    Tensor partial = alloc({std::max<int64_t>(plan.partial_floats, 1)}, DType::F32, "attention partials");
+    FN_CUDA_CHECK(
+        detail::launch_qsa_attention(dp<const float>(q), nh * D, tok_seq, tok_pos, dp<int32_t>(compact), n_sel,
+                                     dp<int32_t>(counts), t, pg, dp<const float>(k), dp<const float>(v), int(nh),
+                                     int(nkv), int(D), plan.splits, plan.split_len, dp<const float>(gate), nh * D, D,
+                                     dp<float>(partial), dp<float>(out), nh * D, status(kStatusQsa), stream()),
+        op);
   }
 
   /// Every block id of the step's tables is inside a pool of `blocks` blocks (the paged kernels index with them).

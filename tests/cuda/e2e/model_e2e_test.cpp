@@ -59,20 +59,6 @@ Model& gpu_model(const std::string& dir, PleTablePlacement placement = PleTableP
   return *m;
 }
 
-/// Reference top-1 minus top-2 of one row.
-double top2_gap(const float* row, int64_t n) {
-  float a = -INFINITY, b = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) {
-    if (row[i] > a) {
-      b = a;
-      a = row[i];
-    } else if (row[i] > b) {
-      b = row[i];
-    }
-  }
-  return double(a) - double(b);
-}
-
 /// Argmax check of one position: equal, or a near-tie of the reference (counted and listed in `ties`).
 void check_argmax(const std::string& what, int64_t t, int64_t got, int64_t want, double ref_gap, int& near_ties,
                   std::string& ties) {
@@ -352,7 +338,8 @@ TEST(MediumBatch, EightSequencesGenerateWhatEachGeneratesAlone) {
   Model& model = gpu_model(dir + "/model");
   const auto ids = ref.ids("long");
   std::vector<std::vector<int32_t>> prompts;
-  for (size_t len : {size_t(5), size_t(3000), size_t(700), size_t(2100), size_t(64), size_t(2500), size_t(1), size_t(333)})
+  for (size_t len :
+       {size_t(5), size_t(3000), size_t(700), size_t(2100), size_t(64), size_t(2500), size_t(1), size_t(333)})
     prompts.emplace_back(ids.begin(), ids.begin() + std::min(len, ids.size()));
   BatchPlan plan{.block_size = 16, .chunk = 512, .start = {0, 0, 1, 0, 2, 1, 3, 0}};
   const auto together = batched_greedy(model, prompts, 4, plan);

@@ -34,8 +34,8 @@
 namespace flashnext::test {
 namespace {
 
-constexpr double kLogitTol = 2e-2;  // x the reference scale
-constexpr double kNearTie = 1e-2;   // reference top-2 gap below which an argmax difference is tolerated
+constexpr double kLogitTol = 2e-2;   // x the reference scale
+constexpr double kNearTie = 1e-2;    // reference top-2 gap below which an argmax difference is tolerated
 constexpr double kExpertTol = 1e-2;  // routed experts vs the CPU oracle, x the oracle's largest |output|
 
 const std::vector<std::string> kFormats = {"nvfp4-radixark",   "nvfp4-nvidia", "fp8-block",    "ct-int4-sym-g32",
@@ -55,19 +55,6 @@ Model& quant_model(const std::string& fmt, PleTablePlacement placement = PleTabl
     m = Model::load(quant_dir(fmt) + "/model", o);
   }
   return *m;
-}
-
-double top2_gap(const float* row, int64_t n) {
-  float a = -INFINITY, b = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) {
-    if (row[i] > a) {
-      b = a;
-      a = row[i];
-    } else if (row[i] > b) {
-      b = row[i];
-    }
-  }
-  return double(a) - double(b);
 }
 
 /// Logits rows [t0, t0 + n) of `got` ([n, V]) against the reference's ([T, V]): the acceptance criteria and one
@@ -157,8 +144,7 @@ TEST_P(QuantGpu, RoutedExpertsMatchCpuOracle) {
   const Checkpoint ck(dir);
   const WeightManifest m = WeightManifest::build(cfg, ck);
   const QuantScheme scheme = QuantScheme::build(read_quant_config(dir), cfg, m);
-  const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, H = cfg.hidden_size,
-                k = cfg.num_experts_per_tok;
+  const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, H = cfg.hidden_size, k = cfg.num_experts_per_tok;
   const auto qe = quantized_experts(scheme, "layers.3.mlp", E, I, H);
   ASSERT_TRUE(qe.has_value()) << fmt;
   auto cpu = make_cpu_ops(2);
@@ -220,15 +206,16 @@ TEST_P(QuantGpu, RoutedExpertsMatchCpuOracle) {
       scale = std::max(scale, double(std::fabs(want[i])));
     }
     EXPECT_LE(err, kExpertTol * scale) << fmt << " T=" << T;
-    const char* path = wg.packed ? (cuda::moe_w4a16_pick_path(int(T), int(k), int(E)) == cuda::W4Path::Gemv
-                                        ? "w4a16 gemv"
-                                        : "w4a16 gemm")
-                                 : "fp16";
-    std::printf("E2E-QUANT: %s routed experts layer 3, T=%lld (%s%s): max|d| %.3e, oracle scale %.3f, ratio %.2e "
-                "(limit %.0e)\n",
-                fmt.c_str(), (long long)T, path,
-                wg.packed ? fmt::format(", {} bytes on the GPU", wg.packed->device_bytes()).c_str() : "", err, scale,
-                err / scale, kExpertTol);
+    const char* path =
+        wg.packed
+            ? (cuda::moe_w4a16_pick_path(int(T), int(k), int(E)) == cuda::W4Path::Gemv ? "w4a16 gemv" : "w4a16 gemm")
+            : "fp16";
+    std::printf(
+        "E2E-QUANT: %s routed experts layer 3, T=%lld (%s%s): max|d| %.3e, oracle scale %.3f, ratio %.2e "
+        "(limit %.0e)\n",
+        fmt.c_str(), (long long)T, path,
+        wg.packed ? fmt::format(", {} bytes on the GPU", wg.packed->device_bytes()).c_str() : "", err, scale,
+        err / scale, kExpertTol);
   }
 }
 
@@ -247,10 +234,11 @@ TEST(QuantGpuPlan, InspectW4BytesEqualRepacking) {
     int rows, cols, group;
     bool zeros;
   };
-  for (const Case& c : {Case{cuda::W4Format::Nvfp4, 1280, 2560, 16, false}, Case{cuda::W4Format::Nvfp4, 2560, 640, 16, false},
-                        Case{cuda::W4Format::Nvfp4, 2560, 160, 16, false}, Case{cuda::W4Format::Int4, 1280, 2560, 128, true},
-                        Case{cuda::W4Format::Int4, 2560, 640, 32, false}, Case{cuda::W4Format::Int4, 64, 32, 0, false},
-                        Case{cuda::W4Format::Int4, 64, 64, 32, true}}) {
+  for (const Case& c :
+       {Case{cuda::W4Format::Nvfp4, 1280, 2560, 16, false}, Case{cuda::W4Format::Nvfp4, 2560, 640, 16, false},
+        Case{cuda::W4Format::Nvfp4, 2560, 160, 16, false}, Case{cuda::W4Format::Int4, 1280, 2560, 128, true},
+        Case{cuda::W4Format::Int4, 2560, 640, 32, false}, Case{cuda::W4Format::Int4, 64, 32, 0, false},
+        Case{cuda::W4Format::Int4, 64, 64, 32, true}}) {
     const cuda::W4Packed p(c.f, 1, c.rows, c.cols, c.group, c.zeros);
     EXPECT_EQ(w4a16_packed_bytes(c.rows, c.cols, c.group, c.zeros), int64_t(p.expert_bytes()))
         << c.rows << "x" << c.cols << " group " << c.group;
