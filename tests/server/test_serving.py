@@ -220,11 +220,13 @@ def test_preemption_under_memory_pressure_keeps_outputs():
     """A KV budget of 40 blocks of 16 tokens for 8 sequences of 160 tokens each: requests are preempted and resumed
     (recomputed), and still return exactly their solo tokens (the CPU backend gives the same logits for any
     chunking of a sequence)."""
-    slot_bytes, block_bytes = 10000, 2560  # the bundled model in float32: see the server's start-up line
+    # The bundled model in float32 (see the server's start-up line): 168 B per token = K, V and indexer key of its QSA
+    # layer (160) + the pooled indexer key cached per 4 positions (8).
+    slot_bytes, block_bytes = 10000, 16 * 168
     s = Server("--max-model-len", "512", "--max-num-seqs", "8", "--max-num-batched-tokens", "64",
                "--kv-cache-memory-bytes", str(8 * slot_bytes + 40 * block_bytes), "--served-model-name", "tiny")
     try:
-        assert any("8 state slots x 10000 B" in line and "40 KV blocks x 16 tokens x 160 B/token" in line
+        assert any("8 state slots x 10000 B" in line and "40 KV blocks x 16 tokens x 168 B/token" in line
                    for line in s.log), "\n".join(s.log)
         client = openai.OpenAI(base_url=s.v1, api_key="unused", max_retries=0, timeout=300)
         prompts = [[(31 * i + 7 * k) % 150000 + 100 for k in range(100)] for i in range(8)]
