@@ -516,19 +516,23 @@ class CudaOps final : public Ops {
         op);
   }
 
-  /// A decode step: one recurrent-step launch for all sequences over the state slots; else per sequence.
+  /// One launch for the whole step over the state slots: the recurrence for a decode step, else the chunked form.
   void gdn_rule_batch(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w, const GdnDims& dims,
                       const Tensor& state_pool, const StepBatch& batch, const Tensor& o) override {
     const char* op = "gdn_rule_batch";
     check(state_pool, DType::F32, 4, op, "state pool");
-    if (!all_decode(batch, state_pool, op)) return Ops::gdn_rule_batch(qkv, a, b, w, dims, state_pool, batch, o);
     FN_CHECK(state_pool.dim(1) == dims.num_v_heads && state_pool.dim(2) == dims.k_head_dim &&
                  state_pool.dim(3) == dims.v_head_dim,
              "{}: state pool {} is not [slots, {}, {}, {}]", op, state_pool.str(), dims.num_v_heads, dims.k_head_dim,
              dims.v_head_dim);
-    // Shapes as gdn_recurrent checks them, with slot 0's state standing for every slot.
+    for (int32_t slot : batch.slot_ids)
+      FN_CHECK(slot >= 0 && slot < state_pool.dim(0), "{}: state slot {} outside the pool {}", op, slot,
+               state_pool.str());
+    // Shapes as gdn_recurrent checks them, with slot 0's state standing for every slot. A decode step takes the
+    // recurrence over the slots, any other step the chunked form over every sequence's rows (cu_seqlens) in one
+    // launch (a decode token among prefill chunks then goes through the chunked form: equal up to rounding).
     gdn_rule(op, qkv, a, b, w, dims, state_pool.rows(0, 1).view({dims.num_v_heads, dims.k_head_dim, dims.v_head_dim}),
-             o, /*chunked=*/false, &batch, &state_pool);
+             o, /*chunked=*/batch.num_tokens != batch.num_seqs, &batch, &state_pool);
   }
 
   /// A decode step: one conv-add launch for all sequences over the state slots; else per sequence.
@@ -1440,8 +1444,9 @@ class CudaOps final : public Ops {
   };
   std::vector<PendingGather> pending_gathers_;
 
-  /// Shared by gdn_chunked and gdn_recurrent (one sequence, `state` [nv, dk, dv]) and by gdn_rule_batch for a decode
-  /// step (`batch` and `pool` [slots, nv, dk, dv] given: token b of the step is sequence b, in slot batch->slots[b]).
+  /// Shared by gdn_chunked and gdn_recurrent (one sequence, `state` [nv, dk, dv]) and by gdn_rule_batch (`batch` and
+  /// `pool` [slots, nv, dk, dv] given: sequence s's rows start at batch->cu_seqlens[s], its state is in slot
+  /// batch->slots[s]; the chunked form for a step with prefill chunks, the recurrence for a decode step).
   void gdn_rule(const char* op, const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w,
                 const GdnDims& d, const Tensor& state, const Tensor& o, bool chunked, const StepBatch* batch = nullptr,
                 const Tensor* pool = nullptr) {
@@ -1473,6 +1478,14 @@ class CudaOps final : public Ops {
     FN_CUDA_CHECK(detail::launch_f16_to_f32(dp<__half>(w.dt_bias), dp<float>(gates) + nv, nv, stream()), op);
     const float* a_log = dp<const float>(gates);
     const float* dt_bias = a_log + nv;
+    if (batch && chunked) {  // a step with prefill chunks: every sequence's rows, state in slot slots[s]
+      FN_CUDA_CHECK(detail::launch_gdn_chunked_prefill(dp<const float>(qkv), C, dp<const float>(a), dp<const float>(b),
+                                                       nv, a_log, dt_bias, dp<float>(*pool), dp<int32_t>(batch->slots),
+                                                       dp<int32_t>(batch->seq_starts), int(batch->num_seqs), dims,
+                                                       dp<float>(o), ld_o, stream()),
+                    op);
+      return;
+    }
     if (batch) {  // a decode step: token b of sequence b, state in slot slots[b]
       FN_CUDA_CHECK(detail::launch_gdn_recurrent_step(dp<const float>(qkv), C, dp<const float>(a), dp<const float>(b),
                                                       nv, a_log, dt_bias, dp<float>(*pool), dp<int32_t>(batch->slots),

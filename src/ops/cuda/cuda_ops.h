@@ -22,8 +22,9 @@
 // order (except PLE gathers begun ahead with `ple_gather_start`, on a side stream joined by `ple_gather_wait`), and
 // only `download` waits for it. Batched steps: a pure decode step runs the GDN conv and recurrence and the PLE conv
 // over the state slots in one launch each; the indexer (with a cache of pooled block keys) and sparse attention
-// run once per step over the paged pools through the block tables; the GDN and PLE convs and the GDN chunked rule of
-// a mixed prefill step run per sequence (the defaults of ops.h). Next tokens can be sampled on the GPU
+// run once per step over the paged pools through the block tables; the GDN rule of a step with prefill chunks runs
+// in chunked form over all its sequences at once; the GDN and PLE convs of such a step run per sequence (the
+// defaults of ops.h). Next tokens can be sampled on the GPU
 // (`sample_tokens`). Index errors that kernels meet (token ids, expert ids, PLE rows, QSA selections) are recorded in
 // a device status word and reported by the next `download` as an Error naming the op.
 // The PLE n-gram tables stay in pinned host memory read by the gather kernel over the host link (an exact-size
