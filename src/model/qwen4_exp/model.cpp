@@ -33,7 +33,7 @@ constexpr int64_t kPrivateBlockIndexerBlocks = 16;
 }  // namespace
 
 std::shared_ptr<CachePool> Model::allocate_cache(int64_t num_blocks, int64_t block_size, int64_t num_slots,
-                                                 bool zero_kv) const {
+                                                 bool with_states) const {
   const ModelConfig& c = config_;
   FN_CHECK(num_blocks >= 0 && block_size >= 1 && num_slots >= 1 && block_size % c.indexer_compress_ratio == 0,
            "cache pool: {} blocks of {} positions and {} slots (need slots >= 1 and a block size that is a multiple "
@@ -48,26 +48,27 @@ std::shared_ptr<CachePool> Model::allocate_cache(int64_t num_blocks, int64_t blo
   FN_CHECK(rows <= std::numeric_limits<int32_t>::max(),
            "cache pool: {} blocks of {} positions = {} rows, more than the int32 row ids of the kernels allow",
            num_blocks, block_size, rows);
-  auto kv = [&](const Shape& shape) { return zero_kv ? ops_->zeros(shape) : ops_->empty(shape); };
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     LayerCache& lc = pool->layers[size_t(l)];
     if (c.layer_types[size_t(l)] == LayerKind::GatedDeltaNet) {
+      if (!with_states) continue;
       lc.conv = ops_->zeros({num_slots, c.linear_conv_kernel_dim - 1, c.gdn_conv_dim()});
       lc.recurrent = ops_->zeros({num_slots, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim});
     } else {
-      lc.k = kv({rows, c.num_key_value_heads, c.head_dim});
-      lc.v = kv({rows, c.num_key_value_heads, c.head_dim});
-      lc.index_keys = kv({rows, c.indexer_head_dim});
-      lc.pooled_keys = kv({rows / c.indexer_compress_ratio, c.indexer_head_dim});
+      lc.k = ops_->empty({rows, c.num_key_value_heads, c.head_dim});
+      lc.v = ops_->empty({rows, c.num_key_value_heads, c.head_dim});
+      lc.index_keys = ops_->empty({rows, c.indexer_head_dim});
+      lc.pooled_keys = ops_->empty({rows / c.indexer_compress_ratio, c.indexer_head_dim});
     }
-    if (c.ple_index_of_layer(l) >= 0) lc.ple_conv = ops_->zeros({num_slots, c.ple_conv_state_len(), c.hc_width()});
+    if (with_states && c.ple_index_of_layer(l) >= 0)
+      lc.ple_conv = ops_->zeros({num_slots, c.ple_conv_state_len(), c.hc_width()});
   }
   return pool;
 }
 
 std::shared_ptr<CachePool> Model::new_cache(int64_t num_blocks, int64_t block_size, int64_t num_slots) const {
   FN_CHECK(num_blocks >= 1, "cache pool: {} KV blocks requested, at least 1 is needed", num_blocks);
-  return allocate_cache(num_blocks, block_size, num_slots, /*zero_kv=*/false);
+  return allocate_cache(num_blocks, block_size, num_slots, /*with_states=*/true);
 }
 
 SequenceState Model::new_sequence(std::shared_ptr<CachePool> cache, int32_t slot) const {
@@ -91,7 +92,7 @@ SequenceState Model::new_sequence(std::shared_ptr<CachePool> cache, int32_t slot
 
 SequenceState Model::new_sequence() const {
   SequenceState s =
-      new_sequence(allocate_cache(0, kPrivateBlockIndexerBlocks * config_.indexer_compress_ratio, 1, false), 0);
+      new_sequence(allocate_cache(0, kPrivateBlockIndexerBlocks * config_.indexer_compress_ratio, 1, true), 0);
   s.private_cache = true;
   return s;
 }
@@ -102,7 +103,7 @@ void Model::reserve_private(SequenceState& seq, int64_t length) const {
   if (need <= old.num_blocks) return;
   const int64_t max_blocks = (config_.max_position_embeddings + old.block_size - 1) / old.block_size;
   const int64_t blocks = std::min(max_blocks, std::max(need, 2 * old.num_blocks));
-  auto grown = allocate_cache(blocks, old.block_size, 1, false);
+  auto grown = allocate_cache(blocks, old.block_size, 1, /*with_states=*/false);  // the states move over
   const int64_t keep = old.num_blocks * old.block_size;
   for (size_t l = 0; l < grown->layers.size(); ++l) {
     LayerCache& n = grown->layers[l];

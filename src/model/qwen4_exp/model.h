@@ -113,10 +113,10 @@ class Model {
 
  private:
   Model() = default;
-  /// A pool of `num_blocks` KV blocks (0 allowed: a private cache before its first forward) and `num_slots` zeroed
-  /// state slots; zero_kv also zeroes the KV tensors.
+  /// A pool of `num_blocks` KV blocks (0 allowed: a private cache before its first forward) and, with_states,
+  /// `num_slots` zeroed state slots (without: the caller moves existing state tensors in).
   std::shared_ptr<CachePool> allocate_cache(int64_t num_blocks, int64_t block_size, int64_t num_slots,
-                                            bool zero_kv) const;
+                                            bool with_states) const;
   /// Grows a private cache so that `seq` has blocks for `length` positions.
   void reserve_private(SequenceState& seq, int64_t length) const;
 
