@@ -121,33 +121,34 @@ void ModelRunner::forward(std::span<Item> items) {
     const Tensor logits = model_.forward_batch(batch, &rows);
     Ops& ops = model_.ops();
     const int64_t vocab = model_.config().vocab_size;
-    // The logits rows of `which` items, as one tensor (the whole output when that is all of it).
-    auto pick = [&](const std::vector<Item*>& which) {
-      std::vector<int32_t> idx;
-      for (size_t i = 0; i < fed.size(); ++i)
-        if (std::find(which.begin(), which.end(), fed[i]) != which.end()) idx.push_back(int32_t(rows[i]));
+    // The logits rows `idx` as one tensor (the whole output when that is all of it).
+    auto pick = [&](const std::vector<int32_t>& idx) {
       if (int64_t(idx.size()) == logits.dim(0)) return logits;
       Tensor out = ops.empty({int64_t(idx.size()), vocab});
       ops.gather_rows(logits, ops.upload(idx.data(), DType::I32, {int64_t(idx.size())}), out);
       return out;
     };
     std::vector<Item*> on_device, on_host;
+    std::vector<int32_t> device_rows, host_rows;
     std::vector<TokenSampling> params;
-    for (Item* item : fed) {
+    for (size_t i = 0; i < fed.size(); ++i) {
+      Item* item = fed[i];
       ple_rows_ += ple_rows_per_token_ * int64_t(item->ids.size());
       if (item->sampling) {
         on_device.push_back(item);
+        device_rows.push_back(int32_t(rows[i]));
         params.push_back(*item->sampling);
       } else if (!item->logits.empty()) {
         on_host.push_back(item);
+        host_rows.push_back(int32_t(rows[i]));
       }
     }
     if (!on_device.empty()) {
-      const std::vector<int32_t> tokens = ops.sample_tokens(pick(on_device), params);
+      const std::vector<int32_t> tokens = ops.sample_tokens(pick(device_rows), params);
       for (size_t i = 0; i < on_device.size(); ++i) on_device[i]->token = tokens[i];
     }
     if (!on_host.empty()) {
-      const std::vector<float> host = model_.download(pick(on_host));
+      const std::vector<float> host = model_.download(pick(host_rows));
       for (size_t i = 0; i < on_host.size(); ++i)
         std::copy_n(host.begin() + int64_t(i) * vocab, vocab, on_host[i]->logits.begin());
     }

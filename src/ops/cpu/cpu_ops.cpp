@@ -24,13 +24,6 @@ void check_tensor(const Tensor& t, DType dt, int rank, const char* op, const cha
 
 namespace {
 
-const float* fp(const Tensor& t) {
-  return t.data_as<const float>();
-}
-float* mp(const Tensor& t) {
-  return t.data_as<float>();
-}
-
 Tensor alloc(const Shape& shape, DType dtype) {
   for (auto d : shape) FN_CHECK(d >= 0, "cpu: negative dimension in shape [{}]", fmt::join(shape, ", "));
   const size_t bytes = std::max<size_t>(size_t(shape_numel(shape)) * dtype_size(dtype), 1);
@@ -112,9 +105,9 @@ namespace {
 size_t check_row_map(const char* op, const Tensor& indexed, const Tensor& rows, const Tensor& packed) {
   check_tensor(rows, DType::I32, 1, op, "rows");
   FN_CHECK(indexed.device() == Device::CPU && packed.device() == Device::CPU, "{}: tensors must be on the CPU", op);
-  FN_CHECK(indexed.rank() >= 1 && packed.rank() >= 1 && indexed.dtype() == packed.dtype() &&
-               packed.dim(0) == rows.dim(0),
-           "{}: {} and {} with {} row ids do not fit", op, indexed.str(), packed.str(), rows.dim(0));
+  FN_CHECK(
+      indexed.rank() >= 1 && packed.rank() >= 1 && indexed.dtype() == packed.dtype() && packed.dim(0) == rows.dim(0),
+      "{}: {} and {} with {} row ids do not fit", op, indexed.str(), packed.str(), rows.dim(0));
   const size_t row = indexed.dim(0) ? indexed.nbytes() / size_t(indexed.dim(0)) : 0;
   FN_CHECK(packed.dim(0) == 0 || packed.nbytes() / size_t(packed.dim(0)) == row, "{}: row sizes of {} and {} differ",
            op, indexed.str(), packed.str());

@@ -9,6 +9,14 @@
 
 namespace flashnext::cpu {
 
+/// The float32 data of a CPU tensor, read-only (fp) or writable (mp); dtypes are checked by the ops beforehand.
+inline const float* fp(const Tensor& t) {
+  return t.data_as<const float>();
+}
+inline float* mp(const Tensor& t) {
+  return t.data_as<float>();
+}
+
 /// Checks that `t` is a defined CPU tensor of dtype `dt` and rank `rank`; throws Error naming `op` and `what`.
 void check_tensor(const Tensor& t, DType dt, int rank, const char* op, const char* what);
 

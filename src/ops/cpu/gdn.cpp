@@ -9,13 +9,6 @@ namespace flashnext::cpu {
 
 namespace {
 
-const float* fp(const Tensor& t) {
-  return t.data_as<const float>();
-}
-float* mp(const Tensor& t) {
-  return t.data_as<float>();
-}
-
 // Shape checks shared by both delta-rule forms.
 void check_gdn(const char* op, const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w,
                const GdnDims& d, const Tensor& state, const Tensor& o) {

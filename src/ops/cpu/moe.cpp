@@ -10,13 +10,6 @@ namespace flashnext::cpu {
 
 namespace {
 
-const float* fp(const Tensor& t) {
-  return t.data_as<const float>();
-}
-float* mp(const Tensor& t) {
-  return t.data_as<float>();
-}
-
 void check_experts(const char* op, const Tensor& u, const MoeWeights& w) {
   check_tensor(u, DType::F32, 2, op, "u");
   check_tensor(w.gate, DType::F32, 3, op, "experts gate_proj");

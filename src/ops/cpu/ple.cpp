@@ -7,15 +7,6 @@
 
 namespace flashnext::cpu {
 
-namespace {
-const float* fp(const Tensor& t) {
-  return t.data_as<const float>();
-}
-float* mp(const Tensor& t) {
-  return t.data_as<float>();
-}
-}  // namespace
-
 void CpuOps::ple_gather(const PleTable& table, const Tensor& rows, const Tensor& e) {
   const char* op = "ple_gather";
   check_tensor(rows, DType::I64, 2, op, "rows");

@@ -9,15 +9,6 @@
 
 namespace flashnext::cpu {
 
-namespace {
-const float* fp(const Tensor& t) {
-  return t.data_as<const float>();
-}
-float* mp(const Tensor& t) {
-  return t.data_as<float>();
-}
-}  // namespace
-
 void CpuOps::qsa_prepare_qk(const Tensor& qg, const Tensor& k, const Tensor& q_norm, const Tensor& k_norm, double eps,
                             const RopeParams& rope, int64_t pos0, const Tensor& q, const Tensor& gate) {
   const char* op = "qsa_prepare_qk";
