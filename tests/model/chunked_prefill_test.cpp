@@ -15,7 +15,9 @@ struct Case {
 };
 
 // Readable test listings (gtest otherwise prints the bytes of the struct).
-void PrintTo(const Case& c, std::ostream* os) { *os << c.fixture << "/" << c.prompt; }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.fixture << "/" << c.prompt;
+}
 
 class ChunkedPrefill : public ::testing::TestWithParam<Case> {};
 
@@ -28,13 +30,8 @@ TEST_P(ChunkedPrefill, AnyChunkSizeEqualsFullForward) {
   SequenceState full_seq = model.new_sequence();
   const std::vector<float> full = model.forward(full_seq, ids);
   for (int64_t chunk : {int64_t(1), int64_t(3), int64_t(4), int64_t(5), int64_t(17), T}) {
-    SequenceState seq = model.new_sequence();
-    std::vector<float> got;
-    for (int64_t t0 = 0; t0 < T; t0 += chunk) {
-      const int64_t n = std::min(chunk, T - t0);
-      const auto part = model.forward(seq, std::span<const int32_t>(ids.data() + t0, size_t(n)));
-      got.insert(got.end(), part.begin(), part.end());
-    }
+    SequenceState seq;
+    const std::vector<float> got = forward_in_chunks(model, ids, chunk, &seq);
     EXPECT_EQ(seq.length, T);
     ASSERT_EQ(got.size(), size_t(T * V));
     EXPECT_LE(max_abs_diff(got.data(), full.data(), got.size()), kTol) << c.prompt << " chunk " << chunk;

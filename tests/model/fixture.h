@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -92,6 +94,22 @@ inline double top2_gap(const float* row, int64_t n) {
     }
   }
   return double(a) - double(b);
+}
+
+/// All logits [T * vocab] of `ids` fed to a fresh sequence in chunks of at most `chunk` tokens; `seq` (if given)
+/// receives the sequence afterwards.
+inline std::vector<float> forward_in_chunks(Model& model, const std::vector<int32_t>& ids, int64_t chunk,
+                                            SequenceState* seq_out = nullptr) {
+  SequenceState seq = model.new_sequence();
+  std::vector<float> got;
+  const int64_t T = int64_t(ids.size());
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    const int64_t n = std::min(chunk, T - t0);
+    const auto part = model.forward(seq, std::span<const int32_t>(ids.data() + t0, size_t(n)));
+    got.insert(got.end(), part.begin(), part.end());
+  }
+  if (seq_out) *seq_out = std::move(seq);
+  return got;
 }
 
 /// Greedy decode: prefill `prompt` then feed back the argmax `steps` times; returns the chosen ids.

@@ -191,13 +191,7 @@ TEST(TinyAChunked, LongPromptInChunks) {
   const auto ids = ref.ids("long");
   const int64_t T = int64_t(ids.size()), V = model.config().vocab_size;
   for (int64_t chunk : {int64_t(1), int64_t(7), int64_t(64)}) {
-    SequenceState seq = model.new_sequence();
-    std::vector<float> got;
-    for (int64_t t0 = 0; t0 < T; t0 += chunk) {
-      const int64_t n = std::min(chunk, T - t0);
-      const auto part = model.forward(seq, std::span<const int32_t>(ids.data() + t0, size_t(n)));
-      got.insert(got.end(), part.begin(), part.end());
-    }
+    const std::vector<float> got = forward_in_chunks(model, ids, chunk);
     check_logits("tiny-a long, chunks of " + std::to_string(chunk), got, ref.f32("long.logits"), T, V,
                  ref.i64("long.argmax"));
   }
@@ -212,7 +206,7 @@ TEST(TinyABatch, EightSequencesGenerateWhatEachGeneratesAlone) {
   BatchPlan plan{.block_size = 16, .chunk = 40, .start = {0, 0, 1, 2, 0, 3, 1, 0}};
   const auto together = batched_greedy(model, prompts, 8, plan);
   for (size_t i = 0; i < prompts.size(); ++i) {
-    const auto alone = batched_greedy(model, {prompts[i]}, 8, BatchPlan{.block_size = 16, .chunk = 40});
+    const auto alone = batched_greedy(model, {prompts[i]}, 8, BatchPlan{.block_size = 16, .chunk = 40, .start = {}});
     EXPECT_EQ(together[i], alone[0]) << "prompt " << i << " (" << prompts[i].size() << " tokens)";
   }
   std::printf("E2E: tiny-a batch of %zu sequences (1..300 tokens, mixed prefill/decode): compared with each alone\n",
@@ -319,13 +313,7 @@ TEST(MediumChunked, LongPromptInChunksOf1000) {
   Model& model = gpu_model(dir + "/model");
   const auto ids = ref.ids("long");
   const int64_t T = int64_t(ids.size()), V = model.config().vocab_size, chunk = 1000;
-  SequenceState seq = model.new_sequence();
-  std::vector<float> got;
-  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
-    const int64_t n = std::min(chunk, T - t0);
-    const auto part = model.forward(seq, std::span<const int32_t>(ids.data() + t0, size_t(n)));
-    got.insert(got.end(), part.begin(), part.end());
-  }
+  const std::vector<float> got = forward_in_chunks(model, ids, chunk);
   check_logits("medium long, chunks of 1000", got, ref.f32("long.logits"), T, V, ref.i64("long.argmax"));
 }
 
@@ -345,7 +333,7 @@ TEST(MediumBatch, EightSequencesGenerateWhatEachGeneratesAlone) {
   const auto together = batched_greedy(model, prompts, 4, plan);
   int equal = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    const auto alone = batched_greedy(model, {prompts[i]}, 4, BatchPlan{.block_size = 16, .chunk = 512});
+    const auto alone = batched_greedy(model, {prompts[i]}, 4, BatchPlan{.block_size = 16, .chunk = 512, .start = {}});
     EXPECT_EQ(together[i], alone[0]) << "prompt " << i << " (" << prompts[i].size() << " tokens)";
     equal += together[i] == alone[0];
   }
