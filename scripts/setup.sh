@@ -21,6 +21,10 @@ fi
 BUILD_DIR=${BUILD_DIR:-build}
 args=(-G Ninja -DFLASHNEXT_CUDA="${FLASHNEXT_CUDA:-AUTO}")
 [ -n "${CMAKE_CUDA_ARCHITECTURES:-}" ] && args+=(-DCMAKE_CUDA_ARCHITECTURES="$CMAKE_CUDA_ARCHITECTURES")
+# Rebuilds (other worktrees, build-asan, the GPU builds) reuse compiled objects when ccache is installed.
+if command -v ccache >/dev/null 2>&1; then
+  args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
 cmake -S . -B "$BUILD_DIR" "${args[@]}" >/dev/null
 cmake --build "$BUILD_DIR" --parallel "$(nproc)"
 echo "setup: built $BUILD_DIR/flashnext" >&2
