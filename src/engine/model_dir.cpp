@@ -10,8 +10,10 @@ namespace flashnext {
 
 namespace fs = std::filesystem;
 
-std::string resolve_model_dir(const std::string& requested) {
-  if (!requested.empty()) return requested;
+namespace {
+
+/// The folders searched for bundled files: the executable's and four above it, then the current directory.
+std::vector<fs::path> search_roots() {
   std::vector<fs::path> roots;
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
@@ -23,8 +25,16 @@ std::string resolve_model_dir(const std::string& requested) {
     }
   }
   roots.push_back(fs::current_path(ec));
+  return roots;
+}
+
+}  // namespace
+
+std::string resolve_model_dir(const std::string& requested) {
+  if (!requested.empty()) return requested;
   std::string searched;
-  for (const auto& root : roots) {
+  std::error_code ec;
+  for (const auto& root : search_roots()) {
     const fs::path candidate = root / kBundledModel;
     if (fs::is_regular_file(candidate / "config.json", ec)) return candidate.string();
     searched += "\n  " + candidate.string();
@@ -33,6 +43,17 @@ std::string resolve_model_dir(const std::string& requested) {
       "no --model given and the bundled model {} was not found; searched:{}\npass --model DIR (a Hugging Face model "
       "folder)",
       kBundledModel, searched);
+}
+
+std::string find_bundled_file(const std::string& relative) {
+  std::string searched;
+  std::error_code ec;
+  for (const auto& root : search_roots()) {
+    const fs::path candidate = root / relative;
+    if (fs::is_regular_file(candidate, ec)) return candidate.string();
+    searched += "\n  " + candidate.string();
+  }
+  fail("the bundled file {} was not found; searched:{}", relative, searched);
 }
 
 }  // namespace flashnext

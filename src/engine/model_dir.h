@@ -15,4 +15,9 @@ inline constexpr const char* kBundledModel = "models/tiny-b-random";
 /// when none does.
 std::string resolve_model_dir(const std::string& requested);
 
+/// The path of `relative` (a file of the source tree, e.g. "models/release/config.json") found the same way as the
+/// bundled model: beside the running executable or up to four folders above it, then in the current directory.
+/// Throws Error listing the places searched when it is in none.
+std::string find_bundled_file(const std::string& relative);
+
 }  // namespace flashnext

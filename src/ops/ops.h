@@ -162,6 +162,13 @@ struct TokenSampling {
   uint64_t offset = 0;
 };
 
+/// A table in host memory that ops read in place (Ops::host_table): `table` is the tensor ops take, `host` the
+/// address through which the caller writes its `table.nbytes()` bytes (the same memory).
+struct HostTable {
+  Tensor table;
+  void* host = nullptr;
+};
+
 /// The backend interface. One instance per device; safe to use from one thread at a time (ops parallelise
 /// internally).
 class Ops {
@@ -183,6 +190,9 @@ class Ops {
   virtual Tensor upload(const void* host, DType dtype, const Shape& shape) = 0;
   /// Copies all of `t` to host memory (`t.nbytes()` bytes, same dtype).
   virtual void download(const Tensor& t, void* host) = 0;
+  /// Waits until every op enqueued so far has finished (timing in `bench`); throws Error for a failed kernel or
+  /// invalid input the kernels recorded, as download does. Default (synchronous backends): nothing to wait for.
+  virtual void synchronize() {}
   /// A weight for the compute ops, converted from checkpoint data (BF16, F16 or F32 at `host`) to the backend's
   /// weight format (CPU: F32). Throws Error for other dtypes.
   virtual Tensor load_weight(const void* host, DType dtype, const Shape& shape) = 0;
@@ -196,6 +206,28 @@ class Ops {
   /// oracle's behaviour). Backends override it to keep formats their kernels read (the CUDA backend: NVFP4 and
   /// int4 repacked for its W4A16 kernels). Throws Error naming the matrix for inconsistent input.
   virtual RoutedExperts load_quantized_experts(const QuantExperts& q);
+  /// An uninitialised table of `shape` and `dtype` (BF16, F16 or FP8) in host memory that ops read in place, like
+  /// the tables of map_host_table, to be filled by the caller through HostTable::host (from any thread, while other
+  /// ops run). CPU: ordinary memory; CUDA: pinned and mapped (no GPU copy, whatever CudaOpsOptions::ple_table
+  /// says). May be called from another thread than the other ops. Throws Error naming the bytes asked for when the
+  /// memory cannot be had.
+  virtual HostTable host_table(DType dtype, const Shape& shape);
+
+  // ---------------------------------------------------------------- random weights (Model::random, flashnext bench)
+
+  /// A weight of `shape` in this backend's weight format with element i (row-major) = lo + (hi - lo) *
+  /// random_uniform(seed, i) (ops/random_uniform.h): the same values on every backend before its rounding to the
+  /// weight dtype. Made on the device where the backend has one, so that a model of the released size needs no host
+  /// copy. Throws Error for non-finite bounds or lo > hi.
+  virtual Tensor random_weight(const Shape& shape, float lo, float hi, uint64_t seed);
+
+  /// Routed experts of one MoE block with pseudo-random weights of mean 0 and variance 1/in for a matrix of `in`
+  /// inputs (gate / up logically [E, I, H]: 1/H; down [E, H, I]: 1/I), so that unit-variance inputs give
+  /// unit-variance outputs. Default: three random_weight tensors uniform in +-sqrt(3 / in) (seeds seed, seed + 1,
+  /// seed + 2). The CUDA backend makes W4A16 experts in the layout NVFP4 checkpoints load into (random E2M1 codes,
+  /// unit block scales, a global scale of sqrt(1 / in) / rms(E2M1)) directly in GPU memory.
+  virtual RoutedExperts random_experts(int64_t E, int64_t I, int64_t H, uint64_t seed);
+
   /// Copies `n` rows (dimension 0) from `src` starting at `src_row` into `dst` starting at `dst_row`. Both tensors
   /// must have the same dtype and row size.
   virtual void copy_rows(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row, int64_t n) = 0;
@@ -355,6 +387,19 @@ class Ops {
     throw Error(name() + ": sample_tokens: this backend samples on the host (samples_on_device() is false)");
   }
 
+  // ---------------------------------------------------------------- profiling (flashnext bench --profile)
+
+  /// Attributes the time of the ops enqueued from now on to `phase` (a string literal: "gdn_rule", "moe_routed",
+  /// ...), ending the previous phase; null ends the current one. Costs nothing unless set_profiling(true). The
+  /// default (synchronous backends) measures host time between marks; the CUDA backend records an event on its
+  /// stream at each mark, so a phase's time is device time, launch gaps included.
+  virtual void profile_phase(const char* phase);
+  /// Turns the marks on (clearing what was measured) or off.
+  virtual void set_profiling(bool on);
+  /// Milliseconds per phase since set_profiling(true), summed over its marks, in the order phases first appeared
+  /// (waits for the device).
+  virtual std::vector<std::pair<std::string, double>> profile_times();
+
   // ---------------------------------------------------------------- batched steps (ops/step_batch.h)
   //
   // The same computations for every sequence of a StepBatch at once. Activations are the concatenated rows
@@ -395,6 +440,12 @@ class Ops {
                                       const Tensor& out);
 
  private:
+  // Host-clock profile of the default profile_phase (ops/profile.cpp).
+  bool profiling_ = false;
+  const char* phase_ = nullptr;
+  double phase_start_ms_ = 0;
+  std::vector<std::pair<std::string, double>> phase_ms_;
+
   /// Rows [0, length) of sequence s's paged cache `pool` gathered into a contiguous [length, ...] tensor.
   Tensor gather_sequence(const Tensor& pool, const StepBatch& batch, int64_t s, int64_t length);
 };

@@ -1,11 +1,10 @@
 // The `flashnext inspect` command as a user runs it: the built binary, its exit status and its messages.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <string>
 
+#include "cli/cli_run.h"
 #include "loader/st_writer.h"
 
 using namespace flashnext::testing;
@@ -14,32 +13,8 @@ using json = nlohmann::json;
 
 namespace {
 
-struct CliRun {
-  int status = -1;
-  std::string out;  // stdout and stderr
-};
-
-// Runs `flashnext ARGS` (ARGS already shell-quoted) and captures its output and exit status.
-CliRun run_flashnext(const std::string& args, bool merge_stderr = true) {
-  const std::string cmd =
-      std::string("'") + FLASHNEXT_BINARY_DIR + "/flashnext' " + args + (merge_stderr ? " 2>&1" : "");
-  CliRun r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
-}
-
-std::string quoted(const std::string& s) {
-  return "'" + s + "'";
-}
-
 const std::string kTinyA = source_path("tests/data/fixtures/tiny-a/model");
-const std::string kRelease = source_path("tests/data/release/config.json");
+const std::string kRelease = source_path("models/release/config.json");
 
 }  // namespace
 

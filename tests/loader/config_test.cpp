@@ -15,7 +15,7 @@ using json = nlohmann::json;
 
 namespace {
 
-const std::string kRelease = source_path("tests/data/release/config.json");
+const std::string kRelease = source_path("models/release/config.json");
 const std::string kTinyA = source_path("tests/data/fixtures/tiny-a/model/config.json");
 
 std::string parse_error(const json& doc) {

@@ -20,7 +20,7 @@ using json = nlohmann::json;
 namespace {
 
 const std::string kTinyADir = source_path("tests/data/fixtures/tiny-a/model");
-const std::string kRelease = source_path("tests/data/release/config.json");
+const std::string kRelease = source_path("models/release/config.json");
 
 bool starts_with(const std::string& s, const std::string& p) {
   return s.rfind(p, 0) == 0;

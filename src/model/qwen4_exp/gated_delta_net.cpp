@@ -13,6 +13,7 @@ Tensor gated_delta_net(Ops& ops, const ModelConfig& cfg, const GdnLayerWeights& 
   const GdnDims dims = gdn_dims(cfg);
   const int64_t nv = dims.num_v_heads, value_dim = nv * dims.v_head_dim;
   // Projections: qkv (q | k | v), output gate z, beta logits b, decay input a.
+  ops.profile_phase("gdn_proj");
   Tensor qkv = ops.empty({T, dims.conv_dim()}), z = ops.empty({T, value_dim});
   Tensor b = ops.empty({T, nv}), a = ops.empty({T, nv});
   ops.linear(u, w.in_proj_qkv, qkv);
@@ -20,6 +21,7 @@ Tensor gated_delta_net(Ops& ops, const ModelConfig& cfg, const GdnLayerWeights& 
   ops.linear(u, w.in_proj_b, b);
   ops.linear(u, w.in_proj_a, a);
   // qkv = silu(causal depthwise conv1d(qkv)), continuing the conv tail.
+  ops.profile_phase("gdn_rule");
   ops.gdn_conv_batch(qkv, w.conv1d, cache.conv, batch);
   // Gated delta rule over each sequence's tokens, continuing its recurrent state (the recurrence for a decode
   // token, the chunked form for a prefill chunk).
@@ -28,6 +30,7 @@ Tensor gated_delta_net(Ops& ops, const ModelConfig& cfg, const GdnLayerWeights& 
   // Gated RMSNorm per value head, then out_proj.
   ops.gated_rms_norm(o, z, w.norm, cfg.rms_norm_eps,
                      cfg.output_gate_type == "sigmoid" ? GateAct::Sigmoid : GateAct::Silu, o);
+  ops.profile_phase("gdn_proj");
   Tensor out = ops.empty({T, cfg.hidden_size});
   ops.linear(o, w.out_proj, out);
   return out;

@@ -27,6 +27,15 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   return m;
 }
 
+std::unique_ptr<Model> Model::random(const ModelConfig& config, const ModelOptions& options, uint64_t seed,
+                                     RandomWeightsReport* report) {
+  std::unique_ptr<Model> m(new Model());
+  m->config_ = config;
+  m->ops_ = options.ops ? options.ops : make_cpu_ops(options.threads);
+  m->weights_ = std::make_unique<ModelWeights>(random_weights(m->config_, *m->ops_, seed, report));
+  return m;
+}
+
 namespace {
 /// Positions per KV block of a private cache (Model::new_sequence()), in indexer blocks; it grows by whole blocks.
 constexpr int64_t kPrivateBlockIndexerBlocks = 16;
@@ -126,32 +135,56 @@ void Model::reserve_private(SequenceState& seq, int64_t length) const {
 SequenceState Model::clone_sequence(const SequenceState& seq) const {
   SequenceState s = new_sequence();
   reserve_private(s, seq.length);
-  const CachePool& from = *seq.cache;
-  std::vector<int32_t> rows(static_cast<size_t>(seq.length));
-  for (int64_t p = 0; p < seq.length; ++p)
-    rows[size_t(p)] = int32_t(seq.block_table[size_t(p / from.block_size)] * from.block_size + p % from.block_size);
-  const Tensor rows_d = ops_->upload(rows.data(), DType::I32, {seq.length});
-  // Pooled key rows of the complete indexer blocks (the private copy's table is the identity: block j in row j).
-  const int64_t c = config_.indexer_compress_ratio, nb = seq.length / c;
-  std::vector<int32_t> pooled(static_cast<size_t>(nb));
-  for (int64_t j = 0; j < nb; ++j)
-    pooled[size_t(j)] = int32_t(rows[size_t(j * c)] / c);  // block_size % c == 0: row / c is the pooled row
-  const Tensor pooled_d = ops_->upload(pooled.data(), DType::I32, {nb});
-  for (size_t l = 0; l < from.layers.size(); ++l) {
-    const LayerCache& o = from.layers[l];
-    LayerCache& n = s.cache->layers[l];
-    if (o.k.defined() && seq.length > 0) {
-      ops_->gather_rows(o.k, rows_d, n.k.rows(0, seq.length));
-      ops_->gather_rows(o.v, rows_d, n.v.rows(0, seq.length));
-      ops_->gather_rows(o.index_keys, rows_d, n.index_keys.rows(0, seq.length));
-      if (nb > 0) ops_->gather_rows(o.pooled_keys, pooled_d, n.pooled_keys.rows(0, nb));
-    }
-    for (auto [src, dst] : {std::pair{&o.conv, &n.conv}, {&o.recurrent, &n.recurrent}, {&o.ple_conv, &n.ple_conv}})
-      if (src->defined()) ops_->copy_rows(*src, seq.slot, *dst, 0, 1);
-  }
-  s.length = seq.length;
-  s.ple_history = seq.ple_history;
+  copy_sequence(seq, s);
   return s;
+}
+
+void Model::copy_sequence(const SequenceState& from, SequenceState& to) const {
+  FN_CHECK(from.cache && to.cache && int64_t(from.cache->layers.size()) == config_.num_hidden_layers &&
+               int64_t(to.cache->layers.size()) == config_.num_hidden_layers,
+           "copy_sequence: the sequences were not made by this model");
+  FN_CHECK(to.length == 0 && &from != &to && (from.cache != to.cache || from.slot != to.slot),
+           "copy_sequence: the destination must be a fresh sequence (length 0) with a state slot of its own");
+  const CachePool &src = *from.cache, &dst = *to.cache;
+  FN_CHECK(int64_t(to.block_table.size()) * dst.block_size >= from.length,
+           "copy_sequence: the destination's block table covers {} blocks of {}, the source has {} positions",
+           to.block_table.size(), dst.block_size, from.length);
+  const int64_t n = from.length, c = config_.indexer_compress_ratio, nb = n / c;
+  auto row = [](const SequenceState& s, int64_t p) {
+    const int64_t bs = s.cache->block_size;
+    return int32_t(s.block_table[size_t(p / bs)] * bs + p % bs);
+  };
+  std::vector<int32_t> rows_from(static_cast<size_t>(n)), rows_to(static_cast<size_t>(n));
+  for (int64_t p = 0; p < n; ++p) rows_from[size_t(p)] = row(from, p), rows_to[size_t(p)] = row(to, p);
+  // Pooled key rows of the complete indexer blocks (block_size % c == 0: row / c is the pooled row).
+  std::vector<int32_t> pooled_from(static_cast<size_t>(nb)), pooled_to(static_cast<size_t>(nb));
+  for (int64_t j = 0; j < nb; ++j)
+    pooled_from[size_t(j)] = rows_from[size_t(j * c)] / int32_t(c), pooled_to[size_t(j)] = rows_to[size_t(j * c)] / int32_t(c);
+  Ops& ops = *ops_;
+  const Tensor rf = ops.upload(rows_from.data(), DType::I32, {n}), rt = ops.upload(rows_to.data(), DType::I32, {n});
+  const Tensor pf = ops.upload(pooled_from.data(), DType::I32, {nb}), pt = ops.upload(pooled_to.data(), DType::I32, {nb});
+  auto move_rows = [&](const Tensor& a, const Tensor& b, const Tensor& ids_a, const Tensor& ids_b, int64_t count) {
+    if (count == 0) return;
+    Shape shape = a.shape();
+    shape[0] = count;
+    Tensor tmp = ops.empty(shape, a.dtype());
+    ops.gather_rows(a, ids_a, tmp);
+    ops.scatter_rows(tmp, ids_b, b);
+  };
+  for (size_t l = 0; l < src.layers.size(); ++l) {
+    const LayerCache& o = src.layers[l];
+    const LayerCache& d = dst.layers[l];
+    if (o.k.defined()) {
+      move_rows(o.k, d.k, rf, rt, n);
+      move_rows(o.v, d.v, rf, rt, n);
+      move_rows(o.index_keys, d.index_keys, rf, rt, n);
+      move_rows(o.pooled_keys, d.pooled_keys, pf, pt, nb);
+    }
+    for (auto [a, b] : {std::pair{&o.conv, &d.conv}, {&o.recurrent, &d.recurrent}, {&o.ple_conv, &d.ple_conv}})
+      if (a->defined()) ops.copy_rows(*a, from.slot, *b, to.slot, 1);
+  }
+  to.length = n;
+  to.ple_history = from.ple_history;
 }
 
 void Model::validate(const SequenceState& seq, std::span<const int32_t> ids) const {
@@ -244,10 +277,12 @@ Tensor Model::forward_batch(std::span<const BatchItem> items, std::vector<int64_
       }
     }
   } wait_pending{ops, ple_rows};
+  ops.profile_phase("ple");
   for (int64_t l = 0; l < L; ++l)
     if (w.layers[size_t(l)].ple) ple_rows[size_t(l)] = ple_fetch(ops, *w.layers[size_t(l)].ple, items, l);
 
   // x0 = embed_tokens[ids], replicated into the S hyper-connection streams.
+  ops.profile_phase("embedding");
   Tensor X = ops.empty({T, c.hc_width()});
   ops.embedding(w.embed_tokens, ops.upload(all_ids.data(), DType::I32, {T}), X);
   if (hook) hook(0, X);
@@ -256,19 +291,25 @@ Tensor Model::forward_batch(std::span<const BatchItem> items, std::vector<int64_
     const LayerWeights& lw = w.layers[size_t(l)];
     LayerCache& lc = cache.layers[size_t(l)];
     if (lw.ple) {
+      ops.profile_phase("ple");
       ple_add(ops, c, *lw.ple, lc, ple_rows[size_t(l)], batch, X);
       ple_rows[size_t(l)] = Tensor();  // waited for by ple_add
     }
+    ops.profile_phase("hc");
     HcRead r = gated_residual_read(ops, X, lw.attn_hc, H, eps);
     Tensor out = lw.kind == LayerKind::GatedDeltaNet ? gated_delta_net(ops, c, lw.gdn, lc, batch, r.u)
                                                      : qsa_attention(ops, c, lw.qsa, lc, batch, r.u);
+    ops.profile_phase("hc");
     inject(ops, X, out, r.inj);
     r = gated_residual_read(ops, X, lw.mlp_hc, H, eps);
-    inject(ops, X, moe_block(ops, c, lw.moe, r.u), r.inj);
+    Tensor moe_out = moe_block(ops, c, lw.moe, r.u);
+    ops.profile_phase("hc");
+    inject(ops, X, moe_out, r.inj);
     if (hook && l + 1 < L) hook(int(l + 1), X);
   }
   for (const BatchItem& it : items) it.seq->length += int64_t(it.ids.size());
 
+  ops.profile_phase("hc");
   Tensor h = hyper_connection_mixer(ops, X, w.mixer, H, eps);
   if (hook) hook(int(L), h);
   // lm_head only over the rows asked for.
@@ -284,8 +325,10 @@ Tensor Model::forward_batch(std::span<const BatchItem> items, std::vector<int64_
     ops.gather_rows(h, ops.upload(keep.data(), DType::I32, {int64_t(keep.size())}), picked);
     h = picked;
   }
+  ops.profile_phase("lm_head");
   Tensor logits = ops.empty({h.dim(0), c.vocab_size});
   ops.linear(h, w.lm_head, logits);
+  ops.profile_phase(nullptr);
   return logits;
 }
 

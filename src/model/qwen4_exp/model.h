@@ -41,6 +41,8 @@ struct ModelOptions {
   int threads = 0;
 };
 
+struct RandomWeightsReport;
+
 /// Which logits forward() returns.
 enum class LogitsMode {
   All,   ///< one row per input token: [T, vocab]
@@ -65,9 +67,17 @@ class Model {
   /// Loads config.json and the safetensors weights of the model folder `dir` (qwen4_exp or qwen4_exp_text).
   /// Throws Error naming the file/tensor when the config is invalid or a tensor is missing or mis-shaped.
   static std::unique_ptr<Model> load(const std::string& dir, const ModelOptions& options = {});
+  /// A model of `config`'s geometry with pseudo-random weights made on the backend's device (weights.h
+  /// random_weights: how they are scaled, and the FP8 PLE tables in host memory filled by host threads), for
+  /// `flashnext bench` without a checkpoint. Deterministic in `seed`. `report` (optional) receives the build times.
+  /// Throws Error when the backend cannot hold the weights.
+  static std::unique_ptr<Model> random(const ModelConfig& config, const ModelOptions& options, uint64_t seed,
+                                       RandomWeightsReport* report = nullptr);
   ~Model();
 
   const ModelConfig& config() const { return config_; }
+  /// The loaded weights (cost.h counts their bytes).
+  const ModelWeights& weights() const { return *weights_; }
   Ops& ops() const { return *ops_; }
 
   /// A fresh, empty sequence with a private cache that grows on demand (position 0, zero states, PLE history =
@@ -82,6 +92,11 @@ class Model {
   SequenceState new_sequence(std::shared_ptr<CachePool> cache, int32_t slot) const;
   /// A deep copy of `seq` with a private cache (prefix reuse, speculative branches).
   SequenceState clone_sequence(const SequenceState& seq) const;
+  /// Copies everything `from` remembers into `to`: its KV, indexer-key and pooled-key rows (through both block
+  /// tables), its GDN and PLE state slots, PLE history and length. `to` must be fresh (length 0), have a slot other
+  /// than from's, and a block table covering from.length positions (n > 1 samples of one prompt, batched decode
+  /// from one prefilled prompt in `bench`). Throws Error when the sequences do not fit.
+  void copy_sequence(const SequenceState& from, SequenceState& to) const;
 
   /// Feeds `ids` (the next tokens of the sequence) through the model, updating `seq`, and returns the next-token
   /// logits as a device tensor F32 [T, vocab] (LogitsMode::All) or [1, vocab] (Last).

@@ -4,10 +4,13 @@ namespace flashnext {
 
 Tensor moe_block(Ops& ops, const ModelConfig& cfg, const MoeWeights& w, const Tensor& u) {
   const int64_t T = u.dim(0), k = cfg.num_experts_per_tok;
+  ops.profile_phase("moe_router");
   Tensor ids = ops.empty({T, k}, DType::I32), weights = ops.empty({T, k});
   ops.moe_router_topk(u, w.router, cfg.norm_topk_prob, ids, weights);
   Tensor out = ops.empty({T, cfg.hidden_size});
+  ops.profile_phase("moe_routed");
   ops.moe_experts(u, ids, weights, w, out);
+  ops.profile_phase("moe_shared");
   ops.moe_shared_expert(u, w, out);
   return out;
 }

@@ -11,6 +11,7 @@ Tensor qsa_attention(Ops& ops, const ModelConfig& cfg, const QsaLayerWeights& w,
   const int64_t Di = cfg.indexer_head_dim, c = cfg.indexer_compress_ratio;
   const RopeParams rope{cfg.rotary_dim(), cfg.rope.theta};
   // q_proj -> per head [query | gate]; q, k: per-head ZC-RMSNorm then partial RoPE; v as projected.
+  ops.profile_phase("qsa_proj");
   Tensor qg = ops.empty({T, nh * 2 * D}), k = ops.empty({T, nkv * D}), v = ops.empty({T, nkv * D});
   ops.linear(u, w.q_proj, qg, w.q_bias);
   ops.linear(u, w.k_proj, k, w.k_bias);
@@ -26,13 +27,16 @@ Tensor qsa_attention(Ops& ops, const ModelConfig& cfg, const QsaLayerWeights& w,
   ops.scatter_rows(v.view({T, nkv, D}), batch.slot_mapping, cache.v);
   ops.scatter_rows(ki, batch.slot_mapping, cache.index_keys);
   // Token selection: top blocks by indexer score plus the incomplete tail block.
+  ops.profile_phase("qsa_indexer");
   Tensor selected = ops.empty({T, cfg.indexer_budget + c - 1}, DType::I32);
   ops.qsa_indexer_select_batch(qi, cache.index_keys, cache.pooled_keys, w.index_q_norm, w.index_k_norm,
                                cfg.rms_norm_eps, rope, cfg.indexer_budget, c, batch, selected);
   // Softmax attention over the selected tokens only, gated by sigmoid(gate); then o_proj.
+  ops.profile_phase("qsa_attention");
   Tensor o = ops.empty({T, nh, D});
   ops.sparse_attention_batch(q.view({T, nh, D}), cache.k, cache.v, selected, gate.view({T, nh, D}),
                              1.0 / std::sqrt(double(D)), batch, o);
+  ops.profile_phase("qsa_proj");
   Tensor out = ops.empty({T, cfg.hidden_size});
   ops.linear(o.view({T, nh * D}), w.o_proj, out, w.o_bias);
   return out;

@@ -73,6 +73,34 @@ struct ModelWeights {
 std::optional<QuantExperts> quantized_experts(const QuantScheme& scheme, const std::string& prefix, int64_t E,
                                               int64_t I, int64_t H);
 
+/// What building random weights took (random_weights).
+struct RandomWeightsReport {
+  double weights_s = 0;     ///< making every weight but the PLE tables on the device (wall time, synchronised)
+  double ple_alloc_s = 0;   ///< allocating (pinning) the PLE tables' host memory
+  double ple_fill_s = 0;    ///< filling them (host threads, overlapped with the weights)
+  double total_s = 0;       ///< the whole build
+  int64_t ple_bytes = 0;    ///< bytes of all PLE tables
+  int ple_fill_threads = 0;
+};
+
+/// Pseudo-random weights of the shapes `cfg` gives, made by the backend (Ops::random_weight / random_experts: on the
+/// GPU for the CUDA backend, no host copy) for `flashnext bench` at the released size without a checkpoint. Element
+/// values are deterministic in `seed` and the same on every backend (ops/random_uniform.h). Scaling, so that
+/// activations stay in FP16 range and the router spreads tokens over experts:
+/// - every linear weight [out, in] (projections, hyper-connection down/up/inject, router, shared and routed experts,
+///   lm_head) uniform in +-sqrt(3 / in): unit-variance inputs give unit-variance outputs (variance 1/in per weight),
+///   so the router's logits are about N(0, 1) and its top-k differs from token to token;
+/// - embed_tokens uniform in +-sqrt(3) (unit variance); conv1d weights [C, K] uniform in +-sqrt(3 / K);
+/// - zero-centred RMSNorm weights uniform in +-0.1 (scales 0.9..1.1); the GDN gated norm (a plain scale) 0.9..1.1;
+/// - A_log uniform in [0, ln 16] and dt_bias in [-6.9, -2.3] (the reference's initialisation ranges: A in [1, 16],
+///   dt = softplus(dt_bias) in [0.001, 0.1]);
+/// - routed experts with variance 1/in as well (the CUDA backend: NVFP4-layout W4A16 codes, Ops::random_experts);
+/// - the PLE tables FP8 E4M3 (as the quantized releases store them), scale 1, each byte a random sign and magnitude
+///   in [0.5, 1.875] (no NaN codes), allocated with Ops::host_table and filled by host threads while the device
+///   makes the other weights.
+/// Throws Error for a backend failure (naming the tensor's shape and the memory asked for when it runs out).
+ModelWeights random_weights(const ModelConfig& cfg, Ops& ops, uint64_t seed, RandomWeightsReport* report = nullptr);
+
 /// Fills the weights of `cfg` from `manifest` (built over `checkpoint`, which the PLE tables keep alive).
 /// Quantized weights (the quantization_config / hf_quant_config.json of checkpoint->dir(), loader/quant.h) are
 /// dequantized exactly to float32 at load, except routed experts quantized in one format, which go to

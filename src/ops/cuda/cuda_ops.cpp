@@ -30,6 +30,7 @@
 #include "ops/cuda/ple_kernels.h"
 #include "ops/cuda/qsa.h"
 #include "ops/cuda/qsa_kernels.h"
+#include "ops/cuda/random_kernels.h"
 #include "ops/cuda/sampling.h"
 
 namespace flashnext {
@@ -133,6 +134,16 @@ class CudaW4Experts final : public PackedExperts {
         inter(dn.cols),
         bytes_(int64_t(gu.expert_bytes() + dn.expert_bytes()) * gu.experts),
         format_(std::move(what)) {}
+  /// Experts already on the device (random ones: W4DeviceMatrix::random_nvfp4).
+  CudaW4Experts(W4DeviceMatrix gu, W4DeviceMatrix dn, int device_, int E, int H, int I, std::string what)
+      : gate_up(std::move(gu)),
+        down(std::move(dn)),
+        device(device_),
+        experts(E),
+        hidden(H),
+        inter(I),
+        bytes_(int64_t(E) * int64_t(gate_up.expert_bytes() + down.expert_bytes())),
+        format_(std::move(what)) {}
   std::string format() const override { return format_; }
   int64_t device_bytes() const override { return bytes_; }
 
@@ -176,6 +187,7 @@ class CudaOps final : public Ops {
   ~CudaOps() override {
     if (ctx_->side) cudaStreamSynchronize(ctx_->side);  // gathers begun but never waited for (a failed step)
     for (PendingGather& g : pending_gathers_) cudaEventDestroy(g.done);
+    for (cudaEvent_t e : profile_events_) cudaEventDestroy(e);
     if (ctx_->stream) cudaStreamSynchronize(ctx_->stream);
   }
 
@@ -206,6 +218,8 @@ class CudaOps final : public Ops {
     if (t.nbytes()) FN_CUDA_CHECK(cudaMemcpyAsync(host, t.data(), t.nbytes(), cudaMemcpyDefault, stream()), "download");
     synchronize("download");
   }
+
+  void synchronize() override { synchronize("synchronize"); }
 
   Tensor load_weight(const void* host, DType dtype, const Shape& shape) override {
     FN_CHECK(dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::F32,
@@ -251,6 +265,49 @@ class CudaOps final : public Ops {
     if (bytes) std::memcpy(pinned->host(), host, bytes);
     void* dev = const_cast<void*>(pinned->device());
     return Tensor(std::move(pinned), dev, dtype, shape, Device::CUDA, ctx_->device);
+  }
+
+  /// Pinned, mapped host memory (the placement of map_host_table's host tables, whatever options_.ple_table says).
+  HostTable host_table(DType dtype, const Shape& shape) override {
+    FN_CHECK(dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::F8_E4M3,
+             "host_table: tables are BF16, F16 or F8_E4M3, got {}", dtype_name(dtype));
+    for (int64_t d : shape) FN_CHECK(d >= 0, "host_table: negative dimension in [{}]", fmt::join(shape, ", "));
+    use_device();
+    const size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
+    auto pinned = std::make_shared<PinnedMemory>(bytes, fmt::format("a [{}] {} host table", fmt::join(shape, ", "),
+                                                                    dtype_name(dtype)));
+    void* host = pinned->host();
+    void* dev = const_cast<void*>(pinned->device());
+    return {Tensor(std::move(pinned), dev, dtype, shape, Device::CUDA, ctx_->device), host};
+  }
+
+  Tensor random_weight(const Shape& shape, float lo, float hi, uint64_t seed) override {
+    FN_CHECK(std::isfinite(lo) && std::isfinite(hi) && lo <= hi,
+             "random_weight: bounds [{}, {}] are not an interval", lo, hi);
+    FN_CHECK(std::max(std::fabs(lo), std::fabs(hi)) <= 65504.f,
+             "random_weight: bounds [{}, {}] exceed the FP16 range of the CUDA backend's weights", lo, hi);
+    Tensor t = alloc(shape, DType::F16, "random weight");
+    FN_CUDA_CHECK(detail::launch_random_f16(dp<__half>(t), t.numel(), lo, hi, seed, stream()), "random_weight");
+    return t;
+  }
+
+  /// W4A16 experts in the NVFP4 layout (moe_w4a16.h W4DeviceMatrix::random_nvfp4): gate_up [E, 2I, H] and down
+  /// [E, H, I] with global scales sqrt(1 / in) / rms(E2M1), rms(E2M1) = sqrt(68.5 / 8) over the 16 equally likely
+  /// codes.
+  RoutedExperts random_experts(int64_t E, int64_t I, int64_t H, uint64_t seed) override {
+    const char* op = "random_experts";
+    FN_CHECK(E > 0 && I > 0 && H > 0, "{}: {} experts of [{}, {}]: need positive sizes", op, E, I, H);
+    if (H % 8 != 0 || I % 8 != 0 || E > detail::kMoeMaxExperts) return Ops::random_experts(E, I, H, seed);
+    use_device();
+    const double rms = std::sqrt(68.5 / 8.0);
+    auto gu = W4DeviceMatrix::random_nvfp4(to_int(E, op, "experts"), to_int(2 * I, op, "rows"), int(H),
+                                           float(std::sqrt(1.0 / double(H)) / rms), seed, stream());
+    auto dn = W4DeviceMatrix::random_nvfp4(int(E), int(H), int(I), float(std::sqrt(1.0 / double(I)) / rms), seed + 1,
+                                           stream());
+    RoutedExperts r;
+    r.packed = std::make_shared<CudaW4Experts>(std::move(gu), std::move(dn), ctx_->device, int(E), int(H), int(I),
+                                               "w4a16 (random, nvfp4 layout)");
+    return r;
   }
 
   /// NVFP4 (ModelOpt, compressed-tensors) and int4 (compressed-tensors, GPTQ) experts are repacked once into the
@@ -469,6 +526,41 @@ class CudaOps final : public Ops {
   void gdn_recurrent(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w, const GdnDims& dims,
                      const Tensor& state, const Tensor& o) override {
     gdn_rule("gdn_recurrent", qkv, a, b, w, dims, state, o, /*chunked=*/false);
+  }
+
+  // ------------------------------------------------------------------------------------------------ profiling
+
+  /// An event on the stream per mark (events reused across set_profiling calls).
+  void profile_phase(const char* phase) override {
+    if (!profiling_) return;
+    use_device();
+    if (profile_marks_.size() == profile_events_.size()) {
+      cudaEvent_t e = nullptr;
+      FN_CUDA_CHECK(cudaEventCreate(&e), "profile_phase");
+      profile_events_.push_back(e);
+    }
+    cudaEvent_t e = profile_events_[profile_marks_.size()];
+    FN_CUDA_CHECK(cudaEventRecord(e, stream()), "profile_phase");
+    profile_marks_.push_back(phase);
+  }
+
+  void set_profiling(bool on) override {
+    profiling_ = on;
+    profile_marks_.clear();
+  }
+
+  std::vector<std::pair<std::string, double>> profile_times() override {
+    synchronize("profile_times");
+    std::vector<std::pair<std::string, double>> out;
+    for (size_t i = 0; i + 1 < profile_marks_.size(); ++i) {
+      if (!profile_marks_[i]) continue;
+      float ms = 0;
+      FN_CUDA_CHECK(cudaEventElapsedTime(&ms, profile_events_[i], profile_events_[i + 1]), "profile_times");
+      auto it = std::find_if(out.begin(), out.end(), [&](const auto& p) { return p.first == profile_marks_[i]; });
+      if (it == out.end()) it = out.insert(out.end(), {profile_marks_[i], 0.0});
+      it->second += ms;
+    }
+    return out;
   }
 
   // ------------------------------------------------------------------------------------------------ sampling
@@ -1443,6 +1535,10 @@ class CudaOps final : public Ops {
     cudaEvent_t done = nullptr;
   };
   std::vector<PendingGather> pending_gathers_;
+  /// profile_phase: the phase of each mark and the event recorded for it (profile_events_[i] for mark i).
+  bool profiling_ = false;
+  std::vector<const char*> profile_marks_;
+  std::vector<cudaEvent_t> profile_events_;
 
   /// Shared by gdn_chunked and gdn_recurrent (one sequence, `state` [nv, dk, dv]) and by gdn_rule_batch (`batch` and
   /// `pool` [slots, nv, dk, dv] given: sequence s's rows start at batch->cu_seqlens[s], its state is in slot
@@ -1522,6 +1618,26 @@ GpuMemory cuda_memory_info(int device) {
   size_t free_b = 0, total_b = 0;
   FN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b), "cuda_memory_info");
   return {int64_t(free_b), int64_t(total_b)};
+}
+
+CudaDeviceInfo cuda_device_info(int device) {
+  CudaDeviceInfo d;
+  cudaDeviceProp prop{};
+  FN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device), "cuda_device_info");
+  d.name = prop.name;
+  d.major = prop.major;
+  d.minor = prop.minor;
+  d.multiprocessors = prop.multiProcessorCount;
+  d.memory_bus_bits = prop.memoryBusWidth;
+  d.total_bytes = int64_t(prop.totalGlobalMem);
+  int khz = 0;
+  FN_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device), "cuda_device_info");
+  d.sm_clock_mhz = khz / 1000;
+  FN_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, device), "cuda_device_info");
+  d.memory_clock_mhz = khz / 1000;
+  FN_CUDA_CHECK(cudaDriverGetVersion(&d.driver_version), "cuda_device_info");
+  FN_CUDA_CHECK(cudaRuntimeGetVersion(&d.runtime_version), "cuda_device_info");
+  return d;
 }
 
 std::shared_ptr<Ops> make_cuda_ops(int device) {

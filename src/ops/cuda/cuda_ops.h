@@ -37,6 +37,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "ops/ops.h"
 
@@ -78,5 +79,19 @@ struct GpuMemory {
 };
 /// Free and total memory of GPU `device` (cudaMemGetInfo). Throws Error when the query fails.
 GpuMemory cuda_memory_info(int device);
+
+/// What `bench` reports about a GPU.
+struct CudaDeviceInfo {
+  std::string name;
+  int major = 0, minor = 0;        ///< compute capability
+  int multiprocessors = 0;
+  int sm_clock_mhz = 0;            ///< peak SM clock (cudaDevAttrClockRate)
+  int memory_clock_mhz = 0;        ///< peak memory clock (cudaDevAttrMemoryClockRate)
+  int memory_bus_bits = 0;
+  int driver_version = 0, runtime_version = 0;  ///< as cudaDriverGetVersion / cudaRuntimeGetVersion (13000 = 13.0)
+  int64_t total_bytes = 0;
+};
+/// The properties of GPU `device`. Throws Error when a query fails.
+CudaDeviceInfo cuda_device_info(int device);
 
 }  // namespace flashnext

@@ -1,4 +1,5 @@
 #include "ops/cuda/moe_w4a16.h"
+#include "ops/cuda/random_kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -247,6 +248,30 @@ W4DeviceMatrix::W4DeviceMatrix(const W4Packed& p)
   view_.group = p.group;
   view_.nvfp4 = p.format == W4Format::Nvfp4;
   view_.divide = p.divide;
+}
+
+W4DeviceMatrix W4DeviceMatrix::random_nvfp4(int experts, int rows, int cols, float global, uint64_t seed,
+                                            cudaStream_t stream) {
+  FN_CHECK(experts > 0 && rows > 0 && cols > 0 && cols % 8 == 0,
+           "random W4A16 experts: {} experts of [{}, {}]: need positive sizes and cols a multiple of 8", experts, rows,
+           cols);
+  constexpr int kGroup = 16;  // NVFP4 block
+  const int wpr = int(ceil_div(cols, 32) * detail::kW4WordsAlign), groups = int(ceil_div(int64_t(wpr) * 8, kGroup));
+  const int64_t er = int64_t(experts) * rows;
+  W4DeviceMatrix m;
+  m.experts = experts;
+  m.format = W4Format::Nvfp4;
+  m.codes_ = DeviceArray<uint32_t>(size_t(er) * wpr, "random w4a16 codes");
+  m.scales_ = DeviceArray<__half>(size_t(er) * groups, "random w4a16 scales");
+  m.zeros_ = DeviceArray<uint8_t>(1, "w4a16 zero points");
+  m.global_ = DeviceArray<float>(size_t(er), "random w4a16 global scales");
+  FN_CUDA_CHECK(detail::launch_random_w4_codes(m.codes_.get(), er, wpr, cols / 8, seed, stream), "random_nvfp4 codes");
+  // Block scales 1 (padding words hold code 0, whose product is 0 whatever its group's scale).
+  FN_CUDA_CHECK(detail::launch_fill_f16(m.scales_.get(), er * groups, 1.f, stream), "random_nvfp4 scales");
+  FN_CUDA_CHECK(detail::launch_fill_f32(m.global_.get(), er, global, stream), "random_nvfp4 global scales");
+  m.view_ = detail::W4Mat{m.codes_.get(), m.scales_.get(), nullptr, m.global_.get(), rows, cols, wpr, groups, kGroup,
+                          /*nvfp4=*/true, /*divide=*/false};
+  return m;
 }
 
 MoeW4A16Workspace::MoeW4A16Workspace(int max_tokens_, int top_k_, int experts_, int hidden_, int inter_)

@@ -129,8 +129,18 @@ class W4DeviceMatrix {
   W4DeviceMatrix() = default;
   /// Uploads `p` (synchronous). Throws Error when device memory runs out.
   explicit W4DeviceMatrix(const W4Packed& p);
+  /// NVFP4-layout experts of a logical [rows, cols] matrix with pseudo-random weights made on the device
+  /// (Ops::random_experts; no host copy): every code a random E2M1 value (4 random bits, ops/random_uniform.h's
+  /// random_bits), every block scale 1, every row's global multiplier `global`. Enqueued on `stream`. Throws Error
+  /// for cols not a positive multiple of 8 and when device memory runs out.
+  static W4DeviceMatrix random_nvfp4(int experts, int rows, int cols, float global, uint64_t seed,
+                                     cudaStream_t stream);
   /// The kernels' view.
   const detail::W4Mat& view() const { return view_; }
+  /// Bytes the kernels read for one expert (as W4Packed::expert_bytes).
+  size_t expert_bytes() const {
+    return size_t(view_.rows) * (size_t(view_.wpr) * 4 + size_t(view_.groups) * (view_.zeros ? 3 : 2) + 4);
+  }
   int experts = 0;
   W4Format format = W4Format::Int4;
 

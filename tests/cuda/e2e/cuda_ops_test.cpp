@@ -422,6 +422,73 @@ TEST_P(CudaOps, Ple) {
   }
 }
 
+// The random weights of Model::random (bench): the CUDA backend's FP16 values are the CPU's float32 values rounded
+// once (ops/random_uniform.h on both sides); a host table filled through HostTable::host is what ple_gather reads;
+// random W4A16 experts give finite outputs of about unit variance for unit-variance inputs (variance 1/in weights).
+TEST_P(CudaOps, RandomWeightsAndHostTables) {
+  const Shape shape{37, 129};
+  const Tensor c = cpu()->random_weight(shape, -0.75f, 1.25f, 42), g = gpu()->random_weight(shape, -0.75f, 1.25f, 42);
+  ASSERT_EQ(g.dtype(), DType::F16);
+  const std::vector<float> cv = host(*cpu(), c);
+  const std::vector<uint16_t> gv = host_as<uint16_t>(*gpu(), g);
+  size_t differ = 0;
+  for (size_t i = 0; i < cv.size(); ++i) {
+    EXPECT_GE(cv[i], -0.75f);
+    EXPECT_LT(cv[i], 1.25f);
+    __half h = __float2half_rn(cv[i]);
+    uint16_t bits;
+    std::memcpy(&bits, &h, 2);
+    differ += bits != gv[i];
+  }
+  EXPECT_EQ(differ, 0u) << "FP16 random weights that are not the CPU's values rounded";
+  EXPECT_NE(host(*cpu(), cpu()->random_weight(shape, -0.75f, 1.25f, 43)), cv) << "the seed is ignored";
+
+  // A host table written after it was made, gathered on the GPU as on the CPU.
+  const int64_t rows = 40, hd = 16, heads = 3, T = 5;
+  HostTable hg = gpu()->host_table(DType::F8_E4M3, {rows, hd}), hc = cpu()->host_table(DType::F8_E4M3, {rows, hd});
+  for (int64_t i = 0; i < rows * hd; ++i) {
+    const uint8_t byte = uint8_t(0x30 | (i * 7 % 16) | (i % 3 == 0 ? 0x80 : 0));
+    static_cast<uint8_t*>(hg.host)[i] = byte;
+    static_cast<uint8_t*>(hc.host)[i] = byte;
+  }
+  PleTable tc, tg;
+  tc.shards = {hc.table};
+  tg.shards = {hg.table};
+  for (PleTable* t : {&tc, &tg}) t->rows = rows, t->head_dim = hd, t->scale = 0.5f;
+  std::vector<int64_t> r(size_t(T * heads));
+  for (size_t i = 0; i < r.size(); ++i) r[i] = int64_t((i * 13 + 5) % size_t(rows));
+  Pair rr = ints(r, {T, heads}), e = empty({T, heads * hd});
+  cpu()->ple_gather(tc, rr.c, e.c);
+  gpu()->ple_gather(tg, rr.g, e.g);
+  expect_close(e, 0, 0, "ple_gather from a host table");
+
+  // Random W4A16 experts (NVFP4 layout): route 64 unit-variance tokens, top-2 of 8 experts with weights 1/2.
+  const int64_t E = 8, I = 64, H = 128, tokens = 64, k = 2;
+  const RoutedExperts re = gpu()->random_experts(E, I, H, 7);
+  ASSERT_TRUE(re.packed) << "the CUDA backend makes W4A16 experts";
+  EXPECT_EQ(re.packed->device_bytes(), E * int64_t((2 * I) * (H / 2 + H / 16 * 2 + 4) + H * (I / 2 + I / 16 * 2 + 4)));
+  MoeWeights mw;
+  mw.packed = re.packed;
+  std::vector<int32_t> ids(size_t(tokens * k));
+  std::vector<float> wts(size_t(tokens * k), 0.5f);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 3 + i / 2) % size_t(E));
+  const auto u = normal(size_t(tokens * H), 9, 1.0f, false);
+  Tensor out = gpu()->empty({tokens, H});
+  gpu()->moe_experts(gpu()->upload(u.data(), DType::F32, {tokens, H}), gpu()->upload(ids.data(), DType::I32, {tokens, k}),
+                     gpu()->upload(wts.data(), DType::F32, {tokens, k}), mw, out);
+  const std::vector<float> o = host(*gpu(), out);
+  double ss = 0;
+  for (float x : o) {
+    ASSERT_TRUE(std::isfinite(x));
+    ss += double(x) * x;
+  }
+  // down(silu(gate) * up) of unit-variance inputs: E[silu(g) u]^2 ~ 0.36 per product, then two experts at 1/2: the
+  // output variance is about 0.36 / 2; a wrong global scale would be off by orders of magnitude.
+  const double var = ss / double(o.size());
+  EXPECT_GT(var, 0.05);
+  EXPECT_LT(var, 0.6);
+}
+
 // Batched decode over state slots (the CUDA backend's one-launch paths for a step of one token per sequence) against
 // the CPU's per-sequence loop: 5 sequences in scrambled slots of a 7-slot pool with non-zero state, odd widths; then
 // a mixed step (a prefill chunk among decodes, the per-sequence path on both). Also qsa_prepare_qk_batch at

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# `flashnext bench` on the GPU machine in one repeatable command: a quick correctness pass (the CUDA backend's
+# end-to-end tests on the tiny fixtures, and a small bench geometry), then the released geometry at full size
+# (48 layers, 512 W4A16 experts, vocab 248,320, the 51.2 GB FP8 PLE table in pinned host memory), default
+# precision, with the per-phase profile; optionally also with FLASHNEXT_CUDA_ACTIVATIONS=fp16.
+#
+#   bash scripts/gpu-bench.sh --prepare   HERE: builds `flashnext` and `test_cuda_e2e` in $BUILD (default
+#                                         build-cudabe, configured for sm_90 if absent) and packs them with the shared
+#                                         libraries the GPU machine lacks into gpu/bench/bundle.tar.xz.
+#   bash scripts/gpu-bench.sh             ON THE GPU MACHINE from the repo root (the `run` tool: carry ["gpu/bench"]).
+# Output in $OUT (default gpu/out-bench): e2e.log, bench-small.json, bench-full.json (+ bench-full-fp16.json),
+# their logs, and summary.txt, which says what was run and what was not.
+# Env: BUILD; E2E=0 skips the tests; FP16=1 adds the fp16 run; BENCH_ARGS: extra arguments of the full-size run
+#      (e.g. "--prompts 1024,4096 --batches 8").
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build-cudabe}
+BUNDLE=gpu/bench/bundle.tar.xz
+
+if [ "${1:-}" = "--prepare" ]; then
+  set -e
+  [ -f "$BUILD/CMakeCache.txt" ] ||
+    cmake -S . -B "$BUILD" -G Ninja -DFLASHNEXT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+      -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache >/dev/null
+  cmake --build "$BUILD" --target flashnext test_cuda_e2e --parallel 2
+  stage=$(mktemp -d)
+  mkdir -p "$stage/bin" "$stage/lib"
+  cp "$BUILD/flashnext" "$BUILD/tests/test_cuda_e2e" "$stage/bin/"
+  strip "$stage"/bin/*
+  for bin in "$stage"/bin/*; do ldd "$bin" | awk '/=> \//{print $3}'; done | sort -u |
+    grep -E 'lib(fmt|spdlog|pcre2-8|utf8proc|cpp-httplib|brotli[a-z]*)\.so' | while read -r lib; do
+      cp -L "$lib" "$stage/lib/"
+    done
+  pwd >"$stage/source_dir"
+  mkdir -p "$(dirname "$BUNDLE")"
+  tar -C "$stage" -cJf "$BUNDLE" .
+  rm -rf "$stage"
+  echo "gpu-bench: packed $BUNDLE ($(du -h "$BUNDLE" | cut -f1)); run: bash scripts/gpu-bench.sh"
+  exit 0
+fi
+
+OUT=${OUT:-gpu/out-bench}
+mkdir -p "$OUT"
+G=$(mktemp -d /tmp/flashnext-bench.XXXX)
+tar -C "$G" -xJf "$BUNDLE" || { echo "gpu-bench: no $BUNDLE: run --prepare first" >&2; exit 2; }
+export LD_LIBRARY_PATH="$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+SRC=$(cat "$G/source_dir")
+if [ "$SRC" != "$PWD" ] && [ ! -e "$SRC" ]; then mkdir -p "$(dirname "$SRC")" && ln -s "$PWD" "$SRC"; fi
+S="$OUT/summary.txt"
+: >"$S"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader; nproc; free -g | head -2; } | tee -a "$S"
+status=0
+if [ "${E2E:-1}" != 0 ]; then
+  echo "gpu-bench: test_cuda_e2e on the tiny fixtures (medium fixture tests not run here: scripts/gpu-e2e.sh)" | tee -a "$S"
+  timeout 300 "$G/bin/test_cuda_e2e" --gtest_color=no --gtest_filter='-*Medium*' >"$OUT/e2e.log" 2>&1 || status=1
+  grep -E "^\[  (PASSED|FAILED) |tests ran" "$OUT/e2e.log" | tee -a "$S"
+else
+  echo "gpu-bench: test_cuda_e2e NOT run (E2E=0)" | tee -a "$S"
+fi
+echo "gpu-bench: small geometry (4 layers, 16 experts, vocab 4096)" | tee -a "$S"
+timeout 120 "$G/bin/flashnext" bench --layers 4 --experts 16 --vocab 4096 --ple-rows 1000000 --prompts 256,2100 \
+  --decode-context 2100 --decode-tokens 40 --batches 4 --batch-context 300 --batch-steps 6 --repeat 1 --profile \
+  --out "$OUT/bench-small.json" >"$OUT/bench-small.txt" 2>&1 || { status=1; tail -n 20 "$OUT/bench-small.txt"; }
+cat "$OUT/bench-small.txt" | grep -v "^bench:" | tee -a "$S"
+if [ "$status" = 0 ]; then
+  echo "gpu-bench: released geometry, default precision: flashnext bench --profile ${BENCH_ARGS:-}" | tee -a "$S"
+  # shellcheck disable=SC2086
+  timeout 420 "$G/bin/flashnext" bench --profile --repeat 2 ${BENCH_ARGS:-} --out "$OUT/bench-full.json" \
+    >"$OUT/bench-full.txt" 2>&1 || { status=1; tail -n 20 "$OUT/bench-full.txt"; }
+  grep -v "^bench:" "$OUT/bench-full.txt" | tee -a "$S"
+  if [ "${FP16:-0}" = 1 ] && [ "$status" = 0 ]; then
+    echo "gpu-bench: released geometry, FLASHNEXT_CUDA_ACTIVATIONS=fp16" | tee -a "$S"
+    # shellcheck disable=SC2086
+    FLASHNEXT_CUDA_ACTIVATIONS=fp16 timeout 420 "$G/bin/flashnext" bench --profile --repeat 1 ${BENCH_ARGS:-} \
+      --out "$OUT/bench-full-fp16.json" >"$OUT/bench-full-fp16.txt" 2>&1 || { status=1; tail -n 20 "$OUT/bench-full-fp16.txt"; }
+    grep -v "^bench:" "$OUT/bench-full-fp16.txt" | tee -a "$S"
+  else
+    echo "gpu-bench: the fp16 run NOT done (FP16=${FP16:-0}, status $status)" | tee -a "$S"
+  fi
+else
+  echo "gpu-bench: the released geometry NOT run (the small run or the tests failed)" | tee -a "$S"
+fi
+exit $status

@@ -1,0 +1,724 @@
+// `flashnext bench`: the released model at full size without a checkpoint on disk. Builds the geometry of a
+// config.json (default: models/release/config.json) with pseudo-random weights made on the device (Model::random:
+// W4A16 routed experts in the NVFP4 layout on the GPU, FP16 dense weights, the FP8 PLE table in pinned host memory
+// filled by host threads), or loads `--model DIR`, then measures prefill (tokens/s and time to first token per prompt
+// length), decode at batch 1 (the gate of the seed material: 8192 in / 512 out, emitted tokens 33-512) and batched
+// decode throughput at long contexts, each with its ratio to the ceilings of docs/LIMITS.md computed from the bytes
+// and FLOPs the step moves (model/qwen4_exp/cost.h). `--profile` adds a per-phase breakdown from device events around
+// op groups (Ops::profile_phase); `--json` prints one JSON object instead of the table (keys: docs/BENCH.md).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "build_info.h"
+#include "cli/cli.h"
+#include "cli/device.h"
+#include "core/error.h"
+#include "engine/model_dir.h"
+#include "loader/config.h"
+#include "model/qwen4_exp/cost.h"
+#include "model/qwen4_exp/model.h"
+#include "model/qwen4_exp/weights.h"
+#include "ple/ngram_hash.h"
+#include "ops/random_uniform.h"
+
+namespace {
+
+using json = nlohmann::ordered_json;
+using namespace flashnext;
+using Clock = std::chrono::steady_clock;
+
+struct BenchArgs {
+  std::string model, config, device = "cuda", out;
+  int threads = 0;
+  std::optional<int64_t> layers, experts, experts_per_token, vocab, ple_rows;  // unset: as the config says
+  uint64_t seed = 1;
+  std::vector<int64_t> prompts{1024, 4096, 8192, 32768};
+  int64_t chunk = 8192, block_size = 16;
+  int64_t decode_context = 8192, decode_tokens = 512, decode_skip = 32;
+  std::vector<int64_t> batches{8, 32, 64};
+  int64_t batch_context = 8192, batch_steps = 32;
+  int repeat = 3;
+  bool profile = false, json = false;
+};
+
+double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, size_t(q * double(v.size() - 1) + 0.5))];
+}
+
+/// Bytes of host memory available now (MemAvailable of /proc/meminfo), or -1 when unknown.
+int64_t host_available_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return -1;
+}
+
+/// Peak resident set of this process (VmHWM of /proc/self/status), bytes; -1 when unknown.
+int64_t host_peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return -1;
+}
+
+/// Roofline figures of a device (docs/LIMITS.md): copy bandwidth and dense FP16 GEMM rate.
+struct Ceiling {
+  std::string name, source;
+  double bytes_per_s = 0, flops_per_s = 0;
+  bool known() const { return bytes_per_s > 0; }
+};
+
+Ceiling ceiling_for(const std::string& backend_name) {
+  if (backend_name.find("H200") != std::string::npos)
+    return {"H200", "docs/LIMITS.md: 4.3 TB/s measured device copy, ~790 TFLOP/s measured 8192^3 GEMM", 4.3e12,
+            790e12};
+  if (backend_name.find("V100") != std::string::npos)
+    return {"V100", "docs/LIMITS.md: 900 GB/s HBM2, 125 TFLOP/s FP16 tensor", 900e9, 125e12};
+  return {};
+}
+
+/// The V100's figures for the projection (docs/LIMITS.md).
+constexpr double kV100Bytes = 900e9, kV100Flops = 125e12;
+
+/// The benchmark model's config: `path` with the overrides of `a` applied to the JSON before validation, so that
+/// every changed field is checked as a config.json field is.
+ModelConfig bench_config(const BenchArgs& a, const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  FN_CHECK(f.good(), "--config: cannot open {}", path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  json doc;
+  try {
+    doc = json::parse(ss.str());
+  } catch (const json::parse_error& e) {
+    fail("--config: {} is not valid JSON: {}", path, e.what());
+  }
+  FN_CHECK(doc.is_object(), "--config: {} must hold a JSON object", path);
+  json& t = doc.contains("text_config") ? doc["text_config"] : doc;
+  if (a.layers) {
+    const int64_t n = *a.layers;
+    FN_CHECK(t.contains("layer_types") && t["layer_types"].is_array() && int64_t(t["layer_types"].size()) >= n,
+             "--layers {}: {} lists fewer layer_types", n, path);
+    json types = json::array();
+    for (int64_t l = 0; l < n; ++l) types.push_back(t["layer_types"][size_t(l)]);
+    t["layer_types"] = types;
+    t["num_hidden_layers"] = n;
+    if (t.contains("ple_layer_ids") && t["ple_layer_ids"].is_array()) {  // one-indexed
+      json kept = json::array();
+      for (const json& id : t["ple_layer_ids"])
+        if (id.is_number_integer() && id.get<int64_t>() <= n) kept.push_back(id);
+      t["ple_layer_ids"] = kept;
+    }
+  }
+  if (a.experts) t["num_experts"] = *a.experts;
+  if (a.experts_per_token) t["num_experts_per_tok"] = *a.experts_per_token;
+  if (a.vocab) {
+    const int64_t vocab = *a.vocab;
+    t["vocab_size"] = vocab;
+    for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {  // keep special ids in the vocab
+      if (!t.contains(key)) continue;
+      json& v = t[key];
+      if (v.is_number_integer() && v.get<int64_t>() >= vocab) v = vocab - 1;
+      if (v.is_array())
+        for (json& e : v)
+          if (e.is_number_integer() && e.get<int64_t>() >= vocab) e = vocab - 1;
+    }
+  }
+  if (a.ple_rows) {
+    const int64_t n = t.value("ngram_size", int64_t(3)), h = t.value("heads_per_ngram", int64_t(8));
+    t["ngram_vocab_size_base"] = std::max<int64_t>(2, *a.ple_rows / std::max<int64_t>(1, (n - 1) * h));
+  }
+  const int64_t E = t.value("num_experts", int64_t(0)), k = t.value("num_experts_per_tok", int64_t(0));
+  FN_CHECK(k <= E, "{} experts per token (--experts-per-token or num_experts_per_tok) but only {} experts "
+           "(--experts or num_experts)", k, E);
+  return parse_config(doc, path);
+}
+
+/// A simple block allocator over one cache pool: each sequence takes consecutive blocks.
+struct PoolSeqs {
+  Model& model;
+  std::shared_ptr<CachePool> cache;
+  int64_t next_block = 0;
+
+  SequenceState take(int32_t slot, int64_t positions) {
+    const int64_t bs = cache->block_size, n = (positions + bs - 1) / bs;
+    FN_CHECK(next_block + n <= cache->num_blocks, "bench: the cache pool has {} blocks, {} more are needed",
+             cache->num_blocks, next_block + n - cache->num_blocks);
+    SequenceState s = model.new_sequence(cache, slot);
+    s.block_table.resize(size_t(n));
+    std::iota(s.block_table.begin(), s.block_table.end(), int32_t(next_block));
+    next_block += n;
+    return s;
+  }
+};
+
+/// Random token ids in [0, vocab): stream `seed`.
+std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint64_t seed) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ids[size_t(i)] = int32_t(random_bits(seed, uint64_t(i)) % uint64_t(vocab));
+  return ids;
+}
+
+/// The next token of every row of `logits`: on the device when the backend samples there, else on the host (greedy:
+/// argmax; with temperature: softmax and a draw from random_uniform(seed, offset + row)).
+std::vector<int32_t> sample(Model& m, const Tensor& logits, float temperature, uint64_t seed, uint64_t offset) {
+  Ops& ops = m.ops();
+  const int64_t rows = logits.dim(0), V = logits.dim(1);
+  if (ops.samples_on_device()) {
+    std::vector<TokenSampling> p(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) p[size_t(r)] = TokenSampling{temperature, 0, 1.f, 0.f, seed + uint64_t(r), offset};
+    return ops.sample_tokens(logits, p);
+  }
+  const std::vector<float> host = m.download(logits);
+  std::vector<int32_t> out(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* l = host.data() + r * V;
+    const int64_t best = std::max_element(l, l + V) - l;
+    if (temperature <= 0) {
+      out[size_t(r)] = int32_t(best);
+      continue;
+    }
+    double total = 0;
+    for (int64_t v = 0; v < V; ++v) total += std::exp(double(l[v] - l[best]) / temperature);
+    double u = double(random_uniform(seed + uint64_t(r), offset)) * total, acc = 0;
+    int64_t pick = V - 1;
+    for (int64_t v = 0; v < V; ++v) {
+      acc += std::exp(double(l[v] - l[best]) / temperature);
+      if (acc > u) {
+        pick = v;
+        break;
+      }
+    }
+    out[size_t(r)] = int32_t(pick);
+  }
+  return out;
+}
+
+json profile_json(const std::vector<std::pair<std::string, double>>& times, double divide) {
+  json j = json::object();
+  for (const auto& [name, ms] : times) j[name] = ms / divide;
+  return j;
+}
+
+double sum_ms(const std::vector<std::pair<std::string, double>>& times) {
+  double s = 0;
+  for (const auto& t : times) s += t.second;
+  return s;
+}
+
+/// Feeds `ids` to `seq` in chunks of `chunk` and samples the first token; returns (seconds to the first token,
+/// cost of the chunks).
+std::pair<double, StepCost> prefill(Model& m, SequenceState& seq, const std::vector<int32_t>& ids, int64_t chunk) {
+  StepCost total;
+  const auto t0 = Clock::now();
+  Tensor logits;
+  for (int64_t off = 0; off < int64_t(ids.size()); off += chunk) {
+    const int64_t n = std::min<int64_t>(chunk, int64_t(ids.size()) - off);
+    const StepWork w{n, seq.length};
+    const StepCost c = step_cost(m, {&w, 1}, 1);
+    total.weight_bytes += c.weight_bytes;
+    total.cache_bytes += c.cache_bytes;
+    total.host_bytes += c.host_bytes;
+    total.flops += c.flops;
+    logits = m.forward_tensor(seq, std::span<const int32_t>(ids).subspan(size_t(off), size_t(n)), LogitsMode::Last);
+  }
+  m.ops().profile_phase("sampling");
+  (void)sample(m, logits, 0.f, 0, 0);
+  m.ops().profile_phase(nullptr);
+  return {seconds(t0, Clock::now()), total};
+}
+
+std::string fmt_ratio(double r) {
+  return r > 0 ? fmt::format("{:.1f}%", 100 * r) : "-";
+}
+
+int run(BenchArgs a) {
+  // Flags first: nothing is allocated before they are all valid.
+  const bool random_model = a.model.empty();
+  FN_CHECK(random_model || (!a.layers && !a.experts && !a.experts_per_token && !a.vocab && !a.ple_rows &&
+                            a.config.empty()),
+           "--model DIR benchmarks the checkpoint as it is: --config, --layers, --experts, --experts-per-token, "
+           "--vocab and --ple-rows apply to random-weight models only");
+  for (auto [flag, v] : {std::pair{"--layers", &a.layers}, {"--experts", &a.experts},
+                         {"--experts-per-token", &a.experts_per_token}, {"--vocab", &a.vocab},
+                         {"--ple-rows", &a.ple_rows}})
+    FN_CHECK(!*v || **v >= 1, "{} must be >= 1, got {}", flag, **v);
+  FN_CHECK(a.repeat >= 1, "--repeat must be >= 1, got {}", a.repeat);
+  FN_CHECK(a.chunk >= 1, "--chunk must be >= 1, got {}", a.chunk);
+  FN_CHECK(a.decode_tokens == 0 || a.decode_tokens > a.decode_skip + 1,
+           "--decode-tokens {} must exceed --decode-skip {} + 1 (or be 0: no batch-1 decode)", a.decode_tokens,
+           a.decode_skip);
+  FN_CHECK(a.decode_skip >= 1, "--decode-skip must be >= 1 (the first emitted token comes from the prefill)");
+  FN_CHECK(a.batch_steps >= 3 || a.batches.empty(), "--batch-steps must be >= 3 (2 warm-up steps), got {}",
+           a.batch_steps);
+  for (int64_t p : a.prompts) FN_CHECK(p >= 1, "--prompts: every prompt length must be >= 1, got {}", p);
+  for (int64_t b : a.batches) FN_CHECK(b >= 1, "--batches: every batch size must be >= 1, got {}", b);
+  FN_CHECK(a.decode_context >= 1 && a.batch_context >= 1, "--decode-context and --batch-context must be >= 1");
+
+  std::string config_path;
+  ModelConfig cfg;
+  if (random_model) {
+    config_path = a.config.empty() ? find_bundled_file("models/release/config.json") : a.config;
+    cfg = bench_config(a, config_path);
+  } else {
+    cfg = load_config(a.model);
+    config_path = cfg.source;
+  }
+  const int64_t longest = std::max({a.prompts.empty() ? 0 : *std::max_element(a.prompts.begin(), a.prompts.end()),
+                                    a.decode_context + a.decode_tokens, a.batch_context + a.batch_steps});
+  FN_CHECK(longest <= cfg.max_position_embeddings,
+           "the longest sequence of this run ({} positions) exceeds max_position_embeddings = {}", longest,
+           cfg.max_position_embeddings);
+  int64_t ple_bytes = 0;
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l)
+    if (const int m = cfg.ple_index_of_layer(l); m >= 0)
+      ple_bytes += ngram_hash_params(cfg, m).rows * cfg.ple_head_dim();  // FP8: one byte per value
+  if (random_model) {
+    const int64_t avail = host_available_bytes();
+    FN_CHECK(avail < 0 || ple_bytes < avail,
+             "--ple-rows: the PLE table needs {:.2f} GB of host memory ({} rows x {} FP8 bytes per layer), but only "
+             "{:.2f} GB are available; pass --ple-rows N with fewer rows",
+             double(ple_bytes) / 1e9, ple_bytes / std::max<int64_t>(1, cfg.ple_head_dim()), cfg.ple_head_dim(),
+             double(avail) / 1e9);
+  }
+
+  // The model.
+  std::shared_ptr<Ops> ops = cli::make_backend(a.device, a.threads);
+  const auto t_build = Clock::now();
+  RandomWeightsReport built;
+  std::unique_ptr<Model> model = random_model ? Model::random(cfg, ModelOptions{ops}, a.seed, &built)
+                                              : Model::load(a.model, ModelOptions{ops});
+  ops->synchronize();
+  const double build_s = seconds(t_build, Clock::now());
+  Model& m = *model;
+  const Ceiling ceil = ceiling_for(ops->name());
+
+  json gpu = nullptr;
+  int64_t gpu_used_after_build = -1;
+  auto gpu_used = [&]() -> int64_t {
+#ifdef FLASHNEXT_HAVE_CUDA
+    if (ops->device() == Device::CUDA) {
+      const GpuMemory g = cuda_memory_info(0);
+      return g.total_bytes - g.free_bytes;
+    }
+#endif
+    return -1;
+  };
+#ifdef FLASHNEXT_HAVE_CUDA
+  if (ops->device() == Device::CUDA) {
+    const CudaDeviceInfo d = cuda_device_info(0);
+    gpu = json{{"name", d.name},
+               {"compute_capability", fmt::format("{}.{}", d.major, d.minor)},
+               {"multiprocessors", d.multiprocessors},
+               {"sm_clock_mhz", d.sm_clock_mhz},
+               {"memory_clock_mhz", d.memory_clock_mhz},
+               {"memory_bus_bits", d.memory_bus_bits},
+               {"driver_version", d.driver_version},
+               {"runtime_version", d.runtime_version},
+               {"total_bytes", d.total_bytes}};
+  }
+#endif
+  gpu_used_after_build = gpu_used();
+  int64_t gpu_peak = gpu_used_after_build;
+  auto note_memory = [&] { gpu_peak = std::max(gpu_peak, gpu_used()); };
+
+  const int64_t bs = a.block_size, V = cfg.vocab_size;
+  auto log = [&](const std::string& s) {
+    if (!a.json) fmt::print(stderr, "bench: {}\n", s);
+  };
+  log(fmt::format("model built in {:.1f} s ({}); {}", build_s, random_model ? "random weights" : a.model, ops->name()));
+
+  // Prefill and batch-1 decode share one pool of two slots (slot 0 measured, slot 1 the warm-up).
+  json prefill_runs = json::array(), decode = nullptr, sanity = nullptr;
+  {
+    const int64_t positions = std::max<int64_t>(longest + 16, 600);
+    PoolSeqs pool{m, m.new_cache(2 * ((positions + bs - 1) / bs + 1), bs, 2)};
+    {  // warm-up: kernels loaded, workspaces grown (512 tokens, fewer when every measured prompt is shorter)
+      int64_t warm = std::min<int64_t>(512, a.decode_tokens > 0 ? a.decode_context : 512);
+      for (int64_t P : a.prompts) warm = std::min(warm, P);
+      SequenceState w = pool.take(1, warm + 8);
+      (void)prefill(m, w, random_ids(warm, V, a.seed + 99), a.chunk);
+      // The random weights keep activations in range: the logits of the warm-up prompt's next token are finite.
+      const std::vector<float> l = m.download(m.forward_tensor(w, std::vector<int32_t>{1}, LogitsMode::Last));
+      double ss = 0, mx = 0;
+      bool finite = true;
+      for (float v : l) {
+        finite = finite && std::isfinite(v);
+        ss += double(v) * v;
+        mx = std::max(mx, double(std::fabs(v)));
+      }
+      FN_CHECK(finite, "bench: the model's logits are not finite (a weight or activation overflowed)");
+      sanity = json{{"warmup_logit_rms", std::sqrt(ss / double(l.size()))}, {"warmup_logit_max_abs", mx}};
+      for (int i = 0; i < 3; ++i) {
+        const int32_t tok = int32_t(i);
+        (void)sample(m, m.forward_tensor(w, {&tok, 1}, LogitsMode::Last), 0.f, 0, 0);
+      }
+    }
+    const int64_t base = pool.next_block;
+    for (int64_t P : a.prompts) {
+      std::vector<double> runs;
+      StepCost cost;
+      json prof = nullptr;
+      for (int r = 0; r < a.repeat; ++r) {
+        pool.next_block = base;
+        SequenceState s = pool.take(0, P);
+        const bool profiled = a.profile && r + 1 == a.repeat;
+        ops->set_profiling(profiled);
+        auto [t, c] = prefill(m, s, random_ids(P, V, a.seed + uint64_t(P) * 7 + uint64_t(r)), a.chunk);
+        if (profiled) prof = profile_json(ops->profile_times(), 1.0);
+        ops->set_profiling(false);
+        runs.push_back(t);
+        cost = c;
+        note_memory();
+      }
+      const double t = median(runs);
+      const double ratio = ceil.known() ? cost.flops / ceil.flops_per_s / t : 0;
+      json j{{"prompt_tokens", P},  {"chunk", a.chunk},          {"runs_s", runs},
+             {"ttft_s", t},         {"tokens_per_s", double(P) / t}, {"flops", cost.flops},
+             {"tflops_per_s", cost.flops / t / 1e12}, {"ratio_to_compute_ceiling", ceil.known() ? json(ratio) : json()}};
+      if (a.profile) j["profile_ms"] = prof;
+      prefill_runs.push_back(j);
+      log(fmt::format("prefill {:>6} tokens: {:8.0f} tokens/s, TTFT {:.3f} s, {:.1f} TFLOP/s ({} of the compute ceiling)",
+                      P, double(P) / t, t, cost.flops / t / 1e12, fmt_ratio(ratio)));
+    }
+
+    if (a.decode_tokens > 0) {  // batch 1: decode_context in, decode_tokens out
+      pool.next_block = base;
+      const int kProfileSteps = int(std::min<int64_t>(16, a.decode_tokens));  // marked steps after the timed ones
+      SequenceState s = pool.take(0, a.decode_context + a.decode_tokens + kProfileSteps);
+      const auto [t_first, pc] = prefill(m, s, random_ids(a.decode_context, V, a.seed + 5), a.chunk);
+      (void)pc;
+      std::vector<Clock::time_point> emitted{Clock::now()};  // token 1 (from the prefill)
+      int32_t tok = int32_t(random_bits(a.seed, 77) % uint64_t(V));
+      std::vector<double> steps;
+      for (int64_t i = 2; i <= a.decode_tokens; ++i) {
+        Tensor logits = m.forward_tensor(s, {&tok, 1}, LogitsMode::Last);
+        tok = sample(m, logits, 0.f, 0, 0)[0];
+        emitted.push_back(Clock::now());
+        steps.push_back(seconds(emitted[emitted.size() - 2], emitted.back()));
+      }
+      const int64_t skip = a.decode_skip;
+      const double span = seconds(emitted[size_t(skip - 1)], emitted.back());
+      const double tps = double(a.decode_tokens - skip) / span;
+      const StepWork w{1, a.decode_context + a.decode_tokens / 2};
+      const StepCost c = step_cost(m, {&w, 1}, 1);
+      const double step_s = span / double(a.decode_tokens - skip);
+      const double ratio = ceil.known() ? c.device_bytes() / ceil.bytes_per_s / step_s : 0;
+      decode = json{{"context_tokens", a.decode_context},
+                    {"output_tokens", a.decode_tokens},
+                    {"timed_tokens", fmt::format("{}-{}", skip + 1, a.decode_tokens)},
+                    {"prefill_ttft_s", t_first},
+                    {"tokens_per_s", tps},
+                    {"step_ms_median", 1e3 * median(steps)},
+                    {"step_ms_p90", 1e3 * percentile(steps, 0.9)},
+                    {"bytes_per_step", c.device_bytes()},
+                    {"weight_bytes_per_step", c.weight_bytes},
+                    {"cache_bytes_per_step", c.cache_bytes},
+                    {"host_bytes_per_step", c.host_bytes},
+                    {"achieved_bytes_per_s", c.device_bytes() / step_s},
+                    {"ratio_to_bytes_roofline", ceil.known() ? json(ratio) : json()},
+                    {"roofline_tokens_per_s", ceil.known() ? json(ceil.bytes_per_s / c.device_bytes()) : json()}};
+      if (a.profile) {  // a few more steps with the phase marks on (not part of the timing above)
+        ops->set_profiling(true);
+        const auto t0 = Clock::now();
+        int done = 0;
+        for (; done < kProfileSteps; ++done) {
+          Tensor logits = m.forward_tensor(s, {&tok, 1}, LogitsMode::Last);
+          ops->profile_phase("sampling");
+          tok = sample(m, logits, 0.f, 0, 0)[0];
+          ops->profile_phase(nullptr);
+        }
+        const double wall_ms = 1e3 * seconds(t0, Clock::now()) / std::max(1, done);
+        const auto times = ops->profile_times();
+        ops->set_profiling(false);
+        decode["profile_ms_per_step"] = profile_json(times, std::max(1, done));
+        decode["profile_wall_ms_per_step"] = wall_ms;
+        decode["profile_host_gap_ms_per_step"] = wall_ms - sum_ms(times) / std::max(1, done);
+      }
+      note_memory();
+      log(fmt::format("decode {} in / {} out, batch 1: {:.1f} tokens/s (tokens {}-{}), step {:.2f} ms median, {:.2f} "
+                      "GB/step, {} of the bytes roofline",
+                      a.decode_context, a.decode_tokens, tps, skip + 1, a.decode_tokens, 1e3 * median(steps),
+                      c.device_bytes() / 1e9, fmt_ratio(ratio)));
+    }
+  }
+
+  // Batched decode: one prompt of batch_context tokens prefilled once, copied into every sequence of the batch;
+  // each step feeds every sequence its own sampled token (temperature 1, one seed per sequence, so the sequences
+  // diverge and route to different experts).
+  json batch_runs = json::array();
+  if (!a.batches.empty()) {
+    const int64_t bmax = *std::max_element(a.batches.begin(), a.batches.end());
+    const int64_t per = (a.batch_context + a.batch_steps + 1 + bs - 1) / bs;  // + the profiled step
+    PoolSeqs pool{m, m.new_cache((bmax + 1) * per, bs, int32_t(bmax + 1))};
+    SequenceState src = pool.take(int32_t(bmax), a.batch_context);
+    (void)prefill(m, src, random_ids(a.batch_context, V, a.seed + 11), a.chunk);
+    const int64_t base = pool.next_block;
+    for (int64_t B : a.batches) {
+      pool.next_block = base;
+      std::vector<SequenceState> seqs;
+      for (int64_t b = 0; b < B; ++b) {
+        seqs.push_back(pool.take(int32_t(b), a.batch_context + a.batch_steps));
+        m.copy_sequence(src, seqs.back());
+      }
+      std::vector<int32_t> toks(static_cast<size_t>(B));
+      for (int64_t b = 0; b < B; ++b) toks[size_t(b)] = int32_t(random_bits(a.seed + 3, uint64_t(b)) % uint64_t(V));
+      std::vector<double> steps;
+      json prof = nullptr;
+      double prof_wall = 0, prof_gap = 0;
+      for (int64_t i = 0; i < a.batch_steps + (a.profile ? 1 : 0); ++i) {
+        const bool profiled = i == a.batch_steps;  // one more step with the phase marks on, not timed
+        ops->set_profiling(profiled);
+        std::vector<BatchItem> items;
+        for (int64_t b = 0; b < B; ++b) items.push_back({&seqs[size_t(b)], {&toks[size_t(b)], 1}, LogitsMode::Last});
+        const auto t0 = Clock::now();
+        Tensor logits = m.forward_batch(items);
+        ops->profile_phase("sampling");
+        toks = sample(m, logits, 1.f, a.seed + 1000 * uint64_t(B), uint64_t(i));
+        ops->profile_phase(nullptr);
+        const double t = seconds(t0, Clock::now());
+        if (profiled) {
+          const auto times = ops->profile_times();
+          prof = profile_json(times, 1.0);
+          prof_wall = 1e3 * t;
+          prof_gap = prof_wall - sum_ms(times);
+        } else if (i >= 2) {  // two warm-up steps
+          steps.push_back(t);
+        }
+        ops->set_profiling(false);
+      }
+      note_memory();
+      const double step_s = median(steps);
+      std::vector<StepWork> work(static_cast<size_t>(B), StepWork{1, a.batch_context + a.batch_steps / 2});
+      const StepCost c = step_cost(m, work, B);
+      const double ratio = ceil.known() ? c.device_bytes() / ceil.bytes_per_s / step_s : 0;
+      json j{{"batch", B},
+             {"context_tokens", a.batch_context},
+             {"steps_timed", int64_t(steps.size())},
+             {"step_ms_median", 1e3 * step_s},
+             {"tokens_per_s", double(B) / step_s},
+             {"experts_hit_per_layer", c.experts_hit},
+             {"bytes_per_step", c.device_bytes()},
+             {"weight_bytes_per_step", c.weight_bytes},
+             {"cache_bytes_per_step", c.cache_bytes},
+             {"achieved_bytes_per_s", c.device_bytes() / step_s},
+             {"ratio_to_bytes_roofline", ceil.known() ? json(ratio) : json()}};
+      if (a.profile) {
+        j["profile_ms_per_step"] = prof;
+        j["profile_wall_ms_per_step"] = prof_wall;
+        j["profile_host_gap_ms_per_step"] = prof_gap;
+      }
+      batch_runs.push_back(j);
+      log(fmt::format("decode batch {:>3} at {} context: {:8.1f} tokens/s, step {:.2f} ms, {:.2f} GB/step ({:.0f} "
+                      "experts/layer), {} of the bytes roofline",
+                      B, a.batch_context, double(B) / step_s, 1e3 * step_s, c.device_bytes() / 1e9, c.experts_hit,
+                      fmt_ratio(ratio)));
+    }
+  }
+
+  // The V100 projection: the bytes (decode) and FLOPs (prefill) this run counted, on 1, 2 and 4 V100s at the
+  // fraction of the roofline measured here.
+  json v100 = nullptr;
+  if (ceil.known() && ceil.name != "V100") {
+    json dec = json::object(), pre = json::object();
+    for (int n : {1, 2, 4}) {
+      if (!decode.is_null()) {
+        const double bytes = decode["bytes_per_step"].get<double>();
+        const double roof = n * kV100Bytes / bytes;
+        dec[std::to_string(n)] = json{{"roofline_tokens_per_s", roof},
+                                      {"at_measured_ratio_tokens_per_s", roof * decode["ratio_to_bytes_roofline"].get<double>()}};
+      }
+      if (!prefill_runs.empty()) {
+        json per = json::object();
+        for (const json& p : prefill_runs) {
+          const double f = p["flops"].get<double>() / p["prompt_tokens"].get<double>();
+          per[std::to_string(p["prompt_tokens"].get<int64_t>())] =
+              n * kV100Flops / f * p["ratio_to_compute_ceiling"].get<double>();
+        }
+        pre[std::to_string(n)] = per;
+      }
+    }
+    v100 = json{{"method",
+                 "n V100s (900 GB/s, 125 TFLOP/s each, docs/LIMITS.md) reading the bytes (decode) or doing the FLOPs "
+                 "(prefill) this run counted, split evenly over n GPUs, at the fraction of the roofline measured "
+                 "here; launches and collectives (TP) not included"},
+                {"decode_batch1", dec},
+                {"prefill_tokens_per_s_at_measured_ratio", pre}};
+  }
+
+  json report{
+      {"build",
+       {{"commit", FLASHNEXT_GIT_COMMIT},
+        {"dirty", FLASHNEXT_GIT_DIRTY},
+        {"build_type", FLASHNEXT_BUILD_TYPE},
+        {"cuda_architectures", FLASHNEXT_CUDA_ARCHS},
+        {"compiler", FLASHNEXT_COMPILER}}},
+      {"device", {{"backend", ops->name()}, {"gpu", gpu}, {"host_cpus", std::thread::hardware_concurrency()}}},
+      {"model",
+       {{"source", random_model ? "random" : a.model},
+        {"config", config_path},
+        {"layers", cfg.num_hidden_layers},
+        {"gdn_layers", cfg.num_layers_of(LayerKind::GatedDeltaNet)},
+        {"qsa_layers", cfg.num_layers_of(LayerKind::QSA)},
+        {"hidden_size", cfg.hidden_size},
+        {"experts", cfg.num_experts},
+        {"experts_per_token", cfg.num_experts_per_tok},
+        {"vocab", cfg.vocab_size},
+        {"ple_bytes", ple_bytes},
+        {"routed_experts",
+         m.weights().layers.empty() ? json()
+         : m.weights().layers[0].moe.packed ? json(m.weights().layers[0].moe.packed->format())
+                                            : json(dtype_name(m.weights().layers[0].moe.gate.dtype()))},
+        {"seed", a.seed}}},
+      {"build_times_s",
+       {{"total", build_s},
+        {"weights", random_model ? json(built.weights_s) : json()},
+        {"ple_alloc_pin", random_model ? json(built.ple_alloc_s) : json()},
+        {"ple_fill", random_model ? json(built.ple_fill_s) : json()},
+        {"ple_fill_threads", random_model ? json(built.ple_fill_threads) : json()}}},
+      {"memory",
+       {{"gpu_used_after_build_bytes", gpu_used_after_build},
+        {"gpu_used_peak_bytes", gpu_peak},
+        {"host_peak_rss_bytes", host_peak_rss_bytes()}}},
+      {"ceilings",
+       ceil.known() ? json{{"device", ceil.name}, {"bytes_per_s", ceil.bytes_per_s}, {"flops_per_s", ceil.flops_per_s},
+                           {"source", ceil.source}}
+                    : json()},
+      {"sanity", sanity},
+      {"settings",
+       {{"chunk", a.chunk}, {"block_size", bs}, {"repeat", a.repeat}, {"profile", a.profile}}},
+      {"prefill", prefill_runs},
+      {"decode", decode},
+      {"batch_decode", batch_runs},
+      {"v100_projection", v100}};
+  const std::string text = report.dump(2) + "\n";
+  if (!a.out.empty()) {
+    std::ofstream f(a.out, std::ios::binary);
+    FN_CHECK(f.good(), "--out: cannot write {}", a.out);
+    f << text;
+  }
+  if (a.json) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+  } else {
+    fmt::print("commit {}{} | {} | {}host peak RSS {:.1f} GB\n", std::string(FLASHNEXT_GIT_COMMIT).substr(0, 12),
+               FLASHNEXT_GIT_DIRTY ? "+dirty" : "", ops->name(),
+               gpu_used_after_build < 0 ? std::string()
+                                        : fmt::format("GPU memory {:.1f} GB after build, {:.1f} GB peak | ",
+                                                      double(gpu_used_after_build) / 1e9, double(gpu_peak) / 1e9),
+               double(host_peak_rss_bytes()) / 1e9);
+    if (random_model)
+      fmt::print("build {:.1f} s (weights {:.1f} s; PLE table {:.2f} GB: pin {:.1f} s, fill {:.1f} s on {} threads)\n",
+                 build_s, built.weights_s, double(ple_bytes) / 1e9, built.ple_alloc_s, built.ple_fill_s,
+                 built.ple_fill_threads);
+    for (const json& p : prefill_runs)
+      fmt::print("prefill {:>6}: {:9.0f} tok/s  TTFT {:7.3f} s  {:6.1f} TFLOP/s  {}\n", p["prompt_tokens"].get<int64_t>(),
+                 p["tokens_per_s"].get<double>(), p["ttft_s"].get<double>(), p["tflops_per_s"].get<double>(),
+                 p["ratio_to_compute_ceiling"].is_null() ? "" : fmt_ratio(p["ratio_to_compute_ceiling"].get<double>()));
+    if (!decode.is_null())
+      fmt::print("decode b=1 {}/{}: {:7.1f} tok/s  step {:.2f} ms  {:.2f} GB/step  {}\n", a.decode_context,
+                 a.decode_tokens, decode["tokens_per_s"].get<double>(), decode["step_ms_median"].get<double>(),
+                 decode["bytes_per_step"].get<double>() / 1e9,
+                 decode["ratio_to_bytes_roofline"].is_null() ? "" : fmt_ratio(decode["ratio_to_bytes_roofline"].get<double>()));
+    for (const json& b : batch_runs)
+      fmt::print("decode b={:<3} ctx {}: {:8.1f} tok/s  step {:.2f} ms  {:.2f} GB/step  {}\n", b["batch"].get<int64_t>(),
+                 b["context_tokens"].get<int64_t>(), b["tokens_per_s"].get<double>(), b["step_ms_median"].get<double>(),
+                 b["bytes_per_step"].get<double>() / 1e9,
+                 b["ratio_to_bytes_roofline"].is_null() ? "" : fmt_ratio(b["ratio_to_bytes_roofline"].get<double>()));
+    if (a.profile && !decode.is_null() && decode.contains("profile_ms_per_step")) {
+      fmt::print("decode b=1 per step (ms):");
+      for (const auto& [k, v] : decode["profile_ms_per_step"].items()) fmt::print(" {} {:.3f}", k, v.get<double>());
+      fmt::print(" | host gap {:.3f}\n", decode["profile_host_gap_ms_per_step"].get<double>());
+    }
+  }
+  return 0;
+}
+
+std::vector<int64_t> parse_list(const std::string& s, const char* flag) {
+  std::vector<int64_t> out;
+  if (s.empty() || s == "none") return out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      const long long v = std::stoll(item, &used);
+      FN_CHECK(used == item.size(), "");
+      out.push_back(v);
+    } catch (...) {
+      fail("{} expects a comma-separated list of integers (or 'none'), got '{}'", flag, s);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+FLASHNEXT_SUBCOMMAND(
+    bench, "bench",
+    "Benchmark prefill and decode at the released geometry (random weights on the device) or of --model DIR",
+    [](CLI::App& sub) -> std::function<int()> {
+      auto a = std::make_shared<BenchArgs>();
+      auto prompts = std::make_shared<std::string>("1024,4096,8192,32768");
+      auto batches = std::make_shared<std::string>("8,32,64");
+      sub.add_option("--model", a->model, "benchmark this checkpoint folder instead of a random-weight model");
+      sub.add_option("--config", a->config, "config.json of the random-weight model (default: models/release/config.json)");
+      sub.add_option("--device", a->device, "cuda (default) or cpu")->check(CLI::IsMember({"cpu", "cuda"}));
+      sub.add_option("--threads", a->threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+      sub.add_option("--layers", a->layers, "first N layers of the config's layer_types (PLE layers beyond N dropped)");
+      sub.add_option("--experts", a->experts, "routed experts per MoE layer");
+      sub.add_option("--experts-per-token", a->experts_per_token, "routed experts per token (top-k)");
+      sub.add_option("--vocab", a->vocab, "vocabulary size");
+      sub.add_option("--ple-rows", a->ple_rows, "about N rows in the PLE table (for hosts with less memory)");
+      sub.add_option("--seed", a->seed, "seed of the random weights and token ids (default 1)");
+      sub.add_option("--prompts", *prompts, "prefill prompt lengths, comma-separated, or 'none' (default 1024,4096,8192,32768)");
+      sub.add_option("--chunk", a->chunk, "prefill chunk size in tokens (default 8192)");
+      sub.add_option("--block-size", a->block_size, "KV cache block size in positions (default 16, as serve)");
+      sub.add_option("--decode-context", a->decode_context, "prompt tokens before the batch-1 decode (default 8192)");
+      sub.add_option("--decode-tokens", a->decode_tokens, "tokens emitted by the batch-1 decode, 0 = none (default 512)");
+      sub.add_option("--decode-skip", a->decode_skip, "emitted tokens not timed (default 32: tokens 33-512 are timed)");
+      sub.add_option("--batches", *batches, "batched-decode sizes, comma-separated, or 'none' (default 8,32,64)");
+      sub.add_option("--batch-context", a->batch_context, "context of every sequence of a batched decode (default 8192)");
+      sub.add_option("--batch-steps", a->batch_steps, "steps per batch size, the first 2 untimed (default 32)");
+      sub.add_option("--repeat", a->repeat, "runs per prefill length; the median is reported (default 3)");
+      sub.add_flag("--profile", a->profile, "per-phase device time of a prefill run and of decode steps");
+      sub.add_flag("--json", a->json, "print one JSON object (docs/BENCH.md) instead of the table");
+      sub.add_option("--out", a->out, "also write the JSON report to this file");
+      return [a, prompts, batches] {
+        a->prompts = parse_list(*prompts, "--prompts");
+        a->batches = parse_list(*batches, "--batches");
+        return run(*a);
+      };
+    });

@@ -1,0 +1,120 @@
+// `flashnext bench` on the CPU at a reduced geometry (the released widths, 4 layers, 16 experts, vocab 4096, a
+// 100K-row PLE table): every JSON field is there and consistent, and bad flags fail before anything is allocated.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli/cli_run.h"
+
+using namespace flashnext::testing;
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+
+namespace {
+
+const std::string kSmall =
+    "bench --device cpu --threads 2 --layers 4 --experts 16 --vocab 4096 --ple-rows 100000 --repeat 1 --chunk 8 "
+    "--decode-context 6 --decode-skip 2 --batch-context 5 --batch-steps 3";
+
+}  // namespace
+
+TEST(BenchCli, CpuSmallGeometryJson) {
+  CliRun r = run_flashnext(kSmall + " --prompts 6,11 --decode-tokens 5 --batches 1,3 --profile --json",
+                           /*merge_stderr=*/false);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const json j = json::parse(r.out);
+  for (const char* key : {"build", "device", "model", "build_times_s", "memory", "ceilings", "settings", "prefill",
+                          "decode", "batch_decode", "v100_projection", "sanity"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  const std::string commit = j["build"]["commit"];
+  EXPECT_TRUE(commit == "unknown" || commit.size() == 40) << commit;
+  EXPECT_THAT(j["device"]["backend"].get<std::string>(), HasSubstr("cpu"));
+  // The geometry asked for: the released layer_types cut to 4 (3 GDN + 1 QSA), PLE on layer index 1 kept.
+  const json& m = j["model"];
+  EXPECT_EQ(m["source"], "random");
+  EXPECT_EQ(m["layers"], 4);
+  EXPECT_EQ(m["gdn_layers"], 3);
+  EXPECT_EQ(m["qsa_layers"], 1);
+  EXPECT_EQ(m["hidden_size"], 2560);
+  EXPECT_EQ(m["experts"], 16);
+  EXPECT_EQ(m["experts_per_token"], 10);
+  EXPECT_EQ(m["vocab"], 4096);
+  EXPECT_EQ(m["routed_experts"], "F32");  // the CPU oracle stores float32 experts
+  // 16 primes >= 100000/16 summed and padded to 128 rows, 160 FP8 bytes each: just above 100,000 rows.
+  const int64_t ple = m["ple_bytes"];
+  EXPECT_GE(ple, 100000 * 160);
+  EXPECT_LT(ple, 101000 * 160);
+  EXPECT_GE(j["build_times_s"]["total"].get<double>(), j["build_times_s"]["weights"].get<double>());
+  EXPECT_TRUE(j["ceilings"].is_null());  // no roofline for the CPU
+  EXPECT_GT(j["memory"]["host_peak_rss_bytes"].get<int64_t>(), ple);
+
+  ASSERT_EQ(j["prefill"].size(), 2u);
+  for (const json& p : j["prefill"]) {
+    const double P = p["prompt_tokens"], ttft = p["ttft_s"];
+    EXPECT_TRUE(P == 6 || P == 11);
+    EXPECT_NEAR(p["tokens_per_s"].get<double>(), P / ttft, 1e-9 * P / ttft);
+    EXPECT_GT(p["flops"].get<double>(), 2.0 * 4e8 * P);  // at least the dense products, ~0.9 GFLOP per token
+    EXPECT_TRUE(p["ratio_to_compute_ceiling"].is_null());
+    EXPECT_EQ(p["runs_s"].size(), 1u);
+  }
+  // The profiled prefill has every phase of the forward.
+  const json& prof = j["prefill"][1]["profile_ms"];
+  for (const char* phase : {"ple", "embedding", "hc", "gdn_proj", "gdn_rule", "qsa_proj", "qsa_indexer",
+                            "qsa_attention", "moe_router", "moe_routed", "moe_shared", "lm_head", "sampling"})
+    EXPECT_TRUE(prof.contains(phase)) << phase;
+
+  const json& d = j["decode"];
+  EXPECT_EQ(d["context_tokens"], 6);
+  EXPECT_EQ(d["timed_tokens"], "3-5");
+  EXPECT_GT(d["tokens_per_s"].get<double>(), 0);
+  EXPECT_NEAR(d["bytes_per_step"].get<double>(),
+              d["weight_bytes_per_step"].get<double>() + d["cache_bytes_per_step"].get<double>(), 1.0);
+  // One token reads 10 of the 16 experts per layer: 4 layers x 10 x 3 x 640 x 2560 float32 weights, plus dense ones.
+  EXPECT_GT(d["weight_bytes_per_step"].get<double>(), 4.0 * 10 * 3 * 640 * 2560 * 4);
+  // The PLE layer gathers 16 rows of 160 bytes for the token.
+  EXPECT_DOUBLE_EQ(d["host_bytes_per_step"].get<double>(), 16.0 * 160);
+  EXPECT_TRUE(d.contains("profile_ms_per_step"));
+
+  ASSERT_EQ(j["batch_decode"].size(), 2u);
+  for (const json& b : j["batch_decode"]) {
+    const double B = b["batch"];
+    EXPECT_EQ(b["steps_timed"], 1);  // 3 steps, 2 of them warm-up (the profiled one is a fourth)
+    EXPECT_NEAR(b["tokens_per_s"].get<double>(), B / (b["step_ms_median"].get<double>() / 1e3), 1e-6 * B);
+    // Distinct experts hit by B tokens of top-10 of 16 under uniform routing: 16 (1 - (6/16)^B).
+    EXPECT_NEAR(b["experts_hit_per_layer"].get<double>(), 16 * (1 - std::pow(6.0 / 16, B)), 1e-9);
+  }
+  EXPECT_TRUE(j["v100_projection"].is_null());  // needs a measured GPU ratio
+}
+
+TEST(BenchCli, TableOutput) {
+  CliRun r = run_flashnext(kSmall + " --batches none --prompts 4 --decode-tokens 0");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("prefill      4:"));
+}
+
+TEST(BenchCli, BadFlagsFailBeforeAllocating) {
+  CliRun r = run_flashnext("bench --device cpu --layers 0");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.out, HasSubstr("--layers must be >= 1, got 0"));
+  r = run_flashnext("bench --device cpu --experts 4 --experts-per-token 8");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.out, HasSubstr("8 experts per token"));
+  r = run_flashnext("bench --device cpu --layers 64");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.out, HasSubstr("--layers 64"));
+  // The released table needs 51 GB; --ple-rows 10^12 asks for 160 TB: refused before the weights are made.
+  r = run_flashnext("bench --device cpu --layers 4 --ple-rows 1000000000000");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.out, HasSubstr("--ple-rows: the PLE table needs"));
+  r = run_flashnext("bench --device cpu --prompts 16,x");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.out, HasSubstr("--prompts expects a comma-separated list"));
+  r = run_flashnext("bench --device cpu --decode-tokens 10 --decode-skip 32");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.out, HasSubstr("--decode-tokens 10 must exceed --decode-skip 32"));
+  r = run_flashnext("bench --model /nonexistent --layers 4");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.out, HasSubstr("apply to random-weight models only"));
+}
