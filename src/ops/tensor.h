@@ -46,6 +46,9 @@ class Tensor {
         device_index_(device_index) {}
 
   bool defined() const { return data_ != nullptr || (!shape_.empty() && numel() == 0); }
+  /// A weak reference to the memory's owner: expired once every tensor of that memory is gone (backends that cache
+  /// something per tensor, keyed by address, use it to tell a reused address from the tensor they saw).
+  std::weak_ptr<void> memory_ref() const { return owner_; }
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
   int device_index() const { return device_index_; }

@@ -1432,15 +1432,29 @@ class CudaOps final : public Ops {
     DeviceArray<const void*> addresses;
     int64_t rows_per_shard = 0, rows = 0;
     Tensor merged;
+    std::vector<std::weak_ptr<void>> shards;  ///< the memory the view was made from
+    /// Whether `table` is still the table this view was made from (not a new one at a reused address).
+    bool made_from(const PleTable& table) const {
+      for (size_t i = 0; i < shards.size(); ++i) {
+        const std::weak_ptr<void> now = table.shards[i].memory_ref();
+        if (shards[i].expired() || shards[i].owner_before(now) || now.owner_before(shards[i])) return false;
+      }
+      return true;
+    }
   };
 
-  /// The gather view of `table`, made once per table (keyed by its shard addresses).
+  /// The gather view of `table`, made once per table (keyed by its shard addresses; a view whose memory was freed,
+  /// so that a new table may have its addresses, is dropped).
   const GatherTable& gather_table(const PleTable& table) {
     std::vector<const void*> key;
     for (const Tensor& s : table.shards) key.push_back(s.data());
     auto it = gather_tables_.find(key);
-    if (it != gather_tables_.end()) return it->second;
+    if (it != gather_tables_.end() && it->second.made_from(table)) return it->second;
+    std::erase_if(gather_tables_, [](const auto& kv) {
+      return std::any_of(kv.second.shards.begin(), kv.second.shards.end(), [](const auto& w) { return w.expired(); });
+    });
     GatherTable g;
+    for (const Tensor& s : table.shards) g.shards.push_back(s.memory_ref());
     const int64_t per = table.shards[0].dim(0);
     bool uniform = per > 0;
     for (size_t i = 0; i < table.shards.size(); ++i) {
@@ -1461,7 +1475,7 @@ class CudaOps final : public Ops {
       g.rows_per_shard = std::max<int64_t>(g.rows, 1);
     }
     g.addresses = to_device(addresses, "PLE shard addresses");
-    return gather_tables_.emplace(std::move(key), std::move(g)).first->second;
+    return gather_tables_.insert_or_assign(std::move(key), std::move(g)).first->second;
   }
 
   /// gather_rows / scatter_rows: `rows` index the rows of dst (scatter) or src (gather); row ids are checked on
