@@ -1231,6 +1231,14 @@ class CudaOps final : public Ops {
     const int in = to_int(x.dim(1), what, "in"), out = to_int(w.dim(0), what, "out");
     const __half* b = bias.defined() ? dp<__half>(bias) : nullptr;
     if (T == 0) return;
+    // Decode-sized products: one float32 GEMV launch over the FP16 weights (as exact as FP16x2, read once).
+    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    if (T <= detail::kGemvMaxTokens && in % 8 == 0 && aligned(x.data()) && aligned(w.data())) {
+      FN_CUDA_CHECK(detail::launch_gemv_f16w_f32x(dp<const float>(x), in, dp<__half>(w), in, out, b, dp<float>(y), out,
+                                                  int(T), stream()),
+                    what);
+      return;
+    }
     if (split()) {
       const int m = to_int(2 * T, what, "rows");
       Tensor x2 = alloc({2 * T, in}, DType::F16, "fp16x2 activations"), y2 = alloc({2 * T, out}, DType::F32, "product");

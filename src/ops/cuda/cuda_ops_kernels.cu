@@ -85,6 +85,44 @@ __global__ void linear_f32_narrow_kernel(const float* __restrict__ x, const __ha
   if (lane == 0) y[item] = acc;
 }
 
+// y[t, n] = sum_k x[t, k] * w[n, k] (+ bias[n]) for t < T <= kGemvMaxTokens: one warp per output row, 16-byte
+// weight loads (8 FP16 values) shared by the T tokens, float32 products and sums (the decode GEMV: as exact as a
+// float32 product of the FP16 weights, reading the weights once). K % 8 == 0, rows of x 16-byte aligned.
+template <int T>
+__global__ void gemv_f16w_f32x_kernel(const float* __restrict__ x, int64_t ldx, const __half* __restrict__ w, int K,
+                                      int N, const __half* __restrict__ bias, float* __restrict__ y, int64_t ldy) {
+  const int n = int((int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5);
+  const int lane = threadIdx.x & 31;
+  if (n >= N) return;
+  const uint4* wr = reinterpret_cast<const uint4*>(w + int64_t(n) * K);
+  float acc[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) acc[t] = 0.f;
+  for (int v = lane; v < K / 8; v += 32) {
+    const uint4 raw = __ldg(wr + v);
+    const __half2* h = reinterpret_cast<const __half2*>(&raw);
+    float wf[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __half22float2(h[i]);
+      wf[2 * i] = f.x;
+      wf[2 * i + 1] = f.y;
+    }
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      const float4* xp = reinterpret_cast<const float4*>(x + t * ldx + int64_t(v) * 8);
+      const float4 a = xp[0], b = xp[1];
+      acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z +
+                wf[7] * b.w;
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    const float s = warp_sum(acc[t]);
+    if (lane == 0) y[t * ldy + n] = s + (bias ? to_f(bias[n]) : 0.f);
+  }
+}
+
 __global__ void gated_accumulate_kernel(float* __restrict__ out, const float* __restrict__ s,
                                         const float* __restrict__ gate_logit, int64_t n, int hidden) {
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
@@ -526,6 +564,21 @@ cudaError_t launch_linear_f32_narrow(const float* x, const __half* w, float* y, 
   const int64_t items = int64_t(tokens) * out;
   if (items == 0) return cudaSuccess;
   linear_f32_narrow_kernel<<<unsigned((items + kWarps - 1) / kWarps), kThreads, 0, stream>>>(x, w, y, tokens, in, out);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, const __half* w, int K, int N, const __half* bias,
+                                  float* y, int64_t ldy, int tokens, cudaStream_t stream) {
+  if (tokens == 0 || N == 0) return cudaSuccess;
+  const unsigned blocks = unsigned((int64_t(N) + kWarps - 1) / kWarps);
+  switch (tokens) {
+#define FN_GEMV_CASE(TT) \
+  case TT: gemv_f16w_f32x_kernel<TT><<<blocks, kThreads, 0, stream>>>(x, ldx, w, K, N, bias, y, ldy); break;
+    FN_GEMV_CASE(1) FN_GEMV_CASE(2) FN_GEMV_CASE(3) FN_GEMV_CASE(4)
+    FN_GEMV_CASE(5) FN_GEMV_CASE(6) FN_GEMV_CASE(7) FN_GEMV_CASE(8)
+#undef FN_GEMV_CASE
+    default: return cudaErrorInvalidValue;
+  }
   return cudaGetLastError();
 }
 

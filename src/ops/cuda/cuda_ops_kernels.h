@@ -36,6 +36,13 @@ cudaError_t launch_embedding_f32(const __half* table, int64_t vocab, int hidden,
 cudaError_t launch_add_bias(float* y, const __half* bias, int64_t rows, int cols, cudaStream_t stream);
 /// y[t, o] = sum_i x[t, i] * w[o, i] with FP32 inputs and accumulation over FP16 weights: for the narrow products
 /// that decide discrete choices or gates (MoE router logits, shared_expert_gate). One warp per output.
+/// Tokens up to which products take the decode GEMV (launch_gemv_f16w_f32x) instead of a tensor-core GEMM.
+constexpr int kGemvMaxTokens = 8;
+/// y[t, n] = sum_k x[t, k] * w[n, k] (+ bias[n]) in float32 for tokens <= kGemvMaxTokens: FP16 weights [N, K]
+/// read once in 16-byte vectors, FP32 activations (row stride ldx), FP32 output (row stride ldy). Needs K % 8 == 0,
+/// w and every x row 16-byte aligned (cudaErrorInvalidValue for more tokens; alignment is the caller's check).
+cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, const __half* w, int K, int N, const __half* bias,
+                                  float* y, int64_t ldy, int tokens, cudaStream_t stream);
 cudaError_t launch_linear_f32_narrow(const float* x, const __half* w, float* y, int tokens, int in, int out,
                                      cudaStream_t stream);
 /// out[t, c] += sigmoid(gate_logit[t]) * s[t, c] (the shared expert's gated add), [T, H] FP32.

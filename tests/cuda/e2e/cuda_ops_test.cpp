@@ -168,6 +168,19 @@ TEST_P(CudaOps, EmbeddingAndLinear) {
   cpu()->linear(in.c.rows(T - 1, T), w.c, y2.c);
   gpu()->linear(in.g.rows(T - 1, T), w.g, y2.g);
   expect_close(y2, prod_atol(5e-3), prod_rtol(), "linear, last row");
+  // Decode-sized products (at most 8 rows, inputs a multiple of 8: the float32 GEMV, in both precisions) and the
+  // tensor-core fallbacks beside them (9 rows; 258 inputs).
+  for (int64_t K : {int64_t(264), int64_t(258)}) {
+    for (int64_t n : {int64_t(1), int64_t(2), int64_t(5), int64_t(8), int64_t(9)}) {
+      Pair xi = act({n, K}, uint32_t(10 + n)), wi = weight({O, K}, 11, 1.0f / 16), bi = weight({O}, 12),
+           yi = empty({n, O});
+      cpu()->linear(xi.c, wi.c, yi.c, bi.c);
+      gpu()->linear(xi.g, wi.g, yi.g, bi.g);
+      const bool gemv = n <= 8 && K % 8 == 0;
+      expect_close(yi, gemv ? kF32 : prod_atol(5e-3), gemv ? kF32 : prod_rtol(),
+                   "linear " + std::to_string(n) + " x " + std::to_string(K) + (gemv ? " (gemv)" : ""));
+    }
+  }
 }
 
 TEST_P(CudaOps, Norms) {
