@@ -14,7 +14,8 @@
 #                                       background) while test_cuda and the tiny-a/tiny-b tests run, then the medium
 #                                       tests and the timings.
 # Output: logs in $OUT (default gpu/out): kernel.log, e2e.log, e2e-medium.log, fixture.log, bench.log, and
-# summary.txt (gtest verdicts, every `E2E:` line, the timing lines).
+# summary.txt (gtest verdicts, every `E2E:` line, the timing lines, and `NOT RUN:` lines naming each part that did
+# not run and why; `NOT RUN: nothing` when every part ran).
 # Env: BUILD; FIXTURE_DIR (default /tmp/fx; an existing $FIXTURE_DIR/medium/reference.safetensors is reused);
 #      SKIP_MEDIUM=1 to skip the medium fixture; BENCH=0 to skip the timings; FILTER='<gtest filter>' to run only
 #      those test_cuda_e2e tests (no kernel tests, medium fixture or timings; log $OUT/e2e.log).
@@ -55,11 +56,21 @@ SRC=$(cat "$G/source_dir")
 if [ "$SRC" != "$PWD" ] && [ ! -e "$SRC" ]; then mkdir -p "$(dirname "$SRC")" && ln -s "$PWD" "$SRC"; fi
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 status=0
+notrun=()  # the parts that did not run, each with its reason: listed in the summary
+# Appends the NOT RUN lines to the summary and prints them.
+report_not_run() {
+  if ((${#notrun[@]})); then printf 'NOT RUN: %s\n' "${notrun[@]}"; else echo "NOT RUN: nothing (every part ran)"; fi |
+    tee -a "$OUT/summary.txt"
+}
 if [ -n "${FILTER:-}" ]; then
   echo "gpu-e2e: test_cuda_e2e --gtest_filter='$FILTER'"
   timeout 450 "$G/bin/test_cuda_e2e" --gtest_color=no --gtest_filter="$FILTER" >"$OUT/e2e.log" 2>&1 || status=1
   grep -h -E '^\[  (PASSED|FAILED) |tests? ran|^E2E' "$OUT/e2e.log" >"$OUT/summary.txt"
   tail -n 3 "$OUT/e2e.log"
+  notrun=("kernel tests (test_cuda): FILTER set" "test_cuda_e2e tests outside --gtest_filter='$FILTER'"
+          "timings: FILTER set")
+  [ -z "${FLASHNEXT_MEDIUM_FIXTURE:-}" ] && notrun+=("medium fixture tests: FILTER set, FLASHNEXT_MEDIUM_FIXTURE unset")
+  report_not_run
   echo "gpu-e2e: exit status $status (logs in $OUT)"
   exit $status
 fi
@@ -86,7 +97,12 @@ if [ -z "${SKIP_MEDIUM:-}" ]; then
     FLASHNEXT_MEDIUM_FIXTURE="$FX/medium" timeout 240 "$G/bin/test_cuda_e2e" --gtest_color=no \
       --gtest_filter='*Medium*' >"$OUT/e2e-medium.log" 2>&1 || status=1
     tail -n 3 "$OUT/e2e-medium.log"
+  else
+    notrun+=("medium fixture tests (6) and medium timings: no $FX/medium/reference.safetensors (see fixture.log)")
+    status=1
   fi
+else
+  notrun+=("medium fixture tests (6) and medium timings: SKIP_MEDIUM set")
 fi
 
 if [ "${BENCH:-1}" != 0 ]; then
@@ -123,11 +139,14 @@ PY
   echo "\$ flashnext generate --device cuda --raw --prompt 'The quick brown fox jumps over the lazy dog.' --max-tokens 128 --temperature 0 --ignore-eos   (bundled models/tiny-b-random)" >>"$OUT/bench.log"
   timeout 60 "${gen[@]}" >/dev/null 2>>"$OUT/bench.log" || status=1
   cat "$OUT/bench.log"
+else
+  notrun+=("timings: BENCH=0")
 fi
 
 {
   grep -h -E '^\[  (PASSED|FAILED) |tests? ran|^E2E:' "$OUT"/kernel.log "$OUT"/e2e.log "$OUT"/e2e-medium.log 2>/dev/null
   grep -h -E 'tokens/s|wrote|loaded|greedy:|COMPARE:|^\$' "$OUT/bench.log" 2>/dev/null | cut -c1-400
 } >"$OUT/summary.txt"
+report_not_run
 echo "gpu-e2e: exit status $status (logs in $OUT)"
 exit $status

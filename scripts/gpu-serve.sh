@@ -10,7 +10,8 @@
 #   bash scripts/gpu-serve.sh             ON THE GPU MACHINE from the repo root (the `run` tool: carry ["gpu"]).
 # The medium fixture (tools/make_fixtures.py, torch + transformers there) has vocab_size 4096 and no tokenizer: the
 # server gets the bundled Qwen3 tokenizer cut to 4096 ids (tools/truncate_tokenizer.py).
-# Output in $OUT (default gpu/out-serve): e2e.log, e2e-medium.log, fixture.log, serve.log, bench.log, summary.txt.
+# Output in $OUT (default gpu/out-serve): e2e.log, e2e-medium.log, fixture.log, serve.log, bench.log, summary.txt
+# (which ends with `NOT RUN:` lines naming each part that did not run and why, or `NOT RUN: nothing`).
 # Env: BUILD, FIXTURE_DIR (default /tmp/fx), E2E=0 to skip the tests, BENCH_ARGS (extra bench_serve.py arguments),
 #      SERVE_ARGS (extra `flashnext serve` arguments, e.g. --sampler host).
 set -uo pipefail
@@ -46,6 +47,8 @@ SRC=$(cat "$G/source_dir")
 if [ "$SRC" != "$PWD" ] && [ ! -e "$SRC" ]; then mkdir -p "$(dirname "$SRC")" && ln -s "$PWD" "$SRC"; fi
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 status=0
+notrun=()  # the parts that did not run, each with its reason: listed in the summary
+[ "${E2E:-1}" = 0 ] && notrun+=("test_cuda_e2e (all, medium included): E2E=0")
 FX=${FIXTURE_DIR:-/tmp/fx}
 fx_pid=""
 if [ ! -f "$FX/medium/reference.safetensors" ]; then
@@ -91,6 +94,7 @@ if get "http://127.0.0.1:$port/health" >/dev/null 2>&1; then
   cat "$OUT/bench.log"
 else
   echo "gpu-serve: the server did not come up:"; tail -n 20 "$OUT/serve.log"; status=1
+  notrun+=("serving benchmark: the server did not come up")
 fi
 kill $srv 2>/dev/null; wait $srv 2>/dev/null
 grep -E 'GPU memory|memory [0-9]+ bytes' "$OUT/serve.log" >>"$OUT/bench.log"
@@ -98,5 +102,7 @@ grep -E 'GPU memory|memory [0-9]+ bytes' "$OUT/serve.log" >>"$OUT/bench.log"
   grep -h -E '^\[  (PASSED|FAILED) |tests? ran|^E2E:' "$OUT"/e2e.log "$OUT"/e2e-medium.log 2>/dev/null
   cat "$OUT/bench.log"
 } >"$OUT/summary.txt"
+if ((${#notrun[@]})); then printf 'NOT RUN: %s\n' "${notrun[@]}"; else echo "NOT RUN: nothing (every part ran)"; fi |
+  tee -a "$OUT/summary.txt"
 echo "gpu-serve: exit status $status (logs in $OUT)"
 exit $status

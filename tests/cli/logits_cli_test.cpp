@@ -17,6 +17,10 @@ namespace {
 
 using namespace flashnext;
 
+// max |logit - reference| of the written .npy (eos_inside in chunks of 5): 10x the measured 1.19e-6 (2026-12-01; the
+// CLI writes the CPU backend's float32 logits unchanged). Before: 1e-3.
+constexpr double kLogitTol = 1.2e-5;
+
 std::string src(const std::string& rel) {
   return std::string(FLASHNEXT_SOURCE_DIR) + "/" + rel;
 }
@@ -63,7 +67,9 @@ TEST(LogitsCli, WritesReferenceLogitsAndGreedyIds) {
   const float* w = reinterpret_cast<const float*>(want.data);
   double max_diff = 0;
   for (int64_t i = 0; i < a.numel(); ++i) max_diff = std::max(max_diff, double(std::fabs(a.f32()[i] - w[i])));
-  EXPECT_LE(max_diff, 1e-3);
+  std::printf("[ logits   ] tiny-a %s in chunks of 5: max |logit - reference| %.3g (bound %.2g)\n", P.c_str(), max_diff,
+              kLogitTol);
+  EXPECT_LE(max_diff, kLogitTol);
 }
 
 TEST(LogitsCli, BadInputFailsWithAMessage) {

@@ -156,8 +156,10 @@ RequestStream::Update drain(RequestStream& s) {
 }
 
 void run_to_end(Scheduler& s) {
-  for (int i = 0; i < 100000 && s.step(); ++i) {
+  int i = 0;
+  for (; i < 100000 && s.step(); ++i) {
   }
+  if (i == 100000) ADD_FAILURE() << "the scheduler still had work after 100000 steps";
 }
 
 TEST(MemoryPlanner, CarvesSlotsThenBlocks) {
@@ -249,7 +251,9 @@ TEST(Scheduler, ConcurrentGreedyRequestsMatchTheirSoloOutput) {
     s.submit(std::move(r));
   }
   int64_t max_running = 0;
-  while (s.step()) max_running = std::max(max_running, s.stats().running);
+  int steps = 0;
+  for (; steps < 100000 && s.step(); ++steps) max_running = std::max(max_running, s.stats().running);
+  ASSERT_LT(steps, 100000) << "the scheduler never ran out of work";
   for (int i = 0; i < 32; ++i) {
     auto u = drain(*streams[size_t(i)]);
     EXPECT_EQ(u.tokens, reference_greedy(prompts[size_t(i)], max_tokens[size_t(i)])) << "request " << i;
@@ -538,12 +542,16 @@ TEST(Scheduler, EngineThreadServesConcurrentSubmitters) {
       auto stream = r.stream;
       s.submit(std::move(r));
       std::vector<int32_t> got;
-      for (;;) {
+      // A deadline: a scheduler that stops serving fails the test instead of hanging it.
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      bool finished = false;
+      while (!finished && std::chrono::steady_clock::now() < deadline) {
         auto u = stream->wait(std::chrono::milliseconds(100));
         got.insert(got.end(), u.tokens.begin(), u.tokens.end());
-        if (u.finish != EndReason::None) break;
+        finished = u.finish != EndReason::None;
       }
-      ok[size_t(i)] = got == reference_greedy(prompt, 12);
+      if (!finished) stream->cancel();
+      ok[size_t(i)] = finished && got == reference_greedy(prompt, 12);
     });
   }
   for (auto& t : clients) t.join();

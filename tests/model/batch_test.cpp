@@ -27,6 +27,8 @@ TEST(BatchedSteps, EightSequencesGenerateWhatEachGeneratesAlone) {
     const auto alone = batched_greedy(model, {prompts[i]}, 8, solo);
     EXPECT_EQ(together[i], alone[0]) << "prompt " << i << " (" << prompts[i].size() << " tokens)";
   }
+  // Anchored to the reference: the five whole fixture prompts (1 to 300 tokens) give transformers' greedy ids.
+  EXPECT_EQ(expect_prefix_of_reference(together, tiny_a_batch_reference_greedy()), 5);
 }
 
 // One batched prefill step: every sequence's logits equal those of its own forward (private cache, whole prompt).
@@ -54,6 +56,17 @@ TEST(BatchedSteps, BatchedPrefillLogitsEqualSingleSequenceLogits) {
     ASSERT_EQ(want.size(), prompts[i].size() * size_t(V));
     EXPECT_LE(max_abs_diff(got.data() + rows[i] * V, want.data(), want.size()), 1e-5) << "prompt " << i;
     EXPECT_EQ(seqs[i].length, int64_t(prompts[i].size()));
+  }
+  // Anchored to the reference: the rows of the five whole fixture prompts are transformers' logits.
+  Reference ref("tiny-a");
+  const char* names[] = {"short", "eos_inside", "long", "single", "eos_first"};
+  for (size_t i = 0; i < 5; ++i) {
+    const auto want = ref.f32(std::string(names[i]) + ".logits");
+    ASSERT_EQ(want.size(), prompts[i].size() * size_t(V)) << names[i];
+    const double err = max_abs_diff(got.data() + rows[i] * V, want.data(), want.size());
+    std::printf("[ batch    ] tiny-a %-10s batched prefill max |logit - reference| = %.3g (bound %.2g)\n", names[i],
+                err, kTinyALogitTol);
+    EXPECT_LE(err, kTinyALogitTol) << names[i];
   }
 }
 

@@ -85,6 +85,34 @@ inline std::vector<std::vector<int32_t>> tiny_a_batch_prompts() {
   return prompts;
 }
 
+/// For each prompt of tiny_a_batch_prompts(), the reference's greedy ids (P.greedy_ids: 16 tokens, 6 for "long")
+/// where the prompt is a whole fixture prompt, and an empty list for the prompts cut from "long".
+inline std::vector<std::vector<int64_t>> tiny_a_batch_reference_greedy() {
+  Reference ref("tiny-a");
+  std::vector<std::vector<int64_t>> want;
+  for (const char* p : {"short", "eos_inside", "long", "single", "eos_first"})
+    want.push_back(ref.i64(std::string(p) + ".greedy_ids"));
+  want.resize(tiny_a_batch_prompts().size());
+  return want;
+}
+
+/// Expects the first ids of `got[i]` to be the reference's greedy ids `want[i]` (as many as both have) for every
+/// prompt that has reference ids; returns how many prompts were compared.
+inline int expect_prefix_of_reference(const std::vector<std::vector<int64_t>>& got,
+                                      const std::vector<std::vector<int64_t>>& want) {
+  int compared = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    if (want[i].empty()) continue;
+    const size_t n = std::min(got[i].size(), want[i].size());
+    EXPECT_GE(n, size_t(1)) << "prompt " << i;
+    EXPECT_EQ(std::vector<int64_t>(got[i].begin(), got[i].begin() + ptrdiff_t(n)),
+              std::vector<int64_t>(want[i].begin(), want[i].begin() + ptrdiff_t(n)))
+        << "prompt " << i << ": the batched greedy ids are not the reference's";
+    ++compared;
+  }
+  return compared;
+}
+
 /// Runs the tiny-a prompts that have 16 reference greedy ids (all but the 300-token one) through batched_greedy
 /// together (blocks of 4 positions, chunks of 7, joining one step apart) and expects the reference's ids.
 inline void expect_tiny_a_batched_greedy_matches_reference(Model& model) {

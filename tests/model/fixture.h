@@ -21,6 +21,18 @@ inline std::string source_path(const std::string& rel) {
   return std::string(FLASHNEXT_SOURCE_DIR) + "/" + rel;
 }
 
+/// Bounds of the CPU backend (float32) against transformers' float32 reference (issue 20): about 10x the largest
+/// error measured over the fixture's prompts, so that a kernel error a few times today's fails. Measured 2026-12-01 on
+/// this commit's CPU backend (printed by the tests as `[ tiny-a ]` / `[ tiny-b ]` / `[ batch ]` lines):
+///   tiny-a logits 2.59e-6 (long; 0.30e-6 .. 1.47e-6 for the others; the batched prefill the same), hidden states
+///   7.27e-6 (long); tiny-b logits 1.91e-6 (chat2, last 4 rows); tiny-a prefilled in chunks 3.01e-6 (long).
+/// Before: 1e-3 for all three, 400x above the error.
+/// The reference's own cache-vs-full drift (reference.json ref_cache_vs_full_max_abs_diff) is 0.9e-6 .. 1.7e-6 for
+/// tiny-a and 1.3e-6 .. 8.9e-6 for tiny-b: the scale of "exact" for a float32 engine.
+inline constexpr double kTinyALogitTol = 2.5e-5;
+inline constexpr double kTinyAHiddenTol = 7e-5;
+inline constexpr double kTinyBLogitTol = 2e-5;
+
 /// reference.safetensors of one fixture.
 class Reference {
  public:

@@ -27,7 +27,10 @@ using testing::RawTensor;
 using testing::TempDir;
 namespace fs = std::filesystem;
 
-constexpr double kTol = 1e-3;
+// max |logit - reference| of every fixture: 10x the largest error measured on the CPU backend over the 7 formats
+// and both prompts (2.38e-6, nvfp4 short; 1.19e-6 .. 2.09e-6 for the others; 2026-12-01). Before: 1e-3, which is
+// within 100x of what quantization itself moves the logits (0.10 .. 0.27, reference.json).
+constexpr double kTol = 2.5e-5;
 const std::vector<std::string> kFormats = {"nvfp4-radixark",   "nvfp4-nvidia", "fp8-block",    "ct-int4-sym-g32",
                                            "ct-int4-asym-g32", "ct-nvfp4",     "gptq-int4-g32"};
 
@@ -61,7 +64,8 @@ TEST_P(QuantFixture, LogitsMatchTransformersOnDequantizedWeights) {
     for (size_t i = 0; i < got.size(); ++i) err = std::max(err, double(std::fabs(got[i] - want[i])));
     EXPECT_LE(err, kTol) << fmt << " " << p;
     RecordProperty(p + "_max_abs_logit_error", std::to_string(err));
-    std::printf("[ quant    ] %-18s %-10s max |logit - reference| = %.3g\n", fmt.c_str(), p.c_str(), err);
+    std::printf("[ quant    ] %-18s %-10s max |logit - reference| = %.3g (bound %.2g)\n", fmt.c_str(), p.c_str(), err,
+                kTol);
     const TensorView& am = ref.tensors().at(p + ".argmax");
     for (int64_t t = 0; t < int64_t(ids.size()); ++t) {
       const float* row = &got[size_t(t * V)];

@@ -16,6 +16,7 @@ import pytest
 import requests
 
 from conftest import Server
+from test_reference import FIXTURE, read_safetensors
 
 
 def greedy_ids(client, prompt_ids, max_tokens) -> list[int]:
@@ -35,12 +36,21 @@ def test_32_concurrent_greedy_requests_match_their_solo_output(server):
     client = openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=300)
     prompts = [make_prompt(i) for i in range(32)]
     max_tokens = [4 + (i * 11) % 29 for i in range(32)]
+    # Three of them are the tiny-b fixture's prompts, whose greedy ids transformers computed: the batch is anchored
+    # to the reference, not only to the server's own solo output.
+    ref = read_safetensors(FIXTURE / "reference.safetensors")
+    anchored = {5: "chat0", 17: "chat2", 29: "code"}
+    for i, name in anchored.items():
+        prompts[i] = [int(v) for v in ref[name + ".input_ids"][1]]
+        max_tokens[i] = len(ref[name + ".greedy_ids"][1])
     solo = [greedy_ids(client, p, n) for p, n in zip(prompts, max_tokens)]  # one at a time
     steps_before = server.metrics()["flashnext_engine_steps_total"]
     with cf.ThreadPoolExecutor(32) as pool:
         together = list(pool.map(lambda a: greedy_ids(client, *a), zip(prompts, max_tokens)))
     for i in range(32):
         assert together[i] == solo[i], f"request {i} (prompt {len(prompts[i])} tokens) changed in a batch"
+    for i, name in anchored.items():
+        assert together[i] == [int(v) for v in ref[name + ".greedy_ids"][1]], f"request {i} ({name})"
     # They were batched: far fewer engine steps than the tokens they fed one by one.
     steps = server.metrics()["flashnext_engine_steps_total"] - steps_before
     assert steps < sum(max_tokens) / 2

@@ -3,14 +3,21 @@
 // 4 layers, a 3,000-token prompt) that tools/make_fixtures.py builds on the GPU machine; its folder is given by the
 // environment variable FLASHNEXT_MEDIUM_FIXTURE (scripts/gpu-e2e.sh sets it).
 //
-// Acceptance (issue 5): at every prompt position the argmax equals the reference's, except near-ties (the
-// reference's top-2 gap below 1e-2, each one printed); greedy sequences equal; every logit within 2e-2 x the
-// reference scale, the largest |logit| of the reference over the prompt. Every check prints an `E2E:` line with its
-// figures (max |logit error|, scale, ratio, near-ties), and the hidden states of each layer print `E2E-HIDDEN:`
-// lines (diagnostics for a failure: which layer drifts first).
+// Acceptance (issue 5, bounds tightened by issue 20): at every prompt position the argmax equals the reference's,
+// except near-ties (the reference's top-2 gap below 1e-2, each one printed); greedy sequences equal; every logit
+// within a fixture's bound x the reference scale (the largest |logit| of the reference over the prompt). Each bound
+// is about 10x the ratio measured on the H200 (docs/BENCHMARKS.md, fp16x2, runs of 2026-11-30 and later), so a
+// kernel error a few times larger than today's fails:
+//   tiny-a (also in chunks) 1.4e-6 measured (3.2e-6 / 2.25) -> 1.5e-5; tiny-b 1.0e-6 (2.3e-6 / 2.3) -> 1e-5;
+//   medium short 4.1e-6 (9.4e-6 / 2.27) -> 4e-5; medium long 5.6e-3 (1.43e-2 / 2.53: one near-tied routing choice of
+//   layer 1 flips, docs/BENCHMARKS.md) -> 2e-2 kept (10x would loosen the former bound; 3.6x headroom).
+// Every check prints an `E2E:` line with its figures (max |logit error|, scale, ratio, bound, near-ties), and the
+// hidden states of each layer print `E2E-HIDDEN:` lines (diagnostics for a failure: which layer drifts first).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,8 +34,12 @@
 namespace flashnext::test {
 namespace {
 
-constexpr double kLogitTol = 2e-2;  // x the reference scale
-constexpr double kNearTie = 1e-2;   // reference top-2 gap below which an argmax difference is tolerated
+// Bounds on max |logit - reference| / reference scale, from the measured ratios above.
+constexpr double kTinyATol = 1.5e-5;
+constexpr double kTinyBTol = 1e-5;
+constexpr double kMediumShortTol = 4e-5;
+constexpr double kMediumLongTol = 2e-2;
+constexpr double kNearTie = 1e-2;  // reference top-2 gap below which an argmax difference is tolerated
 
 /// reference.safetensors at an explicit path.
 struct RefFile : Reference {
@@ -74,7 +85,7 @@ void check_argmax(const std::string& what, int64_t t, int64_t got, int64_t want,
 
 /// Full logits [T, V] against the reference's: the acceptance criteria, and one E2E line.
 void check_logits(const std::string& what, const std::vector<float>& got, const std::vector<float>& want, int64_t T,
-                  int64_t V, const std::vector<int64_t>& ref_argmax) {
+                  int64_t V, const std::vector<int64_t>& ref_argmax, double tol) {
   ASSERT_EQ(got.size(), size_t(T * V)) << what;
   ASSERT_EQ(want.size(), size_t(T * V)) << what;
   double max_abs = 0, scale = 0;
@@ -88,11 +99,11 @@ void check_logits(const std::string& what, const std::vector<float>& got, const 
     check_argmax(what, t, argmax(&got[size_t(t * V)], V), ref_argmax[size_t(t)], top2_gap(&want[size_t(t * V)], V),
                  near_ties, ties);
   }
-  EXPECT_LE(max_abs, kLogitTol * scale) << what;
+  EXPECT_LE(max_abs, tol * scale) << what << ": ratio " << max_abs / scale << ", bound " << tol;
   std::printf(
-      "E2E: %s: T=%lld max|dlogit| %.3e, reference scale %.3f, ratio %.2e (limit %.0e); near-tie argmax "
+      "E2E: %s: T=%lld max|dlogit| %.3e, reference scale %.3f, ratio %.2e (bound %.1e); near-tie argmax "
       "differences %d%s\n",
-      what.c_str(), (long long)T, max_abs, scale, max_abs / scale, kLogitTol, near_ties, ties.c_str());
+      what.c_str(), (long long)T, max_abs, scale, max_abs / scale, tol, near_ties, ties.c_str());
 }
 
 /// Prints max |hidden - reference| per layer (E2E-HIDDEN lines) during one forward; returns the logits.
@@ -135,7 +146,7 @@ TEST_P(TinyA, LogitsMatchReference) {
   const auto ids = ref.ids(P);
   const int64_t T = int64_t(ids.size()), V = model.config().vocab_size;
   const std::vector<float> logits = forward_with_hidden(model, ref, "tiny-a " + P, P, ids);
-  check_logits("tiny-a " + P, logits, ref.f32(P + ".logits"), T, V, ref.i64(P + ".argmax"));
+  check_logits("tiny-a " + P, logits, ref.f32(P + ".logits"), T, V, ref.i64(P + ".argmax"), kTinyATol);
 }
 
 TEST_P(TinyA, GreedyMatchesReference) {
@@ -146,11 +157,20 @@ TEST_P(TinyA, GreedyMatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Prompts, TinyA, ::testing::Values("short", "eos_inside", "long", "single", "eos_first"));
 
-// The FP16-activation path (ActivationPrecision::Fp16), measured: not reference-exact by design. FP16 rounding at
-// the GEMM inputs flips near-tied MoE routing and indexer choices (tiny-a "long", position 190 on: logits off by
-// 0.15, and one argmax off by a 0.029 reference gap at position 89, on the H200, 2026-11-30), so it is held only to
-// finite logits and at most one argmax difference beyond the near-tie rule per 100 positions (rounded up); its
-// figures are printed (`E2E-FP16:` lines) for BENCHMARKS.md.
+// The FP16-activation path (ActivationPrecision::Fp16): not reference-exact by design. FP16 rounding at the GEMM
+// inputs flips near-tied MoE routing and indexer choices (tiny-a "long", position 190 on: logits off by 0.15, and
+// one argmax off by a 0.029 reference gap at position 89, on the H200, 2026-11-30). Bounded two ways (issue 20):
+// - before the first known flip (every position of the short prompts, positions 0..88 of "long": the argmax
+//   difference at 89 needs a logit error of at least half its 0.029 gap, which rounding alone cannot make), within
+//   kFp16PreFlipTol x the scale: FP16's unit roundoff (2^-11 = 4.9e-4) x 20 for the error that 8 layers of rounded
+//   GEMM inputs accumulate. Not measured yet on its own (only whole prompts were): the E2E-FP16 lines print it, and
+//   the bound should be set to 10x that figure after the next GPU run;
+// - over the whole prompt, within kFp16Tol x the scale: 2x the measured 6.7e-2 (0.15 / 2.25, tiny-a long), i.e.
+//   about one flipped routing choice; and at most one argmax difference beyond the near-tie rule per 100 positions.
+constexpr double kFp16PreFlipTol = 1e-2;
+constexpr double kFp16Tol = 1.4e-1;
+constexpr int64_t kFp16FirstFlip = 89;  // tiny-a long: the first position a flipped choice is known to reach
+
 TEST(TinyAFp16, StaysCloseToReference) {
   RefFile ref(source_path("tests/data/fixtures/tiny-a/reference.safetensors"));
   Model& model = gpu_model(source_path(kTinyA), PleTablePlacement::Host, ActivationPrecision::Fp16);
@@ -162,11 +182,14 @@ TEST(TinyAFp16, StaysCloseToReference) {
     const std::vector<float> got = model.forward(seq, ids), want = ref.f32(std::string(P) + ".logits");
     const auto ref_argmax = ref.i64(std::string(P) + ".argmax");
     ASSERT_EQ(got.size(), want.size()) << P;
-    double max_abs = 0, scale = 0;
+    const int64_t pre = std::min(T, kFp16FirstFlip);
+    double max_abs = 0, pre_abs = 0, scale = 0;
     bool finite = true;
     for (size_t i = 0; i < got.size(); ++i) {
       finite = finite && std::isfinite(got[i]);
-      max_abs = std::max(max_abs, double(std::fabs(got[i] - want[i])));
+      const double d = std::fabs(double(got[i]) - double(want[i]));
+      max_abs = std::max(max_abs, d);
+      if (int64_t(i) < pre * V) pre_abs = std::max(pre_abs, d);
       scale = std::max(scale, double(std::fabs(want[i])));
     }
     int near_ties = 0, other = 0;
@@ -176,10 +199,13 @@ TEST(TinyAFp16, StaysCloseToReference) {
     }
     EXPECT_TRUE(finite) << P;
     EXPECT_LE(other, (T + 99) / 100) << P << ": argmax differences beyond near-ties";
+    EXPECT_LE(pre_abs, kFp16PreFlipTol * scale) << P << " positions 0.." << pre - 1 << ": ratio " << pre_abs / scale;
+    EXPECT_LE(max_abs, kFp16Tol * scale) << P << ": ratio " << max_abs / scale;
     std::printf(
-        "E2E-FP16: tiny-a %s: T=%lld max|dlogit| %.3e, reference scale %.3f, ratio %.2e; argmax differences: "
-        "%d near-tie, %d other\n",
-        P, (long long)T, max_abs, scale, max_abs / scale, near_ties, other);
+        "E2E-FP16: tiny-a %s: T=%lld max|dlogit| %.3e, reference scale %.3f, ratio %.2e (bound %.1e); positions "
+        "0..%lld ratio %.2e (bound %.1e); argmax differences: %d near-tie, %d other\n",
+        P, (long long)T, max_abs, scale, max_abs / scale, kFp16Tol, (long long)(pre - 1), pre_abs / scale,
+        kFp16PreFlipTol, near_ties, other);
   }
 }
 
@@ -193,7 +219,7 @@ TEST(TinyAChunked, LongPromptInChunks) {
   for (int64_t chunk : {int64_t(1), int64_t(7), int64_t(64)}) {
     const std::vector<float> got = forward_in_chunks(model, ids, chunk);
     check_logits("tiny-a long, chunks of " + std::to_string(chunk), got, ref.f32("long.logits"), T, V,
-                 ref.i64("long.argmax"));
+                 ref.i64("long.argmax"), kTinyATol);
   }
 }
 
@@ -209,8 +235,12 @@ TEST(TinyABatch, EightSequencesGenerateWhatEachGeneratesAlone) {
     const auto alone = batched_greedy(model, {prompts[i]}, 8, BatchPlan{.block_size = 16, .chunk = 40, .start = {}});
     EXPECT_EQ(together[i], alone[0]) << "prompt " << i << " (" << prompts[i].size() << " tokens)";
   }
-  std::printf("E2E: tiny-a batch of %zu sequences (1..300 tokens, mixed prefill/decode): compared with each alone\n",
-              prompts.size());
+  // Anchored to the reference: the five whole fixture prompts give transformers' greedy ids.
+  EXPECT_EQ(expect_prefix_of_reference(together, tiny_a_batch_reference_greedy()), 5);
+  std::printf(
+      "E2E: tiny-a batch of %zu sequences (1..300 tokens, mixed prefill/decode): compared with each alone and, for "
+      "the 5 whole fixture prompts, with the reference's greedy ids\n",
+      prompts.size());
 }
 
 TEST(TinyABatch, BatchedGreedyMatchesReference) {
@@ -255,11 +285,11 @@ TEST_P(TinyB, LogitsMatchReference) {
     const double gap = double(top_vals[size_t(t * 32)]) - double(top_vals[size_t(t * 32 + 1)]);
     check_argmax("tiny-b " + P, t, argmax(&logits[size_t(t * V)], V), ref_argmax[size_t(t)], gap, near_ties, ties);
   }
-  EXPECT_LE(max_abs, kLogitTol * scale) << P;
+  EXPECT_LE(max_abs, kTinyBTol * scale) << P << ": ratio " << max_abs / scale << ", bound " << kTinyBTol;
   std::printf(
       "E2E: tiny-b %s: T=%lld max|dlogit| %.3e over the reference's top-32 and last 4 rows, reference "
-      "scale %.3f, ratio %.2e (limit %.0e); near-tie argmax differences %d%s\n",
-      P.c_str(), (long long)T, max_abs, scale, max_abs / scale, kLogitTol, near_ties, ties.c_str());
+      "scale %.3f, ratio %.2e (bound %.1e); near-tie argmax differences %d%s\n",
+      P.c_str(), (long long)T, max_abs, scale, max_abs / scale, kTinyBTol, near_ties, ties.c_str());
 }
 
 TEST_P(TinyB, GreedyMatchesReference) {
@@ -294,7 +324,8 @@ TEST_P(Medium, LogitsMatchReference) {
   const auto ids = ref.ids(P);
   const int64_t T = int64_t(ids.size()), V = model.config().vocab_size;
   const std::vector<float> logits = forward_with_hidden(model, ref, "medium " + P, P, ids);
-  check_logits("medium " + P, logits, ref.f32(P + ".logits"), T, V, ref.i64(P + ".argmax"));
+  check_logits("medium " + P, logits, ref.f32(P + ".logits"), T, V, ref.i64(P + ".argmax"),
+               P == "short" ? kMediumShortTol : kMediumLongTol);
 }
 
 TEST_P(Medium, GreedyMatchesReference) {
@@ -314,7 +345,8 @@ TEST(MediumChunked, LongPromptInChunksOf1000) {
   const auto ids = ref.ids("long");
   const int64_t T = int64_t(ids.size()), V = model.config().vocab_size, chunk = 1000;
   const std::vector<float> got = forward_in_chunks(model, ids, chunk);
-  check_logits("medium long, chunks of 1000", got, ref.f32("long.logits"), T, V, ref.i64("long.argmax"));
+  check_logits("medium long, chunks of 1000", got, ref.f32("long.logits"), T, V, ref.i64("long.argmax"),
+               kMediumLongTol);
 }
 
 // 8 sequences cut from the 3,000-token prompt (lengths 5 to 3,000: some above the QSA budget of 2,048, so the
@@ -337,6 +369,10 @@ TEST(MediumBatch, EightSequencesGenerateWhatEachGeneratesAlone) {
     EXPECT_EQ(together[i], alone[0]) << "prompt " << i << " (" << prompts[i].size() << " tokens)";
     equal += together[i] == alone[0];
   }
+  // Anchored to the reference: prompt 1 is the whole 3,000-token prompt, whose greedy ids the reference has.
+  std::vector<std::vector<int64_t>> want(prompts.size());
+  want[1] = ref.i64("long.greedy_ids");
+  EXPECT_EQ(expect_prefix_of_reference(together, want), 1);
   std::printf("E2E: medium batch of %zu sequences (1..3000 tokens, mixed prefill/decode): %d of %zu equal alone\n",
               prompts.size(), equal, prompts.size());
 }

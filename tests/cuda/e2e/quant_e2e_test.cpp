@@ -5,7 +5,7 @@
 //
 // Acceptance: the CUDA issue's criteria (model_e2e_test.cpp) against each fixture's reference (transformers in
 // float32 on the dequantized weights): at every position the argmax equals the reference's except near-ties (top-2
-// gap below 1e-2), and every logit lies within 2e-2 x the reference scale (the largest |logit| over the prompt),
+// gap below 1e-2), and every logit lies within kLogitTol x the reference scale (the largest |logit| over the prompt),
 // for the prompt as one prefill and for its last 4 tokens as single-token decode steps (the W4A16 GEMV path). The
 // fixtures carry no greedy ids (greedy sequences are checked on tiny-a, model_e2e_test.cpp). The routed experts of
 // one layer are also compared op by op with the CPU oracle's dequantized float32 experts. Figures print as
@@ -34,7 +34,10 @@
 namespace flashnext::test {
 namespace {
 
-constexpr double kLogitTol = 2e-2;   // x the reference scale
+// x the reference scale: 10x the largest ratio measured on the H200 over the 7 fixtures (6.6e-5 .. 3.3e-4,
+// docs/BENCHMARKS.md, run at 4698ff6). The former 2e-2 (about 0.04 in logits) was of the size of what quantization
+// itself moves the logits (0.10 .. 0.27, reference.json); 3.3e-3 (about 7e-3) is 15x or more below it.
+constexpr double kLogitTol = 3.3e-3;
 constexpr double kNearTie = 1e-2;    // reference top-2 gap below which an argmax difference is tolerated
 constexpr double kExpertTol = 1e-2;  // routed experts vs the CPU oracle, x the oracle's largest |output|
 
@@ -84,9 +87,9 @@ void check_rows(const std::string& what, const std::vector<float>& got, const st
                     << ")";
     }
   }
-  EXPECT_LE(max_abs, kLogitTol * scale) << what;
+  EXPECT_LE(max_abs, kLogitTol * scale) << what << ": ratio " << max_abs / scale << ", bound " << kLogitTol;
   std::printf(
-      "E2E-QUANT: %s: positions %lld..%lld max|dlogit| %.3e, reference scale %.3f, ratio %.2e (limit %.0e); "
+      "E2E-QUANT: %s: positions %lld..%lld max|dlogit| %.3e, reference scale %.3f, ratio %.2e (bound %.1e); "
       "near-tie argmax differences %d%s\n",
       what.c_str(), (long long)t0, (long long)(t0 + n - 1), max_abs, scale, max_abs / scale, kLogitTol, near_ties,
       ties.c_str());

@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""Cross-checks the quantized fixtures (tests/data/quant) against the formats' own libraries from PyPI.
+
+For every `dequant.<weight>` tensor of each fixture's reference.safetensors (the exact float32 values that
+flashnext's CPU dequantizer produces: tests/quant/fixtures_test.cpp `DequantizedWeightsEqualTheScriptsBitForBit`
+asserts that bit for bit), the weight is dequantized again from the checkpoint's own tensors by the format's library,
+and the two are compared:
+
+  compressed-tensors  ct-int4-sym-g32, ct-int4-asym-g32 (PackedQuantizationCompressor.decompress), ct-nvfp4
+                      (NVFP4PackedCompressor.decompress); fp8-block through its block-strategy dequantize
+                      (compressed-tensors has no reader for the `quant_method: fp8` layout itself)
+  nvidia-modelopt     nvfp4-radixark, nvfp4-nvidia experts (NVFP4QTensor.dequantize), when it imports
+  gptqmodel           gptq-int4-g32, lm_head included (its pure-torch TorchLinear.dequantize_weight, after its own
+                      v1 -> v2 qzeros conversion; installs without a GPU with BUILD_CUDA_EXT=0)
+  torch               every FP8 PLE table shard (torch.float8_e4m3fn -> float32 times the BF16 scale), as a
+                      conversion independent of flashnext's C++ FP8 table
+
+Each library runs in float32 (its dequantize with float32 scales; equal to flashnext's values to within 1 ulp, the
+difference a product of the same scales in another order can make) and, where its own decompress path returns
+another dtype (BF16, F16), also that way (compared bit for bit with flashnext's values rounded to that dtype).
+Prints one line per tensor, a summary, and with --markdown the table of tests/data/quant/README.md; exits 1 when a
+tensor differs.
+
+    python3 tools/crosscheck_quant.py [--root tests/data/quant] [--markdown]
+Needs: torch, safetensors, compressed-tensors, nvidia-modelopt, gptqmodel (pip; see tests/data/quant/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+ROOT = Path(__file__).resolve().parents[1]
+FORMATS = ["nvfp4-radixark", "nvfp4-nvidia", "fp8-block", "ct-int4-sym-g32", "ct-int4-asym-g32", "ct-nvfp4",
+           "gptq-int4-g32"]
+
+
+class Checkpoint:
+    """The tensors of a safetensors checkpoint folder (sharded through model.safetensors.index.json)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        index = folder / "model.safetensors.index.json"
+        if index.exists():
+            self.where = json.loads(index.read_text())["weight_map"]
+        else:
+            self.where = {}
+            for f in folder.glob("*.safetensors"):
+                with safe_open(f, "pt") as s:
+                    self.where.update({k: f.name for k in s.keys()})
+
+    def has(self, name: str) -> bool:
+        return name in self.where
+
+    def get(self, name: str) -> torch.Tensor:
+        with safe_open(self.folder / self.where[name], "pt") as s:
+            return s.get_tensor(name)
+
+
+def quant_config(model_dir: Path) -> dict:
+    cfg = json.loads((model_dir / "config.json").read_text())
+    q = cfg.get("quantization_config") or cfg.get("text_config", {}).get("quantization_config")
+    hf = model_dir / "hf_quant_config.json"
+    if q is None and hf.exists():
+        q = json.loads(hf.read_text())
+    return q or {}
+
+
+def ulps(got: torch.Tensor, want: torch.Tensor) -> int:
+    """Largest distance in units in the last place between two float32 tensors (0 = bit-equal)."""
+    def ordered(x):  # float32 bits mapped to integers that are monotonic in the value
+        i = x.contiguous().view(torch.int32).to(torch.int64)
+        return torch.where(i < 0, -(i & 0x7FFFFFFF), i)
+    return int((ordered(got) - ordered(want)).abs().max())
+
+
+def compare(got: torch.Tensor, want: torch.Tensor) -> tuple[int, float, int]:
+    """(max ulp distance in float32 (0: bit-equal), max |got - want|, number of differing elements) of two tensors
+    of one dtype."""
+    assert got.shape == want.shape, (got.shape, want.shape)
+    g, w = got.float(), want.float()
+    return ulps(g, w), float((g - w).abs().max()), int((g != w).sum())
+
+
+def describe(u: int, d: float, n: int, total: int) -> str:
+    if u == 0:
+        return "bit-equal"
+    return f"{n}/{total} elements differ, by at most {u} ulp ({d:.2g})"
+
+
+# The float32 products of the libraries multiply the scales in another order than flashnext (e.g. code x (scale x
+# scale_2) against (code x scale) x scale_2): both are correctly rounded products, so they may differ by one unit in
+# the last place; any wrong code, nibble order, scale or zero point is off by far more.
+MAX_ULPS = 1
+
+
+# ------------------------------------------------------------------------------------------------ the libraries
+
+
+def ct_scheme(q: dict):
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    group = next(iter(q["config_groups"].values()))
+    return QuantizationScheme(targets=group["targets"], weights=QuantizationArgs(**group["weights"]))
+
+
+def ct_pack_quantized(ck: Checkpoint, module: str, q: dict):
+    """compressed-tensors pack-quantized: (library path output, float32 output)."""
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+
+    scheme = ct_scheme(q)
+    sd = {k: ck.get(f"{module}.{k}") for k in ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point")
+          if ck.has(f"{module}.{k}")}
+    lib = PackedQuantizationCompressor.decompress(sd, scheme)["weight"]
+    shape = torch.Size(sd["weight_shape"].tolist())
+    zp = None
+    if "weight_zero_point" in sd:
+        zp = unpack_from_int32(sd["weight_zero_point"], 4, (shape[0], sd["weight_scale"].shape[-1]), packed_dim=0)
+    x = unpack_from_int32(sd["weight_packed"], 4, shape)
+    f32 = dequantize(x_q=x, scale=sd["weight_scale"].float(), zero_point=zp, args=scheme.weights, dtype=torch.float32)
+    return lib, f32
+
+
+def ct_nvfp4(ck: Checkpoint, module: str, q: dict):
+    from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
+
+    from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+
+    scheme = ct_scheme(q)
+    sd = {k: ck.get(f"{module}.{k}") for k in ("weight_packed", "weight_scale", "weight_global_scale")}
+    lib = NVFP4PackedCompressor.decompress(dict(sd), scheme)["weight"]
+    m, n = sd["weight_packed"].shape
+    x = unpack_fp4_from_uint8(sd["weight_packed"], m, 2 * n, dtype=torch.float32)
+    f32 = dequantize(x_q=x, scale=sd["weight_scale"].to(torch.float32), args=scheme.weights,
+                     global_scale=sd["weight_global_scale"].to(torch.float32), dtype=torch.float32)
+    return lib, f32
+
+
+def ct_fp8_block(ck: Checkpoint, module: str, q: dict):
+    """The `quant_method: fp8` block layout (E4M3 weight, BF16 weight_scale_inv per 128x128 block) through
+    compressed-tensors' block-strategy dequantize."""
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+
+    w, s = ck.get(f"{module}.weight"), ck.get(f"{module}.weight_scale_inv")
+    args = QuantizationArgs(num_bits=8, type="float", symmetric=True, strategy="block",
+                            block_structure=list(q["weight_block_size"]))
+    lib = dequantize(x_q=w, scale=s, args=args)
+    f32 = dequantize(x_q=w.float(), scale=s.float(), args=args, dtype=torch.float32)
+    return lib, f32
+
+
+def modelopt_nvfp4(ck: Checkpoint, module: str, q: dict):
+    from modelopt.torch.quantization.qtensor import NVFP4QTensor
+
+    packed, scale, scale_2 = (ck.get(f"{module}.{k}") for k in ("weight", "weight_scale", "weight_scale_2"))
+    n, k2 = packed.shape
+    qt = NVFP4QTensor(torch.Size([n, 2 * k2]), torch.float32, packed)
+    out = qt.dequantize(dtype=torch.float32, scale=scale, double_scale=scale_2, block_sizes={-1: 16})
+    return out, out
+
+
+def gptq_int4(ck: Checkpoint, module: str, q: dict):
+    """GPTQModel's pure-torch kernel (TorchLinear): the checkpoint's buffers loaded into the layer, converted from
+    checkpoint_format gptq (v1: qzeros hold zero - 1) by GPTQModel's own v1 -> v2 conversion, then its
+    dequantize_weight(). Its product is scales (F16) x (code - zero) in F16; the float32 form repeats that formula
+    with F32 scales on the same unpacked codes."""
+    from gptqmodel.nn_modules.qlinear.torch import TorchLinear
+    from gptqmodel.utils.model import convert_gptq_v1_to_v2_format_module
+
+    bufs = {k: ck.get(f"{module}.{k}") for k in ("qweight", "qzeros", "scales", "g_idx")}
+    k, n = bufs["qweight"].shape[0] * 8, bufs["qweight"].shape[1]
+    layer = TorchLinear(bits=q["bits"], group_size=q["group_size"], sym=q["sym"], desc_act=q["desc_act"],
+                        in_features=k, out_features=n, bias=False)
+    for name, v in bufs.items():
+        getattr(layer, name).copy_(v)
+    if q.get("checkpoint_format", "gptq") == "gptq":
+        convert_gptq_v1_to_v2_format_module(layer, bits=q["bits"], pack_dtype=torch.int32)
+    layer.post_init()
+    lib = layer.dequantize_weight().T.contiguous()  # [K, N] -> the checkpoint's [N, K]
+    layer.scales.data = layer.scales.data.float()
+    f32 = layer.dequantize_weight().float().T.contiguous()
+    return lib, f32
+
+
+def fp8_table(ck: Checkpoint, shard: str, q: dict):
+    table = shard[: shard.index(".shard_")]
+    w, s = ck.get(shard), ck.get(table + ".weight_scale")
+    out = w.to(torch.float32) * s.to(torch.float32)
+    return out, out
+
+
+LIBRARY = {
+    "ct-int4-sym-g32": ("compressed-tensors", ct_pack_quantized),
+    "ct-int4-asym-g32": ("compressed-tensors", ct_pack_quantized),
+    "ct-nvfp4": ("compressed-tensors", ct_nvfp4),
+    "fp8-block": ("compressed-tensors (block dequantize)", ct_fp8_block),
+    "nvfp4-radixark": ("nvidia-modelopt", modelopt_nvfp4),
+    "nvfp4-nvidia": ("nvidia-modelopt", modelopt_nvfp4),
+    "gptq-int4-g32": ("gptqmodel (TorchLinear)", gptq_int4),
+}
+
+
+def version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version as v
+
+    try:
+        return v(dist)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--root", type=Path, default=ROOT / "tests" / "data" / "quant")
+    ap.add_argument("--markdown", action="store_true", help="also print the README table")
+    ap.add_argument("--verbose", action="store_true", help="print the traceback of a library that fails")
+    a = ap.parse_args()
+    print(f"torch {torch.__version__}, compressed-tensors {version('compressed-tensors')}, nvidia-modelopt "
+          f"{version('nvidia-modelopt')}, gptqmodel {version('gptqmodel')}")
+    rows, failed = [], 0
+    for fmt in FORMATS:
+        model = a.root / fmt / "model"
+        ck, q = Checkpoint(model), quant_config(model)
+        with safe_open(a.root / fmt / "reference.safetensors", "pt") as ref:
+            keys = [k for k in ref.keys() if k.startswith("dequant.")]
+            for key in keys:
+                name = key[len("dequant."):]
+                want = ref.get_tensor(key)
+                is_table = ".ngram_embedding.shard_" in name
+                lib_name, fn = ("torch float8_e4m3fn", fp8_table) if is_table else LIBRARY[fmt]
+                module = name[: -len(".weight")]
+                try:
+                    lib, f32 = fn(ck, name if is_table else module, q)
+                except Exception as e:  # a library that cannot be installed or run here: reported, not hidden
+                    msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
+                    print(f"{fmt:17s} {name}: {lib_name}: NOT RUN ({msg})")
+                    if a.verbose:
+                        traceback.print_exc()
+                    rows.append((fmt, name, lib_name, "not run", msg))
+                    continue
+                u32, d32, n32 = compare(f32.float(), want)
+                total = want.numel()
+                verdict = f"float32: {describe(u32, d32, n32, total)}"
+                ok = u32 <= MAX_ULPS
+                if lib.dtype != torch.float32:  # the library's own path, in its output dtype
+                    ul, dl, nl = compare(lib, want.to(lib.dtype))
+                    verdict += f"; library path ({str(lib.dtype).replace('torch.', '')}): {describe(ul, dl, nl, total)}"
+                    ok = ok and ul == 0
+                failed += not ok
+                print(f"{fmt:17s} {name} {list(want.shape)}: {lib_name}: {verdict}")
+                rows.append((fmt, name, lib_name, "equal" if ok else "DIFFERENT", verdict))
+    if a.markdown:
+        print("\n| fixture | tensor | library | result |\n| --- | --- | --- | --- |")
+        for fmt, name, lib_name, _, verdict in rows:
+            print(f"| `{fmt}` | `{name.replace('model.language_model.', '')}` | {lib_name} | {verdict} |")
+    not_run = sum(r[3] == "not run" for r in rows)
+    print(f"\n{len(rows)} tensors: {len(rows) - not_run - failed} equal, {failed} different, {not_run} not run")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
