@@ -10,7 +10,8 @@
 #   bash scripts/gpu-bench.sh             ON THE GPU MACHINE from the repo root (the `run` tool: carry ["gpu/bench"]).
 # Output in $OUT (default gpu/out-bench): e2e.log, bench-small.json, bench-full.json (+ bench-full-fp16.json),
 # their logs, and summary.txt, which says what was run and what was not.
-# Env: BUILD; E2E=0 skips the tests; FP16=1 adds the fp16 run; BENCH_ARGS: extra arguments of the full-size run
+# Env: BUILD; E2E=0 skips the tests; MEDIUM=1 adds the medium fixture's tests (made with tools/make_fixtures.py
+#      into FIXTURE_DIR, default /tmp/fx); FP16=1 adds the fp16 run; BENCH_ARGS: extra arguments of the full-size run
 #      (e.g. "--prompts 1024,4096 --batches 8").
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,12 +51,27 @@ S="$OUT/summary.txt"
 : >"$S"
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader; nproc; free -g | head -2; } | tee -a "$S"
 status=0
+FX=${FIXTURE_DIR:-/tmp/fx}
+fx_pid=""
+if [ "${MEDIUM:-0}" = 1 ] && [ ! -f "$FX/medium/reference.safetensors" ]; then
+  (PYTHONUNBUFFERED=1 python3 tools/make_fixtures.py "$FX" medium >"$OUT/fixture.log" 2>&1) &
+  fx_pid=$!
+fi
 if [ "${E2E:-1}" != 0 ]; then
-  echo "gpu-bench: test_cuda_e2e on the tiny fixtures (medium fixture tests not run here: scripts/gpu-e2e.sh)" | tee -a "$S"
+  echo "gpu-bench: test_cuda_e2e on the tiny fixtures" | tee -a "$S"
   timeout 300 "$G/bin/test_cuda_e2e" --gtest_color=no --gtest_filter='-*Medium*' >"$OUT/e2e.log" 2>&1 || status=1
   grep -E "^\[  (PASSED|FAILED) |tests ran" "$OUT/e2e.log" | tee -a "$S"
 else
   echo "gpu-bench: test_cuda_e2e NOT run (E2E=0)" | tee -a "$S"
+fi
+if [ "${MEDIUM:-0}" = 1 ]; then
+  if [ -n "$fx_pid" ]; then wait "$fx_pid" || { echo "gpu-bench: make_fixtures.py medium failed" | tee -a "$S"; status=1; }; fi
+  echo "gpu-bench: test_cuda_e2e on the medium fixture" | tee -a "$S"
+  FLASHNEXT_MEDIUM_FIXTURE="$FX/medium" timeout 240 "$G/bin/test_cuda_e2e" --gtest_color=no --gtest_filter='*Medium*' \
+    >"$OUT/e2e-medium.log" 2>&1 || status=1
+  grep -E "^\[  (PASSED|FAILED) |tests ran|E2E" "$OUT/e2e-medium.log" | tee -a "$S"
+else
+  echo "gpu-bench: the medium fixture tests NOT run (MEDIUM=0; scripts/gpu-e2e.sh runs them)" | tee -a "$S"
 fi
 echo "gpu-bench: small geometry (4 layers, 16 experts, vocab 4096)" | tee -a "$S"
 timeout 120 "$G/bin/flashnext" bench --layers 4 --experts 16 --vocab 4096 --ple-rows 1000000 --prompts 256,2100 \
