@@ -446,6 +446,18 @@ class CudaOps final : public Ops {
     }
     const int t = to_int(T, op, "tokens"), w = to_int(W, op, "width"), r = to_int(R, op, "rank");
     if (t == 0) return;
+    const auto aligned = [](const Tensor& x) { return reinterpret_cast<uintptr_t>(x.data()) % 16 == 0; };
+    if (t <= detail::kGemvMaxTokens && S <= 8 && H % 8 == 0 && R % 8 == 0 && aligned(X) && aligned(hc.norm) &&
+        aligned(hc.down) && aligned(hc.up) && (!with_inject || aligned(hc.inject))) {
+      // Decode: float32 throughout, two launches (norm statistics + down and inject rows; up rows + mix).
+      Tensor scratch = alloc({T * (R + S)}, DType::F32, "hc_read scratch");
+      FN_CUDA_CHECK(detail::launch_hc_read_decode(dp<const float>(X), dp<__half>(hc.norm), dp<__half>(hc.down),
+                                                  dp<__half>(hc.up), with_inject ? dp<__half>(hc.inject) : nullptr, t,
+                                                  int(S), int(H), r, float(eps), dp<float>(scratch), dp<float>(u),
+                                                  with_inject ? dp<float>(inj) : nullptr, stream()),
+                    "hc_read decode");
+      return;
+    }
     if (split()) {  // float32 throughout, products with FP16x2 inputs
       Tensor n = alloc({T, W}, DType::F32, "hc_read normed"), d = alloc({T, R}, DType::F32, "hc_read down");
       Tensor m = alloc({T, W}, DType::F32, "hc_read mix");
@@ -1562,6 +1574,28 @@ class CudaOps final : public Ops {
   std::vector<const char*> profile_marks_;
   std::vector<cudaEvent_t> profile_events_;
 
+  /// A_log and dt_bias of `w` as float32 [2 * nv] (A_log, then dt_bias), converted once per weight pair and kept
+  /// while the weights live (a pair at reused addresses is converted anew).
+  const float* gdn_gates(const GdnWeights& w, int64_t nv, const char* op) {
+    GdnGates& g = gdn_gates_[{w.A_log.data(), w.dt_bias.data()}];
+    const auto same = [](const std::weak_ptr<void>& a, const std::weak_ptr<void>& b) {
+      return !a.expired() && !a.owner_before(b) && !b.owner_before(a);
+    };
+    if (!g.gates.defined() || !same(g.a_log, w.A_log.memory_ref()) || !same(g.dt_bias, w.dt_bias.memory_ref())) {
+      g.gates = alloc({2 * nv}, DType::F32, "gdn gates");
+      FN_CUDA_CHECK(detail::launch_f16_to_f32(dp<__half>(w.A_log), dp<float>(g.gates), nv, stream()), op);
+      FN_CUDA_CHECK(detail::launch_f16_to_f32(dp<__half>(w.dt_bias), dp<float>(g.gates) + nv, nv, stream()), op);
+      g.a_log = w.A_log.memory_ref();
+      g.dt_bias = w.dt_bias.memory_ref();
+    }
+    return dp<const float>(g.gates);
+  }
+  struct GdnGates {
+    Tensor gates;
+    std::weak_ptr<void> a_log, dt_bias;
+  };
+  std::map<std::pair<const void*, const void*>, GdnGates> gdn_gates_;
+
   /// Shared by gdn_chunked and gdn_recurrent (one sequence, `state` [nv, dk, dv]) and by gdn_rule_batch (`batch` and
   /// `pool` [slots, nv, dk, dv] given: sequence s's rows start at batch->cu_seqlens[s], its state is in slot
   /// batch->slots[s]; the chunked form for a step with prefill chunks, the recurrence for a decode step).
@@ -1590,11 +1624,7 @@ class CudaOps final : public Ops {
     const int t = to_int(T, op, "tokens");
     const detail::GdnDims dims{int(d.num_k_heads), int(nv), int(d.k_head_dim), int(d.v_head_dim)};
     const int64_t C = qkv.dim(1), ld_o = nv * d.v_head_dim;
-    // A_log, dt_bias as float32.
-    Tensor gates = alloc({2 * nv}, DType::F32, "gdn gates");
-    FN_CUDA_CHECK(detail::launch_f16_to_f32(dp<__half>(w.A_log), dp<float>(gates), nv, stream()), op);
-    FN_CUDA_CHECK(detail::launch_f16_to_f32(dp<__half>(w.dt_bias), dp<float>(gates) + nv, nv, stream()), op);
-    const float* a_log = dp<const float>(gates);
+    const float* a_log = gdn_gates(w, nv, op);
     const float* dt_bias = a_log + nv;
     if (batch && chunked) {  // a step with prefill chunks: every sequence's rows, state in slot slots[s]
       FN_CUDA_CHECK(detail::launch_gdn_chunked_prefill(dp<const float>(qkv), C, dp<const float>(a), dp<const float>(b),

@@ -123,6 +123,136 @@ __global__ void gemv_f16w_f32x_kernel(const float* __restrict__ x, int64_t ldx, 
   }
 }
 
+// Decode hyper-connection read (hc_read for T <= kGemvMaxTokens tokens, float32 throughout), in two launches:
+//   hc_down: per token and stream the ZC-RMSNorm statistics rstd[t][b] (each block recomputes them from X: T rows of
+//            S*H floats, from L2), then one warp per output row r of [input_mix_weight_down (R rows); block_inject
+//            (S rows)]: acc = sum_k n[t,k] w[r,k] with n = X * rstd * (1 + hc_norm); rows < R give
+//            d = silu(acc / S), the others inj = 2 sigmoid(acc / S). Block 0 stores rstd for hc_up.
+//   hc_up:   one warp per hidden column j: m_b = up[b*H + j] . d[t] for every stream b, then
+//            u[t, j] = mean_b sigmoid(m_b) * n[t, b*H + j].
+// Needs H, R multiples of 8, S <= kHcMaxStreamsDecode, rows 16-byte aligned.
+constexpr int kHcMaxStreamsDecode = 8;
+
+template <int T>
+__device__ void hc_row_stats(const float* __restrict__ X, int S, int H, float eps, float (*rstd)[kHcMaxStreamsDecode]) {
+  __shared__ float part[kWarps];
+  const int W = S * H;
+  for (int t = 0; t < T; ++t) {
+    for (int b = 0; b < S; ++b) {
+      const float4* xr = reinterpret_cast<const float4*>(X + int64_t(t) * W + int64_t(b) * H);
+      float ss = 0.f;
+      for (int i = threadIdx.x; i < H / 4; i += kThreads) {
+        const float4 v = xr[i];
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      }
+      ss = warp_sum(ss);
+      if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        float tot = 0.f;
+        for (int w = 0; w < kWarps; ++w) tot += part[w];
+        rstd[t][b] = rsqrtf(tot / float(H) + eps);
+      }
+      __syncthreads();
+    }
+  }
+}
+
+template <int T>
+__global__ void hc_down_kernel(const float* __restrict__ X, const __half* __restrict__ norm_w,
+                               const __half* __restrict__ down, const __half* __restrict__ inject, int S, int H, int R,
+                               float eps, float* __restrict__ d, float* __restrict__ inj, float* __restrict__ rstd_out) {
+  __shared__ float rstd[T][kHcMaxStreamsDecode];
+  hc_row_stats<T>(X, S, H, eps, rstd);
+  const int W = S * H;
+  if (blockIdx.x == 0 && threadIdx.x < T * S) rstd_out[threadIdx.x] = rstd[threadIdx.x / S][threadIdx.x % S];
+  const int r = int(blockIdx.x) * kWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  const int rows = R + (inject ? S : 0);
+  if (r >= rows) return;
+  const uint4* wr = reinterpret_cast<const uint4*>(r < R ? down + int64_t(r) * W : inject + int64_t(r - R) * W);
+  const uint4* nw = reinterpret_cast<const uint4*>(norm_w);
+  float acc[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) acc[t] = 0.f;
+  for (int v = lane; v < W / 8; v += 32) {
+    const uint4 wraw = __ldg(wr + v), nraw = __ldg(nw + v);
+    const __half2* wh = reinterpret_cast<const __half2*>(&wraw);
+    const __half2* nh = reinterpret_cast<const __half2*>(&nraw);
+    float wf[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 a = __half22float2(wh[i]), g = __half22float2(nh[i]);
+      wf[2 * i] = a.x * (1.f + g.x);
+      wf[2 * i + 1] = a.y * (1.f + g.y);
+    }
+    const int b = (v * 8) / H;
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      const float4* xp = reinterpret_cast<const float4*>(X + int64_t(t) * W + int64_t(v) * 8);
+      const float4 p = xp[0], q = xp[1];
+      acc[t] += rstd[t][b] * (wf[0] * p.x + wf[1] * p.y + wf[2] * p.z + wf[3] * p.w + wf[4] * q.x + wf[5] * q.y +
+                              wf[6] * q.z + wf[7] * q.w);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    const float a = warp_sum(acc[t]) / float(S);
+    if (lane == 0) {
+      if (r < R)
+        d[t * R + r] = siluf_(a);
+      else
+        inj[t * S + (r - R)] = 2.f * sigmoidf_(a);
+    }
+  }
+}
+
+template <int T>
+__global__ void hc_up_kernel(const float* __restrict__ X, const __half* __restrict__ norm_w,
+                             const __half* __restrict__ up, const float* __restrict__ d,
+                             const float* __restrict__ rstd, int S, int H, int R, float* __restrict__ u) {
+  const int j = int(blockIdx.x) * kWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (j >= H) return;
+  const int W = S * H;
+  float out[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) out[t] = 0.f;
+  for (int b = 0; b < S; ++b) {
+    const uint4* wr = reinterpret_cast<const uint4*>(up + (int64_t(b) * H + j) * R);
+    float acc[T];
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[t] = 0.f;
+    for (int v = lane; v < R / 8; v += 32) {
+      const uint4 raw = __ldg(wr + v);
+      const __half2* h = reinterpret_cast<const __half2*>(&raw);
+      float wf[8];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 f = __half22float2(h[i]);
+        wf[2 * i] = f.x;
+        wf[2 * i + 1] = f.y;
+      }
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        const float4* dp4 = reinterpret_cast<const float4*>(d + int64_t(t) * R + int64_t(v) * 8);
+        const float4 p = dp4[0], q = dp4[1];
+        acc[t] += wf[0] * p.x + wf[1] * p.y + wf[2] * p.z + wf[3] * p.w + wf[4] * q.x + wf[5] * q.y + wf[6] * q.z +
+                  wf[7] * q.w;
+      }
+    }
+    const int c = b * H + j;
+    const float g = 1.f + to_f(norm_w[c]);
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      const float m = warp_sum(acc[t]);
+      out[t] += sigmoidf_(m) * (X[int64_t(t) * W + c] * rstd[t * S + b] * g);
+    }
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int t = 0; t < T; ++t) u[int64_t(t) * H + j] = out[t] / float(S);
+  }
+}
+
 __global__ void gated_accumulate_kernel(float* __restrict__ out, const float* __restrict__ s,
                                         const float* __restrict__ gate_logit, int64_t n, int hidden) {
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
@@ -577,6 +707,30 @@ cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, const __half* w, 
     FN_GEMV_CASE(1) FN_GEMV_CASE(2) FN_GEMV_CASE(3) FN_GEMV_CASE(4)
     FN_GEMV_CASE(5) FN_GEMV_CASE(6) FN_GEMV_CASE(7) FN_GEMV_CASE(8)
 #undef FN_GEMV_CASE
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_hc_read_decode(const float* X, const __half* norm_w, const __half* down, const __half* up,
+                                  const __half* inject, int tokens, int streams, int hidden, int rank, float eps,
+                                  float* scratch, float* u, float* inj, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  if (tokens > kGemvMaxTokens || streams > kHcMaxStreamsDecode || hidden % 8 || rank % 8) return cudaErrorInvalidValue;
+  float* d = scratch;                           // [tokens, rank]
+  float* rstd = scratch + int64_t(tokens) * rank;  // [tokens, streams]
+  const int rows = rank + (inject ? streams : 0);
+  const unsigned down_blocks = unsigned((rows + kWarps - 1) / kWarps), up_blocks = unsigned((hidden + kWarps - 1) / kWarps);
+  switch (tokens) {
+#define FN_HC_CASE(TT)                                                                                              \
+  case TT:                                                                                                          \
+    hc_down_kernel<TT><<<down_blocks, kThreads, 0, stream>>>(X, norm_w, down, inject, streams, hidden, rank, eps, d, \
+                                                             inj, rstd);                                            \
+    hc_up_kernel<TT><<<up_blocks, kThreads, 0, stream>>>(X, norm_w, up, d, rstd, streams, hidden, rank, u);         \
+    break;
+    FN_HC_CASE(1) FN_HC_CASE(2) FN_HC_CASE(3) FN_HC_CASE(4)
+    FN_HC_CASE(5) FN_HC_CASE(6) FN_HC_CASE(7) FN_HC_CASE(8)
+#undef FN_HC_CASE
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

@@ -43,6 +43,14 @@ constexpr int kGemvMaxTokens = 8;
 /// w and every x row 16-byte aligned (cudaErrorInvalidValue for more tokens; alignment is the caller's check).
 cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, const __half* w, int K, int N, const __half* bias,
                                   float* y, int64_t ldy, int tokens, cudaStream_t stream);
+/// hc_read for tokens <= kGemvMaxTokens in float32, two launches (cuda_ops_kernels.cu "Decode hyper-connection
+/// read"): X [tokens, streams*hidden], norm_w [streams*hidden], down [rank, streams*hidden], up [streams*hidden, rank],
+/// inject [streams, streams*hidden] or null; u [tokens, hidden], inj [tokens, streams] (unused without inject);
+/// scratch: tokens * (rank + streams) floats. cudaErrorInvalidValue for more tokens, more than 8 streams, or hidden /
+/// rank not multiples of 8; every row must be 16-byte aligned (the caller's check).
+cudaError_t launch_hc_read_decode(const float* X, const __half* norm_w, const __half* down, const __half* up,
+                                  const __half* inject, int tokens, int streams, int hidden, int rank, float eps,
+                                  float* scratch, float* u, float* inj, cudaStream_t stream);
 cudaError_t launch_linear_f32_narrow(const float* x, const __half* w, float* y, int tokens, int in, int out,
                                      cudaStream_t stream);
 /// out[t, c] += sigmoid(gate_logit[t]) * s[t, c] (the shared expert's gated add), [T, H] FP32.

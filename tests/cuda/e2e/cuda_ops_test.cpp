@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -224,6 +225,26 @@ TEST_P(CudaOps, HyperConnections) {
   cpu()->hc_inject(X.c, out.c, inj.c);
   gpu()->hc_inject(X.g, out.g, inj.g);
   expect_close(X, prod_atol(2e-2), prod_rtol(), "hc_inject");
+  // Decode-sized reads (at most 8 tokens: the two-launch float32 kernels, in both precisions) at odd geometries:
+  // 3 streams of 40 with rank 24; the released rank 320 (more code words than lanes) over 4 streams of 64.
+  for (auto [Sd, Hd, Rd] : {std::array<int64_t, 3>{3, 40, 24}, std::array<int64_t, 3>{4, 64, 320}}) {
+    for (int64_t n : {int64_t(1), int64_t(3), int64_t(8)}) {
+      Pair Xd = act({n, Sd * Hd}, uint32_t(20 + n), 2.0f);
+      Pair nd = weight({Sd * Hd}, 21, 0.2f), dd = weight({Rd, Sd * Hd}, 22, 1.0f / 16),
+           ud = weight({Sd * Hd, Rd}, 23, 0.125f), jd = weight({Sd, Sd * Hd}, 24, 1.0f / 16);
+      const std::string what = std::to_string(n) + " tokens, " + std::to_string(Sd) + "x" + std::to_string(Hd) +
+                               ", rank " + std::to_string(Rd);
+      for (bool with_inject : {true, false}) {
+        const HcWeights hcd{nd.c, dd.c, ud.c, with_inject ? jd.c : Tensor()};
+        const HcWeights hgd{nd.g, dd.g, ud.g, with_inject ? jd.g : Tensor()};
+        Pair ux = empty({n, Hd}), ix = empty({n, Sd});
+        cpu()->hc_read(Xd.c, hcd, 1e-6, ux.c, with_inject ? ix.c : Tensor());
+        gpu()->hc_read(Xd.g, hgd, 1e-6, ux.g, with_inject ? ix.g : Tensor());
+        expect_close(ux, kF32, kF32, "hc_read u (decode, " + what + ")");
+        if (with_inject) expect_close(ix, kF32, kF32, "hc_read inject weights (decode, " + what + ")");
+      }
+    }
+  }
 }
 
 // Conv and delta rule over a 70-token chunk (GDN's 32/64-token chunk boundaries), then 3 decode steps, from the
