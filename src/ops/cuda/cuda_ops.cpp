@@ -781,9 +781,8 @@ class CudaOps final : public Ops {
   }
 
   /// The indexer over the whole step at once, on the paged keys: pooled keys cached per complete block (written by
-  /// the token that completes the block), scores from the cache, the torch-exact top-k on the host only for the
-  /// queries that have more complete blocks than the budget (one download per chunk of rows, none in a step
-  /// without such queries).
+  /// the token that completes the block), scores from the cache, the torch-exact top-k on the GPU for the queries
+  /// that have more complete blocks than the budget (launch_qsa_topk_paged: no host round trip).
   void qsa_indexer_select_batch(const Tensor& qi, const Tensor& index_key_pool, const Tensor& pooled_key_pool,
                                 const Tensor& q_layernorm, const Tensor& k_layernorm, double eps,
                                 const RopeParams& rope, int64_t budget, int64_t block, const StepBatch& batch,
@@ -840,37 +839,25 @@ class CudaOps final : public Ops {
                     "qsa_indexer_select_batch expand");
       return;
     }
-    // Scores on the GPU, torch.topk's choice on the host (its tie behaviour decides among the equal zero scores that
-    // relu produces) for the rows that need it, expansion on the GPU. Rows in chunks of bounded score memory.
+    // Scores, torch.topk's choice (its tie behaviour decides among the equal zero scores that relu produces:
+    // launch_qsa_topk_paged) and the expansion, all on the GPU without a host round trip. Rows in chunks of
+    // bounded score memory.
     const int64_t ld = std::max<int64_t>(batch.max_context / block, 1);
     const int64_t rows_per_chunk = std::max<int64_t>(1, (int64_t(1) << 24) / ld);
-    std::vector<int64_t> position(static_cast<size_t>(T));
-    for (int64_t q = 0; q < batch.num_seqs; ++q)
-      for (int64_t i = 0; i < batch.rows_of(q); ++i)
-        position[size_t(batch.cu_seqlens[size_t(q)] + i)] = batch.pos0[size_t(q)] + i;
-    std::vector<float> scores;
-    std::vector<int32_t> top;
-    std::vector<int64_t> picked(static_cast<size_t>(max_blocks));
-    std::vector<std::pair<float, int64_t>> queue;
     for (int64_t t0 = 0; t0 < T; t0 += rows_per_chunk) {
       const int64_t t1 = std::min(T, t0 + rows_per_chunk), n = t1 - t0;
       Tensor sc = alloc({n, ld}, DType::F32, "indexer scores");
+      Tensor top = alloc({n, max_blocks}, DType::I32, "indexer top blocks");
+      Tensor scratch = alloc({n, ld, 2}, DType::I32, "indexer top-k scratch");  // (score, index) items
       FN_CUDA_CHECK(detail::launch_qsa_block_scores_paged_f32(pi, dp<const float>(qn), int(ni), int(Di),
                                                               dp<const float>(pooled_key_pool), int(t0), int(t1),
                                                               dp<float>(sc), ld, stream()),
                     "qsa_indexer_select_batch scores");
-      scores.resize(size_t(n * ld));
-      FN_CUDA_CHECK(cudaMemcpyAsync(scores.data(), sc.data(), sc.nbytes(), cudaMemcpyDeviceToHost, stream()), op);
-      synchronize(op);
-      top.assign(size_t(n * max_blocks), 0);
-      for (int64_t i = t0; i < t1; ++i) {
-        const int64_t nb = (position[size_t(i)] + 1) / block;
-        if (nb <= max_blocks) continue;  // takes every block; its row of `top` is not read
-        cpu::torch_topk(&scores[size_t((i - t0) * ld)], nb, max_blocks, queue, picked.data());
-        for (int64_t k = 0; k < max_blocks; ++k) top[size_t((i - t0) * max_blocks + k)] = int32_t(picked[size_t(k)]);
-      }
-      Tensor top_d = upload(top.data(), DType::I32, {n, max_blocks});
-      FN_CUDA_CHECK(detail::launch_qsa_expand_selection_paged(pi, dp<int32_t>(top_d), int(max_blocks), int(t0), int(t1),
+      FN_CUDA_CHECK(detail::launch_qsa_topk_paged(pi, dp<const float>(sc), ld, int(max_blocks), int(t0), int(t1),
+                                                  static_cast<topk::Scored*>(scratch.data()), dp<int32_t>(top),
+                                                  stream()),
+                    "qsa_indexer_select_batch top-k");
+      FN_CUDA_CHECK(detail::launch_qsa_expand_selection_paged(pi, dp<int32_t>(top), int(max_blocks), int(t0), int(t1),
                                                               dp<int32_t>(selected), width, stream()),
                     "qsa_indexer_select_batch expand");
     }

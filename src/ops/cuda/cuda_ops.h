@@ -14,9 +14,11 @@
 // block top-k) flip under plain FP16 activations and move the logits far beyond rounding (tiny-a "long": 0.15 with
 // FP16 rounding at the GEMM inputs, 4e-6 with the split; measured by emulation on the CPU oracle).
 // ActivationPrecision::Fp16 rounds those inputs to FP16 and runs the batched FP16 kernels (WMMA grouped experts,
-// the FP16 hyper-connection path): half the GEMM work in prefill, not reference-exact. The indexer's top-k runs on
-// the host with torch.topk's exact tie behaviour (ops/cpu/topk.h) whenever a query has more complete blocks than its
-// budget, so the selected token sets match the reference whenever the scores' order does.
+// the FP16 hyper-connection path): half the GEMM work in prefill, not reference-exact. The batched indexer's top-k
+// runs on the GPU with torch.topk's exact tie behaviour (ops/torch_topk_order.h, the same selection as the CPU
+// oracle's ops/cpu/topk.h) whenever a query has more complete blocks than its budget, so the selected token sets
+// match the reference whenever the scores' order does (the per-sequence qsa_indexer_select still chooses on the
+// host). Products of at most 8 rows and decode hyper-connection reads run as float32 GEMV kernels.
 //
 // Memory: tensors come from the device's stream-ordered pool (cudaMallocAsync), all work runs on one stream in
 // order (except PLE gathers begun ahead with `ple_gather_start`, on a side stream joined by `ple_gather_wait`), and

@@ -3,6 +3,7 @@
 // the float32 CPU backend src/ops/cpu is the oracle they are tested against). SM70 instructions only.
 #include "ops/cuda/cuda_ops_kernels.h"
 #include "ops/cuda/device_math.cuh"
+#include "ops/torch_topk_order.h"
 
 namespace flashnext::cuda::detail {
 namespace {
@@ -457,7 +458,104 @@ __global__ void qsa_expand_selection_kernel(Layout lay, const int32_t* __restric
   for (int64_t i = used + threadIdx.x; i < width; i += kThreads) row[i] = -1;
 }
 
+// Order-preserving unsigned key of a score (larger score, larger key; -0 and +0 one key, as they compare equal).
+__device__ __forceinline__ uint32_t score_key(float f) {
+  const uint32_t u = __float_as_uint(f == 0.f ? 0.f : f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// One block per query token with more complete blocks than top_blocks: the top_blocks indices of its scores row that
+// torch.topk (CPU) would choose, written to top[blockIdx.x]. A 4-pass radix select finds the k-th largest key and
+// how many of the items equal to it are taken; when that is all of them (no tie across the k-th score) the choice
+// is the set of items at or above it, written in index order by an ordered compaction; otherwise (a tie across the
+// boundary, or a NaN) one thread runs torch's own selection (ops/torch_topk_order.h) on the row in `scratch`.
+template <class Layout>
+__global__ void qsa_topk_kernel(Layout lay, const float* __restrict__ scores, int64_t ld, int block, int top_blocks,
+                                int t0, topk::Scored* __restrict__ scratch, int32_t* __restrict__ top) {
+  const int t = t0 + blockIdx.x;
+  const int64_t nb = (lay.position(t) + 1) / block;
+  if (nb <= top_blocks) return;  // takes every block: its row of `top` is not read
+  const float* s = scores + int64_t(blockIdx.x) * ld;
+  int32_t* out = top + int64_t(blockIdx.x) * top_blocks;
+  __shared__ uint32_t hist[256];
+  __shared__ uint32_t prefix, mask, eq_count;
+  __shared__ int64_t remaining;
+  __shared__ int has_nan;
+  __shared__ int32_t counts[kThreads];
+  if (threadIdx.x == 0) prefix = 0, mask = 0, remaining = top_blocks, has_nan = 0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += kThreads) hist[i] = 0;
+    __syncthreads();
+    for (int64_t j = threadIdx.x; j < nb; j += kThreads) {
+      const float f = s[j];
+      if (f != f) has_nan = 1;
+      const uint32_t key = score_key(f);
+      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int64_t above = 0;
+      for (int d = 255; d >= 0; --d) {
+        if (above + hist[d] >= remaining) {
+          remaining -= above;
+          prefix |= uint32_t(d) << shift;
+          mask |= 255u << shift;
+          eq_count = hist[d];
+          break;
+        }
+        above += hist[d];
+      }
+    }
+    __syncthreads();
+  }
+  if (!has_nan && remaining == int64_t(eq_count)) {  // the set {key >= k-th key} has exactly top_blocks items
+    const int64_t chunk = (nb + kThreads - 1) / kThreads, j0 = threadIdx.x * chunk;
+    const int64_t j1 = j0 + chunk < nb ? j0 + chunk : nb;
+    int32_t c = 0;
+    for (int64_t j = j0; j < j1; ++j) c += score_key(s[j]) >= prefix;
+    counts[threadIdx.x] = c;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int32_t acc = 0;
+      for (int i = 0; i < kThreads; ++i) {
+        const int32_t v = counts[i];
+        counts[i] = acc;
+        acc += v;
+      }
+    }
+    __syncthreads();
+    int32_t at = counts[threadIdx.x];
+    for (int64_t j = j0; j < j1; ++j)
+      if (score_key(s[j]) >= prefix) out[at++] = int32_t(j);
+    return;
+  }
+  if (threadIdx.x == 0) {  // a tie across the k-th score: which equal items torch keeps is its algorithm's
+    topk::Scored* items = scratch + int64_t(blockIdx.x) * ld;
+    for (int64_t j = 0; j < nb; ++j) items[j] = topk::Scored{s[j], int32_t(j)};
+    topk::torch_topk_select(items, nb, top_blocks);
+    for (int64_t i = 0; i < top_blocks; ++i) out[i] = items[i].index;
+  }
+}
+
 // The templates as sm_70 kernels for the NVRTC check (scripts/check-sm70.sh compiles device code only).
+#define FN_DECODE_KERNELS(TT)                                                                                    \
+  template __global__ void gemv_f16w_f32x_kernel<TT>(const float*, int64_t, const __half*, int, int, const __half*, \
+                                                     float*, int64_t);                                             \
+  template __global__ void hc_down_kernel<TT>(const float*, const __half*, const __half*, const __half*, int, int, int, \
+                                              float, float*, float*, float*);                                       \
+  template __global__ void hc_up_kernel<TT>(const float*, const __half*, const __half*, const float*, const float*, int, \
+                                            int, int, float*);
+FN_DECODE_KERNELS(1)
+FN_DECODE_KERNELS(2)
+FN_DECODE_KERNELS(3)
+FN_DECODE_KERNELS(4)
+FN_DECODE_KERNELS(5)
+FN_DECODE_KERNELS(6)
+FN_DECODE_KERNELS(7)
+FN_DECODE_KERNELS(8)
+#undef FN_DECODE_KERNELS
+template __global__ void qsa_topk_kernel<PagedIndex>(PagedIndex, const float*, int64_t, int, int, int, topk::Scored*,
+                                                     int32_t*);
 template __global__ void qsa_block_keys_f32_kernel<ContiguousIndex>(ContiguousIndex, const float*, int, int, int,
                                                                     const __half*, int, float, float, float*);
 template __global__ void qsa_block_keys_f32_kernel<PagedIndex>(PagedIndex, const float*, int, int, int, const __half*,
@@ -835,6 +933,14 @@ cudaError_t launch_qsa_expand_selection_paged(const QsaPagedIndex& pi, const int
   if (t1 <= t0) return cudaSuccess;
   const PagedIndex lay{pi.tok_seq, pi.positions, pi.tables, pi.ld, pi.page, pi.block};
   qsa_expand_selection_kernel<<<t1 - t0, kThreads, 0, stream>>>(lay, top, pi.block, top_blocks, t0, selected, width);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_qsa_topk_paged(const QsaPagedIndex& pi, const float* scores, int64_t ld, int top_blocks, int t0,
+                                  int t1, topk::Scored* scratch, int32_t* top, cudaStream_t stream) {
+  if (t1 <= t0) return cudaSuccess;
+  const PagedIndex lay{pi.tok_seq, pi.positions, pi.tables, pi.ld, pi.page, pi.block};
+  qsa_topk_kernel<<<t1 - t0, kThreads, 0, stream>>>(lay, scores, ld, pi.block, top_blocks, t0, scratch, top);
   return cudaGetLastError();
 }
 

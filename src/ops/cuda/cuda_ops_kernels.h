@@ -8,6 +8,7 @@
 #include <cuda_fp16.h>
 
 #include "ops/cuda/cuda_stdint.h"
+#include "ops/torch_topk_order.h"
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime_api.h>
 #endif
@@ -111,6 +112,12 @@ cudaError_t launch_qsa_pool_blocks_paged_f32(const QsaPagedIndex& pi, const floa
 cudaError_t launch_qsa_block_scores_paged_f32(const QsaPagedIndex& pi, const float* qn, int heads, int dim,
                                               const float* pooled_pool, int t0, int t1, float* scores, int64_t ld,
                                               cudaStream_t stream);
+/// The indexer's top-k on the GPU, as torch.topk (CPU) chooses (ties included: ops/torch_topk_order.h): for every
+/// token t in [t0, t1) whose position has more than top_blocks complete blocks, top[(t - t0) * top_blocks + i] receives
+/// the chosen block indices of its scores row scores[(t - t0) * ld ...] (index order, or torch's order after a tie
+/// across the k-th score). scratch: (t1 - t0) * ld items.
+cudaError_t launch_qsa_topk_paged(const QsaPagedIndex& pi, const float* scores, int64_t ld, int top_blocks, int t0,
+                                  int t1, ::flashnext::topk::Scored* scratch, int32_t* top, cudaStream_t stream);
 /// launch_qsa_expand_selection with the query positions from pi.positions.
 cudaError_t launch_qsa_expand_selection_paged(const QsaPagedIndex& pi, const int32_t* top, int top_blocks, int t0,
                                               int t1, int32_t* selected, int64_t width, cudaStream_t stream);

@@ -22,6 +22,10 @@ __global__ void fill_kernel(T* __restrict__ out, int64_t n, T v) {
     out[i] = v;
 }
 
+// The templates as sm_70 kernels for the NVRTC check (scripts/check-sm70.sh compiles device code only).
+template __global__ void fill_kernel<__half>(__half*, int64_t, __half);
+template __global__ void fill_kernel<float>(float*, int64_t, float);
+
 }  // namespace
 
 #ifndef __CUDACC_RTC__  // host launchers

@@ -374,6 +374,44 @@ TEST_P(CudaOps, QsaIndexerBatchOverPagedKeys) {
   EXPECT_EQ(length[1], 41);
 }
 
+// The GPU top-k's tie handling: queries whose scores are all exactly zero (zero index queries) tie across the k-th
+// score and take torch's own selection (nth_element for 4 of up to 10 blocks; heap selection, k * 64 <= n, for 4 of
+// 275 blocks at 1,100 positions); every other row of random queries takes the radix-select path. The same sets as
+// the CPU oracle's std algorithms.
+TEST_P(CudaOps, QsaIndexerTopKTiesMatchTorch) {
+  const int64_t ni = 2, Di = 64, budget = 16, block = 4, width = budget + block - 1, page = 8;
+  const int64_t T = 1100, num_blocks = T / page + 1;
+  const RopeParams rope{32, 10000.0};
+  Pair iqn = weight({Di}, 90, 0.2f), ikn = weight({Di}, 91, 0.2f);
+  Pair key_pool = zeros({num_blocks * page, Di}), pooled = zeros({num_blocks * page / block, Di});
+  std::vector<int32_t> table;
+  for (int64_t b = 0; b < num_blocks; ++b) table.push_back(int32_t((b * 5 + 3) % num_blocks));
+  const std::vector<StepSequence> seqs{{T, 0, 0, table}};
+  const StepBatch bc = make_step_batch(*cpu(), seqs, page), bg = make_step_batch(*gpu(), seqs, page);
+  std::vector<float> q = normal(size_t(T * ni * Di), 92, 1.0f, false);
+  for (int64_t t = 0; t < T; t += 3)  // every third query zero: all its scores 0
+    std::fill(q.begin() + t * ni * Di, q.begin() + (t + 1) * ni * Di, 0.f);
+  Pair qi{cpu()->upload(q.data(), DType::F32, {T, ni * Di}), gpu()->upload(q.data(), DType::F32, {T, ni * Di})};
+  Pair ki = act({T, Di}, 93), sel = empty({T, width}, DType::I32);
+  cpu()->scatter_rows(ki.c, bc.slot_mapping, key_pool.c);
+  gpu()->scatter_rows(ki.g, bg.slot_mapping, key_pool.g);
+  cpu()->qsa_indexer_select_batch(qi.c, key_pool.c, pooled.c, iqn.c, ikn.c, 1e-6, rope, budget, block, bc, sel.c);
+  gpu()->qsa_indexer_select_batch(qi.g, key_pool.g, pooled.g, iqn.g, ikn.g, 1e-6, rope, budget, block, bg, sel.g);
+  const auto sc = selection_sets(*cpu(), sel.c), sg = selection_sets(*gpu(), sel.g);
+  int64_t differ = 0;
+  for (int64_t t = 0; t < T; ++t) differ += sg[size_t(t)] != sc[size_t(t)];
+  EXPECT_EQ(differ, 0) << "rows whose selected tokens differ from torch.topk's";
+  // The zero rows past the budget really are ties: torch does not keep the first blocks.
+  bool not_first = false;
+  for (int64_t t = 3 * 100; t < T; t += 3) {
+    std::vector<int32_t> first;
+    for (int64_t j = 0; j < budget; ++j) first.push_back(int32_t(j));
+    std::vector<int32_t> blocks(sc[size_t(t)].begin(), sc[size_t(t)].begin() + budget);
+    not_first = not_first || blocks != first;
+  }
+  EXPECT_TRUE(not_first) << "the tie rows chose the lowest indices: the test does not exercise torch's tie order";
+}
+
 TEST_P(CudaOps, Moe) {
   const int64_t T = 33, H = 256, E = 16, k = 4, I = 64, Is = 96;
   Pair u = act({T, H}, 40), router = weight({E, H}, 41, 1.0f / 16);
