@@ -250,6 +250,17 @@ class Ops {
   /// y = x W^T (+ bias). x [T, in], w [out, in], y [T, out], bias [out] or undefined (no bias).
   virtual void linear(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& bias = Tensor()) = 0;
 
+  /// linear(x, w[i], y[i], bias[i]) for every i: several projections of one input (GDN's in_proj_qkv / z / b / a,
+  /// QSA's q / k / v and indexer projections). bias is empty or has one (possibly undefined) tensor per weight.
+  /// Throws Error for mismatched counts and as linear does. Default: one linear per weight; the CUDA backend runs
+  /// decode-sized groups (<= 8 rows) as one GEMV launch.
+  virtual void linear_group(const Tensor& x, std::span<const Tensor> w, std::span<const Tensor> y,
+                            std::span<const Tensor> bias = {}) {
+    FN_CHECK(w.size() == y.size() && (bias.empty() || bias.size() == w.size()),
+             "linear_group: {} weights, {} outputs and {} biases", w.size(), y.size(), bias.size());
+    for (size_t i = 0; i < w.size(); ++i) linear(x, w[i], y[i], bias.empty() ? Tensor() : bias[i]);
+  }
+
   /// Zero-centred RMSNorm (`Qwen4ExpTextRMSNorm`) over each `group`-wide segment of a row:
   /// y = x * rsqrt(mean(x^2) + eps) * (1 + w[j mod W]), W = w.numel(). x, y [T, L] with L % W == 0 and W % group
   /// == 0: W = group is a per-head norm applied to every head, W = L a grouped norm with one weight row.

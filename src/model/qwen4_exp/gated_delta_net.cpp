@@ -16,10 +16,8 @@ Tensor gated_delta_net(Ops& ops, const ModelConfig& cfg, const GdnLayerWeights& 
   ops.profile_phase("gdn_proj");
   Tensor qkv = ops.empty({T, dims.conv_dim()}), z = ops.empty({T, value_dim});
   Tensor b = ops.empty({T, nv}), a = ops.empty({T, nv});
-  ops.linear(u, w.in_proj_qkv, qkv);
-  ops.linear(u, w.in_proj_z, z);
-  ops.linear(u, w.in_proj_b, b);
-  ops.linear(u, w.in_proj_a, a);
+  const Tensor weights[] = {w.in_proj_qkv, w.in_proj_z, w.in_proj_b, w.in_proj_a}, outputs[] = {qkv, z, b, a};
+  ops.linear_group(u, weights, outputs);
   // qkv = silu(causal depthwise conv1d(qkv)), continuing the conv tail.
   ops.profile_phase("gdn_rule");
   ops.gdn_conv_batch(qkv, w.conv1d, cache.conv, batch);

@@ -33,9 +33,9 @@ void ple_add(Ops& ops, const ModelConfig& cfg, const PleLayerWeights& w, LayerCa
   ops.ple_gather_wait(e);
   // kn = grouped ZC-RMSNorm(key_proj e); v = value_proj e.
   Tensor kn = ops.empty({T, cfg.hc_width()}), v = ops.empty({T, H});
-  ops.linear(e, w.key_proj, kn);
+  const Tensor weights[] = {w.key_proj, w.value_proj}, outputs[] = {kn, v};
+  ops.linear_group(e, weights, outputs);
   ops.zc_rms_norm(kn, w.norm_key, H, cfg.rms_norm_eps, kn);
-  ops.linear(e, w.value_proj, v);
   // P = per-stream sigmoid gate of (kn_b . qn_b) times v; X += P + silu(dilated conv(norm_conv(P))) per sequence.
   Tensor P = ops.empty({T, cfg.hc_width()});
   ops.ple_gate(kn, v, X, w.norm_query, cfg.rms_norm_eps, P);

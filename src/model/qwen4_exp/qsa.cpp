@@ -12,16 +12,14 @@ Tensor qsa_attention(Ops& ops, const ModelConfig& cfg, const QsaLayerWeights& w,
   const RopeParams rope{cfg.rotary_dim(), cfg.rope.theta};
   // q_proj -> per head [query | gate]; q, k: per-head ZC-RMSNorm then partial RoPE; v as projected.
   ops.profile_phase("qsa_proj");
+  // Indexer projections too: queries [T, ni*Di]; raw keys [T, Di] are cached as they are.
   Tensor qg = ops.empty({T, nh * 2 * D}), k = ops.empty({T, nkv * D}), v = ops.empty({T, nkv * D});
-  ops.linear(u, w.q_proj, qg, w.q_bias);
-  ops.linear(u, w.k_proj, k, w.k_bias);
-  ops.linear(u, w.v_proj, v, w.v_bias);
+  Tensor qi = ops.empty({T, cfg.indexer_n_heads * Di}), ki = ops.empty({T, Di});
+  const Tensor weights[] = {w.q_proj, w.k_proj, w.v_proj, w.index_q_proj, w.index_k_proj};
+  const Tensor outputs[] = {qg, k, v, qi, ki}, biases[] = {w.q_bias, w.k_bias, w.v_bias, Tensor(), Tensor()};
+  ops.linear_group(u, weights, outputs, biases);
   Tensor q = ops.empty({T, nh * D}), gate = ops.empty({T, nh * D});
   ops.qsa_prepare_qk_batch(qg, k, w.q_norm, w.k_norm, cfg.rms_norm_eps, rope, batch, q, gate);
-  // Indexer projections: queries [T, ni*Di]; raw keys [T, Di] are cached as they are.
-  Tensor qi = ops.empty({T, cfg.indexer_n_heads * Di}), ki = ops.empty({T, Di});
-  ops.linear(u, w.index_q_proj, qi);
-  ops.linear(u, w.index_k_proj, ki);
   // Write the step's tokens into their KV blocks.
   ops.scatter_rows(k.view({T, nkv, D}), batch.slot_mapping, cache.k);
   ops.scatter_rows(v.view({T, nkv, D}), batch.slot_mapping, cache.v);

@@ -406,6 +406,27 @@ class CudaOps final : public Ops {
     product(x, w, y, bias, op);
   }
 
+  /// One decode GEMV launch for the whole group when it qualifies (gemv_group), else a product per weight.
+  void linear_group(const Tensor& x, std::span<const Tensor> w, std::span<const Tensor> y,
+                    std::span<const Tensor> bias) override {
+    const char* op = "linear_group";
+    FN_CHECK(w.size() == y.size() && (bias.empty() || bias.size() == w.size()) && !w.empty(),
+             "{}: {} weights, {} outputs and {} biases", op, w.size(), y.size(), bias.size());
+    check(x, DType::F32, 2, op, "x");
+    for (size_t i = 0; i < w.size(); ++i) {
+      check(w[i], DType::F16, 2, op, "weight");
+      check(y[i], DType::F32, 2, op, "y");
+      FN_CHECK(x.dim(1) == w[i].dim(1) && y[i].dim(0) == x.dim(0) && y[i].dim(1) == w[i].dim(0),
+               "{}: shapes do not match: x {}, weight {} {}, y {}", op, x.str(), i, w[i].str(), y[i].str());
+      if (!bias.empty() && bias[i].defined()) {
+        check(bias[i], DType::F16, 1, op, "bias");
+        FN_CHECK(bias[i].dim(0) == w[i].dim(0), "{}: bias {} does not fit weight {}", op, bias[i].str(), w[i].str());
+      }
+    }
+    if (x.dim(0) == 0 || gemv_group(x, w, y, bias, op)) return;
+    for (size_t i = 0; i < w.size(); ++i) product(x, w[i], y[i], bias.empty() ? Tensor() : bias[i], op);
+  }
+
   void zc_rms_norm(const Tensor& x, const Tensor& w, int64_t group, double eps, const Tensor& y) override {
     const char* op = "zc_rms_norm";
     check(x, DType::F32, 2, op, "x");
@@ -1058,8 +1079,11 @@ class CudaOps final : public Ops {
     Tensor s = alloc({T, H}, DType::F32, "shared expert out"), logit = alloc({T}, DType::F32, "shared gate logit");
     if (split()) {
       Tensor g = alloc({T, Is}, DType::F32, "shared expert gate"), up = alloc({T, Is}, DType::F32, "shared expert up");
-      product(u, w.shared_gate_proj, g, Tensor(), "shared_expert.gate_proj");
-      product(u, w.shared_up_proj, up, Tensor(), "shared_expert.up_proj");
+      const Tensor gu_w[2] = {w.shared_gate_proj, w.shared_up_proj}, gu_y[2] = {g, up};
+      if (!gemv_group(u, gu_w, gu_y, {}, "shared_expert.gate_proj/up_proj")) {
+        product(u, w.shared_gate_proj, g, Tensor(), "shared_expert.gate_proj");
+        product(u, w.shared_up_proj, up, Tensor(), "shared_expert.up_proj");
+      }
       FN_CUDA_CHECK(
           detail::launch_silu_mul_f32(dp<const float>(g), dp<const float>(up), dp<float>(g), g.numel(), stream()),
           "moe_shared_expert silu");
@@ -1231,13 +1255,7 @@ class CudaOps final : public Ops {
     const __half* b = bias.defined() ? dp<__half>(bias) : nullptr;
     if (T == 0) return;
     // Decode-sized products: one float32 GEMV launch over the FP16 weights (as exact as FP16x2, read once).
-    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    if (T <= detail::kGemvMaxTokens && in % 8 == 0 && aligned(x.data()) && aligned(w.data())) {
-      FN_CUDA_CHECK(detail::launch_gemv_f16w_f32x(dp<const float>(x), in, dp<__half>(w), in, out, b, dp<float>(y), out,
-                                                  int(T), stream()),
-                    what);
-      return;
-    }
+    if (gemv_group(x, {&w, 1}, {&y, 1}, {&bias, 1}, what)) return;
     if (split()) {
       const int m = to_int(2 * T, what, "rows");
       Tensor x2 = alloc({2 * T, in}, DType::F16, "fp16x2 activations"), y2 = alloc({2 * T, out}, DType::F32, "product");
@@ -1250,6 +1268,30 @@ class CudaOps final : public Ops {
     blas_.linear(dp<__half>(xh), to_int(T, what, "rows"), in, dp<__half>(w), out, y.data(), OutType::F32, out, stream(),
                  what);
     if (b) FN_CUDA_CHECK(detail::launch_add_bias(dp<float>(y), b, T, out, stream()), what);
+  }
+
+  /// y[i] = x w[i]^T (+ bias[i]) as one decode GEMV launch when x has at most kGemvMaxTokens rows, K % 8 == 0 and
+  /// every pointer is 16-byte aligned; returns false (nothing done) otherwise. Shapes checked by the caller.
+  bool gemv_group(const Tensor& x, std::span<const Tensor> w, std::span<const Tensor> y, std::span<const Tensor> bias,
+                  const char* what) {
+    const int64_t T = x.dim(0), K = x.dim(1);
+    const auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data()) % 16 == 0; };
+    if (T < 1 || T > detail::kGemvMaxTokens || K % 8 != 0 || !aligned(x) || w.size() > size_t(detail::kGemvMaxSegments))
+      return false;
+    detail::GemvSegments seg{};
+    int rows = 0;
+    for (size_t i = 0; i < w.size(); ++i) {
+      if (!aligned(w[i])) return false;
+      seg.w[i] = dp<__half>(w[i]);
+      seg.bias[i] = i < bias.size() && bias[i].defined() ? dp<__half>(bias[i]) : nullptr;
+      seg.y[i] = dp<float>(y[i]);
+      seg.ldy[i] = y[i].dim(1);
+      rows += to_int(w[i].dim(0), what, "out");
+      seg.rows_end[i] = rows;
+    }
+    seg.count = int(w.size());
+    FN_CUDA_CHECK(detail::launch_gemv_f16w_f32x(dp<const float>(x), K, int(K), seg, int(T), stream()), what);
+    return true;
   }
 
   /// An FP16 copy of a float32 tensor (the input of a tensor-core product).

@@ -86,16 +86,19 @@ __global__ void linear_f32_narrow_kernel(const float* __restrict__ x, const __ha
   if (lane == 0) y[item] = acc;
 }
 
-// y[t, n] = sum_k x[t, k] * w[n, k] (+ bias[n]) for t < T <= kGemvMaxTokens: one warp per output row, 16-byte
-// weight loads (8 FP16 values) shared by the T tokens, float32 products and sums (the decode GEMV: as exact as a
-// float32 product of the FP16 weights, reading the weights once). K % 8 == 0, rows of x 16-byte aligned.
+// y_s[t, n] = sum_k x[t, k] * w_s[n, k] (+ bias_s[n]) for t < T <= kGemvMaxTokens over the segments s of `seg` (several
+// projections of one input in one launch): one warp per output row of the stacked segments, 16-byte weight loads (8
+// FP16 values) shared by the T tokens, float32 products and sums (the decode GEMV: as exact as a float32 product of
+// the FP16 weights, reading the weights once). K % 8 == 0, rows of x 16-byte aligned.
 template <int T>
-__global__ void gemv_f16w_f32x_kernel(const float* __restrict__ x, int64_t ldx, const __half* __restrict__ w, int K,
-                                      int N, const __half* __restrict__ bias, float* __restrict__ y, int64_t ldy) {
-  const int n = int((int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5);
+__global__ void gemv_f16w_f32x_kernel(const float* __restrict__ x, int64_t ldx, int K, GemvSegments seg) {
+  const int g = int((int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5);
   const int lane = threadIdx.x & 31;
-  if (n >= N) return;
-  const uint4* wr = reinterpret_cast<const uint4*>(w + int64_t(n) * K);
+  if (g >= seg.rows_end[seg.count - 1]) return;
+  int s = 0;
+  while (g >= seg.rows_end[s]) ++s;
+  const int n = g - (s ? seg.rows_end[s - 1] : 0);
+  const uint4* wr = reinterpret_cast<const uint4*>(seg.w[s] + int64_t(n) * K);
   float acc[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) acc[t] = 0.f;
@@ -117,18 +120,20 @@ __global__ void gemv_f16w_f32x_kernel(const float* __restrict__ x, int64_t ldx, 
                 wf[7] * b.w;
     }
   }
+  const float bias = seg.bias[s] ? to_f(seg.bias[s][n]) : 0.f;
 #pragma unroll
   for (int t = 0; t < T; ++t) {
-    const float s = warp_sum(acc[t]);
-    if (lane == 0) y[t * ldy + n] = s + (bias ? to_f(bias[n]) : 0.f);
+    const float v = warp_sum(acc[t]);
+    if (lane == 0) seg.y[s][t * seg.ldy[s] + n] = v + bias;
   }
 }
 
 // Decode hyper-connection read (hc_read for T <= kGemvMaxTokens tokens, float32 throughout), in two launches:
 //   hc_down: per token and stream the ZC-RMSNorm statistics rstd[t][b] (each block recomputes them from X: T rows of
-//            S*H floats, from L2), then one warp per output row r of [input_mix_weight_down (R rows); block_inject
-//            (S rows)]: acc = sum_k n[t,k] w[r,k] with n = X * rstd * (1 + hc_norm); rows < R give
-//            d = silu(acc / S), the others inj = 2 sigmoid(acc / S). Block 0 stores rstd for hc_up.
+//            S*H floats, from L2), then one block per output row r of [input_mix_weight_down (R rows);
+//            block_inject (S rows)], its warps splitting the inputs: acc = sum_k n[t,k] w[r,k] with
+//            n = X * rstd * (1 + hc_norm); rows < R give d = silu(acc / S), the others inj = 2 sigmoid(acc / S).
+//            Block 0 stores rstd for hc_up.
 //   hc_up:   one warp per hidden column j: m_b = up[b*H + j] . d[t] for every stream b, then
 //            u[t, j] = mean_b sigmoid(m_b) * n[t, b*H + j].
 // Needs H, R multiples of 8, S <= kHcMaxStreamsDecode, rows 16-byte aligned.
@@ -163,19 +168,19 @@ template <int T>
 __global__ void hc_down_kernel(const float* __restrict__ X, const __half* __restrict__ norm_w,
                                const __half* __restrict__ down, const __half* __restrict__ inject, int S, int H, int R,
                                float eps, float* __restrict__ d, float* __restrict__ inj, float* __restrict__ rstd_out) {
+  // One block per output row; its warps split the row's S*H inputs (a row is long, the rows few).
   __shared__ float rstd[T][kHcMaxStreamsDecode];
+  __shared__ float part[kWarps][T];
   hc_row_stats<T>(X, S, H, eps, rstd);
   const int W = S * H;
   if (blockIdx.x == 0 && threadIdx.x < T * S) rstd_out[threadIdx.x] = rstd[threadIdx.x / S][threadIdx.x % S];
-  const int r = int(blockIdx.x) * kWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  const int rows = R + (inject ? S : 0);
-  if (r >= rows) return;
+  const int r = int(blockIdx.x), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const uint4* wr = reinterpret_cast<const uint4*>(r < R ? down + int64_t(r) * W : inject + int64_t(r - R) * W);
   const uint4* nw = reinterpret_cast<const uint4*>(norm_w);
   float acc[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) acc[t] = 0.f;
-  for (int v = lane; v < W / 8; v += 32) {
+  for (int v = threadIdx.x; v < W / 8; v += kThreads) {
     const uint4 wraw = __ldg(wr + v), nraw = __ldg(nw + v);
     const __half2* wh = reinterpret_cast<const __half2*>(&wraw);
     const __half2* nh = reinterpret_cast<const __half2*>(&nraw);
@@ -197,13 +202,19 @@ __global__ void hc_down_kernel(const float* __restrict__ X, const __half* __rest
   }
 #pragma unroll
   for (int t = 0; t < T; ++t) {
-    const float a = warp_sum(acc[t]) / float(S);
-    if (lane == 0) {
-      if (r < R)
-        d[t * R + r] = siluf_(a);
-      else
-        inj[t * S + (r - R)] = 2.f * sigmoidf_(a);
-    }
+    const float a = warp_sum(acc[t]);
+    if (lane == 0) part[warp][t] = a;
+  }
+  __syncthreads();
+  if (threadIdx.x < T) {
+    const int t = threadIdx.x;
+    float a = 0.f;
+    for (int w = 0; w < kWarps; ++w) a += part[w][t];
+    a /= float(S);
+    if (r < R)
+      d[t * R + r] = siluf_(a);
+    else
+      inj[t * S + (r - R)] = 2.f * sigmoidf_(a);
   }
 }
 
@@ -409,7 +420,8 @@ __global__ void qsa_block_keys_f32_kernel(Layout lay, const float* __restrict__ 
   }
 }
 
-// One block per query token; a warp per block key.
+// Blocks (x: query token, y: a slice of the block keys); a warp per block key. The keys of one query are spread over
+// gridDim.y blocks so that a decode step's few queries do not leave the GPU to one block each (score_slices).
 template <class Layout>
 __global__ void qsa_block_scores_f32_kernel(Layout lay, const float* __restrict__ qn, int heads, int dim,
                                             const float* __restrict__ bkeys, int block, int t0,
@@ -423,7 +435,7 @@ __global__ void qsa_block_scores_f32_kernel(Layout lay, const float* __restrict_
   __syncthreads();
   const float sqrt_d = sqrtf(float(dim));
   float* out = scores + int64_t(blockIdx.x) * ld;
-  for (int64_t j = warp; j < nb; j += kWarps) {
+  for (int64_t j = int64_t(blockIdx.y) * kWarps + warp; j < nb; j += int64_t(kWarps) * gridDim.y) {
     const float* kr = bkeys + lay.block_row(t, j) * dim;
     float acc = 0.f;
     for (int h = 0; h < heads; ++h) {
@@ -539,8 +551,7 @@ __global__ void qsa_topk_kernel(Layout lay, const float* __restrict__ scores, in
 
 // The templates as sm_70 kernels for the NVRTC check (scripts/check-sm70.sh compiles device code only).
 #define FN_DECODE_KERNELS(TT)                                                                                    \
-  template __global__ void gemv_f16w_f32x_kernel<TT>(const float*, int64_t, const __half*, int, int, const __half*, \
-                                                     float*, int64_t);                                             \
+  template __global__ void gemv_f16w_f32x_kernel<TT>(const float*, int64_t, int, GemvSegments);                 \
   template __global__ void hc_down_kernel<TT>(const float*, const __half*, const __half*, const __half*, int, int, int, \
                                               float, float*, float*, float*);                                       \
   template __global__ void hc_up_kernel<TT>(const float*, const __half*, const __half*, const float*, const float*, int, \
@@ -746,7 +757,15 @@ __global__ void conv_decode_slots_kernel(const float* in, const float* __restric
   }
 }
 
-#ifndef __CUDACC_RTC__  // host launchers (NVRTC, used by the SM70 check, compiles device code only)
+#ifndef __CUDACC_RTC__  // host launchers
+namespace {
+/// Slices of the block keys per query for the scores kernel: enough blocks in all (about 512) for a few queries,
+/// at least 32 keys per block, 1 for a prefill's many queries.
+unsigned score_slices(int rows, int64_t ld) {
+  const int64_t want = (512 + rows - 1) / rows, most = (ld + 31) / 32, n = want < most ? want : most;
+  return unsigned(n > 1 ? n : 1);
+}
+}  // namespace (NVRTC, used by the SM70 check, compiles device code only)
 namespace {
 unsigned grid_for(int64_t n) {
   const int64_t blocks = (n + kThreads - 1) / kThreads;
@@ -795,13 +814,16 @@ cudaError_t launch_linear_f32_narrow(const float* x, const __half* w, float* y, 
   return cudaGetLastError();
 }
 
-cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, const __half* w, int K, int N, const __half* bias,
-                                  float* y, int64_t ldy, int tokens, cudaStream_t stream) {
-  if (tokens == 0 || N == 0) return cudaSuccess;
-  const unsigned blocks = unsigned((int64_t(N) + kWarps - 1) / kWarps);
+cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, int K, const GemvSegments& seg, int tokens,
+                                  cudaStream_t stream) {
+  if (tokens == 0 || seg.count == 0) return cudaSuccess;
+  if (seg.count > kGemvMaxSegments) return cudaErrorInvalidValue;
+  const int rows = seg.rows_end[seg.count - 1];
+  if (rows == 0) return cudaSuccess;
+  const unsigned blocks = unsigned((int64_t(rows) + kWarps - 1) / kWarps);
   switch (tokens) {
 #define FN_GEMV_CASE(TT) \
-  case TT: gemv_f16w_f32x_kernel<TT><<<blocks, kThreads, 0, stream>>>(x, ldx, w, K, N, bias, y, ldy); break;
+  case TT: gemv_f16w_f32x_kernel<TT><<<blocks, kThreads, 0, stream>>>(x, ldx, K, seg); break;
     FN_GEMV_CASE(1) FN_GEMV_CASE(2) FN_GEMV_CASE(3) FN_GEMV_CASE(4)
     FN_GEMV_CASE(5) FN_GEMV_CASE(6) FN_GEMV_CASE(7) FN_GEMV_CASE(8)
 #undef FN_GEMV_CASE
@@ -818,7 +840,7 @@ cudaError_t launch_hc_read_decode(const float* X, const __half* norm_w, const __
   float* d = scratch;                           // [tokens, rank]
   float* rstd = scratch + int64_t(tokens) * rank;  // [tokens, streams]
   const int rows = rank + (inject ? streams : 0);
-  const unsigned down_blocks = unsigned((rows + kWarps - 1) / kWarps), up_blocks = unsigned((hidden + kWarps - 1) / kWarps);
+  const unsigned down_blocks = unsigned(rows), up_blocks = unsigned((hidden + kWarps - 1) / kWarps);
   switch (tokens) {
 #define FN_HC_CASE(TT)                                                                                              \
   case TT:                                                                                                          \
@@ -893,7 +915,8 @@ cudaError_t launch_qsa_block_scores_f32(const float* qn, int heads, int dim, con
                                         int block, int t0, int t1, float* scores, int64_t ld, cudaStream_t stream) {
   if (t1 <= t0) return cudaSuccess;
   if (heads * dim > kMaxIndexQuery) return cudaErrorInvalidValue;
-  qsa_block_scores_f32_kernel<<<t1 - t0, kThreads, 0, stream>>>(ContiguousIndex{pos0}, qn, heads, dim, bkeys, block, t0,
+  const dim3 grid(unsigned(t1 - t0), score_slices(t1 - t0, ld));
+  qsa_block_scores_f32_kernel<<<grid, kThreads, 0, stream>>>(ContiguousIndex{pos0}, qn, heads, dim, bkeys, block, t0,
                                                                 scores, ld);
   return cudaGetLastError();
 }
@@ -923,7 +946,8 @@ cudaError_t launch_qsa_block_scores_paged_f32(const QsaPagedIndex& pi, const flo
   if (t1 <= t0) return cudaSuccess;
   if (heads * dim > kMaxIndexQuery || pi.page % pi.block != 0) return cudaErrorInvalidValue;
   const PagedIndex lay{pi.tok_seq, pi.positions, pi.tables, pi.ld, pi.page, pi.block};
-  qsa_block_scores_f32_kernel<<<t1 - t0, kThreads, 0, stream>>>(lay, qn, heads, dim, pooled_pool, pi.block, t0, scores,
+  const dim3 grid(unsigned(t1 - t0), score_slices(t1 - t0, ld));
+  qsa_block_scores_f32_kernel<<<grid, kThreads, 0, stream>>>(lay, qn, heads, dim, pooled_pool, pi.block, t0, scores,
                                                                 ld);
   return cudaGetLastError();
 }

@@ -21,6 +21,21 @@ enum WeightSrcType : int32_t { kSrcF16 = 0, kSrcBF16 = 1, kSrcF32 = 2 };
 /// Largest finite FP16 value.
 constexpr float kF16Max = 65504.f;
 
+/// Tokens up to which products take the decode GEMV (launch_gemv_f16w_f32x) instead of a tensor-core GEMM.
+constexpr int kGemvMaxTokens = 8;
+/// Projections of one input that one GEMV launch computes at most.
+constexpr int kGemvMaxSegments = 8;
+/// The weights of one GEMV launch: segment s has FP16 weights w[s] [N_s, K], an optional FP16 bias[s] [N_s] and the
+/// FP32 output y[s] [tokens, ldy[s]]; rows_end[s] = N_0 + ... + N_s.
+struct GemvSegments {
+  const __half* w[kGemvMaxSegments];
+  const __half* bias[kGemvMaxSegments];
+  float* y[kGemvMaxSegments];
+  int64_t ldy[kGemvMaxSegments];
+  int rows_end[kGemvMaxSegments];
+  int count;
+};
+
 #ifndef __CUDACC_RTC__  // host launchers
 /// y[i] = fp16(x[i]) (round to nearest even) for i < n.
 cudaError_t launch_f32_to_f16(const float* x, __half* y, int64_t n, cudaStream_t stream);
@@ -35,15 +50,12 @@ cudaError_t launch_embedding_f32(const __half* table, int64_t vocab, int hidden,
                                  int reps, float* out, int32_t* status, cudaStream_t stream);
 /// y[r, c] += bias[c] for r < rows, c < cols.
 cudaError_t launch_add_bias(float* y, const __half* bias, int64_t rows, int cols, cudaStream_t stream);
-/// y[t, o] = sum_i x[t, i] * w[o, i] with FP32 inputs and accumulation over FP16 weights: for the narrow products
-/// that decide discrete choices or gates (MoE router logits, shared_expert_gate). One warp per output.
-/// Tokens up to which products take the decode GEMV (launch_gemv_f16w_f32x) instead of a tensor-core GEMM.
-constexpr int kGemvMaxTokens = 8;
-/// y[t, n] = sum_k x[t, k] * w[n, k] (+ bias[n]) in float32 for tokens <= kGemvMaxTokens: FP16 weights [N, K]
-/// read once in 16-byte vectors, FP32 activations (row stride ldx), FP32 output (row stride ldy). Needs K % 8 == 0,
-/// w and every x row 16-byte aligned (cudaErrorInvalidValue for more tokens; alignment is the caller's check).
-cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, const __half* w, int K, int N, const __half* bias,
-                                  float* y, int64_t ldy, int tokens, cudaStream_t stream);
+/// y_s[t, n] = sum_k x[t, k] * w_s[n, k] (+ bias_s[n]) in float32 for tokens <= kGemvMaxTokens and every segment s of
+/// `seg`: the FP16 weights read once in 16-byte vectors, FP32 activations x [tokens, K] (row stride ldx), FP32
+/// outputs. Needs K % 8 == 0, every w and x row 16-byte aligned (cudaErrorInvalidValue for more tokens or segments;
+/// alignment is the caller's check).
+cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, int K, const GemvSegments& seg, int tokens,
+                                  cudaStream_t stream);
 /// hc_read for tokens <= kGemvMaxTokens in float32, two launches (cuda_ops_kernels.cu "Decode hyper-connection
 /// read"): X [tokens, streams*hidden], norm_w [streams*hidden], down [rank, streams*hidden], up [streams*hidden, rank],
 /// inject [streams, streams*hidden] or null; u [tokens, hidden], inj [tokens, streams] (unused without inject);
@@ -52,6 +64,8 @@ cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, const __half* w, 
 cudaError_t launch_hc_read_decode(const float* X, const __half* norm_w, const __half* down, const __half* up,
                                   const __half* inject, int tokens, int streams, int hidden, int rank, float eps,
                                   float* scratch, float* u, float* inj, cudaStream_t stream);
+/// y[t, o] = sum_i x[t, i] * w[o, i] with FP32 inputs and accumulation over FP16 weights: for the narrow products
+/// that decide discrete choices or gates (MoE router logits, shared_expert_gate). One warp per output.
 cudaError_t launch_linear_f32_narrow(const float* x, const __half* w, float* y, int tokens, int in, int out,
                                      cudaStream_t stream);
 /// out[t, c] += sigmoid(gate_logit[t]) * s[t, c] (the shared expert's gated add), [T, H] FP32.

@@ -182,6 +182,23 @@ TEST_P(CudaOps, EmbeddingAndLinear) {
                    "linear " + std::to_string(n) + " x " + std::to_string(K) + (gemv ? " (gemv)" : ""));
     }
   }
+  // linear_group: three projections of one input, one with a bias, widths 200 / 24 / 8 (one GEMV launch up to 8
+  // rows; a product per weight at 11 rows).
+  for (int64_t n : {int64_t(1), int64_t(4), int64_t(8), int64_t(11)}) {
+    const int64_t K = 136;
+    Pair xg = act({n, K}, uint32_t(30 + n));
+    Pair w0 = weight({200, K}, 31, 1.0f / 16), w1 = weight({24, K}, 32, 1.0f / 16), w2 = weight({8, K}, 33, 1.0f / 16);
+    Pair b1 = weight({24}, 34), y0 = empty({n, 200}), y1 = empty({n, 24}), y2 = empty({n, 8});
+    const Tensor wc[] = {w0.c, w1.c, w2.c}, wg[] = {w0.g, w1.g, w2.g};
+    const Tensor yc[] = {y0.c, y1.c, y2.c}, yg[] = {y0.g, y1.g, y2.g};
+    const Tensor bc[] = {Tensor(), b1.c, Tensor()}, bg[] = {Tensor(), b1.g, Tensor()};
+    cpu()->linear_group(xg.c, wc, yc, bc);
+    gpu()->linear_group(xg.g, wg, yg, bg);
+    const bool gemv = n <= 8;
+    for (const Pair* y : {&y0, &y1, &y2})
+      expect_close(*y, gemv ? kF32 : prod_atol(5e-3), gemv ? kF32 : prod_rtol(),
+                   "linear_group " + std::to_string(n) + " rows");
+  }
 }
 
 TEST_P(CudaOps, Norms) {
