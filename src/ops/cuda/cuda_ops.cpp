@@ -937,9 +937,12 @@ class CudaOps final : public Ops {
              detail::kMoeMaxTopK);
     if (T == 0) return;
     Tensor logits = alloc({T, E}, DType::F32, "router logits");
-    FN_CUDA_CHECK(detail::launch_linear_f32_narrow(dp<const float>(u), dp<__half>(router), dp<float>(logits),
-                                                   to_int(T, op, "tokens"), to_int(H, op, "hidden"), int(E), stream()),
-                  "moe_router_topk logits");
+    const Tensor rw[] = {router}, rl[] = {logits};
+    if (!gemv_group(u, rw, rl, {}, "moe_router_topk logits"))  // float32 either way
+      FN_CUDA_CHECK(detail::launch_linear_f32_narrow(dp<const float>(u), dp<__half>(router), dp<float>(logits),
+                                                     to_int(T, op, "tokens"), to_int(H, op, "hidden"), int(E),
+                                                     stream()),
+                    "moe_router_topk logits");
     FN_CUDA_CHECK(detail::launch_moe_router_topk(dp<const float>(logits), E, int(T), int(E), int(k), norm_topk_prob,
                                                  dp<int32_t>(ids), dp<float>(weights), stream()),
                   op);
@@ -1077,10 +1080,14 @@ class CudaOps final : public Ops {
     if (T == 0) return;
     const int t = to_int(T, op, "tokens"), h = to_int(H, op, "hidden"), is = to_int(Is, op, "width");
     Tensor s = alloc({T, H}, DType::F32, "shared expert out"), logit = alloc({T}, DType::F32, "shared gate logit");
+    bool gate_done = false;  // the gate logit computed with gate_proj / up_proj
     if (split()) {
       Tensor g = alloc({T, Is}, DType::F32, "shared expert gate"), up = alloc({T, Is}, DType::F32, "shared expert up");
-      const Tensor gu_w[2] = {w.shared_gate_proj, w.shared_up_proj}, gu_y[2] = {g, up};
-      if (!gemv_group(u, gu_w, gu_y, {}, "shared_expert.gate_proj/up_proj")) {
+      // gate_proj, up_proj and shared_expert_gate read u: one decode GEMV launch when they qualify.
+      const Tensor gu_w[3] = {w.shared_gate_proj, w.shared_up_proj, w.shared_expert_gate};
+      const Tensor gu_y[3] = {g, up, logit.view({T, 1})};
+      gate_done = gemv_group(u, gu_w, gu_y, {}, "shared_expert gate_proj/up_proj/shared_expert_gate");
+      if (!gate_done) {
         product(u, w.shared_gate_proj, g, Tensor(), "shared_expert.gate_proj");
         product(u, w.shared_up_proj, up, Tensor(), "shared_expert.up_proj");
       }
@@ -1101,9 +1108,10 @@ class CudaOps final : public Ops {
       blas_.linear(dp<__half>(act), t, is, dp<__half>(w.shared_down_proj), h, s.data(), OutType::F32, h, stream(),
                    "shared_expert.down_proj");
     }
-    FN_CUDA_CHECK(detail::launch_linear_f32_narrow(dp<const float>(u), dp<__half>(w.shared_expert_gate),
-                                                   dp<float>(logit), t, h, 1, stream()),
-                  "shared_expert_gate");
+    if (!gate_done)
+      FN_CUDA_CHECK(detail::launch_linear_f32_narrow(dp<const float>(u), dp<__half>(w.shared_expert_gate),
+                                                     dp<float>(logit), t, h, 1, stream()),
+                    "shared_expert_gate");
     FN_CUDA_CHECK(
         detail::launch_gated_accumulate(dp<float>(out), dp<const float>(s), dp<const float>(logit), t, h, stream()),
         op);
