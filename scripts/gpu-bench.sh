@@ -7,9 +7,6 @@
 #   bash scripts/gpu-bench.sh --prepare   HERE: builds `flashnext` and `test_cuda_e2e` in $BUILD (default
 #                                         build-cudabe, configured for sm_90 if absent) and packs them with the shared
 #                                         libraries the GPU machine lacks into gpu/bench/bundle.tar.xz.
-#   bash scripts/gpu-bench.sh --prepare-ptx70   HERE (optional): the same binaries with only compute_70 PTX
-#                                         (build-ptx70), packed as gpu/bench/ptx70.tar.xz: run through the driver's
-#                                         JIT on the GPU machine, as a V100 would compile them.
 #   bash scripts/gpu-bench.sh             ON THE GPU MACHINE from the repo root (the `run` tool: carry ["gpu/bench"]).
 # Output in $OUT (default gpu/out-bench): e2e.log, bench-small.json, bench-full.json (+ bench-full-fp16.json),
 # their logs, and summary.txt, which says what was run and what was not.
@@ -18,28 +15,9 @@
 #      (e.g. "--prompts 1024,4096 --batches 8").
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/gpu-bundle.sh
 BUILD=${BUILD:-build-cudabe}
 BUNDLE=gpu/bench/bundle.tar.xz
-
-if [ "${1:-}" = "--prepare-ptx70" ]; then
-  # The SM70 baseline as a V100 would get it: only compute_70 PTX in the binaries, compiled by the driver's JIT on
-  # the GPU machine (an H200 runs it; any instruction outside the SM70 set fails there).
-  set -e
-  P=${PTX_BUILD:-build-ptx70}
-  [ -f "$P/CMakeCache.txt" ] ||
-    cmake -S . -B "$P" -G Ninja -DFLASHNEXT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=70-virtual -DFLASHNEXT_BENCHMARKS=OFF \
-      -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache >/dev/null
-  cmake --build "$P" --target flashnext test_cuda_e2e --parallel 2
-  stage=$(mktemp -d)
-  mkdir -p "$stage/bin"
-  cp "$P/flashnext" "$P/tests/test_cuda_e2e" "$stage/bin/"
-  strip "$stage"/bin/*
-  mkdir -p gpu/bench
-  tar -C "$stage" -cJf gpu/bench/ptx70.tar.xz .
-  rm -rf "$stage"
-  echo "gpu-bench: packed gpu/bench/ptx70.tar.xz ($(du -h gpu/bench/ptx70.tar.xz | cut -f1))"
-  exit 0
-fi
 
 if [ "${1:-}" = "--prepare" ]; then
   set -e
@@ -47,29 +25,14 @@ if [ "${1:-}" = "--prepare" ]; then
     cmake -S . -B "$BUILD" -G Ninja -DFLASHNEXT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache >/dev/null
   cmake --build "$BUILD" --target flashnext test_cuda_e2e --parallel 2
-  stage=$(mktemp -d)
-  mkdir -p "$stage/bin" "$stage/lib"
-  cp "$BUILD/flashnext" "$BUILD/tests/test_cuda_e2e" "$stage/bin/"
-  strip "$stage"/bin/*
-  for bin in "$stage"/bin/*; do ldd "$bin" | awk '/=> \//{print $3}'; done | sort -u |
-    grep -E 'lib(fmt|spdlog|pcre2-8|utf8proc|cpp-httplib|brotli[a-z]*)\.so' | while read -r lib; do
-      cp -L "$lib" "$stage/lib/"
-    done
-  pwd >"$stage/source_dir"
-  mkdir -p "$(dirname "$BUNDLE")"
-  tar -C "$stage" -cJf "$BUNDLE" .
-  rm -rf "$stage"
+  pack_bundle "$BUNDLE" "$BUILD/flashnext" "$BUILD/tests/test_cuda_e2e"
   echo "gpu-bench: packed $BUNDLE ($(du -h "$BUNDLE" | cut -f1)); run: bash scripts/gpu-bench.sh"
   exit 0
 fi
 
 OUT=${OUT:-gpu/out-bench}
 mkdir -p "$OUT"
-G=$(mktemp -d /tmp/flashnext-bench.XXXX)
-tar -C "$G" -xJf "$BUNDLE" || { echo "gpu-bench: no $BUNDLE: run --prepare first" >&2; exit 2; }
-export LD_LIBRARY_PATH="$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-SRC=$(cat "$G/source_dir")
-if [ "$SRC" != "$PWD" ] && [ ! -e "$SRC" ]; then mkdir -p "$(dirname "$SRC")" && ln -s "$PWD" "$SRC"; fi
+unpack_bundle "$BUNDLE" gpu-bench
 S="$OUT/summary.txt"
 : >"$S"
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader; nproc; free -g | head -2; } | tee -a "$S"
@@ -95,21 +58,6 @@ if [ "${MEDIUM:-0}" = 1 ]; then
   grep -E "^\[  (PASSED|FAILED) |tests ran|E2E" "$OUT/e2e-medium.log" | tee -a "$S"
 else
   echo "gpu-bench: the medium fixture tests NOT run (MEDIUM=0; scripts/gpu-e2e.sh runs them)" | tee -a "$S"
-fi
-if [ -f gpu/bench/ptx70.tar.xz ]; then
-  P=$(mktemp -d /tmp/flashnext-ptx70.XXXX)
-  tar -C "$P" -xJf gpu/bench/ptx70.tar.xz
-  echo "gpu-bench: compute_70 PTX only (driver JIT): test_cuda_e2e on the tiny fixtures" | tee -a "$S"
-  CUDA_CACHE_PATH=/tmp/flashnext-jit timeout 400 "$P/bin/test_cuda_e2e" --gtest_color=no --gtest_filter='-*Medium*' \
-    >"$OUT/e2e-ptx70.log" 2>&1 || status=1
-  grep -E "^\[  (PASSED|FAILED) |tests ran" "$OUT/e2e-ptx70.log" | tee -a "$S"
-  if [ "${MEDIUM:-0}" = 1 ]; then
-    FLASHNEXT_MEDIUM_FIXTURE="$FX/medium" CUDA_CACHE_PATH=/tmp/flashnext-jit timeout 240 "$P/bin/test_cuda_e2e" \
-      --gtest_color=no --gtest_filter='*Medium*' >"$OUT/e2e-ptx70-medium.log" 2>&1 || status=1
-    grep -E "^\[  (PASSED|FAILED) |tests ran" "$OUT/e2e-ptx70-medium.log" | tee -a "$S"
-  fi
-else
-  echo "gpu-bench: the compute_70 PTX run NOT done (no gpu/bench/ptx70.tar.xz: --prepare-ptx70)" | tee -a "$S"
 fi
 echo "gpu-bench: small geometry (4 layers, 16 experts, vocab 4096)" | tee -a "$S"
 timeout 120 "$G/bin/flashnext" bench --layers 4 --experts 16 --vocab 4096 --ple-rows 1000000 --prompts 256,2100 \

@@ -22,6 +22,7 @@
 # Exit status: non-zero when a build (prepare), a test or the fixture generation fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/gpu-bundle.sh
 BUILD=${BUILD:-build-cudabe}
 
 if [ "${1:-}" = "--prepare" ]; then
@@ -29,31 +30,14 @@ if [ "${1:-}" = "--prepare" ]; then
   [ -f "$BUILD/CMakeCache.txt" ] ||
     cmake -S . -B "$BUILD" -G Ninja -DFLASHNEXT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
   cmake --build "$BUILD" --target flashnext test_cuda test_cuda_e2e --parallel 2
-  stage=$(mktemp -d)
-  mkdir -p "$stage/bin" "$stage/lib"
-  cp "$BUILD/flashnext" "$BUILD/tests/test_cuda" "$BUILD/tests/test_cuda_e2e" "$stage/bin/"
-  strip "$stage"/bin/*
-  # Libraries the GPU machine (Ubuntu 24.04, CUDA 13) lacks or has in other versions; cudart is static, cuBLAS there.
-  for bin in "$stage"/bin/*; do
-    ldd "$bin" | awk '/=> \//{print $3}'
-  done | sort -u | grep -E 'lib(fmt|spdlog|pcre2-8|utf8proc|cpp-httplib|brotli[a-z]*)\.so' | while read -r lib; do
-    cp -L "$lib" "$stage/lib/"
-  done
-  pwd >"$stage/source_dir"  # FLASHNEXT_SOURCE_DIR baked into the tests: linked to the repo on the GPU machine
-  mkdir -p gpu
-  tar -C "$stage" -cJf gpu/bundle.tar.xz .
-  rm -rf "$stage"
+  pack_bundle gpu/bundle.tar.xz "$BUILD/flashnext" "$BUILD/tests/test_cuda" "$BUILD/tests/test_cuda_e2e"
   echo "gpu-e2e: packed gpu/bundle.tar.xz ($(du -h gpu/bundle.tar.xz | cut -f1)); run: bash scripts/gpu-e2e.sh"
   exit 0
 fi
 
 OUT=${OUT:-gpu/out}
 mkdir -p "$OUT"
-G=$(mktemp -d /tmp/flashnext-gpu.XXXX)
-tar -C "$G" -xJf gpu/bundle.tar.xz || { echo "gpu-e2e: no gpu/bundle.tar.xz: run --prepare first" >&2; exit 2; }
-export LD_LIBRARY_PATH="$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-SRC=$(cat "$G/source_dir")
-if [ "$SRC" != "$PWD" ] && [ ! -e "$SRC" ]; then mkdir -p "$(dirname "$SRC")" && ln -s "$PWD" "$SRC"; fi
+unpack_bundle gpu/bundle.tar.xz gpu-e2e
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 status=0
 notrun=()  # the parts that did not run, each with its reason: listed in the summary

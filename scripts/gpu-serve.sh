@@ -16,35 +16,21 @@
 #      SERVE_ARGS (extra `flashnext serve` arguments, e.g. --sampler host).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/gpu-bundle.sh
 BUILD=${BUILD:-build}
 BUNDLE=gpu/serve/bundle.tar.xz
 
 if [ "${1:-}" = "--prepare" ]; then
   set -e
   cmake --build "$BUILD" --target flashnext test_cuda_e2e --parallel 2
-  stage=$(mktemp -d)
-  mkdir -p "$stage/bin" "$stage/lib"
-  cp "$BUILD/flashnext" "$BUILD/tests/test_cuda_e2e" "$stage/bin/"
-  strip "$stage"/bin/*
-  for bin in "$stage"/bin/*; do ldd "$bin" | awk '/=> \//{print $3}'; done | sort -u |
-    grep -E 'lib(fmt|spdlog|pcre2-8|utf8proc|cpp-httplib|brotli[a-z]*)\.so' | while read -r lib; do
-      cp -L "$lib" "$stage/lib/"
-    done
-  pwd >"$stage/source_dir"
-  mkdir -p "$(dirname "$BUNDLE")"
-  tar -C "$stage" -cJf "$BUNDLE" .
-  rm -rf "$stage"
+  pack_bundle "$BUNDLE" "$BUILD/flashnext" "$BUILD/tests/test_cuda_e2e"
   echo "gpu-serve: packed $BUNDLE ($(du -h "$BUNDLE" | cut -f1)); run: bash scripts/gpu-serve.sh"
   exit 0
 fi
 
 OUT=${OUT:-gpu/out-serve}
 mkdir -p "$OUT"
-G=$(mktemp -d /tmp/flashnext-serve.XXXX)
-tar -C "$G" -xJf "$BUNDLE" || { echo "gpu-serve: no $BUNDLE: run --prepare first" >&2; exit 2; }
-export LD_LIBRARY_PATH="$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-SRC=$(cat "$G/source_dir")
-if [ "$SRC" != "$PWD" ] && [ ! -e "$SRC" ]; then mkdir -p "$(dirname "$SRC")" && ln -s "$PWD" "$SRC"; fi
+unpack_bundle "$BUNDLE" gpu-serve
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 status=0
 notrun=()  # the parts that did not run, each with its reason: listed in the summary

@@ -15,54 +15,15 @@
 #include <string>
 #include <vector>
 
+#include "cli/cli_run.h"
+
 namespace {
 
 namespace fs = std::filesystem;
+using namespace flashnext::testing;
 using json = nlohmann::ordered_json;
 
 const std::string kModel = std::string(FLASHNEXT_SOURCE_DIR) + "/models/tiny-b-random";
-
-struct CliRun {
-  int status = -1;
-  std::string out, err;
-};
-
-fs::path scratch() {
-  static const fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("flashnext_tokenize_cli_test_" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    return d;
-  }();
-  return dir;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-// Runs `flashnext ARGS` (each argument shell-quoted), ended by `timeout` after 120 s so that nothing can hang.
-CliRun flashnext(const std::vector<std::string>& args) {
-  const fs::path out = scratch() / "stdout", err = scratch() / "stderr";
-  std::string cmd = "timeout -k 5 120 ";
-  cmd += quote(std::string(FLASHNEXT_BINARY_DIR) + "/flashnext");
-  for (const auto& a : args) cmd += " " + quote(a);
-  cmd += " </dev/null >" + quote(out.string()) + " 2>" + quote(err.string());
-  CliRun r;
-  const int rc = std::system(cmd.c_str());
-  r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
-}
 
 const json& cases() {
   static const json doc = [] {
@@ -85,11 +46,11 @@ TEST(TokenizeCli, EncodeCasesGiveTheReferenceIds) {
     // Alternately from --text and from --file (the file keeps every byte, newlines included).
     CliRun r;
     if (i++ % 2 == 0) {
-      r = flashnext({"tokenize", "--tokenizer", kModel, "--text", text});
+      r = run_cli({"tokenize", "--tokenizer", kModel, "--text", text});
     } else {
-      const fs::path f = scratch() / "text.txt";
+      const fs::path f = cli_scratch() / "text.txt";
       std::ofstream(f, std::ios::binary) << text;
-      r = flashnext({"tokenize", "--tokenizer", kModel, "--file", f.string()});
+      r = run_cli({"tokenize", "--tokenizer", kModel, "--file", f.string()});
     }
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_EQ(r.out, ids_line(c["ids"]));
@@ -98,7 +59,7 @@ TEST(TokenizeCli, EncodeCasesGiveTheReferenceIds) {
 
 TEST(TokenizeCli, JsonOutputListsIdsAndTokens) {
   const auto& c = cases()["encode"][1];  // "The quick brown fox jumps over the lazy dog."
-  const CliRun r = flashnext({"tokenize", "--tokenizer", kModel, "--text", c["text"], "--json"});
+  const CliRun r = run_cli({"tokenize", "--tokenizer", kModel, "--text", c["text"], "--json"});
   ASSERT_EQ(r.status, 0) << r.err;
   const json j = json::parse(r.out);
   EXPECT_EQ(j["ids"], c["ids"]);
@@ -110,15 +71,15 @@ TEST(DetokenizeCli, ReferenceIdsGiveTheReferenceText) {
   for (const auto& c : cases()["encode"]) {
     SCOPED_TRACE(c["text"].dump());
     const std::string ids = fmt::format("{}", fmt::join(c["ids"].get<std::vector<int>>(), " "));
-    const CliRun r = flashnext({"detokenize", "--tokenizer", kModel, "--ids", ids});
+    const CliRun r = run_cli({"detokenize", "--tokenizer", kModel, "--ids", ids});
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_EQ(r.out, c["decoded"].get<std::string>() + "\n");
   }
   // A JSON list of ids from a file, and --json output.
   const auto& c = cases()["encode"][0];
-  const fs::path f = scratch() / "ids.json";
+  const fs::path f = cli_scratch() / "ids.json";
   std::ofstream(f) << c["ids"].dump();
-  const CliRun r = flashnext({"detokenize", "--tokenizer", kModel, "--file", f.string(), "--json"});
+  const CliRun r = run_cli({"detokenize", "--tokenizer", kModel, "--file", f.string(), "--json"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(json::parse(r.out)["text"], c["decoded"]);
 }
@@ -127,7 +88,7 @@ TEST(ChatTemplateCli, ChatCasesRenderTheReferencePrompt) {
   ASSERT_GE(cases()["chat"].size(), 4u);
   for (const auto& c : cases()["chat"]) {
     SCOPED_TRACE(c["messages"].dump());
-    const fs::path f = scratch() / "messages.json";
+    const fs::path f = cli_scratch() / "messages.json";
     std::ofstream(f) << c["messages"].dump();
     std::vector<std::string> args = {
         "chat-template",
@@ -138,13 +99,13 @@ TEST(ChatTemplateCli, ChatCasesRenderTheReferencePrompt) {
         "--var",
         std::string("enable_thinking=") + (c["enable_thinking"].get<bool>() ? "true" : "false")};
     if (!c["add_generation_prompt"].get<bool>()) args.push_back("--no-generation-prompt");
-    const CliRun r = flashnext(args);
+    const CliRun r = run_cli(args);
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_EQ(r.out, c["rendered"].get<std::string>());
     // ... and that prompt tokenizes to the reference ids.
-    const fs::path p = scratch() / "rendered.txt";
+    const fs::path p = cli_scratch() / "rendered.txt";
     std::ofstream(p, std::ios::binary) << r.out;
-    const CliRun t = flashnext({"tokenize", "--tokenizer", kModel, "--file", p.string()});
+    const CliRun t = run_cli({"tokenize", "--tokenizer", kModel, "--file", p.string()});
     ASSERT_EQ(t.status, 0) << t.err;
     EXPECT_EQ(t.out, ids_line(c["ids"]));
   }
@@ -152,21 +113,21 @@ TEST(ChatTemplateCli, ChatCasesRenderTheReferencePrompt) {
 
 TEST(TokenizeCli, BadInputFailsWithAMessage) {
   auto expect_error = [](const std::vector<std::string>& args, const std::string& text) {
-    const CliRun r = flashnext(args);
+    const CliRun r = run_cli(args);
     EXPECT_NE(r.status, 0) << fmt::format("{}", fmt::join(args, " "));
     EXPECT_NE(r.err.find(text), std::string::npos) << r.err;
   };
   expect_error({"tokenize", "--tokenizer", kModel}, "give --text or --file");
-  expect_error({"tokenize", "--tokenizer", kModel, "--file", (scratch() / "missing.txt").string()}, "cannot open");
+  expect_error({"tokenize", "--tokenizer", kModel, "--file", (cli_scratch() / "missing.txt").string()}, "cannot open");
   expect_error({"detokenize", "--tokenizer", kModel, "--ids", "1 999999"}, "ids: 999999 is not a token of");
   expect_error({"detokenize", "--tokenizer", kModel, "--ids", "1 x"}, "ids: `x` is not an integer");
   expect_error({"detokenize", "--tokenizer", kModel, "--ids", "[1, \"a\"]"}, "ids: expected integers");
-  expect_error({"chat-template", "--tokenizer", kModel, "--messages", (scratch() / "missing.json").string()},
+  expect_error({"chat-template", "--tokenizer", kModel, "--messages", (cli_scratch() / "missing.json").string()},
                "chat-template: cannot open --messages file");
-  const fs::path bad = scratch() / "bad.json";
+  const fs::path bad = cli_scratch() / "bad.json";
   std::ofstream(bad) << "[{\"role\": ";
   expect_error({"chat-template", "--tokenizer", kModel, "--messages", bad.string()}, "is not valid JSON");
-  const fs::path good = scratch() / "good.json";
+  const fs::path good = cli_scratch() / "good.json";
   std::ofstream(good) << cases()["chat"][0]["messages"].dump();
   expect_error({"chat-template", "--tokenizer", kModel, "--messages", good.string(), "--var", "novalue"},
                "--var expects k=v, got 'novalue'");

@@ -10,59 +10,18 @@
 #include <fstream>
 #include <sstream>
 
+#include "cli/cli_run.h"
 #include "fixture.h"
 
 namespace flashnext {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::CliRun;
+using testing::cli_scratch;
+using testing::run_cli;
+using testing::slurp;
 using json = nlohmann::ordered_json;
-
-struct CliResult {
-  int status = -1;
-  std::string out, err;
-};
-
-fs::path scratch() {
-  static const fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("flashnext_cli_test_" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    return d;
-  }();
-  return dir;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-// Every CLI run has a deadline: coreutils `timeout` ends it (status 124) instead of letting it hang until ctest's.
-constexpr int kDeadlineSeconds = 300;
-
-// Runs `flashnext ARGS` (each argument shell-quoted) with `input` on stdin, ended after kDeadlineSeconds.
-CliResult flashnext(const std::vector<std::string>& args, const std::string& input = "") {
-  const fs::path in = scratch() / "stdin", out = scratch() / "stdout", err = scratch() / "stderr";
-  std::ofstream(in, std::ios::binary) << input;
-  std::string cmd = "timeout -k 10 " + std::to_string(kDeadlineSeconds) + " ";
-  cmd += quote(FLASHNEXT_BINARY_DIR "/flashnext");
-  for (const auto& a : args) cmd += " " + quote(a);
-  cmd += " <" + quote(in.string()) + " >" + quote(out.string()) + " 2>" + quote(err.string());
-  CliResult r;
-  const int rc = std::system(cmd.c_str());
-  r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
-}
 
 // The ids after `label` ("output ids: 1 2 3") in the --show-ids output.
 std::vector<TokenId> ids_after(const std::string& err, const std::string& label) {
@@ -92,7 +51,7 @@ class Cli : public ::testing::Test {
   static void SetUpTestSuite() { tok_ = new Tokenizer(Tokenizer::load(test::kModelDir)); }
   static void TearDownTestSuite() {
     delete tok_;
-    fs::remove_all(scratch());
+    fs::remove_all(cli_scratch());
   }
   static Tokenizer* tok_;
 };
@@ -101,11 +60,11 @@ Tokenizer* Cli::tok_ = nullptr;
 TEST_F(Cli, GenerateFromMessagesReproducesTheReference) {
   for (const auto& cp : test::kChatPrompts) {
     SCOPED_TRACE(cp.name);
-    const fs::path file = scratch() / (std::string(cp.name) + ".json");
+    const fs::path file = cli_scratch() / (std::string(cp.name) + ".json");
     std::ofstream(file) << test::tokenizer_cases()["chat"][size_t(cp.chat_case)]["messages"].dump();
     const auto greedy = test::reference_ids(std::string(cp.name) + ".greedy_ids");
     // No --model: the bundled model is found relative to the executable.
-    CliResult r = flashnext({"generate", "--messages", file.string(), "--temperature", "0", "--max-tokens",
+    CliRun r = run_cli({"generate", "--messages", file.string(), "--temperature", "0", "--max-tokens",
                              std::to_string(greedy.size()), "--show-ids"});
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_EQ(ids_after(r.err, "prompt ids: "), test::reference_ids(std::string(cp.name) + ".input_ids"));
@@ -119,7 +78,7 @@ TEST_F(Cli, GenerateFromMessagesReproducesTheReference) {
 TEST_F(Cli, GeneratePromptUsesTheChatTemplateAndRawDoesNot) {
   // chat case 0 is one user message "What is 2+2?": --prompt with that text renders the chat0 prompt.
   const std::string question = test::tokenizer_cases()["chat"][0]["messages"][0]["content"];
-  CliResult r = flashnext({"generate", "--model", test::kModelDir, "--prompt", question, "--temperature", "0",
+  CliRun r = run_cli({"generate", "--model", test::kModelDir, "--prompt", question, "--temperature", "0",
                            "--max-tokens", "3", "--show-ids"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(ids_after(r.err, "prompt ids: "), test::reference_ids("chat0.input_ids"));
@@ -128,7 +87,7 @@ TEST_F(Cli, GeneratePromptUsesTheChatTemplateAndRawDoesNot) {
   EXPECT_EQ(ids_after(r.err, "output ids: "), greedy);
 
   const std::string code = test::tokenizer_cases()["encode"][test::kCodeEncodeCase]["text"];
-  r = flashnext({"generate", "--prompt", code, "--raw", "--temperature", "0", "--max-tokens", "16", "--show-ids"});
+  r = run_cli({"generate", "--prompt", code, "--raw", "--temperature", "0", "--max-tokens", "16", "--show-ids"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(ids_after(r.err, "prompt ids: "), test::reference_ids("code.input_ids"));
   EXPECT_EQ(ids_after(r.err, "output ids: "), test::reference_ids("code.greedy_ids"));
@@ -137,7 +96,7 @@ TEST_F(Cli, GeneratePromptUsesTheChatTemplateAndRawDoesNot) {
 TEST_F(Cli, ChatAnswersEachLineThenExits) {
   // First turn = chat case 0's conversation, so its reply starts with chat0's greedy tokens.
   const std::string question = test::tokenizer_cases()["chat"][0]["messages"][0]["content"];
-  CliResult r = flashnext({"chat", "--temperature", "0", "--max-tokens", "4"}, question + "\nAnd 3+3?\n/exit\n");
+  CliRun r = run_cli({"chat", "--temperature", "0", "--max-tokens", "4"}, question + "\nAnd 3+3?\n/exit\n");
   ASSERT_EQ(r.status, 0) << r.err;
   auto greedy = test::reference_ids("chat0.greedy_ids");
   greedy.resize(4);
@@ -150,15 +109,15 @@ TEST_F(Cli, ChatAnswersEachLineThenExits) {
 
 TEST_F(Cli, BadInputFailsWithAClearMessage) {
   auto expect_error = [](const std::vector<std::string>& args, const std::string& text) {
-    CliResult r = flashnext(args);
+    CliRun r = run_cli(args);
     EXPECT_EQ(r.status, 1) << r.err;
     EXPECT_NE(r.err.find(text), std::string::npos) << r.err;
   };
   expect_error({"generate", "--prompt", ""}, "the prompt is empty");
   expect_error({"generate", "--max-tokens", "4"}, "give exactly one of --prompt TEXT and --messages FILE.json");
-  expect_error({"generate", "--messages", (scratch() / "missing.json").string()}, "cannot open");
+  expect_error({"generate", "--messages", (cli_scratch() / "missing.json").string()}, "cannot open");
   expect_error({"generate", "--prompt", "hi", "--top-p", "0"}, "top_p must be in (0, 1]");
-  expect_error({"generate", "--prompt", "hi", "--model", (scratch() / "no-model").string()}, "no-model");
+  expect_error({"generate", "--prompt", "hi", "--model", (cli_scratch() / "no-model").string()}, "no-model");
   std::string long_prompt;
   for (int i = 0; i < 9000; ++i) long_prompt += " a";  // > 8192 tokens (max_position_embeddings of tiny-b)
   expect_error({"generate", "--raw", "--prompt", long_prompt}, "max_position_embeddings");
@@ -170,9 +129,9 @@ TEST_F(Cli, BadInputFailsWithAClearMessage) {
 // tiny-b, docs/BENCHMARKS.md) and serve refuses a KV budget that leaves nothing (so it exits instead of serving).
 TEST_F(Cli, DeviceCudaFollowsTheBuildAndTheMachine) {
   const std::string question = test::tokenizer_cases()["chat"][0]["messages"][0]["content"];
-  CliResult gen = flashnext(
+  CliRun gen = run_cli(
       {"generate", "--prompt", question, "--device", "cuda", "--temperature", "0", "--max-tokens", "3", "--show-ids"});
-  CliResult serve = flashnext({"serve", "--device", "cuda", "--port", "0", "--gpu-memory-utilization", "0.0001"});
+  CliRun serve = run_cli({"serve", "--device", "cuda", "--port", "0", "--gpu-memory-utilization", "0.0001"});
   SCOPED_TRACE(std::string("CUDA build: ") + (kCudaBuild ? "yes" : "no") + ", GPU: " + (gpu_present() ? "yes" : "no"));
   if (!kCudaBuild) {
     EXPECT_EQ(gen.status, 1) << gen.err;
