@@ -28,6 +28,7 @@
 #include "build_info.h"
 #include "cli/cli.h"
 #include "cli/device.h"
+#include "cli/load_progress.h"
 #include "core/error.h"
 #include "engine/model_dir.h"
 #include "loader/config.h"
@@ -323,7 +324,7 @@ int run(BenchArgs a) {
   const auto t_build = Clock::now();
   RandomWeightsReport built;
   std::unique_ptr<Model> model = random_model ? Model::random(cfg, ModelOptions{ops}, a.seed, &built)
-                                              : Model::load(a.model, ModelOptions{ops});
+                                              : Model::load(a.model, ModelOptions{ops, 0, cli::LoadProgressPrinter()});
   ops->synchronize();
   const double build_s = seconds(t_build, Clock::now());
   Model& m = *model;

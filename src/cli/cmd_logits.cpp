@@ -63,7 +63,8 @@ int run(const LogitsArgs& a) {
   if (ids.empty()) fail("--ids: the prompt is empty: give at least one token id");
   if (a.chunk < 0) fail("--chunk must be >= 1 (or 0 for the whole prompt), got {}", a.chunk);
   if (a.greedy < 0) fail("--greedy must be >= 0, got {}", a.greedy);
-  auto model = Model::load(a.model, ModelOptions{cli::make_backend(a.device, a.threads), a.threads});
+  auto model = Model::load(a.model, ModelOptions{cli::make_backend(a.device, a.threads), a.threads,
+                                                 cli::LoadProgressPrinter()});
   const int64_t T = int64_t(ids.size()), V = model->config().vocab_size;
   const int64_t chunk = a.chunk > 0 ? a.chunk : T;
 

@@ -15,6 +15,7 @@
 
 #include "cli/cli.h"
 #include "cli/device.h"
+#include "cli/load_progress.h"
 #include "core/error.h"
 #include "engine/generator.h"
 #include "engine/loaded_model.h"
@@ -91,6 +92,7 @@ inline LoadedModel load_for_generation(const GenerationArgs& a, bool with_chat_t
   ModelOptions options;
   options.threads = a.threads;
   options.ops = make_backend(a.device, a.threads);
+  options.progress = LoadProgressPrinter();
   const std::string dir = resolve_model_dir(a.model);
   const auto t0 = std::chrono::steady_clock::now();
   LoadedModel m = LoadedModel::load(dir, options, with_chat_template);

@@ -23,7 +23,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   m->ops_ = options.ops ? options.ops : make_cpu_ops(options.threads);
   auto checkpoint = std::make_shared<const Checkpoint>(dir);
   const WeightManifest manifest = WeightManifest::build(m->config_, *checkpoint);
-  m->weights_ = std::make_unique<ModelWeights>(load_weights(m->config_, manifest, checkpoint, *m->ops_));
+  m->weights_ =
+      std::make_unique<ModelWeights>(load_weights(m->config_, manifest, checkpoint, *m->ops_, options.progress));
   return m;
 }
 

@@ -33,12 +33,19 @@ namespace flashnext {
 
 struct ModelWeights;
 
+/// Called while Model::load converts the checkpoint: bytes of checkpoint tensors consumed so far and the bytes of
+/// all the tensors the model uses (vision and MTP tensors, which the model does not load, left out); the last call
+/// has done == total. Called from the loading thread.
+using LoadProgress = std::function<void(int64_t done_bytes, int64_t total_bytes)>;
+
 /// Options of Model::load.
 struct ModelOptions {
   /// Backend to run on; null: the float32 CPU backend with `threads` threads.
   std::shared_ptr<Ops> ops;
   /// CPU threads when `ops` is null; 0: hardware concurrency.
   int threads = 0;
+  /// Load progress (optional).
+  LoadProgress progress;
 };
 
 struct RandomWeightsReport;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <optional>
 
 #include "core/error.h"
@@ -68,6 +69,22 @@ struct Loader {
   const WeightManifest& manifest;
   const QuantScheme& quant;
   Ops& ops;
+  const std::function<void(int64_t, int64_t)>& progress;
+  int64_t total = 0;
+  mutable int64_t done = 0;
+
+  /// Counts `bytes` of checkpoint data as consumed.
+  void consumed(size_t bytes) const {
+    done = std::min(total, done + int64_t(bytes));
+    if (progress) progress(done, total);
+  }
+  /// The checkpoint bytes behind a quantized weight (codes and companions).
+  static size_t quant_bytes(const QuantizedWeight& q) {
+    size_t n = 0;
+    for (const TensorView* v : {q.data, q.scale, q.global_scale, q.zero_point})
+      if (v) n += v->nbytes;
+    return n;
+  }
 
   /// The logical tensor `name` as a backend weight, optionally reshaped (same element count). A quantized weight
   /// is dequantized exactly to float32 first (loader/quant.h).
@@ -77,7 +94,9 @@ struct Loader {
       FN_CHECK(shape_numel(shape) == q->rows * q->cols, "{}: quantized weight '{}' [{}, {}] cannot be used as [{}]",
                q->data->file, name, q->rows, q->cols, fmt::join(shape, ", "));
       const std::vector<float> w = dequantize(*q);
-      return ops.load_weight(w.data(), DType::F32, shape);
+      Tensor t = ops.load_weight(w.data(), DType::F32, shape);
+      consumed(quant_bytes(*q));
+      return t;
     }
     const TensorView& v = manifest.get(name);
     if (v.dtype != DType::BF16 && v.dtype != DType::F16 && v.dtype != DType::F32) {
@@ -88,7 +107,9 @@ struct Loader {
     FN_CHECK(shape_numel(shape) == v.numel(), "{}: tensor '{}' {} cannot be used as [{}]", v.file, v.name,
              v.shape_str(), fmt::join(shape, ", "));
     try {
-      return ops.load_weight(v.data, v.dtype, shape);
+      Tensor t = ops.load_weight(v.data, v.dtype, shape);
+      consumed(v.nbytes);
+      return t;
     } catch (const Error& e) {
       fail("{}: tensor '{}': {}", v.file, v.name, e.what());  // the backend's reason, with the tensor's name
     }
@@ -109,6 +130,10 @@ struct Loader {
   void experts(const std::string& p, int64_t E, int64_t I, int64_t H, MoeWeights& moe) const {
     if (std::optional<QuantExperts> qe = quantized_experts(quant, p, E, I, H)) {
       RoutedExperts r = ops.load_quantized_experts(*qe);
+      for (const auto* ms : {&qe->gate, &qe->up, &qe->down})
+        for (const QuantMatrix& m : *ms)
+          for (const HostArray* a : {&m.data, &m.scale, &m.global_scale, &m.zero_point})
+            if (a->defined()) consumed(size_t(shape_numel(a->shape)) * dtype_size(a->dtype));
       moe.gate = std::move(r.gate);
       moe.up = std::move(r.up);
       moe.down = std::move(r.down);
@@ -138,7 +163,9 @@ struct Loader {
 ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest,
                           std::shared_ptr<const Checkpoint> checkpoint, Ops& ops) {
   const QuantScheme quant = QuantScheme::build(read_quant_config(checkpoint->dir()), cfg, manifest);
-  Loader ld{manifest, quant, ops};
+  Loader ld{manifest, quant, ops, progress};
+  for (const auto& [name, e] : manifest.entries())
+    if (e.component != Component::Mtp && e.component != Component::Vision) ld.total += int64_t(e.view.nbytes);
   ModelWeights w;
   const int64_t H = cfg.hidden_size, W = cfg.hc_width();
   w.embed_tokens = ld.get("embed_tokens.weight");
@@ -205,6 +232,7 @@ ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest
             pw.table.scale = ple_table_scale(v, scale->view);
           }
           pw.table.shards.push_back(ops.map_host_table(v.data, v.dtype, v.shape, checkpoint));
+          ld.consumed(v.nbytes);
         } catch (const Error& e) {
           fail("{}: PLE shard '{}': {}", v.file, s->source, e.what());
         }
@@ -222,6 +250,8 @@ ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest
     }
     w.layers.push_back(std::move(lw));
   }
+  ld.done = ld.total;  // what had no load of its own (the PLE hash buffers, checked by the manifest) is done too
+  if (progress) progress(ld.done, ld.total);
   return w;
 }
 

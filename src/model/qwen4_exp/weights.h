@@ -5,6 +5,7 @@
 // (`Ops::map_host_table`). Names in comments are the reference's module paths (logical manifest names).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -107,7 +108,10 @@ ModelWeights random_weights(const ModelConfig& cfg, Ops& ops, uint64_t seed, Ran
 /// `Ops::load_quantized_experts` (the backend decides: CPU dequantizes, CUDA keeps NVFP4 / int4 as W4A16). FP8 PLE
 /// tables stay FP8 with their scale (PleTable::scale). Throws Error for tensors the backend cannot use and for
 /// every quantization error of QuantScheme::build.
+/// `progress` (optional) is called after each tensor with the checkpoint bytes consumed and the bytes of every
+/// manifest tensor but the vision and MTP ones (the last call: done == total).
 ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest,
-                          std::shared_ptr<const Checkpoint> checkpoint, Ops& ops);
+                          std::shared_ptr<const Checkpoint> checkpoint, Ops& ops,
+                          const std::function<void(int64_t, int64_t)>& progress = {});
 
 }  // namespace flashnext
