@@ -10,8 +10,8 @@
 
 namespace flashnext::server {
 
-/// An error to send to the client with `status` (400 bad request, 401 wrong API key, 404 unknown route,
-/// 503 full queue, 500 internal). `param` names the offending request field ("" when none).
+/// An error to send to the client with `status` (400 bad request, 401 wrong API key, 404 unknown route, 408 body
+/// too slow, 413 body too large, 415 not JSON, 503 full queue, 500 internal). `param` names the offending request field ("" when none).
 class ApiError : public Error {
  public:
   ApiError(int status, std::string message, std::string param = {})
@@ -30,12 +30,11 @@ template <class... Args>
   throw ApiError(400, fmt::format(format, std::forward<Args>(args)...), std::move(param));
 }
 
-/// OpenAI error `type` for an HTTP status: 400 "invalid_request_error", 401 "authentication_error",
-/// 404 "not_found_error", 503 "server_overloaded_error", other "internal_server_error".
+/// OpenAI error `type` for an HTTP status: 401 "authentication_error", 404 "not_found_error", 503
+/// "server_overloaded_error", any other client error (400, 408, 413, 414, 415, ...) "invalid_request_error",
+/// everything else "internal_server_error".
 inline const char* error_type(int status) {
   switch (status) {
-    case 400:
-      return "invalid_request_error";
     case 401:
       return "authentication_error";
     case 404:
@@ -43,7 +42,7 @@ inline const char* error_type(int status) {
     case 503:
       return "server_overloaded_error";
     default:
-      return "internal_server_error";
+      return status >= 400 && status < 500 ? "invalid_request_error" : "internal_server_error";
   }
 }
 

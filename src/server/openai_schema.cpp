@@ -101,7 +101,7 @@ bool is_integral(const json& v) {
 
 // Whether the integral number `v` is below `lo`.
 bool is_below(const json& v, int64_t lo) {
-  if (v.is_number_unsigned()) return false;
+  if (v.is_number_unsigned()) return lo > 0 && v.get<uint64_t>() < uint64_t(lo);  // the parser's 0, 1, ...
   if (v.is_number_integer()) return v.get<int64_t>() < lo;
   return v.get<double>() < double(lo);
 }

@@ -123,6 +123,8 @@ TEST(ServerSchema, NumbersAreCheckedWithoutOverflow) {
              "max_tokens must be <= 9223372036854775807, got 1e+300");
   expect_400([] { parse_chat(chat_with("max_tokens", "-9223372036854775808")); },
              "max_tokens", "max_tokens must be >= 1, got -9223372036854775808");
+  // Non-negative numbers parse as unsigned: 0 is still below 1.
+  expect_400([] { parse_chat(chat_with("max_tokens", "0")); }, "max_tokens", "max_tokens must be >= 1, got 0");
   // INT64_MAX itself parses (the server then compares it with the context without forming prompt + max_tokens).
   EXPECT_EQ(parse_chat(chat({{"max_tokens", INT64_MAX}})).sampling.max_tokens, INT64_MAX);
   expect_400([] { parse_chat(chat({{"stop_token_ids", {uint64_t(1) << 63}}})); }, "stop_token_ids",
