@@ -3,6 +3,7 @@
 // [--served-model-name NAME] [--max-request-bytes B] [--http-threads N] [--read-timeout S] [--body-timeout S]`:
 // the OpenAI-compatible server (server/server.h) over the continuous-batching
 // scheduler (engine/scheduler.h). Logs one line per request; SIGINT / SIGTERM stop it cleanly.
+#include <malloc.h>
 #include <pthread.h>
 #include <spdlog/spdlog.h>
 
@@ -79,6 +80,11 @@ int run(const ServeArgs& a) {
   sigaddset(&stop_signals, SIGUSR1);  // sent to ourselves when the server ends on its own
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a client that vanished is a failed write, not a dead process
+  // Blocks of 1 MiB or more (request bodies, their parsed strings) are mapped on their own and unmapped when
+  // freed. glibc's default threshold rises to the largest block freed so far (up to 32 MiB), after which such
+  // blocks come from the worker threads' arenas, whose freed tops malloc_trim does not return: a few large bodies
+  // kept gigabytes resident across hundreds of HTTP threads.
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
 
   const std::string dir = resolve_model_dir(a.model);
   ModelOptions mo;

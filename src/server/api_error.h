@@ -12,10 +12,19 @@ namespace flashnext::server {
 
 /// An error to send to the client with `status` (400 bad request, 401 wrong API key, 404 unknown route, 408 body
 /// too slow, 413 body too large, 415 not JSON, 503 full queue, 500 internal). `param` names the offending request field ("" when none).
+/// At most `max` bytes of `text`, with "..." when cut: for quoting request text in error messages.
+inline std::string clip(std::string_view text, size_t max = 60) {
+  if (text.size() <= max) return std::string(text);
+  return std::string(text.substr(0, max > 3 ? max - 3 : 0)) + "...";
+}
+
+/// Longest message and param an ApiError keeps: a backstop so that no error echoes unbounded request text.
+inline constexpr size_t kMaxErrorMessage = 1024, kMaxErrorParam = 200;
+
 class ApiError : public Error {
  public:
   ApiError(int status, std::string message, std::string param = {})
-      : Error(std::move(message)), status_(status), param_(std::move(param)) {}
+      : Error(clip(message, kMaxErrorMessage)), status_(status), param_(clip(param, kMaxErrorParam)) {}
   int status() const { return status_; }
   const std::string& param() const { return param_; }
 

@@ -165,8 +165,8 @@ class Fields {
   void only(const std::set<std::string_view>& known) const {
     for (auto it = obj_.begin(); it != obj_.end(); ++it) {
       if (!known.count(it.key()))
-        bad_request(where(it.key()), "unknown field \"{}\"{}; this server does not support it", where(it.key()),
-                    prefix_.empty() ? " in the request" : "");
+        bad_request(where(clip(it.key())), "unknown field \"{}\"{}; this server does not support it",
+                    where(clip(it.key())), prefix_.empty() ? " in the request" : "");
     }
   }
   std::string where(std::string_view key) const { return prefix_ + std::string(key); }
@@ -294,7 +294,7 @@ std::string content_text(const json& content, const std::string& where) {
     auto type = part.string("type");
     if (!type) bad_request(pw + ".type", "field \"{}.type\" is required", pw);
     if (*type != "text")
-      bad_request(pw + ".type", "content part type \"{}\" is not supported by this server (text only)", *type);
+      bad_request(pw + ".type", "content part type \"{}\" is not supported by this server (text only)", clip(*type));
     auto text = part.string("text");
     if (!text) bad_request(pw + ".text", "field \"{}.text\" is required", pw);
     if (j) out += "\n";
@@ -310,7 +310,7 @@ json normalize_tool_calls(const json& calls, const std::string& where) {
     const std::string cw = fmt::format("{}[{}]", where, k);
     Fields c(calls[k], cw + ".");
     if (auto t = c.string("type"); t && *t != "function")
-      bad_request(cw + ".type", "field \"{}.type\" must be \"function\", got \"{}\"", cw, *t);
+      bad_request(cw + ".type", "field \"{}.type\" must be \"function\", got \"{}\"", cw, clip(*t));
     const json* fn = c.object("function");
     if (!fn) bad_request(cw + ".function", "field \"{}.function\" is required", cw);
     Fields f(*fn, cw + ".function.");
@@ -387,7 +387,7 @@ json normalize_messages(const json& messages) {
     if (!role) bad_request(mw + ".role", "field \"{}.role\" is required", mw);
     if (!roles.count(*role))
       bad_request(mw + ".role", "field \"{}.role\" must be one of system, developer, user, assistant, tool; got \"{}\"",
-                  mw, *role);
+                  mw, clip(*role));
     json msg;
     msg["role"] = *role;
     const json* content = m.get("content");
@@ -494,7 +494,7 @@ ApiRequest parse_chat_request(const json& body, const SamplingParams& defaults, 
     choice = tc->get<std::string>();
     if (choice != "auto" && choice != "none")
       bad_request("tool_choice", "tool_choice \"{}\" is not supported by this server (only \"auto\" and \"none\")",
-                  choice);
+                  clip(choice));
   }
   r.parse_tool_calls = !r.tools.is_null() && choice == "auto";
   r.template_vars = template_vars_of(f);

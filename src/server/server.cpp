@@ -186,7 +186,7 @@ struct Server::Impl {
     for (auto& n : options.served_model_names) {
       if (n == model) return;
     }
-    bad_request("model", "the model \"{}\" does not exist; this server serves \"{}\"", model, model_name());
+    bad_request("model", "the model \"{}\" does not exist; this server serves \"{}\"", clip(model), model_name());
   }
 
   // Renders a chat for the template; template errors become 400 with the template's message.
@@ -198,7 +198,7 @@ struct Server::Impl {
       prompt = chat_template->render(messages, tools, add_generation_prompt, vars.empty() ? json(nullptr) : vars);
     } catch (const chat::jinja::TemplateError& e) {
       bad_request("messages", "the chat template rejected the request: {}",
-                  e.raised_by_template() ? e.message() : std::string(e.what()));
+                  clip(e.raised_by_template() ? e.message() : std::string(e.what()), 300));
     }
     if (continue_final) {
       const std::string& last = messages.back()["content"].get_ref<const std::string&>();
@@ -847,6 +847,7 @@ void Server::Impl::install_routes() {
     if (t_trim_heap) {
       t_trim_heap = false;
       malloc_trim(0);
+      spdlog::debug("server: heap trimmed after a large request");
     }
     if (res.status >= 400 || req.path == "/v1/chat/completions" || req.path == "/v1/completions") return;
     spdlog::info("{} {} {} {}", req.remote_addr, req.method, req.path, res.status);
