@@ -307,7 +307,12 @@ class Session {
       stream_->cancel();  // the output ended (a stop string may end it before the engine does)
     }
     if (req_.stream) {
-      if (piece.any() && !write(sink, sse_event(dump(delta_chunk(piece))))) return false;
+      if (piece.any()) {
+        if (!write(sink, sse_event(dump(delta_chunk(piece))))) return false;
+      } else if (!finished && Clock::now() - last_write_ >= Ms(srv_.options.heartbeat_ms)) {
+        // An SSE comment, which clients ignore: notices a vanished client while the request waits in the queue.
+        if (!write(sink, ": keep-alive\n\n")) return false;
+      }
       if (finished) {
         std::string tail;
         if (!error_.empty()) {

@@ -20,9 +20,9 @@
 // Scheduler (engine/scheduler.h), then turns the tokens the engine thread produces into text (OutputProcessor:
 // detokenization, stop strings), reasoning / tool calls (server/output_parsers.h) and JSON. The response is sent
 // with chunked transfer encoding (also when not streaming; to an HTTP/1.0 client: delimited by closing the
-// connection) so that a client that disconnects is noticed while its request waits or runs (a non-streaming
-// response writes JSON whitespace every ServerOptions::heartbeat_ms until its body is ready); its request is then
-// cancelled and its memory freed. A failure in one request is
+// connection) so that a client that disconnects is noticed while its request waits or runs (a response with nothing
+// to send writes a heartbeat every ServerOptions::heartbeat_ms: JSON whitespace before a non-streaming body, an SSE
+// comment in a stream); its request is then cancelled and its memory freed. A failure in one request is
 // answered on that request only. Caveat: once a non-streaming response has started, an engine failure can no
 // longer change its status; the body is then an OpenAI error object with status 200.
 #pragma once
@@ -63,8 +63,10 @@ struct ServerOptions {
   int body_timeout_s = 30;      ///< a body must arrive whole within this long of its first byte (else 408)
   int write_timeout_s = 10;     ///< a response write that makes no progress for this long drops the connection
   int keep_alive_timeout_s = 5;  ///< an idle keep-alive connection is closed after this long
-  int heartbeat_ms = 500;  ///< a running non-streaming request writes a space (JSON whitespace) this often, so that
-                           ///< a client that has gone is noticed (the failed write cancels its request)
+  /// A request with nothing to send for this long writes a heartbeat (non-streaming: a space, JSON whitespace before
+  /// the body; streaming: an SSE comment), so that a client that has gone is noticed while its request waits or
+  /// runs: the failed write cancels it.
+  int heartbeat_ms = 500;
 };
 
 /// The default body limit: 1 MiB plus 32 bytes per token of the context, enough for a prompt of max_model_len tokens
