@@ -5,13 +5,12 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 #include "core/error.h"
 
 namespace flashnext::server {
 
-/// An error to send to the client with `status` (400 bad request, 401 wrong API key, 404 unknown route, 408 body
-/// too slow, 413 body too large, 415 not JSON, 503 full queue, 500 internal). `param` names the offending request field ("" when none).
 /// At most `max` bytes of `text`, with "..." when cut: for quoting request text in error messages.
 inline std::string clip(std::string_view text, size_t max = 60) {
   if (text.size() <= max) return std::string(text);
@@ -21,6 +20,9 @@ inline std::string clip(std::string_view text, size_t max = 60) {
 /// Longest message and param an ApiError keeps: a backstop so that no error echoes unbounded request text.
 inline constexpr size_t kMaxErrorMessage = 1024, kMaxErrorParam = 200;
 
+/// An error to send to the client with `status` (400 bad request, 401 wrong API key, 404 unknown route, 408 body
+/// too slow, 413 body too large, 415 not JSON, 503 full queue, 500 internal). `param` names the offending request
+/// field ("" when none). Message and param are clipped to kMaxErrorMessage / kMaxErrorParam bytes.
 class ApiError : public Error {
  public:
   ApiError(int status, std::string message, std::string param = {})
@@ -55,10 +57,10 @@ inline const char* error_type(int status) {
   }
 }
 
-/// The error body for `status` and `message` (param null when empty).
+/// The error body for `status` and `message` (param null when empty; the message clipped to kMaxErrorMessage).
 inline nlohmann::ordered_json error_body(int status, const std::string& message, const std::string& param = {}) {
   nlohmann::ordered_json e;
-  e["message"] = message;
+  e["message"] = clip(message, kMaxErrorMessage);
   e["type"] = error_type(status);
   e["param"] = param.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(param);
   e["code"] = status;

@@ -257,8 +257,9 @@ void parse_sampling(const Fields& f, ApiRequest& r, const SamplingParams& defaul
         bad_request("stop_token_ids", "stop_token_ids[{}] must be an integer, got {}", i, describe(id));
       const auto v = integer_in(id, 0, vocab_size - 1);
       if (!v)
-        bad_request("stop_token_ids", "stop token id {} (stop_token_ids[{}]) is out of range [0, {}) of the model's vocabulary", id.dump(), i,
-                    vocab_size);
+        bad_request("stop_token_ids",
+                    "stop token id {} (stop_token_ids[{}]) is out of range [0, {}) of the model's vocabulary",
+                    id.dump(), i, vocab_size);
       p.stop_token_ids.push_back(*v);
     }
   }
@@ -341,7 +342,6 @@ json normalize_tool_calls(const json& calls, const std::string& where) {
 }
 
 }  // namespace
-
 
 json parse_body(std::string_view body, const JsonLimits& limits) {
   json doc = parse_limited(body, limits, "the request body", "");

@@ -56,7 +56,7 @@ struct ApiRequest {
 /// built in full or any field is looked at (deeply nested values would otherwise overflow the stack of every
 /// recursive walk: copies, comparisons, the chat template, error messages).
 struct JsonLimits {
-  int max_depth = 64;                ///< most nesting levels of arrays and objects; the body object is level 1
+  int max_depth = 64;                     ///< most nesting levels of arrays and objects; the body object is level 1
   size_t max_elements = size_t(1) << 20;  ///< most values (scalars, arrays, objects) plus object keys in the document
 };
 

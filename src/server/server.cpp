@@ -1,9 +1,8 @@
 #include "server/server.h"
 
 #include <httplib.h>
-#include <spdlog/spdlog.h>
-
 #include <malloc.h>
+#include <spdlog/spdlog.h>
 
 #include <atomic>
 #include <cctype>
@@ -800,32 +799,31 @@ void Server::Impl::install_routes() {
     return Server::HandlerResponse::Handled;
   });
   // Errors httplib answers by itself (malformed request, request line too long, ...) get an OpenAI error body.
-  http.set_error_handler(
-      httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
-        if (!res.body.empty() || res.has_header("Content-Type"))
-          return httplib::Server::HandlerResponse::Unhandled;  // already an error body
-        std::string msg;
-        switch (res.status) {
-          case 404:
-            msg = fmt::format("no route for {} {}", req.method.substr(0, 16), req.path.substr(0, 200));
-            break;
-          case 400:
-            msg = "malformed HTTP request";
-            break;
-          case 413:
-            msg = fmt::format("the request body is larger than {} bytes (--max-request-bytes)",
-                              options.max_request_bytes);
-            break;
-          case 414:
-            msg = "the request line is longer than 8192 bytes";
-            break;
-          default:
-            msg = fmt::format("HTTP {}", res.status);
-        }
-        log_error(req, res.status, "-", msg);
-        send_json(res, res.status, error_body(res.status, msg));
-        return httplib::Server::HandlerResponse::Handled;
-      }));
+  http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
+                                                                     httplib::Response& res) {
+    if (!res.body.empty() || res.has_header("Content-Type"))
+      return httplib::Server::HandlerResponse::Unhandled;  // already an error body
+    std::string msg;
+    switch (res.status) {
+      case 404:
+        msg = fmt::format("no route for {} {}", req.method.substr(0, 16), req.path.substr(0, 200));
+        break;
+      case 400:
+        msg = "malformed HTTP request";
+        break;
+      case 413:
+        msg = fmt::format("the request body is larger than {} bytes (--max-request-bytes)", options.max_request_bytes);
+        break;
+      case 414:
+        msg = "the request line is longer than 8192 bytes";
+        break;
+      default:
+        msg = fmt::format("HTTP {}", res.status);
+    }
+    log_error(req, res.status, "-", msg);
+    send_json(res, res.status, error_body(res.status, msg));
+    return httplib::Server::HandlerResponse::Handled;
+  }));
   http.set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
     std::string msg = "internal error";
     try {

@@ -57,11 +57,11 @@ struct ServerOptions {
   /// Most bytes of a request body (after any Content-Encoding); a larger one gets 413 before it is read (when it
   /// declares its Content-Length) or as soon as it is past the limit. 0: default_max_request_bytes(max_model_len).
   size_t max_request_bytes = 0;
-  JsonLimits json_limits;  ///< nesting depth and element count of a body's JSON (max_elements is raised to
-                           ///< 2 * max_model_len + 4096 when smaller, so that a full context of token ids fits)
-  int read_timeout_s = 10;      ///< a connection on which no byte arrives for this long (headers or body) is closed
-  int body_timeout_s = 30;      ///< a body must arrive whole within this long of its first byte (else 408)
-  int write_timeout_s = 10;     ///< a response write that makes no progress for this long drops the connection
+  JsonLimits json_limits;        ///< nesting depth and element count of a body's JSON (max_elements is raised to
+                                 ///< 2 * max_model_len + 4096 when smaller, so that a full context of token ids fits)
+  int read_timeout_s = 10;       ///< a connection on which no byte arrives for this long (headers or body) is closed
+  int body_timeout_s = 30;       ///< a body must arrive whole within this long of its first byte (else 408)
+  int write_timeout_s = 10;      ///< a response write that makes no progress for this long drops the connection
   int keep_alive_timeout_s = 5;  ///< an idle keep-alive connection is closed after this long
   /// A request with nothing to send for this long writes a heartbeat (non-streaming: a space, JSON whitespace before
   /// the body; streaming: an SSE comment), so that a client that has gone is noticed while its request waits or

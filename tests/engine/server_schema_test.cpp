@@ -78,12 +78,12 @@ TEST(ServerSchema, NestingIsLimitedWhileParsing) {
   // Unbalanced (never closed) nesting is caught as early.
   expect_400([&] { parse_body("{\"stop\": " + std::string(200000, '[')); }, "", "deeper than 64 levels");
   // Tool-call arguments given as JSON text are parsed within the same limits.
-  json msgs = json::array({{{"role", "assistant"},
-                            {"content", ""},
-                            {"tool_calls", json::array({{{"type", "function"},
-                                                         {"function",
-                                                          {{"name", "f"},
-                                                           {"arguments", "{\"x\": " + nest(60000, "[", "]") + "}"}}}}})}}});
+  json msgs = json::array(
+      {{{"role", "assistant"},
+        {"content", ""},
+        {"tool_calls",
+         json::array({{{"type", "function"},
+                       {"function", {{"name", "f"}, {"arguments", "{\"x\": " + nest(60000, "[", "]") + "}"}}}}})}}});
   expect_400([&] { normalize_messages(msgs); }, "messages[0].tool_calls[0].function.arguments", "deeper than 64");
   // Element counts.
   std::string ids = "[1";
@@ -94,7 +94,8 @@ TEST(ServerSchema, NestingIsLimitedWhileParsing) {
 
 TEST(ServerSchema, ErrorMessagesNeverQuoteUnboundedInput) {
   // A long unterminated string, a long bad literal: the parser's message is cut.
-  for (const std::string& body : {"{\"model\": \"" + std::string(1 << 20, 'x'), "{\"model\": " + std::string(1 << 20, 't')}) {
+  for (const std::string& body :
+       {"{\"model\": \"" + std::string(1 << 20, 'x'), "{\"model\": " + std::string(1 << 20, 't')}) {
     try {
       parse_body(body);
       ADD_FAILURE() << "no error";
@@ -117,22 +118,30 @@ TEST(ServerSchema, NumbersAreCheckedWithoutOverflow) {
   // 2^63 and 2^64 - 1 are not wrapped to negative values; the message shows the value sent.
   expect_400([] { parse_chat(chat_with("max_tokens", "9223372036854775808")); }, "max_tokens",
              "max_tokens must be <= 9223372036854775807, got 9223372036854775808");
-  expect_400([] { parse_chat(chat_with("seed", "18446744073709551615")); }, "seed",
-             "got 18446744073709551615");
+  expect_400([] { parse_chat(chat_with("seed", "18446744073709551615")); }, "seed", "got 18446744073709551615");
   expect_400([] { parse_chat(chat_with("max_tokens", "1e300")); }, "max_tokens",
              "max_tokens must be <= 9223372036854775807, got 1e+300");
-  expect_400([] { parse_chat(chat_with("max_tokens", "-9223372036854775808")); },
-             "max_tokens", "max_tokens must be >= 1, got -9223372036854775808");
+  expect_400([] { parse_chat(chat_with("max_tokens", "-9223372036854775808")); }, "max_tokens",
+             "max_tokens must be >= 1, got -9223372036854775808");
   // Non-negative numbers parse as unsigned: 0 is still below 1.
   expect_400([] { parse_chat(chat_with("max_tokens", "0")); }, "max_tokens", "max_tokens must be >= 1, got 0");
   // INT64_MAX itself parses (the server then compares it with the context without forming prompt + max_tokens).
   EXPECT_EQ(parse_chat(chat({{"max_tokens", INT64_MAX}})).sampling.max_tokens, INT64_MAX);
-  expect_400([] { parse_chat(chat({{"stop_token_ids", {uint64_t(1) << 63}}})); }, "stop_token_ids",
-             "stop token id 9223372036854775808 (stop_token_ids[0]) is out of range");
-  expect_400([] { parse_detokenize_request(json{{"tokens", {UINT64_MAX}}}, kVocab); }, "tokens",
-             "tokens[0] = 18446744073709551615 is outside");
-  expect_400([] { parse_completion_request(json{{"prompt", {uint64_t(1) << 63}}}, {}, kVocab); }, "prompt",
-             "prompt token id 9223372036854775808 at position 0");
+  expect_400(
+      [] {
+        parse_chat(chat({{"stop_token_ids", {uint64_t(1) << 63}}}));
+      },
+      "stop_token_ids", "stop token id 9223372036854775808 (stop_token_ids[0]) is out of range");
+  expect_400(
+      [] {
+        parse_detokenize_request(json{{"tokens", {UINT64_MAX}}}, kVocab);
+      },
+      "tokens", "tokens[0] = 18446744073709551615 is outside");
+  expect_400(
+      [] {
+        parse_completion_request(json{{"prompt", {uint64_t(1) << 63}}}, {}, kVocab);
+      },
+      "prompt", "prompt token id 9223372036854775808 at position 0");
   EXPECT_EQ(integer_in(json(100.0), 0, 100), 100);
   EXPECT_EQ(integer_in(json(uint64_t(1) << 63), INT64_MIN, INT64_MAX), std::nullopt);
   EXPECT_EQ(integer_in(json(1e300), INT64_MIN, INT64_MAX), std::nullopt);
