@@ -390,13 +390,15 @@ def test_vanished_clients_free_their_slots_and_the_queue_answers_503(hs, referen
         for s in socks:
             s.shutdown(socket.SHUT_RDWR)
             s.close()
-    # Each of the 2000-token requests (about 6 s alone) is cancelled within a few heartbeats of its client leaving.
-    m = hs.wait_idle(10)
-    assert time.monotonic() - t < 4
+    # Each of the 2000-token requests (4 to 6 s) is cancelled within a few heartbeats of its client leaving: they end
+    # as aborts (a request run to its end counts as "length"), well before they could have finished.
+    m = hs.wait_idle(15)
+    assert time.monotonic() - t < 8, m
     assert m["flashnext_num_requests_running"] == 0 and m["flashnext_num_requests_waiting"] == 0
     assert m['flashnext_kv_cache_blocks{state="used"}'] == 0 and m['flashnext_state_slots{state="used"}'] == 0
     # Each HTTP thread counts its abort when it lets go of the response, which may come just after the engine is idle.
-    _wait(lambda: hs.metrics().get(ABORTED, 0) == before + 4, 5)
+    _wait(lambda: hs.metrics().get(ABORTED, 0) >= before + 4, 10)
+    assert hs.metrics()[ABORTED] == before + 4
     assert_healthy(hs, reference)
 
 
