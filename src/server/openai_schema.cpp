@@ -349,6 +349,14 @@ json parse_body(std::string_view body, const JsonLimits& limits) {
   return doc;
 }
 
+json parse_json_or_discard(std::string_view text, const JsonLimits& limits) {
+  try {
+    return parse_limited(text, limits, "JSON text", "");
+  } catch (const ApiError&) {
+    return json(json::value_t::discarded);
+  }
+}
+
 std::string describe(const json& v) {
   std::string text;
   preview(v, text, kDescribeChars + 1);

@@ -65,6 +65,11 @@ struct JsonLimits {
 /// than limits.max_elements elements, or a body that is not a JSON object.
 json parse_body(std::string_view body, const JsonLimits& limits = {});
 
+/// Parses JSON that is not a request body (tool-call arguments in the model's output) within `limits`: a discarded
+/// value (is_discarded()) when `text` is not valid JSON or nests or counts past the limits (the model's output can be
+/// as deep as its context is long, and every walk of a JSON value recurses).
+json parse_json_or_discard(std::string_view text, const JsonLimits& limits = {});
+
 /// A short description of a JSON value for error messages: its type and at most about 60 characters of its text,
 /// whatever its size or depth.
 std::string describe(const json& value);
