@@ -11,7 +11,8 @@
 // Content-Length) or while it is read, JSON nesting depth and element count while it is parsed
 // (openai_schema.h JsonLimits), a text prompt's length before it is tokenized. Error messages quote at most a short
 // excerpt of the request. Connections are bounded by the worker pool (ServerOptions::http_threads) and by read,
-// body and write timeouts. After a large request the freed heap is returned to the system (malloc_trim).
+// body and write timeouts. After a large request the freed heap is returned to the system (malloc_trim; `flashnext
+// serve` also maps blocks of 1 MiB or more on their own, M_MMAP_THRESHOLD).
 // Known limits of cpp-httplib 0.11 (Debian 12): a client that sends a header byte just often enough to beat the
 // read timeout holds a worker until its headers end; pipelined requests that arrive in the same read as the one
 // before are lost (the library keeps a read buffer per request), so clients should not pipeline.
