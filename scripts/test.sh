@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: builds (installing dependencies if needed), runs every CTest test, then the loader
-# tests again under AddressSanitizer + UBSan (CPU-only build in build-asan/).
+# Runs the whole test suite: builds (installing dependencies if needed), runs every CTest test, the server tests,
+# the request-parser fuzz target for a bounded time (scripts/fuzz.sh), then the loader tests again under
+# AddressSanitizer + UBSan (CPU-only build in build-asan/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -8,7 +9,12 @@ bash scripts/setup.sh
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure --parallel "$(nproc)" --timeout 1500 -LE cuda
 
 echo "test: OpenAI server through the openai Python client (pytest)" >&2
+# The soak test (tests/server/test_soak.py) runs 20 s by default; CI gives it a minute.
+if [ -n "${CI:-}" ]; then export FLASHNEXT_SOAK_SECONDS=${FLASHNEXT_SOAK_SECONDS:-60}; fi
 bash tests/server/run.sh
+
+echo "test: request parser fuzzing (libFuzzer, ASan + UBSan, ${FUZZ_SECONDS:-60} s)" >&2
+bash scripts/fuzz.sh
 
 echo "test: loader tests under AddressSanitizer and UBSan" >&2
 cmake -S . -B build-asan -G Ninja -DFLASHNEXT_CUDA=OFF -DFLASHNEXT_SANITIZE=ON -DFLASHNEXT_BENCHMARKS=OFF \

@@ -1,7 +1,9 @@
 // `flashnext serve [--model DIR] [--device cpu|cuda] [--host H] [--port P] [--max-model-len N] [--max-num-seqs N]
 // [--max-num-batched-tokens N] [--gpu-memory-utilization F] [--kv-cache-memory-bytes B] [--api-key KEY]
-// [--served-model-name NAME]`: the OpenAI-compatible server (server/server.h) over the continuous-batching
+// [--served-model-name NAME] [--max-request-bytes B] [--http-threads N] [--read-timeout S] [--body-timeout S]`:
+// the OpenAI-compatible server (server/server.h) over the continuous-batching
 // scheduler (engine/scheduler.h). Logs one line per request; SIGINT / SIGTERM stop it cleanly.
+#include <malloc.h>
 #include <pthread.h>
 #include <spdlog/spdlog.h>
 
@@ -32,6 +34,8 @@ struct ServeArgs {
   std::optional<double> gpu_memory_utilization;
   bool reject_control_token_text = false;
   std::string sampler = "auto";
+  int64_t max_request_bytes = 0;
+  int http_threads = 0, read_timeout = 10, body_timeout = 30;
 };
 
 /// Bytes for KV blocks and state slots on the GPU, as vLLM sizes them: --gpu-memory-utilization (default 0.9) of
@@ -76,6 +80,11 @@ int run(const ServeArgs& a) {
   sigaddset(&stop_signals, SIGUSR1);  // sent to ourselves when the server ends on its own
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a client that vanished is a failed write, not a dead process
+  // Blocks of 1 MiB or more (request bodies, their parsed strings) are mapped on their own and unmapped when
+  // freed. glibc's default threshold rises to the largest block freed so far (up to 32 MiB), after which such
+  // blocks come from the worker threads' arenas, whose freed tops malloc_trim does not return: a few large bodies
+  // kept gigabytes resident across hundreds of HTTP threads.
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
 
   const std::string dir = resolve_model_dir(a.model);
   ModelOptions mo;
@@ -112,6 +121,10 @@ int run(const ServeArgs& a) {
   so.model_dir = dir;
   so.reasoning_parser = a.reasoning_parser == "qwen3";
   so.reject_control_token_text = a.reject_control_token_text;
+  so.max_request_bytes = size_t(a.max_request_bytes);
+  so.http_threads = a.http_threads;
+  so.read_timeout_s = a.read_timeout;
+  so.body_timeout_s = a.body_timeout;
   const auto& mp = scheduler.planner();
   server::Server srv(scheduler, m.tokenizer, m.chat_template ? &*m.chat_template : nullptr, m.generation, so);
   const int port = srv.bind();
@@ -190,6 +203,20 @@ FLASHNEXT_SUBCOMMAND(
       sub.add_flag("--reject-control-token-text", a->reject_control_token_text,
                    "answer 400 to chat messages that contain special-token text such as "
                    "<|im_start|> (which would otherwise become control tokens)");
+      sub.add_option("--max-request-bytes", a->max_request_bytes,
+                     "most bytes of a request body; larger ones get 413 before they are read (default: 1 MiB + 32 "
+                     "bytes per token of --max-model-len)")
+          ->check(CLI::NonNegativeNumber);
+      sub.add_option("--http-threads", a->http_threads,
+                     "HTTP worker threads = most connections served at once (default: max-num-seqs + "
+                     "max-queued-requests + 16)")
+          ->check(CLI::NonNegativeNumber);
+      sub.add_option("--read-timeout", a->read_timeout,
+                     "seconds a connection may stay silent while a request is read (default 10)")
+          ->check(CLI::PositiveNumber);
+      sub.add_option("--body-timeout", a->body_timeout,
+                     "seconds a request body may take to arrive whole; slower ones get 408 (default 30)")
+          ->check(CLI::PositiveNumber);
       sub.add_option("--threads", a->threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
       sub.add_option("--log-level", a->log_level, "trace, debug, info (default), warn, error")
           ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));

@@ -227,12 +227,15 @@ void Scheduler::submit(Request r) {
     if (id < 0 || id >= vocab)
       fail("request {}: prompt token id {} is outside the vocabulary [0, {})", r.id, id, vocab);
   }
-  const int64_t total = int64_t(r.prompt.size()) + r.sampling.max_tokens;
-  if (total > config_.max_model_len)
+  // Compared without forming prompt + max_tokens, which overflows for a max_tokens near 2^63.
+  const int64_t prompt_len = int64_t(r.prompt.size());
+  if (r.sampling.max_tokens < 0 || prompt_len > config_.max_model_len ||
+      r.sampling.max_tokens > config_.max_model_len - prompt_len)
     fail(
         "request {}: the prompt ({} tokens) plus max_tokens ({}) is {} tokens, more than the maximum model length "
         "{}",
-        r.id, r.prompt.size(), r.sampling.max_tokens, total, config_.max_model_len);
+        r.id, prompt_len, r.sampling.max_tokens, fmt::to_string(__int128(prompt_len) + r.sampling.max_tokens),
+        config_.max_model_len);
   if (r.top_logprobs < -1 || r.top_logprobs > kMaxTopLogprobs)
     fail("request {}: top_logprobs must be in [0, {}], got {}", r.id, kMaxTopLogprobs, r.top_logprobs);
   auto seq = std::make_unique<Seq>();

@@ -10,11 +10,100 @@ namespace flashnext::server {
 
 namespace {
 
-// Short description of a JSON value for error messages: its type and, when small, its text.
-std::string describe(const json& v) {
-  std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (text.size() > 60) text = text.substr(0, 57) + "...";
-  return fmt::format("{} {}", v.type_name(), text);
+constexpr size_t kDescribeChars = 60;  // text of a value quoted in an error message
+
+// The JSON text of string `s`, cut to about `budget` bytes of its content.
+std::string string_preview(const std::string& s, size_t budget) {
+  return json(s.substr(0, std::min(s.size(), budget + 1))).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// Appends the JSON text of `v` to `out` until `out` holds `budget` bytes: the cost is O(budget) whatever the size
+// or depth of `v` (each level of recursion appends a byte first, so it recurses at most `budget` levels).
+void preview(const json& v, std::string& out, size_t budget) {
+  if (out.size() >= budget) return;
+  switch (v.type()) {
+    case json::value_t::array:
+      out += '[';
+      for (auto it = v.begin(); it != v.end() && out.size() < budget; ++it) {
+        if (it != v.begin()) out += ',';
+        preview(*it, out, budget);
+      }
+      out += ']';
+      return;
+    case json::value_t::object:
+      out += '{';
+      for (auto it = v.begin(); it != v.end() && out.size() < budget; ++it) {
+        if (it != v.begin()) out += ',';
+        out += string_preview(it.key(), budget - std::min(budget, out.size()));
+        out += ':';
+        preview(it.value(), out, budget);
+      }
+      out += '}';
+      return;
+    case json::value_t::string:
+      out += string_preview(v.get_ref<const std::string&>(), budget - out.size());
+      return;
+    default:
+      out += v.dump();  // a number, boolean or null: a few bytes
+  }
+}
+
+// At most `max` bytes of `text` (a library message that may quote the request), marked when cut.
+std::string excerpt(std::string text, size_t max = 200) {
+  if (text.size() > max) text = text.substr(0, max - 3) + "...";
+  return text;
+}
+
+// Parses `text` within `limits`; `what` names it in errors ("the request body", "field \"x\"") and `param` is the
+// field reported. The callback runs as each value starts, so a document past the limits stops being read there.
+json parse_limited(std::string_view text, const JsonLimits& limits, const std::string& what, const std::string& param) {
+  size_t elements = 0;
+  const json::parser_callback_t check = [&](int depth, json::parse_event_t event, json&) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        // `depth` counts the open containers around this one.
+        if (depth >= limits.max_depth)
+          bad_request(param, "{} nests arrays and objects deeper than {} levels", what, limits.max_depth);
+        [[fallthrough]];
+      case json::parse_event_t::key:
+      case json::parse_event_t::value:
+        if (++elements > limits.max_elements)
+          bad_request(param, "{} has more than {} JSON elements (values and keys)", what, limits.max_elements);
+        break;
+      default:
+        break;
+    }
+    return true;
+  };
+  try {
+    return json::parse(text, check);
+  } catch (const json::out_of_range& e) {  // 406: a number beyond the range of a double, such as 1e309
+    std::string why = e.what();
+    if (auto p = why.find("] "); p != std::string::npos) why = why.substr(p + 2);
+    bad_request(param, "{} has a number out of range: {}", what, excerpt(why));
+  } catch (const json::exception& e) {
+    // "[json.exception.parse_error.101] parse error at line 1, column 5: ..." -> keep the part after the tag; the
+    // library quotes the last token read, which may be as long as the body.
+    std::string why = e.what();
+    if (auto p = why.find("] "); p != std::string::npos) why = why.substr(p + 2);
+    bad_request(param, "{} is not valid JSON: {}", what, excerpt(why));
+  }
+}
+
+// Whether `v` is an integer number or a float with an integral value (whatever its magnitude).
+bool is_integral(const json& v) {
+  if (v.is_number_integer()) return true;
+  if (!v.is_number_float()) return false;
+  const double d = v.get<double>();
+  return std::isfinite(d) && d == std::floor(d);
+}
+
+// Whether the integral number `v` is below `lo`.
+bool is_below(const json& v, int64_t lo) {
+  if (v.is_number_unsigned()) return lo > 0 && v.get<uint64_t>() < uint64_t(lo);  // the parser's 0, 1, ...
+  if (v.is_number_integer()) return v.get<int64_t>() < lo;
+  return v.get<double>() < double(lo);
 }
 
 // Typed access to the fields of one JSON object; `prefix` locates it in the request ("" or "messages[2].").
@@ -37,16 +126,17 @@ class Fields {
     if (!v->is_boolean()) type_error(key, "a boolean", *v);
     return v->get<bool>();
   }
-  std::optional<int64_t> integer(std::string_view key) const {
+  // An integer field in [lo, hi] (100.0 is accepted as an integer, as pydantic's lax mode does; 1.5 is not).
+  // Out of range: "must be >= lo" / "must be <= hi" with the value as sent, never a wrapped one.
+  std::optional<int64_t> integer(std::string_view key, int64_t lo = INT64_MIN, int64_t hi = INT64_MAX) const {
     const json* v = get(key);
     if (!v) return std::nullopt;
-    if (v->is_number_integer()) return v->get<int64_t>();
-    // 100.0 is accepted as an integer (as pydantic's lax mode does); 1.5 is not.
-    if (v->is_number_float()) {
-      double d = v->get<double>();
-      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) return int64_t(d);
-    }
-    type_error(key, "an integer", *v);
+    if (auto i = integer_in(*v, lo, hi)) return i;
+    if (!is_integral(*v)) type_error(key, "an integer", *v);
+    if (hi != INT64_MAX && lo != INT64_MIN)
+      bad_request(where(key), "{} must be in [{}, {}], got {}", where(key), lo, hi, v->dump());
+    if (is_below(*v, lo)) bad_request(where(key), "{} must be >= {}, got {}", where(key), lo, v->dump());
+    bad_request(where(key), "{} must be <= {}, got {}", where(key), hi, v->dump());
   }
   std::optional<double> number(std::string_view key) const {
     const json* v = get(key);
@@ -75,8 +165,8 @@ class Fields {
   void only(const std::set<std::string_view>& known) const {
     for (auto it = obj_.begin(); it != obj_.end(); ++it) {
       if (!known.count(it.key()))
-        bad_request(where(it.key()), "unknown field \"{}\"{}; this server does not support it", where(it.key()),
-                    prefix_.empty() ? " in the request" : "");
+        bad_request(where(clip(it.key())), "unknown field \"{}\"{}; this server does not support it",
+                    where(clip(it.key())), prefix_.empty() ? " in the request" : "");
     }
   }
   std::string where(std::string_view key) const { return prefix_ + std::string(key); }
@@ -162,13 +252,18 @@ void parse_sampling(const Fields& f, ApiRequest& r, const SamplingParams& defaul
   }
   if (const json* ids = f.array("stop_token_ids")) {
     for (size_t i = 0; i < ids->size(); ++i) {
-      if (!(*ids)[i].is_number_integer())
-        bad_request("stop_token_ids", "stop_token_ids[{}] must be an integer, got {}", i, describe((*ids)[i]));
-      p.stop_token_ids.push_back((*ids)[i].get<int64_t>());
+      const json& id = (*ids)[i];
+      if (!id.is_number_integer())
+        bad_request("stop_token_ids", "stop_token_ids[{}] must be an integer, got {}", i, describe(id));
+      const auto v = integer_in(id, 0, vocab_size - 1);
+      if (!v)
+        bad_request("stop_token_ids",
+                    "stop token id {} (stop_token_ids[{}]) is out of range [0, {}) of the model's vocabulary",
+                    id.dump(), i, vocab_size);
+      p.stop_token_ids.push_back(*v);
     }
   }
-  if (auto v = f.integer("max_tokens")) {
-    if (*v < 1) bad_request("max_tokens", "max_tokens must be >= 1, got {}", *v);
+  if (auto v = f.integer("max_tokens", 1)) {
     p.max_tokens = *v;
     r.max_tokens_given = true;
   }
@@ -200,7 +295,7 @@ std::string content_text(const json& content, const std::string& where) {
     auto type = part.string("type");
     if (!type) bad_request(pw + ".type", "field \"{}.type\" is required", pw);
     if (*type != "text")
-      bad_request(pw + ".type", "content part type \"{}\" is not supported by this server (text only)", *type);
+      bad_request(pw + ".type", "content part type \"{}\" is not supported by this server (text only)", clip(*type));
     auto text = part.string("text");
     if (!text) bad_request(pw + ".text", "field \"{}.text\" is required", pw);
     if (j) out += "\n";
@@ -216,7 +311,7 @@ json normalize_tool_calls(const json& calls, const std::string& where) {
     const std::string cw = fmt::format("{}[{}]", where, k);
     Fields c(calls[k], cw + ".");
     if (auto t = c.string("type"); t && *t != "function")
-      bad_request(cw + ".type", "field \"{}.type\" must be \"function\", got \"{}\"", cw, *t);
+      bad_request(cw + ".type", "field \"{}.type\" must be \"function\", got \"{}\"", cw, clip(*t));
     const json* fn = c.object("function");
     if (!fn) bad_request(cw + ".function", "field \"{}.function\" is required", cw);
     Fields f(*fn, cw + ".function.");
@@ -227,10 +322,8 @@ json normalize_tool_calls(const json& calls, const std::string& where) {
       if (a->is_string()) {
         const std::string& text = a->get_ref<const std::string&>();
         if (!text.empty()) {
-          args = json::parse(text, nullptr, /*allow_exceptions=*/false);
-          if (args.is_discarded())
-            bad_request(cw + ".function.arguments",
-                        "field \"{}.function.arguments\" must be a JSON object text, got {}", cw, describe(*a));
+          const std::string field = cw + ".function.arguments";
+          args = parse_limited(text, JsonLimits{}, fmt::format("field \"{}\" (a JSON object text)", field), field);
         }
       } else {
         args = *a;
@@ -250,18 +343,44 @@ json normalize_tool_calls(const json& calls, const std::string& where) {
 
 }  // namespace
 
-json parse_body(std::string_view body) {
-  json doc;
-  try {
-    doc = json::parse(body);
-  } catch (const json::parse_error& e) {
-    std::string what = e.what();
-    // "[json.exception.parse_error.101] parse error at line 1, column 5: ..." -> keep the part after the tag.
-    if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
-    bad_request("", "the request body is not valid JSON: {}", what);
-  }
+json parse_body(std::string_view body, const JsonLimits& limits) {
+  json doc = parse_limited(body, limits, "the request body", "");
   if (!doc.is_object()) bad_request("", "the request body must be a JSON object, got {}", describe(doc));
   return doc;
+}
+
+json parse_json_or_discard(std::string_view text, const JsonLimits& limits) {
+  try {
+    return parse_limited(text, limits, "JSON text", "");
+  } catch (const ApiError&) {
+    return json(json::value_t::discarded);
+  }
+}
+
+std::string describe(const json& v) {
+  std::string text;
+  preview(v, text, kDescribeChars + 1);
+  if (text.size() > kDescribeChars) text = text.substr(0, kDescribeChars - 3) + "...";
+  return fmt::format("{} {}", v.type_name(), text);
+}
+
+std::optional<int64_t> integer_in(const json& v, int64_t lo, int64_t hi) {
+  int64_t i = 0;
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > uint64_t(INT64_MAX)) return std::nullopt;
+    i = int64_t(u);
+  } else if (v.is_number_integer()) {
+    i = v.get<int64_t>();
+  } else if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (!(std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15)) return std::nullopt;
+    i = int64_t(d);
+  } else {
+    return std::nullopt;
+  }
+  if (i < lo || i > hi) return std::nullopt;
+  return i;
 }
 
 json normalize_messages(const json& messages) {
@@ -276,7 +395,7 @@ json normalize_messages(const json& messages) {
     if (!role) bad_request(mw + ".role", "field \"{}.role\" is required", mw);
     if (!roles.count(*role))
       bad_request(mw + ".role", "field \"{}.role\" must be one of system, developer, user, assistant, tool; got \"{}\"",
-                  mw, *role);
+                  mw, clip(*role));
     json msg;
     msg["role"] = *role;
     const json* content = m.get("content");
@@ -341,8 +460,7 @@ ApiRequest parse_chat_request(const json& body, const SamplingParams& defaults, 
   ApiRequest r;
   r.endpoint = Endpoint::Chat;
   parse_sampling(f, r, defaults, vocab_size);
-  if (auto v = f.integer("max_completion_tokens")) {
-    if (*v < 1) bad_request("max_completion_tokens", "max_completion_tokens must be >= 1, got {}", *v);
+  if (auto v = f.integer("max_completion_tokens", 1)) {
     r.sampling.max_tokens = *v;
     r.max_tokens_given = true;
   }
@@ -384,7 +502,7 @@ ApiRequest parse_chat_request(const json& body, const SamplingParams& defaults, 
     choice = tc->get<std::string>();
     if (choice != "auto" && choice != "none")
       bad_request("tool_choice", "tool_choice \"{}\" is not supported by this server (only \"auto\" and \"none\")",
-                  choice);
+                  clip(choice));
   }
   r.parse_tool_calls = !r.tools.is_null() && choice == "auto";
   r.template_vars = template_vars_of(f);
@@ -427,10 +545,11 @@ ApiRequest parse_completion_request(const json& body, const SamplingParams& defa
     for (size_t i = 0; i < arr.size(); ++i) {
       const json& v = arr[i];
       if (!v.is_number_integer()) bad_request("prompt", "prompt token {} must be an integer, got {}", i, describe(v));
-      int64_t id = v.get<int64_t>();
-      if (id < 0 || id >= vocab_size)
-        bad_request("prompt", "prompt token id {} at position {} is outside the vocabulary [0, {})", id, i, vocab_size);
-      ids.push_back(int32_t(id));
+      const auto id = integer_in(v, 0, vocab_size - 1);
+      if (!id)
+        bad_request("prompt", "prompt token id {} at position {} is outside the vocabulary [0, {})", v.dump(), i,
+                    vocab_size);
+      ids.push_back(int32_t(*id));
     }
     return ids;
   };
@@ -485,10 +604,9 @@ DetokenizeRequest parse_detokenize_request(const json& body, int64_t vocab_size)
   for (size_t i = 0; i < tokens->size(); ++i) {
     const json& v = (*tokens)[i];
     if (!v.is_number_integer()) bad_request("tokens", "tokens[{}] must be an integer, got {}", i, describe(v));
-    int64_t id = v.get<int64_t>();
-    if (id < 0 || id >= vocab_size)
-      bad_request("tokens", "tokens[{}] = {} is outside the vocabulary [0, {})", i, id, vocab_size);
-    r.tokens.push_back(int32_t(id));
+    const auto id = integer_in(v, 0, vocab_size - 1);
+    if (!id) bad_request("tokens", "tokens[{}] = {} is outside the vocabulary [0, {})", i, v.dump(), vocab_size);
+    r.tokens.push_back(int32_t(*id));
   }
   return r;
 }

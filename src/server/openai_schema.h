@@ -52,8 +52,31 @@ struct ApiRequest {
   std::vector<int32_t> prompt_ids;
 };
 
-/// Parses an HTTP body. Throws ApiError(400) on malformed JSON or when the body is not a JSON object.
-json parse_body(std::string_view body);
+/// Limits on the JSON of a request body, enforced while it is parsed: a document past them is rejected before it is
+/// built in full or any field is looked at (deeply nested values would otherwise overflow the stack of every
+/// recursive walk: copies, comparisons, the chat template, error messages).
+struct JsonLimits {
+  int max_depth = 64;                     ///< most nesting levels of arrays and objects; the body object is level 1
+  size_t max_elements = size_t(1) << 20;  ///< most values (scalars, arrays, objects) plus object keys in the document
+};
+
+/// Parses an HTTP body within `limits`. Throws ApiError(400) on malformed JSON (the message quotes at most a short
+/// excerpt of the body), a number out of the range of a double (1e309), nesting deeper than limits.max_depth, more
+/// than limits.max_elements elements, or a body that is not a JSON object.
+json parse_body(std::string_view body, const JsonLimits& limits = {});
+
+/// Parses JSON that is not a request body (tool-call arguments in the model's output) within `limits`: a discarded
+/// value (is_discarded()) when `text` is not valid JSON or nests or counts past the limits (the model's output can be
+/// as deep as its context is long, and every walk of a JSON value recurses).
+json parse_json_or_discard(std::string_view text, const JsonLimits& limits = {});
+
+/// A short description of a JSON value for error messages: its type and at most about 60 characters of its text,
+/// whatever its size or depth.
+std::string describe(const json& value);
+
+/// The value of an integer JSON number (or of a float with an integral value below 2^53) when it lies in [lo, hi];
+/// nullopt when `value` is not such a number. Unsigned values above INT64_MAX are never wrapped.
+std::optional<int64_t> integer_in(const json& value, int64_t lo, int64_t hi);
 
 /// /v1/chat/completions. `defaults`: the model's sampling defaults (generation_config.json); `vocab_size` bounds
 /// token ids (stop_token_ids).

@@ -2,6 +2,8 @@
 
 #include <random>
 
+#include "server/openai_schema.h"
+
 namespace flashnext::server {
 
 using json = nlohmann::ordered_json;
@@ -93,7 +95,7 @@ std::optional<ToolCall> parse_xml(std::string_view body, const json& tools) {
     if (type.empty() || type == "string") {
       args[pname] = std::string(value);
     } else {
-      json v = json::parse(value, nullptr, /*allow_exceptions=*/false);
+      json v = parse_json_or_discard(value);
       args[pname] = v.is_discarded() ? json(std::string(value)) : std::move(v);
     }
     rest = rest.substr(vend + kParamEnd.size());
@@ -103,7 +105,7 @@ std::optional<ToolCall> parse_xml(std::string_view body, const json& tools) {
 }
 
 std::optional<ToolCall> parse_hermes(std::string_view body) {
-  json doc = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  json doc = parse_json_or_discard(body);
   if (doc.is_discarded() || !doc.is_object()) return std::nullopt;
   auto name = doc.find("name");
   if (name == doc.end() || !name->is_string() || name->get<std::string>().empty()) return std::nullopt;

@@ -1,9 +1,11 @@
 #include "server/server.h"
 
 #include <httplib.h>
+#include <malloc.h>
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <random>
 
@@ -39,9 +41,65 @@ std::string dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+// Seconds a client should wait before retrying a 503 (the waiting queue was full).
+constexpr int kRetryAfterSeconds = 1;
+// A request whose body is at least this large returns the heap it freed to the system when it ends.
+constexpr size_t kTrimAfterBytes = size_t(1) << 20;
+// Set on a worker thread by a request with a large body; its response's log hook then trims the heap.
+thread_local bool t_trim_heap = false;
+
 void send_json(httplib::Response& res, int status, const json& body) {
   res.status = status;
+  if (status == 503) res.set_header("Retry-After", std::to_string(kRetryAfterSeconds));
   res.set_content(dump(body), "application/json");
+}
+
+// Sends `body` with `status`, then closes the connection: for a request whose body was not read (or not read to
+// its end), whose remaining bytes cannot be told from a next request. (A content provider that returns false
+// after writing makes httplib drop the connection; Content-Length is exact, so the client reads the whole body.)
+void send_json_and_close(httplib::Response& res, int status, const json& body) {
+  auto text = std::make_shared<const std::string>(dump(body));
+  res.status = status;
+  if (status == 503) res.set_header("Retry-After", std::to_string(kRetryAfterSeconds));
+  res.set_header("Connection", "close");
+  res.set_content_provider(text->size(), "application/json",
+                           [text](size_t offset, size_t length, httplib::DataSink& sink) {
+                             sink.write(text->data() + offset, length);
+                             return false;
+                           });
+}
+
+// Whether a Content-Type header names JSON: "application/json", any case, parameters (charset) allowed.
+bool is_json_content_type(const std::string& value) {
+  std::string type = value.substr(0, value.find(';'));
+  while (!type.empty() && std::isspace(static_cast<unsigned char>(type.back()))) type.pop_back();
+  size_t start = 0;
+  while (start < type.size() && std::isspace(static_cast<unsigned char>(type[start]))) ++start;
+  type = type.substr(start);
+  for (char& c : type) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return type == "application/json";
+}
+
+// The Content-Length header as a number: nullopt when absent; UINT64_MAX when it is not a plain decimal number
+// or overflows (so that it fails every size check).
+std::optional<uint64_t> content_length(const httplib::Request& req) {
+  if (!req.has_header("Content-Length")) return std::nullopt;
+  const std::string v = req.get_header_value("Content-Length");
+  if (v.empty() || v.size() > 19) return UINT64_MAX;
+  uint64_t n = 0;
+  for (char c : v) {
+    if (c < '0' || c > '9') return UINT64_MAX;
+    n = n * 10 + uint64_t(c - '0');
+  }
+  return n;
+}
+
+// The most bytes one token can stand for: the longest vocabulary entry or added-token text.
+size_t max_token_bytes(const Tokenizer& tokenizer) {
+  size_t most = 1;
+  for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) most = std::max(most, tokenizer.token_bytes(id).size());
+  for (const AddedToken& t : tokenizer.added_tokens()) most = std::max(most, t.content.size());
+  return most;
 }
 
 // Prometheus buckets (seconds), those of vLLM extended down to the millisecond the CPU backend reaches.
@@ -58,7 +116,14 @@ const std::vector<double> kE2eBuckets = {0.01, 0.025, 0.05, 0.1,  0.3,  0.5,  0.
 
 struct Server::Impl {
   Impl(Scheduler& s, const Tokenizer& t, const chat::ChatTemplate* c, const GenerationConfig& g, ServerOptions o)
-      : scheduler(s), tokenizer(t), chat_template(c), generation(g), options(std::move(o)) {}
+      : scheduler(s), tokenizer(t), chat_template(c), generation(g), options(std::move(o)) {
+    const int64_t max_len = scheduler.config().max_model_len;
+    if (options.max_request_bytes == 0) options.max_request_bytes = default_max_request_bytes(max_len);
+    options.json_limits.max_elements =
+        std::max(options.json_limits.max_elements, 2 * size_t(std::max<int64_t>(max_len, 0)) + 4096);
+    // Normalization (NFC) can shrink text, by at most 3x (Hangul jamo); 4x leaves room.
+    max_prompt_bytes = size_t(std::max<int64_t>(max_len, 0)) * max_token_bytes(tokenizer) * 4;
+  }
 
   Scheduler& scheduler;
   const Tokenizer& tokenizer;
@@ -68,6 +133,9 @@ struct Server::Impl {
   httplib::Server http;
   int64_t created = unix_now();
   std::atomic<uint64_t> next_id{0};
+  /// A prompt text longer than this cannot fit max_model_len tokens (each token stands for at most
+  /// max_token_bytes bytes, after normalization): rejected before it is tokenized.
+  size_t max_prompt_bytes = 0;
 
   MetricsRegistry metrics;
   Counter& m_requests =
@@ -117,7 +185,7 @@ struct Server::Impl {
     for (auto& n : options.served_model_names) {
       if (n == model) return;
     }
-    bad_request("model", "the model \"{}\" does not exist; this server serves \"{}\"", model, model_name());
+    bad_request("model", "the model \"{}\" does not exist; this server serves \"{}\"", clip(model), model_name());
   }
 
   // Renders a chat for the template; template errors become 400 with the template's message.
@@ -129,7 +197,7 @@ struct Server::Impl {
       prompt = chat_template->render(messages, tools, add_generation_prompt, vars.empty() ? json(nullptr) : vars);
     } catch (const chat::jinja::TemplateError& e) {
       bad_request("messages", "the chat template rejected the request: {}",
-                  e.raised_by_template() ? e.message() : std::string(e.what()));
+                  clip(e.raised_by_template() ? e.message() : std::string(e.what()), 300));
     }
     if (continue_final) {
       const std::string& last = messages.back()["content"].get_ref<const std::string&>();
@@ -142,7 +210,22 @@ struct Server::Impl {
     return prompt;
   }
 
-  void handle_generation(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
+  // Throws 400 when `text` is too long to be a prompt of at most max_model_len tokens (checked before tokenizing).
+  void check_prompt_bytes(const std::string& text, const char* field) const {
+    if (text.size() > max_prompt_bytes)
+      bad_request(field,
+                  "the prompt is {} bytes, more than {} tokens (this model's maximum context length) can hold; "
+                  "shorten the {}",
+                  text.size(), scheduler.config().max_model_len, field);
+  }
+
+  /// Reads the body of a POST into `body` within options.max_request_bytes and options.body_timeout_s. On a
+  /// failure the error response is set (413 too large, 408 too slow, 400 unreadable), the connection is closed
+  /// after it and false is returned.
+  bool read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+                 std::string& body);
+  void handle_generation(const httplib::Request& req, httplib::Response& res, Endpoint endpoint,
+                         const std::string& body);
   void install_routes();
   void log_error(const httplib::Request& req, int status, const std::string& id, const std::string& msg) {
     m_errors.inc(1, {{"status", std::to_string(status)}});
@@ -188,7 +271,11 @@ class Session {
     srv_.m_prompt_tokens.inc(double(prompt_.size()));
   }
 
-  /// The chunked content provider: called by httplib until it returns false or the sink is done.
+  /// The body ends with the connection (HTTP/1.0): pump() then returns false after the last byte, which makes
+  /// httplib close it, instead of ending a chunked body.
+  void delimit_by_close() { close_delimited_ = true; }
+
+  /// The content provider: called by httplib until it returns false or the sink is done.
   bool pump(httplib::DataSink& sink) {
     if (done_) return false;
     if (req_.stream && !started_) {
@@ -219,7 +306,12 @@ class Session {
       stream_->cancel();  // the output ended (a stop string may end it before the engine does)
     }
     if (req_.stream) {
-      if (piece.any() && !write(sink, sse_event(dump(delta_chunk(piece))))) return false;
+      if (piece.any()) {
+        if (!write(sink, sse_event(dump(delta_chunk(piece))))) return false;
+      } else if (!finished && Clock::now() - last_write_ >= Ms(srv_.options.heartbeat_ms)) {
+        // An SSE comment, which clients ignore: notices a vanished client while the request waits in the queue.
+        if (!write(sink, ": keep-alive\n\n")) return false;
+      }
       if (finished) {
         std::string tail;
         if (!error_.empty()) {
@@ -236,12 +328,17 @@ class Session {
       if (finished) {
         const json body = error_.empty() ? full_response() : error_body(error_status_, error_);
         if (!write(sink, dump(body))) return false;
+      } else if (Clock::now() - last_write_ >= Ms(srv_.options.heartbeat_ms)) {
+        // JSON allows whitespace before the value; writing it is how a client that has gone is noticed (the
+        // write after its connection closed fails) while the request waits or runs.
+        if (!write(sink, " ")) return false;
       }
     }
     if (finished) {
       done_ = true;
-      sink.done();
       record_end();
+      if (close_delimited_) return false;
+      sink.done();
     }
     return true;
   }
@@ -270,6 +367,7 @@ class Session {
 
   bool write(httplib::DataSink& sink, const std::string& data) {
     if (data.empty()) return true;
+    last_write_ = Clock::now();
     if (!sink.write(data.data(), data.size())) {
       stream_->cancel();
       return false;
@@ -520,7 +618,8 @@ class Session {
   std::optional<ToolCallParser> tools_;
   std::shared_ptr<RequestStream> stream_;
 
-  bool started_ = false, done_ = false;
+  bool started_ = false, done_ = false, close_delimited_ = false;
+  Clock::time_point last_write_ = Clock::now();
   std::optional<Clock::time_point> first_token_;
   Clock::time_point last_token_{};
   std::string finish_reason_, error_;
@@ -532,14 +631,53 @@ class Session {
   json logprobs_ = json::array();
 };
 
-void Server::Impl::handle_generation(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
+bool Server::Impl::read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+                             std::string& body) {
+  const size_t limit = options.max_request_bytes;
+  const auto deadline = Clock::now() + std::chrono::seconds(options.body_timeout_s);
+  enum class Stop { None, TooLarge, TooSlow } stop = Stop::None;
+  if (auto n = content_length(req)) body.reserve(size_t(std::min<uint64_t>(*n, limit)));
+  const bool ok = reader([&](const char* data, size_t n) {
+    if (n > limit - body.size()) {
+      stop = Stop::TooLarge;
+      return false;
+    }
+    if (Clock::now() > deadline) {
+      stop = Stop::TooSlow;
+      return false;
+    }
+    body.append(data, n);
+    return true;
+  });
+  if (body.size() >= kTrimAfterBytes || body.capacity() >= kTrimAfterBytes) t_trim_heap = true;
+  if (ok) return true;
+  std::string msg;
+  int status = 400;
+  if (stop == Stop::TooLarge) {
+    status = 413;
+    msg = fmt::format("the request body is larger than {} bytes (--max-request-bytes)", limit);
+  } else if (stop == Stop::TooSlow) {
+    status = 408;
+    msg = fmt::format("the request body did not arrive within {} s", options.body_timeout_s);
+  } else {
+    msg = "the request body could not be read (connection closed, read timeout, or malformed chunked encoding)";
+  }
+  body.clear();
+  body.shrink_to_fit();
+  log_error(req, status, "-", msg);
+  send_json_and_close(res, status, error_body(status, msg));
+  return false;
+}
+
+void Server::Impl::handle_generation(const httplib::Request& req, httplib::Response& res, Endpoint endpoint,
+                                     const std::string& body_text) {
   const Clock::time_point arrival = Clock::now();
   const std::string id =
       (endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-") + random_hex(16) + std::to_string(next_id++);
   std::shared_ptr<Session> session;
   bool stream = false;
   try {
-    const json body = parse_body(req.body);
+    const json body = parse_body(body_text, options.json_limits);
     const int64_t vocab = scheduler.vocab_size();
     ApiRequest ar = endpoint == Endpoint::Chat ? parse_chat_request(body, generation.default_sampling(), vocab)
                                                : parse_completion_request(body, generation.default_sampling(), vocab);
@@ -552,6 +690,7 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
       check_control_tokens(ar.tools, "tools");
       const std::string text =
           render_chat(ar.messages, ar.tools, ar.add_generation_prompt, ar.template_vars, ar.continue_final_message);
+      check_prompt_bytes(text, "messages");
       prompt = tokenizer.encode(text, /*parse_special=*/true);
       starts_in_reasoning = ReasoningParser::prompt_opens_reasoning(text);
       if (ar.echo && ar.messages.back()["role"] == "assistant")
@@ -559,6 +698,7 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
     } else {
       if (ar.echo && ar.top_logprobs >= 0)
         bad_request("echo", "echo together with logprobs (prompt logprobs) is not supported by this server");
+      if (ar.prompt_text) check_prompt_bytes(*ar.prompt_text, "prompt");
       prompt = ar.prompt_text ? tokenizer.encode(*ar.prompt_text, /*parse_special=*/true) : ar.prompt_ids;
       if (ar.echo) echo_text = ar.prompt_text ? *ar.prompt_text : tokenizer.decode(prompt);
     }
@@ -574,11 +714,11 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
       ar.sampling.max_tokens = max_len - n;
       if (generation.max_new_tokens)
         ar.sampling.max_tokens = std::min(ar.sampling.max_tokens, *generation.max_new_tokens);
-    } else if (n + ar.sampling.max_tokens > max_len) {
+    } else if (ar.sampling.max_tokens > max_len - n) {  // n < max_len: no overflow, whatever max_tokens is
       bad_request("max_tokens",
                   "this model's maximum context length is {} tokens, but {} tokens were requested ({} in the prompt, "
                   "{} in the completion); reduce the prompt or max_tokens",
-                  max_len, n + ar.sampling.max_tokens, n, ar.sampling.max_tokens);
+                  max_len, fmt::to_string(__int128(n) + ar.sampling.max_tokens), n, ar.sampling.max_tokens);
     }
     stream = ar.stream;
     session = std::make_shared<Session>(*this, std::move(ar), std::move(prompt), std::move(echo_text),
@@ -598,10 +738,17 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
     return;
   }
   res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider(
-      stream ? "text/event-stream" : "application/json",
-      [session](size_t, httplib::DataSink& sink) { return session->pump(sink); },
-      [session](bool success) { session->released(success); });
+  const char* type = stream ? "text/event-stream" : "application/json";
+  auto pump = [session](size_t, httplib::DataSink& sink) { return session->pump(sink); };
+  auto release = [session](bool success) { session->released(success); };
+  if (req.version == "HTTP/1.0") {
+    // No chunked encoding for HTTP/1.0: the body ends when the connection closes.
+    session->delimit_by_close();
+    res.set_header("Connection", "close");
+    res.set_content_provider(type, pump, release);
+  } else {
+    res.set_chunked_content_provider(type, pump, release);
+  }
 }
 
 // ------------------------------------------------------------------------------------------------------------------
@@ -611,25 +758,72 @@ void Server::Impl::install_routes() {
   const int threads = options.http_threads > 0 ? options.http_threads : int(sc.max_num_seqs + sc.max_waiting + 16);
   http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
   http.set_tcp_nodelay(true);
-  http.set_payload_max_length(64u << 20);
+  // The library's own limit, for bodies that reach it; ours (read_body) is checked first.
+  http.set_payload_max_length(options.max_request_bytes);
+  http.set_read_timeout(options.read_timeout_s, 0);
+  http.set_write_timeout(options.write_timeout_s, 0);
+  http.set_keep_alive_timeout(options.keep_alive_timeout_s);
+  http.set_keep_alive_max_count(100);
 
+  // Checks made on the headers, before any body is read. A rejected request's body is not read, so its
+  // connection is closed after the answer.
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (options.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
-    if (req.get_header_value("Authorization") == "Bearer " + options.api_key)
-      return httplib::Server::HandlerResponse::Unhandled;
-    log_error(req, 401, "-", "missing or wrong API key");
-    send_json(res, 401, error_body(401, "invalid or missing API key (send \"Authorization: Bearer <key>\")"));
-    return httplib::Server::HandlerResponse::Handled;
+    using httplib::Server;
+    if (!options.api_key.empty() && req.path.rfind("/v1/", 0) == 0 &&
+        req.get_header_value("Authorization") != "Bearer " + options.api_key) {
+      log_error(req, 401, "-", "missing or wrong API key");
+      send_json_and_close(res, 401,
+                          error_body(401, "invalid or missing API key (send \"Authorization: Bearer <key>\")"));
+      return Server::HandlerResponse::Handled;
+    }
+    if (req.method != "POST") return Server::HandlerResponse::Unhandled;
+    std::string msg;
+    int status = 0;
+    const std::optional<uint64_t> length = content_length(req);
+    const bool chunked = req.has_header("Transfer-Encoding");
+    if (!is_json_content_type(req.get_header_value("Content-Type"))) {
+      status = 415;
+      msg = fmt::format("POST bodies must have Content-Type application/json, got \"{}\"",
+                        req.get_header_value("Content-Type").substr(0, 80));
+    } else if (!length && !chunked) {
+      status = 411;
+      msg = "a POST needs a Content-Length header (or chunked Transfer-Encoding)";
+    } else if (length && *length > options.max_request_bytes) {
+      status = 413;
+      msg = fmt::format("the request body is {} bytes, more than the {} this server accepts (--max-request-bytes)",
+                        req.get_header_value("Content-Length").substr(0, 20), options.max_request_bytes);
+    }
+    if (status == 0) return Server::HandlerResponse::Unhandled;
+    log_error(req, status, "-", msg);
+    send_json_and_close(res, status, error_body(status, msg));
+    return Server::HandlerResponse::Handled;
   });
-  http.set_error_handler(
-      httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
-        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // already an error body
-        const std::string msg = res.status == 404 ? fmt::format("no route for {} {}", req.method, req.path)
-                                                  : fmt::format("HTTP {}", res.status);
-        log_error(req, res.status, "-", msg);
-        send_json(res, res.status, error_body(res.status, msg));
-        return httplib::Server::HandlerResponse::Handled;
-      }));
+  // Errors httplib answers by itself (malformed request, request line too long, ...) get an OpenAI error body.
+  http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
+                                                                     httplib::Response& res) {
+    if (!res.body.empty() || res.has_header("Content-Type"))
+      return httplib::Server::HandlerResponse::Unhandled;  // already an error body
+    std::string msg;
+    switch (res.status) {
+      case 404:
+        msg = fmt::format("no route for {} {}", req.method.substr(0, 16), req.path.substr(0, 200));
+        break;
+      case 400:
+        msg = "malformed HTTP request";
+        break;
+      case 413:
+        msg = fmt::format("the request body is larger than {} bytes (--max-request-bytes)", options.max_request_bytes);
+        break;
+      case 414:
+        msg = "the request line is longer than 8192 bytes";
+        break;
+      default:
+        msg = fmt::format("HTTP {}", res.status);
+    }
+    log_error(req, res.status, "-", msg);
+    send_json(res, res.status, error_body(res.status, msg));
+    return httplib::Server::HandlerResponse::Handled;
+  }));
   http.set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
     std::string msg = "internal error";
     try {
@@ -649,17 +843,33 @@ void Server::Impl::install_routes() {
     log_error(req, 500, "-", msg);
     send_json(res, 500, error_body(500, msg));
   });
-  // One log line per request; generation requests log their own (with tokens and latency) when they end.
+  // One log line per request; generation requests log their own (with tokens and latency) when they end. Called
+  // once the response is written: a request with a large body then returns the heap it freed (each worker
+  // thread's malloc arena would otherwise keep its peak size).
   http.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+    if (t_trim_heap) {
+      t_trim_heap = false;
+      malloc_trim(0);
+      spdlog::debug("server: heap trimmed after a large request");
+    }
     if (res.status >= 400 || req.path == "/v1/chat/completions" || req.path == "/v1/completions") return;
     spdlog::info("{} {} {} {}", req.remote_addr, req.method, req.path, res.status);
   });
 
-  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    handle_generation(req, res, Endpoint::Chat);
+  // POST routes read their body themselves (read_body: size and time limits) and get it as text.
+  using BodyHandler = std::function<void(const httplib::Request&, httplib::Response&, const std::string&)>;
+  auto post = [this](const char* path, BodyHandler handler) {
+    http.Post(path, [this, handler](const httplib::Request& req, httplib::Response& res,
+                                    const httplib::ContentReader& reader) {
+      std::string body;
+      if (read_body(req, res, reader, body)) handler(req, res, body);
+    });
+  };
+  post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res, const std::string& body) {
+    handle_generation(req, res, Endpoint::Chat, body);
   });
-  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    handle_generation(req, res, Endpoint::Completion);
+  post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res, const std::string& body) {
+    handle_generation(req, res, Endpoint::Completion, body);
   });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     json data = json::array();
@@ -689,8 +899,8 @@ void Server::Impl::install_routes() {
     m_steps.set(double(s.steps));
     res.set_content(metrics.render(), "text/plain; version=0.0.4");
   });
-  http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    const TokenizeRequest tr = parse_tokenize_request(parse_body(req.body));
+  post("/tokenize", [this](const httplib::Request&, httplib::Response& res, const std::string& body) {
+    const TokenizeRequest tr = parse_tokenize_request(parse_body(body, options.json_limits));
     check_model(tr.model);
     const std::string text =
         tr.prompt ? *tr.prompt : render_chat(tr.messages, tr.tools, tr.add_generation_prompt, tr.template_vars, false);
@@ -705,14 +915,19 @@ void Server::Impl::install_routes() {
     }
     send_json(res, 200, out);
   });
-  http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    const DetokenizeRequest dr = parse_detokenize_request(parse_body(req.body), scheduler.vocab_size());
+  post("/detokenize", [this](const httplib::Request&, httplib::Response& res, const std::string& body) {
+    const DetokenizeRequest dr =
+        parse_detokenize_request(parse_body(body, options.json_limits), scheduler.vocab_size());
     check_model(dr.model);
     send_json(res, 200, {{"prompt", tokenizer.decode(dr.tokens)}});
   });
 }
 
 // ------------------------------------------------------------------------------------------------------------------
+
+size_t default_max_request_bytes(int64_t max_model_len) {
+  return (size_t(1) << 20) + 32 * size_t(std::max<int64_t>(max_model_len, 0));
+}
 
 Server::Server(Scheduler& scheduler, const Tokenizer& tokenizer, const chat::ChatTemplate* chat_template,
                const GenerationConfig& generation, ServerOptions options) {

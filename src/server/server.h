@@ -3,13 +3,28 @@
 // Endpoints: POST /v1/chat/completions and /v1/completions (streaming over SSE or not), GET /v1/models,
 // GET /health, GET /metrics (Prometheus text), POST /tokenize and /detokenize (vLLM's). Errors use the OpenAI
 // error schema (server/api_error.h): 400 for a bad request, 401 for a wrong API key, 404 for an unknown route,
-// 503 when the scheduler's waiting queue is full, 500 for an internal failure.
+// 408 for a body that arrives too slowly, 413 for a body over --max-request-bytes, 414 for a request line over
+// 8 KiB, 415 for a POST body that is not application/json (so that a web page cannot post to the server without
+// a CORS preflight), 503 (with Retry-After) when the scheduler's waiting queue is full, 500 for an internal failure.
+//
+// Hostile input: every limit is checked before the work it bounds: the body size before the body is read (from
+// Content-Length) or while it is read, JSON nesting depth and element count while it is parsed
+// (openai_schema.h JsonLimits), a text prompt's length before it is tokenized. Error messages quote at most a short
+// excerpt of the request. Connections are bounded by the worker pool (ServerOptions::http_threads) and by read,
+// body and write timeouts. After a large request the freed heap is returned to the system (malloc_trim; `flashnext
+// serve` also maps blocks of 1 MiB or more on their own, M_MMAP_THRESHOLD).
+// Known limits of cpp-httplib 0.11 (Debian 12): a client that sends a header byte just often enough to beat the
+// read timeout holds a worker until its headers end; pipelined requests that arrive in the same read as the one
+// before are lost (the library keeps a read buffer per request), so clients should not pipeline; the number of
+// header lines is not capped (21 MB of headers grew RSS by 43 MB). Newer cpp-httplib caps headers at 100.
 //
 // Each generation request runs on its HTTP thread: it renders and tokenizes the prompt, submits it to the
 // Scheduler (engine/scheduler.h), then turns the tokens the engine thread produces into text (OutputProcessor:
 // detokenization, stop strings), reasoning / tool calls (server/output_parsers.h) and JSON. The response is sent
-// with chunked transfer encoding (also when not streaming) so that a client that disconnects is noticed while
-// its request waits or runs; its request is then cancelled and its memory freed. A failure in one request is
+// with chunked transfer encoding (also when not streaming; to an HTTP/1.0 client: delimited by closing the
+// connection) so that a client that disconnects is noticed while its request waits or runs (a response with nothing
+// to send writes a heartbeat every ServerOptions::heartbeat_ms: JSON whitespace before a non-streaming body, an SSE
+// comment in a stream); its request is then cancelled and its memory freed. A failure in one request is
 // answered on that request only. Caveat: once a non-streaming response has started, an engine failure can no
 // longer change its status; the body is then an OpenAI error object with status 200.
 #pragma once
@@ -21,6 +36,7 @@
 #include "chat/chat_template.h"
 #include "engine/generation_config.h"
 #include "engine/scheduler.h"
+#include "server/openai_schema.h"
 #include "tokenizer/tokenizer.h"
 
 namespace flashnext::server {
@@ -35,8 +51,30 @@ struct ServerOptions {
   /// Reject (400) chat requests whose messages or tools contain the text of a special token (e.g. "<|im_start|>"):
   /// the rendered prompt is tokenized with special-token text parsed, so such text would inject control tokens.
   bool reject_control_token_text = false;
-  int http_threads = 0;  ///< 0: max_num_seqs + max_waiting + 16
+  /// HTTP worker threads, which is also the most connections served at once (more wait in the listen backlog
+  /// until one ends). 0: max_num_seqs + max_waiting + 16.
+  int http_threads = 0;
+
+  // Request limits, checked before a body is read or parsed.
+  /// Most bytes of a request body (after any Content-Encoding); a larger one gets 413 before it is read (when it
+  /// declares its Content-Length) or as soon as it is past the limit. 0: default_max_request_bytes(max_model_len).
+  size_t max_request_bytes = 0;
+  JsonLimits json_limits;        ///< nesting depth and element count of a body's JSON (max_elements is raised to
+                                 ///< 2 * max_model_len + 4096 when smaller, so that a full context of token ids fits)
+  int read_timeout_s = 10;       ///< a connection on which no byte arrives for this long (headers or body) is closed
+  int body_timeout_s = 30;       ///< a body must arrive whole within this long of its first byte (else 408)
+  int write_timeout_s = 10;      ///< a response write that makes no progress for this long drops the connection
+  int keep_alive_timeout_s = 5;  ///< an idle keep-alive connection is closed after this long
+  /// A request with nothing to send for this long writes a heartbeat (non-streaming: a space, JSON whitespace before
+  /// the body; streaming: an SSE comment), so that a client that has gone is noticed while its request waits or
+  /// runs: the failed write cancels it.
+  int heartbeat_ms = 500;
 };
+
+/// The default body limit: 1 MiB plus 32 bytes per token of the context, enough for a prompt of max_model_len tokens
+/// as token ids (at most 7 bytes each) or as text (a token is 3 to 5 bytes of text on average; JSON's \uXXXX
+/// escapes take 6 bytes per character), with room for the rest of the request.
+size_t default_max_request_bytes(int64_t max_model_len);
 
 class Server {
  public:

@@ -215,6 +215,23 @@ TEST(Scheduler, RejectsInvalidConfig) {
   EXPECT_THROW(make({.max_num_seqs = 4, .max_model_len = 401}), Error);
 }
 
+TEST(Scheduler, LengthCheckDoesNotOverflow) {
+  // prompt + max_tokens near 2^63 wrapped negative and passed the check; it is compared without forming the sum.
+  FakeRunner runner;
+  Scheduler s(runner, planner_with_blocks(100, 4),
+              {.max_num_seqs = 4, .max_num_batched_tokens = 16, .max_model_len = 128});
+  for (int64_t max_tokens : {INT64_MAX, INT64_MAX - 5, int64_t(128)}) {
+    try {
+      s.submit(greedy_request("big", make_prompt(10, 1), max_tokens));
+      ADD_FAILURE() << "max_tokens " << max_tokens << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::to_string(max_tokens)), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find("is -"), std::string::npos) << "a wrapped sum: " << e.what();
+    }
+  }
+  EXPECT_NO_THROW(s.submit(greedy_request("fits", make_prompt(10, 1), 118)));
+}
+
 TEST(Scheduler, SingleGreedyRequestMatchesTheModel) {
   FakeRunner runner;
   Scheduler s(runner, planner_with_blocks(100, 4),

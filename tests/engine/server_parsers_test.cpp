@@ -156,6 +156,14 @@ TEST(ToolCallParser, UnparsableOrUnclosedBlocksStayContent) {
       kTools);
   ASSERT_TRUE(c);
   EXPECT_EQ(c->arguments, "{\"days\":\"three\",\"options\":null}");
+  // JSON in the model's output nested past the request limit (64 levels) is not parsed: a Hermes block is then no
+  // call, a parameter value stays text (walking a 100,000-level value would overflow the stack).
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  EXPECT_FALSE(ToolCallParser::parse_block("{\"name\": \"f\", \"arguments\": {\"x\": " + deep + "}}", kTools));
+  c = ToolCallParser::parse_block("<function=get_weather>\n<parameter=days>\n" + deep + "\n</parameter>\n</function>",
+                                  kTools);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->arguments, "{\"days\":\"" + deep + "\"}");
 }
 
 TEST(Sse, Framing) {

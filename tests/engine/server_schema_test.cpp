@@ -38,6 +38,115 @@ TEST(ServerSchema, MalformedBodies) {
   EXPECT_EQ(parse_body("{\"a\": 1}")["a"], 1);
 }
 
+// `n` levels of `open` ... `close` around `inner` (a balanced nesting of arrays or objects).
+std::string nest(int n, const std::string& open, const std::string& close, const std::string& inner = "1") {
+  std::string s;
+  for (int i = 0; i < n; ++i) s += open;
+  s += inner;
+  for (int i = 0; i < n; ++i) s += close;
+  return s;
+}
+
+// A chat request body with field `field` given as the JSON text `value` (parsed as the server does).
+json chat_with(const std::string& field, const std::string& value) {
+  json body = chat();
+  body[field] = parse_body("{\"v\": " + value + "}")["v"];
+  return body;
+}
+
+// The body {"<field>": <value>} as text.
+std::string body_with(const std::string& field, const std::string& value) {
+  return "{\"" + field + "\": " + value + "}";
+}
+
+TEST(ServerSchema, NestingIsLimitedWhileParsing) {
+  const JsonLimits limits;  // 64 levels; the body object is level 1
+  // At the limit: parses, and a wrong-type error on it quotes a short excerpt only.
+  const std::string at = body_with("temperature", nest(limits.max_depth - 1, "[", "]"));
+  const json doc = parse_body(at);
+  expect_400([&] { parse_chat(doc); }, "temperature", "must be a number, got array [[[[");
+  try {
+    parse_chat(doc);
+  } catch (const ApiError& e) {
+    EXPECT_LT(std::string(e.what()).size(), 200u) << e.what();
+  }
+  // One past the limit, and the 60,000 levels of the issue, in arrays and in objects: a 400 from the parser.
+  expect_400([&] { parse_body(body_with("temperature", nest(limits.max_depth, "[", "]"))); }, "",
+             "deeper than 64 levels");
+  expect_400([&] { parse_body(body_with("messages", nest(60000, "[", "]"))); }, "", "deeper than 64 levels");
+  expect_400([&] { parse_body(body_with("tools", nest(60000, "{\"a\":", "}"))); }, "", "deeper than 64 levels");
+  // Unbalanced (never closed) nesting is caught as early.
+  expect_400([&] { parse_body("{\"stop\": " + std::string(200000, '[')); }, "", "deeper than 64 levels");
+  // Tool-call arguments given as JSON text are parsed within the same limits.
+  json msgs = json::array(
+      {{{"role", "assistant"},
+        {"content", ""},
+        {"tool_calls",
+         json::array({{{"type", "function"},
+                       {"function", {{"name", "f"}, {"arguments", "{\"x\": " + nest(60000, "[", "]") + "}"}}}}})}}});
+  expect_400([&] { normalize_messages(msgs); }, "messages[0].tool_calls[0].function.arguments", "deeper than 64");
+  // Element counts.
+  std::string ids = "[1";
+  for (int i = 0; i < 200; ++i) ids += ",1";
+  expect_400([&] { parse_body(body_with("prompt", ids + "]"), {64, 100}); }, "", "more than 100 JSON elements");
+  EXPECT_NO_THROW(parse_body(body_with("prompt", ids + "]"), {64, 300}));
+}
+
+TEST(ServerSchema, ErrorMessagesNeverQuoteUnboundedInput) {
+  // A long unterminated string, a long bad literal: the parser's message is cut.
+  for (const std::string& body :
+       {"{\"model\": \"" + std::string(1 << 20, 'x'), "{\"model\": " + std::string(1 << 20, 't')}) {
+    try {
+      parse_body(body);
+      ADD_FAILURE() << "no error";
+    } catch (const ApiError& e) {
+      EXPECT_LT(std::string(e.what()).size(), 300u);
+    }
+  }
+  // describe() of a huge or deep value costs a bounded excerpt.
+  json deep = 1;
+  for (int i = 0; i < 100; ++i) deep = json::array({deep});
+  EXPECT_EQ(describe(deep).size(), std::string("array ").size() + 60);
+  EXPECT_EQ(describe(json(std::string(1 << 20, 'y'))).size(), std::string("string ").size() + 60);
+  EXPECT_EQ(describe(json{{"k", 1}}), "object {\"k\":1}");
+}
+
+TEST(ServerSchema, NumbersAreCheckedWithoutOverflow) {
+  // A number beyond a double is a 400 naming the body, not a 500.
+  expect_400([] { parse_body(body_with("temperature", "1e309")); }, "", "number out of range");
+  expect_400([] { parse_body(body_with("temperature", "-1e309")); }, "", "number out of range");
+  // 2^63 and 2^64 - 1 are not wrapped to negative values; the message shows the value sent.
+  expect_400([] { parse_chat(chat_with("max_tokens", "9223372036854775808")); }, "max_tokens",
+             "max_tokens must be <= 9223372036854775807, got 9223372036854775808");
+  expect_400([] { parse_chat(chat_with("seed", "18446744073709551615")); }, "seed", "got 18446744073709551615");
+  expect_400([] { parse_chat(chat_with("max_tokens", "1e300")); }, "max_tokens",
+             "max_tokens must be <= 9223372036854775807, got 1e+300");
+  expect_400([] { parse_chat(chat_with("max_tokens", "-9223372036854775808")); }, "max_tokens",
+             "max_tokens must be >= 1, got -9223372036854775808");
+  // Non-negative numbers parse as unsigned: 0 is still below 1.
+  expect_400([] { parse_chat(chat_with("max_tokens", "0")); }, "max_tokens", "max_tokens must be >= 1, got 0");
+  // INT64_MAX itself parses (the server then compares it with the context without forming prompt + max_tokens).
+  EXPECT_EQ(parse_chat(chat({{"max_tokens", INT64_MAX}})).sampling.max_tokens, INT64_MAX);
+  expect_400(
+      [] {
+        parse_chat(chat({{"stop_token_ids", {uint64_t(1) << 63}}}));
+      },
+      "stop_token_ids", "stop token id 9223372036854775808 (stop_token_ids[0]) is out of range");
+  expect_400(
+      [] {
+        parse_detokenize_request(json{{"tokens", {UINT64_MAX}}}, kVocab);
+      },
+      "tokens", "tokens[0] = 18446744073709551615 is outside");
+  expect_400(
+      [] {
+        parse_completion_request(json{{"prompt", {uint64_t(1) << 63}}}, {}, kVocab);
+      },
+      "prompt", "prompt token id 9223372036854775808 at position 0");
+  EXPECT_EQ(integer_in(json(100.0), 0, 100), 100);
+  EXPECT_EQ(integer_in(json(uint64_t(1) << 63), INT64_MIN, INT64_MAX), std::nullopt);
+  EXPECT_EQ(integer_in(json(1e300), INT64_MIN, INT64_MAX), std::nullopt);
+}
+
 TEST(ServerSchema, ChatDefaultsAndOverrides) {
   SamplingParams d;
   d.temperature = 0.6;
