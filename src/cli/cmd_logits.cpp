@@ -14,6 +14,7 @@
 
 #include "cli/cli.h"
 #include "cli/device.h"
+#include "cli/load_progress.h"
 #include "core/error.h"
 #include "core/npy.h"
 #include "model/qwen4_exp/model.h"

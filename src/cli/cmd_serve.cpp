@@ -13,6 +13,7 @@
 
 #include "cli/cli.h"
 #include "cli/device.h"
+#include "cli/load_progress.h"
 #include "core/error.h"
 #include "engine/loaded_model.h"
 #include "engine/model_dir.h"
@@ -90,6 +91,7 @@ int run(const ServeArgs& a) {
   ModelOptions mo;
   mo.threads = a.threads;
   mo.ops = cli::make_backend(a.device, a.threads);
+  mo.progress = cli::LoadProgressPrinter();
   LoadedModel m = LoadedModel::load(dir, mo, /*with_chat_template=*/true);
   const ModelConfig& cfg = m.model->config();
 

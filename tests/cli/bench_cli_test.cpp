@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli/cli_run.h"
+#include "cli/load_progress.h"
 
 using namespace flashnext::testing;
 using ::testing::HasSubstr;
@@ -117,4 +118,11 @@ TEST(BenchCli, BadFlagsFailBeforeAllocating) {
   r = run_flashnext("bench --model /nonexistent --layers 4");
   EXPECT_EQ(r.status, 1);
   EXPECT_THAT(r.out, HasSubstr("apply to random-weight models only"));
+}
+
+TEST(LoadProgressText, BarAndLine) {
+  EXPECT_EQ(flashnext::cli::format_load_progress(12'300'000'000, 78'000'000'000, 2.0, false),
+            "loading 12.3 / 78.0 GB (16%, 6.2 GB/s)");
+  EXPECT_EQ(flashnext::cli::format_load_progress(39'000'000'000, 78'000'000'000, 10.0, true),
+            "[###############               ] loading 39.0 / 78.0 GB (50%, 3.9 GB/s)");
 }

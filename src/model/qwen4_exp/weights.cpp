@@ -161,7 +161,8 @@ struct Loader {
 }  // namespace
 
 ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest,
-                          std::shared_ptr<const Checkpoint> checkpoint, Ops& ops) {
+                          std::shared_ptr<const Checkpoint> checkpoint, Ops& ops,
+                          const std::function<void(int64_t, int64_t)>& progress) {
   const QuantScheme quant = QuantScheme::build(read_quant_config(checkpoint->dir()), cfg, manifest);
   Loader ld{manifest, quant, ops, progress};
   for (const auto& [name, e] : manifest.entries())
