@@ -6,6 +6,13 @@
 #   scripts/fuzz.sh                 (env: FUZZ_SECONDS, FUZZ_DIR)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# clang + compiler-rt (libFuzzer) only for this target: the README's first command does not need them.
+if ! command -v clang++ >/dev/null 2>&1 || ! dpkg -s libclang-rt-dev >/dev/null 2>&1; then
+  echo "fuzz: installing clang libclang-rt-dev" >&2
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends clang libclang-rt-dev >/dev/null
+fi
 out=${FUZZ_DIR:-build-fuzz}
 mkdir -p "$out/corpus"
 # Only the parser and what it calls: the schema checks and the engine's sampling-parameter validation.

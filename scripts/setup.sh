@@ -6,8 +6,7 @@ cd "$(dirname "$0")/.."
 
 PKGS=(build-essential cmake ninja-build pkg-config git python3 python3-venv
       nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev libcli11-dev libspdlog-dev libfmt-dev
-      libgtest-dev libgmock-dev libbenchmark-dev
-      clang libclang-rt-dev)  # clang + compiler-rt: the libFuzzer target of scripts/fuzz.sh
+      libgtest-dev libgmock-dev libbenchmark-dev)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
