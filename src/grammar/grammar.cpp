@@ -64,10 +64,12 @@ GrammarBuilder::Frag GrammarBuilder::opt(Frag f) {
 }
 
 GrammarBuilder::Frag GrammarBuilder::star(Frag f) {
-  int32_t a = new_state();
+  // A separate exit state: an exit with edges back into the loop would let opt() and alt() skip into the loop.
+  int32_t a = new_state(), b = new_state();
   states_[a].eps.push_back(f.in);
+  states_[a].eps.push_back(b);
   states_[f.out].eps.push_back(a);
-  return {a, a};
+  return {a, b};
 }
 
 GrammarBuilder::Frag GrammarBuilder::repeat(const std::function<Frag()>& make, int64_t min, int64_t max) {

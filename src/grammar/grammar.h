@@ -60,7 +60,8 @@ struct Grammar {
 /// Builds a Grammar from Thompson fragments. Not thread-safe; one use (finish() once).
 class GrammarBuilder {
  public:
-  /// A fragment: an entry state and an exit state of the epsilon-NFA under construction.
+  /// A fragment: an entry state and an exit state of the epsilon-NFA under construction. Invariant kept by every
+  /// operation: no edge leaves the exit state (so opt/alt/seq may join exits freely).
   struct Frag {
     int32_t in = 0;
     int32_t out = 0;

@@ -99,13 +99,15 @@ class Compiler {
   }
   int32_t char_rule() { return shared(char_, "char", [&] { return string_char(); }); }
   Frag integer_frag(bool sign) {
-    Frag mag = b_.alt({b_.literal("0"), b_.seq({b_.range('1', '9'), b_.star(digit())})});
+    // At most 18 digits: always an int64 (parsers turn longer integers into doubles or reject them).
+    Frag mag = b_.alt({b_.literal("0"), b_.seq({b_.range('1', '9'), b_.repeat([&] { return digit(); }, 0, 17)})});
     return sign ? b_.seq({b_.opt(b_.literal("-")), mag}) : mag;
   }
   Frag number_frag(bool sign) {
     Frag frac = b_.opt(b_.seq({b_.literal("."), b_.repeat([&] { return digit(); }, 1, -1)}));
+    // At most 2 exponent digits: the value stays a finite double (1e999 overflows every JSON parser's double).
     Frag exp = b_.opt(b_.seq({b_.ranges({{'e', 'e'}, {'E', 'E'}}), b_.opt(b_.ranges({{'+', '+'}, {'-', '-'}})),
-                              b_.repeat([&] { return digit(); }, 1, -1)}));
+                              b_.repeat([&] { return digit(); }, 1, 2)}));
     return b_.seq({integer_frag(sign), frac, exp});
   }
   int32_t number_rule() { return shared(number_, "number", [&] { return number_frag(true); }); }

@@ -17,7 +17,8 @@
 //     when it has none (so {"type": "object"} is any object).
 //   - A schema with no type and no other constraint is any JSON value.
 //   - Strings: valid UTF-8, control characters escaped, \u escapes of surrogates not allowed (write the character).
-//   - Numbers: JSON syntax (no leading zeros, no '+', no NaN/Infinity).
+//   - Numbers: JSON syntax (no leading zeros, no '+', no NaN/Infinity), bounded so that every parser reads them
+//     exactly: an integer part of at most 18 digits (an int64), an exponent of at most 2 digits (a finite double).
 // Whitespace (bounded, what models emit): between tokens (after '{', '[', ',', ':' and before '}', ']', ':'), either
 // nothing, one space, or one newline followed by at most 20 spaces. Nothing before the value or after it.
 #pragma once
@@ -51,6 +52,10 @@ std::shared_ptr<const Grammar> compile_json_schema(const nlohmann::json& schema,
 
 /// Parses `schema_text` as JSON (keeping member order) and compiles it; a parse failure throws Error too.
 std::shared_ptr<const Grammar> compile_json_schema(std::string_view schema_text, const JsonSchemaOptions& options = {});
+/// The same for a C string (which would otherwise convert to both JSON types).
+inline std::shared_ptr<const Grammar> compile_json_schema(const char* schema_text, const JsonSchemaOptions& options = {}) {
+  return compile_json_schema(std::string_view(schema_text), options);
+}
 
 /// The grammar of `response_format: {"type": "json_object"}`: any JSON object (same whitespace rules).
 std::shared_ptr<const Grammar> json_object_grammar(const JsonSchemaOptions& options = {});

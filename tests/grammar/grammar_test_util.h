@@ -1,6 +1,9 @@
 // Helpers of the grammar tests: whole-string matching and the bundled Qwen3 vocabulary.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -33,6 +36,28 @@ inline std::shared_ptr<const TokenVocabulary> qwen3_vocab() {
     return TokenVocabulary::from_tokenizer(t, {*t.token_to_id("<|im_end|>"), *t.token_to_id("<|endoftext|>")});
   }();
   return v;
+}
+
+inline bool bit(const std::vector<uint32_t>& m, int32_t id) { return (m[id >> 5] >> (id & 31)) & 1u; }
+
+// Checks the mask of `m` against brute force; returns the number of allowed tokens.
+inline size_t check_mask_brute_force(TokenMasker& masker, const GrammarMatcher& m) {
+  const TokenVocabulary& v = masker.vocab();
+  std::vector<uint32_t> mask = masker.mask(m);
+  size_t allowed = 0, errors = 0;
+  for (int32_t id = 0; id < v.mask_size(); ++id) {
+    bool eos = std::find(v.eos_ids().begin(), v.eos_ids().end(), id) != v.eos_ids().end();
+    bool expect;
+    if (eos)
+      expect = m.can_end() && !m.is_terminated();
+    else
+      expect = static_cast<size_t>(id) < v.num_tokens() && !v.bytes(id).empty() && m.can_accept(v.bytes(id));
+    allowed += expect;
+    if (expect != bit(mask, id) && ++errors <= 10)
+      ADD_FAILURE() << "token " << id << " '" << (static_cast<size_t>(id) < v.num_tokens() ? v.bytes(id) : "")
+                    << "': brute force " << expect << ", mask " << bit(mask, id);
+  }
+  return allowed;
 }
 
 }  // namespace flashnext::grammar::test

@@ -14,11 +14,13 @@ std::shared_ptr<const Grammar> compile(std::string_view s) { return compile_json
 
 TEST(JsonSchema, Primitives) {
   auto i = compile(R"({"type":"integer"})");
-  for (const char* ok : {"0", "-0", "7", "-12", "1234567890"}) EXPECT_TRUE(full_match(i, ok)) << ok;
+  for (const char* ok : {"0", "-0", "7", "-12", "1234567890", "-999999999999999999"})
+    EXPECT_TRUE(full_match(i, ok)) << ok;
+  EXPECT_FALSE(full_match(i, "1000000000000000000"));  // 19 digits: beyond the bounded integer syntax
   for (const char* bad : {"", "01", "+1", "1.0", "1e3", "-", "1 ", " 1", "\"1\"", "--1"}) EXPECT_FALSE(full_match(i, bad)) << bad;
   auto n = compile(R"({"type":"number"})");
   for (const char* ok : {"0", "-0.5", "3.25", "1e10", "1E+2", "2.5e-3", "-0"}) EXPECT_TRUE(full_match(n, ok)) << ok;
-  for (const char* bad : {".5", "1.", "01.5", "1e", "NaN", "Infinity", "0x10", "1.2.3"}) EXPECT_FALSE(full_match(n, bad)) << bad;
+  for (const char* bad : {".5", "1.", "01.5", "00", "001", "0.5.5", "1e5e5", "1e", "NaN", "Infinity", "0x10", "1.2.3", "1e100", "9E519669544"}) EXPECT_FALSE(full_match(n, bad)) << bad;
   auto b = compile(R"({"type":"boolean"})");
   EXPECT_TRUE(full_match(b, "true"));
   EXPECT_TRUE(full_match(b, "false"));
