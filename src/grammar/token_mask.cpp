@@ -99,20 +99,31 @@ void TokenMasker::walk(Entry& e, int32_t node, int depth, bool dep) {
   }
 }
 
-const TokenMasker::Entry& TokenMasker::entry(int32_t state) {
-  auto it = cache_.find(state);
+TokenMasker::Key TokenMasker::key_of(const StackPool& pool, int32_t node) const {
+  Key k;
+  k.fill(-1);
+  int n = 0;
+  int32_t cur = node;
+  while (n < kContextFrames && cur >= 0) {
+    k[1 + n++] = pool[cur].state;
+    cur = pool[cur].parent;
+  }
+  k[0] = cur == kStackRoot ? -n : n;
+  return k;
+}
+
+const TokenMasker::Entry& TokenMasker::entry(const Key& key) {
+  auto it = cache_.find(key);
   if (it != cache_.end()) return it->second;
   Entry e;
   e.accepted.assign(vocab_->words(), 0);
   if (sets_.empty()) sets_.resize(2);
-  sets_[0].assign(1, pool_.cons(state, kStackUnknown));
+  int n = key[0] < 0 ? -key[0] : key[0];
+  int32_t node = key[0] < 0 ? kStackRoot : kStackUnknown;
+  for (int i = n; i >= 1; --i) node = pool_.cons(key[i], node);
+  sets_[0].assign(1, node);
   walk(e, 0, 0, false);
-  return cache_.emplace(state, std::move(e)).first->second;
-}
-
-void TokenMasker::precompute_all() {
-  for (size_t s = 0; s < grammar_->states.size(); ++s)
-    if (!grammar_->states[s].bytes.empty()) entry(static_cast<int32_t>(s));
+  return cache_.emplace(key, std::move(e)).first->second;
 }
 
 void TokenMasker::fill_mask(const GrammarMatcher& matcher, std::span<uint32_t> mask) {
@@ -124,12 +135,12 @@ void TokenMasker::fill_mask(const GrammarMatcher& matcher, std::span<uint32_t> m
   if (st.can_end)
     for (int32_t id : vocab_->eos_ids()) mask[id >> 5] |= 1u << (id & 31);
   StackPool& pool = matcher.pool();
-  std::vector<int32_t> tops;
+  std::vector<Key> seen;
   for (int32_t node : st.stacks) {
-    int32_t s = pool[node].state;
-    const Entry& e = entry(s);
-    if (std::find(tops.begin(), tops.end(), s) == tops.end()) {
-      tops.push_back(s);
+    Key key = key_of(pool, node);
+    const Entry& e = entry(key);
+    if (std::find(seen.begin(), seen.end(), key) == seen.end()) {
+      seen.push_back(key);
       for (size_t w = 0; w < mask.size(); ++w) mask[w] |= e.accepted[w];
     }
     for (int32_t id : e.dependent) {

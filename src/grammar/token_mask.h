@@ -3,17 +3,19 @@
 // TokenVocabulary holds every token's bytes (from the tokenizer, tokenizer.h token_bytes) in a byte trie. Special
 // tokens never match grammar text; the end-of-sequence ids given to it are allowed exactly when the grammar may end.
 //
-// TokenMasker computes the mask with a per-position cache (the "context-independent tokens" idea of xgrammar): for
-// each NFA state s that appears at the top of a stack, it walks the trie once from a stack [s] whose bottom is unknown
-// and sorts every token into
-//   - accepted: its bytes are consumed inside the rule of s (or rules it calls), so it is valid whatever lies below;
-//   - dependent: it can only go on by finishing the rule of s and continuing in the caller (e.g. `",` inside a
-//     string), so it must be checked against the real stack;
+// TokenMasker computes the mask with a per-position cache (the "context-independent tokens" idea of xgrammar, with a
+// context of a few frames): a position is the top kContextFrames (3) entries of a stack, e.g. [char-state,
+// return-state-in-string-rule, return-state-in-object-rule]. For each position seen, it walks the trie once from that
+// partial stack, with the stack below it unknown (or known to be empty when the position is the whole stack), and
+// sorts every token into
+//   - accepted: its bytes are consumed within these frames (and the rules they call): valid whatever lies below;
+//   - dependent: it can only go on by finishing all of these frames and continuing below (e.g. `"}` at the end of
+//     the innermost object's last string), so it must be checked against the real stack;
 //   - rejected: neither.
 // The walk prunes a whole subtree at the first rejected byte. Then mask(state) = OR of the accepted bitsets of the
-// distinct top states + the dependent tokens checked one by one on their stack + EOS when the state may end. The
-// first mask at a new position pays for the walk (tens of ms for a position inside a string, where most of the
-// vocabulary is valid); later masks there cost the OR and the dependent checks. precompute_all() pays it up front.
+// distinct positions + the dependent tokens checked one by one on their stack + EOS when the state may end. The first
+// mask at a new position pays for the walk (about 10 ms for a position inside a string, where most of the vocabulary
+// is valid); later masks there cost the OR and the dependent checks (tens of microseconds).
 //
 // Mask layout: uint32 words, bit (id % 32) of word (id / 32) set when token id is allowed; words() = ceil(n / 32)
 // with n = mask_size (the model's vocabulary rows, >= the tokenizer's vocab_size; rows without a token stay 0).
@@ -21,6 +23,7 @@
 // Threads: a TokenMasker's cache is not locked; use one masker per thread (or lock around fill_mask).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -89,8 +92,8 @@ class TokenMasker {
   /// accepted (false, no change, if invalid or the token has no bytes).
   bool accept_token(GrammarMatcher& matcher, int32_t id) const;
 
-  /// Fills the cache for every state of the grammar that has byte edges (the cost of all first visits at once).
-  void precompute_all();
+  /// Frames of stack context that key the cache (see the header comment).
+  static constexpr int kContextFrames = 3;
   /// Number of positions cached so far.
   size_t cached_positions() const { return cache_.size(); }
 
@@ -101,12 +104,22 @@ class TokenMasker {
     std::vector<uint32_t> accepted;  // [words]
     std::vector<int32_t> dependent;  // token ids, in trie order
   };
-  const Entry& entry(int32_t state);
+  // Key: number of frames (negative when they are the whole stack), then the states from the top down (-1 padded).
+  using Key = std::array<int32_t, kContextFrames + 1>;
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      uint64_t h = 1469598103934665603ull;
+      for (int32_t x : k) h = (h ^ static_cast<uint32_t>(x)) * 1099511628211ull;
+      return static_cast<size_t>(h);
+    }
+  };
+  Key key_of(const StackPool& pool, int32_t node) const;
+  const Entry& entry(const Key& key);
   void walk(Entry& e, int32_t node, int depth, bool dep);
 
   std::shared_ptr<const Grammar> grammar_;
   std::shared_ptr<const TokenVocabulary> vocab_;
-  std::unordered_map<int32_t, Entry> cache_;
+  std::unordered_map<Key, Entry, KeyHash> cache_;
   StackPool pool_;                           // precomputation stacks (bottom kStackUnknown)
   std::vector<std::vector<int32_t>> sets_;   // walk scratch: one stack set per depth
   std::vector<int32_t> scratch_a_, scratch_b_;

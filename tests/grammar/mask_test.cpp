@@ -2,8 +2,6 @@
 // a copy of the matcher and the result compared with its mask bit.
 #include <gtest/gtest.h>
 
-#include <cstdio>
-
 #include "grammar_test_util.h"
 
 namespace flashnext::grammar {
@@ -29,7 +27,30 @@ TEST(TokenMask, EveryQwen3TokenAtChosenStates) {
     ASSERT_TRUE(m.accept_bytes(prefix)) << prefix;
     size_t allowed = check_mask_brute_force(masker, m);
     EXPECT_GT(allowed, 0u) << prefix;
-    std::printf("%-36s %zu allowed\n", prefix, allowed);
+  }
+}
+
+// Deep stacks: tokens that finish more frames than the cache's context (kContextFrames) are checked on the real stack.
+TEST(TokenMask, EveryQwen3TokenInDeepAndRecursiveSchemas) {
+  auto vocab = test::qwen3_vocab();
+  auto nested = compile_json_schema(R"({"type":"object","properties":{"a":{"type":"object","properties":{
+      "b":{"type":"object","properties":{"c":{"type":"string","maxLength":4}},"required":["c"]}},"required":["b"]}},
+      "required":["a"]})");
+  TokenMasker m1(nested, vocab);
+  for (const char* prefix : {R"({"a":{"b":{"c":")", R"({"a":{"b":{"c":"xy)", R"({"a":{"b":{"c":"wxyz)",
+                             R"({"a":{"b":{"c":"x")", R"({"a":{"b":{"c":"x"})"}) {
+    GrammarMatcher m(nested);
+    ASSERT_TRUE(m.accept_bytes(prefix)) << prefix;
+    EXPECT_GT(check_mask_brute_force(m1, m), 0u) << prefix;
+  }
+  auto tree = compile_json_schema(R"({"$defs":{"n":{"type":"object","properties":{"v":{"type":"string"},
+      "k":{"type":"array","items":{"$ref":"#/$defs/n"}}},"required":["v"]}},"$ref":"#/$defs/n"})");
+  TokenMasker m2(tree, vocab);
+  for (const char* prefix : {R"({"v":"a","k":[{"v":"b","k":[{"v":"c)", R"({"v":"a","k":[{"v":"b","k":[{"v":"c")",
+                             R"({"v":"a","k":[{"v":"b","k":[{"v":"c"}])"}) {
+    GrammarMatcher m(tree);
+    ASSERT_TRUE(m.accept_bytes(prefix)) << prefix;
+    EXPECT_GT(check_mask_brute_force(m2, m), 0u) << prefix;
   }
 }
 
