@@ -112,16 +112,48 @@ TokenMasker::Key TokenMasker::key_of(const StackPool& pool, int32_t node) const 
   return k;
 }
 
+// The class of token `bytes` from the partial stack `node` (bottom kStackUnknown or kStackRoot), by the walk's rules:
+// 0 rejected, 1 accepted, 2 dependent.
+int TokenMasker::classify(int32_t node, const std::string& bytes) {
+  scratch_a_.assign(1, node);
+  bool dep = false;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    bool ended = false, left = false;
+    bool alive = pda::step(*grammar_, pool_, scratch_a_, static_cast<uint8_t>(bytes[i]), scratch_b_, ended, left);
+    if (i + 1 == bytes.size()) return alive ? 1 : dep ? 2 : 0;
+    if (scratch_b_.empty()) return (dep || left) ? 2 : 0;
+    dep = dep || left;
+    scratch_a_.swap(scratch_b_);
+  }
+  return 0;
+}
+
 const TokenMasker::Entry& TokenMasker::entry(const Key& key) {
   auto it = cache_.find(key);
   if (it != cache_.end()) return it->second;
-  Entry e;
-  e.accepted.assign(vocab_->words(), 0);
-  if (sets_.empty()) sets_.resize(2);
   int n = key[0] < 0 ? -key[0] : key[0];
   int32_t node = key[0] < 0 ? kStackRoot : kStackUnknown;
   for (int i = n; i >= 1; --i) node = pool_.cons(key[i], node);
+  Entry e;
+  const Key base_key{1, key[1], -1, -1};
+  if (key != base_key) {
+    // More context only settles the one-frame position's dependent tokens: accepted stays accepted, rejected stays
+    // rejected. When those are few, check them instead of walking the whole trie again.
+    const Entry& base = entry(base_key);
+    if (base.dependent.size() <= kRefineLimit) {
+      e.accepted = base.accepted;
+      for (int32_t id : base.dependent) {
+        int c = classify(node, vocab_->bytes(id));
+        if (c == 1) e.accepted[id >> 5] |= 1u << (id & 31);
+        if (c == 2) e.dependent.push_back(id);
+      }
+      return cache_.emplace(key, std::move(e)).first->second;
+    }
+  }
+  e.accepted.assign(vocab_->words(), 0);
+  if (sets_.empty()) sets_.resize(2);
   sets_[0].assign(1, node);
+  ++trie_walks_;
   walk(e, 0, 0, false);
   return cache_.emplace(key, std::move(e)).first->second;
 }

@@ -15,7 +15,9 @@
 // The walk prunes a whole subtree at the first rejected byte. Then mask(state) = OR of the accepted bitsets of the
 // distinct positions + the dependent tokens checked one by one on their stack + EOS when the state may end. The first
 // mask at a new position pays for the walk (about 10 ms for a position inside a string, where most of the vocabulary
-// is valid); later masks there cost the OR and the dependent checks (tens of microseconds).
+// is valid); later masks there cost the OR and the dependent checks (microseconds). A position with more context than
+// one frame starts from the one-frame position's entry and only re-checks its dependent tokens (when at most
+// kRefineLimit), so the same string rule under many properties walks the trie once.
 //
 // Mask layout: uint32 words, bit (id % 32) of word (id / 32) set when token id is allowed; words() = ceil(n / 32)
 // with n = mask_size (the model's vocabulary rows, >= the tokenizer's vocab_size; rows without a token stay 0).
@@ -94,6 +96,8 @@ class TokenMasker {
 
   /// Frames of stack context that key the cache (see the header comment).
   static constexpr int kContextFrames = 3;
+  /// Full trie walks done so far (the expensive first visits); the other cached positions were refined.
+  size_t trie_walks() const { return trie_walks_; }
   /// Number of positions cached so far.
   size_t cached_positions() const { return cache_.size(); }
 
@@ -115,6 +119,8 @@ class TokenMasker {
   };
   Key key_of(const StackPool& pool, int32_t node) const;
   const Entry& entry(const Key& key);
+  int classify(int32_t node, const std::string& bytes);
+  static constexpr size_t kRefineLimit = 4096;  // most one-frame dependent tokens refined one by one
   void walk(Entry& e, int32_t node, int depth, bool dep);
 
   std::shared_ptr<const Grammar> grammar_;
@@ -123,6 +129,7 @@ class TokenMasker {
   StackPool pool_;                           // precomputation stacks (bottom kStackUnknown)
   std::vector<std::vector<int32_t>> sets_;   // walk scratch: one stack set per depth
   std::vector<int32_t> scratch_a_, scratch_b_;
+  size_t trie_walks_ = 0;
 };
 
 /// Sets logits[id] = -inf for every id whose bit in `mask` is 0 (ids < min(logits.size(), 32 * mask.size())), and
