@@ -54,6 +54,32 @@ TEST(TokenMask, EveryQwen3TokenInDeepAndRecursiveSchemas) {
   }
 }
 
+TEST(TokenMask, EveryQwen3TokenInJsonObjectMode) {
+  auto vocab = test::qwen3_vocab();
+  auto g = json_object_grammar();
+  TokenMasker masker(g, vocab);
+  for (const char* prefix : {"", "{", R"({"k": [1, {"a": tr)", R"({"k": [1, {"a": "x\u)", R"({"k": -1.5e)",
+                             R"({"k": [])", R"({"k": []})"}) {
+    GrammarMatcher m(g);
+    ASSERT_TRUE(m.accept_bytes(prefix)) << prefix;
+    EXPECT_GT(check_mask_brute_force(masker, m), 0u) << prefix;
+  }
+}
+
+TEST(TokenMask, RollbackRestoresTheMask) {
+  auto vocab = test::qwen3_vocab();
+  const Tokenizer& tok = test::qwen3_tokenizer();
+  auto g = compile_json_schema(R"({"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]})");
+  TokenMasker masker(g, vocab);
+  GrammarMatcher m(g);
+  std::vector<uint32_t> before = masker.mask(m);
+  for (TokenId id : tok.encode(R"({"n": 12})")) ASSERT_TRUE(masker.accept_token(m, id)) << id;
+  EXPECT_TRUE(m.can_end());
+  m.rollback(m.num_checkpoints());
+  EXPECT_EQ(masker.mask(m), before);
+  EXPECT_FALSE(m.can_end());
+}
+
 TEST(TokenMask, EosOnlyWhenTheGrammarCanEnd) {
   auto vocab = test::qwen3_vocab();
   auto g = compile_json_schema(R"({"type":"integer"})");

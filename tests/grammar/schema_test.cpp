@@ -152,6 +152,30 @@ TEST(JsonSchema, JsonObjectMode) {
   EXPECT_FALSE(full_match(g, R"({a:1})"));
 }
 
+TEST(JsonSchema, WhitespaceIsBounded) {
+  auto g = compile(R"({"type":"array","items":{"type":"integer"}})");
+  EXPECT_TRUE(full_match(g, "[1,2]"));
+  EXPECT_TRUE(full_match(g, "[ 1 , 2 ]"));
+  EXPECT_TRUE(full_match(g, "[\n" + std::string(20, ' ') + "1\n]"));
+  EXPECT_FALSE(full_match(g, "[\n" + std::string(21, ' ') + "1\n]"));  // at most 20 spaces after a newline
+  EXPECT_FALSE(full_match(g, "[  1]"));                                // at most one space
+  EXPECT_FALSE(full_match(g, "[\t1]"));                               // no tabs
+  EXPECT_FALSE(full_match(g, "[\n\n1]"));                            // one newline
+  EXPECT_FALSE(full_match(g, " [1]"));                                 // nothing before the value
+}
+
+TEST(JsonSchema, AnyOfObjectsAndOptionalOrder) {
+  auto g = compile(R"({"anyOf":[{"type":"object","properties":{"cat":{"const":true}},"required":["cat"]},
+                                {"type":"object","properties":{"dog":{"type":"integer"},"x":{"type":"null"}}}]})");
+  EXPECT_TRUE(full_match(g, R"({"cat":true})"));
+  EXPECT_TRUE(full_match(g, R"({"dog":1,"x":null})"));
+  EXPECT_TRUE(full_match(g, R"({"x":null})"));
+  EXPECT_TRUE(full_match(g, R"({})"));                  // the second branch has no required property
+  EXPECT_FALSE(full_match(g, R"({"cat":false})"));
+  EXPECT_FALSE(full_match(g, R"({"x":null,"dog":1})"));  // members come in the order of 'properties'
+  EXPECT_FALSE(full_match(g, R"({"cat":true,"dog":1})"));
+}
+
 void expect_error(std::string_view schema, const std::string& needle) {
   try {
     compile(schema);
