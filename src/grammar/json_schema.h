@@ -39,15 +39,15 @@ struct JsonSchemaOptions {
   size_t max_states = 2000000;     ///< builder size limit (Error above: the schema is too large)
 };
 
-/// Compiles `schema` (a JSON Schema document, an object or `true`; members in document order) to a grammar. Throws
-/// Error as below.
+/// Compiles `schema` (a JSON Schema document: an object or `true`; members in document order) to a grammar whose
+/// root rule matches exactly the JSON texts described above. Throws Error naming the feature and its JSON pointer
+/// ("#/properties/name") for anything unsupported (including a `required` name missing from `properties`), and for
+/// invalid schemas (wrong keyword types, an unresolved $ref, an empty enum, minLength > maxLength, left-recursive
+/// $refs, `false`, more than max_states states, ...).
 std::shared_ptr<const Grammar> compile_json_schema(const nlohmann::ordered_json& schema,
                                                    const JsonSchemaOptions& options = {});
 
 /// The same for a nlohmann::json document, whose objects are sorted by key: properties then come in key order.
-/// Compiles `schema` (a JSON Schema document, an object or `true`) to a grammar. Throws Error naming the feature and
-/// its JSON pointer for anything unsupported, and for invalid schemas (wrong keyword types, unresolved $ref, a
-/// property in `required` that is not in `properties` when additionalProperties is false, an empty enum, ...).
 std::shared_ptr<const Grammar> compile_json_schema(const nlohmann::json& schema, const JsonSchemaOptions& options = {});
 
 /// Parses `schema_text` as JSON (keeping member order) and compiles it; a parse failure throws Error too.
