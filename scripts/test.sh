@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+cmake --build "${BUILD_DIR:-build}" --parallel "$(nproc)"  # tests and benchmarks too
 # test_cuda (label cuda) needs a GPU and fails without one: it runs on the GPU machine (scripts/gpu-check.sh).
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure --parallel "$(nproc)" --timeout 1500 -LE cuda
 
