@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -31,6 +32,7 @@
 #include "cli/load_progress.h"
 #include "core/error.h"
 #include "engine/model_dir.h"
+#include "engine/sampling.h"
 #include "loader/config.h"
 #include "model/qwen4_exp/cost.h"
 #include "model/qwen4_exp/model.h"
@@ -196,8 +198,9 @@ std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint64_t seed) {
   return ids;
 }
 
-/// The next token of every row of `logits`: on the device when the backend samples there, else on the host (greedy:
-/// argmax; with temperature: softmax and a draw from random_uniform(seed, offset + row)).
+/// The next token of every row of `logits`: on the device when the backend samples there, else on the host with the
+/// engine's sampler functions (greedy: argmax; with temperature: a draw from softmax(logits / temperature) seeded by
+/// (seed + row, offset)).
 std::vector<int32_t> sample(Model& m, const Tensor& logits, float temperature, uint64_t seed, uint64_t offset) {
   Ops& ops = m.ops();
   const int64_t rows = logits.dim(0), V = logits.dim(1);
@@ -206,27 +209,17 @@ std::vector<int32_t> sample(Model& m, const Tensor& logits, float temperature, u
     for (int64_t r = 0; r < rows; ++r) p[size_t(r)] = TokenSampling{temperature, 0, 1.f, 0.f, seed + uint64_t(r), offset};
     return ops.sample_tokens(logits, p);
   }
-  const std::vector<float> host = m.download(logits);
+  std::vector<float> host = m.download(logits);
   std::vector<int32_t> out(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) {
-    const float* l = host.data() + r * V;
-    const int64_t best = std::max_element(l, l + V) - l;
+    const std::span<float> row(host.data() + r * V, size_t(V));
     if (temperature <= 0) {
-      out[size_t(r)] = int32_t(best);
+      out[size_t(r)] = argmax(row);
       continue;
     }
-    double total = 0;
-    for (int64_t v = 0; v < V; ++v) total += std::exp(double(l[v] - l[best]) / temperature);
-    double u = double(random_uniform(seed + uint64_t(r), offset)) * total, acc = 0;
-    int64_t pick = V - 1;
-    for (int64_t v = 0; v < V; ++v) {
-      acc += std::exp(double(l[v] - l[best]) / temperature);
-      if (acc > u) {
-        pick = v;
-        break;
-      }
-    }
-    out[size_t(r)] = int32_t(pick);
+    apply_temperature(row, temperature);
+    std::mt19937_64 rng(random_bits(seed + uint64_t(r), offset));
+    out[size_t(r)] = sample_from_logits(row, rng);
   }
   return out;
 }
