@@ -35,6 +35,15 @@ void RequestStream::push_token(int32_t token, std::optional<TokenLogprobs> logpr
   cv_.notify_one();
 }
 
+void RequestStream::push_prompt_logprobs(std::vector<TokenLogprobs> logprobs) {
+  {
+    std::lock_guard lock(mutex_);
+    if (finished_) return;
+    for (auto& lp : logprobs) pending_.prompt_logprobs.push_back(std::move(lp));
+  }
+  cv_.notify_one();
+}
+
 void RequestStream::finish(EndReason reason, std::optional<int32_t> stop_token, std::string error) {
   {
     std::lock_guard lock(mutex_);
@@ -49,7 +58,9 @@ void RequestStream::finish(EndReason reason, std::optional<int32_t> stop_token, 
 
 RequestStream::Update RequestStream::wait(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
-  cv_.wait_for(lock, timeout, [&] { return !pending_.tokens.empty() || pending_.finish != EndReason::None; });
+  cv_.wait_for(lock, timeout, [&] {
+    return !pending_.tokens.empty() || !pending_.prompt_logprobs.empty() || pending_.finish != EndReason::None;
+  });
   Update out = std::move(pending_);
   pending_ = Update{};
   return out;

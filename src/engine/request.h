@@ -50,6 +50,9 @@ class RequestStream {
  public:
   /// What arrived since the consumer's previous wait().
   struct Update {
+    /// Log-probabilities of prompt tokens 1, 2, ... (the first has none) when the request asked for them
+    /// (Request::prompt_logprobs), in order, arriving before the first output token.
+    std::vector<TokenLogprobs> prompt_logprobs;
     std::vector<int32_t> tokens;           ///< new output tokens, in order
     std::vector<TokenLogprobs> logprobs;   ///< one per token when logprobs were requested, else empty
     std::vector<Clock::time_point> times;  ///< when each token was produced
@@ -61,6 +64,8 @@ class RequestStream {
   // ---- producer (scheduler) ----
   /// Appends one generated token (with its log-probabilities when requested).
   void push_token(int32_t token, std::optional<TokenLogprobs> logprobs, Clock::time_point when);
+  /// Appends log-probabilities of the next prompt tokens (see Update::prompt_logprobs).
+  void push_prompt_logprobs(std::vector<TokenLogprobs> logprobs);
   /// Ends the stream. Later calls are ignored (the first reason wins).
   void finish(EndReason reason, std::optional<int32_t> stop_token = {}, std::string error = {});
 
@@ -87,6 +92,13 @@ struct Request {
   std::vector<int32_t> prompt;         ///< prompt token ids, non-empty, each in [0, vocab)
   SamplingParams sampling;             ///< validated by the Scheduler at submit
   int top_logprobs = -1;               ///< -1: no log-probabilities; 0..20: the chosen token's plus this many top ones
+  /// -1: none; 0..20: log-probabilities of every prompt token after the first (vLLM's prompt_logprobs; echo with
+  /// logprobs), with this many top alternatives. Such a request samples on the host and is prefilled in chunks of
+  /// at most kPromptLogprobsChunk tokens (the logits of a whole chunk are brought to the host).
+  int prompt_logprobs = -1;
+  /// Scheduling priority under SchedulingPolicy::Priority: lower values are admitted first (vLLM's convention);
+  /// must be 0 under FCFS.
+  int64_t priority = 0;
   std::vector<int64_t> eos_token_ids;  ///< the model's EOS ids (ignored with sampling.ignore_eos)
   Clock::time_point arrival = Clock::now();
   std::shared_ptr<RequestStream> stream = std::make_shared<RequestStream>();
@@ -94,6 +106,9 @@ struct Request {
 
 /// The most log-probabilities a request may ask for (OpenAI's limit, vLLM's default max_logprobs).
 inline constexpr int kMaxTopLogprobs = 20;
+/// The longest prefill chunk of a request with prompt log-probabilities (its logits rows come to the host: 256 rows
+/// of a 248,320-entry vocabulary are 254 MB).
+inline constexpr int64_t kPromptLogprobsChunk = 256;
 
 /// log_softmax of `logits` (double accumulation) evaluated at `token`, plus the `top` most likely entries
 /// (descending, lower id first on ties). Non-finite logits count as -inf. Throws Error when no logit is finite.

@@ -196,7 +196,15 @@ void validate(const SamplingParams& p, int64_t vocab_size) {
     fail("sampling: presence_penalty must be in [-2, 2], got {}", p.presence_penalty);
   if (!(p.frequency_penalty >= -2.0 && p.frequency_penalty <= 2.0))
     fail("sampling: frequency_penalty must be in [-2, 2], got {}", p.frequency_penalty);
-  if (p.max_tokens < 1) fail("sampling: max_tokens must be >= 1, got {}", p.max_tokens);
+  if (p.max_tokens < 0) fail("sampling: max_tokens must be >= 0, got {}", p.max_tokens);
+  if (p.min_tokens < 0 || p.min_tokens > p.max_tokens)
+    fail("sampling: min_tokens must be in [0, max_tokens = {}], got {}", p.max_tokens, p.min_tokens);
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (id < 0 || id >= vocab_size)
+      fail("sampling: logit_bias token id {} is out of range [0, {}) of the model's vocabulary", id, vocab_size);
+    if (!(bias >= -100.f && bias <= 100.f))
+      fail("sampling: logit_bias of token {} must be in [-100, 100], got {}", id, bias);
+  }
   for (size_t i = 0; i < p.stop.size(); ++i) {
     if (p.stop[i].empty()) fail("sampling: stop string {} is empty; stop strings must be non-empty", i);
   }
@@ -268,7 +276,8 @@ int32_t sample_from_logits(std::span<const float> logits, std::mt19937_64& rng) 
   return draw_row(logits, 1.0f, rng);
 }
 
-Sampler::Sampler(const SamplingParams& params, int64_t vocab_size, std::span<const int32_t> prompt)
+Sampler::Sampler(const SamplingParams& params, int64_t vocab_size, std::span<const int32_t> prompt,
+                 std::span<const int64_t> eos_ids)
     : params_(params), vocab_size_(vocab_size) {
   FN_CHECK(vocab_size > 0 && vocab_size <= std::numeric_limits<int32_t>::max(), "sampler: bad vocabulary size {}",
            vocab_size);
@@ -284,6 +293,14 @@ Sampler::Sampler(const SamplingParams& params, int64_t vocab_size, std::span<con
   }
   if (params_.presence_penalty != 0.0 || params_.frequency_penalty != 0.0)
     output_counts_.assign(size_t(vocab_size_), 0);
+  for (int64_t id : eos_ids)
+    FN_CHECK(id >= 0 && id < vocab_size_, "sampler: EOS id {} is out of range [0, {})", id, vocab_size_);
+  if (params_.min_tokens > 0) {
+    for (int64_t id : params_.stop_token_ids) min_tokens_ids_.push_back(int32_t(id));
+    if (!params_.ignore_eos)
+      for (int64_t id : eos_ids) min_tokens_ids_.push_back(int32_t(id));
+  }
+  if (params_.constraint) constraint_ = params_.constraint->clone();
 }
 
 void Sampler::note_seen(int32_t token) {
@@ -297,6 +314,8 @@ void Sampler::accept(int32_t token) {
   FN_CHECK(token >= 0 && token < vocab_size_, "sampler: token {} is out of range [0, {})", token, vocab_size_);
   if (!seen_mask_.empty()) note_seen(token);
   if (!output_counts_.empty() && output_counts_[size_t(token)]++ == 0) output_ids_.push_back(token);
+  if (constraint_) constraint_->accept(token);
+  ++num_output_;
 }
 
 int32_t Sampler::sample(std::span<float> logits) {
@@ -312,6 +331,11 @@ int32_t Sampler::sample(std::span<float> logits) {
     for (size_t i = 0; i < output_ids_.size(); ++i) counts_buf_[i] = output_counts_[size_t(output_ids_[i])];
     apply_presence_frequency(logits, output_ids_, counts_buf_, params_.presence_penalty, params_.frequency_penalty);
   }
+  for (const auto& [id, bias] : params_.logit_bias) logits[size_t(id)] += bias;
+  if (num_output_ < params_.min_tokens) {
+    for (int32_t id : min_tokens_ids_) logits[size_t(id)] = kNegInf;
+  }
+  if (constraint_) constraint_->mask(logits);
   if (params_.greedy()) return argmax(logits);
   // From here on `logits` is only read: the temperature and the filters work on a copy of the survivors.
   const float inv_t = float(1.0 / params_.temperature);

@@ -92,6 +92,13 @@ std::unique_ptr<RunnerSequence> ModelRunner::new_sequence(int32_t slot) {
   return s;
 }
 
+bool ModelRunner::copy_sequence(const RunnerSequence& from, RunnerSequence& to, std::span<const int32_t> to_blocks) {
+  auto& dst = static_cast<ModelSequence&>(to);
+  dst.state.block_table.assign(to_blocks.begin(), to_blocks.end());
+  model_.copy_sequence(static_cast<const ModelSequence&>(from).state, dst.state);
+  return true;
+}
+
 bool ModelRunner::samples_on_device() const {
   return device_sampling_ && model_.ops().samples_on_device();
 }
@@ -105,11 +112,16 @@ void ModelRunner::forward(std::span<Item> items) {
       FN_CHECK(item.slot == seq.state.slot, "the step gives slot {} to a sequence made in slot {}", item.slot,
                seq.state.slot);
       FN_CHECK(!item.sampling || samples_on_device(), "device sampling asked of a backend that samples on the host");
-      FN_CHECK(item.logits.empty() || int64_t(item.logits.size()) == model_.config().vocab_size,
-               "logits buffer of {} entries, the vocabulary has {}", item.logits.size(), model_.config().vocab_size);
+      const int64_t vocab = model_.config().vocab_size;
+      FN_CHECK(item.logits.empty() || int64_t(item.logits.size()) == vocab,
+               "logits buffer of {} entries, the vocabulary has {}", item.logits.size(), vocab);
+      FN_CHECK(item.all_logits.empty() || int64_t(item.all_logits.size()) == int64_t(item.ids.size()) * vocab,
+               "all-logits buffer of {} entries for {} tokens of a vocabulary of {}", item.all_logits.size(),
+               item.ids.size(), vocab);
+      FN_CHECK(item.all_logits.empty() || !item.sampling, "device sampling of an item that wants all its logits");
       seq.state.block_table.assign(item.block_table.begin(), item.block_table.end());
       model_.validate(seq.state, item.ids);
-      batch.push_back({&seq.state, item.ids, LogitsMode::Last});
+      batch.push_back({&seq.state, item.ids, item.all_logits.empty() ? LogitsMode::Last : LogitsMode::All});
       fed.push_back(&item);
     } catch (const std::exception& e) {
       item.error = e.what();
@@ -134,7 +146,10 @@ void ModelRunner::forward(std::span<Item> items) {
     for (size_t i = 0; i < fed.size(); ++i) {
       Item* item = fed[i];
       ple_rows_ += ple_rows_per_token_ * int64_t(item->ids.size());
-      if (item->sampling) {
+      if (!item->all_logits.empty()) {  // its rows rows[i] .. rows[i] + T - 1
+        for (int64_t r = 0; r < int64_t(item->ids.size()); ++r) host_rows.push_back(int32_t(rows[i] + r));
+        on_host.push_back(item);
+      } else if (item->sampling) {
         on_device.push_back(item);
         device_rows.push_back(int32_t(rows[i]));
         params.push_back(*item->sampling);
@@ -149,8 +164,14 @@ void ModelRunner::forward(std::span<Item> items) {
     }
     if (!on_host.empty()) {
       const std::vector<float> host = model_.download(pick(host_rows));
-      for (size_t i = 0; i < on_host.size(); ++i)
-        std::copy_n(host.begin() + int64_t(i) * vocab, vocab, on_host[i]->logits.begin());
+      int64_t row = 0;
+      for (Item* item : on_host) {
+        const int64_t n = item->all_logits.empty() ? 1 : int64_t(item->ids.size());
+        const auto first = host.begin() + row * vocab;
+        if (!item->all_logits.empty()) std::copy_n(first, n * vocab, item->all_logits.begin());
+        if (!item->logits.empty()) std::copy_n(first + (n - 1) * vocab, vocab, item->logits.begin());
+        row += n;
+      }
     }
   } catch (const std::exception& e) {
     for (Item* item : fed) item->error = e.what();
@@ -174,14 +195,20 @@ struct Scheduler::Seq {
   /// Device sampling parameters (offset = tokens generated so far), when the request needs nothing the device
   /// sampler lacks (penalties, logprobs) and the Runner samples on the device.
   std::optional<TokenSampling> device_sampling;
+  /// The other samples of this prompt (submit_group), forked from this sequence once its prompt is fed.
+  std::vector<std::unique_ptr<Seq>> forks;
+  /// Prompt log-probabilities computed so far (prompt tokens 1 .. size()), kept for the forks and for preemption.
+  std::vector<TokenLogprobs> prompt_lp;
+  int64_t arrival = 0;  // submission order (priority ties)
 };
 
 namespace {
-/// The device sampling of `r`, or nullopt when it needs the host sampler (penalties or logprobs). Greedy requests
-/// map to temperature 0; an unseeded request gets a random seed here, once.
+/// The device sampling of `r`, or nullopt when it needs the host sampler (penalties, logit bias, min_tokens, a
+/// constraint or logprobs). Greedy requests map to temperature 0; an unseeded request gets a random seed here, once.
 std::optional<TokenSampling> device_sampling_of(const Request& r) {
   const SamplingParams& p = r.sampling;
-  if (r.top_logprobs >= 0 || p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0)
+  if (r.top_logprobs >= 0 || r.prompt_logprobs >= 0 || p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 ||
+      p.frequency_penalty != 0.0 || !p.logit_bias.empty() || p.min_tokens > 0 || p.constraint)
     return std::nullopt;
   TokenSampling t;
   t.temperature = p.greedy() ? 0.f : float(p.temperature);
@@ -220,7 +247,7 @@ Scheduler::~Scheduler() {
   stop();
 }
 
-void Scheduler::submit(Request r) {
+std::unique_ptr<Scheduler::Seq> Scheduler::make_seq(Request r) const {
   const int64_t vocab = runner_.vocab_size();
   FN_CHECK(!r.prompt.empty(), "request {}: the prompt is empty", r.id);
   for (int32_t id : r.prompt) {
@@ -238,22 +265,52 @@ void Scheduler::submit(Request r) {
         config_.max_model_len);
   if (r.top_logprobs < -1 || r.top_logprobs > kMaxTopLogprobs)
     fail("request {}: top_logprobs must be in [0, {}], got {}", r.id, kMaxTopLogprobs, r.top_logprobs);
+  if (r.prompt_logprobs < -1 || r.prompt_logprobs > kMaxTopLogprobs)
+    fail("request {}: prompt_logprobs must be in [0, {}], got {}", r.id, kMaxTopLogprobs, r.prompt_logprobs);
+  if (r.priority != 0 && config_.policy != SchedulingPolicy::Priority)
+    fail("request {}: priority {} given, but the scheduling policy is FCFS (serve with --scheduling-policy priority)",
+         r.id, r.priority);
   auto seq = std::make_unique<Seq>();
   try {
-    seq->sampler = std::make_unique<Sampler>(r.sampling, vocab, r.prompt);
+    seq->sampler = std::make_unique<Sampler>(r.sampling, vocab, r.prompt,
+                                             r.sampling.ignore_eos ? std::span<const int64_t>() : r.eos_token_ids);
   } catch (const Error& e) {
     fail("request {}: {}", r.id, e.what());
   }
   if (runner_.samples_on_device()) seq->device_sampling = device_sampling_of(r);
   seq->tokens = r.prompt;
   seq->req = std::move(r);
+  return seq;
+}
+
+void Scheduler::submit(Request r) {
+  std::vector<Request> one;
+  one.push_back(std::move(r));
+  submit_group(std::move(one));
+}
+
+void Scheduler::submit_group(std::vector<Request> group) {
+  FN_CHECK(!group.empty(), "scheduler: submit_group of no request");
+  std::vector<std::unique_ptr<Seq>> seqs;
+  const std::vector<int32_t> prompt = group.front().prompt;
+  for (Request& r : group) {
+    if (r.prompt != prompt)
+      fail("request {}: the requests of a group must share one prompt", r.id);
+    seqs.push_back(make_seq(std::move(r)));
+  }
+  std::unique_ptr<Seq> parent = std::move(seqs.front());
+  for (size_t i = 1; i < seqs.size(); ++i) parent->forks.push_back(std::move(seqs[i]));
   {
     std::lock_guard lock(mutex_);
-    if (stopping_) fail("request {}: the server is shutting down", seq->req.id);
-    if (int64_t(inbox_.size()) + stats_.waiting >= config_.max_waiting)
+    if (stopping_) fail("request {}: the server is shutting down", parent->req.id);
+    const int64_t n = int64_t(group.size());
+    if (inbox_waiting_ + stats_.waiting + n > config_.max_waiting)
       throw QueueFullError(fmt::format("request {}: the waiting queue is full ({} requests); try again later",
-                                       seq->req.id, config_.max_waiting));
-    inbox_.push_back(std::move(seq));
+                                       parent->req.id, config_.max_waiting));
+    parent->arrival = arrivals_++;
+    for (auto& f : parent->forks) f->arrival = parent->arrival;
+    inbox_.push_back(std::move(parent));
+    inbox_waiting_ += n;
   }
   cv_.notify_one();
 }
@@ -280,8 +337,14 @@ void Scheduler::stop() {
   for (auto& s : inbox) finish(*s, EndReason::Abort);
   for (auto& s : waiting_) finish(*s, EndReason::Abort);
   for (auto& s : running_) finish(*s, EndReason::Abort);
+  for (auto& s : orphans_) finish(*s, EndReason::Abort);  // the forks of all of the above
   waiting_.clear();
   running_.clear();
+  orphans_.clear();
+  {
+    std::lock_guard lock(mutex_);
+    inbox_waiting_ = 0;
+  }
   publish_stats();
 }
 
@@ -316,7 +379,9 @@ bool Scheduler::step() {
 }
 
 int64_t Scheduler::next_chunk(const Seq& s) const {
-  return std::min(int64_t(s.tokens.size()) - s.num_computed, config_.prefill_chunk_size);
+  const int64_t c = s.req.prompt_logprobs >= 0 ? std::min(config_.prefill_chunk_size, kPromptLogprobsChunk)
+                                               : config_.prefill_chunk_size;
+  return std::min(int64_t(s.tokens.size()) - s.num_computed, c);
 }
 
 void Scheduler::finish(Seq& s, EndReason reason, std::optional<int32_t> stop_token, std::string error) {
@@ -325,6 +390,9 @@ void Scheduler::finish(Seq& s, EndReason reason, std::optional<int32_t> stop_tok
   s.state.reset();
   s.done = true;
   s.req.stream->finish(reason, stop_token, std::move(error));
+  // Forks not made yet run on their own (a step cannot enqueue them here: finish may run inside a walk of waiting_).
+  for (auto& f : s.forks) orphans_.push_back(std::move(f));
+  s.forks.clear();
 }
 
 void Scheduler::preempt(Seq& s) {
@@ -337,8 +405,11 @@ void Scheduler::preempt(Seq& s) {
 }
 
 void Scheduler::publish_stats() {
+  int64_t forks = int64_t(orphans_.size());
+  for (const auto& s : waiting_) forks += int64_t(s->forks.size());
+  for (const auto& s : running_) forks += int64_t(s->forks.size());
   counters_.running = int64_t(running_.size());
-  counters_.waiting = int64_t(waiting_.size());
+  counters_.waiting = int64_t(waiting_.size()) + forks;
   counters_.kv_blocks_used = planner_.total_blocks() - planner_.free_blocks();
   counters_.slots_used = planner_.total_slots() - planner_.free_slots();
   counters_.kv_usage = planner_.usage();
@@ -350,7 +421,7 @@ void Scheduler::publish_stats() {
 SchedulerStats Scheduler::stats() const {
   std::lock_guard lock(mutex_);
   SchedulerStats s = stats_;
-  s.waiting += int64_t(inbox_.size());
+  s.waiting += inbox_waiting_;
   return s;
 }
 
@@ -359,17 +430,36 @@ bool Scheduler::step_impl() {
     std::lock_guard lock(mutex_);
     for (auto& s : inbox_) waiting_.push_back(std::move(s));
     inbox_.clear();
-    stats_.waiting = int64_t(waiting_.size());
+    inbox_waiting_ = 0;
   }
+  // Forks whose parent ended before their prompt was fed: they go first (they arrived with it).
+  for (auto it = orphans_.rbegin(); it != orphans_.rend(); ++it) waiting_.push_front(std::move(*it));
+  orphans_.clear();
   // Drop cancelled requests, wherever they are.
+  auto drop_cancelled_forks = [&](Seq& s) {
+    for (auto& f : s.forks) {
+      if (f->req.stream->cancelled()) finish(*f, EndReason::Abort);
+    }
+    std::erase_if(s.forks, [](const auto& f) { return f->done; });
+  };
   for (auto& s : running_) {
+    drop_cancelled_forks(*s);
     if (s->req.stream->cancelled()) finish(*s, EndReason::Abort);
   }
   std::erase_if(running_, [](const auto& s) { return s->done; });
   for (auto& s : waiting_) {
+    drop_cancelled_forks(*s);
     if (s->req.stream->cancelled()) finish(*s, EndReason::Abort);
   }
   std::erase_if(waiting_, [](const auto& s) { return s->done; });
+  // The forks of a cancelled parent: queued behind the requests already waiting (one more step; they are new).
+  for (auto& f : orphans_) waiting_.push_back(std::move(f));
+  orphans_.clear();
+  if (config_.policy == SchedulingPolicy::Priority) order_by_priority();
+  {
+    std::lock_guard lock(mutex_);
+    stats_.waiting = int64_t(waiting_.size());
+  }
   if (running_.empty() && waiting_.empty()) {
     publish_stats();
     return false;
@@ -438,6 +528,7 @@ bool Scheduler::step_impl() {
   if (logits_buf_.size() < batch.size()) logits_buf_.resize(batch.size());
   std::vector<Runner::Item> items(batch.size());
   std::vector<TokenSampling> sampling(batch.size());
+  std::vector<std::vector<float>> all_logits(batch.size());
   for (size_t k = 0; k < batch.size(); ++k) {
     Seq& s = *batch[k].seq;
     Runner::Item& it = items[k];
@@ -445,8 +536,15 @@ bool Scheduler::step_impl() {
     it.ids = std::span<const int32_t>(s.tokens).subspan(size_t(s.num_computed), size_t(batch[k].n));
     it.block_table = s.blocks;
     it.slot = s.slot;
+    // Prompt log-probabilities still to compute: the rows of this chunk that predict prompt tokens not yet scored.
+    const int64_t prompt_len = int64_t(s.req.prompt.size());
+    if (s.req.prompt_logprobs >= 0 && int64_t(s.prompt_lp.size()) < prompt_len - 1 &&
+        s.num_computed + batch[k].n > int64_t(s.prompt_lp.size()) + 1) {
+      all_logits[k].resize(size_t(batch[k].n * vocab));
+      it.all_logits = all_logits[k];
+    }
     if (s.num_computed + batch[k].n == int64_t(s.tokens.size())) {
-      if (s.device_sampling) {
+      if (s.device_sampling && s.forks.empty()) {
         sampling[k] = *s.device_sampling;
         sampling[k].offset = uint64_t(s.num_output);
         it.sampling = &sampling[k];
@@ -460,7 +558,6 @@ bool Scheduler::step_impl() {
 
   // ---- sample ----
   const Clock::time_point now = Clock::now();
-  std::vector<float> raw;
   for (size_t k = 0; k < batch.size(); ++k) {
     Seq& s = *batch[k].seq;
     Runner::Item& it = items[k];
@@ -471,37 +568,108 @@ bool Scheduler::step_impl() {
     const bool wants_token = !it.logits.empty() || it.sampling;
     const bool decode = batch[k].n == 1 && s.num_output > 0 && wants_token;
     (decode ? counters_.decode_tokens : counters_.prefill_tokens) += batch[k].n;
+    if (!it.all_logits.empty()) {
+      // Row j follows token num_computed + j and predicts token num_computed + j + 1.
+      try {
+        std::vector<TokenLogprobs> lps;
+        const int64_t prompt_len = int64_t(s.req.prompt.size());
+        for (int64_t j = 0; j < batch[k].n; ++j) {
+          const int64_t next = s.num_computed + j + 1;
+          if (next < prompt_len && next == int64_t(s.prompt_lp.size() + lps.size()) + 1)
+            lps.push_back(compute_logprobs(it.all_logits.subspan(size_t(j * vocab), size_t(vocab)),
+                                           s.req.prompt[size_t(next)], s.req.prompt_logprobs));
+        }
+        s.prompt_lp.insert(s.prompt_lp.end(), lps.begin(), lps.end());
+        s.req.stream->push_prompt_logprobs(std::move(lps));
+      } catch (const std::exception& e) {
+        finish(s, EndReason::Error, {}, fmt::format("prompt log-probabilities failed: {}", e.what()));
+        continue;
+      }
+    }
     s.num_computed += batch[k].n;
     if (!wants_token) continue;
-    try {
-      const SamplingParams& p = s.sampler->params();
-      int32_t tok = it.token;
-      if (it.sampling) {
-        FN_CHECK(tok >= 0 && tok < vocab, "the device sampler returned token {} (vocabulary {})", tok, vocab);
-      } else {
-        if (s.req.top_logprobs >= 0) raw.assign(it.logits.begin(), it.logits.end());
-        tok = s.sampler->sample(it.logits);
-      }
-      s.sampler->accept(tok);
-      std::optional<TokenLogprobs> lp;
-      if (s.req.top_logprobs >= 0) lp = compute_logprobs(raw, tok, s.req.top_logprobs);
-      s.tokens.push_back(tok);
-      ++s.num_output;
-      s.req.stream->push_token(tok, std::move(lp), now);
-      auto has = [&](const auto& ids) { return std::find(ids.begin(), ids.end(), int64_t(tok)) != ids.end(); };
-      if (has(p.stop_token_ids) || (!p.ignore_eos && has(s.req.eos_token_ids))) {
-        finish(s, EndReason::Stop, tok);
-      } else if (s.num_output >= p.max_tokens || int64_t(s.tokens.size()) >= config_.max_model_len) {
-        finish(s, EndReason::Length);
-      }
-    } catch (const std::exception& e) {
-      finish(s, EndReason::Error, {}, fmt::format("sampling failed: {}", e.what()));
-    }
+    if (s.num_output == 0 && !s.forks.empty()) fork(s, it.logits, now);
+    emit(s, it.logits, it.token, now);
   }
   std::erase_if(running_, [](const auto& s) { return s->done; });
   ++counters_.steps;
   publish_stats();
   return true;
+}
+
+void Scheduler::emit(Seq& s, std::span<float> logits, int32_t device_token, Clock::time_point now) {
+  const int64_t vocab = runner_.vocab_size();
+  try {
+    const SamplingParams& p = s.sampler->params();
+    if (p.max_tokens == 0) {  // the prompt was only scored
+      finish(s, EndReason::Length);
+      return;
+    }
+    int32_t tok = device_token;
+    std::vector<float> raw;
+    if (logits.empty()) {
+      FN_CHECK(tok >= 0 && tok < vocab, "the device sampler returned token {} (vocabulary {})", tok, vocab);
+    } else {
+      if (s.req.top_logprobs >= 0) raw.assign(logits.begin(), logits.end());
+      tok = s.sampler->sample(logits);
+    }
+    s.sampler->accept(tok);
+    std::optional<TokenLogprobs> lp;
+    if (s.req.top_logprobs >= 0) lp = compute_logprobs(raw, tok, s.req.top_logprobs);
+    s.tokens.push_back(tok);
+    ++s.num_output;
+    s.req.stream->push_token(tok, std::move(lp), now);
+    auto has = [&](const auto& ids) { return std::find(ids.begin(), ids.end(), int64_t(tok)) != ids.end(); };
+    if (has(p.stop_token_ids) || (!p.ignore_eos && has(s.req.eos_token_ids))) {
+      finish(s, EndReason::Stop, tok);
+    } else if (s.num_output >= p.max_tokens || int64_t(s.tokens.size()) >= config_.max_model_len) {
+      finish(s, EndReason::Length);
+    }
+  } catch (const std::exception& e) {
+    finish(s, EndReason::Error, {}, fmt::format("sampling failed: {}", e.what()));
+  }
+}
+
+void Scheduler::fork(Seq& parent, std::span<const float> logits, Clock::time_point now) {
+  std::vector<std::unique_ptr<Seq>> forks = std::move(parent.forks);
+  parent.forks.clear();
+  for (auto& f : forks) {
+    Seq& c = *f;
+    const bool room = int64_t(running_.size()) < config_.max_num_seqs && planner_.free_slots() > 0 &&
+                      planner_.try_grow(c.blocks, parent.num_computed);
+    bool copied = false;
+    if (room) {
+      c.slot = *planner_.acquire_slot();
+      try {
+        c.state = runner_.new_sequence(c.slot);
+        copied = runner_.copy_sequence(*parent.state, *c.state, c.blocks);
+      } catch (const std::exception& e) {
+        spdlog::warn("scheduler: could not fork request {} from {}: {}", c.req.id, parent.req.id, e.what());
+      }
+    }
+    if (!copied) {  // it is fed on its own
+      planner_.release(c.blocks, c.slot);
+      c.slot = -1;
+      c.state.reset();
+      orphans_.push_back(std::move(f));
+      continue;
+    }
+    c.num_computed = parent.num_computed;
+    c.prompt_lp = parent.prompt_lp;
+    if (!c.prompt_lp.empty()) c.req.stream->push_prompt_logprobs(c.prompt_lp);
+    std::vector<float> own(logits.begin(), logits.end());
+    emit(c, own, -1, now);
+    running_.push_back(std::move(f));
+  }
+}
+
+void Scheduler::order_by_priority() {
+  auto by_priority = [](const std::unique_ptr<Seq>& a, const std::unique_ptr<Seq>& b) {
+    return a->req.priority < b->req.priority;
+  };
+  // Stable: equal priorities keep their order (arrival; a preempted request stays in front of later arrivals).
+  std::stable_sort(waiting_.begin(), waiting_.end(), by_priority);
+  std::stable_sort(running_.begin(), running_.end(), by_priority);
 }
 
 }  // namespace flashnext

@@ -8,7 +8,16 @@
 //      Prefill and decode tokens mix in one step; the step feeds at most `max_num_batched_tokens` tokens;
 //   3. the Runner runs the step; every sequence whose known tokens are now all fed samples its next token: on the
 //      device when the Runner can (Runner::samples_on_device) and the request needs nothing but temperature, top-k,
-//      top-p and min-p (no penalties, no logprobs), so only the token comes back; else on the host from its logits.
+//      top-p and min-p (no penalties, logit bias, min_tokens, constraint or logprobs), so only the token comes back;
+//      else on the host from its logits.
+// Order: FCFS (arrival order; a preempted request goes back to the front), or with SchedulingPolicy::Priority by
+// (priority, arrival): the waiting queue is admitted and the running sequences are served in that order, and the
+// victim of a preemption is the last of it (vLLM's priority policy, without preempting a running request for a
+// waiting one of higher priority).
+// n samples of one prompt (submit_group): the first request is prefilled alone; when its prompt is fed, the others
+// are forked from it (Runner::copy_sequence: KV blocks and state slot copied) and draw their first token from the
+// same logits with their own samplers. A fork that finds no free slot or blocks then, or a runner that cannot copy,
+// is prefilled on its own instead (the same output, more work).
 // Memory: a sequence holds one GDN/PLE state slot and ceil(fed tokens / block_size) KV blocks (each block holds
 // K, V and indexer keys of every QSA layer for block_size positions). When a running sequence needs a block and
 // none is free, the most recently admitted running sequence is preempted: its memory is freed and it goes back to
@@ -103,6 +112,8 @@ class Runner {
     std::span<const int32_t> block_table;  ///< KV blocks assigned to the sequence (paged backends)
     int32_t slot = -1;                     ///< state slot of the sequence (paged backends)
     std::span<float> logits;               ///< [vocab] out: next-token logits after the last id; empty: not wanted
+    /// [ids.size() * vocab] out: the logits after every id, row-major (prompt log-probabilities); empty: not wanted.
+    std::span<float> all_logits;
     /// When set (only if samples_on_device()), the next token is sampled on the device under these parameters and
     /// returned in `token` instead of the logits (`logits` is then left alone).
     const TokenSampling* sampling = nullptr;
@@ -117,6 +128,13 @@ class Runner {
   /// Runs one step over `items` (distinct sequences). A failure of one item is reported in its `error` and must not
   /// affect the others.
   virtual void forward(std::span<Item> items) = 0;
+  /// Makes `to` (fresh, in its own slot) remember what `from` remembers, its KV rows copied into `to_blocks`
+  /// (covering from's length). Returns false when the runner cannot copy sequences (the caller then feeds `to`
+  /// itself); throws Error when the copy fails.
+  virtual bool copy_sequence(const RunnerSequence& from, RunnerSequence& to, std::span<const int32_t> to_blocks) {
+    (void)from, (void)to, (void)to_blocks;
+    return false;
+  }
   /// PLE table rows gathered so far (monotonic; 0 for a model without PLE).
   virtual int64_t ple_rows_fetched() const { return 0; }
   /// Whether items may ask for device sampling (Item::sampling): then only the sampled token comes back.
@@ -136,6 +154,7 @@ class ModelRunner : public Runner {
   int64_t vocab_size() const override;
   std::unique_ptr<RunnerSequence> new_sequence(int32_t slot) override;
   void forward(std::span<Item> items) override;
+  bool copy_sequence(const RunnerSequence& from, RunnerSequence& to, std::span<const int32_t> to_blocks) override;
   int64_t ple_rows_fetched() const override { return ple_rows_; }
   bool samples_on_device() const override;
 
@@ -151,6 +170,12 @@ class ModelRunner : public Runner {
 // Scheduler
 // ------------------------------------------------------------------------------------------------------------------
 
+/// The order in which requests are admitted and served (vLLM's --scheduling-policy).
+enum class SchedulingPolicy {
+  Fcfs,      ///< arrival order
+  Priority,  ///< by Request::priority (lower first), then arrival
+};
+
 /// Limits of the scheduler (vLLM's names).
 struct SchedulerConfig {
   int64_t max_num_seqs = 64;              ///< most sequences running at once
@@ -159,6 +184,7 @@ struct SchedulerConfig {
   int64_t prefill_chunk_size = 0;
   int64_t max_model_len = 0;  ///< most tokens (prompt + output) of a sequence; required, >= 2
   int64_t max_waiting = 256;  ///< most requests waiting for admission; submit() beyond it throws QueueFullError
+  SchedulingPolicy policy = SchedulingPolicy::Fcfs;
 };
 
 /// submit() when the waiting queue is full (the server answers 503).
@@ -197,8 +223,14 @@ class Scheduler {
 
   /// Checks `r` and queues it. Throws Error (bad request) when the prompt is empty, holds an id outside the
   /// vocabulary, prompt + max_tokens exceeds max_model_len, a sampling value is out of range or top_logprobs is
-  /// outside [-1, 20]; QueueFullError when `max_waiting` requests already wait. Its stream receives the tokens.
+  /// outside [-1, 20], prompt_logprobs outside [-1, 20], or a priority other than 0 under FCFS; QueueFullError when
+  /// `max_waiting` requests already wait. Its stream receives the tokens.
   void submit(Request r);
+  /// Submits n >= 1 samples of one prompt (the n choices of an OpenAI request; all `group` prompts must be equal):
+  /// the prompt is prefilled once and the others fork from it (see the top of this file). Each request keeps its
+  /// own stream and sampling parameters (give them different seeds). Throws like submit() for any of them, before
+  /// any is queued; QueueFullError when the queue cannot take all of them.
+  void submit_group(std::vector<Request> group);
 
   /// Starts the engine thread, which runs steps while there is work.
   void start();
@@ -214,7 +246,11 @@ class Scheduler {
   struct Seq;
   void loop();
   bool step_impl();
+  std::unique_ptr<Seq> make_seq(Request r) const;
   void finish(Seq& s, EndReason reason, std::optional<int32_t> stop_token = {}, std::string error = {});
+  void emit(Seq& s, std::span<float> logits, int32_t device_token, Clock::time_point now);
+  void fork(Seq& parent, std::span<const float> logits, Clock::time_point now);
+  void order_by_priority();
   void preempt(Seq& s);
   int64_t next_chunk(const Seq& s) const;
   void publish_stats();
@@ -227,12 +263,15 @@ class Scheduler {
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Seq>> inbox_;
+  int64_t inbox_waiting_ = 0;  // requests in inbox_, forks counted
+  int64_t arrivals_ = 0;
   bool stopping_ = false;
   SchedulerStats stats_;
 
   // Engine thread only.
   std::deque<std::unique_ptr<Seq>> waiting_;
-  std::vector<std::unique_ptr<Seq>> running_;  // admission order
+  std::vector<std::unique_ptr<Seq>> running_;  // admission order (Priority: sorted by priority each step)
+  std::vector<std::unique_ptr<Seq>> orphans_;  // forks whose parent ended first: they join waiting_ next step
   int64_t admissions_ = 0;
   SchedulerStats counters_;
   std::vector<std::vector<float>> logits_buf_;

@@ -268,7 +268,15 @@ TEST(Sampling, ValidationNamesTheField) {
   EXPECT_NE(msg([](SamplingParams& p) { p.repetition_penalty = 0; }).find("repetition_penalty"), std::string::npos);
   EXPECT_NE(msg([](SamplingParams& p) { p.presence_penalty = 2.5; }).find("presence_penalty"), std::string::npos);
   EXPECT_NE(msg([](SamplingParams& p) { p.frequency_penalty = -3; }).find("frequency_penalty"), std::string::npos);
-  EXPECT_NE(msg([](SamplingParams& p) { p.max_tokens = 0; }).find("max_tokens"), std::string::npos);
+  EXPECT_NE(msg([](SamplingParams& p) { p.max_tokens = -1; }).find("max_tokens"), std::string::npos);
+  EXPECT_EQ(msg([](SamplingParams& p) { p.max_tokens = 0; }), "");  // the prompt is only scored
+  EXPECT_NE(msg([](SamplingParams& p) { p.min_tokens = p.max_tokens + 1; }).find("min_tokens"), std::string::npos);
+  EXPECT_NE(msg([](SamplingParams& p) { p.min_tokens = -1; }).find("min_tokens"), std::string::npos);
+  EXPECT_NE(msg([](SamplingParams& p) { p.logit_bias = {{100, 1.f}}; }).find("logit_bias token id 100"),
+            std::string::npos);
+  EXPECT_NE(msg([](SamplingParams& p) { p.logit_bias = {{3, 100.5f}}; }).find("[-100, 100]"), std::string::npos);
+  EXPECT_NE(msg([](SamplingParams& p) { p.logit_bias = {{3, NAN}}; }).find("logit_bias of token 3"),
+            std::string::npos);
   EXPECT_NE(msg([](SamplingParams& p) { p.stop = {"a", ""}; }).find("empty"), std::string::npos);
   EXPECT_NE(msg([](SamplingParams& p) { p.stop_token_ids = {100}; }).find("out of range"), std::string::npos);
   EXPECT_EQ(msg([](SamplingParams& p) { p.top_k = -1; }), "");
@@ -290,6 +298,75 @@ TEST(Sampling, SamplerRejectsBadInput) {
   EXPECT_THROW(s.accept(-1), Error);
   std::vector<float> all_masked(4, kNegInf);
   EXPECT_THROW(s.sample(all_masked), Error);
+}
+
+TEST(Sampling, LogitBiasIsAddedAfterThePenalties) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.repetition_penalty = 2.0;
+  p.logit_bias = {{2, 1.5f}, {0, -100.f}};
+  std::vector<int32_t> prompt{2};
+  Sampler s(p, 4, prompt);
+  std::vector<float> logits{10.f, 1.f, 4.f, 3.f};
+  // token 0: 10 - 100; token 2: 4 / 2 (repetition) + 1.5
+  EXPECT_EQ(s.sample(logits), 2);
+  EXPECT_EQ(logits, (std::vector<float>{-90.f, 1.f, 3.5f, 3.f}));
+}
+
+TEST(Sampling, MinTokensMasksEosAndStopIdsUntilReached) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.min_tokens = 2;
+  p.max_tokens = 8;
+  p.stop_token_ids = {1};
+  std::vector<int32_t> prompt{3};
+  const std::vector<int64_t> eos{0};
+  Sampler s(p, 4, prompt, eos);
+  for (int step = 0; step < 3; ++step) {
+    std::vector<float> logits{9.f, 8.f, 1.f, 2.f};  // EOS (0), then the stop id (1), are the most likely
+    const int32_t tok = s.sample(logits);
+    EXPECT_EQ(tok, step < 2 ? 3 : 0) << "step " << step;
+    if (step < 2) EXPECT_TRUE(std::isinf(logits[0]) && std::isinf(logits[1]));
+    s.accept(tok);
+  }
+  EXPECT_EQ(s.num_output(), 3);
+  // ignore_eos: the EOS id is not masked (it does not end the sequence), the stop ids still are.
+  p.ignore_eos = true;
+  Sampler t(p, 4, prompt, eos);
+  std::vector<float> logits{9.f, 8.f, 1.f, 2.f};
+  EXPECT_EQ(t.sample(logits), 0);
+  EXPECT_TRUE(std::isinf(logits[1]));
+}
+
+// Allows only even ids.
+class EvenIds : public TokenConstraint {
+ public:
+  std::unique_ptr<TokenConstraint> clone() const override { return std::make_unique<EvenIds>(); }
+  void mask(std::span<float> logits) override {
+    for (size_t i = 1; i < logits.size(); i += 2) logits[i] = kNegInf;
+  }
+  void accept(int32_t token) override {
+    if (token % 2) throw Error("odd token");
+  }
+};
+
+TEST(Sampling, TheConstraintMasksEveryDrawAndSeesEveryToken) {
+  SamplingParams p;
+  p.seed = 7;
+  p.constraint = std::make_shared<EvenIds>();
+  std::vector<int32_t> prompt{1};
+  Sampler s(p, 6, prompt);
+  for (int i = 0; i < 50; ++i) {
+    std::vector<float> logits{0.f, 5.f, 0.5f, 5.f, 1.f, 5.f};
+    const int32_t tok = s.sample(logits);
+    EXPECT_EQ(tok % 2, 0);
+    s.accept(tok);
+  }
+  EXPECT_THROW(s.accept(3), Error);  // the constraint's error reaches the caller
+  p.temperature = 0;
+  Sampler g(p, 6, prompt);
+  std::vector<float> logits{0.f, 5.f, 0.5f, 5.f, 1.f, 5.f};
+  EXPECT_EQ(g.sample(logits), 4);
 }
 
 }  // namespace

@@ -76,7 +76,11 @@ class FakeRunner : public Runner {
         it.error = "poisoned token";
         continue;
       }
-      for (int32_t t : it.ids) s.h = feed(s.h, t);
+      for (size_t j = 0; j < it.ids.size(); ++j) {
+        s.h = feed(s.h, it.ids[j]);
+        if (!it.all_logits.empty()) logits_of(s.h, it.all_logits.subspan(j * kVocab, kVocab));
+      }
+      if (!it.all_logits.empty()) ++all_logits_items;
       s.length += int64_t(it.ids.size());
       EXPECT_LE(s.length, int64_t(it.block_table.size()) * block_size) << "fed past the KV blocks assigned";
       EXPECT_GE(it.slot, 0);
@@ -100,7 +104,20 @@ class FakeRunner : public Runner {
     ++steps;
   }
   bool samples_on_device() const override { return device; }
+  bool copy_sequence(const RunnerSequence& from, RunnerSequence& to, std::span<const int32_t> to_blocks) override {
+    if (!can_copy) return false;
+    auto& src = static_cast<const FakeSeq&>(from);
+    auto& dst = static_cast<FakeSeq&>(to);
+    EXPECT_EQ(dst.length, 0) << "copied into a used sequence";
+    EXPECT_LE(src.length, int64_t(to_blocks.size()) * block_size) << "copied past the KV blocks assigned";
+    dst.h = src.h;
+    dst.length = src.length;
+    ++copies;
+    return true;
+  }
   bool device = false;  ///< answer Item::sampling (see forward) instead of only producing logits
+  bool can_copy = true;
+  int64_t copies = 0, all_logits_items = 0;
   int32_t poison = -1;
   int64_t block_size = 4;
   int64_t max_step_tokens = 0, mixed_steps = 0, steps = 0, host_logit_rows = 0;
@@ -145,13 +162,14 @@ RequestStream::Update drain(RequestStream& s) {
   for (;;) {
     auto u = s.wait(std::chrono::milliseconds(0));
     all.tokens.insert(all.tokens.end(), u.tokens.begin(), u.tokens.end());
+    for (auto& l : u.prompt_logprobs) all.prompt_logprobs.push_back(l);
     for (auto& l : u.logprobs) all.logprobs.push_back(l);
     if (u.finish != EndReason::None) {
       all.finish = u.finish;
       all.stop_token = u.stop_token;
       all.error = u.error;
     }
-    if (u.tokens.empty() && u.finish == EndReason::None) return all;
+    if (u.tokens.empty() && u.prompt_logprobs.empty() && u.finish == EndReason::None) return all;
   }
 }
 
@@ -575,6 +593,162 @@ TEST(Scheduler, EngineThreadServesConcurrentSubmitters) {
   for (int i = 0; i < 16; ++i) EXPECT_TRUE(ok[size_t(i)]) << "request " << i;
   s.stop();
   EXPECT_EQ(s.stats().running, 0);
+}
+
+Request sampled_request(std::string id, std::vector<int32_t> prompt, int64_t max_tokens, uint64_t seed) {
+  Request r = greedy_request(std::move(id), std::move(prompt), max_tokens);
+  r.sampling.temperature = 1.0;
+  r.sampling.seed = seed;
+  return r;
+}
+
+// The tokens `r` gets when it runs alone in a fresh scheduler.
+std::vector<int32_t> solo_tokens(Request r) {
+  FakeRunner runner;
+  Scheduler s(runner, planner_with_blocks(100, 4),
+              {.max_num_seqs = 4, .max_num_batched_tokens = 16, .max_model_len = 128});
+  r.stream = std::make_shared<RequestStream>();
+  auto stream = r.stream;
+  s.submit(std::move(r));
+  run_to_end(s);
+  return drain(*stream).tokens;
+}
+
+TEST(Scheduler, AGroupOfSamplesPrefillsOnceAndEachMatchesItsSoloRun) {
+  for (bool can_copy : {true, false}) {
+    FakeRunner runner;
+    runner.can_copy = can_copy;
+    Scheduler s(runner, planner_with_blocks(100, 4),
+                {.max_num_seqs = 4, .max_num_batched_tokens = 16, .max_model_len = 128});
+    const auto prompt = make_prompt(30, 9);
+    std::vector<Request> group;
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (uint64_t i = 0; i < 3; ++i) {
+      group.push_back(sampled_request("n" + std::to_string(i), prompt, 12, 100 + i));
+      streams.push_back(group.back().stream);
+    }
+    s.submit_group(group);
+    EXPECT_EQ(s.stats().waiting, 3);
+    run_to_end(s);
+    std::set<std::vector<int32_t>> distinct;
+    for (uint64_t i = 0; i < 3; ++i) {
+      const auto u = drain(*streams[i]);
+      EXPECT_EQ(u.finish, EndReason::Length);
+      EXPECT_EQ(u.tokens, solo_tokens(sampled_request("solo", prompt, 12, 100 + i))) << "sample " << i;
+      distinct.insert(u.tokens);
+    }
+    EXPECT_EQ(distinct.size(), 3u) << "different seeds gave the same sample";
+    const auto st = s.stats();
+    EXPECT_EQ(st.prefill_tokens, can_copy ? 30 : 90) << "can_copy " << can_copy;
+    EXPECT_EQ(runner.copies, can_copy ? 2 : 0);
+    EXPECT_EQ(st.kv_blocks_used, 0);
+    EXPECT_EQ(st.slots_used, 0);
+    EXPECT_EQ(st.waiting, 0);
+  }
+}
+
+TEST(Scheduler, AGroupWithoutFreeSlotsPrefillsTheRestLaterWithTheSameOutput) {
+  FakeRunner runner;
+  runner.device = true;  // greedy requests sample on the device, except the parent's first token
+  Scheduler s(runner, planner_with_blocks(100, 1),
+              {.max_num_seqs = 1, .max_num_batched_tokens = 16, .max_model_len = 128});
+  const auto prompt = make_prompt(21, 4);
+  std::vector<Request> group;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 3; ++i) {
+    group.push_back(greedy_request("g" + std::to_string(i), prompt, 7));
+    streams.push_back(group.back().stream);
+  }
+  s.submit_group(group);
+  run_to_end(s);
+  for (auto& st : streams) EXPECT_EQ(drain(*st).tokens, reference_greedy(prompt, 7));
+  EXPECT_EQ(runner.copies, 0);
+  EXPECT_EQ(s.stats().prefill_tokens, 63);
+}
+
+TEST(Scheduler, ACancelledForkEndsAloneAndAnEndedParentLeavesItsForksToRun) {
+  FakeRunner runner;
+  Scheduler s(runner, planner_with_blocks(100, 4),
+              {.max_num_seqs = 4, .max_num_batched_tokens = 16, .max_model_len = 128});
+  const auto prompt = make_prompt(9, 2);
+  std::vector<Request> group;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 3; ++i) {
+    group.push_back(greedy_request("c" + std::to_string(i), prompt, 5));
+    streams.push_back(group.back().stream);
+  }
+  s.submit_group(group);
+  streams[0]->cancel();  // the parent
+  streams[2]->cancel();  // a fork
+  run_to_end(s);
+  EXPECT_EQ(drain(*streams[0]).finish, EndReason::Abort);
+  EXPECT_EQ(drain(*streams[2]).finish, EndReason::Abort);
+  const auto u = drain(*streams[1]);
+  EXPECT_EQ(u.finish, EndReason::Length);
+  EXPECT_EQ(u.tokens, reference_greedy(prompt, 5));
+  EXPECT_EQ(s.stats().slots_used, 0);
+  EXPECT_EQ(s.stats().kv_blocks_used, 0);
+}
+
+TEST(Scheduler, PromptLogprobsScoreEveryPromptTokenAfterTheFirst) {
+  FakeRunner runner;
+  runner.device = true;  // a request with prompt log-probabilities samples on the host anyway
+  Scheduler s(runner, planner_with_blocks(100, 2),
+              {.max_num_seqs = 2, .max_num_batched_tokens = 16, .max_model_len = 64});
+  const auto prompt = make_prompt(37, 5);  // three chunks of 15
+  for (int64_t max_tokens : {0, 3}) {
+    Request r = greedy_request("p", prompt, max_tokens);
+    r.prompt_logprobs = 2;
+    auto stream = r.stream;
+    s.submit(std::move(r));
+    run_to_end(s);
+    const auto u = drain(*stream);
+    EXPECT_EQ(u.finish, EndReason::Length);
+    EXPECT_EQ(u.tokens, reference_greedy(prompt, max_tokens));
+    ASSERT_EQ(u.prompt_logprobs.size(), prompt.size() - 1);
+    uint64_t h = 0;
+    std::vector<float> l(kVocab);
+    for (size_t i = 0; i + 1 < prompt.size(); ++i) {
+      h = feed(h, prompt[i]);
+      logits_of(h, l);
+      const TokenLogprobs want = compute_logprobs(l, prompt[i + 1], 2);
+      EXPECT_EQ(u.prompt_logprobs[i].logprob, want.logprob) << "position " << i + 1;
+      EXPECT_EQ(u.prompt_logprobs[i].top, want.top) << "position " << i + 1;
+    }
+  }
+  EXPECT_EQ(runner.all_logits_items, 6);  // 3 chunks, twice
+}
+
+TEST(Scheduler, PriorityPolicyAdmitsLowerValuesFirstAndFcfsRejectsPriorities) {
+  FakeRunner runner;
+  Scheduler fcfs(runner, planner_with_blocks(100, 1),
+                 {.max_num_seqs = 1, .max_num_batched_tokens = 16, .max_model_len = 64});
+  Request bad = greedy_request("x", make_prompt(3, 1), 2);
+  bad.priority = 1;
+  try {
+    fcfs.submit(std::move(bad));
+    ADD_FAILURE() << "FCFS took a priority";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--scheduling-policy priority"), std::string::npos) << e.what();
+  }
+  Scheduler s(runner, planner_with_blocks(100, 1),
+              {.max_num_seqs = 1, .max_num_batched_tokens = 16, .max_model_len = 64,
+               .policy = SchedulingPolicy::Priority});
+  std::vector<std::pair<std::string, int64_t>> reqs = {{"a", 5}, {"b", 0}, {"c", 5}, {"d", -3}};
+  std::map<std::string, std::shared_ptr<RequestStream>> streams;
+  for (const auto& [id, prio] : reqs) {
+    Request r = greedy_request(id, make_prompt(3, int(prio) + 10), 2);
+    r.priority = prio;
+    streams[id] = r.stream;
+    s.submit(std::move(r));
+  }
+  std::vector<std::string> order;  // the order in which they end (one runs at a time)
+  while (s.step()) {
+    for (auto& [id, st] : streams) {
+      if (st->finished() && std::find(order.begin(), order.end(), id) == order.end()) order.push_back(id);
+    }
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"d", "b", "a", "c"}));
 }
 
 }  // namespace
