@@ -35,6 +35,7 @@ struct ServeArgs {
   std::optional<double> gpu_memory_utilization;
   bool reject_control_token_text = false;
   std::string sampler = "auto";
+  std::string scheduling_policy = "fcfs";
   int64_t max_request_bytes = 0;
   int http_threads = 0, read_timeout = 10, body_timeout = 30;
 };
@@ -101,6 +102,7 @@ int run(const ServeArgs& a) {
   sc.prefill_chunk_size = a.prefill_chunk_size;
   sc.max_model_len = a.max_model_len ? a.max_model_len : cfg.max_position_embeddings;
   sc.max_waiting = a.max_queued_requests;
+  sc.policy = a.scheduling_policy == "priority" ? SchedulingPolicy::Priority : SchedulingPolicy::Fcfs;
   if (sc.max_model_len > cfg.max_position_embeddings)
     fail("--max-model-len {} exceeds the model's max_position_embeddings {} ({})", sc.max_model_len,
          cfg.max_position_embeddings, cfg.source);
@@ -184,6 +186,9 @@ FLASHNEXT_SUBCOMMAND(
       sub.add_option("--max-queued-requests", a->max_queued_requests,
                      "most requests waiting for a batch slot; more get 503 (default 256)")
           ->check(CLI::NonNegativeNumber);
+      sub.add_option("--scheduling-policy", a->scheduling_policy,
+                     "fcfs (arrival order) or priority (the requests' `priority`, lower first; vLLM's policy)")
+          ->check(CLI::IsMember({"fcfs", "priority"}));
       sub.add_option("--gpu-memory-utilization", a->gpu_memory_utilization,
                      "fraction of GPU memory for weights + KV cache (--device cuda)")
           ->check(CLI::Range(0.0, 1.0));

@@ -26,7 +26,7 @@ OutputProcessor::OutputProcessor(const Tokenizer& tokenizer, const GenerationCon
       decoder_(tokenizer, /*skip_special_tokens=*/true),
       stops_(params.stop, params.include_stop_str_in_output) {
   validate(params_, vocab_size);
-  FN_CHECK(max_output_ >= 1,
+  FN_CHECK(max_output_ >= 1 || (params.max_tokens == 0 && prompt_tokens <= context_length),
            "the prompt has {} tokens but the context length (max_position_embeddings) is {}: no room "
            "to generate",
            prompt_tokens, context_length);

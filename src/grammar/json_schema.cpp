@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <optional>
 #include <map>
 #include <set>
 
@@ -33,11 +35,11 @@ const std::set<std::string> kUnsupported = {
 // Keywords that constrain a value (used to refuse combinations this compiler would get wrong).
 const std::set<std::string> kConstraints = {"type", "properties", "required", "additionalProperties", "items",
                                             "minItems", "maxItems", "minLength", "maxLength", "format", "enum",
-                                            "const", "anyOf", "oneOf", "allOf", "$ref", "minimum"};
+                                            "const", "anyOf", "oneOf", "allOf", "$ref", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
 
 class Compiler {
  public:
-  Compiler(const json& root, const JsonSchemaOptions& opt) : root_(root), opt_(opt) {}
+  Compiler(const json& root, const JsonSchemaOptions& opt, GrammarBuilder& b) : root_(root), opt_(opt), b_(b) {}
 
   std::shared_ptr<const Grammar> compile() {
     int32_t top = b_.declare_rule("root");
@@ -49,6 +51,19 @@ class Compiler {
     int32_t top = b_.declare_rule("root");
     b_.define_rule(top, b_.call(object_any_rule()));
     return std::make_shared<const Grammar>(b_.finish(top));
+  }
+
+  // The rule of the schema at JSON pointer `ptr` of the root document.
+  int32_t rule_at(const std::string& ptr) {
+    const json* node = &root_;
+    if (!ptr.empty()) {
+      try {
+        node = &root_.at(json::json_pointer(ptr));
+      } catch (const std::exception&) {
+        fail("JSON Schema: {} does not exist", where(ptr));
+      }
+    }
+    return rule_for(*node, ptr);
   }
 
  private:
@@ -243,6 +258,14 @@ class Compiler {
     if (t == "object") return object(s, ptr);
     if (t == "array") return array(s, ptr);
     if (t == "string") return string(s, ptr);
+    if (t == "integer") {
+      if (auto range = small_integer_range(s, ptr)) {
+        std::vector<std::string> words;
+        for (int64_t v = range->first; v <= range->second; ++v) words.push_back(std::to_string(v));
+        std::sort(words.begin(), words.end());
+        return word_trie(words, 0, words.size(), 0);
+      }
+    }
     if (t == "integer" || t == "number") {
       bool sign = true;
       if (s.contains("minimum")) {
@@ -254,6 +277,46 @@ class Compiler {
     if (t == "boolean") return b_.alt({b_.literal("true"), b_.literal("false")});
     if (t == "null") return b_.literal("null");
     fail("JSON Schema: unknown type '{}' at {}", t, where(ptr));
+  }
+
+  // [lo, hi] of an integer schema whose minimum / maximum (or exclusive forms) are integers and span at most
+  // kMaxEnumeratedIntegers values; nullopt otherwise (then only the sign is constrained).
+  std::optional<std::pair<int64_t, int64_t>> small_integer_range(const json& s, const std::string& ptr) {
+    auto bound = [&](const char* key) -> std::optional<double> {
+      if (!s.contains(key)) return std::nullopt;
+      if (!s[key].is_number()) fail("JSON Schema: '{}' at {} must be a number", key, where(ptr));
+      return s[key].get<double>();
+    };
+    std::optional<double> lo = bound("minimum"), hi = bound("maximum");
+    if (auto x = bound("exclusiveMinimum")) lo = std::max(lo.value_or(*x + 1), std::floor(*x) + 1);
+    if (auto x = bound("exclusiveMaximum")) hi = std::min(hi.value_or(*x - 1), std::ceil(*x) - 1);
+    if (!lo || !hi) return std::nullopt;
+    const double l = std::ceil(*lo), h = std::floor(*hi);
+    if (l > h) fail("JSON Schema: the integer range at {} is empty", where(ptr));
+    if (std::abs(l) > 1e15 || std::abs(h) > 1e15 || h - l + 1 > kMaxEnumeratedIntegers) return std::nullopt;
+    return std::make_pair(int64_t(l), int64_t(h));
+  }
+  static constexpr double kMaxEnumeratedIntegers = 1024;
+
+  // The words[begin, end) (sorted, distinct), from byte `depth` on, as a trie: one path per shared prefix.
+  Frag word_trie(const std::vector<std::string>& words, size_t begin, size_t end, size_t depth) {
+    std::vector<Frag> alts;
+    bool ends_here = false;
+    for (size_t i = begin; i < end;) {
+      if (words[i].size() == depth) {
+        ends_here = true;
+        ++i;
+        continue;
+      }
+      const char c = words[i][depth];
+      size_t j = i;
+      while (j < end && words[j].size() > depth && words[j][depth] == c) ++j;
+      alts.push_back(b_.seq({b_.range(uint8_t(c), uint8_t(c)), word_trie(words, i, j, depth + 1)}));
+      i = j;
+    }
+    if (alts.empty()) return b_.empty();
+    Frag f = b_.alt(alts);
+    return ends_here ? b_.opt(f) : f;
   }
 
   Frag object(const json& s, const std::string& ptr) {
@@ -416,7 +479,7 @@ class Compiler {
 
   const json& root_;
   JsonSchemaOptions opt_;
-  GrammarBuilder b_;
+  GrammarBuilder& b_;
   std::map<std::string, int32_t> rules_;
   int32_t string_ = -1, char_ = -1, number_ = -1, value_ = -1, object_ = -1, array_ = -1;
 };
@@ -425,11 +488,17 @@ class Compiler {
 
 std::shared_ptr<const Grammar> compile_json_schema(const nlohmann::ordered_json& schema,
                                                    const JsonSchemaOptions& options) {
-  return Compiler(schema, options).compile();
+  GrammarBuilder b;
+  return Compiler(schema, options, b).compile();
+}
+
+int32_t add_json_schema(GrammarBuilder& builder, const nlohmann::ordered_json& root, const std::string& pointer,
+                        const JsonSchemaOptions& options) {
+  return Compiler(root, options, builder).rule_at(pointer);
 }
 
 std::shared_ptr<const Grammar> compile_json_schema(const nlohmann::json& schema, const JsonSchemaOptions& options) {
-  return Compiler(json::parse(schema.dump()), options).compile();
+  return compile_json_schema(json::parse(schema.dump()), options);
 }
 
 std::shared_ptr<const Grammar> compile_json_schema(std::string_view schema_text, const JsonSchemaOptions& options) {
@@ -444,7 +513,8 @@ std::shared_ptr<const Grammar> compile_json_schema(std::string_view schema_text,
 
 std::shared_ptr<const Grammar> json_object_grammar(const JsonSchemaOptions& options) {
   static const json kNone = json::object();
-  return Compiler(kNone, options).any_object();
+  GrammarBuilder b;
+  return Compiler(kNone, options, b).any_object();
 }
 
 }  // namespace flashnext::grammar

@@ -6,8 +6,10 @@
 //   const, array items (a schema) with minItems / maxItems, anyOf and oneOf (both as "any of": oneOf's exclusivity is
 //   not enforced), allOf with one element, $ref to "#", "#/$defs/..." or "#/definitions/..." (recursive references
 //   are fine as long as they consume text first), string minLength / maxLength (code points), string format date,
-//   time, date-time (RFC 3339), uuid, email (a practical subset: local@domain.tld); integer `minimum` >= 0 removes the
-//   minus sign; other numeric bounds (maximum, exclusive*, multipleOf) are accepted and NOT enforced.
+//   time, date-time (RFC 3339), uuid, email (a practical subset: local@domain.tld); integer `minimum` / `maximum` /
+//   `exclusiveMinimum` / `exclusiveMaximum` are enforced exactly when both ends are given and span at most 1024
+//   values (the decimal texts of the range, as a trie); otherwise `minimum` >= 0 removes the minus sign and the other
+//   numeric bounds (and multipleOf, and all bounds of `number`) are accepted and NOT enforced.
 //   Annotations (title, description, default, examples, $schema, $id, $comment, deprecated, readOnly, writeOnly,
 //   and unknown keywords) are ignored.
 // Output shape:
@@ -26,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "grammar/grammar.h"
@@ -56,6 +59,13 @@ std::shared_ptr<const Grammar> compile_json_schema(std::string_view schema_text,
 inline std::shared_ptr<const Grammar> compile_json_schema(const char* schema_text, const JsonSchemaOptions& options = {}) {
   return compile_json_schema(std::string_view(schema_text), options);
 }
+
+/// Compiles the schema at JSON pointer `pointer` ("" = the whole document, "/properties/city", ...) of `root` into
+/// rules of `builder`, which may hold rules of other grammars (tool-call grammars put one schema per parameter into
+/// one grammar), and returns the id of the rule that matches its JSON texts. `$ref`s resolve inside `root`. `root`
+/// must outlive the call only. Throws Error as compile_json_schema, and when `pointer` does not resolve.
+int32_t add_json_schema(GrammarBuilder& builder, const nlohmann::ordered_json& root, const std::string& pointer,
+                        const JsonSchemaOptions& options = {});
 
 /// The grammar of `response_format: {"type": "json_object"}`: any JSON object (same whitespace rules).
 std::shared_ptr<const Grammar> json_object_grammar(const JsonSchemaOptions& options = {});

@@ -102,6 +102,8 @@ class TokenMasker {
   size_t cached_positions() const { return cache_.size(); }
 
   const TokenVocabulary& vocab() const { return *vocab_; }
+  /// The grammar this masker serves (matchers of it are what fill_mask takes).
+  const std::shared_ptr<const Grammar>& grammar_ptr() const { return grammar_; }
 
  private:
   struct Entry {

@@ -204,7 +204,10 @@ const std::set<std::string_view> kSamplingFields = {"model",
                                                     "skip_special_tokens",
                                                     "echo",
                                                     "logprobs",
-                                                    "return_tokens_as_token_ids"};
+                                                    "return_tokens_as_token_ids",
+                                                    "min_tokens",
+                                                    "priority",
+                                                    "prompt_logprobs"};
 
 void parse_sampling(const Fields& f, ApiRequest& r, const SamplingParams& defaults, int64_t vocab_size) {
   r.sampling = defaults;
@@ -220,10 +223,25 @@ void parse_sampling(const Fields& f, ApiRequest& r, const SamplingParams& defaul
     if (o.boolean("continuous_usage_stats").value_or(false))
       bad_request("stream_options.continuous_usage_stats", "stream_options.continuous_usage_stats is not supported");
   }
-  if (auto v = f.integer("n"); v && *v != 1)
-    bad_request("n", "n must be 1 (this server returns one choice per request), got {}", *v);
-  if (const json* lb = f.object("logit_bias"); lb && !lb->empty())
-    bad_request("logit_bias", "logit_bias is not supported by this server");
+  if (auto v = f.integer("n", 1, kMaxChoices)) r.n = *v;
+  if (const json* lb = f.object("logit_bias")) {
+    for (auto it = lb->begin(); it != lb->end(); ++it) {
+      const std::string& key = it.key();
+      int64_t id = -1;
+      const bool digits = !key.empty() && key.size() <= 18 &&
+                          std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+      if (digits) id = std::stoll(key);
+      if (!digits || id >= vocab_size)
+        bad_request("logit_bias", "logit_bias key \"{}\" must be a token id in [0, {})", clip(key), vocab_size);
+      if (!it.value().is_number() || !(it.value().get<double>() >= -100 && it.value().get<double>() <= 100))
+        bad_request("logit_bias", "logit_bias[\"{}\"] must be a number in [-100, 100], got {}", key,
+                    describe(it.value()));
+      p.logit_bias.emplace_back(int32_t(id), it.value().get<float>());
+    }
+  }
+  if (auto v = f.integer("min_tokens", 0)) p.min_tokens = *v;
+  if (auto v = f.integer("priority")) r.priority = *v;
+  if (auto v = f.integer("prompt_logprobs", 0, kMaxTopLogprobs)) r.prompt_logprobs = int(*v);
   if (auto v = f.boolean("skip_special_tokens"); v && !*v)
     bad_request("skip_special_tokens", "skip_special_tokens=false is not supported by this server");
   if (auto v = f.number("temperature")) p.temperature = *v;
@@ -263,10 +281,14 @@ void parse_sampling(const Fields& f, ApiRequest& r, const SamplingParams& defaul
       p.stop_token_ids.push_back(*v);
     }
   }
-  if (auto v = f.integer("max_tokens", 1)) {
+  // max_tokens 0 scores the prompt only: completions with echo (lm-eval-harness loglikelihood requests).
+  const bool scoring = r.endpoint == Endpoint::Completion && f.boolean("echo").value_or(false);
+  if (auto v = f.integer("max_tokens", scoring ? 0 : 1)) {
     p.max_tokens = *v;
     r.max_tokens_given = true;
   }
+  if (auto v = f.integer("seed"); v && r.n > 1 && uint64_t(*v) > UINT64_MAX - uint64_t(r.n))
+    bad_request("seed", "seed + n - 1 must fit in 64 bits (choice i is seeded with seed + i)");
 }
 
 // Runs the engine's range checks (engine/sampling.h validate) and reports a failure as a 400.
@@ -478,9 +500,31 @@ ApiRequest parse_chat_request(const json& body, const SamplingParams& defaults, 
   r.echo = f.boolean("echo").value_or(false);
   if (const json* rf = f.object("response_format")) {
     Fields rff(*rf, "response_format.");
-    if (rff.string("type").value_or("") != "text")
-      bad_request("response_format", "response_format {} is not supported by this server (only {{\"type\": \"text\"}})",
-                  describe(*rf));
+    rff.only({"type", "json_schema"});
+    const std::string type = rff.string("type").value_or("");
+    if (type == "text") {
+      r.response_format = ResponseFormat::Text;
+    } else if (type == "json_object") {
+      r.response_format = ResponseFormat::JsonObject;
+    } else if (type == "json_schema") {
+      const json* js = rff.object("json_schema");
+      if (!js) bad_request("response_format.json_schema", "field \"response_format.json_schema\" is required");
+      Fields jf(*js, "response_format.json_schema.");
+      jf.only({"name", "description", "schema", "strict"});
+      jf.string("name");
+      jf.string("description");
+      jf.boolean("strict");  // the output always follows the schema here
+      const json* schema = jf.get("schema");
+      if (!schema) bad_request("response_format.json_schema.schema", "field \"response_format.json_schema.schema\" is required");
+      if (!schema->is_object() && !schema->is_boolean())
+        jf.type_error("schema", "an object (a JSON Schema)", *schema);
+      r.response_format = ResponseFormat::JsonSchema;
+      r.json_schema = *schema;
+    } else {
+      bad_request("response_format.type",
+                  "response_format.type must be \"text\", \"json_object\" or \"json_schema\", got {}",
+                  rf->contains("type") ? describe((*rf)["type"]) : std::string("nothing"));
+    }
   }
   f.boolean("parallel_tool_calls");
   f.boolean("store");
@@ -494,17 +538,51 @@ ApiRequest parse_chat_request(const json& body, const SamplingParams& defaults, 
     check_tools(*tools);
     if (!tools->empty()) r.tools = *tools;
   }
-  std::string choice = r.tools.is_null() ? "none" : "auto";
-  if (const json* tc = f.get("tool_choice")) {
-    if (!tc->is_string())
-      bad_request("tool_choice", "tool_choice {} is not supported by this server (only \"auto\" and \"none\")",
-                  describe(*tc));
-    choice = tc->get<std::string>();
-    if (choice != "auto" && choice != "none")
-      bad_request("tool_choice", "tool_choice \"{}\" is not supported by this server (only \"auto\" and \"none\")",
-                  clip(choice));
+  r.tool_choice = r.tools.is_null() ? ToolChoice::None : ToolChoice::Auto;
+  if (const json* tc = f.get("tool_choice"); tc && !tc->is_null()) {
+    if (tc->is_string()) {
+      const std::string choice = tc->get<std::string>();
+      if (choice == "none")
+        r.tool_choice = ToolChoice::None;
+      else if (choice == "auto")
+        r.tool_choice = r.tools.is_null() ? ToolChoice::None : ToolChoice::Auto;
+      else if (choice == "required")
+        r.tool_choice = ToolChoice::Required;
+      else
+        bad_request("tool_choice",
+                    "tool_choice must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", \"function\": "
+                    "{{\"name\": ...}}}}, got \"{}\"",
+                    clip(choice));
+    } else if (tc->is_object()) {
+      Fields t(*tc, "tool_choice.");
+      t.only({"type", "function"});
+      if (t.string("type").value_or("") != "function")
+        bad_request("tool_choice.type", "field \"tool_choice.type\" must be \"function\"");
+      const json* fn = t.object("function");
+      if (!fn) bad_request("tool_choice.function", "field \"tool_choice.function\" is required");
+      Fields tf(*fn, "tool_choice.function.");
+      tf.only({"name"});
+      auto name = tf.string("name");
+      if (!name) bad_request("tool_choice.function.name", "field \"tool_choice.function.name\" is required");
+      r.tool_choice = ToolChoice::Named;
+      r.forced_tool = *name;
+    } else {
+      f.type_error("tool_choice", "a string or an object", *tc);
+    }
+    if ((r.tool_choice == ToolChoice::Required || r.tool_choice == ToolChoice::Named) && r.tools.is_null())
+      bad_request("tool_choice", "tool_choice {} needs tools", describe(*tc));
+    if (r.tool_choice == ToolChoice::Named) {
+      bool found = false;
+      for (const json& tool : r.tools) found = found || tool["function"]["name"] == r.forced_tool;
+      if (!found)
+        bad_request("tool_choice.function.name", "tool_choice names the function \"{}\", which is not among the tools",
+                    clip(r.forced_tool));
+    }
   }
-  r.parse_tool_calls = !r.tools.is_null() && choice == "auto";
+  const bool forced = r.tool_choice == ToolChoice::Required || r.tool_choice == ToolChoice::Named;
+  if (forced && r.response_format != ResponseFormat::Text)
+    bad_request("response_format", "response_format cannot be combined with a forced tool_choice");
+  r.parse_tool_calls = r.tool_choice != ToolChoice::None;
   r.template_vars = template_vars_of(f);
   r.add_generation_prompt = f.boolean("add_generation_prompt").value_or(true);
   r.continue_final_message = f.boolean("continue_final_message").value_or(false);
@@ -535,7 +613,9 @@ ApiRequest parse_completion_request(const json& body, const SamplingParams& defa
     r.top_logprobs = int(*v);
   }
   r.echo = f.boolean("echo").value_or(false);
-  if (auto v = f.integer("best_of"); v && *v != 1) bad_request("best_of", "best_of must be 1, got {}", *v);
+  if (r.echo && r.top_logprobs >= 0) r.prompt_logprobs = std::max(r.prompt_logprobs, r.top_logprobs);
+  if (auto v = f.integer("best_of"); v && *v != 1 && *v != r.n)
+    bad_request("best_of", "best_of must equal n (no best-of selection on this server), got {}", *v);
   if (f.string("suffix")) bad_request("suffix", "suffix is not supported by this server");
 
   const json* prompt = f.get("prompt");
@@ -553,21 +633,41 @@ ApiRequest parse_completion_request(const json& body, const SamplingParams& defa
     }
     return ids;
   };
+  auto text_prompt = [&](const json& v) {
+    CompletionPrompt p;
+    p.text = v.get<std::string>();
+    if (p.text->empty()) bad_request("prompt", "the prompt is empty");
+    return p;
+  };
+  auto id_prompt = [&](const json& v) {
+    CompletionPrompt p;
+    p.ids = ids_of(v);
+    if (p.ids.empty()) bad_request("prompt", "the prompt is empty");
+    return p;
+  };
   if (prompt->is_string()) {
-    r.prompt_text = prompt->get<std::string>();
-  } else if (prompt->is_array() && !prompt->empty() && (*prompt)[0].is_string()) {
-    if (prompt->size() != 1) bad_request("prompt", "only one prompt per request is supported, got {}", prompt->size());
-    r.prompt_text = (*prompt)[0].get<std::string>();
-  } else if (prompt->is_array() && !prompt->empty() && (*prompt)[0].is_array()) {
-    if (prompt->size() != 1) bad_request("prompt", "only one prompt per request is supported, got {}", prompt->size());
-    r.prompt_ids = ids_of((*prompt)[0]);
+    r.prompts.push_back(text_prompt(*prompt));
+  } else if (prompt->is_array() && !prompt->empty() && ((*prompt)[0].is_string() || (*prompt)[0].is_array())) {
+    // A batch: strings or arrays of token ids.
+    if (int64_t(prompt->size()) > kMaxChoices)
+      bad_request("prompt", "at most {} prompts per request, got {}", kMaxChoices, prompt->size());
+    for (size_t i = 0; i < prompt->size(); ++i) {
+      const json& v = (*prompt)[i];
+      if (v.is_string())
+        r.prompts.push_back(text_prompt(v));
+      else if (v.is_array())
+        r.prompts.push_back(id_prompt(v));
+      else
+        bad_request("prompt", "prompt[{}] must be a string or an array of token ids, got {}", i, describe(v));
+    }
   } else if (prompt->is_array()) {
-    r.prompt_ids = ids_of(*prompt);
+    r.prompts.push_back(id_prompt(*prompt));
   } else {
-    f.type_error("prompt", "a string, an array of token ids, or a one-element array of either", *prompt);
+    f.type_error("prompt", "a string, an array of token ids, or an array of either", *prompt);
   }
-  if ((r.prompt_text && r.prompt_text->empty()) || (!r.prompt_text && r.prompt_ids.empty()))
-    bad_request("prompt", "the prompt is empty");
+  if (int64_t(r.prompts.size()) * r.n > kMaxChoices)
+    bad_request("n", "{} prompts with n = {} make {} choices, more than {}", r.prompts.size(), r.n,
+                int64_t(r.prompts.size()) * r.n, kMaxChoices);
   validate_sampling(r, vocab_size);
   return r;
 }

@@ -3,11 +3,10 @@
 //
 // Fields are those of the OpenAI API plus vLLM's extensions (top_k, min_p, repetition_penalty, stop_token_ids,
 // ignore_eos, include_stop_str_in_output, chat_template_kwargs, add_generation_prompt, continue_final_message,
-// echo, return_tokens_as_token_ids). A null value means "not given". Every error is an ApiError(400) naming the field
-// and what was expected: malformed JSON, a top-level field this server does not know (as the OpenAI API does), a field
-// of the wrong type, a value out of range, or an option this server does not implement (n > 1, logit_bias,
-// response_format other than text, tool_choice "required" or a named function, non-text content parts, several prompts
-// in one request).
+// echo, return_tokens_as_token_ids, min_tokens, priority, prompt_logprobs). A null value means "not given". Every
+// error is an ApiError(400) naming the field and what was expected: malformed JSON, a top-level field this server does
+// not know (as the OpenAI API does), a field of the wrong type, a value out of range, or an option this server does not
+// implement (non-text content parts, best_of > 1, suffix).
 #pragma once
 
 #include <cstdint>
@@ -26,6 +25,30 @@ using json = nlohmann::ordered_json;
 
 enum class Endpoint { Chat, Completion };
 
+/// What `response_format` asks for.
+enum class ResponseFormat {
+  Text,        ///< free text (also when absent)
+  JsonObject,  ///< {"type": "json_object"}: any JSON object
+  JsonSchema,  ///< {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}: JSON valid against schema
+};
+
+/// What `tool_choice` asks for (tools given).
+enum class ToolChoice {
+  None,      ///< no tool calls are parsed
+  Auto,      ///< the model may call tools; its calls are parsed
+  Required,  ///< the output is one or more tool calls (constrained)
+  Named,     ///< the output is one call of ApiRequest::forced_tool (constrained)
+};
+
+/// One prompt of a completion request (text or token ids).
+struct CompletionPrompt {
+  std::optional<std::string> text;
+  std::vector<int32_t> ids;  ///< when text is absent
+};
+
+/// The most choices (n) one request may ask for, and the most prompts one completion request may carry.
+inline constexpr int64_t kMaxChoices = 128;
+
 /// A validated generation request (chat or completion).
 struct ApiRequest {
   Endpoint endpoint = Endpoint::Chat;
@@ -35,6 +58,11 @@ struct ApiRequest {
   SamplingParams sampling;        ///< the model's defaults overridden by the request; validated
   bool max_tokens_given = false;  ///< false: the server picks max_tokens (chat: what the context leaves)
   int top_logprobs = -1;          ///< -1: no logprobs; else how many alternatives per token (0..20)
+  /// -1: none; else log-probabilities of the prompt tokens with this many alternatives (vLLM's prompt_logprobs, or
+  /// completions' echo with logprobs)
+  int prompt_logprobs = -1;
+  int64_t n = 1;                  ///< choices per prompt, 1..kMaxChoices (independent samples; seeds seed, seed+1, ...)
+  int64_t priority = 0;           ///< vLLM's scheduling priority (lower first; needs --scheduling-policy priority)
   bool echo = false;              ///< prepend the prompt to the output (completions; chat: the last message)
   bool tokens_as_ids = false;     ///< return_tokens_as_token_ids (vLLM): logprobs name tokens "token_id:ID"
   std::string user;
@@ -42,14 +70,17 @@ struct ApiRequest {
   // Chat
   json messages = json::array();  ///< normalised for the template: string contents, tool_call arguments as objects
   json tools;                     ///< null or the array of tool definitions
-  bool parse_tool_calls = false;  ///< tools given and tool_choice "auto"
+  bool parse_tool_calls = false;  ///< tools given and tool_choice auto, required or named
+  ToolChoice tool_choice = ToolChoice::None;
+  std::string forced_tool;        ///< tool_choice Named: the function's name (one of `tools`)
+  ResponseFormat response_format = ResponseFormat::Text;
+  json json_schema;               ///< response_format JsonSchema: the schema (members in document order)
   json template_vars = json::object();  ///< chat_template_kwargs, plus reasoning_effort when given top-level
   bool add_generation_prompt = true;
   bool continue_final_message = false;
 
-  // Completion: the prompt as text, or as token ids
-  std::optional<std::string> prompt_text;
-  std::vector<int32_t> prompt_ids;
+  // Completion: one or more prompts (a batch gets n choices per prompt, indexed prompt-major, as OpenAI does)
+  std::vector<CompletionPrompt> prompts;
 };
 
 /// Limits on the JSON of a request body, enforced while it is parsed: a document past them is rejected before it is

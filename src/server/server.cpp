@@ -14,6 +14,7 @@
 #include "server/openai_schema.h"
 #include "server/output_parsers.h"
 #include "server/sse.h"
+#include "server/structured_output.h"
 
 namespace flashnext::server {
 
@@ -137,6 +138,8 @@ struct Server::Impl {
   /// max_token_bytes bytes, after normalization): rejected before it is tokenized.
   size_t max_prompt_bytes = 0;
 
+  StructuredOutput structured{tokenizer, generation.eos_token_ids, scheduler.vocab_size()};
+
   MetricsRegistry metrics;
   Counter& m_requests =
       metrics.counter("flashnext_requests_total", "Generation requests finished, by endpoint and finish reason.");
@@ -239,36 +242,67 @@ struct Server::Impl {
 
 class Session {
  public:
-  Session(Server::Impl& srv, ApiRequest req, std::vector<int32_t> prompt, std::string echo_text,
-          bool starts_in_reasoning, std::string id, Clock::time_point arrival, std::string path)
+  /// One prompt of the request (completions may carry several; chat has one) and its echo text.
+  struct Prompt {
+    std::vector<int32_t> ids;
+    std::string echo_text;
+  };
+
+  /// `constraint`: the structured-output constraint of every choice (null: none).
+  Session(Server::Impl& srv, ApiRequest req, std::vector<Prompt> prompts, bool starts_in_reasoning,
+          std::shared_ptr<const TokenConstraint> constraint, std::string id, Clock::time_point arrival,
+          std::string path)
       : srv_(srv),
         req_(std::move(req)),
-        prompt_(std::move(prompt)),
-        echo_text_(std::move(echo_text)),
+        prompts_(std::move(prompts)),
         id_(std::move(id)),
         path_(std::move(path)),
         arrival_(arrival),
-        created_(unix_now()),
-        output_(srv.tokenizer, srv.generation, req_.sampling, srv.scheduler.vocab_size(), int64_t(prompt_.size()),
-                srv.scheduler.config().max_model_len) {
-    if (req_.endpoint == Endpoint::Chat) {
-      if (srv.options.reasoning_parser) reasoning_.emplace(starts_in_reasoning);
-      if (req_.parse_tool_calls) tools_.emplace(req_.tools);
+        created_(unix_now()) {
+    req_.sampling.constraint = std::move(constraint);
+    for (size_t p = 0; p < prompts_.size(); ++p) {
+      for (int64_t k = 0; k < req_.n; ++k) {
+        auto c = std::make_unique<Choice>(srv.tokenizer, srv.generation, req_.sampling, srv.scheduler.vocab_size(),
+                                          int64_t(prompts_[p].ids.size()), srv.scheduler.config().max_model_len);
+        c->index = int64_t(choices_.size());
+        c->prompt = p;
+        if (req_.endpoint == Endpoint::Chat) {
+          if (srv.options.reasoning_parser) c->reasoning.emplace(starts_in_reasoning);
+          if (req_.parse_tool_calls) c->tools.emplace(req_.tools);
+        }
+        choices_.push_back(std::move(c));
+      }
     }
   }
 
-  /// Submits to the scheduler (throws Error / QueueFullError).
+  /// Submits every choice to the scheduler, the n choices of a prompt as one group (throws Error / QueueFullError;
+  /// the choices submitted before a failure are cancelled).
   void submit() {
-    Request r;
-    r.id = id_;
-    r.prompt = prompt_;
-    r.sampling = req_.sampling;
-    r.top_logprobs = req_.top_logprobs;
-    r.eos_token_ids = srv_.generation.eos_token_ids;
-    r.arrival = arrival_;
-    stream_ = r.stream;
-    srv_.scheduler.submit(std::move(r));
-    srv_.m_prompt_tokens.inc(double(prompt_.size()));
+    try {
+      for (size_t p = 0; p < prompts_.size(); ++p) {
+        std::vector<Request> group;
+        for (auto& c : choices_) {
+          if (c->prompt != p) continue;
+          Request r;
+          r.id = choices_.size() == 1 ? id_ : fmt::format("{}-{}", id_, c->index);
+          r.prompt = prompts_[p].ids;
+          r.sampling = req_.sampling;
+          if (r.sampling.seed) *r.sampling.seed += uint64_t(c->index % req_.n);  // choice i of a prompt: seed + i
+          r.top_logprobs = req_.top_logprobs;
+          r.prompt_logprobs = req_.prompt_logprobs;
+          r.priority = req_.priority;
+          r.eos_token_ids = srv_.generation.eos_token_ids;
+          r.arrival = arrival_;
+          c->stream = r.stream;
+          group.push_back(std::move(r));
+        }
+        srv_.scheduler.submit_group(std::move(group));
+        srv_.m_prompt_tokens.inc(double(prompts_[p].ids.size()));
+      }
+    } catch (...) {
+      cancel_all();
+      throw;
+    }
   }
 
   /// The body ends with the connection (HTTP/1.0): pump() then returns false after the last byte, which makes
@@ -278,62 +312,49 @@ class Session {
   /// The content provider: called by httplib until it returns false or the sink is done.
   bool pump(httplib::DataSink& sink) {
     if (done_) return false;
-    if (req_.stream && !started_) {
-      started_ = true;
-      if (!write(sink, sse_event(dump(first_chunk())))) return false;
-    }
-    RequestStream::Update u = stream_->wait(Ms(50));
-    Piece piece;
-    take_tokens(u, piece);
-    const bool finished = output_.finished() || u.finish != EndReason::None;
-    if (finished) {
-      if (!output_.finished() && (u.finish == EndReason::Stop || u.finish == EndReason::Length)) {
-        spdlog::warn("{}: the engine ended the request ({}) before its output did", id_, end_reason_name(u.finish));
-      }
-      flush_parsers(piece);
-      if (output_.finished()) {
-        finish_reason_ = finish_reason_name(output_.finish_reason());
-      } else if (u.finish == EndReason::Error) {
-        error_status_ = 500;
-        error_ = "the engine failed on this request: " + u.error;
-      } else if (u.finish == EndReason::Abort) {
-        error_status_ = 503;
-        error_ = "the request was aborted: the server is shutting down";
+    std::string out;
+    // Waits on the first choice still running (the others are polled): the engine advances them together.
+    bool waited = false;
+    for (auto& cp : choices_) {
+      Choice& c = *cp;
+      if (c.finished) continue;
+      RequestStream::Update u = c.stream->wait(waited ? Ms(0) : Ms(50));
+      waited = true;
+      Piece piece;
+      take_update(c, u, piece);
+      const bool finished = c.output.finished() || u.finish != EndReason::None;
+      if (finished) end_choice(c, u, piece);
+      if (req_.stream) {
+        if (!c.started && (c.prompt_logprobs_done() || finished)) out += start_chunk(c);
+        if (c.started && piece.any()) out += sse_event(dump(delta_chunk(c, piece)));
+        if (finished && error_.empty()) out += sse_event(dump(final_chunk(c)));
       } else {
-        finish_reason_ = end_reason_name(u.finish);
+        accumulate(c, piece);
       }
-      if (finish_reason_ == "stop" && !calls_.empty()) finish_reason_ = "tool_calls";
-      stream_->cancel();  // the output ended (a stop string may end it before the engine does)
     }
+    const bool all_done = std::all_of(choices_.begin(), choices_.end(), [](const auto& c) { return c->finished; });
+    const bool finished = all_done || !error_.empty();
+    if (finished) cancel_all();  // an error ends every choice; a stop string ends the output before the engine does
     if (req_.stream) {
-      if (piece.any()) {
-        if (!write(sink, sse_event(dump(delta_chunk(piece))))) return false;
-      } else if (!finished && Clock::now() - last_write_ >= Ms(srv_.options.heartbeat_ms)) {
-        // An SSE comment, which clients ignore: notices a vanished client while the request waits in the queue.
-        if (!write(sink, ": keep-alive\n\n")) return false;
-      }
       if (finished) {
-        std::string tail;
         if (!error_.empty()) {
-          tail += sse_event(dump(error_body(error_status_, error_)));
-        } else {
-          tail += sse_event(dump(final_chunk()));
-          if (req_.include_usage) tail += sse_event(dump(usage_chunk()));
+          out += sse_event(dump(error_body(error_status_, error_)));
+        } else if (req_.include_usage) {
+          out += sse_event(dump(usage_chunk()));
         }
-        tail += kSseDone;
-        if (!write(sink, tail)) return false;
+        out += kSseDone;
+      } else if (out.empty() && Clock::now() - last_write_ >= Ms(srv_.options.heartbeat_ms)) {
+        // An SSE comment, which clients ignore: notices a vanished client while the request waits in the queue.
+        out = ": keep-alive\n\n";
       }
-    } else {
-      accumulate(piece);
-      if (finished) {
-        const json body = error_.empty() ? full_response() : error_body(error_status_, error_);
-        if (!write(sink, dump(body))) return false;
-      } else if (Clock::now() - last_write_ >= Ms(srv_.options.heartbeat_ms)) {
-        // JSON allows whitespace before the value; writing it is how a client that has gone is noticed (the
-        // write after its connection closed fails) while the request waits or runs.
-        if (!write(sink, " ")) return false;
-      }
+    } else if (finished) {
+      out = dump(error_.empty() ? full_response() : error_body(error_status_, error_));
+    } else if (Clock::now() - last_write_ >= Ms(srv_.options.heartbeat_ms)) {
+      // JSON allows whitespace before the value; writing it is how a client that has gone is noticed (the write
+      // after its connection closed fails) while the request waits or runs.
+      out = " ";
     }
+    if (!write(sink, out)) return false;
     if (finished) {
       done_ = true;
       record_end();
@@ -346,16 +367,16 @@ class Session {
   /// Called when httplib is done with the response; `success` false: the client went away or a write failed.
   void released(bool success) {
     if (done_) return;
-    stream_->cancel();
+    cancel_all();
     done_ = true;
     srv_.m_requests.inc(1, {{"endpoint", endpoint_label()}, {"finish_reason", "abort"}});
     spdlog::info("{} {} 499 {}: client disconnected after {} tokens ({:.3f}s)", "POST", path_, id_,
-                 output_.token_ids().size(), seconds_between(arrival_, Clock::now()));
+                 completion_tokens(), seconds_between(arrival_, Clock::now()));
     (void)success;
   }
 
  private:
-  // What one update produced.
+  // What one update of one choice produced.
   struct Piece {
     std::string content, reasoning;
     std::vector<ToolCall> calls;
@@ -363,66 +384,135 @@ class Session {
     bool any() const { return !content.empty() || !reasoning.empty() || !calls.empty() || !logprobs.empty(); }
   };
 
+  // One choice: a sequence in the engine and what its output has become so far.
+  struct Choice {
+    Choice(const Tokenizer& t, const GenerationConfig& g, const SamplingParams& p, int64_t vocab, int64_t prompt_len,
+           int64_t max_len)
+        : output(t, g, p, vocab, prompt_len, max_len) {}
+    /// The prompt log-probabilities have all arrived (or none were asked for).
+    bool prompt_logprobs_done() const { return !want_prompt_logprobs || int64_t(prompt_lp.size()) >= prompt_len - 1; }
+
+    int64_t index = 0;
+    size_t prompt = 0;  // index into prompts_
+    int64_t prompt_len = 0;
+    bool want_prompt_logprobs = false;
+    OutputProcessor output;
+    std::optional<ReasoningParser> reasoning;
+    std::optional<ToolCallParser> tools;
+    std::shared_ptr<RequestStream> stream;
+    std::vector<TokenLogprobs> prompt_lp;
+    bool started = false, finished = false;
+    std::string finish_reason;
+    size_t text_offset = 0;  // characters of text sent so far (completions' logprobs offsets)
+    std::optional<Clock::time_point> first_token;
+    Clock::time_point last_token{};
+    // Non-streaming accumulation (streaming: calls counts the calls sent, for their indices).
+    std::string content, reasoning_text;
+    std::vector<ToolCall> calls;
+    json logprobs = json::array();
+  };
+
   const char* endpoint_label() const { return req_.endpoint == Endpoint::Chat ? "chat" : "completions"; }
+  bool echo_prompt_logprobs() const { return req_.endpoint == Endpoint::Completion && req_.echo && req_.top_logprobs >= 0; }
+
+  void cancel_all() {
+    for (auto& c : choices_) {
+      if (c->stream) c->stream->cancel();
+    }
+  }
+
+  int64_t completion_tokens() const {
+    int64_t n = 0;
+    for (auto& c : choices_) n += int64_t(c->output.token_ids().size());
+    return n;
+  }
 
   bool write(httplib::DataSink& sink, const std::string& data) {
     if (data.empty()) return true;
     last_write_ = Clock::now();
     if (!sink.write(data.data(), data.size())) {
-      stream_->cancel();
+      cancel_all();
       return false;
     }
     return true;
   }
 
-  void take_tokens(const RequestStream::Update& u, Piece& piece) {
+  void take_update(Choice& c, const RequestStream::Update& u, Piece& piece) {
+    c.prompt_len = int64_t(prompts_[c.prompt].ids.size());
+    c.want_prompt_logprobs = req_.prompt_logprobs >= 0;
+    for (auto& lp : u.prompt_logprobs) c.prompt_lp.push_back(lp);
     for (size_t i = 0; i < u.tokens.size(); ++i) {
       // Latency is measured when the engine produced the token.
-      if (!first_token_) {
-        first_token_ = u.times[i];
+      if (!c.first_token) {
+        c.first_token = u.times[i];
         srv_.m_ttft.observe(seconds_between(arrival_, u.times[i]));
       } else {
-        srv_.m_itl.observe(seconds_between(last_token_, u.times[i]));
+        srv_.m_itl.observe(seconds_between(c.last_token, u.times[i]));
       }
-      last_token_ = u.times[i];
-      if (output_.finished()) continue;  // produced after a stop string: not part of the output
-      const TokenDelta d = output_.append(u.tokens[i]);
+      c.last_token = u.times[i];
+      if (c.output.finished()) continue;  // produced after a stop string: not part of the output
+      const TokenDelta d = c.output.append(u.tokens[i]);
       srv_.m_generation_tokens.inc();
       if (req_.top_logprobs >= 0 && i < u.logprobs.size()) add_logprobs(u.tokens[i], u.logprobs[i], piece);
-      route(d.text, piece);
+      route(c, d.text, piece);
     }
   }
 
+  void end_choice(Choice& c, const RequestStream::Update& u, Piece& piece) {
+    c.finished = true;
+    c.stream->cancel();  // the output ended (a stop string may end it before the engine does)
+    if (!c.output.finished() && (u.finish == EndReason::Stop || u.finish == EndReason::Length) &&
+        req_.sampling.max_tokens > 0) {
+      spdlog::warn("{}: the engine ended choice {} ({}) before its output did", id_, c.index,
+                   end_reason_name(u.finish));
+    }
+    flush_parsers(c, piece);
+    if (c.output.finished()) {
+      c.finish_reason = finish_reason_name(c.output.finish_reason());
+    } else if (u.finish == EndReason::Error) {
+      error_status_ = 500;
+      error_ = "the engine failed on this request: " + u.error;
+    } else if (u.finish == EndReason::Abort) {
+      if (error_.empty()) {
+        error_status_ = 503;
+        error_ = "the request was aborted: the server is shutting down";
+      }
+    } else {
+      c.finish_reason = end_reason_name(u.finish);
+    }
+    if (c.finish_reason == "stop" && (!c.calls.empty() || !piece.calls.empty())) c.finish_reason = "tool_calls";
+  }
+
   // Sends generated text through the reasoning and tool-call parsers.
-  void route(const std::string& text, Piece& piece) {
+  void route(Choice& c, const std::string& text, Piece& piece) {
     if (text.empty()) return;
     std::string content = text;
-    if (reasoning_) {
-      auto r = reasoning_->feed(text);
+    if (c.reasoning) {
+      auto r = c.reasoning->feed(text);
       piece.reasoning += r.reasoning;
       content = std::move(r.content);
     }
-    route_content(content, piece);
+    route_content(c, content, piece);
   }
-  void route_content(const std::string& content, Piece& piece) {
-    if (!tools_) {
+  void route_content(Choice& c, const std::string& content, Piece& piece) {
+    if (!c.tools) {
       piece.content += content;
       return;
     }
-    auto t = tools_->feed(content);
+    auto t = c.tools->feed(content);
     piece.content += t.content;
-    for (auto& c : t.calls) piece.calls.push_back(std::move(c));
+    for (auto& call : t.calls) piece.calls.push_back(std::move(call));
   }
-  void flush_parsers(Piece& piece) {
-    if (reasoning_) {
-      auto r = reasoning_->finish();
+  void flush_parsers(Choice& c, Piece& piece) {
+    if (c.reasoning) {
+      auto r = c.reasoning->finish();
       piece.reasoning += r.reasoning;
-      route_content(r.content, piece);
+      route_content(c, r.content, piece);
     }
-    if (tools_) {
-      auto t = tools_->finish();
+    if (c.tools) {
+      auto t = c.tools->finish();
       piece.content += t.content;
-      for (auto& c : t.calls) piece.calls.push_back(std::move(c));
+      for (auto& call : t.calls) piece.calls.push_back(std::move(call));
     }
   }
 
@@ -434,6 +524,10 @@ class Session {
     json b = json::array();
     for (unsigned char c : srv_.tokenizer.token_bytes(id)) b.push_back(int(c));
     return b;
+  }
+  size_t token_chars(int32_t id) const {  // code points of the decoded token (OpenAI's text_offset unit)
+    const std::string text = srv_.tokenizer.decode(std::span<const int32_t>(&id, 1));
+    return size_t(std::count_if(text.begin(), text.end(), [](char ch) { return (ch & 0xC0) != 0x80; }));
   }
 
   void add_logprobs(int32_t token, const TokenLogprobs& lp, Piece& piece) {
@@ -448,11 +542,51 @@ class Session {
     } else {
       json top = json::object();
       for (auto& [id, l] : lp.top) top[token_text(id)] = l;
-      // text_offset counts characters (code points) of the decoded text, as the OpenAI API does.
-      const std::string text = srv_.tokenizer.decode(std::span<const int32_t>(&token, 1));
-      const size_t chars = size_t(std::count_if(text.begin(), text.end(), [](char c) { return (c & 0xC0) != 0x80; }));
-      piece.logprobs.push_back({{"token", token_text(token)}, {"logprob", lp.logprob}, {"top", top}, {"chars", chars}});
+      piece.logprobs.push_back(
+          {{"token", token_text(token)}, {"logprob", lp.logprob}, {"top", top}, {"chars", token_chars(token)}});
     }
+  }
+
+  // Completions' legacy logprobs entries of the echoed prompt: the first token has none (null).
+  json echo_logprob_entries(const Choice& c) const {
+    json out = json::array();
+    const auto& ids = prompts_[c.prompt].ids;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      json e = {{"token", token_text(ids[i])}, {"logprob", nullptr}, {"top", nullptr}, {"chars", token_chars(ids[i])}};
+      if (i > 0 && i - 1 < c.prompt_lp.size()) {
+        const TokenLogprobs& lp = c.prompt_lp[i - 1];
+        json top = json::object();
+        for (auto& [id, l] : lp.top) top[token_text(id)] = l;
+        top[token_text(ids[i])] = lp.logprob;  // the prompt token itself, as OpenAI's echo shows it
+        e["logprob"] = lp.logprob;
+        e["top"] = top;
+      }
+      out.push_back(std::move(e));
+    }
+    return out;
+  }
+
+  // vLLM's prompt_logprobs: [null, {"<id>": {"logprob", "rank", "decoded_token"}, ...}, ...] (the prompt token and
+  // the top alternatives of each position after the first).
+  json prompt_logprobs_json(const Choice& c) const {
+    if (req_.prompt_logprobs < 0) return nullptr;
+    json out = json::array({nullptr});
+    const auto& ids = prompts_[c.prompt].ids;
+    for (size_t i = 0; i < c.prompt_lp.size() && i + 1 < ids.size(); ++i) {
+      const TokenLogprobs& lp = c.prompt_lp[i];
+      json pos = json::object();
+      const int32_t tok = ids[i + 1];
+      int64_t rank = 1;  // 1 + the alternatives more likely than the prompt token (among those listed)
+      for (auto& [id, l] : lp.top) rank += l > lp.logprob && id != tok;
+      pos[std::to_string(tok)] = {{"logprob", lp.logprob}, {"rank", rank}, {"decoded_token", token_text(tok)}};
+      for (size_t k = 0; k < lp.top.size(); ++k) {
+        const auto& [id, l] = lp.top[k];
+        if (id == tok) continue;
+        pos[std::to_string(id)] = {{"logprob", l}, {"rank", int64_t(k) + 1}, {"decoded_token", token_text(id)}};
+      }
+      out.push_back(std::move(pos));
+    }
+    return out;
   }
 
   // Completions' legacy logprobs object for `entries` ({"token", "logprob", "top", "chars"}), offsets from `offset`
@@ -483,15 +617,17 @@ class Session {
   }
 
   json usage() const {
-    const int64_t p = int64_t(prompt_.size()), c = int64_t(output_.token_ids().size());
+    int64_t p = 0;
+    for (const auto& pr : prompts_) p += int64_t(pr.ids.size());  // n choices of a prompt count it once (vLLM)
+    const int64_t c = completion_tokens();
     return {{"prompt_tokens", p}, {"completion_tokens", c}, {"total_tokens", p + c}};
   }
 
-  json stop_reason() const {
-    if (!output_.stop_string().empty()) return output_.stop_string();
+  json stop_reason(const Choice& c) const {
+    if (!c.output.stop_string().empty()) return c.output.stop_string();
     const auto& ids = req_.sampling.stop_token_ids;
-    if (output_.stop_token() >= 0 && std::find(ids.begin(), ids.end(), output_.stop_token()) != ids.end())
-      return output_.stop_token();
+    if (c.output.stop_token() >= 0 && std::find(ids.begin(), ids.end(), c.output.stop_token()) != ids.end())
+      return c.output.stop_token();
     return nullptr;
   }
 
@@ -502,133 +638,158 @@ class Session {
             {"model", srv_.model_name()}};
   }
 
-  json first_chunk() const {
-    json c = chunk_base();
+  // The first chunk of a choice: the role (chat) and the echoed text, with its logprobs when asked for.
+  std::string start_chunk(Choice& c) {
+    c.started = true;
+    json ch = chunk_base();
+    const std::string& echo = prompts_[c.prompt].echo_text;
     if (req_.endpoint == Endpoint::Chat) {
-      c["choices"] = json::array({{{"index", 0},
-                                   {"delta", {{"role", "assistant"}, {"content", echo_text_}}},
-                                   {"logprobs", nullptr},
-                                   {"finish_reason", nullptr}}});
+      ch["choices"] = json::array({{{"index", c.index},
+                                    {"delta", {{"role", "assistant"}, {"content", echo}}},
+                                    {"logprobs", nullptr},
+                                    {"finish_reason", nullptr}}});
     } else {
-      c["choices"] =
-          json::array({{{"index", 0}, {"text", echo_text_}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+      json lp = nullptr;
+      if (echo_prompt_logprobs()) {
+        const json entries = echo_logprob_entries(c);
+        lp = completion_logprobs(entries, 0);
+        for (const json& e : entries) c.text_offset += e["chars"].get<size_t>();
+      } else {
+        c.text_offset += size_t(std::count_if(echo.begin(), echo.end(), [](char x) { return (x & 0xC0) != 0x80; }));
+      }
+      ch["choices"] = json::array({{{"index", c.index}, {"text", echo}, {"logprobs", lp}, {"finish_reason", nullptr}}});
     }
-    return c;
+    return sse_event(dump(ch));
   }
 
-  json delta_chunk(const Piece& piece) {
-    json c = chunk_base();
+  json delta_chunk(Choice& c, const Piece& piece) {
+    json ch = chunk_base();
     json choice;
-    choice["index"] = 0;
+    choice["index"] = c.index;
     if (req_.endpoint == Endpoint::Chat) {
       json delta = json::object();
       if (!piece.reasoning.empty()) delta["reasoning_content"] = piece.reasoning;
       if (!piece.content.empty()) delta["content"] = piece.content;
-      if (!piece.calls.empty()) delta["tool_calls"] = tool_calls_json(piece.calls, calls_.size(), true);
+      if (!piece.calls.empty()) delta["tool_calls"] = tool_calls_json(piece.calls, c.calls.size(), true);
       choice["delta"] = delta;
       choice["logprobs"] = piece.logprobs.empty() ? json(nullptr) : json{{"content", piece.logprobs}};
     } else {
       choice["text"] = piece.content;
-      choice["logprobs"] = piece.logprobs.empty() ? json(nullptr) : completion_logprobs(piece.logprobs, text_offset_);
-      for (const json& e : piece.logprobs) text_offset_ += e["chars"].get<size_t>();
+      choice["logprobs"] = piece.logprobs.empty() ? json(nullptr) : completion_logprobs(piece.logprobs, c.text_offset);
+      for (const json& e : piece.logprobs) c.text_offset += e["chars"].get<size_t>();
     }
     choice["finish_reason"] = nullptr;
-    c["choices"] = json::array({choice});
-    for (auto& call : piece.calls) calls_.push_back(call);
-    return c;
+    ch["choices"] = json::array({choice});
+    for (auto& call : piece.calls) c.calls.push_back(call);
+    return ch;
   }
 
-  json final_chunk() const {
-    json c = chunk_base();
-    json choice = {{"index", 0}};
+  json final_chunk(const Choice& c) const {
+    json ch = chunk_base();
+    json choice = {{"index", c.index}};
     if (req_.endpoint == Endpoint::Chat)
       choice["delta"] = json::object();
     else
       choice["text"] = "";
     choice["logprobs"] = nullptr;
-    choice["finish_reason"] = finish_reason_;
-    choice["stop_reason"] = stop_reason();
-    c["choices"] = json::array({choice});
-    return c;
+    choice["finish_reason"] = c.finish_reason;
+    choice["stop_reason"] = stop_reason(c);
+    if (req_.prompt_logprobs >= 0 && !echo_prompt_logprobs()) choice["prompt_logprobs"] = prompt_logprobs_json(c);
+    ch["choices"] = json::array({choice});
+    return ch;
   }
 
   json usage_chunk() const {
-    json c = chunk_base();
-    c["choices"] = json::array();
-    c["usage"] = usage();
-    return c;
+    json ch = chunk_base();
+    ch["choices"] = json::array();
+    ch["usage"] = usage();
+    return ch;
   }
 
-  void accumulate(Piece& piece) {
-    content_ += piece.content;
-    reasoning_text_ += piece.reasoning;
-    for (auto& call : piece.calls) calls_.push_back(std::move(call));
-    for (auto& e : piece.logprobs) logprobs_.push_back(std::move(e));
+  void accumulate(Choice& c, Piece& piece) {
+    c.content += piece.content;
+    c.reasoning_text += piece.reasoning;
+    for (auto& call : piece.calls) c.calls.push_back(std::move(call));
+    for (auto& e : piece.logprobs) c.logprobs.push_back(std::move(e));
+  }
+
+  json full_choice(const Choice& c) const {
+    json choice = {{"index", c.index}};
+    const std::string& echo = prompts_[c.prompt].echo_text;
+    if (req_.endpoint == Endpoint::Chat) {
+      json msg = {{"role", "assistant"}};
+      const std::string content = echo + c.content;
+      msg["content"] = content.empty() && !c.calls.empty() ? json(nullptr) : json(content);
+      msg["reasoning_content"] = c.reasoning_text.empty() ? json(nullptr) : json(c.reasoning_text);
+      msg["tool_calls"] = tool_calls_json(c.calls, 0, false);
+      choice["message"] = msg;
+      choice["logprobs"] = req_.top_logprobs >= 0 ? json{{"content", c.logprobs}} : json(nullptr);
+    } else {
+      choice["text"] = echo + c.content;
+      if (echo_prompt_logprobs()) {
+        json entries = echo_logprob_entries(c);
+        for (const json& e : c.logprobs) entries.push_back(e);
+        choice["logprobs"] = completion_logprobs(entries, 0);
+      } else {
+        choice["logprobs"] = req_.top_logprobs >= 0 ? completion_logprobs(c.logprobs, 0) : json(nullptr);
+      }
+    }
+    choice["finish_reason"] = c.finish_reason;
+    choice["stop_reason"] = stop_reason(c);
+    if (req_.prompt_logprobs >= 0 && !echo_prompt_logprobs()) choice["prompt_logprobs"] = prompt_logprobs_json(c);
+    return choice;
   }
 
   json full_response() const {
-    json choice = {{"index", 0}};
-    if (req_.endpoint == Endpoint::Chat) {
-      json msg = {{"role", "assistant"}};
-      const std::string content = echo_text_ + content_;
-      msg["content"] = content.empty() && !calls_.empty() ? json(nullptr) : json(content);
-      msg["reasoning_content"] = reasoning_text_.empty() ? json(nullptr) : json(reasoning_text_);
-      msg["tool_calls"] = tool_calls_json(calls_, 0, false);
-      choice["message"] = msg;
-      choice["logprobs"] = req_.top_logprobs >= 0 ? json{{"content", logprobs_}} : json(nullptr);
-    } else {
-      choice["text"] = echo_text_ + content_;
-      choice["logprobs"] = req_.top_logprobs >= 0 ? completion_logprobs(logprobs_, 0) : json(nullptr);
-    }
-    choice["finish_reason"] = finish_reason_;
-    choice["stop_reason"] = stop_reason();
-    json r = {{"id", id_},
-              {"object", req_.endpoint == Endpoint::Chat ? "chat.completion" : "text_completion"},
-              {"created", created_},
-              {"model", srv_.model_name()},
-              {"choices", json::array({choice})},
-              {"usage", usage()}};
-    return r;
+    json choices = json::array();
+    for (const auto& c : choices_) choices.push_back(full_choice(*c));
+    return {{"id", id_},
+            {"object", req_.endpoint == Endpoint::Chat ? "chat.completion" : "text_completion"},
+            {"created", created_},
+            {"model", srv_.model_name()},
+            {"choices", choices},
+            {"usage", usage()}};
   }
 
   void record_end() {
     const auto now = Clock::now();
+    std::optional<Clock::time_point> first;
+    Clock::time_point last{};
+    std::string reasons;
+    for (const auto& c : choices_) {
+      if (c->first_token && (!first || *c->first_token < *first)) first = c->first_token;
+      last = std::max(last, c->last_token);
+      if (reasons.find(c->finish_reason) == std::string::npos) reasons += (reasons.empty() ? "" : ",") + c->finish_reason;
+    }
     if (error_.empty()) {
-      srv_.m_requests.inc(1, {{"endpoint", endpoint_label()}, {"finish_reason", finish_reason_}});
-      srv_.m_e2e.observe(seconds_between(arrival_, last_token_ == Clock::time_point{} ? now : last_token_));
+      for (const auto& c : choices_)
+        srv_.m_requests.inc(1, {{"endpoint", endpoint_label()}, {"finish_reason", c->finish_reason}});
+      srv_.m_e2e.observe(seconds_between(arrival_, last == Clock::time_point{} ? now : last));
     } else {
       srv_.m_errors.inc(1, {{"status", std::to_string(error_status_)}});
     }
-    const double ttft = first_token_ ? seconds_between(arrival_, *first_token_) : 0;
-    spdlog::info("POST {} {} {}: prompt={} completion={} finish={} ttft={:.3f}s e2e={:.3f}s{}{}", path_,
-                 error_.empty() ? 200 : error_status_, id_, prompt_.size(), output_.token_ids().size(),
-                 error_.empty() ? finish_reason_ : "error", ttft, seconds_between(arrival_, now),
-                 req_.stream ? " stream" : "", error_.empty() ? "" : " error: " + error_);
+    int64_t prompt_tokens = 0;
+    for (const auto& p : prompts_) prompt_tokens += int64_t(p.ids.size());
+    const double ttft = first ? seconds_between(arrival_, *first) : 0;
+    spdlog::info("POST {} {} {}: prompt={} completion={}{} finish={} ttft={:.3f}s e2e={:.3f}s{}{}", path_,
+                 error_.empty() ? 200 : error_status_, id_, prompt_tokens, completion_tokens(),
+                 choices_.size() > 1 ? fmt::format(" choices={}", choices_.size()) : std::string(),
+                 error_.empty() ? reasons : "error", ttft, seconds_between(arrival_, now), req_.stream ? " stream" : "",
+                 error_.empty() ? "" : " error: " + error_);
   }
 
   Server::Impl& srv_;
   ApiRequest req_;
-  std::vector<int32_t> prompt_;
-  std::string echo_text_;
+  std::vector<Prompt> prompts_;
   std::string id_, path_;
   Clock::time_point arrival_;
   int64_t created_;
-  OutputProcessor output_;
-  std::optional<ReasoningParser> reasoning_;
-  std::optional<ToolCallParser> tools_;
-  std::shared_ptr<RequestStream> stream_;
+  std::vector<std::unique_ptr<Choice>> choices_;  // prompt-major: choice i is sample i % n of prompt i / n
 
-  bool started_ = false, done_ = false, close_delimited_ = false;
+  bool done_ = false, close_delimited_ = false;
   Clock::time_point last_write_ = Clock::now();
-  std::optional<Clock::time_point> first_token_;
-  Clock::time_point last_token_{};
-  std::string finish_reason_, error_;
+  std::string error_;
   int error_status_ = 0;
-  size_t text_offset_ = 0;
-  // Non-streaming accumulation (streaming: calls_ counts the calls sent, for their indices).
-  std::string content_, reasoning_text_;
-  std::vector<ToolCall> calls_;
-  json logprobs_ = json::array();
 };
 
 bool Server::Impl::read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
@@ -682,8 +843,7 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
     ApiRequest ar = endpoint == Endpoint::Chat ? parse_chat_request(body, generation.default_sampling(), vocab)
                                                : parse_completion_request(body, generation.default_sampling(), vocab);
     check_model(ar.model);
-    std::vector<int32_t> prompt;
-    std::string echo_text;
+    std::vector<Session::Prompt> prompts;
     bool starts_in_reasoning = false;
     if (endpoint == Endpoint::Chat) {
       check_control_tokens(ar.messages, "messages");
@@ -691,25 +851,34 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
       const std::string text =
           render_chat(ar.messages, ar.tools, ar.add_generation_prompt, ar.template_vars, ar.continue_final_message);
       check_prompt_bytes(text, "messages");
-      prompt = tokenizer.encode(text, /*parse_special=*/true);
+      Session::Prompt p;
+      p.ids = tokenizer.encode(text, /*parse_special=*/true);
       starts_in_reasoning = ReasoningParser::prompt_opens_reasoning(text);
       if (ar.echo && ar.messages.back()["role"] == "assistant")
-        echo_text = ar.messages.back()["content"].get<std::string>();
+        p.echo_text = ar.messages.back()["content"].get<std::string>();
+      prompts.push_back(std::move(p));
     } else {
-      if (ar.echo && ar.top_logprobs >= 0)
-        bad_request("echo", "echo together with logprobs (prompt logprobs) is not supported by this server");
-      if (ar.prompt_text) check_prompt_bytes(*ar.prompt_text, "prompt");
-      prompt = ar.prompt_text ? tokenizer.encode(*ar.prompt_text, /*parse_special=*/true) : ar.prompt_ids;
-      if (ar.echo) echo_text = ar.prompt_text ? *ar.prompt_text : tokenizer.decode(prompt);
+      for (const CompletionPrompt& cp : ar.prompts) {
+        if (cp.text) check_prompt_bytes(*cp.text, "prompt");
+        Session::Prompt p;
+        p.ids = cp.text ? tokenizer.encode(*cp.text, /*parse_special=*/true) : cp.ids;
+        if (ar.echo) p.echo_text = cp.text ? *cp.text : tokenizer.decode(p.ids);
+        prompts.push_back(std::move(p));
+      }
     }
     const char* prompt_field = endpoint == Endpoint::Chat ? "messages" : "prompt";
     const int64_t max_len = scheduler.config().max_model_len;
-    const int64_t n = int64_t(prompt.size());
-    if (n == 0) bad_request(prompt_field, "the prompt is empty after tokenization");
-    if (n >= max_len)
-      bad_request(prompt_field,
-                  "this model's maximum context length is {} tokens, but the prompt has {} tokens; shorten the {}",
-                  max_len, n, prompt_field);
+    int64_t longest = 0;
+    for (const auto& p : prompts) {
+      const int64_t n = int64_t(p.ids.size());
+      if (n == 0) bad_request(prompt_field, "the prompt is empty after tokenization");
+      if (n >= max_len)
+        bad_request(prompt_field,
+                    "this model's maximum context length is {} tokens, but the prompt has {} tokens; shorten the {}",
+                    max_len, n, prompt_field);
+      longest = std::max(longest, n);
+    }
+    const int64_t n = longest;
     if (!ar.max_tokens_given) {
       ar.sampling.max_tokens = max_len - n;
       if (generation.max_new_tokens)
@@ -720,9 +889,16 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
                   "{} in the completion); reduce the prompt or max_tokens",
                   max_len, fmt::to_string(__int128(n) + ar.sampling.max_tokens), n, ar.sampling.max_tokens);
     }
+    if (ar.sampling.min_tokens > ar.sampling.max_tokens)
+      bad_request("min_tokens", "min_tokens ({}) must be <= max_tokens ({})", ar.sampling.min_tokens,
+                  ar.sampling.max_tokens);
+    if (ar.priority != 0 && scheduler.config().policy != SchedulingPolicy::Priority)
+      bad_request("priority", "priority {} given, but the server schedules FCFS (serve with --scheduling-policy priority)",
+                  ar.priority);
+    std::shared_ptr<const TokenConstraint> constraint = structured.constraint_for(ar, starts_in_reasoning);
     stream = ar.stream;
-    session = std::make_shared<Session>(*this, std::move(ar), std::move(prompt), std::move(echo_text),
-                                        starts_in_reasoning, id, arrival, req.path);
+    session = std::make_shared<Session>(*this, std::move(ar), std::move(prompts), starts_in_reasoning,
+                                        std::move(constraint), id, arrival, req.path);
     session->submit();
   } catch (const ApiError& e) {
     log_error(req, e.status(), id, e.what());

@@ -221,7 +221,8 @@ TEST(ServerSchema, ChatErrorsNameTheField) {
   expect_400([] { parse_chat(chat({{"stop_token_ids", {5000}}})); }, "stop_token_ids", "out of range");
   expect_400([] { parse_chat(chat({{"stop", {1}}})); }, "stop", "stop[0] must be a string");
   expect_400([] { parse_chat(chat({{"stream", "yes"}})); }, "stream", "must be a boolean");
-  expect_400([] { parse_chat(chat({{"n", 2}})); }, "n", "n must be 1");
+  expect_400([] { parse_chat(chat({{"n", 0}})); }, "n", "n must be in [1, 128]");
+  expect_400([] { parse_chat(chat({{"n", 129}})); }, "n", "n must be in [1, 128]");
   expect_400([] { parse_chat(chat({{"top_logprobs", 2}})); }, "top_logprobs", "requires logprobs");
   expect_400([] { parse_chat(chat({{"logprobs", true}, {"top_logprobs", 21}})); }, "top_logprobs", "[0, 20]");
   expect_400(
@@ -229,13 +230,24 @@ TEST(ServerSchema, ChatErrorsNameTheField) {
         parse_chat(chat({{"stream_options", {{"include_usage", true}}}}));
       },
       "stream_options", "only be given when stream is true");
-  expect_400([] { parse_chat(chat({{"logit_bias", {{"5", 10}}}})); }, "logit_bias", "not supported");
-  expect_400([] { parse_chat(chat({{"tool_choice", "required"}})); }, "tool_choice", "not supported");
+  expect_400([] { parse_chat(chat({{"logit_bias", {{"x5", 10}}}})); }, "logit_bias", "must be a token id");
+  expect_400([] { parse_chat(chat({{"logit_bias", {{"5000", 10}}}})); }, "logit_bias", "must be a token id in [0,");
+  expect_400([] { parse_chat(chat({{"logit_bias", {{"5", 101}}}})); }, "logit_bias", "[-100, 100]");
+  expect_400([] { parse_chat(chat({{"logit_bias", {{"5", "up"}}}})); }, "logit_bias", "[-100, 100]");
+  expect_400([] { parse_chat(chat({{"min_tokens", -1}})); }, "min_tokens", ">= 0");
+  expect_400([] { parse_chat(chat({{"max_tokens", 4}, {"min_tokens", 5}})); }, "min_tokens", "min_tokens");
+  expect_400([] { parse_chat(chat({{"prompt_logprobs", 21}})); }, "prompt_logprobs", "[0, 20]");
+  expect_400([] { parse_chat(chat({{"tool_choice", "required"}})); }, "tool_choice", "needs tools");
+  expect_400([] { parse_chat(chat({{"tool_choice", "sometimes"}})); }, "tool_choice", "tool_choice must be");
+  expect_400([] { parse_chat(chat({{"response_format", {{"type", "yaml"}}}})); }, "response_format.type",
+             "must be \"text\", \"json_object\" or \"json_schema\"");
+  expect_400([] { parse_chat(chat({{"response_format", {{"type", "json_schema"}}}})); },
+             "response_format.json_schema", "is required");
   expect_400(
       [] {
-        parse_chat(chat({{"response_format", {{"type", "json_object"}}}}));
+        parse_chat(chat({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}}}}));
       },
-      "response_format", "not supported");
+      "response_format.json_schema.schema", "is required");
   expect_400([] { parse_chat(json{{"model", "m"}}); }, "messages", "required");
   expect_400([] { parse_chat(json{{"messages", json::array()}}); }, "messages", "must not be empty");
   expect_400([] { parse_chat(json{{"messages", "hi"}}); }, "messages", "must be an array");
@@ -312,20 +324,78 @@ TEST(ServerSchema, ToolsAndTemplateVariables) {
   expect_400([] { parse_chat(chat({{"chat_template_kwargs", "x"}})); }, "chat_template_kwargs", "must be an object");
 }
 
+TEST(ServerSchema, StructuredOutputToolChoiceAndSamplingExtensions) {
+  const json tools = json::array(
+      {{{"type", "function"}, {"function", {{"name", "get_weather"}, {"parameters", {{"type", "object"}}}}}}});
+  ApiRequest r = parse_chat(chat({{"tools", tools}, {"tool_choice", "required"}}));
+  EXPECT_EQ(r.tool_choice, ToolChoice::Required);
+  EXPECT_TRUE(r.parse_tool_calls);
+  r = parse_chat(chat({{"tools", tools}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}}));
+  EXPECT_EQ(r.tool_choice, ToolChoice::Named);
+  EXPECT_EQ(r.forced_tool, "get_weather");
+  expect_400(
+      [&] {
+        parse_chat(chat({{"tools", tools}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}}));
+      },
+      "tool_choice.function.name", "not among the tools");
+  r = parse_chat(chat({{"tools", tools}, {"tool_choice", "none"}}));
+  EXPECT_EQ(r.tool_choice, ToolChoice::None);
+  EXPECT_FALSE(r.parse_tool_calls);
+  r = parse_chat(chat({{"response_format", {{"type", "json_object"}}}}));
+  EXPECT_EQ(r.response_format, ResponseFormat::JsonObject);
+  const json schema = {{"type", "object"}, {"properties", {{"b", {{"type", "integer"}}}, {"a", {{"type", "string"}}}}}};
+  r = parse_chat(chat({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", schema}, {"strict", true}}}}}}));
+  EXPECT_EQ(r.response_format, ResponseFormat::JsonSchema);
+  EXPECT_EQ(r.json_schema.dump(), schema.dump());
+  EXPECT_EQ(r.json_schema.begin().value().dump(), "\"object\"");
+  expect_400(
+      [&] {
+        parse_chat(chat({{"tools", tools}, {"tool_choice", "required"}, {"response_format", {{"type", "json_object"}}}}));
+      },
+      "response_format", "cannot be combined");
+  r = parse_chat(chat({{"n", 3}, {"seed", 5}, {"logit_bias", {{"7", -100}, {"9", 2.5}}}, {"min_tokens", 2},
+                       {"priority", -4}, {"prompt_logprobs", 1}}));
+  EXPECT_EQ(r.n, 3);
+  EXPECT_EQ(r.sampling.logit_bias, (std::vector<std::pair<int32_t, float>>{{7, -100.f}, {9, 2.5f}}));
+  EXPECT_EQ(r.sampling.min_tokens, 2);
+  EXPECT_EQ(r.priority, -4);
+  EXPECT_EQ(r.prompt_logprobs, 1);
+}
+
 TEST(ServerSchema, Completions) {
   SamplingParams d;
   ApiRequest r = parse_completion_request(json{{"prompt", "hello"}}, d, kVocab);
   EXPECT_EQ(r.endpoint, Endpoint::Completion);
-  EXPECT_EQ(r.prompt_text, "hello");
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].text, "hello");
   EXPECT_EQ(r.sampling.max_tokens, 16);  // the OpenAI / vLLM completions default
-  r = parse_completion_request(json{{"prompt", {1, 2, 3}}, {"logprobs", 2}, {"echo", true}}, d, kVocab);
-  EXPECT_FALSE(r.prompt_text.has_value());
-  EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(r.prompt_logprobs, -1);
+  r = parse_completion_request(json{{"prompt", {1, 2, 3}}, {"logprobs", 2}, {"echo", true}, {"max_tokens", 0}}, d,
+                               kVocab);
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_FALSE(r.prompts[0].text.has_value());
+  EXPECT_EQ(r.prompts[0].ids, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_EQ(r.top_logprobs, 2);
+  EXPECT_EQ(r.prompt_logprobs, 2);  // echo with logprobs scores the prompt
+  EXPECT_EQ(r.sampling.max_tokens, 0);  // allowed with echo: lm-eval-harness loglikelihood
   EXPECT_TRUE(r.echo);
+  expect_400([&] { parse_completion_request(json{{"prompt", "x"}, {"max_tokens", 0}}, d, kVocab); }, "max_tokens",
+             ">= 1");
   r = parse_completion_request(json{{"prompt", json::array({json::array({7, 8})})}}, d, kVocab);
-  EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{7, 8}));
-  expect_400([&] { parse_completion_request(json{{"prompt", {"a", "b"}}}, d, kVocab); }, "prompt", "one prompt");
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].ids, (std::vector<int32_t>{7, 8}));
+  r = parse_completion_request(json{{"prompt", json::array({"a", json::array({7}), "b"})}, {"n", 2}}, d, kVocab);
+  ASSERT_EQ(r.prompts.size(), 3u);
+  EXPECT_EQ(r.prompts[0].text, "a");
+  EXPECT_EQ(r.prompts[1].ids, (std::vector<int32_t>{7}));
+  EXPECT_EQ(r.prompts[2].text, "b");
+  EXPECT_EQ(r.n, 2);
+  expect_400([&] { parse_completion_request(json{{"prompt", json::array({"a", 5})}}, d, kVocab); }, "prompt",
+             "prompt[1] must be a string or an array of token ids");
+  expect_400([&] { parse_completion_request(json{{"prompt", json::array({"a", "b"})}, {"n", 100}}, d, kVocab); }, "n",
+             "make 200 choices, more than 128");
+  expect_400([&] { parse_completion_request(json{{"prompt", "x"}, {"best_of", 3}}, d, kVocab); }, "best_of",
+             "best_of must equal n");
   expect_400(
       [&] {
         parse_completion_request(json{{"prompt", {1, 1000}}}, d, kVocab);

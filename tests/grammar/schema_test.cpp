@@ -225,5 +225,19 @@ TEST(Matcher, RollbackAndSaveRestore) {
   EXPECT_FALSE(m.accept_bytes("{x"));  // a rejected chunk leaves the state unchanged
 }
 
+TEST(JsonSchema, SmallIntegerRangesAreEnforcedExactly) {
+  const auto g = compile_json_schema(R"({"type": "integer", "minimum": -3, "maximum": 12})");
+  for (int v = -3; v <= 12; ++v) EXPECT_TRUE(full_match(g, std::to_string(v))) << v;
+  for (const char* bad : {"13", "-4", "012", "1.0", "-0", "100", "", "+1"}) EXPECT_FALSE(full_match(g, bad)) << bad;
+  const auto ex = compile_json_schema(R"({"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 5})");
+  for (const char* ok : {"1", "2", "3", "4"}) EXPECT_TRUE(full_match(ex, ok)) << ok;
+  for (const char* bad : {"0", "5"}) EXPECT_FALSE(full_match(ex, bad)) << bad;
+  // A wide range constrains the sign only (documented); an empty one is an error.
+  const auto wide = compile_json_schema(R"({"type": "integer", "minimum": 0, "maximum": 100000})");
+  EXPECT_TRUE(full_match(wide, "123456789"));
+  EXPECT_FALSE(full_match(wide, "-1"));
+  EXPECT_THROW(compile_json_schema(R"({"type": "integer", "minimum": 3, "maximum": 2})"), Error);
+}
+
 }  // namespace
 }  // namespace flashnext::grammar

@@ -98,7 +98,7 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_t
     ({**CHAT, "repetition_penalty": 0}, None, 400, "repetition_penalty", "repetition_penalty"),
     ({**CHAT, "max_tokens": 0}, None, 400, "max_tokens must be >= 1", "max_tokens"),
     ({**CHAT, "stop_token_ids": [10 ** 9]}, None, 400, "out of range", "stop_token_ids"),
-    ({**CHAT, "n": 3}, None, 400, "n must be 1", "n"),
+    ({**CHAT, "n": 0}, None, 400, "n must be in [1, 128]", "n"),
     ({**CHAT, "messages": [{"role": "user", "content": "x" * 20000}]}, None, 400, "maximum context length",
      "messages"),
     ({**CHAT, "max_tokens": 5000}, None, 400, "maximum context length", "max_tokens"),

@@ -1,0 +1,188 @@
+#include "grammar/tool_call_grammar.h"
+
+#include "core/error.h"
+
+namespace flashnext::grammar {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+using Frag = GrammarBuilder::Frag;
+
+// The parser's notion of a parameter's type (output_parsers.cpp param_type): "" when the schema does not say.
+std::string param_type(const json& schema) {
+  if (!schema.is_object() || !schema.contains("type")) return {};
+  const json& t = schema["type"];
+  if (t.is_string()) return t.get<std::string>();
+  if (t.is_array()) {
+    for (const json& ty : t) {
+      if (ty.is_string() && ty.get<std::string>() != "null") return ty.get<std::string>();
+    }
+  }
+  return {};
+}
+
+class ToolCallCompiler {
+ public:
+  explicit ToolCallCompiler(const JsonSchemaOptions& opt) : opt_(opt) {}
+
+  std::shared_ptr<const Grammar> compile(const json& tools, const std::optional<std::string>& only) {
+    if (!tools.is_array() || tools.empty()) fail("tool_choice: there are no tools to call");
+    std::vector<int32_t> calls;
+    for (size_t i = 0; i < tools.size(); ++i) {
+      const json& fn = tools[i].value("function", json::object());
+      const std::string name = fn.value("name", "");
+      if (only && name != *only) continue;
+      calls.push_back(call_rule(fn, name, i));
+    }
+    if (calls.empty()) fail("tool_choice names the function \"{}\", which is not among the tools", *only);
+    const int32_t root = b_.declare_rule("tool_calls");
+    auto any_call = [&] {
+      std::vector<Frag> alts;
+      for (int32_t c : calls) alts.push_back(b_.call(c));
+      return b_.alt(alts);
+    };
+    if (only) {
+      b_.define_rule(root, any_call());
+    } else {
+      b_.define_rule(root, b_.seq({any_call(), b_.star(b_.seq({b_.literal("\n"), any_call()}))}));
+    }
+    return std::make_shared<const Grammar>(b_.finish(root));
+  }
+
+ private:
+  int32_t call_rule(const json& fn, const std::string& name, size_t index) {
+    const std::string where = fmt::format("tools[{}] (\"{}\")", index, name);
+    const int32_t rule = b_.declare_rule("call " + name);
+    std::vector<Frag> parts{b_.literal("<tool_call>\n<function=" + name + ">\n")};
+    const json& params = fn.value("parameters", json::object());
+    if (params.is_object() && params.contains("properties")) {
+      const json& props = params["properties"];
+      if (!props.is_object()) fail("{}: parameters.properties must be an object", where);
+      std::vector<std::string> required;
+      if (params.contains("required") && params["required"].is_array()) {
+        for (const json& r : params["required"]) {
+          if (!r.is_string() || !props.contains(r.get<std::string>()))
+            fail("{}: required parameter {} is not among parameters.properties", where, r.dump());
+          required.push_back(r.get<std::string>());
+        }
+      }
+      for (auto it = props.begin(); it != props.end(); ++it) {
+        const std::string& key = it.key();
+        Frag value;
+        try {
+          value = value_frag(params, it.value(), "/properties/" + escape(key));
+        } catch (const Error& e) {
+          fail("{}: parameter \"{}\": {}", where, key, e.what());
+        }
+        Frag p = b_.seq({b_.literal("<parameter=" + key + ">\n"), value, b_.literal("\n</parameter>\n")});
+        const bool req = std::find(required.begin(), required.end(), key) != required.end();
+        parts.push_back(req ? p : b_.opt(p));
+      }
+    }
+    parts.push_back(b_.literal("</function>\n</tool_call>"));
+    b_.define_rule(rule, b_.seq(parts));
+    return rule;
+  }
+
+  static std::string escape(const std::string& key) {  // RFC 6901
+    std::string out;
+    for (char c : key) {
+      if (c == '~')
+        out += "~0";
+      else if (c == '/')
+        out += "~1";
+      else
+        out += c;
+    }
+    return out;
+  }
+
+  Frag value_frag(const json& root, const json& schema, const std::string& ptr) {
+    const std::string type = param_type(schema);
+    if (!type.empty() && type != "string") return b_.call(add_json_schema(b_, root, ptr, opt_));
+    std::vector<std::string> choices;
+    if (schema.is_object() && schema.contains("enum")) {
+      if (!schema["enum"].is_array() || schema["enum"].empty()) fail("'enum' must be a non-empty array");
+      for (const json& v : schema["enum"]) {
+        if (!v.is_string()) fail("a string parameter's enum holds {}, not a string", v.dump());
+        choices.push_back(v.get<std::string>());
+      }
+    } else if (schema.is_object() && schema.contains("const")) {
+      if (!schema["const"].is_string()) fail("a string parameter's const is {}, not a string", schema["const"].dump());
+      choices.push_back(schema["const"].get<std::string>());
+    }
+    if (!choices.empty()) {
+      std::vector<Frag> alts;
+      for (const std::string& c : choices) alts.push_back(b_.literal(c));
+      return b_.alt(alts);
+    }
+    if (schema.is_object() && schema.contains("maxLength")) {
+      const json& m = schema["maxLength"];
+      if (!m.is_number_unsigned() || m.get<int64_t>() > opt_.max_repeat)
+        fail("maxLength must be an integer in [0, {}]", opt_.max_repeat);
+      int64_t lo = 0;
+      if (schema.contains("minLength")) {
+        if (!schema["minLength"].is_number_unsigned()) fail("minLength must be a non-negative integer");
+        lo = schema["minLength"].get<int64_t>();
+      }
+      if (lo > m.get<int64_t>()) fail("minLength is larger than maxLength");
+      return b_.repeat([&] { return utf8_char(/*allow_lt=*/false); }, lo, m.get<int64_t>());
+    }
+    return b_.call(free_text_rule());
+  }
+
+  // One UTF-8 code point (strict), '<' excluded unless allow_lt.
+  Frag utf8_char(bool allow_lt) {
+    auto cont = [&] { return b_.range(0x80, 0xBF); };
+    std::vector<Frag> alts;
+    alts.push_back(allow_lt ? b_.range(0x01, 0x7F) : b_.ranges({{0x01, 0x3B}, {0x3D, 0x7F}}));
+    alts.push_back(b_.seq({b_.range(0xC2, 0xDF), cont()}));
+    alts.push_back(b_.seq({b_.range(0xE0, 0xE0), b_.range(0xA0, 0xBF), cont()}));
+    alts.push_back(b_.seq({b_.ranges({{0xE1, 0xEC}, {0xEE, 0xEF}}), cont(), cont()}));
+    alts.push_back(b_.seq({b_.range(0xED, 0xED), b_.range(0x80, 0x9F), cont()}));
+    alts.push_back(b_.seq({b_.range(0xF0, 0xF0), b_.range(0x90, 0xBF), cont(), cont()}));
+    alts.push_back(b_.seq({b_.range(0xF1, 0xF3), cont(), cont(), cont()}));
+    alts.push_back(b_.seq({b_.range(0xF4, 0xF4), b_.range(0x80, 0x8F), cont(), cont()}));
+    return b_.alt(alts);
+  }
+
+  // UTF-8 text without "</": (a non-'<' char | '<' followed by a non-'/' non-'<' char)* '<'?  — every '<' is
+  // followed by a character other than '/' (a run of '<' ends with such a character or the end of the text).
+  int32_t free_text_rule() {
+    if (free_text_ >= 0) return free_text_;
+    free_text_ = b_.declare_rule("raw text");
+    Frag lt_run = b_.seq({b_.literal("<"), b_.star(b_.literal("<"))});
+    auto after_lt = [&] {  // a char that is neither '/' nor '<'
+      auto cont = [&] { return b_.range(0x80, 0xBF); };
+      std::vector<Frag> alts;
+      alts.push_back(b_.ranges({{0x01, 0x2E}, {0x30, 0x3B}, {0x3D, 0x7F}}));
+      alts.push_back(b_.seq({b_.range(0xC2, 0xDF), cont()}));
+      alts.push_back(b_.seq({b_.range(0xE0, 0xE0), b_.range(0xA0, 0xBF), cont()}));
+      alts.push_back(b_.seq({b_.ranges({{0xE1, 0xEC}, {0xEE, 0xEF}}), cont(), cont()}));
+      alts.push_back(b_.seq({b_.range(0xED, 0xED), b_.range(0x80, 0x9F), cont()}));
+      alts.push_back(b_.seq({b_.range(0xF0, 0xF0), b_.range(0x90, 0xBF), cont(), cont()}));
+      alts.push_back(b_.seq({b_.range(0xF1, 0xF3), cont(), cont(), cont()}));
+      alts.push_back(b_.seq({b_.range(0xF4, 0xF4), b_.range(0x80, 0x8F), cont(), cont()}));
+      return b_.alt(alts);
+    };
+    Frag unit = b_.alt({utf8_char(false), b_.seq({lt_run, after_lt()})});
+    Frag tail_lt = b_.opt(b_.seq({b_.literal("<"), b_.star(b_.literal("<"))}));
+    b_.define_rule(free_text_, b_.seq({b_.star(unit), tail_lt}));
+    return free_text_;
+  }
+
+  JsonSchemaOptions opt_;
+  GrammarBuilder b_;
+  int32_t free_text_ = -1;
+};
+
+}  // namespace
+
+std::shared_ptr<const Grammar> tool_call_grammar(const nlohmann::ordered_json& tools,
+                                                 const std::optional<std::string>& only,
+                                                 const JsonSchemaOptions& options) {
+  return ToolCallCompiler(options).compile(tools, only);
+}
+
+}  // namespace flashnext::grammar
