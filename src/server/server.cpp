@@ -13,6 +13,7 @@
 #include "server/metrics.h"
 #include "server/openai_schema.h"
 #include "server/output_parsers.h"
+#include "server/responses_api.h"
 #include "server/sse.h"
 
 namespace flashnext::server {
@@ -224,8 +225,9 @@ struct Server::Impl {
   /// after it and false is returned.
   bool read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
                  std::string& body);
+  /// `responses`: the body is a Responses API request (/v1/responses), translated to a chat one.
   void handle_generation(const httplib::Request& req, httplib::Response& res, Endpoint endpoint,
-                         const std::string& body);
+                         const std::string& body, bool responses = false);
   void install_routes();
   void log_error(const httplib::Request& req, int status, const std::string& id, const std::string& msg) {
     m_errors.inc(1, {{"status", std::to_string(status)}});
@@ -271,6 +273,9 @@ class Session {
     srv_.m_prompt_tokens.inc(double(prompt_.size()));
   }
 
+  /// Answer in the Responses API's form (an OpenAI Response object, or its event stream) instead of chat chunks.
+  void answer_as_responses(std::unique_ptr<ResponsesWriter> writer) { responses_ = std::move(writer); }
+
   /// The body ends with the connection (HTTP/1.0): pump() then returns false after the last byte, which makes
   /// httplib close it, instead of ending a chunked body.
   void delimit_by_close() { close_delimited_ = true; }
@@ -280,7 +285,7 @@ class Session {
     if (done_) return false;
     if (req_.stream && !started_) {
       started_ = true;
-      if (!write(sink, sse_event(dump(first_chunk())))) return false;
+      if (!write(sink, responses_ ? responses_->start() : sse_event(dump(first_chunk())))) return false;
     }
     RequestStream::Update u = stream_->wait(Ms(50));
     Piece piece;
@@ -305,7 +310,16 @@ class Session {
       if (finish_reason_ == "stop" && !calls_.empty()) finish_reason_ = "tool_calls";
       stream_->cancel();  // the output ended (a stop string may end it before the engine does)
     }
-    if (req_.stream) {
+    if (req_.stream && responses_) {  // the Responses API's events instead of chat chunks; no [DONE]
+      if (piece.any()) {
+        if (!write(sink, responses_output(piece))) return false;
+      } else if (!finished && Clock::now() - last_write_ >= Ms(srv_.options.heartbeat_ms)) {
+        if (!write(sink, ": keep-alive\n\n")) return false;
+      }
+      if (finished && !write(sink, error_.empty() ? responses_->finish(finish_reason_, responses_usage())
+                                                  : responses_->fail(error_)))
+        return false;
+    } else if (req_.stream) {
       if (piece.any()) {
         if (!write(sink, sse_event(dump(delta_chunk(piece))))) return false;
       } else if (!finished && Clock::now() - last_write_ >= Ms(srv_.options.heartbeat_ms)) {
@@ -324,9 +338,15 @@ class Session {
         if (!write(sink, tail)) return false;
       }
     } else {
+      if (responses_) responses_->add(piece.reasoning, piece.content, piece.calls);
       accumulate(piece);
       if (finished) {
-        const json body = error_.empty() ? full_response() : error_body(error_status_, error_);
+        if (responses_) {  // a failure is a Response with status "failed", as the stream's last event says
+          error_.empty() ? responses_->finish(finish_reason_, responses_usage()) : responses_->fail(error_);
+        }
+        const json body = responses_        ? responses_->response()
+                          : !error_.empty() ? error_body(error_status_, error_)
+                                            : full_response();
         if (!write(sink, dump(body))) return false;
       } else if (Clock::now() - last_write_ >= Ms(srv_.options.heartbeat_ms)) {
         // JSON allows whitespace before the value; writing it is how a client that has gone is noticed (the
@@ -363,7 +383,18 @@ class Session {
     bool any() const { return !content.empty() || !reasoning.empty() || !calls.empty() || !logprobs.empty(); }
   };
 
-  const char* endpoint_label() const { return req_.endpoint == Endpoint::Chat ? "chat" : "completions"; }
+  const char* endpoint_label() const {
+    return responses_ ? "responses" : req_.endpoint == Endpoint::Chat ? "chat" : "completions";
+  }
+
+  // The Responses writer's events for `piece` (streaming); counts its calls like delta_chunk does.
+  std::string responses_output(const Piece& piece) {
+    for (auto& call : piece.calls) calls_.push_back(call);
+    return responses_->add(piece.reasoning, piece.content, piece.calls);
+  }
+  ResponsesUsage responses_usage() const {
+    return {int64_t(prompt_.size()), int64_t(output_.token_ids().size()), reasoning_tokens_};
+  }
 
   bool write(httplib::DataSink& sink, const std::string& data) {
     if (data.empty()) return true;
@@ -399,6 +430,7 @@ class Session {
     std::string content = text;
     if (reasoning_) {
       auto r = reasoning_->feed(text);
+      if (!r.reasoning.empty()) ++reasoning_tokens_;  // route() runs once per generated token
       piece.reasoning += r.reasoning;
       content = std::move(r.content);
     }
@@ -617,6 +649,8 @@ class Session {
   std::optional<ReasoningParser> reasoning_;
   std::optional<ToolCallParser> tools_;
   std::shared_ptr<RequestStream> stream_;
+  std::unique_ptr<ResponsesWriter> responses_;  // set: a /v1/responses request
+  int64_t reasoning_tokens_ = 0;                // tokens whose text went to reasoning
 
   bool started_ = false, done_ = false, close_delimited_ = false;
   Clock::time_point last_write_ = Clock::now();
@@ -670,14 +704,16 @@ bool Server::Impl::read_body(const httplib::Request& req, httplib::Response& res
 }
 
 void Server::Impl::handle_generation(const httplib::Request& req, httplib::Response& res, Endpoint endpoint,
-                                     const std::string& body_text) {
+                                     const std::string& body_text, bool responses) {
   const Clock::time_point arrival = Clock::now();
-  const std::string id =
-      (endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-") + random_hex(16) + std::to_string(next_id++);
+  const char* prefix = responses ? "resp_" : endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-";
+  const std::string id = prefix + random_hex(16) + std::to_string(next_id++);
   std::shared_ptr<Session> session;
   bool stream = false;
+  std::optional<ResponsesRequest> rr;  // a /v1/responses request, translated to `body`
   try {
-    const json body = parse_body(body_text, options.json_limits);
+    json body = parse_body(body_text, options.json_limits);
+    if (responses) body = (rr = translate_responses_request(body))->chat;
     const int64_t vocab = scheduler.vocab_size();
     ApiRequest ar = endpoint == Endpoint::Chat ? parse_chat_request(body, generation.default_sampling(), vocab)
                                                : parse_completion_request(body, generation.default_sampling(), vocab);
@@ -721,10 +757,18 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
                   max_len, fmt::to_string(__int128(n) + ar.sampling.max_tokens), n, ar.sampling.max_tokens);
     }
     stream = ar.stream;
+    if (rr) {  // the Response object reports the sampling settings the request runs with
+      rr->echo["temperature"] = ar.sampling.temperature;
+      rr->echo["top_p"] = ar.sampling.top_p;
+    }
     session = std::make_shared<Session>(*this, std::move(ar), std::move(prompt), std::move(echo_text),
                                         starts_in_reasoning, id, arrival, req.path);
+    if (rr)
+      session->answer_as_responses(
+          std::make_unique<ResponsesWriter>(std::move(rr->echo), id, model_name(), unix_now(), stream));
     session->submit();
-  } catch (const ApiError& e) {
+  } catch (const ApiError& error) {
+    const ApiError e = rr ? rr->remap(error) : error;  // chat field names -> the Responses fields they came from
     log_error(req, e.status(), id, e.what());
     send_json(res, e.status(), error_body(e.status(), e.what(), e.param()));
     return;
@@ -852,7 +896,9 @@ void Server::Impl::install_routes() {
       malloc_trim(0);
       spdlog::debug("server: heap trimmed after a large request");
     }
-    if (res.status >= 400 || req.path == "/v1/chat/completions" || req.path == "/v1/completions") return;
+    if (res.status >= 400 || req.path == "/v1/chat/completions" || req.path == "/v1/completions" ||
+        req.path == "/v1/responses")
+      return;
     spdlog::info("{} {} {} {}", req.remote_addr, req.method, req.path, res.status);
   });
 
@@ -870,6 +916,9 @@ void Server::Impl::install_routes() {
   });
   post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res, const std::string& body) {
     handle_generation(req, res, Endpoint::Completion, body);
+  });
+  post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res, const std::string& body) {
+    handle_generation(req, res, Endpoint::Chat, body, /*responses=*/true);
   });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     json data = json::array();
