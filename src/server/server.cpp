@@ -13,6 +13,7 @@
 #include "server/metrics.h"
 #include "server/openai_schema.h"
 #include "server/output_parsers.h"
+#include "server/responses_api.h"
 #include "server/sse.h"
 #include "server/structured_output.h"
 
@@ -227,8 +228,9 @@ struct Server::Impl {
   /// after it and false is returned.
   bool read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
                  std::string& body);
+  /// `responses`: the body is a Responses API request (/v1/responses), translated to a chat one.
   void handle_generation(const httplib::Request& req, httplib::Response& res, Endpoint endpoint,
-                         const std::string& body);
+                         const std::string& body, bool responses = false);
   void install_routes();
   void log_error(const httplib::Request& req, int status, const std::string& id, const std::string& msg) {
     m_errors.inc(1, {{"status", std::to_string(status)}});
@@ -305,6 +307,10 @@ class Session {
     }
   }
 
+  /// Answer in the Responses API's form (an OpenAI Response object, or its event stream) instead of chat chunks.
+  /// The request has one choice.
+  void answer_as_responses(std::unique_ptr<ResponsesWriter> writer) { responses_ = std::move(writer); }
+
   /// The body ends with the connection (HTTP/1.0): pump() then returns false after the last byte, which makes
   /// httplib close it, instead of ending a chunked body.
   void delimit_by_close() { close_delimited_ = true; }
@@ -324,7 +330,15 @@ class Session {
       take_update(c, u, piece);
       const bool finished = c.output.finished() || u.finish != EndReason::None;
       if (finished) end_choice(c, u, piece);
-      if (req_.stream) {
+      if (responses_) {  // the Responses API's events (streaming) or object, instead of chat chunks
+        if (req_.stream && !c.started) {
+          c.started = true;
+          out += responses_->start();
+        }
+        for (auto& call : piece.calls) c.calls.push_back(call);
+        out += responses_->add(piece.reasoning, piece.content, piece.calls);
+        if (finished && error_.empty()) out += responses_->finish(c.finish_reason, responses_usage(c));
+      } else if (req_.stream) {
         if (!c.started && (c.prompt_logprobs_done() || finished)) out += start_chunk(c);
         if (c.started && piece.any()) out += sse_event(dump(delta_chunk(c, piece)));
         if (finished && error_.empty()) out += sse_event(dump(final_chunk(c)));
@@ -335,7 +349,12 @@ class Session {
     const bool all_done = std::all_of(choices_.begin(), choices_.end(), [](const auto& c) { return c->finished; });
     const bool finished = all_done || !error_.empty();
     if (finished) cancel_all();  // an error ends every choice; a stop string ends the output before the engine does
-    if (req_.stream) {
+    if (responses_) {
+      if (finished && !error_.empty()) out += responses_->fail(error_);  // a Response with status "failed"
+      if (finished && !req_.stream) out = dump(responses_->response());
+      if (!finished && out.empty() && Clock::now() - last_write_ >= Ms(srv_.options.heartbeat_ms))
+        out = req_.stream ? ": keep-alive\n\n" : " ";
+    } else if (req_.stream) {
       if (finished) {
         if (!error_.empty()) {
           out += sse_event(dump(error_body(error_status_, error_)));
@@ -401,6 +420,7 @@ class Session {
     std::optional<ToolCallParser> tools;
     std::shared_ptr<RequestStream> stream;
     std::vector<TokenLogprobs> prompt_lp;
+    int64_t reasoning_tokens = 0;  // tokens whose text went to reasoning
     bool started = false, finished = false;
     std::string finish_reason;
     size_t text_offset = 0;  // characters of text sent so far (completions' logprobs offsets)
@@ -412,7 +432,12 @@ class Session {
     json logprobs = json::array();
   };
 
-  const char* endpoint_label() const { return req_.endpoint == Endpoint::Chat ? "chat" : "completions"; }
+  const char* endpoint_label() const {
+    return responses_ ? "responses" : req_.endpoint == Endpoint::Chat ? "chat" : "completions";
+  }
+  ResponsesUsage responses_usage(const Choice& c) const {
+    return {int64_t(prompts_[c.prompt].ids.size()), int64_t(c.output.token_ids().size()), c.reasoning_tokens};
+  }
   bool echo_prompt_logprobs() const { return req_.endpoint == Endpoint::Completion && req_.echo && req_.top_logprobs >= 0; }
 
   void cancel_all() {
@@ -489,6 +514,7 @@ class Session {
     std::string content = text;
     if (c.reasoning) {
       auto r = c.reasoning->feed(text);
+      if (!r.reasoning.empty()) ++c.reasoning_tokens;  // route() runs once per generated token
       piece.reasoning += r.reasoning;
       content = std::move(r.content);
     }
@@ -785,6 +811,7 @@ class Session {
   Clock::time_point arrival_;
   int64_t created_;
   std::vector<std::unique_ptr<Choice>> choices_;  // prompt-major: choice i is sample i % n of prompt i / n
+  std::unique_ptr<ResponsesWriter> responses_;    // set: a /v1/responses request
 
   bool done_ = false, close_delimited_ = false;
   Clock::time_point last_write_ = Clock::now();
@@ -831,14 +858,16 @@ bool Server::Impl::read_body(const httplib::Request& req, httplib::Response& res
 }
 
 void Server::Impl::handle_generation(const httplib::Request& req, httplib::Response& res, Endpoint endpoint,
-                                     const std::string& body_text) {
+                                     const std::string& body_text, bool responses) {
   const Clock::time_point arrival = Clock::now();
-  const std::string id =
-      (endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-") + random_hex(16) + std::to_string(next_id++);
+  const char* prefix = responses ? "resp_" : endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-";
+  const std::string id = prefix + random_hex(16) + std::to_string(next_id++);
   std::shared_ptr<Session> session;
   bool stream = false;
+  std::optional<ResponsesRequest> rr;  // a /v1/responses request, translated to `body`
   try {
-    const json body = parse_body(body_text, options.json_limits);
+    json body = parse_body(body_text, options.json_limits);
+    if (responses) body = (rr = translate_responses_request(body))->chat;
     const int64_t vocab = scheduler.vocab_size();
     ApiRequest ar = endpoint == Endpoint::Chat ? parse_chat_request(body, generation.default_sampling(), vocab)
                                                : parse_completion_request(body, generation.default_sampling(), vocab);
@@ -897,10 +926,19 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
                   ar.priority);
     std::shared_ptr<const TokenConstraint> constraint = structured.constraint_for(ar, starts_in_reasoning);
     stream = ar.stream;
+    if (rr) {  // the Response object reports the sampling settings the request runs with
+      if (ar.n != 1) bad_request("n", "the Responses API returns one output");
+      rr->echo["temperature"] = ar.sampling.temperature;
+      rr->echo["top_p"] = ar.sampling.top_p;
+    }
     session = std::make_shared<Session>(*this, std::move(ar), std::move(prompts), starts_in_reasoning,
                                         std::move(constraint), id, arrival, req.path);
+    if (rr)
+      session->answer_as_responses(
+          std::make_unique<ResponsesWriter>(std::move(rr->echo), id, model_name(), unix_now(), stream));
     session->submit();
-  } catch (const ApiError& e) {
+  } catch (const ApiError& error) {
+    const ApiError e = rr ? rr->remap(error) : error;  // chat field names -> the Responses fields they came from
     log_error(req, e.status(), id, e.what());
     send_json(res, e.status(), error_body(e.status(), e.what(), e.param()));
     return;
@@ -1028,7 +1066,9 @@ void Server::Impl::install_routes() {
       malloc_trim(0);
       spdlog::debug("server: heap trimmed after a large request");
     }
-    if (res.status >= 400 || req.path == "/v1/chat/completions" || req.path == "/v1/completions") return;
+    if (res.status >= 400 || req.path == "/v1/chat/completions" || req.path == "/v1/completions" ||
+        req.path == "/v1/responses")
+      return;
     spdlog::info("{} {} {} {}", req.remote_addr, req.method, req.path, res.status);
   });
 
@@ -1046,6 +1086,9 @@ void Server::Impl::install_routes() {
   });
   post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res, const std::string& body) {
     handle_generation(req, res, Endpoint::Completion, body);
+  });
+  post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res, const std::string& body) {
+    handle_generation(req, res, Endpoint::Chat, body, /*responses=*/true);
   });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     json data = json::array();

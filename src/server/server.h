@@ -1,7 +1,9 @@
 // The OpenAI-compatible HTTP server of `flashnext serve` (cpp-httplib; one thread per open connection).
 //
-// Endpoints: POST /v1/chat/completions and /v1/completions (streaming over SSE or not), GET /v1/models,
-// GET /health, GET /metrics (Prometheus text), POST /tokenize and /detokenize (vLLM's). Errors use the OpenAI
+// Endpoints: POST /v1/chat/completions and /v1/completions (streaming over SSE or not), POST /v1/responses (OpenAI's
+// Responses API, streaming or not: translated to a chat request and answered from the same generation, see
+// server/responses_api.h), GET /v1/models, GET /health, GET /metrics (Prometheus text), POST /tokenize and
+// /detokenize (vLLM's). Errors use the OpenAI
 // error schema (server/api_error.h): 400 for a bad request, 401 for a wrong API key, 404 for an unknown route,
 // 408 for a body that arrives too slowly, 413 for a body over --max-request-bytes, 414 for a request line over
 // 8 KiB, 415 for a POST body that is not application/json (so that a web page cannot post to the server without
@@ -26,7 +28,8 @@
 // to send writes a heartbeat every ServerOptions::heartbeat_ms: JSON whitespace before a non-streaming body, an SSE
 // comment in a stream); its request is then cancelled and its memory freed. A failure in one request is
 // answered on that request only. Caveat: once a non-streaming response has started, an engine failure can no
-// longer change its status; the body is then an OpenAI error object with status 200.
+// longer change its status; the body is then an OpenAI error object with status 200 (on /v1/responses: a Response
+// with status "failed" and its `error`).
 #pragma once
 
 #include <memory>
