@@ -419,7 +419,9 @@ json normalize_messages(const json& messages) {
       bad_request(mw + ".role", "field \"{}.role\" must be one of system, developer, user, assistant, tool; got \"{}\"",
                   mw, clip(*role));
     json msg;
-    msg["role"] = *role;
+    // OpenAI's "developer" role is its newer name for "system"; Qwen templates know only "system" (the released
+    // Qwen3.8 template raises "Unexpected message role", Qwen3's drops the message).
+    msg["role"] = *role == "developer" ? std::string("system") : *role;
     const json* content = m.get("content");
     const json* tool_calls = m.get("tool_calls");
     if (!content && !(*role == "assistant"))

@@ -135,7 +135,7 @@ struct DetokenizeRequest {
 DetokenizeRequest parse_detokenize_request(const json& body, int64_t vocab_size);
 
 /// Checks a chat `messages` array and normalises it for the chat template: contents become strings (text parts
-/// joined with "\n", null -> ""), `reasoning` is renamed `reasoning_content`, tool_call `arguments` given as JSON
+/// joined with "\n", null -> ""), the "developer" role becomes "system", `reasoning` is renamed `reasoning_content`, tool_call `arguments` given as JSON
 /// text become objects. Throws ApiError(400) naming `messages[i]...`.
 json normalize_messages(const json& messages);
 

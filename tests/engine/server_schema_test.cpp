@@ -278,6 +278,8 @@ TEST(ServerSchema, MessagesAreNormalisedForTheTemplate) {
   EXPECT_EQ(call["function"]["arguments"]["city"], "Paris");
   EXPECT_EQ(call["function"]["arguments"]["days"], 2);
   EXPECT_EQ(out[3]["tool_call_id"], "call_1");
+  // "developer" is OpenAI's newer name for "system".
+  EXPECT_EQ(normalize_messages(json::array({{{"role", "developer"}, {"content", "d"}}}))[0]["role"], "system");
 
   expect_400(
       [] {
