@@ -26,6 +26,20 @@ GrammarBuilder::Frag GrammarBuilder::ranges(std::initializer_list<std::pair<uint
   return {a, b};
 }
 
+GrammarBuilder::Frag GrammarBuilder::utf8_char(std::initializer_list<std::pair<uint8_t, uint8_t>> ascii) {
+  auto cont = [&] { return range(0x80, 0xBF); };
+  std::vector<Frag> alts;
+  alts.push_back(ranges(ascii));
+  alts.push_back(seq({range(0xC2, 0xDF), cont()}));
+  alts.push_back(seq({range(0xE0, 0xE0), range(0xA0, 0xBF), cont()}));
+  alts.push_back(seq({ranges({{0xE1, 0xEC}, {0xEE, 0xEF}}), cont(), cont()}));
+  alts.push_back(seq({range(0xED, 0xED), range(0x80, 0x9F), cont()}));  // no surrogates
+  alts.push_back(seq({range(0xF0, 0xF0), range(0x90, 0xBF), cont(), cont()}));
+  alts.push_back(seq({range(0xF1, 0xF3), cont(), cont(), cont()}));
+  alts.push_back(seq({range(0xF4, 0xF4), range(0x80, 0x8F), cont(), cont()}));  // at most U+10FFFF
+  return alt(alts);
+}
+
 GrammarBuilder::Frag GrammarBuilder::literal(std::string_view text) {
   int32_t first = new_state(), cur = first;
   for (char c : text) {

@@ -75,6 +75,9 @@ class GrammarBuilder {
   Frag ranges(std::initializer_list<std::pair<uint8_t, uint8_t>> rs);
   /// The bytes of `text`, in order.
   Frag literal(std::string_view text);
+  /// One code point in strict UTF-8 (no overlong forms, no surrogates, at most U+10FFFF): a one-byte code point in
+  /// one of the `ascii` ranges (each within 0x00-0x7F), or any two- to four-byte one.
+  Frag utf8_char(std::initializer_list<std::pair<uint8_t, uint8_t>> ascii);
   /// A call of rule `rule` (declared with declare_rule; it may be defined later, which allows recursion).
   Frag call(int32_t rule);
   /// The fragments one after another (empty list: empty()).

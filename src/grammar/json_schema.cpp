@@ -84,16 +84,8 @@ class Compiler {
 
   // One JSON string character: an unescaped code point (strict UTF-8) or an escape (no surrogate \u escapes).
   Frag string_char() {
-    auto cont = [&] { return b_.range(0x80, 0xBF); };
     std::vector<Frag> alts;
-    alts.push_back(b_.ranges({{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x7F}}));
-    alts.push_back(b_.seq({b_.range(0xC2, 0xDF), cont()}));
-    alts.push_back(b_.seq({b_.range(0xE0, 0xE0), b_.range(0xA0, 0xBF), cont()}));
-    alts.push_back(b_.seq({b_.ranges({{0xE1, 0xEC}, {0xEE, 0xEF}}), cont(), cont()}));
-    alts.push_back(b_.seq({b_.range(0xED, 0xED), b_.range(0x80, 0x9F), cont()}));
-    alts.push_back(b_.seq({b_.range(0xF0, 0xF0), b_.range(0x90, 0xBF), cont(), cont()}));
-    alts.push_back(b_.seq({b_.range(0xF1, 0xF3), cont(), cont(), cont()}));
-    alts.push_back(b_.seq({b_.range(0xF4, 0xF4), b_.range(0x80, 0x8F), cont(), cont()}));
+    alts.push_back(b_.utf8_char({{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x7F}}));  // no '"', '\\' or control byte
     Frag u = b_.seq({b_.literal("u"), b_.alt({b_.seq({b_.ranges({{'0', '9'}, {'a', 'c'}, {'A', 'C'}, {'e', 'f'}, {'E', 'F'}}),
                                                       hex(), hex(), hex()}),
                                               b_.seq({b_.ranges({{'d', 'd'}, {'D', 'D'}}), b_.range('0', '7'), hex(), hex()})})});

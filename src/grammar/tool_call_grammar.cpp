@@ -9,6 +9,9 @@ namespace {
 using json = nlohmann::ordered_json;
 using Frag = GrammarBuilder::Frag;
 
+// The one-byte code points of raw parameter text: any but NUL and '<'.
+constexpr std::initializer_list<std::pair<uint8_t, uint8_t>> kNoLt = {{0x01, 0x3B}, {0x3D, 0x7F}};
+
 // The parser's notion of a parameter's type (output_parsers.cpp param_type): "" when the schema does not say.
 std::string param_type(const json& schema) {
   if (!schema.is_object() || !schema.contains("type")) return {};
@@ -127,24 +130,9 @@ class ToolCallCompiler {
         lo = schema["minLength"].get<int64_t>();
       }
       if (lo > m.get<int64_t>()) fail("minLength is larger than maxLength");
-      return b_.repeat([&] { return utf8_char(/*allow_lt=*/false); }, lo, m.get<int64_t>());
+      return b_.repeat([&] { return b_.utf8_char(kNoLt); }, lo, m.get<int64_t>());
     }
     return b_.call(free_text_rule());
-  }
-
-  // One UTF-8 code point (strict), '<' excluded unless allow_lt.
-  Frag utf8_char(bool allow_lt) {
-    auto cont = [&] { return b_.range(0x80, 0xBF); };
-    std::vector<Frag> alts;
-    alts.push_back(allow_lt ? b_.range(0x01, 0x7F) : b_.ranges({{0x01, 0x3B}, {0x3D, 0x7F}}));
-    alts.push_back(b_.seq({b_.range(0xC2, 0xDF), cont()}));
-    alts.push_back(b_.seq({b_.range(0xE0, 0xE0), b_.range(0xA0, 0xBF), cont()}));
-    alts.push_back(b_.seq({b_.ranges({{0xE1, 0xEC}, {0xEE, 0xEF}}), cont(), cont()}));
-    alts.push_back(b_.seq({b_.range(0xED, 0xED), b_.range(0x80, 0x9F), cont()}));
-    alts.push_back(b_.seq({b_.range(0xF0, 0xF0), b_.range(0x90, 0xBF), cont(), cont()}));
-    alts.push_back(b_.seq({b_.range(0xF1, 0xF3), cont(), cont(), cont()}));
-    alts.push_back(b_.seq({b_.range(0xF4, 0xF4), b_.range(0x80, 0x8F), cont(), cont()}));
-    return b_.alt(alts);
   }
 
   // UTF-8 text without "</": (a non-'<' char | '<' followed by a non-'/' non-'<' char)* '<'?  — every '<' is
@@ -153,20 +141,8 @@ class ToolCallCompiler {
     if (free_text_ >= 0) return free_text_;
     free_text_ = b_.declare_rule("raw text");
     Frag lt_run = b_.seq({b_.literal("<"), b_.star(b_.literal("<"))});
-    auto after_lt = [&] {  // a char that is neither '/' nor '<'
-      auto cont = [&] { return b_.range(0x80, 0xBF); };
-      std::vector<Frag> alts;
-      alts.push_back(b_.ranges({{0x01, 0x2E}, {0x30, 0x3B}, {0x3D, 0x7F}}));
-      alts.push_back(b_.seq({b_.range(0xC2, 0xDF), cont()}));
-      alts.push_back(b_.seq({b_.range(0xE0, 0xE0), b_.range(0xA0, 0xBF), cont()}));
-      alts.push_back(b_.seq({b_.ranges({{0xE1, 0xEC}, {0xEE, 0xEF}}), cont(), cont()}));
-      alts.push_back(b_.seq({b_.range(0xED, 0xED), b_.range(0x80, 0x9F), cont()}));
-      alts.push_back(b_.seq({b_.range(0xF0, 0xF0), b_.range(0x90, 0xBF), cont(), cont()}));
-      alts.push_back(b_.seq({b_.range(0xF1, 0xF3), cont(), cont(), cont()}));
-      alts.push_back(b_.seq({b_.range(0xF4, 0xF4), b_.range(0x80, 0x8F), cont(), cont()}));
-      return b_.alt(alts);
-    };
-    Frag unit = b_.alt({utf8_char(false), b_.seq({lt_run, after_lt()})});
+    Frag after_lt = b_.utf8_char({{0x01, 0x2E}, {0x30, 0x3B}, {0x3D, 0x7F}});  // neither '/' nor '<'
+    Frag unit = b_.alt({b_.utf8_char(kNoLt), b_.seq({lt_run, after_lt})});
     Frag tail_lt = b_.opt(b_.seq({b_.literal("<"), b_.star(b_.literal("<"))}));
     b_.define_rule(free_text_, b_.seq({b_.star(unit), tail_lt}));
     return free_text_;
