@@ -44,6 +44,16 @@ void RequestStream::push_prompt_logprobs(std::vector<TokenLogprobs> logprobs) {
   cv_.notify_one();
 }
 
+void RequestStream::mark_scheduled(Clock::time_point when) {
+  {
+    std::lock_guard lock(mutex_);
+    if (scheduled_ || finished_) return;
+    scheduled_ = true;
+    pending_.scheduled = when;
+  }
+  cv_.notify_one();
+}
+
 void RequestStream::finish(EndReason reason, std::optional<int32_t> stop_token, std::string error) {
   {
     std::lock_guard lock(mutex_);
@@ -59,7 +69,8 @@ void RequestStream::finish(EndReason reason, std::optional<int32_t> stop_token, 
 RequestStream::Update RequestStream::wait(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
   cv_.wait_for(lock, timeout, [&] {
-    return !pending_.tokens.empty() || !pending_.prompt_logprobs.empty() || pending_.finish != EndReason::None;
+    return !pending_.tokens.empty() || !pending_.prompt_logprobs.empty() || pending_.finish != EndReason::None ||
+           pending_.scheduled.has_value();
   });
   Update out = std::move(pending_);
   pending_ = Update{};

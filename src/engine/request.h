@@ -59,6 +59,9 @@ class RequestStream {
     EndReason finish = EndReason::None;    ///< != None: the request ended and nothing more will arrive
     std::optional<int32_t> stop_token;     ///< the EOS / stop token id that ended it (finish == Stop)
     std::string error;                     ///< finish == Error: what went wrong
+    /// When the scheduler first admitted the request to the running batch: set in the one update that follows that
+    /// admission (not again after a preemption). Arrival to this is the request's queue time.
+    std::optional<Clock::time_point> scheduled;
   };
 
   // ---- producer (scheduler) ----
@@ -66,6 +69,8 @@ class RequestStream {
   void push_token(int32_t token, std::optional<TokenLogprobs> logprobs, Clock::time_point when);
   /// Appends log-probabilities of the next prompt tokens (see Update::prompt_logprobs).
   void push_prompt_logprobs(std::vector<TokenLogprobs> logprobs);
+  /// Records that the request was admitted to the running batch at `when`; only the first call counts.
+  void mark_scheduled(Clock::time_point when);
   /// Ends the stream. Later calls are ignored (the first reason wins).
   void finish(EndReason reason, std::optional<int32_t> stop_token = {}, std::string error = {});
 
@@ -83,6 +88,7 @@ class RequestStream {
   std::condition_variable cv_;
   Update pending_;
   bool finished_ = false;
+  bool scheduled_ = false;
   std::atomic<bool> cancelled_{false};
 };
 

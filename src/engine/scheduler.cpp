@@ -500,6 +500,10 @@ bool Scheduler::step_impl() {
     if (n > budget || planner_.free_slots() == 0) break;
     if (!planner_.try_grow(s.blocks, n)) break;
     s.slot = *planner_.acquire_slot();
+    // The first admission only ends the queue time; the forks of an n > 1 request ride on this prefill.
+    const Clock::time_point admitted = Clock::now();
+    s.req.stream->mark_scheduled(admitted);
+    for (auto& f : s.forks) f->req.stream->mark_scheduled(admitted);
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
     try {

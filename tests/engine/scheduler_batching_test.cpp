@@ -751,5 +751,66 @@ TEST(Scheduler, PriorityPolicyAdmitsLowerValuesFirstAndFcfsRejectsPriorities) {
   EXPECT_EQ(order, (std::vector<std::string>{"d", "b", "a", "c"}));
 }
 
+TEST(Scheduler, MarksTheFirstAdmissionOnceForTheQueueTime) {
+  // Two sequence slots for four requests (two wait), and memory for fewer tokens than they grow to (preemptions):
+  // each stream reports its first admission exactly once, not again when it is re-admitted; a request cancelled
+  // while it waits reports none.
+  FakeRunner runner;
+  Scheduler s(runner, planner_with_blocks(12, 2), {.max_num_seqs = 2, .max_num_batched_tokens = 16, .max_model_len = 48});
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  std::vector<Clock::time_point> arrivals;
+  for (int i = 0; i < 5; ++i) {
+    Request r = greedy_request("q" + std::to_string(i), make_prompt(6, 900 + i), 20);
+    arrivals.push_back(r.arrival);
+    streams.push_back(r.stream);
+    s.submit(std::move(r));
+  }
+  std::vector<int> marks(5, 0);
+  std::vector<Clock::time_point> when(5);
+  auto collect = [&] {
+    for (size_t i = 0; i < streams.size(); ++i) {
+      auto u = streams[i]->wait(std::chrono::milliseconds(0));
+      if (u.scheduled) {
+        ++marks[i];
+        when[i] = *u.scheduled;
+      }
+    }
+  };
+  s.step();
+  collect();
+  EXPECT_EQ(marks, (std::vector<int>{1, 1, 0, 0, 0}));  // two slots: the others wait
+  streams[4]->cancel();
+  for (int i = 0; i < 100000 && s.step(); ++i) collect();
+  collect();
+  EXPECT_GT(s.stats().preemptions, 0);
+  EXPECT_EQ(marks, (std::vector<int>{1, 1, 1, 1, 0}));
+  for (size_t i = 0; i < 4; ++i) EXPECT_GE(when[i], arrivals[i]) << "request " << i;
+}
+
+TEST(Scheduler, TheSamplesOfAGroupShareTheirFirstAdmission) {
+  // n = 3 samples of one prompt: the forks ride on the parent's prefill, so they were admitted when it was.
+  FakeRunner runner;
+  Scheduler s(runner, planner_with_blocks(100, 4), {.max_num_seqs = 4, .max_num_batched_tokens = 16, .max_model_len = 128});
+  std::vector<Request> group;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (uint64_t i = 0; i < 3; ++i) {
+    group.push_back(sampled_request("g" + std::to_string(i), make_prompt(20, 3), 4, 7 + i));
+    streams.push_back(group.back().stream);
+  }
+  s.submit_group(group);
+  std::vector<std::vector<Clock::time_point>> marks(3);
+  while (s.step()) {
+    for (size_t i = 0; i < 3; ++i) {
+      if (auto u = streams[i]->wait(std::chrono::milliseconds(0)); u.scheduled) marks[i].push_back(*u.scheduled);
+    }
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    if (auto u = streams[i]->wait(std::chrono::milliseconds(0)); u.scheduled) marks[i].push_back(*u.scheduled);
+  }
+  ASSERT_EQ(marks[0].size(), 1u);
+  EXPECT_EQ(marks[1], marks[0]);
+  EXPECT_EQ(marks[2], marks[0]);
+}
+
 }  // namespace
 }  // namespace flashnext
