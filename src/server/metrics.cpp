@@ -45,6 +45,12 @@ std::string escape_help(const std::string& v) {
   return out;
 }
 
+Labels concat(const Labels& a, const Labels& b) {
+  Labels out = a;
+  out.insert(out.end(), b.begin(), b.end());
+  return out;
+}
+
 std::string label_text(const Labels& labels) {
   if (labels.empty()) return {};
   std::string out = "{";
@@ -151,31 +157,89 @@ Histogram& MetricsRegistry::histogram(const std::string& name, const std::string
   return *e.histogram;
 }
 
+void MetricsRegistry::alias(const std::string& name, const std::string& help, const Counter& source, AliasSpec spec) {
+  {
+    std::lock_guard lock(mutex_);
+    FN_CHECK(std::any_of(entries_.begin(), entries_.end(), [&](auto& e) { return e->counter.get() == &source; }),
+             "metrics: alias \"{}\" of a counter of another registry", name);
+  }
+  Entry& e = add(name, help, spec.type.value_or(Kind::Counter));
+  e.src_counter = &source;
+  e.spec = std::move(spec);
+}
+
+void MetricsRegistry::alias(const std::string& name, const std::string& help, const Gauge& source, AliasSpec spec) {
+  {
+    std::lock_guard lock(mutex_);
+    FN_CHECK(std::any_of(entries_.begin(), entries_.end(), [&](auto& e) { return e->gauge.get() == &source; }),
+             "metrics: alias \"{}\" of a gauge of another registry", name);
+  }
+  Entry& e = add(name, help, spec.type.value_or(Kind::Gauge));
+  e.src_gauge = &source;
+  e.spec = std::move(spec);
+}
+
+void MetricsRegistry::alias(const std::string& name, const std::string& help, const Histogram& source,
+                            AliasSpec spec) {
+  {
+    std::lock_guard lock(mutex_);
+    FN_CHECK(std::any_of(entries_.begin(), entries_.end(), [&](auto& e) { return e->histogram.get() == &source; }),
+             "metrics: alias \"{}\" of a histogram of another registry", name);
+  }
+  FN_CHECK(!spec.relabel && spec.zero_series.empty() && (!spec.type || *spec.type == Kind::Histogram),
+           "metrics: alias \"{}\" of a histogram takes constant labels only", name);
+  Entry& e = add(name, help, Kind::Histogram);
+  e.src_histogram = &source;
+  e.spec = std::move(spec);
+}
+
+void MetricsRegistry::render_values(const Entry& e, const std::map<Labels, double>& values, std::string& out) const {
+  const bool is_alias = e.src_counter || e.src_gauge;
+  if (!is_alias) {
+    if (values.empty()) out += fmt::format("{} 0\n", e.name);
+    for (auto& [labels, v] : values) out += fmt::format("{}{} {}\n", e.name, label_text(labels), prometheus_number(v));
+    return;
+  }
+  std::map<Labels, double> mapped;
+  for (auto& [labels, v] : values) {
+    std::optional<Labels> l = e.spec.relabel ? e.spec.relabel(labels) : std::optional<Labels>(labels);
+    if (l) mapped[concat(e.spec.labels, *l)] += v;
+  }
+  for (const Labels& z : e.spec.zero_series) mapped.emplace(concat(e.spec.labels, z), 0.0);
+  if (mapped.empty()) out += fmt::format("{}{} 0\n", e.name, label_text(e.spec.labels));
+  for (auto& [labels, v] : mapped) out += fmt::format("{}{} {}\n", e.name, label_text(labels), prometheus_number(v));
+}
+
+void MetricsRegistry::render_histogram(const Entry& e, const Histogram& h, const Labels& labels,
+                                       std::string& out) const {
+  std::lock_guard hl(h.mutex_);
+  // Labels then `le`: {a="x",le="0.5"}.
+  std::string prefix;
+  for (auto& [k, v] : labels) prefix += k + "=\"" + escape_label(v) + "\",";
+  uint64_t cum = 0;
+  for (size_t i = 0; i < h.bounds_.size(); ++i) {
+    cum += h.counts_[i];
+    out += fmt::format("{}_bucket{{{}le=\"{}\"}} {}\n", e.name, prefix, prometheus_number(h.bounds_[i]), cum);
+  }
+  out += fmt::format("{}_bucket{{{}le=\"+Inf\"}} {}\n", e.name, prefix, h.count_);
+  const std::string l = label_text(labels);
+  out += fmt::format("{}_sum{} {}\n{}_count{} {}\n", e.name, l, prometheus_number(h.sum_), e.name, l, h.count_);
+}
+
 std::string MetricsRegistry::render() const {
   std::lock_guard lock(mutex_);
   std::string out;
   for (const auto& e : entries_) {
     static const char* kTypes[] = {"counter", "gauge", "histogram"};
     out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", e->name, escape_help(e->help), e->name, kTypes[int(e->kind)]);
-    if (e->kind == Kind::Histogram) {
-      const Histogram& h = *e->histogram;
-      std::lock_guard hl(h.mutex_);
-      uint64_t cum = 0;
-      for (size_t i = 0; i < h.bounds_.size(); ++i) {
-        cum += h.counts_[i];
-        out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", e->name, prometheus_number(h.bounds_[i]), cum);
-      }
-      out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n", e->name, h.count_);
-      out += fmt::format("{}_sum {}\n{}_count {}\n", e->name, prometheus_number(h.sum_), e->name, h.count_);
+    if (e->histogram || e->src_histogram) {
+      render_histogram(*e, e->histogram ? *e->histogram : *e->src_histogram, e->spec.labels, out);
       continue;
     }
-    const std::map<Labels, double>* values;
-    std::mutex* m = e->kind == Kind::Counter ? &e->counter->mutex_ : &e->gauge->mutex_;
-    std::lock_guard vl(*m);
-    values = e->kind == Kind::Counter ? &e->counter->values_ : &e->gauge->values_;
-    if (values->empty()) out += fmt::format("{} 0\n", e->name);
-    for (auto& [labels, v] : *values)
-      out += fmt::format("{}{} {}\n", e->name, label_text(labels), prometheus_number(v));
+    const Counter* c = e->counter ? e->counter.get() : e->src_counter;
+    const Gauge* g = e->gauge ? e->gauge.get() : e->src_gauge;
+    std::lock_guard vl(c ? c->mutex_ : g->mutex_);
+    render_values(*e, c ? c->values_ : g->values_, out);
   }
   return out;
 }

@@ -1,12 +1,15 @@
 // Prometheus metrics in the text exposition format 0.0.4
 // (https://prometheus.io/docs/instrumenting/exposition_formats/): counters, gauges and histograms, each with optional
-// labels, rendered by GET /metrics. Thread-safe.
+// labels, rendered by GET /metrics. A metric can also be rendered under a second name (an alias: vLLM's `vllm:`
+// names beside flashnext's own) from the same values, so that nothing is measured twice. Thread-safe.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -63,6 +66,23 @@ class Histogram {
   uint64_t count_ = 0;
 };
 
+/// The Prometheus type of a metric (its # TYPE line).
+enum class MetricType { Counter, Gauge, Histogram };
+
+/// How an alias renders the series of the metric it repeats.
+struct AliasSpec {
+  /// Constant labels put before each series' own (e.g. {{"model_name", "m"}}); histograms get them before `le`.
+  Labels labels;
+  /// Maps the labels of each source series to those of the alias (nullopt: the series is left out). Series that map
+  /// to the same labels are summed. Null: the labels are kept.
+  std::function<std::optional<Labels>(const Labels&)> relabel;
+  /// Label sets (as `relabel` returns them) rendered with 0 until a source series maps to them, so that every
+  /// expected series exists from the start (as prometheus_client renders a counter's pre-declared labels).
+  std::vector<Labels> zero_series;
+  /// The # TYPE of the alias; default: the source's (a gauge that only grows may be rendered as a counter).
+  std::optional<MetricType> type;
+};
+
 /// The metrics of one server. Metrics are created once (names must be unique and valid Prometheus names) and
 /// live as long as the registry.
 class MetricsRegistry {
@@ -71,20 +91,33 @@ class MetricsRegistry {
   Gauge& gauge(const std::string& name, const std::string& help);
   Histogram& histogram(const std::string& name, const std::string& help, std::vector<double> bounds);
 
+  /// Renders `source` (created by this registry) again as `name`, as `spec` says, from the same values. Names are
+  /// checked as for a new metric.
+  void alias(const std::string& name, const std::string& help, const Counter& source, AliasSpec spec = {});
+  void alias(const std::string& name, const std::string& help, const Gauge& source, AliasSpec spec = {});
+  void alias(const std::string& name, const std::string& help, const Histogram& source, AliasSpec spec = {});
+
   /// All metrics, in creation order, as Prometheus text (# HELP, # TYPE, then one line per series; histograms as
   /// NAME_bucket{le="..."} cumulative, NAME_sum, NAME_count). A counter or gauge with no series yet renders as 0.
   std::string render() const;
 
  private:
-  enum class Kind { Counter, Gauge, Histogram };
+  using Kind = MetricType;
   struct Entry {
     std::string name, help;
-    Kind kind;
+    Kind kind;  ///< the # TYPE rendered
     std::unique_ptr<Counter> counter;
     std::unique_ptr<Gauge> gauge;
     std::unique_ptr<Histogram> histogram;
+    // An alias: the metric it renders (one of them) and how.
+    const Counter* src_counter = nullptr;
+    const Gauge* src_gauge = nullptr;
+    const Histogram* src_histogram = nullptr;
+    AliasSpec spec;
   };
   Entry& add(const std::string& name, const std::string& help, Kind kind);
+  void render_values(const Entry& e, const std::map<Labels, double>& values, std::string& out) const;
+  void render_histogram(const Entry& e, const Histogram& h, const Labels& labels, std::string& out) const;
   mutable std::mutex mutex_;
   std::vector<std::unique_ptr<Entry>> entries_;
 };

@@ -77,5 +77,73 @@ TEST(Metrics, NumbersAndConcurrency) {
   EXPECT_EQ(h.bucket(0), 4000u);
 }
 
+TEST(Metrics, AliasesRenderTheSameValuesUnderAnotherName) {
+  MetricsRegistry r;
+  Counter& c = r.counter("x_requests_total", "Requests.");
+  Gauge& g = r.gauge("x_preemptions_total", "Preemptions (a gauge set from a running total).");
+  Histogram& h = r.histogram("x_latency_seconds", "Latency.", {0.5, 1});
+  AliasSpec model;
+  model.labels = {{"model_name", "m"}};
+  AliasSpec reasons = model;
+  reasons.relabel = [](const Labels& in) -> std::optional<Labels> {
+    if (in.size() != 2 || in[0].first != "endpoint") return std::nullopt;  // left out
+    return Labels{{"finished_reason", in[1].second == "tool_calls" ? "stop" : in[1].second}};
+  };
+  reasons.zero_series = {{{"finished_reason", "abort"}}, {{"finished_reason", "stop"}}};
+  r.alias("y:requests_total", "Requests by reason.", c, reasons);
+  AliasSpec counter = model;
+  counter.type = MetricType::Counter;
+  r.alias("y:preemptions_total", "Preemptions.", g, counter);
+  r.alias("y:latency_seconds", "Latency.", h, model);
+  EXPECT_THROW(r.alias("y:latency_seconds", "twice", h, model), Error);
+  MetricsRegistry other;
+  EXPECT_THROW(other.alias("z_total", "not ours", c), Error);
+  EXPECT_THROW(r.alias("y:bad_seconds", "histograms take constant labels only", h, reasons), Error);
+
+  c.inc(2, {{"endpoint", "chat"}, {"finish_reason", "stop"}});
+  c.inc(1, {{"endpoint", "completions"}, {"finish_reason", "stop"}});
+  c.inc(4, {{"endpoint", "chat"}, {"finish_reason", "tool_calls"}});
+  c.inc(3, {{"endpoint", "chat"}, {"finish_reason", "length"}});
+  c.inc(9, {{"other", "x"}});
+  g.set(5);
+  h.observe(0.25);
+  h.observe(2);
+  const std::string text = r.render();
+  const std::string expected_alias =
+      "# HELP y:requests_total Requests by reason.\n"
+      "# TYPE y:requests_total counter\n"
+      "y:requests_total{model_name=\"m\",finished_reason=\"abort\"} 0\n"
+      "y:requests_total{model_name=\"m\",finished_reason=\"length\"} 3\n"
+      "y:requests_total{model_name=\"m\",finished_reason=\"stop\"} 7\n"
+      "# HELP y:preemptions_total Preemptions.\n"
+      "# TYPE y:preemptions_total counter\n"
+      "y:preemptions_total{model_name=\"m\"} 5\n"
+      "# HELP y:latency_seconds Latency.\n"
+      "# TYPE y:latency_seconds histogram\n"
+      "y:latency_seconds_bucket{model_name=\"m\",le=\"0.5\"} 1\n"
+      "y:latency_seconds_bucket{model_name=\"m\",le=\"1\"} 1\n"
+      "y:latency_seconds_bucket{model_name=\"m\",le=\"+Inf\"} 2\n"
+      "y:latency_seconds_sum{model_name=\"m\"} 2.25\n"
+      "y:latency_seconds_count{model_name=\"m\"} 2\n";
+  ASSERT_NE(text.find(expected_alias), std::string::npos) << text;
+  // The sources render as before.
+  EXPECT_NE(text.find("x_requests_total{endpoint=\"chat\",finish_reason=\"tool_calls\"} 4\n"), std::string::npos);
+  EXPECT_NE(text.find("# TYPE x_preemptions_total gauge\nx_preemptions_total 5\n"), std::string::npos);
+  EXPECT_NE(text.find("x_latency_seconds_bucket{le=\"0.5\"} 1\n"), std::string::npos);
+}
+
+TEST(Metrics, AnAliasWithNoSeriesRendersItsLabelsAsZero) {
+  MetricsRegistry r;
+  Counter& c = r.counter("a_total", "A.");
+  AliasSpec spec;
+  spec.labels = {{"model_name", "m"}, {"engine", "0"}};
+  r.alias("b:a_total", "A again.", c, spec);
+  EXPECT_EQ(r.render(),
+            "# HELP a_total A.\n# TYPE a_total counter\na_total 0\n"
+            "# HELP b:a_total A again.\n# TYPE b:a_total counter\nb:a_total{model_name=\"m\",engine=\"0\"} 0\n");
+  c.inc(2);
+  EXPECT_NE(r.render().find("b:a_total{model_name=\"m\",engine=\"0\"} 2\n"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace flashnext::server
