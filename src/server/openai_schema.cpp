@@ -4,6 +4,8 @@
 #include <cmath>
 #include <set>
 
+#include <spdlog/spdlog.h>
+
 #include "engine/request.h"
 
 namespace flashnext::server {
@@ -106,10 +108,12 @@ bool is_below(const json& v, int64_t lo) {
   return v.get<double>() < double(lo);
 }
 
-// Typed access to the fields of one JSON object; `prefix` locates it in the request ("" or "messages[2].").
+// Typed access to the fields of one JSON object; `prefix` locates it in the request ("" or "messages[2].");
+// `policy` (null: strict) decides what only() does with unknown fields.
 class Fields {
  public:
-  Fields(const json& obj, std::string prefix) : obj_(obj), prefix_(std::move(prefix)) {
+  Fields(const json& obj, std::string prefix, const RequestPolicy* policy = nullptr)
+      : obj_(obj), prefix_(std::move(prefix)), policy_(policy) {
     if (!obj.is_object())
       bad_request(prefix_.empty() ? "" : self(), "{} must be a JSON object, got {}",
                   prefix_.empty() ? "the request body" : self(), describe(obj));
@@ -160,15 +164,21 @@ class Fields {
     if (v && !v->is_array()) type_error(key, "an array", *v);
     return v;
   }
-  // Rejects keys outside `known` (the OpenAI API answers 400 to an unrecognised argument; a silently ignored
-  // misspelt parameter is worse than an error).
+  // Keys outside `known`: under a strict policy a 400 (as the OpenAI API answers an unrecognised argument: a
+  // misspelt parameter is not silently ignored); else ignored, as vLLM does, and logged once per name.
   void only(const std::set<std::string_view>& known) const {
     for (auto it = obj_.begin(); it != obj_.end(); ++it) {
-      if (!known.count(it.key()))
-        bad_request(where(clip(it.key())), "unknown field \"{}\"{}; this server does not support it",
-                    where(clip(it.key())), prefix_.empty() ? " in the request" : "");
+      if (known.count(it.key())) continue;
+      if (policy_ && !policy_->strict) {
+        if (policy_->log)
+          policy_->log->note(where(clip(it.key(), FieldLogger::kMaxNameBytes)), policy_->log_context);
+        continue;
+      }
+      bad_request(where(clip(it.key())), "unknown field \"{}\"{}; this server does not support it",
+                  where(clip(it.key())), prefix_.empty() ? " in the request" : "");
     }
   }
+  const RequestPolicy* policy() const { return policy_; }
   std::string where(std::string_view key) const { return prefix_ + std::string(key); }
 
   [[noreturn]] void type_error(std::string_view key, const char* expected, const json& got) const {
@@ -179,6 +189,7 @@ class Fields {
   std::string self() const { return prefix_.substr(0, prefix_.size() - 1); }  // "messages[2]" of "messages[2]."
   const json& obj_;
   std::string prefix_;
+  const RequestPolicy* policy_;
 };
 
 // Fields shared by both generation endpoints (OpenAI + vLLM sampling extensions).
@@ -217,7 +228,7 @@ void parse_sampling(const Fields& f, ApiRequest& r, const SamplingParams& defaul
   r.stream = f.boolean("stream").value_or(false);
   if (const json* so = f.object("stream_options")) {
     if (!r.stream) bad_request("stream_options", "stream_options can only be given when stream is true");
-    Fields o(*so, "stream_options.");
+    Fields o(*so, "stream_options.", f.policy());
     o.only({"include_usage", "continuous_usage_stats"});
     r.include_usage = o.boolean("include_usage").value_or(false);
     if (o.boolean("continuous_usage_stats").value_or(false))
@@ -365,6 +376,28 @@ json normalize_tool_calls(const json& calls, const std::string& where) {
 
 }  // namespace
 
+bool FieldLogger::note(std::string_view field, std::string_view context) {
+  const std::string name = clip(field, kMaxNameBytes);
+  std::lock_guard lock(mutex_);
+  if (full_ || seen_.count(name)) return false;
+  if (seen_.size() >= kMaxNames) {
+    full_ = true;
+    spdlog::warn("{}{}ignoring unknown request fields: {} names logged, no more will be", context,
+                 context.empty() ? "" : ": ", kMaxNames);
+    return false;
+  }
+  seen_.insert(name);
+  order_.push_back(name);
+  spdlog::warn("{}{}ignoring unknown request field {} (logged once)", context, context.empty() ? "" : ": ",
+               json(name).dump(-1, ' ', false, json::error_handler_t::replace));
+  return true;
+}
+
+std::vector<std::string> FieldLogger::logged() const {
+  std::lock_guard lock(mutex_);
+  return order_;
+}
+
 json parse_body(std::string_view body, const JsonLimits& limits) {
   json doc = parse_limited(body, limits, "the request body", "");
   if (!doc.is_object()) bad_request("", "the request body must be a JSON object, got {}", describe(doc));
@@ -474,8 +507,9 @@ json template_vars_of(const Fields& f) {
 }
 }  // namespace
 
-ApiRequest parse_chat_request(const json& body, const SamplingParams& defaults, int64_t vocab_size) {
-  Fields f(body, "");
+ApiRequest parse_chat_request(const json& body, const SamplingParams& defaults, int64_t vocab_size,
+                              const RequestPolicy& policy) {
+  Fields f(body, "", &policy);
   std::set<std::string_view> known = kSamplingFields;
   known.insert({"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
                 "response_format", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
@@ -598,8 +632,9 @@ ApiRequest parse_chat_request(const json& body, const SamplingParams& defaults, 
   return r;
 }
 
-ApiRequest parse_completion_request(const json& body, const SamplingParams& defaults, int64_t vocab_size) {
-  Fields f(body, "");
+ApiRequest parse_completion_request(const json& body, const SamplingParams& defaults, int64_t vocab_size,
+                                    const RequestPolicy& policy) {
+  Fields f(body, "", &policy);
   std::set<std::string_view> known = kSamplingFields;
   known.insert({"prompt", "suffix", "best_of"});
   f.only(known);
@@ -674,8 +709,8 @@ ApiRequest parse_completion_request(const json& body, const SamplingParams& defa
   return r;
 }
 
-TokenizeRequest parse_tokenize_request(const json& body) {
-  Fields f(body, "");
+TokenizeRequest parse_tokenize_request(const json& body, const RequestPolicy& policy) {
+  Fields f(body, "", &policy);
   f.only({"model", "prompt", "messages", "tools", "chat_template_kwargs", "add_generation_prompt", "add_special_tokens",
           "return_token_strs", "reasoning_effort"});
   TokenizeRequest r;
@@ -696,8 +731,8 @@ TokenizeRequest parse_tokenize_request(const json& body) {
   return r;
 }
 
-DetokenizeRequest parse_detokenize_request(const json& body, int64_t vocab_size) {
-  Fields f(body, "");
+DetokenizeRequest parse_detokenize_request(const json& body, int64_t vocab_size, const RequestPolicy& policy) {
+  Fields f(body, "", &policy);
   f.only({"model", "tokens"});
   DetokenizeRequest r;
   if (auto v = f.string("model")) r.model = *v;

@@ -1,5 +1,5 @@
 // Request side of the OpenAI-compatible API: JSON bodies of /v1/chat/completions, /v1/completions, /tokenize and
-// /detokenize, checked field by field and converted to what the engine needs.
+// /detokenize, checked field by field and converted to what the engine needs. Unknown fields: see RequestPolicy.
 //
 // Fields are those of the OpenAI API plus vLLM's extensions (top_k, min_p, repetition_penalty, stop_token_ids,
 // ignore_eos, include_stop_str_in_output, chat_template_kwargs, add_generation_prompt, continue_final_message,
@@ -10,8 +10,10 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -48,6 +50,41 @@ struct CompletionPrompt {
 
 /// The most choices (n) one request may ask for, and the most prompts one completion request may carry.
 inline constexpr int64_t kMaxChoices = 128;
+
+/// Logs the unknown request fields that a lenient RequestPolicy ignores: a warning on stderr (spdlog)
+///   CONTEXT: ignoring unknown request field "foo" (logged once)
+/// (CONTEXT: the request's, e.g. "POST /v1/completions request_id=..."; omitted when empty) the first time each
+/// field name is seen, whatever the number of requests that send it. Names are quoted as JSON
+/// strings of at most kMaxNameBytes bytes of the field's place in the request ("foo", "stream_options.bar").
+/// At most kMaxNames names are remembered; the name after them logs one line saying that no more are logged, so
+/// that clients cannot grow the set or flood the log. Thread-safe.
+class FieldLogger {
+ public:
+  static constexpr size_t kMaxNames = 256;
+  static constexpr size_t kMaxNameBytes = 80;
+
+  /// Logs `field` unless it (cut to kMaxNameBytes) was logged before or kMaxNames names were; returns whether this
+  /// call logged it. `context` starts the line when not empty.
+  bool note(std::string_view field, std::string_view context = {});
+  /// The names logged so far (cut to kMaxNameBytes), in order.
+  std::vector<std::string> logged() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::set<std::string, std::less<>> seen_;
+  std::vector<std::string> order_;
+  bool full_ = false;
+};
+
+/// What the parse functions below do with a request field they do not know, at the top level of a body or in
+/// stream_options (the objects whose keys are checked; other keys inside messages and tools are dropped as before).
+struct RequestPolicy {
+  /// true (the default of these functions): answer 400 naming the field. false (`flashnext serve` unless
+  /// --strict-requests): ignore it, as vLLM does, after logging it through `log` when that is set.
+  bool strict = true;
+  FieldLogger* log = nullptr;  ///< not owned; may be null (then unknown fields are ignored silently)
+  std::string log_context;     ///< starts the log line (the request: method, path, request id); may be empty
+};
 
 /// A validated generation request (chat or completion).
 struct ApiRequest {
@@ -110,10 +147,12 @@ std::string describe(const json& value);
 std::optional<int64_t> integer_in(const json& value, int64_t lo, int64_t hi);
 
 /// /v1/chat/completions. `defaults`: the model's sampling defaults (generation_config.json); `vocab_size` bounds
-/// token ids (stop_token_ids).
-ApiRequest parse_chat_request(const json& body, const SamplingParams& defaults, int64_t vocab_size);
+/// token ids (stop_token_ids); `policy`: what to do with unknown fields.
+ApiRequest parse_chat_request(const json& body, const SamplingParams& defaults, int64_t vocab_size,
+                              const RequestPolicy& policy = {});
 /// /v1/completions (max_tokens defaults to 16, as in the OpenAI API and vLLM).
-ApiRequest parse_completion_request(const json& body, const SamplingParams& defaults, int64_t vocab_size);
+ApiRequest parse_completion_request(const json& body, const SamplingParams& defaults, int64_t vocab_size,
+                                    const RequestPolicy& policy = {});
 
 /// /tokenize (vLLM): either `prompt` (text) or `messages` (+ tools, chat_template_kwargs, add_generation_prompt).
 struct TokenizeRequest {
@@ -125,14 +164,14 @@ struct TokenizeRequest {
   bool add_generation_prompt = true;
   bool return_token_strs = false;
 };
-TokenizeRequest parse_tokenize_request(const json& body);
+TokenizeRequest parse_tokenize_request(const json& body, const RequestPolicy& policy = {});
 
 /// /detokenize (vLLM): `tokens`, each in [0, vocab_size).
 struct DetokenizeRequest {
   std::string model;
   std::vector<int32_t> tokens;
 };
-DetokenizeRequest parse_detokenize_request(const json& body, int64_t vocab_size);
+DetokenizeRequest parse_detokenize_request(const json& body, int64_t vocab_size, const RequestPolicy& policy = {});
 
 /// Checks a chat `messages` array and normalises it for the chat template: contents become strings (text parts
 /// joined with "\n", null -> ""), the "developer" role becomes "system", `reasoning` is renamed `reasoning_content`, tool_call `arguments` given as JSON
