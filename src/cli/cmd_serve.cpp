@@ -1,8 +1,10 @@
 // `flashnext serve [--model DIR] [--device cpu|cuda] [--host H] [--port P] [--max-model-len N] [--max-num-seqs N]
 // [--max-num-batched-tokens N] [--gpu-memory-utilization F] [--kv-cache-memory-bytes B] [--api-key KEY]
-// [--served-model-name NAME] [--max-request-bytes B] [--http-threads N] [--read-timeout S] [--body-timeout S]`:
+// [--served-model-name NAME] [--max-request-bytes B] [--http-threads N] [--read-timeout S] [--body-timeout S]
+// [--strict-requests] [--allowed-origins LIST] [--allowed-methods LIST] [--allowed-headers LIST] [--allow-credentials]`:
 // the OpenAI-compatible server (server/server.h) over the continuous-batching
 // scheduler (engine/scheduler.h). Logs one line per request; SIGINT / SIGTERM stop it cleanly.
+#include <fmt/ranges.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <spdlog/spdlog.h>
@@ -19,6 +21,8 @@
 #include "engine/model_dir.h"
 #include "engine/scheduler.h"
 #include "loader/memory_plan.h"
+#include "build_info.h"
+#include "server/http_policy.h"
 #include "server/server.h"
 
 namespace {
@@ -38,6 +42,8 @@ struct ServeArgs {
   std::string scheduling_policy = "fcfs";
   int64_t max_request_bytes = 0;
   int http_threads = 0, read_timeout = 10, body_timeout = 30;
+  bool strict_requests = false, allow_credentials = false;
+  std::string allowed_origins, allowed_methods = "*", allowed_headers = "*";  // lists: JSON or comma-separated
 };
 
 /// Bytes for KV blocks and state slots on the GPU, as vLLM sizes them: --gpu-memory-utilization (default 0.9) of
@@ -129,6 +135,12 @@ int run(const ServeArgs& a) {
   so.http_threads = a.http_threads;
   so.read_timeout_s = a.read_timeout;
   so.body_timeout_s = a.body_timeout;
+  so.strict_requests = a.strict_requests;
+  so.cors.allowed_origins = server::parse_list_flag(a.allowed_origins, "--allowed-origins");
+  so.cors.allowed_methods = server::parse_list_flag(a.allowed_methods, "--allowed-methods");
+  so.cors.allowed_headers = server::parse_list_flag(a.allowed_headers, "--allowed-headers");
+  so.cors.allow_credentials = a.allow_credentials;
+  so.version = FLASHNEXT_GIT_DESCRIBE;
   const auto& mp = scheduler.planner();
   server::Server srv(scheduler, m.tokenizer, m.chat_template ? &*m.chat_template : nullptr, m.generation, so);
   const int port = srv.bind();
@@ -143,6 +155,10 @@ int run(const ServeArgs& a) {
       mp.budget_bytes(), mp.total_slots(), mp.slot_bytes(), mp.total_blocks(), mp.block_size(),
       mp.block_size() ? mp.block_bytes() / mp.block_size() : 0);
   if (a.model.empty()) spdlog::warn("flashnext serve: the bundled test model has RANDOM weights: expect gibberish");
+  if (so.cors.enabled())
+    spdlog::info("flashnext serve: CORS for origins {} (methods {}, headers {}{})", fmt::join(so.cors.allowed_origins, ","),
+                 fmt::join(so.cors.allowed_methods, ","), fmt::join(so.cors.allowed_headers, ","),
+                 so.cors.allow_credentials ? ", with credentials" : "");
 
   std::thread signal_waiter([&] {
     int sig = 0;
@@ -224,6 +240,18 @@ FLASHNEXT_SUBCOMMAND(
       sub.add_option("--body-timeout", a->body_timeout,
                      "seconds a request body may take to arrive whole; slower ones get 408 (default 30)")
           ->check(CLI::PositiveNumber);
+      sub.add_flag("--strict-requests", a->strict_requests,
+                   "answer 400 to request fields this server does not know (default: ignore them and log each name "
+                   "once, as vLLM does)");
+      sub.add_option("--allowed-origins", a->allowed_origins,
+                     "CORS: origins whose pages may call the server, as a JSON list or comma-separated; * = any "
+                     "(default: none, no CORS headers)");
+      sub.add_option("--allowed-methods", a->allowed_methods,
+                     "CORS: methods a preflight may ask for, JSON list or comma-separated (default *)");
+      sub.add_option("--allowed-headers", a->allowed_headers,
+                     "CORS: request headers a preflight may ask for, JSON list or comma-separated (default *)");
+      sub.add_flag("--allow-credentials", a->allow_credentials,
+                   "CORS: allow credentials (Access-Control-Allow-Credentials: true)");
       sub.add_option("--threads", a->threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
       sub.add_option("--log-level", a->log_level, "trace, debug, info (default), warn, error")
           ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));

@@ -112,6 +112,29 @@ const std::vector<double> kItlBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05
 const std::vector<double> kE2eBuckets = {0.01, 0.025, 0.05, 0.1,  0.3,  0.5,  0.8,  1.0,   1.5,   2.0,   2.5,  5.0,
                                          10.0, 15.0,  20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0};
 
+// Token-count buckets 1, 2, 5, 10, 20, 50, ... up to `max` (vLLM's build_1_2_5_buckets(max_model_len)).
+std::vector<double> buckets_1_2_5(int64_t max) {
+  std::vector<double> out;
+  for (double scale = 1;; scale *= 10) {
+    for (double m : {1.0, 2.0, 5.0}) {
+      if (m * scale > double(std::max<int64_t>(max, 1))) return out;
+      out.push_back(m * scale);
+    }
+  }
+}
+
+// The request id of a response: set on it by the pre-routing handler (or by ensure_request_id).
+const std::string& request_id_of(const httplib::Response& res) {
+  static const std::string none = "-";
+  auto it = res.headers.find("X-Request-Id");
+  return it == res.headers.end() ? none : it->second;
+}
+
+// Gives `res` an X-Request-Id from the request's header (or a new one) unless it has one.
+void ensure_request_id(const httplib::Request& req, httplib::Response& res) {
+  if (!res.has_header("X-Request-Id")) res.set_header("X-Request-Id", request_id_for(req.get_header_value("X-Request-Id")));
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------------------------
@@ -125,6 +148,7 @@ struct Server::Impl {
         std::max(options.json_limits.max_elements, 2 * size_t(std::max<int64_t>(max_len, 0)) + 4096);
     // Normalization (NFC) can shrink text, by at most 3x (Hangul jamo); 4x leaves room.
     max_prompt_bytes = size_t(std::max<int64_t>(max_len, 0)) * max_token_bytes(tokenizer) * 4;
+    add_vllm_metrics();
   }
 
   Scheduler& scheduler;
@@ -162,6 +186,62 @@ struct Server::Impl {
   Gauge& m_preemptions = metrics.gauge("flashnext_num_preemptions_total", "Sequences preempted so far.");
   Gauge& m_ple_rows = metrics.gauge("flashnext_ple_rows_fetched_total", "PLE table rows gathered so far.");
   Gauge& m_steps = metrics.gauge("flashnext_engine_steps_total", "Engine steps run so far.");
+  Histogram& m_queue = metrics.histogram("flashnext_request_queue_time_seconds",
+                                         "Time from request arrival to its first admission to the running batch.",
+                                         kTtftBuckets);
+  Histogram& m_request_prompt =
+      metrics.histogram("flashnext_request_prompt_tokens", "Prompt tokens of each finished request (aborts included).",
+                        buckets_1_2_5(scheduler.config().max_model_len));
+  Histogram& m_request_generation = metrics.histogram(
+      "flashnext_request_generation_tokens", "Generated tokens of each finished request (aborts included).",
+      buckets_1_2_5(scheduler.config().max_model_len));
+
+  /// Unknown request fields logged so far (each name once), and what the parse functions do with them for the
+  /// request `req` answered by `res` (named in the log line).
+  FieldLogger unknown_fields;
+  RequestPolicy request_policy(const httplib::Request& req, const httplib::Response& res) {
+    return RequestPolicy{options.strict_requests, &unknown_fields,
+                         fmt::format("{} {} request_id={}", req.method, req.path, request_id_of(res))};
+  }
+
+  /// vLLM's metric names (vllm/v1/metrics/loggers.py), each labelled model_name and engine="0", rendered from the
+  /// flashnext metric that measures the same thing: nothing is measured twice.
+  void add_vllm_metrics() {
+    AliasSpec l;
+    l.labels = {{"model_name", model_name()}, {"engine", "0"}};
+    metrics.alias("vllm:num_requests_running", "Number of requests in model execution batches.", m_running, l);
+    metrics.alias("vllm:num_requests_waiting", "Number of requests waiting to be processed.", m_waiting, l);
+    metrics.alias("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", m_kv_usage, l);
+    AliasSpec counter = l;
+    counter.type = MetricType::Counter;  // flashnext's is a gauge set from the scheduler's running total
+    metrics.alias("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", m_preemptions,
+                  counter);
+    metrics.alias("vllm:prompt_tokens_total", "Number of prefill tokens processed.", m_prompt_tokens, l);
+    metrics.alias("vllm:generation_tokens_total", "Number of generation tokens processed.", m_generation_tokens, l);
+    // flashnext_requests_total{endpoint, finish_reason} summed over endpoints; tool_calls is the engine's "stop".
+    AliasSpec success = l;
+    success.relabel = [](const Labels& in) -> std::optional<Labels> {
+      for (auto& [k, v] : in) {
+        if (k == "finish_reason") return Labels{{"finished_reason", v == "tool_calls" ? "stop" : v}};
+      }
+      return std::nullopt;
+    };
+    success.zero_series = {{{"finished_reason", "stop"}}, {{"finished_reason", "length"}},
+                           {{"finished_reason", "abort"}}};
+    metrics.alias("vllm:request_success_total", "Count of successfully processed requests.", m_requests, success);
+    metrics.alias("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", m_ttft, l);
+    metrics.alias("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", m_itl, l);
+    metrics.alias("vllm:time_per_output_token_seconds",
+                  "Histogram of time per output token in seconds (the same values as "
+                  "vllm:inter_token_latency_seconds, its newer name).",
+                  m_itl, l);
+    metrics.alias("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", m_e2e, l);
+    metrics.alias("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", m_queue,
+                  l);
+    metrics.alias("vllm:request_prompt_tokens", "Number of prefill tokens processed.", m_request_prompt, l);
+    metrics.alias("vllm:request_generation_tokens", "Number of generation tokens processed.", m_request_generation,
+                  l);
+  }
 
   const std::string& model_name() const { return options.served_model_names.front(); }
 
@@ -232,9 +312,13 @@ struct Server::Impl {
   void handle_generation(const httplib::Request& req, httplib::Response& res, Endpoint endpoint,
                          const std::string& body, bool responses = false);
   void install_routes();
-  void log_error(const httplib::Request& req, int status, const std::string& id, const std::string& msg) {
+  /// Counts an error answer and logs it: remote address, method, path, status, the completion id ("-" when none),
+  /// the request id (X-Request-Id of `res`) and the message.
+  void log_error(const httplib::Request& req, const httplib::Response& res, int status, const std::string& id,
+                 const std::string& msg) {
     m_errors.inc(1, {{"status", std::to_string(status)}});
-    spdlog::info("{} {} {} {} {}: {}", req.remote_addr, req.method, req.path, status, id, msg);
+    spdlog::info("{} {} {} {} {} request_id={}: {}", req.remote_addr, req.method, req.path, status, id,
+                 request_id_of(res), msg);
   }
 };
 
@@ -253,12 +337,13 @@ class Session {
   /// `constraint`: the structured-output constraint of every choice (null: none).
   Session(Server::Impl& srv, ApiRequest req, std::vector<Prompt> prompts, bool starts_in_reasoning,
           std::shared_ptr<const TokenConstraint> constraint, std::string id, Clock::time_point arrival,
-          std::string path)
+          std::string path, std::string request_id)
       : srv_(srv),
         req_(std::move(req)),
         prompts_(std::move(prompts)),
         id_(std::move(id)),
         path_(std::move(path)),
+        request_id_(std::move(request_id)),
         arrival_(arrival),
         created_(unix_now()) {
     req_.sampling.constraint = std::move(constraint);
@@ -389,8 +474,9 @@ class Session {
     cancel_all();
     done_ = true;
     srv_.m_requests.inc(1, {{"endpoint", endpoint_label()}, {"finish_reason", "abort"}});
-    spdlog::info("{} {} 499 {}: client disconnected after {} tokens ({:.3f}s)", "POST", path_, id_,
-                 completion_tokens(), seconds_between(arrival_, Clock::now()));
+    for (const auto& c : choices_) observe_token_counts(*c);
+    spdlog::info("{} {} 499 {} request_id={}: client disconnected after {} tokens ({:.3f}s)", "POST", path_, id_,
+                 request_id_, completion_tokens(), seconds_between(arrival_, Clock::now()));
     (void)success;
   }
 
@@ -463,6 +549,7 @@ class Session {
   }
 
   void take_update(Choice& c, const RequestStream::Update& u, Piece& piece) {
+    if (u.scheduled) srv_.m_queue.observe(seconds_between(arrival_, *u.scheduled));
     c.prompt_len = int64_t(prompts_[c.prompt].ids.size());
     c.want_prompt_logprobs = req_.prompt_logprobs >= 0;
     for (auto& lp : u.prompt_logprobs) c.prompt_lp.push_back(lp);
@@ -488,8 +575,8 @@ class Session {
     c.stream->cancel();  // the output ended (a stop string may end it before the engine does)
     if (!c.output.finished() && (u.finish == EndReason::Stop || u.finish == EndReason::Length) &&
         req_.sampling.max_tokens > 0) {
-      spdlog::warn("{}: the engine ended choice {} ({}) before its output did", id_, c.index,
-                   end_reason_name(u.finish));
+      spdlog::warn("{} request_id={}: the engine ended choice {} ({}) before its output did", id_, request_id_,
+                   c.index, end_reason_name(u.finish));
     }
     flush_parsers(c, piece);
     if (c.output.finished()) {
@@ -642,11 +729,22 @@ class Session {
     return out;
   }
 
+  // prompt_tokens_details.cached_tokens (vLLM's, with prefix caching): 0, as this server has no prefix cache yet.
   json usage() const {
     int64_t p = 0;
     for (const auto& pr : prompts_) p += int64_t(pr.ids.size());  // n choices of a prompt count it once (vLLM)
     const int64_t c = completion_tokens();
-    return {{"prompt_tokens", p}, {"completion_tokens", c}, {"total_tokens", p + c}};
+    return {{"prompt_tokens", p},
+            {"completion_tokens", c},
+            {"total_tokens", p + c},
+            {"prompt_tokens_details", {{"cached_tokens", 0}}}};
+  }
+
+  // The per-request token histograms for a choice that ended (aborts included, as vLLM counts them; each choice
+  // of an n > 1 request counts, as vLLM's child requests do).
+  void observe_token_counts(const Choice& c) {
+    srv_.m_request_prompt.observe(double(prompts_[c.prompt].ids.size()));
+    srv_.m_request_generation.observe(double(c.output.token_ids().size()));
   }
 
   json stop_reason(const Choice& c) const {
@@ -788,8 +886,10 @@ class Session {
       if (reasons.find(c->finish_reason) == std::string::npos) reasons += (reasons.empty() ? "" : ",") + c->finish_reason;
     }
     if (error_.empty()) {
-      for (const auto& c : choices_)
+      for (const auto& c : choices_) {
         srv_.m_requests.inc(1, {{"endpoint", endpoint_label()}, {"finish_reason", c->finish_reason}});
+        observe_token_counts(*c);
+      }
       srv_.m_e2e.observe(seconds_between(arrival_, last == Clock::time_point{} ? now : last));
     } else {
       srv_.m_errors.inc(1, {{"status", std::to_string(error_status_)}});
@@ -797,8 +897,8 @@ class Session {
     int64_t prompt_tokens = 0;
     for (const auto& p : prompts_) prompt_tokens += int64_t(p.ids.size());
     const double ttft = first ? seconds_between(arrival_, *first) : 0;
-    spdlog::info("POST {} {} {}: prompt={} completion={}{} finish={} ttft={:.3f}s e2e={:.3f}s{}{}", path_,
-                 error_.empty() ? 200 : error_status_, id_, prompt_tokens, completion_tokens(),
+    spdlog::info("POST {} {} {} request_id={}: prompt={} completion={}{} finish={} ttft={:.3f}s e2e={:.3f}s{}{}",
+                 path_, error_.empty() ? 200 : error_status_, id_, request_id_, prompt_tokens, completion_tokens(),
                  choices_.size() > 1 ? fmt::format(" choices={}", choices_.size()) : std::string(),
                  error_.empty() ? reasons : "error", ttft, seconds_between(arrival_, now), req_.stream ? " stream" : "",
                  error_.empty() ? "" : " error: " + error_);
@@ -807,7 +907,7 @@ class Session {
   Server::Impl& srv_;
   ApiRequest req_;
   std::vector<Prompt> prompts_;
-  std::string id_, path_;
+  std::string id_, path_, request_id_;
   Clock::time_point arrival_;
   int64_t created_;
   std::vector<std::unique_ptr<Choice>> choices_;  // prompt-major: choice i is sample i % n of prompt i / n
@@ -852,7 +952,7 @@ bool Server::Impl::read_body(const httplib::Request& req, httplib::Response& res
   }
   body.clear();
   body.shrink_to_fit();
-  log_error(req, status, "-", msg);
+  log_error(req, res, status, "-", msg);
   send_json_and_close(res, status, error_body(status, msg));
   return false;
 }
@@ -869,8 +969,10 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
     json body = parse_body(body_text, options.json_limits);
     if (responses) body = (rr = translate_responses_request(body))->chat;
     const int64_t vocab = scheduler.vocab_size();
-    ApiRequest ar = endpoint == Endpoint::Chat ? parse_chat_request(body, generation.default_sampling(), vocab)
-                                               : parse_completion_request(body, generation.default_sampling(), vocab);
+    const RequestPolicy policy = request_policy(req, res);
+    ApiRequest ar = endpoint == Endpoint::Chat
+                        ? parse_chat_request(body, generation.default_sampling(), vocab, policy)
+                        : parse_completion_request(body, generation.default_sampling(), vocab, policy);
     check_model(ar.model);
     std::vector<Session::Prompt> prompts;
     bool starts_in_reasoning = false;
@@ -932,22 +1034,22 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
       rr->echo["top_p"] = ar.sampling.top_p;
     }
     session = std::make_shared<Session>(*this, std::move(ar), std::move(prompts), starts_in_reasoning,
-                                        std::move(constraint), id, arrival, req.path);
+                                        std::move(constraint), id, arrival, req.path, request_id_of(res));
     if (rr)
       session->answer_as_responses(
           std::make_unique<ResponsesWriter>(std::move(rr->echo), id, model_name(), unix_now(), stream));
     session->submit();
   } catch (const ApiError& error) {
     const ApiError e = rr ? rr->remap(error) : error;  // chat field names -> the Responses fields they came from
-    log_error(req, e.status(), id, e.what());
+    log_error(req, res, e.status(), id, e.what());
     send_json(res, e.status(), error_body(e.status(), e.what(), e.param()));
     return;
   } catch (const QueueFullError& e) {
-    log_error(req, 503, id, e.what());
+    log_error(req, res, 503, id, e.what());
     send_json(res, 503, error_body(503, e.what()));
     return;
   } catch (const Error& e) {  // the engine's checks (prompt ids, sampling, lengths)
-    log_error(req, 400, id, e.what());
+    log_error(req, res, 400, id, e.what());
     send_json(res, 400, error_body(400, e.what()));
     return;
   }
@@ -980,12 +1082,35 @@ void Server::Impl::install_routes() {
   http.set_keep_alive_max_count(100);
 
   // Checks made on the headers, before any body is read. A rejected request's body is not read, so its
-  // connection is closed after the answer.
+  // connection is closed after the answer. The request id is settled first, so that every log line can name it; a
+  // CORS preflight is answered before authentication (browsers send it without credentials).
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     using httplib::Server;
+    ensure_request_id(req, res);
+    if (options.cors.enabled()) {
+      const std::string origin = req.get_header_value("Origin");
+      const std::string method = req.get_header_value("Access-Control-Request-Method");
+      if (is_cors_preflight(req.method, origin, method)) {
+        const PreflightAnswer a =
+            cors_preflight(options.cors, origin, method, req.get_header_value("Access-Control-Request-Headers"));
+        for (const auto& [k, v] : a.headers) res.set_header(k, v);
+        if (content_length(req).value_or(0) > 0 || req.has_header("Transfer-Encoding"))
+          res.set_header("Connection", "close");  // a body (unusual in a preflight) is not read
+        if (a.status == 200) {
+          res.status = 200;
+          res.set_content("OK", "text/plain");
+        } else {
+          const std::string msg = fmt::format("disallowed CORS {} (preflight from origin \"{}\" for method \"{}\")",
+                                              a.failure, clip(origin, 100), clip(method, 20));
+          log_error(req, res, 400, "-", msg);
+          send_json(res, 400, error_body(400, msg));
+        }
+        return Server::HandlerResponse::Handled;
+      }
+    }
     if (!options.api_key.empty() && req.path.rfind("/v1/", 0) == 0 &&
         req.get_header_value("Authorization") != "Bearer " + options.api_key) {
-      log_error(req, 401, "-", "missing or wrong API key");
+      log_error(req, res, 401, "-", "missing or wrong API key");
       send_json_and_close(res, 401,
                           error_body(401, "invalid or missing API key (send \"Authorization: Bearer <key>\")"));
       return Server::HandlerResponse::Handled;
@@ -1008,7 +1133,7 @@ void Server::Impl::install_routes() {
                         req.get_header_value("Content-Length").substr(0, 20), options.max_request_bytes);
     }
     if (status == 0) return Server::HandlerResponse::Unhandled;
-    log_error(req, status, "-", msg);
+    log_error(req, res, status, "-", msg);
     send_json_and_close(res, status, error_body(status, msg));
     return Server::HandlerResponse::Handled;
   });
@@ -1017,6 +1142,7 @@ void Server::Impl::install_routes() {
                                                                      httplib::Response& res) {
     if (!res.body.empty() || res.has_header("Content-Type"))
       return httplib::Server::HandlerResponse::Unhandled;  // already an error body
+    ensure_request_id(req, res);  // a request answered before pre-routing (malformed, request line too long)
     std::string msg;
     switch (res.status) {
       case 404:
@@ -1034,27 +1160,37 @@ void Server::Impl::install_routes() {
       default:
         msg = fmt::format("HTTP {}", res.status);
     }
-    log_error(req, res.status, "-", msg);
+    log_error(req, res, res.status, "-", msg);
     send_json(res, res.status, error_body(res.status, msg));
     return httplib::Server::HandlerResponse::Handled;
   }));
+  // Headers every response gets, whatever answered it (a route, the pre-routing checks, the error handler): the
+  // request id (for a request answered before pre-routing: a malformed one) and, for an allowed Origin, CORS.
+  http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    ensure_request_id(req, res);
+    if (options.cors.enabled() && !res.has_header("Access-Control-Allow-Origin")) {
+      for (const auto& [k, v] : cors_response_headers(options.cors, req.get_header_value("Origin")))
+        res.set_header(k, v);
+    }
+  });
   http.set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+    ensure_request_id(req, res);
     std::string msg = "internal error";
     try {
       std::rethrow_exception(ep);
     } catch (const ApiError& e) {
-      log_error(req, e.status(), "-", e.what());
+      log_error(req, res, e.status(), "-", e.what());
       send_json(res, e.status(), error_body(e.status(), e.what(), e.param()));
       return;
     } catch (const Error& e) {
-      log_error(req, 400, "-", e.what());
+      log_error(req, res, 400, "-", e.what());
       send_json(res, 400, error_body(400, e.what()));
       return;
     } catch (const std::exception& e) {
       msg = fmt::format("internal error: {}", e.what());
     } catch (...) {
     }
-    log_error(req, 500, "-", msg);
+    log_error(req, res, 500, "-", msg);
     send_json(res, 500, error_body(500, msg));
   });
   // One log line per request; generation requests log their own (with tokens and latency) when they end. Called
@@ -1069,7 +1205,7 @@ void Server::Impl::install_routes() {
     if (res.status >= 400 || req.path == "/v1/chat/completions" || req.path == "/v1/completions" ||
         req.path == "/v1/responses")
       return;
-    spdlog::info("{} {} {} {}", req.remote_addr, req.method, req.path, res.status);
+    spdlog::info("{} {} {} {} request_id={}", req.remote_addr, req.method, req.path, res.status, request_id_of(res));
   });
 
   // POST routes read their body themselves (read_body: size and time limits) and get it as text.
@@ -1104,6 +1240,9 @@ void Server::Impl::install_routes() {
     send_json(res, 200, {{"object", "list"}, {"data", data}});
   });
   http.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
+  http.Get("/version", [this](const httplib::Request&, httplib::Response& res) {
+    send_json(res, 200, {{"version", options.version}});
+  });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     const SchedulerStats s = scheduler.stats();
     m_running.set(double(s.running));
@@ -1118,8 +1257,9 @@ void Server::Impl::install_routes() {
     m_steps.set(double(s.steps));
     res.set_content(metrics.render(), "text/plain; version=0.0.4");
   });
-  post("/tokenize", [this](const httplib::Request&, httplib::Response& res, const std::string& body) {
-    const TokenizeRequest tr = parse_tokenize_request(parse_body(body, options.json_limits));
+  post("/tokenize", [this](const httplib::Request& req, httplib::Response& res, const std::string& body) {
+    const TokenizeRequest tr =
+        parse_tokenize_request(parse_body(body, options.json_limits), request_policy(req, res));
     check_model(tr.model);
     const std::string text =
         tr.prompt ? *tr.prompt : render_chat(tr.messages, tr.tools, tr.add_generation_prompt, tr.template_vars, false);
@@ -1134,9 +1274,9 @@ void Server::Impl::install_routes() {
     }
     send_json(res, 200, out);
   });
-  post("/detokenize", [this](const httplib::Request&, httplib::Response& res, const std::string& body) {
-    const DetokenizeRequest dr =
-        parse_detokenize_request(parse_body(body, options.json_limits), scheduler.vocab_size());
+  post("/detokenize", [this](const httplib::Request& req, httplib::Response& res, const std::string& body) {
+    const DetokenizeRequest dr = parse_detokenize_request(parse_body(body, options.json_limits),
+                                                          scheduler.vocab_size(), request_policy(req, res));
     check_model(dr.model);
     send_json(res, 200, {{"prompt", tokenizer.decode(dr.tokens)}});
   });

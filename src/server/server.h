@@ -2,12 +2,20 @@
 //
 // Endpoints: POST /v1/chat/completions and /v1/completions (streaming over SSE or not), POST /v1/responses (OpenAI's
 // Responses API, streaming or not: translated to a chat request and answered from the same generation, see
-// server/responses_api.h), GET /v1/models, GET /health, GET /metrics (Prometheus text), POST /tokenize and
-// /detokenize (vLLM's). Errors use the OpenAI
+// server/responses_api.h), GET /v1/models, GET /health, GET /version ({"version": git describe of the build}),
+// GET /metrics (Prometheus text: flashnext_* metrics and the same values under vLLM's vllm:* names, labelled
+// model_name and engine), POST /tokenize and /detokenize (vLLM's). Errors use the OpenAI
 // error schema (server/api_error.h): 400 for a bad request, 401 for a wrong API key, 404 for an unknown route,
 // 408 for a body that arrives too slowly, 413 for a body over --max-request-bytes, 414 for a request line over
 // 8 KiB, 415 for a POST body that is not application/json (so that a web page cannot post to the server without
 // a CORS preflight), 503 (with Retry-After) when the scheduler's waiting queue is full, 500 for an internal failure.
+//
+// vLLM parity at the HTTP level: request fields the server does not know are ignored and logged once per name
+// (ServerOptions::strict_requests brings back the 400); CORS is off unless origins are allowed
+// (ServerOptions::cors, server/http_policy.h: preflights answered before authentication, Access-Control-Allow-Origin
+// on every response to an allowed origin, errors and streams included); every response carries X-Request-Id (the
+// client's, when it is 1 to 128 visible ASCII bytes, else a new 32-hex-digit id), which the request's log lines
+// name; usage has prompt_tokens_details.cached_tokens, always 0 (there is no prefix cache yet).
 //
 // Hostile input: every limit is checked before the work it bounds: the body size before the body is read (from
 // Content-Length) or while it is read, JSON nesting depth and element count while it is parsed
@@ -39,6 +47,7 @@
 #include "chat/chat_template.h"
 #include "engine/generation_config.h"
 #include "engine/scheduler.h"
+#include "server/http_policy.h"
 #include "server/openai_schema.h"
 #include "tokenizer/tokenizer.h"
 
@@ -72,6 +81,13 @@ struct ServerOptions {
   /// the body; streaming: an SSE comment), so that a client that has gone is noticed while its request waits or
   /// runs: the failed write cancels it.
   int heartbeat_ms = 500;
+
+  // vLLM parity (see the top of this file).
+  /// Answer 400 to request fields this server does not know (the OpenAI API's behaviour) instead of ignoring them
+  /// and logging each name once (vLLM's).
+  bool strict_requests = false;
+  CorsOptions cors;     ///< no allowed origin (default): no CORS headers, no preflights
+  std::string version;  ///< GET /version's "version" (`flashnext serve`: git describe of the build)
 };
 
 /// The default body limit: 1 MiB plus 32 bytes per token of the context, enough for a prompt of max_model_len tokens
