@@ -74,6 +74,12 @@ int64_t gpu_cache_budget(const ServeArgs& a, const ModelConfig& cfg, const Sched
 
 int run(const ServeArgs& a) {
   spdlog::set_level(spdlog::level::from_str(a.log_level));
+  // The list flags are checked before the model loads: a malformed one fails at once.
+  server::CorsOptions cors;
+  cors.allowed_origins = server::parse_list_flag(a.allowed_origins, "--allowed-origins");
+  cors.allowed_methods = server::parse_list_flag(a.allowed_methods, "--allowed-methods");
+  cors.allowed_headers = server::parse_list_flag(a.allowed_headers, "--allowed-headers");
+  cors.allow_credentials = a.allow_credentials;
   if (a.device == "cpu" && a.gpu_memory_utilization)
     spdlog::warn(
         "--gpu-memory-utilization applies to --device cuda; on the CPU the KV cache budget is "
@@ -136,10 +142,7 @@ int run(const ServeArgs& a) {
   so.read_timeout_s = a.read_timeout;
   so.body_timeout_s = a.body_timeout;
   so.strict_requests = a.strict_requests;
-  so.cors.allowed_origins = server::parse_list_flag(a.allowed_origins, "--allowed-origins");
-  so.cors.allowed_methods = server::parse_list_flag(a.allowed_methods, "--allowed-methods");
-  so.cors.allowed_headers = server::parse_list_flag(a.allowed_headers, "--allowed-headers");
-  so.cors.allow_credentials = a.allow_credentials;
+  so.cors = cors;
   so.version = FLASHNEXT_GIT_DESCRIBE;
   const auto& mp = scheduler.planner();
   server::Server srv(scheduler, m.tokenizer, m.chat_template ? &*m.chat_template : nullptr, m.generation, so);
