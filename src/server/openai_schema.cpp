@@ -535,7 +535,7 @@ ApiRequest parse_chat_request(const json& body, const SamplingParams& defaults, 
     r.top_logprobs = -1;
   r.echo = f.boolean("echo").value_or(false);
   if (const json* rf = f.object("response_format")) {
-    Fields rff(*rf, "response_format.");
+    Fields rff(*rf, "response_format.", f.policy());
     rff.only({"type", "json_schema"});
     const std::string type = rff.string("type").value_or("");
     if (type == "text") {
@@ -545,7 +545,7 @@ ApiRequest parse_chat_request(const json& body, const SamplingParams& defaults, 
     } else if (type == "json_schema") {
       const json* js = rff.object("json_schema");
       if (!js) bad_request("response_format.json_schema", "field \"response_format.json_schema\" is required");
-      Fields jf(*js, "response_format.json_schema.");
+      Fields jf(*js, "response_format.json_schema.", f.policy());
       jf.only({"name", "description", "schema", "strict"});
       jf.string("name");
       jf.string("description");
@@ -590,13 +590,13 @@ ApiRequest parse_chat_request(const json& body, const SamplingParams& defaults, 
                     "{{\"name\": ...}}}}, got \"{}\"",
                     clip(choice));
     } else if (tc->is_object()) {
-      Fields t(*tc, "tool_choice.");
+      Fields t(*tc, "tool_choice.", f.policy());
       t.only({"type", "function"});
       if (t.string("type").value_or("") != "function")
         bad_request("tool_choice.type", "field \"tool_choice.type\" must be \"function\"");
       const json* fn = t.object("function");
       if (!fn) bad_request("tool_choice.function", "field \"tool_choice.function\" is required");
-      Fields tf(*fn, "tool_choice.function.");
+      Fields tf(*fn, "tool_choice.function.", f.policy());
       tf.only({"name"});
       auto name = tf.string("name");
       if (!name) bad_request("tool_choice.function.name", "field \"tool_choice.function.name\" is required");

@@ -76,8 +76,9 @@ class FieldLogger {
   bool full_ = false;
 };
 
-/// What the parse functions below do with a request field they do not know, at the top level of a body or in
-/// stream_options (the objects whose keys are checked; other keys inside messages and tools are dropped as before).
+/// What the parse functions below do with a request field they do not know, at the top level of a body or in the
+/// nested objects whose keys are checked: stream_options, response_format (and its json_schema), a tool_choice
+/// object (and its function). Other keys inside messages and tools are dropped as before.
 struct RequestPolicy {
   /// true (the default of these functions): answer 400 naming the field. false (`flashnext serve` unless
   /// --strict-requests): ignore it, as vLLM does, after logging it through `log` when that is set.

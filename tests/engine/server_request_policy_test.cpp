@@ -79,5 +79,28 @@ TEST(RequestPolicy, TheLoggedSetIsBounded) {
   EXPECT_LE(cut.logged()[0].size(), FieldLogger::kMaxNameBytes);
 }
 
+TEST(RequestPolicy, NestedCheckedObjectsFollowThePolicy) {
+  const json tools = json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}});
+  const json schema = {{"type", "json_schema"},
+                       {"json_schema", {{"name", "s"}, {"schema", {{"type", "object"}}}, {"extra_js", 1}}},
+                       {"extra_rf", 1}};
+  const json named = {{"type", "function"}, {"function", {{"name", "f"}, {"extra_fn", 1}}}, {"extra_tc", 1}};
+  EXPECT_EQ(error_param([&] { parse_chat_request(chat_body({{"response_format", schema}}), {}, kVocab); }),
+            "response_format.extra_rf");
+  EXPECT_EQ(error_param([&] {
+              parse_chat_request(chat_body({{"tools", tools}, {"tool_choice", named}}), {}, kVocab);
+            }),
+            "tool_choice.extra_tc");
+  FieldLogger log;
+  const RequestPolicy lenient{false, &log, ""};
+  const ApiRequest a = parse_chat_request(chat_body({{"response_format", schema}}), {}, kVocab, lenient);
+  EXPECT_EQ(a.response_format, ResponseFormat::JsonSchema);
+  const ApiRequest b = parse_chat_request(chat_body({{"tools", tools}, {"tool_choice", named}}), {}, kVocab, lenient);
+  EXPECT_EQ(b.tool_choice, ToolChoice::Named);
+  EXPECT_EQ(b.forced_tool, "f");
+  EXPECT_EQ(log.logged(), (std::vector<std::string>{"response_format.extra_rf", "response_format.json_schema.extra_js",
+                                                    "tool_choice.extra_tc", "tool_choice.function.extra_fn"}));
+}
+
 }  // namespace
 }  // namespace flashnext::server

@@ -85,11 +85,15 @@ def test_unknown_fields_are_ignored_with_the_same_output(lenient):
         assert plain.status_code == 200 and with_extra.status_code == 200, with_extra.text
         assert key(with_extra.json()) == key(plain.json())
         assert with_extra.json()["usage"] == plain.json()["usage"]
+        if path == "/v1/chat/completions":
+            plain_chat = plain.json()
     stream = {**COMPLETION, "stream": True, "stream_options": {"include_usage": True, "nested_unknown": 1}}
     r = post(lenient, "/v1/completions", stream)
     assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n"), r.text
     usage = json.loads(r.text.split("data: ")[-2])["usage"]
     assert usage["completion_tokens"] == 6
+    rf = post(lenient, "/v1/chat/completions", {**CHAT, "response_format": {"type": "text", "rf_unknown": 1}})
+    assert rf.status_code == 200 and rf.json()["choices"][0]["message"] == plain_chat["choices"][0]["message"]
     tok = post(lenient, "/tokenize", {"prompt": "hello world", "unknown_tok": True})
     assert tok.status_code == 200 and tok.json()["tokens"] == post(lenient, "/tokenize", {"prompt": "hello world"}).json()["tokens"]
     detok = post(lenient, "/detokenize", {"tokens": tok.json()["tokens"], "unknown_detok": 1})
@@ -126,6 +130,7 @@ def test_a_huge_unknown_field_name_is_logged_as_an_excerpt(lenient):
     ("/v1/completions", {**COMPLETION, "foo": 1}, "foo"),
     ("/v1/completions", {**COMPLETION, "stream": True, "stream_options": {"include_usage": True, "bar": 1}},
      "stream_options.bar"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "text", "bogus": 1}}, "response_format.bogus"),
     ("/tokenize", {"prompt": "x", "baz": 1}, "baz"),
     ("/detokenize", {"tokens": [1], "qux": 1}, "qux"),
 ])
