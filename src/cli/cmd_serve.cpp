@@ -1,9 +1,9 @@
 // `flashnext serve [--model DIR] [--device cpu|cuda] [--host H] [--port P] [--max-model-len N] [--max-num-seqs N]
 // [--max-num-batched-tokens N] [--gpu-memory-utilization F] [--kv-cache-memory-bytes B] [--api-key KEY]
 // [--served-model-name NAME] [--max-request-bytes B] [--http-threads N] [--read-timeout S] [--body-timeout S]
-// [--strict-requests] [--allowed-origins LIST] [--allowed-methods LIST] [--allowed-headers LIST] [--allow-credentials]`:
-// the OpenAI-compatible server (server/server.h) over the continuous-batching
-// scheduler (engine/scheduler.h). Logs one line per request; SIGINT / SIGTERM stop it cleanly.
+// [--strict-requests] [--allowed-origins LIST] [--allowed-methods LIST] [--allowed-headers LIST]
+// [--allow-credentials]`: the OpenAI-compatible server (server/server.h) over the continuous-batching scheduler
+// (engine/scheduler.h). Logs one line per request; SIGINT / SIGTERM stop it cleanly.
 #include <fmt/ranges.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "build_info.h"
 #include "cli/cli.h"
 #include "cli/device.h"
 #include "cli/load_progress.h"
@@ -21,7 +22,6 @@
 #include "engine/model_dir.h"
 #include "engine/scheduler.h"
 #include "loader/memory_plan.h"
-#include "build_info.h"
 #include "server/http_policy.h"
 #include "server/server.h"
 
@@ -159,9 +159,9 @@ int run(const ServeArgs& a) {
       mp.block_size() ? mp.block_bytes() / mp.block_size() : 0);
   if (a.model.empty()) spdlog::warn("flashnext serve: the bundled test model has RANDOM weights: expect gibberish");
   if (so.cors.enabled())
-    spdlog::info("flashnext serve: CORS for origins {} (methods {}, headers {}{})", fmt::join(so.cors.allowed_origins, ","),
-                 fmt::join(so.cors.allowed_methods, ","), fmt::join(so.cors.allowed_headers, ","),
-                 so.cors.allow_credentials ? ", with credentials" : "");
+    spdlog::info("flashnext serve: CORS for origins {} (methods {}, headers {}{})",
+                 fmt::join(so.cors.allowed_origins, ","), fmt::join(so.cors.allowed_methods, ","),
+                 fmt::join(so.cors.allowed_headers, ","), so.cors.allow_credentials ? ", with credentials" : "");
 
   std::thread signal_waiter([&] {
     int sig = 0;

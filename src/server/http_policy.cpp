@@ -1,9 +1,8 @@
 #include "server/http_policy.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cctype>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 
@@ -97,7 +96,8 @@ PreflightAnswer cors_preflight(const CorsOptions& cors, std::string_view origin,
 
   const bool any_header = contains(cors.allowed_headers, "*");
   if (any_header) {
-    if (!trim(request_headers).empty()) a.headers.emplace_back("Access-Control-Allow-Headers", std::string(trim(request_headers)));
+    if (!trim(request_headers).empty())
+      a.headers.emplace_back("Access-Control-Allow-Headers", std::string(trim(request_headers)));
   } else {
     std::vector<std::string> allowed = kSafelistedHeaders;
     for (const auto& h : cors.allowed_headers) {

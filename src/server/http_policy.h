@@ -18,7 +18,7 @@ using HeaderList = std::vector<std::pair<std::string, std::string>>;
 /// and OPTIONS requests are not answered as preflights, so a web page of another origin can neither read an answer
 /// nor send a JSON POST (browsers preflight those; a form or text/plain POST without preflight gets 415).
 struct CorsOptions {
-  std::vector<std::string> allowed_origins;         ///< exact origins ("https://a.example"), or "*" for any
+  std::vector<std::string> allowed_origins;          ///< exact origins ("https://a.example"), or "*" for any
   std::vector<std::string> allowed_methods = {"*"};  ///< methods a preflight may ask for ("*": any)
   std::vector<std::string> allowed_headers = {"*"};  ///< request headers a preflight may ask for ("*": any)
   bool allow_credentials = false;  ///< send Access-Control-Allow-Credentials: true (cookies, HTTP auth)

@@ -179,8 +179,7 @@ void MetricsRegistry::alias(const std::string& name, const std::string& help, co
   e.spec = std::move(spec);
 }
 
-void MetricsRegistry::alias(const std::string& name, const std::string& help, const Histogram& source,
-                            AliasSpec spec) {
+void MetricsRegistry::alias(const std::string& name, const std::string& help, const Histogram& source, AliasSpec spec) {
   {
     std::lock_guard lock(mutex_);
     FN_CHECK(std::any_of(entries_.begin(), entries_.end(), [&](auto& e) { return e->histogram.get() == &source; }),

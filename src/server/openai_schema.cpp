@@ -1,10 +1,10 @@
 #include "server/openai_schema.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cmath>
 #include <set>
-
-#include <spdlog/spdlog.h>
 
 #include "engine/request.h"
 
@@ -170,8 +170,7 @@ class Fields {
     for (auto it = obj_.begin(); it != obj_.end(); ++it) {
       if (known.count(it.key())) continue;
       if (policy_ && !policy_->strict) {
-        if (policy_->log)
-          policy_->log->note(where(clip(it.key(), FieldLogger::kMaxNameBytes)), policy_->log_context);
+        if (policy_->log) policy_->log->note(where(clip(it.key(), FieldLogger::kMaxNameBytes)), policy_->log_context);
         continue;
       }
       bad_request(where(clip(it.key())), "unknown field \"{}\"{}; this server does not support it",

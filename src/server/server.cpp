@@ -132,7 +132,8 @@ const std::string& request_id_of(const httplib::Response& res) {
 
 // Gives `res` an X-Request-Id from the request's header (or a new one) unless it has one.
 void ensure_request_id(const httplib::Request& req, httplib::Response& res) {
-  if (!res.has_header("X-Request-Id")) res.set_header("X-Request-Id", request_id_for(req.get_header_value("X-Request-Id")));
+  if (!res.has_header("X-Request-Id"))
+    res.set_header("X-Request-Id", request_id_for(req.get_header_value("X-Request-Id")));
 }
 
 }  // namespace
@@ -186,15 +187,15 @@ struct Server::Impl {
   Gauge& m_preemptions = metrics.gauge("flashnext_num_preemptions_total", "Sequences preempted so far.");
   Gauge& m_ple_rows = metrics.gauge("flashnext_ple_rows_fetched_total", "PLE table rows gathered so far.");
   Gauge& m_steps = metrics.gauge("flashnext_engine_steps_total", "Engine steps run so far.");
-  Histogram& m_queue = metrics.histogram("flashnext_request_queue_time_seconds",
-                                         "Time from request arrival to its first admission to the running batch.",
-                                         kTtftBuckets);
+  Histogram& m_queue =
+      metrics.histogram("flashnext_request_queue_time_seconds",
+                        "Time from request arrival to its first admission to the running batch.", kTtftBuckets);
   Histogram& m_request_prompt =
       metrics.histogram("flashnext_request_prompt_tokens", "Prompt tokens of each finished request (aborts included).",
                         buckets_1_2_5(scheduler.config().max_model_len));
-  Histogram& m_request_generation = metrics.histogram(
-      "flashnext_request_generation_tokens", "Generated tokens of each finished request (aborts included).",
-      buckets_1_2_5(scheduler.config().max_model_len));
+  Histogram& m_request_generation = metrics.histogram("flashnext_request_generation_tokens",
+                                                      "Generated tokens of each finished request (aborts included).",
+                                                      buckets_1_2_5(scheduler.config().max_model_len));
 
   /// Unknown request fields logged so far (each name once), and what the parse functions do with them for the
   /// request `req` answered by `res` (named in the log line).
@@ -226,8 +227,8 @@ struct Server::Impl {
       }
       return std::nullopt;
     };
-    success.zero_series = {{{"finished_reason", "stop"}}, {{"finished_reason", "length"}},
-                           {{"finished_reason", "abort"}}};
+    success.zero_series = {
+        {{"finished_reason", "stop"}}, {{"finished_reason", "length"}}, {{"finished_reason", "abort"}}};
     metrics.alias("vllm:request_success_total", "Count of successfully processed requests.", m_requests, success);
     metrics.alias("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", m_ttft, l);
     metrics.alias("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", m_itl, l);
@@ -239,8 +240,7 @@ struct Server::Impl {
     metrics.alias("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", m_queue,
                   l);
     metrics.alias("vllm:request_prompt_tokens", "Number of prefill tokens processed.", m_request_prompt, l);
-    metrics.alias("vllm:request_generation_tokens", "Number of generation tokens processed.", m_request_generation,
-                  l);
+    metrics.alias("vllm:request_generation_tokens", "Number of generation tokens processed.", m_request_generation, l);
   }
 
   const std::string& model_name() const { return options.served_model_names.front(); }
@@ -575,8 +575,8 @@ class Session {
     c.stream->cancel();  // the output ended (a stop string may end it before the engine does)
     if (!c.output.finished() && (u.finish == EndReason::Stop || u.finish == EndReason::Length) &&
         req_.sampling.max_tokens > 0) {
-      spdlog::warn("{} request_id={}: the engine ended choice {} ({}) before its output did", id_, request_id_,
-                   c.index, end_reason_name(u.finish));
+      spdlog::warn("{} request_id={}: the engine ended choice {} ({}) before its output did", id_, request_id_, c.index,
+                   end_reason_name(u.finish));
     }
     flush_parsers(c, piece);
     if (c.output.finished()) {
@@ -897,8 +897,8 @@ class Session {
     int64_t prompt_tokens = 0;
     for (const auto& p : prompts_) prompt_tokens += int64_t(p.ids.size());
     const double ttft = first ? seconds_between(arrival_, *first) : 0;
-    spdlog::info("POST {} {} {} request_id={}: prompt={} completion={}{} finish={} ttft={:.3f}s e2e={:.3f}s{}{}",
-                 path_, error_.empty() ? 200 : error_status_, id_, request_id_, prompt_tokens, completion_tokens(),
+    spdlog::info("POST {} {} {} request_id={}: prompt={} completion={}{} finish={} ttft={:.3f}s e2e={:.3f}s{}{}", path_,
+                 error_.empty() ? 200 : error_status_, id_, request_id_, prompt_tokens, completion_tokens(),
                  choices_.size() > 1 ? fmt::format(" choices={}", choices_.size()) : std::string(),
                  error_.empty() ? reasons : "error", ttft, seconds_between(arrival_, now), req_.stream ? " stream" : "",
                  error_.empty() ? "" : " error: " + error_);
@@ -1258,8 +1258,7 @@ void Server::Impl::install_routes() {
     res.set_content(metrics.render(), "text/plain; version=0.0.4");
   });
   post("/tokenize", [this](const httplib::Request& req, httplib::Response& res, const std::string& body) {
-    const TokenizeRequest tr =
-        parse_tokenize_request(parse_body(body, options.json_limits), request_policy(req, res));
+    const TokenizeRequest tr = parse_tokenize_request(parse_body(body, options.json_limits), request_policy(req, res));
     check_model(tr.model);
     const std::string text =
         tr.prompt ? *tr.prompt : render_chat(tr.messages, tr.tools, tr.add_generation_prompt, tr.template_vars, false);
@@ -1275,8 +1274,8 @@ void Server::Impl::install_routes() {
     send_json(res, 200, out);
   });
   post("/detokenize", [this](const httplib::Request& req, httplib::Response& res, const std::string& body) {
-    const DetokenizeRequest dr = parse_detokenize_request(parse_body(body, options.json_limits),
-                                                          scheduler.vocab_size(), request_policy(req, res));
+    const DetokenizeRequest dr = parse_detokenize_request(parse_body(body, options.json_limits), scheduler.vocab_size(),
+                                                          request_policy(req, res));
     check_model(dr.model);
     send_json(res, 200, {{"prompt", tokenizer.decode(dr.tokens)}});
   });

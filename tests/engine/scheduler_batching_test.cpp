@@ -756,7 +756,8 @@ TEST(Scheduler, MarksTheFirstAdmissionOnceForTheQueueTime) {
   // each stream reports its first admission exactly once, not again when it is re-admitted; a request cancelled
   // while it waits reports none.
   FakeRunner runner;
-  Scheduler s(runner, planner_with_blocks(12, 2), {.max_num_seqs = 2, .max_num_batched_tokens = 16, .max_model_len = 48});
+  Scheduler s(runner, planner_with_blocks(12, 2),
+              {.max_num_seqs = 2, .max_num_batched_tokens = 16, .max_model_len = 48});
   std::vector<std::shared_ptr<RequestStream>> streams;
   std::vector<Clock::time_point> arrivals;
   for (int i = 0; i < 5; ++i) {
@@ -790,7 +791,8 @@ TEST(Scheduler, MarksTheFirstAdmissionOnceForTheQueueTime) {
 TEST(Scheduler, TheSamplesOfAGroupShareTheirFirstAdmission) {
   // n = 3 samples of one prompt: the forks ride on the parent's prefill, so they were admitted when it was.
   FakeRunner runner;
-  Scheduler s(runner, planner_with_blocks(100, 4), {.max_num_seqs = 4, .max_num_batched_tokens = 16, .max_model_len = 128});
+  Scheduler s(runner, planner_with_blocks(100, 4),
+              {.max_num_seqs = 4, .max_num_batched_tokens = 16, .max_model_len = 128});
   std::vector<Request> group;
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (uint64_t i = 0; i < 3; ++i) {

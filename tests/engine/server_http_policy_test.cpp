@@ -31,7 +31,7 @@ TEST(Cors, ExplicitOriginsAreEchoedWithVary) {
   EXPECT_EQ(header(h, "Vary"), "Origin");
   EXPECT_EQ(header(h, "Access-Control-Allow-Credentials"), "<absent>");
   EXPECT_TRUE(cors_response_headers(cors, "https://evil.example").empty());
-  EXPECT_TRUE(cors_response_headers(cors, "").empty());            // no Origin header: not a CORS request
+  EXPECT_TRUE(cors_response_headers(cors, "").empty());                   // no Origin header: not a CORS request
   EXPECT_TRUE(cors_response_headers(cors, "https://A.example").empty());  // origins compare exactly
 }
 
@@ -104,10 +104,11 @@ TEST(RequestId, EchoedWhenUsableElseGenerated) {
   EXPECT_EQ(request_id_for("my-id-42"), "my-id-42");
   EXPECT_EQ(request_id_for(std::string(kMaxRequestIdBytes, 'a')), std::string(kMaxRequestIdBytes, 'a'));
   auto is_generated = [](const std::string& id) {
-    return id.size() == 32 && std::all_of(id.begin(), id.end(), [](char c) { return std::isxdigit(c) && !std::isupper(c); });
+    return id.size() == 32 &&
+           std::all_of(id.begin(), id.end(), [](char c) { return std::isxdigit(c) && !std::isupper(c); });
   };
   for (const std::string& bad : {std::string(), std::string(kMaxRequestIdBytes + 1, 'a'), std::string("has space"),
-                                std::string("line\nbreak"), std::string("caf\xc3\xa9")})
+                                 std::string("line\nbreak"), std::string("caf\xc3\xa9")})
     EXPECT_TRUE(is_generated(request_id_for(bad))) << bad;
   EXPECT_NE(random_request_id(), random_request_id());
 }

@@ -33,8 +33,8 @@ TEST(RequestPolicy, StrictByDefaultAndWhenAsked) {
   EXPECT_EQ(error_param([] { parse_chat_request(chat_body({{"foo", 1}}), {}, kVocab); }), "foo");
   EXPECT_EQ(error_param([&] { parse_chat_request(chat_body({{"foo", 1}}), {}, kVocab, strict); }), "foo");
   EXPECT_EQ(error_param([&] {
-              parse_completion_request({{"prompt", "x"}, {"stream", true}, {"stream_options", {{"bar", 1}}}}, {}, kVocab,
-                                       strict);
+              parse_completion_request({{"prompt", "x"}, {"stream", true}, {"stream_options", {{"bar", 1}}}}, {},
+                                       kVocab, strict);
             }),
             "stream_options.bar");
   EXPECT_EQ(error_param([&] { parse_tokenize_request({{"prompt", "x"}, {"baz", 1}}, strict); }), "baz");
@@ -85,7 +85,9 @@ TEST(RequestPolicy, NestedCheckedObjectsFollowThePolicy) {
                        {"json_schema", {{"name", "s"}, {"schema", {{"type", "object"}}}, {"extra_js", 1}}},
                        {"extra_rf", 1}};
   const json named = {{"type", "function"}, {"function", {{"name", "f"}, {"extra_fn", 1}}}, {"extra_tc", 1}};
-  EXPECT_EQ(error_param([&] { parse_chat_request(chat_body({{"response_format", schema}}), {}, kVocab); }),
+  EXPECT_EQ(error_param([&] {
+              parse_chat_request(chat_body({{"response_format", schema}}), {}, kVocab);
+            }),
             "response_format.extra_rf");
   EXPECT_EQ(error_param([&] {
               parse_chat_request(chat_body({{"tools", tools}, {"tool_choice", named}}), {}, kVocab);
