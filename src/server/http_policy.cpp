@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "server/ids.h"
 
 namespace flashnext::server {
 
@@ -152,11 +153,7 @@ std::vector<std::string> parse_list_flag(std::string_view text, std::string_view
 }
 
 std::string random_request_id() {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string s;
-  for (int i = 0; i < 32; ++i) s += kHex[rng() & 15];
-  return s;
+  return random_hex(32);
 }
 
 std::string request_id_for(std::string_view header) {

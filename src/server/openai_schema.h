@@ -139,6 +139,11 @@ json parse_body(std::string_view body, const JsonLimits& limits = {});
 /// as deep as its context is long, and every walk of a JSON value recurses).
 json parse_json_or_discard(std::string_view text, const JsonLimits& limits = {});
 
+/// `value` as compact JSON text for the wire; invalid UTF-8 in strings (a model's partial token) becomes U+FFFD.
+inline std::string dump_json(const json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 /// A short description of a JSON value for error messages: its type and at most about 60 characters of its text,
 /// whatever its size or depth.
 std::string describe(const json& value);

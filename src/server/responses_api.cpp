@@ -6,6 +6,7 @@
 #include <set>
 #include <string_view>
 
+#include "server/ids.h"
 #include "server/openai_schema.h"
 #include "server/sse.h"
 
@@ -287,17 +288,6 @@ json translate_text_format(const json& format) {
 
 // ---- output side --------------------------------------------------------------------------------------------------
 
-std::string random_hex(int n) {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string s;
-  for (int i = 0; i < n; ++i) s += kHex[rng() & 15];
-  return s;
-}
-
-std::string dump(const json& j) {
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
-}
 
 }  // namespace
 
@@ -462,7 +452,7 @@ std::string ResponsesWriter::event(const char* type, json data) {
   json e = {{"type", type}};
   for (auto it = data.begin(); it != data.end(); ++it) e[it.key()] = std::move(it.value());
   e["sequence_number"] = sequence_++;
-  return fmt::format("event: {}\n", type) + sse_event(dump(e));
+  return fmt::format("event: {}\n", type) + sse_event(dump_json(e));
 }
 
 std::string ResponsesWriter::start() {

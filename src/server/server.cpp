@@ -11,6 +11,7 @@
 
 #include "engine/output.h"
 #include "server/metrics.h"
+#include "server/ids.h"
 #include "server/openai_schema.h"
 #include "server/output_parsers.h"
 #include "server/responses_api.h"
@@ -31,17 +32,6 @@ int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-std::string random_hex(int n) {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string s;
-  for (int i = 0; i < n; ++i) s += kHex[rng() & 15];
-  return s;
-}
-
-std::string dump(const json& j) {
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
-}
 
 // Seconds a client should wait before retrying a 503 (the waiting queue was full).
 constexpr int kRetryAfterSeconds = 1;
@@ -53,14 +43,14 @@ thread_local bool t_trim_heap = false;
 void send_json(httplib::Response& res, int status, const json& body) {
   res.status = status;
   if (status == 503) res.set_header("Retry-After", std::to_string(kRetryAfterSeconds));
-  res.set_content(dump(body), "application/json");
+  res.set_content(dump_json(body), "application/json");
 }
 
 // Sends `body` with `status`, then closes the connection: for a request whose body was not read (or not read to
 // its end), whose remaining bytes cannot be told from a next request. (A content provider that returns false
 // after writing makes httplib drop the connection; Content-Length is exact, so the client reads the whole body.)
 void send_json_and_close(httplib::Response& res, int status, const json& body) {
-  auto text = std::make_shared<const std::string>(dump(body));
+  auto text = std::make_shared<const std::string>(dump_json(body));
   res.status = status;
   if (status == 503) res.set_header("Retry-After", std::to_string(kRetryAfterSeconds));
   res.set_header("Connection", "close");
@@ -425,8 +415,8 @@ class Session {
         if (finished && error_.empty()) out += responses_->finish(c.finish_reason, responses_usage(c));
       } else if (req_.stream) {
         if (!c.started && (c.prompt_logprobs_done() || finished)) out += start_chunk(c);
-        if (c.started && piece.any()) out += sse_event(dump(delta_chunk(c, piece)));
-        if (finished && error_.empty()) out += sse_event(dump(final_chunk(c)));
+        if (c.started && piece.any()) out += sse_event(dump_json(delta_chunk(c, piece)));
+        if (finished && error_.empty()) out += sse_event(dump_json(final_chunk(c)));
       } else {
         accumulate(c, piece);
       }
@@ -436,15 +426,15 @@ class Session {
     if (finished) cancel_all();  // an error ends every choice; a stop string ends the output before the engine does
     if (responses_) {
       if (finished && !error_.empty()) out += responses_->fail(error_);  // a Response with status "failed"
-      if (finished && !req_.stream) out = dump(responses_->response());
+      if (finished && !req_.stream) out = dump_json(responses_->response());
       if (!finished && out.empty() && Clock::now() - last_write_ >= Ms(srv_.options.heartbeat_ms))
         out = req_.stream ? ": keep-alive\n\n" : " ";
     } else if (req_.stream) {
       if (finished) {
         if (!error_.empty()) {
-          out += sse_event(dump(error_body(error_status_, error_)));
+          out += sse_event(dump_json(error_body(error_status_, error_)));
         } else if (req_.include_usage) {
-          out += sse_event(dump(usage_chunk()));
+          out += sse_event(dump_json(usage_chunk()));
         }
         out += kSseDone;
       } else if (out.empty() && Clock::now() - last_write_ >= Ms(srv_.options.heartbeat_ms)) {
@@ -452,7 +442,7 @@ class Session {
         out = ": keep-alive\n\n";
       }
     } else if (finished) {
-      out = dump(error_.empty() ? full_response() : error_body(error_status_, error_));
+      out = dump_json(error_.empty() ? full_response() : error_body(error_status_, error_));
     } else if (Clock::now() - last_write_ >= Ms(srv_.options.heartbeat_ms)) {
       // JSON allows whitespace before the value; writing it is how a client that has gone is noticed (the write
       // after its connection closed fails) while the request waits or runs.
@@ -783,7 +773,7 @@ class Session {
       }
       ch["choices"] = json::array({{{"index", c.index}, {"text", echo}, {"logprobs", lp}, {"finish_reason", nullptr}}});
     }
-    return sse_event(dump(ch));
+    return sse_event(dump_json(ch));
   }
 
   json delta_chunk(Choice& c, const Piece& piece) {

@@ -3,17 +3,16 @@
 #include <gtest/gtest.h>
 
 #include "server/openai_schema.h"
+#include "server_test_util.h"
 
 namespace flashnext::server {
 namespace {
 
-constexpr int64_t kVocab = 1000;
+using test::chat_body;
+using test::expect_400;
+using test::kVocab;
 
-json chat_body(json extra = json::object()) {
-  json body = {{"model", "m"}, {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}};
-  for (auto it = extra.begin(); it != extra.end(); ++it) body[it.key()] = it.value();
-  return body;
-}
+
 
 // The param of the ApiError(400) that `f` throws ("<none>" when it throws nothing).
 template <class F>

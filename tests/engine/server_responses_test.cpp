@@ -4,29 +4,21 @@
 #include <gtest/gtest.h>
 
 #include "server/openai_schema.h"
+#include "server_test_util.h"
 #include "server/responses_api.h"
 
 namespace flashnext::server {
 namespace {
 
-constexpr int64_t kVocab = 1000;
+using test::chat_body;
+using test::expect_400;
+using test::kVocab;
+
 
 json parse(const std::string& text) {
   return json::parse(text);
 }
 
-// Runs `f`, expects ApiError(400) whose param is `param` and whose message contains `needle`.
-template <class F>
-void expect_400(F&& f, const std::string& param, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected 400 on " << param;
-  } catch (const ApiError& e) {
-    EXPECT_EQ(e.status(), 400);
-    EXPECT_EQ(e.param(), param) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << "message: " << e.what();
-  }
-}
 
 // Translates `body`, then parses the chat body as /v1/chat/completions does; a chat error is remapped.
 ApiRequest translate_and_parse(const json& body) {

@@ -2,30 +2,20 @@
 #include <gtest/gtest.h>
 
 #include "server/openai_schema.h"
+#include "server_test_util.h"
 
 namespace flashnext::server {
 namespace {
 
-constexpr int64_t kVocab = 1000;
+using test::chat_body;
+using test::expect_400;
+using test::kVocab;
 
-json chat(json extra = json::object()) {
-  json body = {{"model", "m"}, {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}};
-  for (auto it = extra.begin(); it != extra.end(); ++it) body[it.key()] = it.value();
-  return body;
+
+json chat(const json& extra = json::object()) {
+  return chat_body(extra);
 }
 
-// Runs `f`, expects ApiError(400) whose param is `param` and whose message contains `needle`.
-template <class F>
-void expect_400(F&& f, const std::string& param, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected 400 on " << param;
-  } catch (const ApiError& e) {
-    EXPECT_EQ(e.status(), 400);
-    EXPECT_EQ(e.param(), param) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << "message: " << e.what();
-  }
-}
 
 ApiRequest parse_chat(const json& body, SamplingParams defaults = {}) {
   return parse_chat_request(body, defaults, kVocab);
