@@ -27,16 +27,16 @@ std::string param_type(const json& schema) {
 
 class ToolCallCompiler {
  public:
-  explicit ToolCallCompiler(const JsonSchemaOptions& opt) : opt_(opt) {}
+  ToolCallCompiler(ToolCallFormat format, const JsonSchemaOptions& opt) : format_(format), opt_(opt) {}
 
-  std::shared_ptr<const Grammar> compile(const json& tools, const std::optional<std::string>& only) {
+  std::shared_ptr<const Grammar> compile(const json& tools, const std::optional<std::string>& only, bool parallel) {
     if (!tools.is_array() || tools.empty()) fail("tool_choice: there are no tools to call");
     std::vector<int32_t> calls;
     for (size_t i = 0; i < tools.size(); ++i) {
       const json& fn = tools[i].value("function", json::object());
       const std::string name = fn.value("name", "");
       if (only && name != *only) continue;
-      calls.push_back(call_rule(fn, name, i));
+      calls.push_back(format_ == ToolCallFormat::HermesJson ? hermes_call_rule(fn, name, i) : call_rule(fn, name, i));
     }
     if (calls.empty()) fail("tool_choice names the function \"{}\", which is not among the tools", *only);
     const int32_t root = b_.declare_rule("tool_calls");
@@ -45,7 +45,7 @@ class ToolCallCompiler {
       for (int32_t c : calls) alts.push_back(b_.call(c));
       return b_.alt(alts);
     };
-    if (only) {
+    if (only || !parallel) {
       b_.define_rule(root, any_call());
     } else {
       b_.define_rule(root, b_.seq({any_call(), b_.star(b_.seq({b_.literal("\n"), any_call()}))}));
@@ -85,6 +85,26 @@ class ToolCallCompiler {
     }
     parts.push_back(b_.literal("</function>\n</tool_call>"));
     b_.define_rule(rule, b_.seq(parts));
+    return rule;
+  }
+
+  // <tool_call>\n{"name": "NAME", "arguments": ARGUMENTS}\n</tool_call>
+  int32_t hermes_call_rule(const json& fn, const std::string& name, size_t index) {
+    const int32_t rule = b_.declare_rule("call " + name);
+    // Only the declared parameters, as in the XML format (OpenAI's strict function calling): additionalProperties
+    // false unless the tool says otherwise; no parameters: {}.
+    json params = fn.contains("parameters") && fn["parameters"].is_object()
+                      ? fn["parameters"]
+                      : json{{"type", "object"}, {"properties", json::object()}};
+    if (!params.contains("additionalProperties")) params["additionalProperties"] = false;
+    int32_t args = -1;
+    try {
+      args = add_json_schema(b_, params, "", opt_);
+    } catch (const Error& e) {
+      fail("tools[{}] (\"{}\"): parameters: {}", index, name, e.what());
+    }
+    b_.define_rule(rule, b_.seq({b_.literal("<tool_call>\n{\"name\": " + json(name).dump() + ", \"arguments\": "),
+                                 b_.call(args), b_.literal("}\n</tool_call>")}));
     return rule;
   }
 
@@ -148,6 +168,7 @@ class ToolCallCompiler {
     return free_text_;
   }
 
+  ToolCallFormat format_;
   JsonSchemaOptions opt_;
   GrammarBuilder b_;
   int32_t free_text_ = -1;
@@ -156,9 +177,9 @@ class ToolCallCompiler {
 }  // namespace
 
 std::shared_ptr<const Grammar> tool_call_grammar(const nlohmann::ordered_json& tools,
-                                                 const std::optional<std::string>& only,
-                                                 const JsonSchemaOptions& options) {
-  return ToolCallCompiler(options).compile(tools, only);
+                                                 const std::optional<std::string>& only, ToolCallFormat format,
+                                                 bool parallel, const JsonSchemaOptions& options) {
+  return ToolCallCompiler(format, options).compile(tools, only, parallel);
 }
 
 }  // namespace flashnext::grammar

@@ -561,7 +561,7 @@ ApiRequest parse_chat_request(const json& body, const SamplingParams& defaults, 
                   rf->contains("type") ? describe((*rf)["type"]) : std::string("nothing"));
     }
   }
-  f.boolean("parallel_tool_calls");
+  r.parallel_tool_calls = f.boolean("parallel_tool_calls").value_or(true);
   f.boolean("store");
   f.object("metadata");
   f.string("service_tier");

@@ -111,6 +111,7 @@ struct ApiRequest {
   bool parse_tool_calls = false;  ///< tools given and tool_choice auto, required or named
   ToolChoice tool_choice = ToolChoice::None;
   std::string forced_tool;        ///< tool_choice Named: the function's name (one of `tools`)
+  bool parallel_tool_calls = true;  ///< false: tool_choice required forces exactly one call
   ResponseFormat response_format = ResponseFormat::Text;
   json json_schema;               ///< response_format JsonSchema: the schema (members in document order)
   json template_vars = json::object();  ///< chat_template_kwargs, plus reasoning_effort when given top-level

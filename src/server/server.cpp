@@ -154,7 +154,8 @@ struct Server::Impl {
   /// max_token_bytes bytes, after normalization): rejected before it is tokenized.
   size_t max_prompt_bytes = 0;
 
-  StructuredOutput structured{tokenizer, generation.eos_token_ids, scheduler.vocab_size()};
+  StructuredOutput structured{tokenizer, generation.eos_token_ids, scheduler.vocab_size(),
+                              tool_call_format_of(chat_template)};
 
   MetricsRegistry metrics;
   Counter& m_requests =

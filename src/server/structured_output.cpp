@@ -39,8 +39,27 @@ void GrammarConstraint::accept(int32_t token) {
     fail("structured output: token {} does not continue the grammar", token);
 }
 
-StructuredOutput::StructuredOutput(const Tokenizer& tokenizer, std::vector<int64_t> eos_ids, int64_t vocab_rows)
-    : tokenizer_(tokenizer), vocab_rows_(vocab_rows) {
+grammar::ToolCallFormat tool_call_format_of(const chat::ChatTemplate* chat_template) {
+  if (!chat_template) return grammar::ToolCallFormat::QwenXml;
+  using json = nlohmann::ordered_json;
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "probe", "parameters": {
+      "type": "object", "properties": {"x": {"type": "integer"}}}}}])");
+  const json messages = json::parse(R"([{"role": "user", "content": "q"}, {"role": "assistant", "content": "",
+      "tool_calls": [{"type": "function", "function": {"name": "probe", "arguments": {"x": 1}}}]}])");
+  try {
+    const std::string text = chat_template->render(messages, tools, /*add_generation_prompt=*/false);
+    const size_t call = text.rfind("<tool_call>");
+    if (call != std::string::npos && text.find("{\"name\"", call) != std::string::npos &&
+        text.find("<function=", call) == std::string::npos)
+      return grammar::ToolCallFormat::HermesJson;
+  } catch (const std::exception&) {
+  }
+  return grammar::ToolCallFormat::QwenXml;
+}
+
+StructuredOutput::StructuredOutput(const Tokenizer& tokenizer, std::vector<int64_t> eos_ids, int64_t vocab_rows,
+                                   grammar::ToolCallFormat tool_format)
+    : tokenizer_(tokenizer), vocab_rows_(vocab_rows), tool_format_(tool_format) {
   for (int64_t id : eos_ids) eos_ids_.push_back(int32_t(id));
   think_end_ = tokenizer_.token_to_id("</think>");
 }
@@ -71,8 +90,9 @@ std::shared_ptr<const TokenConstraint> StructuredOutput::constraint_for(const Ap
     if (r.tool_choice == ToolChoice::Required || r.tool_choice == ToolChoice::Named) {
       const std::optional<std::string> only =
           r.tool_choice == ToolChoice::Named ? std::optional<std::string>(r.forced_tool) : std::nullopt;
-      m = masker("tools:" + (only ? *only : std::string()) + ":" + r.tools.dump(),
-                 [&] { return grammar::tool_call_grammar(r.tools, only); });
+      const bool parallel = r.parallel_tool_calls;
+      m = masker(fmt::format("tools:{}:{}:{}", only ? *only : std::string(), parallel, r.tools.dump()),
+                 [&] { return grammar::tool_call_grammar(r.tools, only, tool_format_, parallel); });
     } else if (r.response_format == ResponseFormat::JsonObject) {
       m = masker("json_object", [] { return grammar::json_object_grammar(); });
     } else if (r.response_format == ResponseFormat::JsonSchema) {

@@ -16,8 +16,10 @@
 #include <utility>
 #include <vector>
 
+#include "chat/chat_template.h"
 #include "engine/sampling.h"
 #include "grammar/matcher.h"
+#include "grammar/tool_call_grammar.h"
 #include "grammar/token_mask.h"
 #include "server/openai_schema.h"
 #include "tokenizer/tokenizer.h"
@@ -46,11 +48,17 @@ class GrammarConstraint : public TokenConstraint {
   std::vector<uint32_t> mask_;
 };
 
+/// The tool-call format `chat_template` renders (a probe: an assistant message with one call): HermesJson when the
+/// call comes out as `<tool_call>\n{"name": ...`, else QwenXml (also without a template or when the probe fails).
+grammar::ToolCallFormat tool_call_format_of(const chat::ChatTemplate* chat_template);
+
 /// Compiles and caches the grammars of requests over one tokenizer's vocabulary.
 class StructuredOutput {
  public:
-  /// `eos_ids`: the model's EOS ids (allowed when a grammar may end); `vocab_rows`: the model's logits width.
-  StructuredOutput(const Tokenizer& tokenizer, std::vector<int64_t> eos_ids, int64_t vocab_rows);
+  /// `eos_ids`: the model's EOS ids (allowed when a grammar may end); `vocab_rows`: the model's logits width;
+  /// `tool_format`: how forced tool calls are written (tool_call_format_of the model's template).
+  StructuredOutput(const Tokenizer& tokenizer, std::vector<int64_t> eos_ids, int64_t vocab_rows,
+                   grammar::ToolCallFormat tool_format);
 
   /// The constraint `r` asks for (response_format json_object / json_schema, tool_choice required / named), or null
   /// when it asks for none. `starts_in_reasoning`: the rendered prompt leaves a `<think>` block open. Throws
@@ -66,6 +74,7 @@ class StructuredOutput {
   const Tokenizer& tokenizer_;
   std::vector<int32_t> eos_ids_;
   int64_t vocab_rows_;
+  grammar::ToolCallFormat tool_format_;
   std::optional<int32_t> think_end_;
   std::mutex mutex_;
   std::shared_ptr<const grammar::TokenVocabulary> vocab_;  // made on first use

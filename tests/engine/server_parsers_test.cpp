@@ -174,3 +174,29 @@ TEST(Sse, Framing) {
 
 }  // namespace
 }  // namespace flashnext::server
+
+// The forced tool-call format follows what the chat template writes (server/structured_output.h).
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "server/structured_output.h"
+
+namespace flashnext::server {
+namespace {
+
+TEST(StructuredOutput, ToolCallFormatFollowsTheChatTemplate) {
+  const std::filesystem::path root(FLASHNEXT_SOURCE_DIR);
+  const auto qwen3 = chat::ChatTemplate::from_dir(root / "models/tiny-b-random");
+  EXPECT_EQ(tool_call_format_of(&qwen3), grammar::ToolCallFormat::HermesJson);
+  std::ifstream f(root / "tests/data/tokenizers/qwen3.8/chat_template.jinja");
+  std::stringstream text;
+  text << f.rdbuf();
+  ASSERT_FALSE(text.str().empty());
+  const chat::ChatTemplate qwen38(text.str(), "default");
+  EXPECT_EQ(tool_call_format_of(&qwen38), grammar::ToolCallFormat::QwenXml);
+  EXPECT_EQ(tool_call_format_of(nullptr), grammar::ToolCallFormat::QwenXml);
+}
+
+}  // namespace
+}  // namespace flashnext::server

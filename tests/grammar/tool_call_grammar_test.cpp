@@ -96,5 +96,25 @@ TEST(ToolCallGrammar, TokenMaskMatchesBruteForceAlongACall) {
   }
 }
 
+TEST(ToolCallGrammar, HermesJsonCallsHaveTheNameAndSchemaValidArguments) {
+  const auto g = tool_call_grammar(weather_tools(), std::nullopt, ToolCallFormat::HermesJson);
+  auto hermes = [](const std::string& name, const std::string& args) {
+    return "<tool_call>\n{\"name\": \"" + name + "\", \"arguments\": " + args + "}\n</tool_call>";
+  };
+  EXPECT_TRUE(full_match(g, hermes("get_weather", R"({"city": "Paris", "days": 3})")));
+  EXPECT_TRUE(full_match(g, hermes("get_weather", R"({"city": "a</b", "unit": "celsius", "days": 1})")));
+  EXPECT_TRUE(full_match(g, hermes("now", "{}")));
+  EXPECT_TRUE(full_match(g, hermes("now", "{}") + "\n" + hermes("now", "{}")));
+  EXPECT_FALSE(full_match(g, hermes("get_weather", R"({"city": "Paris"})")));  // days is required
+  EXPECT_FALSE(full_match(g, hermes("now", R"({"x": 1})")));                   // no parameters
+  EXPECT_FALSE(full_match(g, hermes("nope", "{}")));
+  const auto named = tool_call_grammar(weather_tools(), std::string("now"), ToolCallFormat::HermesJson);
+  EXPECT_TRUE(full_match(named, hermes("now", "{}")));
+  EXPECT_FALSE(full_match(named, hermes("now", "{}") + "\n" + hermes("now", "{}")));
+  const auto single = tool_call_grammar(weather_tools(), std::nullopt, ToolCallFormat::HermesJson, /*parallel=*/false);
+  EXPECT_TRUE(full_match(single, hermes("now", "{}")));
+  EXPECT_FALSE(full_match(single, hermes("now", "{}") + "\n" + hermes("now", "{}")));
+}
+
 }  // namespace
 }  // namespace flashnext::grammar

@@ -92,13 +92,16 @@ def check_calls(calls, allowed: set[str]):
 
 
 def test_tool_choice_required_returns_valid_calls(client):
-    for seed in range(8):
-        r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Weather?"}],
-                                           tools=TOOLS, tool_choice="required", temperature=1.0, seed=seed,
-                                           max_tokens=300)
-        c = r.choices[0]
-        assert c.finish_reason == "tool_calls", (seed, c.message)
-        check_calls(c.message.tool_calls, {"get_weather", "now"})
+    for parallel in (False, True):
+        for seed in range(8):
+            r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Weather?"}],
+                                               tools=TOOLS, tool_choice="required", temperature=1.0, seed=seed,
+                                               max_tokens=700, parallel_tool_calls=parallel)
+            c = r.choices[0]
+            assert c.finish_reason == "tool_calls", (seed, c.message)
+            check_calls(c.message.tool_calls, {"get_weather", "now"})
+            if not parallel:
+                assert len(c.message.tool_calls) == 1
 
 
 def test_tool_choice_naming_a_function_returns_one_call_of_it(client):
