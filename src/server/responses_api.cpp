@@ -53,11 +53,17 @@ void check_type(const json& obj, std::string_view key, json::value_t type, const
   if (!ok) type_error(prefix + std::string(key), expected, *v);
 }
 
-// Rejects keys of `obj` outside `known`, as the chat endpoint does (a silently ignored misspelt field is worse).
-void only(const json& obj, const std::set<std::string_view>& known, const std::string& prefix) {
+// Keys of `obj` outside `known`: 400 under a strict policy, else logged once per name and ignored (as the chat
+// endpoint does with the same policy).
+void only(const json& obj, const std::set<std::string_view>& known, const std::string& prefix,
+          const RequestPolicy& policy) {
   for (auto it = obj.begin(); it != obj.end(); ++it) {
-    if (!known.count(it.key()))
-      bad_request(prefix + clip(it.key()), "unknown field \"{}{}\"{}; this server does not support it", prefix,
+    if (known.count(it.key())) continue;
+    if (!policy.strict) {
+      if (policy.log) policy.log->note(prefix + clip(it.key(), FieldLogger::kMaxNameBytes), policy.log_context);
+      continue;
+    }
+    bad_request(prefix + clip(it.key()), "unknown field \"{}{}\"{}; this server does not support it", prefix,
                   clip(it.key()), prefix.empty() ? " in the request" : "");
   }
 }
@@ -313,9 +319,9 @@ ApiError ResponsesRequest::remap(const ApiError& error) const {
   return ApiError(error.status(), message, renamed);
 }
 
-ResponsesRequest translate_responses_request(const json& body) {
+ResponsesRequest translate_responses_request(const json& body, const RequestPolicy& policy) {
   if (!body.is_object()) bad_request("", "the request body must be a JSON object, got {}", describe(body));
-  only(body, kResponsesFields, "");
+  only(body, kResponsesFields, "", policy);
   ResponsesRequest r;
   json& chat = r.chat;
   json& echo = r.echo;
@@ -372,7 +378,7 @@ ResponsesRequest translate_responses_request(const json& body) {
   if (const json* so = get(body, "stream_options")) {
     check_object(*so, "stream_options");
     if (!r.stream) bad_request("stream_options", "stream_options can only be given when stream is true");
-    only(*so, {"include_obfuscation"}, "stream_options.");
+    only(*so, {"include_obfuscation"}, "stream_options.", policy);
     check_type(*so, "include_obfuscation", json::value_t::boolean, "a boolean", "stream_options.");
   }
 
@@ -401,7 +407,7 @@ ResponsesRequest translate_responses_request(const json& body) {
   json text = {{"format", {{"type", "text"}}}};
   if (const json* t = get(body, "text")) {
     check_object(*t, "text");
-    only(*t, {"format", "verbosity"}, "text.");
+    only(*t, {"format", "verbosity"}, "text.", policy);
     string_of(*t, "verbosity", "text.");  // a hint to OpenAI's models; no effect here
     if (const json* format = get(*t, "format")) chat["response_format"] = translate_text_format(*format);
     text = *t;
@@ -413,7 +419,7 @@ ResponsesRequest translate_responses_request(const json& body) {
   json reasoning = nullptr;
   if (const json* re = get(body, "reasoning")) {
     check_object(*re, "reasoning");
-    only(*re, {"effort", "summary", "generate_summary"}, "reasoning.");
+    only(*re, {"effort", "summary", "generate_summary"}, "reasoning.", policy);
     if (auto effort = string_of(*re, "effort", "reasoning.")) chat["reasoning_effort"] = *effort;
     string_of(*re, "summary", "reasoning.");
     string_of(*re, "generate_summary", "reasoning.");

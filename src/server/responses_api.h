@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "server/api_error.h"
+#include "server/openai_schema.h"
 #include "server/output_parsers.h"
 
 namespace flashnext::server {
@@ -57,10 +58,11 @@ struct ResponsesRequest {
 };
 
 /// Translates a Responses request body (a JSON object, parsed with parse_body) into the chat form. Throws
-/// ApiError(400) naming the Responses field: an unknown top-level field, a field of the wrong type, an input item or
-/// content part of a kind this server does not support (images, files, hosted tools' items), a tool other than a
-/// function, `previous_response_id` / `conversation` / item references (the server stores no responses).
-ResponsesRequest translate_responses_request(const nlohmann::ordered_json& body);
+/// ApiError(400) naming the Responses field: an unknown field (under a strict `policy`, the default; otherwise it is
+/// logged through the policy and ignored), a field of the wrong type, an input item or content part of a kind this
+/// server does not support (images, files, hosted tools' items), a tool other than a function,
+/// `previous_response_id` / `conversation` / item references (the server stores no responses).
+ResponsesRequest translate_responses_request(const nlohmann::ordered_json& body, const RequestPolicy& policy = {});
 
 /// Token counts of a finished response.
 struct ResponsesUsage {

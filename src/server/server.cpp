@@ -958,9 +958,9 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
   std::optional<ResponsesRequest> rr;  // a /v1/responses request, translated to `body`
   try {
     json body = parse_body(body_text, options.json_limits);
-    if (responses) body = (rr = translate_responses_request(body))->chat;
-    const int64_t vocab = scheduler.vocab_size();
     const RequestPolicy policy = request_policy(req, res);
+    if (responses) body = (rr = translate_responses_request(body, policy))->chat;
+    const int64_t vocab = scheduler.vocab_size();
     ApiRequest ar = endpoint == Endpoint::Chat
                         ? parse_chat_request(body, generation.default_sampling(), vocab, policy)
                         : parse_completion_request(body, generation.default_sampling(), vocab, policy);

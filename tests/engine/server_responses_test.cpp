@@ -137,7 +137,14 @@ TEST(ServerResponses, SettingsTranslate) {
 
 TEST(ServerResponses, ErrorsNameTheResponsesField) {
   auto t = [](const char* text) { return [text] { translate_responses_request(parse(text)); }; };
-  expect_400(t(R"({"input": "hi", "frequency": 1})"), "frequency", "unknown field");
+  expect_400(t(R"({"input": "hi", "frequency": 1})"), "frequency", "unknown field");  // strict: the default
+  FieldLogger log;
+  const RequestPolicy lenient{false, &log, "test"};
+  const json lax = translate_responses_request(parse(R"({"input": "hi", "frequency": 1, "text": {"tone": 2}})"),
+                                               lenient).chat;
+  EXPECT_FALSE(lax.contains("frequency"));
+  EXPECT_EQ(lax["messages"].size(), 1u);
+  EXPECT_EQ(log.logged(), (std::vector<std::string>{"frequency", "text.tone"}));
   expect_400(t(R"({"model": "m"})"), "input", "required");
   expect_400(t(R"({"input": 5})"), "input", "must be a string or an array");
   expect_400(t(R"({"input": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"},
