@@ -11,6 +11,12 @@
 
 namespace flashnext::grammar {
 
+std::string json_pointer_token(const std::string& key) {
+  std::string out;
+  for (char c : key) out += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
+  return out;
+}
+
 namespace {
 
 using json = nlohmann::ordered_json;
@@ -18,11 +24,6 @@ using Frag = GrammarBuilder::Frag;
 
 std::string where(const std::string& ptr) { return "#" + ptr; }
 
-std::string ptr_key(const std::string& key) {  // RFC 6901 escaping of one reference token
-  std::string out;
-  for (char c : key) out += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
-  return out;
-}
 
 // Keywords that constrain values and that this compiler does not implement.
 const std::set<std::string> kUnsupported = {
@@ -346,7 +347,7 @@ class Compiler {
     for (auto& x : n) x = {b_.node(), b_.node()};
     size_t i = 0;
     for (const auto& [name, sub] : props.items()) {
-      int32_t value = rule_for(sub, ptr + "/properties/" + ptr_key(name));
+      int32_t value = rule_for(sub, ptr + "/properties/" + json_pointer_token(name));
       for (int st = 0; st < 2; ++st) {
         std::vector<Frag> parts;
         if (st) parts = {ws(), b_.literal(","), ws()};

@@ -60,6 +60,10 @@ inline std::shared_ptr<const Grammar> compile_json_schema(const char* schema_tex
   return compile_json_schema(std::string_view(schema_text), options);
 }
 
+/// `key` escaped as one JSON-pointer reference token (RFC 6901: "~" -> "~0", "/" -> "~1"), for pointers such as
+/// "/properties/" + json_pointer_token(name).
+std::string json_pointer_token(const std::string& key);
+
 /// Compiles the schema at JSON pointer `pointer` ("" = the whole document, "/properties/city", ...) of `root` into
 /// rules of `builder`, which may hold rules of other grammars (tool-call grammars put one schema per parameter into
 /// one grammar), and returns the id of the rule that matches its JSON texts. `$ref`s resolve inside `root`. `root`

@@ -74,7 +74,7 @@ class ToolCallCompiler {
         const std::string& key = it.key();
         Frag value;
         try {
-          value = value_frag(params, it.value(), "/properties/" + escape(key));
+          value = value_frag(params, it.value(), "/properties/" + json_pointer_token(key));
         } catch (const Error& e) {
           fail("{}: parameter \"{}\": {}", where, key, e.what());
         }
@@ -106,19 +106,6 @@ class ToolCallCompiler {
     b_.define_rule(rule, b_.seq({b_.literal("<tool_call>\n{\"name\": " + json(name).dump() + ", \"arguments\": "),
                                  b_.call(args), b_.literal("}\n</tool_call>")}));
     return rule;
-  }
-
-  static std::string escape(const std::string& key) {  // RFC 6901
-    std::string out;
-    for (char c : key) {
-      if (c == '~')
-        out += "~0";
-      else if (c == '/')
-        out += "~1";
-      else
-        out += c;
-    }
-    return out;
   }
 
   Frag value_frag(const json& root, const json& schema, const std::string& ptr) {

@@ -344,6 +344,8 @@ class Session {
                                           int64_t(prompts_[p].ids.size()), srv.scheduler.config().max_model_len);
         c->index = int64_t(choices_.size());
         c->prompt = p;
+        c->prompt_len = int64_t(prompts_[p].ids.size());
+        c->want_prompt_logprobs = req_.prompt_logprobs >= 0;
         if (req_.endpoint == Endpoint::Chat) {
           if (srv.options.reasoning_parser) c->reasoning.emplace(starts_in_reasoning);
           if (req_.parse_tool_calls) c->tools.emplace(req_.tools);
@@ -541,8 +543,6 @@ class Session {
 
   void take_update(Choice& c, const RequestStream::Update& u, Piece& piece) {
     if (u.scheduled) srv_.m_queue.observe(seconds_between(arrival_, *u.scheduled));
-    c.prompt_len = int64_t(prompts_[c.prompt].ids.size());
-    c.want_prompt_logprobs = req_.prompt_logprobs >= 0;
     for (auto& lp : u.prompt_logprobs) c.prompt_lp.push_back(lp);
     for (size_t i = 0; i < u.tokens.size(); ++i) {
       // Latency is measured when the engine produced the token.
