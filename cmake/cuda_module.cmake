@@ -10,7 +10,7 @@ if(NOT DEFINED FN_CUDA_CORE)
   set(FN_CUDA_CORE fn_core)
 endif()
 if(NOT TARGET fn_ops)  # the standalone GPU build (tests/cuda/CMakeLists.txt): the backend-shared ops code
-  file(GLOB ops_srcs CONFIGURE_DEPENDS ${FLASHNEXT_ROOT}/src/ops/*.cpp)
+  file(GLOB ops_srcs CONFIGURE_DEPENDS ${FLASHNEXT_ROOT}/src/ops/*.cpp ${FLASHNEXT_ROOT}/src/ops/contract/*.cpp)
   add_library(fn_ops STATIC ${ops_srcs})
   target_include_directories(fn_ops PUBLIC ${FLASHNEXT_ROOT}/src)
   target_link_libraries(fn_ops PUBLIC ${FN_CUDA_CORE})

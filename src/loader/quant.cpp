@@ -17,24 +17,6 @@ namespace flashnext {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-const char* quant_format_name(QuantFormat f) {
-  switch (f) {
-    case QuantFormat::None:
-      return "none";
-    case QuantFormat::Nvfp4:
-      return "nvfp4-modelopt";
-    case QuantFormat::CtNvfp4:
-      return "nvfp4-compressed-tensors";
-    case QuantFormat::Fp8Block:
-      return "fp8-block";
-    case QuantFormat::CtInt4:
-      return "int4-compressed-tensors";
-    case QuantFormat::Gptq:
-      return "int4-gptq";
-  }
-  return "unknown";
-}
-
 float e2m1_to_float(uint8_t code) {
   static constexpr float kMagnitude[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
   const float m = kMagnitude[code & 7u];

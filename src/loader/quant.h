@@ -38,24 +38,12 @@
 #include <utility>
 #include <vector>
 
+#include "core/quant_format.h"
 #include "loader/config.h"
 #include "loader/manifest.h"
 #include "loader/safetensors.h"
 
 namespace flashnext {
-
-/// How one weight is stored.
-enum class QuantFormat : uint8_t {
-  None,      ///< BF16 / F16 / F32
-  Nvfp4,     ///< ModelOpt NVFP4 (weight_scale_2 multiplier)
-  CtNvfp4,   ///< compressed-tensors nvfp4-pack-quantized (weight_global_scale divisor)
-  Fp8Block,  ///< FP8 E4M3 with block weight_scale_inv
-  CtInt4,    ///< compressed-tensors pack-quantized int4, symmetric or with packed zero points
-  Gptq,      ///< GPTQ int4 (qweight / qzeros / scales / g_idx)
-};
-
-/// A short name for reports and messages ("nvfp4-modelopt", "fp8-block", "int4-gptq", ...).
-const char* quant_format_name(QuantFormat f);
 
 /// E2M1 (FP4) code -> float: bit 3 is the sign, bits 0-2 index the magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6}.
 float e2m1_to_float(uint8_t code);

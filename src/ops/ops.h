@@ -15,10 +15,12 @@
 // - Sequence state (caches) lives in tensors owned by the caller's state object; ops update it where documented.
 //   A chunk of T tokens of one sequence has logical positions pos0 .. pos0+T-1; caches are indexed by logical
 //   position (row p of a cache holds position p).
-// - Batched steps (several sequences, prefill chunks and decode tokens mixed) use the `*_batch` ops with a StepBatch
-//   (ops/step_batch.h): token-wise ops simply run over the concatenated rows; the `*_batch` ops know where each
-//   sequence's rows, positions, paged KV blocks and state slots are. Their default implementations loop over the
-//   sequences and call the per-sequence ops on row slices; backends override them with batched kernels.
+// - Every step is a batch (several sequences, prefill chunks and decode tokens mixed; one sequence is a batch of
+//   one): token-wise ops simply run over the concatenated rows; the ops with sequence state (`*_batch`) take the
+//   step's StepBatch (ops/step_batch.h), which says where each sequence's rows, positions, paged KV blocks and
+//   state slots are.
+// - The argument checks of every op are written once, in ops/contract/ (one header per op family); backends call
+//   them and add only their kernels' own limits.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +31,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/quant_format.h"
 #include "ops/step_batch.h"
 #include "ops/tensor.h"
 
@@ -103,15 +106,6 @@ struct PleTable {
   float scale = 1.f;
 };
 
-/// Storage formats of quantized routed experts (loader/quant.h has the exact rules; same names).
-enum class QuantKind : uint8_t {
-  Nvfp4,     ///< ModelOpt NVFP4: w = (e2m1 * e4m3 block scale) * weight_scale_2
-  CtNvfp4,   ///< compressed-tensors nvfp4-pack-quantized: w = (e2m1 * e4m3 block scale) / weight_global_scale
-  Fp8Block,  ///< FP8 E4M3 with a block weight_scale_inv
-  CtInt4,    ///< compressed-tensors pack-quantized int4 (optional packed zero points)
-  Gptq,      ///< GPTQ int4 (qweight / qzeros / scales; g_idx[k] == k / group, checked by the loader)
-};
-
 /// A checkpoint array in host memory (borrowed: the mapped checkpoint outlives the load). Elements may be unaligned.
 struct HostArray {
   const void* data = nullptr;  ///< null: absent
@@ -123,7 +117,7 @@ struct HostArray {
 /// One quantized [rows, cols] matrix of one expert as the checkpoint stores it (validated by the loader,
 /// loader/quant.h validate_quantized_weight), with the loader's exact float32 dequantization.
 struct QuantMatrix {
-  QuantKind format = QuantKind::Nvfp4;
+  QuantFormat format = QuantFormat::Nvfp4;  ///< not None (core/quant_format.h; loader/quant.h has the rules)
   std::string name;                        ///< logical weight name, for messages
   int64_t rows = 0, cols = 0;              ///< logical [N, K]
   int64_t group = 0;                       ///< inputs per scale: 16 (NVFP4), the int4 group size (0: all of K)
@@ -279,26 +273,31 @@ class Ops {
   virtual void hc_inject(const Tensor& X, const Tensor& out, const Tensor& inj) = 0;
 
   // ---------------------------------------------------------------- Gated DeltaNet
+  //
+  // The sequence-state ops (GDN, QSA, PLE conv) take the StepBatch of the step (ops/step_batch.h): activations are
+  // the step's concatenated rows [batch.num_tokens, width] (sequence s owns rows cu_seqlens[s] ..), per-sequence
+  // state lives in pools whose dimension 0 is the state slot (batch.slots), and KV caches in pools of
+  // batch.block_size-row blocks addressed through the block tables. A single sequence is a one-sequence batch.
 
-  /// Causal depthwise conv1d + SiLU over time, in place on `qkv` [T, C], with `weight` [C, K]
-  /// (conv1d.weight squeezed): y[t, c] = silu(sum_k weight[c, k] * x[t - (K-1) + k, c]). Inputs before the chunk
-  /// come from `state` [K-1, C] (time-major: row K-2 is the newest earlier input; zeros for a new sequence), which is
-  /// updated to the last K-1 inputs (`causal_conv1d_fn` / `causal_conv1d_update`).
-  virtual void gdn_conv(const Tensor& qkv, const Tensor& weight, const Tensor& state) = 0;
+  /// Causal depthwise conv1d + SiLU over time, in place on `qkv` [T, C], with `weight` [C, K] (conv1d.weight
+  /// squeezed), per sequence: y[t, c] = silu(sum_k weight[c, k] * x[t - (K-1) + k, c]). Inputs before a sequence's
+  /// rows come from its state, state_pool [slots, K-1, C] row slots[s] (time-major: row K-2 is the newest earlier
+  /// input; zeros for a new sequence), which is updated to its last K-1 inputs (`causal_conv1d_fn` /
+  /// `causal_conv1d_update`).
+  virtual void gdn_conv_batch(const Tensor& qkv, const Tensor& weight, const Tensor& state_pool,
+                              const StepBatch& batch) = 0;
 
-  /// Gated delta rule over a chunk, chunked WY/UT form with chunks of 64 (`torch_chunk_gated_delta_rule`).
-  /// qkv [T, C] is the conv output, split q | k | v ([nk*dk | nk*dk | nv*dv]); value head i uses key head
-  /// i / (nv/nk). q, k are l2-normalised (x * rsqrt(sum x^2 + 1e-6)), q scaled by dk^-0.5; beta = sigmoid(b),
-  /// g = -exp(A_log) * softplus(a + dt_bias), with a, b [T, nv] the in_proj_a / in_proj_b outputs. Per value head,
-  /// S <- exp(g_t) S; S <- S + k_t (beta_t (v_t - S^T k_t))^T; o_t = S^T q_t. `state` [nv, dk, dv] F32 is read as
-  /// the initial state and overwritten with the final one; o [T, nv*dv].
-  virtual void gdn_chunked(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w,
-                           const GdnDims& dims, const Tensor& state, const Tensor& o) = 0;
-
-  /// The same computation token by token (`torch_recurrent_gated_delta_rule`): the decode path and the simplest
-  /// oracle. Same arguments and results as gdn_chunked (equal up to float rounding).
-  virtual void gdn_recurrent(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w,
-                             const GdnDims& dims, const Tensor& state, const Tensor& o) = 0;
+  /// Gated delta rule per sequence (`torch_chunk_gated_delta_rule`, chunks of 64, for a sequence of several rows;
+  /// `torch_recurrent_gated_delta_rule` for a decode token: equal up to float rounding). qkv [T, C] is the conv
+  /// output, split q | k | v ([nk*dk | nk*dk | nv*dv]); value head i uses key head i / (nv/nk). q, k are
+  /// l2-normalised (x * rsqrt(sum x^2 + 1e-6)), q scaled by dk^-0.5; beta = sigmoid(b), g = -exp(A_log) *
+  /// softplus(a + dt_bias), with a, b [T, nv] the in_proj_a / in_proj_b outputs. Per value head,
+  /// S <- exp(g_t) S; S <- S + k_t (beta_t (v_t - S^T k_t))^T; o_t = S^T q_t. The sequence's state S,
+  /// state_pool [slots, nv, dk, dv] F32 row slots[s], is read as the initial state and overwritten with the final
+  /// one; o [T, nv*dv].
+  virtual void gdn_rule_batch(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w,
+                              const GdnDims& dims, const Tensor& state_pool, const StepBatch& batch,
+                              const Tensor& o) = 0;
 
   /// GDN output norm (`Qwen4ExpTextRMSNormGated`) per head of width D = w.numel():
   /// y = w * (x * rsqrt(mean(x^2) + eps)) * act(z). x, z, y [T, n*D]; w [D] (plain scale, not zero-centred).
@@ -310,30 +309,39 @@ class Ops {
 
   /// Query/key preparation of `Qwen4ExpTextAttention`: qg [T, nh*2D] (q_proj output, per head [query D | gate D])
   /// is split into q [T, nh*D] and gate [T, nh*D]; q = RoPE(ZC-RMSNorm(q; q_norm)) per head, and in place on
-  /// k [T, nkv*D]: k = RoPE(ZC-RMSNorm(k; k_norm)). q_norm, k_norm [D]; token t has position pos0 + t.
-  virtual void qsa_prepare_qk(const Tensor& qg, const Tensor& k, const Tensor& q_norm, const Tensor& k_norm, double eps,
-                              const RopeParams& rope, int64_t pos0, const Tensor& q, const Tensor& gate) = 0;
+  /// k [T, nkv*D]: k = RoPE(ZC-RMSNorm(k; k_norm)). q_norm, k_norm [D]; each token at its own position
+  /// (batch.positions).
+  virtual void qsa_prepare_qk_batch(const Tensor& qg, const Tensor& k, const Tensor& q_norm, const Tensor& k_norm,
+                                    double eps, const RopeParams& rope, const StepBatch& batch, const Tensor& q,
+                                    const Tensor& gate) = 0;
 
-  /// The QSA indexer's token selection (`Qwen4ExpTextQSAIndexer.forward`) for the T queries of a chunk at
-  /// positions pos0 .. pos0+T-1. qi [T, ni*Di] holds the raw index queries (index_qk_proj rows, first ni*Di
-  /// columns); index_keys [>= pos0+T, Di] the raw (un-normed, un-roped) index keys of positions 0.. (the chunk's
-  /// already appended). For the query at position p: nb = (p+1)/c complete blocks; block key j =
-  /// RoPE(ZC-RMSNorm(mean of keys c*j .. c*j+c-1; k_layernorm), position c*j); q_h = RoPE(ZC-RMSNorm(qi_h;
-  /// q_layernorm), p); score_j = sum_h relu(q_h . key_j) / sqrt(Di); the top min(budget/c, nb) blocks by score are
-  /// chosen exactly as torch.topk on CPU chooses them (ties included, see ops/cpu/topk.h), then the tail tokens
-  /// c*nb .. p. selected [T, budget + c - 1] I32 receives the chosen positions (block tokens in the order topk
-  /// returns them, then the tail), padded with -1.
-  virtual void qsa_indexer_select(const Tensor& qi, const Tensor& index_keys, const Tensor& q_layernorm,
-                                  const Tensor& k_layernorm, double eps, const RopeParams& rope, int64_t pos0,
-                                  int64_t budget, int64_t block, const Tensor& selected) = 0;
+  /// The QSA indexer's token selection (`Qwen4ExpTextQSAIndexer.forward`) for every query of the step. qi
+  /// [T, ni*Di] holds the raw index queries (index_qk_proj rows, first ni*Di columns); index_key_pool
+  /// [num_blocks*block_size, Di] the raw (un-normed, un-roped) index keys of every sequence, paged like the KV
+  /// cache (the step's keys already written). For the query at position p of sequence s: nb = (p+1)/c complete
+  /// blocks (c = `block`); block key j = RoPE(ZC-RMSNorm(mean of the keys of positions c*j .. c*j+c-1;
+  /// k_layernorm), position c*j); q_h = RoPE(ZC-RMSNorm(qi_h; q_layernorm), p); score_j = sum_h relu(q_h . key_j)
+  /// / sqrt(Di); the top min(budget/c, nb) blocks by score are chosen exactly as torch.topk on CPU chooses them
+  /// (ties included, see ops/cpu/topk.h), then the tail tokens c*nb .. p. selected [T, budget + c - 1] I32
+  /// receives the chosen logical positions (block tokens in the order topk returns them, then the tail; a backend
+  /// may return complete selections, all blocks chosen, in position order), padded with -1.
+  /// pooled_key_pool [num_blocks*block_size/c, Di] is a cache the op may keep of the pooled block keys (the
+  /// reference recomputes them for every query): a backend that uses it writes the pooled key of every indexer
+  /// block that a token of the step completes (row block_tables[s, j*c / block_size] * (block_size / c) +
+  /// (j*c % block_size) / c for block j) and reads earlier ones from it; block_size must be a multiple of c.
+  virtual void qsa_indexer_select_batch(const Tensor& qi, const Tensor& index_key_pool, const Tensor& pooled_key_pool,
+                                        const Tensor& q_layernorm, const Tensor& k_layernorm, double eps,
+                                        const RopeParams& rope, int64_t budget, int64_t block, const StepBatch& batch,
+                                        const Tensor& selected) = 0;
 
   /// Attention of each query over its selected positions only, with the output gate: for query t and head h
   /// (kv head h / (nh/nkv)), o = softmax_j(q . K[sel_j] * scale) V[sel_j] over the non-negative entries of
-  /// selected[t] (softmax in float32); out = o * sigmoid(gate). q, gate, out [T, nh, D]; k_cache, v_cache
-  /// [rows, nkv, D] indexed by position; selected [T, n_sel] I32 (-1 = unused; every other entry < rows; at least
-  /// one per query).
-  virtual void sparse_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& selected,
-                                const Tensor& gate, double scale, const Tensor& out) = 0;
+  /// selected[t] (logical positions of the token's own sequence, read through its block table; softmax in
+  /// float32); out = o * sigmoid(gate). q, gate, out [T, nh, D]; k_pool, v_pool [num_blocks*block_size, nkv, D];
+  /// selected [T, n_sel] I32 (-1 = unused; at least one valid entry per query).
+  virtual void sparse_attention_batch(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
+                                      const Tensor& selected, const Tensor& gate, double scale, const StepBatch& batch,
+                                      const Tensor& out) = 0;
 
   // ---------------------------------------------------------------- MoE
 
@@ -377,12 +385,14 @@ class Ops {
   virtual void ple_gate(const Tensor& kn, const Tensor& v, const Tensor& X, const Tensor& norm_query, double eps,
                         const Tensor& P) = 0;
 
-  /// PLE short conv and residual add, in place on X: X += P + silu(conv(n)), n = ZC-RMSNorm(P; norm_conv) over
-  /// groups of `group` (= H) columns, conv depthwise over time with weight [S*H, K] and dilation d:
-  /// c[t] = sum_k w[k] * n[t - (K-1-k)*d]. Earlier inputs come from `state` [(K-1)*d, S*H] (time-major, oldest
-  /// first; zeros for a new sequence), updated to the last (K-1)*d normed inputs (`_short_conv`).
-  virtual void ple_conv_add(const Tensor& P, const Tensor& norm_conv, int64_t group, const Tensor& conv_w,
-                            int64_t dilation, double eps, const Tensor& state, const Tensor& X) = 0;
+  /// PLE short conv and residual add, in place on X, per sequence: X += P + silu(conv(n)), n = ZC-RMSNorm(P;
+  /// norm_conv) over groups of `group` (= H) columns, conv depthwise over time with weight [S*H, K] and dilation d:
+  /// c[t] = sum_k w[k] * n[t - (K-1-k)*d]. Earlier inputs come from the sequence's state, state_pool
+  /// [slots, (K-1)*d, S*H] row slots[s] (time-major, oldest first; zeros for a new sequence), updated to its last
+  /// (K-1)*d normed inputs (`_short_conv`).
+  virtual void ple_conv_add_batch(const Tensor& P, const Tensor& norm_conv, int64_t group, const Tensor& conv_w,
+                                  int64_t dilation, double eps, const Tensor& state_pool, const StepBatch& batch,
+                                  const Tensor& X) = 0;
 
   // ---------------------------------------------------------------- sampling
 
@@ -391,7 +401,7 @@ class Ops {
   virtual bool samples_on_device() const { return false; }
   /// The next token of each row of logits [rows, vocab] F32 under params[r]: greedy for temperature <= 0; else
   /// temperature, top-k, top-p (over the top-k survivors), min-p, in that order, ties at a boundary kept, then a draw
-  /// from the rest with the counter-based random number of (seed, offset) (ops/cuda/sampling.h). Returns the ids on
+  /// from the rest with the counter-based random number of (seed, offset) (ops/cuda/sampling_kernels.h). Returns the ids on
   /// the host. Throws Error when params.size() != rows, and on backends without device sampling.
   virtual std::vector<int32_t> sample_tokens(const Tensor& logits, std::span<const TokenSampling> params) {
     (void)logits, (void)params;
@@ -411,82 +421,13 @@ class Ops {
   /// (waits for the device).
   virtual std::vector<std::pair<std::string, double>> profile_times();
 
-  // ---------------------------------------------------------------- batched steps (ops/step_batch.h)
-  //
-  // The same computations for every sequence of a StepBatch at once. Activations are the concatenated rows
-  // [batch.num_tokens, width]; per-sequence state lives in pools whose dimension 0 is the state slot
-  // (StepBatch::slots), KV caches in pools of batch.block_size-row blocks addressed through the block tables.
-  // The defaults below call the per-sequence ops on each sequence's row slice.
-
-  /// gdn_conv per sequence; state_pool [slots, K-1, C].
-  virtual void gdn_conv_batch(const Tensor& qkv, const Tensor& weight, const Tensor& state_pool,
-                              const StepBatch& batch);
-  /// The gated delta rule per sequence: gdn_recurrent for a sequence with one token (decode), gdn_chunked
-  /// otherwise; state_pool [slots, nv, dk, dv] F32.
-  virtual void gdn_rule_batch(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w,
-                              const GdnDims& dims, const Tensor& state_pool, const StepBatch& batch, const Tensor& o);
-  /// ple_conv_add per sequence; state_pool [slots, (K-1)*dilation, S*H].
-  virtual void ple_conv_add_batch(const Tensor& P, const Tensor& norm_conv, int64_t group, const Tensor& conv_w,
-                                  int64_t dilation, double eps, const Tensor& state_pool, const StepBatch& batch,
-                                  const Tensor& X);
-  /// qsa_prepare_qk with each token at its own position (batch.positions).
-  virtual void qsa_prepare_qk_batch(const Tensor& qg, const Tensor& k, const Tensor& q_norm, const Tensor& k_norm,
-                                    double eps, const RopeParams& rope, const StepBatch& batch, const Tensor& q,
-                                    const Tensor& gate);
-  /// qsa_indexer_select per sequence over its paged raw index keys: index_key_pool [num_blocks*block_size, Di]
-  /// (the step's keys already written); selected [T, budget + block - 1] I32 receives logical positions.
-  /// pooled_key_pool [num_blocks*block_size/block, Di] is a cache the op may keep of the pooled block keys (the
-  /// reference recomputes them for every query): a backend that uses it writes the pooled key of every indexer block
-  /// that a token of the step completes (row block_tables[s, j*block / block_size] * (block_size / block) +
-  /// (j*block % block_size) / block for block j) and reads earlier ones from it; block_size must be a multiple of
-  /// `block`. The default recomputes the keys per sequence and leaves the cache alone.
-  virtual void qsa_indexer_select_batch(const Tensor& qi, const Tensor& index_key_pool, const Tensor& pooled_key_pool,
-                                        const Tensor& q_layernorm, const Tensor& k_layernorm, double eps,
-                                        const RopeParams& rope, int64_t budget, int64_t block, const StepBatch& batch,
-                                        const Tensor& selected);
-  /// sparse_attention per sequence over its paged K/V: k_pool, v_pool [num_blocks*block_size, nkv, D]; selected
-  /// holds logical positions of the token's own sequence.
-  virtual void sparse_attention_batch(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
-                                      const Tensor& selected, const Tensor& gate, double scale, const StepBatch& batch,
-                                      const Tensor& out);
-
  private:
   // Host-clock profile of the default profile_phase (ops/profile.cpp).
   bool profiling_ = false;
   const char* phase_ = nullptr;
   double phase_start_ms_ = 0;
   std::vector<std::pair<std::string, double>> phase_ms_;
-
-  /// Rows [0, length) of sequence s's paged cache `pool` gathered into a contiguous [length, ...] tensor.
-  Tensor gather_sequence(const Tensor& pool, const StepBatch& batch, int64_t s, int64_t length);
 };
-
-inline RoutedExperts Ops::load_quantized_experts(const QuantExperts& q) {
-  const int64_t E = q.experts, H = q.hidden, I = q.inter;
-  FN_CHECK(E > 0 && int64_t(q.gate.size()) == E && int64_t(q.up.size()) == E && int64_t(q.down.size()) == E,
-           "load_quantized_experts: {}: {} experts but {} / {} / {} gate / up / down matrices", q.name, E,
-           q.gate.size(), q.up.size(), q.down.size());
-  auto stack = [&](const std::vector<QuantMatrix>& ms, int64_t rows, int64_t cols) {
-    Tensor out;
-    for (int64_t e = 0; e < E; ++e) {
-      const QuantMatrix& m = ms[size_t(e)];
-      FN_CHECK(m.rows == rows && m.cols == cols && m.dequantize,
-               "load_quantized_experts: '{}' is [{}, {}], expected "
-               "[{}, {}] with its dequantization",
-               m.name, m.rows, m.cols, rows, cols);
-      const std::vector<float> w = m.dequantize();
-      Tensor one = load_weight(w.data(), DType::F32, {1, rows, cols});
-      if (e == 0) out = empty({E, rows, cols}, one.dtype());
-      copy_rows(one, 0, out, e, 1);
-    }
-    return out;
-  };
-  RoutedExperts r;
-  r.gate = stack(q.gate, I, H);
-  r.up = stack(q.up, I, H);
-  r.down = stack(q.down, H, I);
-  return r;
-}
 
 /// The float32 CPU backend with a pool of `threads` threads (0: hardware concurrency).
 std::shared_ptr<Ops> make_cpu_ops(int threads = 0);

@@ -1,5 +1,5 @@
-// Default implementations of the random-weight and host-table ops of ops/ops.h (the CPU backend's behaviour): the
-// values are made on the host and loaded like checkpoint data.
+// Default implementations of the weight-making ops of ops/ops.h (the CPU backend's behaviour): random weights and
+// host tables made on the host and loaded like checkpoint data; quantized experts dequantized exactly and stacked.
 #include <fmt/ranges.h>
 
 #include <algorithm>
@@ -8,16 +8,14 @@
 #include <new>
 
 #include "core/error.h"
+#include "ops/contract/memory.h"
 #include "ops/ops.h"
 #include "ops/random_uniform.h"
 
 namespace flashnext {
 
 HostTable Ops::host_table(DType dtype, const Shape& shape) {
-  FN_CHECK(dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::F8_E4M3,
-           "host_table: tables are BF16, F16 or F8_E4M3, got {}", dtype_name(dtype));
-  for (int64_t d : shape) FN_CHECK(d >= 0, "host_table: negative dimension in [{}]", fmt::join(shape, ", "));
-  const size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
+  const size_t bytes = contract::host_table(dtype, shape);
   void* p = std::malloc(std::max<size_t>(bytes, 1));
   FN_CHECK(p, "host_table: cannot allocate {} bytes of host memory for a [{}] {} table", bytes,
            fmt::join(shape, ", "), dtype_name(dtype));
@@ -26,20 +24,44 @@ HostTable Ops::host_table(DType dtype, const Shape& shape) {
 }
 
 Tensor Ops::random_weight(const Shape& shape, float lo, float hi, uint64_t seed) {
-  FN_CHECK(std::isfinite(lo) && std::isfinite(hi) && lo <= hi, "random_weight: bounds [{}, {}] are not an interval",
-           lo, hi);
+  contract::random_weight(lo, hi);
   std::vector<float> v(size_t(shape_numel(shape)));
   for (size_t i = 0; i < v.size(); ++i) v[i] = lo + (hi - lo) * random_uniform(seed, i);
   return load_weight(v.data(), DType::F32, shape);
 }
 
 RoutedExperts Ops::random_experts(int64_t E, int64_t I, int64_t H, uint64_t seed) {
-  FN_CHECK(E > 0 && I > 0 && H > 0, "random_experts: {} experts of [{}, {}]: need positive sizes", E, I, H);
+  contract::random_experts(E, I, H);
   const float a = std::sqrt(3.f / float(H)), b = std::sqrt(3.f / float(I));
   RoutedExperts r;
   r.gate = random_weight({E, I, H}, -a, a, seed);
   r.up = random_weight({E, I, H}, -a, a, seed + 1);
   r.down = random_weight({E, H, I}, -b, b, seed + 2);
+  return r;
+}
+
+RoutedExperts Ops::load_quantized_experts(const QuantExperts& q) {
+  contract::quantized_experts(q);
+  const int64_t E = q.experts, H = q.hidden, I = q.inter;
+  auto stack = [&](const std::vector<QuantMatrix>& ms, int64_t rows, int64_t cols) {
+    Tensor out;
+    for (int64_t e = 0; e < E; ++e) {
+      const QuantMatrix& m = ms[size_t(e)];
+      FN_CHECK(m.rows == rows && m.cols == cols && m.dequantize,
+               "load_quantized_experts: '{}' is [{}, {}], expected "
+               "[{}, {}] with its dequantization",
+               m.name, m.rows, m.cols, rows, cols);
+      const std::vector<float> w = m.dequantize();
+      Tensor one = load_weight(w.data(), DType::F32, {1, rows, cols});
+      if (e == 0) out = empty({E, rows, cols}, one.dtype());
+      copy_rows(one, 0, out, e, 1);
+    }
+    return out;
+  };
+  RoutedExperts r;
+  r.gate = stack(q.gate, I, H);
+  r.up = stack(q.up, I, H);
+  r.down = stack(q.down, H, I);
   return r;
 }
 

@@ -1,4 +1,4 @@
-// make_step_batch and the default (per-sequence) implementations of the batched ops of ops/ops.h.
+// make_step_batch: the StepBatch of one step, host vectors and one upload of its device tensors.
 #include "ops/step_batch.h"
 
 #include <algorithm>
@@ -80,101 +80,6 @@ StepBatch make_step_batch(Ops& ops, std::span<const StepSequence> seqs, int64_t 
   b.seq_starts = take(S + 1);
   b.slots = take(S);
   return b;
-}
-
-// ------------------------------------------------------------------------------------------------------------------
-// Default batched ops: one per-sequence op call per sequence, on row slices and slot views.
-// ------------------------------------------------------------------------------------------------------------------
-
-namespace {
-
-/// Row `slot` of a state pool [slots, ...] as a tensor of the remaining dimensions.
-Tensor slot_view(const Tensor& pool, int64_t slot, const char* op) {
-  FN_CHECK(pool.rank() >= 2 && slot >= 0 && slot < pool.dim(0), "{}: state slot {} outside the pool {}", op, slot,
-           pool.str());
-  Shape inner(pool.shape().begin() + 1, pool.shape().end());
-  return pool.rows(slot, slot + 1).view(inner);
-}
-
-Tensor seq_rows(const Tensor& t, const StepBatch& b, int64_t s) {
-  return t.rows(b.cu_seqlens[size_t(s)], b.cu_seqlens[size_t(s) + 1]);
-}
-
-void check_rows(const Tensor& t, const StepBatch& b, const char* op, const char* what) {
-  FN_CHECK(t.rank() >= 1 && t.dim(0) == b.num_tokens, "{}: {} {} does not have the step's {} rows", op, what, t.str(),
-           b.num_tokens);
-}
-
-}  // namespace
-
-Tensor Ops::gather_sequence(const Tensor& pool, const StepBatch& b, int64_t s, int64_t length) {
-  std::vector<int32_t> rows(static_cast<size_t>(length));
-  for (int64_t p = 0; p < length; ++p) rows[size_t(p)] = int32_t(b.cache_row(s, p));
-  Shape shape = pool.shape();
-  shape[0] = length;
-  Tensor out = empty(shape, pool.dtype());
-  gather_rows(pool, upload(rows.data(), DType::I32, {length}), out);
-  return out;
-}
-
-void Ops::gdn_conv_batch(const Tensor& qkv, const Tensor& weight, const Tensor& state_pool, const StepBatch& b) {
-  check_rows(qkv, b, "gdn_conv_batch", "qkv");
-  for (int64_t s = 0; s < b.num_seqs; ++s)
-    gdn_conv(seq_rows(qkv, b, s), weight, slot_view(state_pool, b.slot_ids[size_t(s)], "gdn_conv_batch"));
-}
-
-void Ops::gdn_rule_batch(const Tensor& qkv, const Tensor& a, const Tensor& bb, const GdnWeights& w, const GdnDims& dims,
-                         const Tensor& state_pool, const StepBatch& b, const Tensor& o) {
-  check_rows(qkv, b, "gdn_rule_batch", "qkv");
-  for (int64_t s = 0; s < b.num_seqs; ++s) {
-    const Tensor state = slot_view(state_pool, b.slot_ids[size_t(s)], "gdn_rule_batch");
-    if (b.rows_of(s) == 1) {
-      gdn_recurrent(seq_rows(qkv, b, s), seq_rows(a, b, s), seq_rows(bb, b, s), w, dims, state, seq_rows(o, b, s));
-    } else {
-      gdn_chunked(seq_rows(qkv, b, s), seq_rows(a, b, s), seq_rows(bb, b, s), w, dims, state, seq_rows(o, b, s));
-    }
-  }
-}
-
-void Ops::ple_conv_add_batch(const Tensor& P, const Tensor& norm_conv, int64_t group, const Tensor& conv_w,
-                             int64_t dilation, double eps, const Tensor& state_pool, const StepBatch& b,
-                             const Tensor& X) {
-  check_rows(P, b, "ple_conv_add_batch", "P");
-  for (int64_t s = 0; s < b.num_seqs; ++s)
-    ple_conv_add(seq_rows(P, b, s), norm_conv, group, conv_w, dilation, eps,
-                 slot_view(state_pool, b.slot_ids[size_t(s)], "ple_conv_add_batch"), seq_rows(X, b, s));
-}
-
-void Ops::qsa_prepare_qk_batch(const Tensor& qg, const Tensor& k, const Tensor& q_norm, const Tensor& k_norm,
-                               double eps, const RopeParams& rope, const StepBatch& b, const Tensor& q,
-                               const Tensor& gate) {
-  check_rows(qg, b, "qsa_prepare_qk_batch", "q_proj output");
-  for (int64_t s = 0; s < b.num_seqs; ++s)
-    qsa_prepare_qk(seq_rows(qg, b, s), seq_rows(k, b, s), q_norm, k_norm, eps, rope, b.pos0[size_t(s)],
-                   seq_rows(q, b, s), seq_rows(gate, b, s));
-}
-
-void Ops::qsa_indexer_select_batch(const Tensor& qi, const Tensor& index_key_pool, const Tensor& pooled_key_pool,
-                                   const Tensor& q_layernorm, const Tensor& k_layernorm, double eps,
-                                   const RopeParams& rope, int64_t budget, int64_t block, const StepBatch& b,
-                                   const Tensor& selected) {
-  (void)pooled_key_pool;  // the per-sequence op recomputes the block keys
-  check_rows(qi, b, "qsa_indexer_select_batch", "index queries");
-  for (int64_t s = 0; s < b.num_seqs; ++s) {
-    const int64_t pos0 = b.pos0[size_t(s)], end = pos0 + b.rows_of(s);
-    qsa_indexer_select(seq_rows(qi, b, s), gather_sequence(index_key_pool, b, s, end), q_layernorm, k_layernorm, eps,
-                       rope, pos0, budget, block, seq_rows(selected, b, s));
-  }
-}
-
-void Ops::sparse_attention_batch(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& selected,
-                                 const Tensor& gate, double scale, const StepBatch& b, const Tensor& out) {
-  check_rows(q, b, "sparse_attention_batch", "q");
-  for (int64_t s = 0; s < b.num_seqs; ++s) {
-    const int64_t end = b.pos0[size_t(s)] + b.rows_of(s);
-    sparse_attention(seq_rows(q, b, s), gather_sequence(k_pool, b, s, end), gather_sequence(v_pool, b, s, end),
-                     seq_rows(selected, b, s), seq_rows(gate, b, s), scale, seq_rows(out, b, s));
-  }
 }
 
 }  // namespace flashnext

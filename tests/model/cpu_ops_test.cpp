@@ -5,14 +5,16 @@
 #include <random>
 #include <set>
 
+#include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/topk.h"
 #include "ops/ops.h"
 
 namespace flashnext {
 namespace {
 
-std::shared_ptr<Ops> cpu() {
-  static std::shared_ptr<Ops> ops = make_cpu_ops(2);
+// The CPU backend itself: the one-sequence forms of the batched ops (gdn_chunked, gdn_recurrent, ...) are its own.
+std::shared_ptr<cpu::CpuOps> cpu() {
+  static auto ops = std::make_shared<cpu::CpuOps>(2);
   return ops;
 }
 

@@ -16,14 +16,8 @@ namespace {
 QuantMatrix quant_matrix(const QuantizedWeight& q) {
   auto arr = [](const TensorView* v) { return v ? HostArray{v->data, v->dtype, v->shape} : HostArray{}; };
   QuantMatrix m;
-  switch (q.format) {
-    case QuantFormat::Nvfp4: m.format = QuantKind::Nvfp4; break;
-    case QuantFormat::CtNvfp4: m.format = QuantKind::CtNvfp4; break;
-    case QuantFormat::Fp8Block: m.format = QuantKind::Fp8Block; break;
-    case QuantFormat::CtInt4: m.format = QuantKind::CtInt4; break;
-    case QuantFormat::Gptq: m.format = QuantKind::Gptq; break;
-    case QuantFormat::None: fail("internal: '{}' listed as quantized without a format", q.name);
-  }
+  FN_CHECK(q.format != QuantFormat::None, "internal: '{}' listed as quantized without a format", q.name);
+  m.format = q.format;
   m.name = q.name;
   m.rows = q.rows;
   m.cols = q.cols;

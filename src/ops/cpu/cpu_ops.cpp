@@ -5,6 +5,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "ops/contract/dense.h"
+#include "ops/contract/hc.h"
+#include "ops/contract/memory.h"
 #include "ops/cpu/kernels.h"
 
 namespace flashnext {
@@ -15,11 +18,13 @@ std::shared_ptr<Ops> make_cpu_ops(int threads) {
 
 namespace cpu {
 
-void check_tensor(const Tensor& t, DType dt, int rank, const char* op, const char* what) {
-  FN_CHECK(t.defined(), "{}: {} is undefined", op, what);
-  FN_CHECK(t.device() == Device::CPU, "{}: {} is on {}, expected the CPU", op, what, device_name(t.device()));
-  FN_CHECK(t.dtype() == dt, "{}: {} has dtype {}, expected {}", op, what, t.str(), dtype_name(dt));
-  FN_CHECK(rank < 0 || t.rank() == rank, "{}: {} is {}, expected rank {}", op, what, t.str(), rank);
+Tensor slot_view(const Tensor& pool, int64_t slot) {
+  Shape inner(pool.shape().begin() + 1, pool.shape().end());
+  return pool.rows(slot, slot + 1).view(inner);
+}
+
+Tensor seq_rows(const Tensor& t, const StepBatch& batch, int64_t s) {
+  return t.rows(batch.cu_seqlens[size_t(s)], batch.cu_seqlens[size_t(s) + 1]);
 }
 
 namespace {
@@ -64,8 +69,7 @@ void CpuOps::download(const Tensor& t, void* host) {
 }
 
 Tensor CpuOps::load_weight(const void* host, DType dtype, const Shape& shape) {
-  FN_CHECK(dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::F32,
-           "load_weight: weights must be BF16, F16 or F32, got {}", dtype_name(dtype));
+  contract::load_weight(dtype);
   Tensor t = alloc(shape, DType::F32);
   convert_to_float(dtype, host, mp(t), size_t(t.numel()));
   return t;
@@ -81,16 +85,8 @@ Tensor CpuOps::map_host_table(const void* host, DType dtype, const Shape& shape,
 }
 
 void CpuOps::copy_rows(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row, int64_t n) {
-  FN_CHECK(src.device() == Device::CPU && dst.device() == Device::CPU, "copy_rows: tensors must be on the CPU");
-  FN_CHECK(src.rank() >= 1 && dst.rank() >= 1 && src.dtype() == dst.dtype(), "copy_rows: {} -> {}: dtype differs",
-           src.str(), dst.str());
-  const size_t row = src.dim(0) ? src.nbytes() / size_t(src.dim(0)) : 0;
-  const size_t drow = dst.dim(0) ? dst.nbytes() / size_t(dst.dim(0)) : 0;
-  FN_CHECK(n == 0 || row == drow, "copy_rows: row sizes of {} and {} differ", src.str(), dst.str());
-  FN_CHECK(n >= 0 && src_row >= 0 && dst_row >= 0 && src_row + n <= src.dim(0) && dst_row + n <= dst.dim(0),
-           "copy_rows: rows [{}, +{}) of {} -> [{}, +{}) of {} out of range", src_row, n, src.str(), dst_row, n,
-           dst.str());
-  if (n)
+  const size_t row = contract::copy_rows(kCpu, src, src_row, dst, dst_row, n);
+  if (row)
     std::memmove(static_cast<uint8_t*>(dst.data()) + size_t(dst_row) * row,
                  static_cast<const uint8_t*>(src.data()) + size_t(src_row) * row, size_t(n) * row);
 }
@@ -101,16 +97,9 @@ void CpuOps::fill_zero(const Tensor& t) {
 }
 
 namespace {
-/// Checks one side of gather_rows / scatter_rows: `indexed` is addressed by `rows`, `packed` has one row per index.
+/// The contract of gather_rows / scatter_rows plus the row ids, which the CPU checks before copying.
 size_t check_row_map(const char* op, const Tensor& indexed, const Tensor& rows, const Tensor& packed) {
-  check_tensor(rows, DType::I32, 1, op, "rows");
-  FN_CHECK(indexed.device() == Device::CPU && packed.device() == Device::CPU, "{}: tensors must be on the CPU", op);
-  FN_CHECK(
-      indexed.rank() >= 1 && packed.rank() >= 1 && indexed.dtype() == packed.dtype() && packed.dim(0) == rows.dim(0),
-      "{}: {} and {} with {} row ids do not fit", op, indexed.str(), packed.str(), rows.dim(0));
-  const size_t row = indexed.dim(0) ? indexed.nbytes() / size_t(indexed.dim(0)) : 0;
-  FN_CHECK(packed.dim(0) == 0 || packed.nbytes() / size_t(packed.dim(0)) == row, "{}: row sizes of {} and {} differ",
-           op, indexed.str(), packed.str());
+  const size_t row = contract::row_map(kCpu, op, indexed, rows, packed);
   const int32_t* r = rows.data_as<const int32_t>();
   for (int64_t i = 0; i < rows.dim(0); ++i)
     FN_CHECK(r[i] >= 0 && r[i] < indexed.dim(0), "{}: row id {} at index {} is outside [0, {})", op, r[i], i,
@@ -138,13 +127,7 @@ void CpuOps::scatter_rows(const Tensor& src, const Tensor& rows, const Tensor& d
 // ------------------------------------------------------------------------------------------------ dense
 
 void CpuOps::embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
-  check_tensor(table, DType::F32, 2, "embedding", "table");
-  check_tensor(ids, DType::I32, 1, "embedding", "ids");
-  check_tensor(out, DType::F32, 2, "embedding", "out");
-  const int64_t V = table.dim(0), H = table.dim(1), T = ids.dim(0);
-  FN_CHECK(out.dim(0) == T && H > 0 && out.dim(1) % H == 0, "embedding: out {} does not fit table {} and {} ids",
-           out.str(), table.str(), T);
-  const int64_t reps = out.dim(1) / H;
+  const auto [V, H, T, reps] = contract::embedding(kCpu, table, ids, out);
   const int32_t* id = ids.data_as<const int32_t>();
   for (int64_t t = 0; t < T; ++t) {
     FN_CHECK(id[t] >= 0 && id[t] < V, "embedding: token id {} at position {} is outside the vocabulary [0, {})", id[t],
@@ -227,15 +210,9 @@ void CpuOps::matmul_nt(const float* x, int64_t T, int64_t in, const float* w, in
 }
 
 void CpuOps::linear(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& bias) {
-  check_tensor(x, DType::F32, 2, "linear", "x");
-  check_tensor(w, DType::F32, 2, "linear", "weight");
-  check_tensor(y, DType::F32, 2, "linear", "y");
-  FN_CHECK(x.dim(1) == w.dim(1) && y.dim(0) == x.dim(0) && y.dim(1) == w.dim(0),
-           "linear: shapes do not match: x {}, weight {}, y {}", x.str(), w.str(), y.str());
+  contract::linear(kCpu, x, w, y, bias);
   matmul_nt(fp(x), x.dim(0), x.dim(1), fp(w), w.dim(0), mp(y));
   if (bias.defined()) {
-    check_tensor(bias, DType::F32, 1, "linear", "bias");
-    FN_CHECK(bias.dim(0) == w.dim(0), "linear: bias {} does not fit weight {}", bias.str(), w.str());
     for (int64_t t = 0; t < y.dim(0); ++t) {
       for (int64_t o = 0; o < y.dim(1); ++o) mp(y)[t * y.dim(1) + o] += fp(bias)[o];
     }
@@ -243,12 +220,7 @@ void CpuOps::linear(const Tensor& x, const Tensor& w, const Tensor& y, const Ten
 }
 
 void CpuOps::zc_rms_norm(const Tensor& x, const Tensor& w, int64_t group, double eps, const Tensor& y) {
-  check_tensor(x, DType::F32, 2, "zc_rms_norm", "x");
-  check_tensor(w, DType::F32, -1, "zc_rms_norm", "weight");
-  check_tensor(y, DType::F32, 2, "zc_rms_norm", "y");
-  const int64_t T = x.dim(0), L = x.dim(1), W = w.numel();
-  FN_CHECK(y.shape() == x.shape() && group > 0 && W > 0 && L % W == 0 && W % group == 0,
-           "zc_rms_norm: x {}, weight {}, group {}, y {} do not fit", x.str(), w.str(), group, y.str());
+  const auto [T, L, W] = contract::zc_rms_norm(kCpu, x, w, group, y);
   pool_.parallel_for(T, std::max<int64_t>(1, 4096 / L), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       for (int64_t g = 0; g < L; g += group) {
@@ -261,24 +233,8 @@ void CpuOps::zc_rms_norm(const Tensor& x, const Tensor& w, int64_t group, double
 // ------------------------------------------------------------------------------------------------ hyper-connections
 
 void CpuOps::hc_read(const Tensor& X, const HcWeights& hc, double eps, const Tensor& u, const Tensor& inj) {
-  check_tensor(X, DType::F32, 2, "hc_read", "X");
-  check_tensor(u, DType::F32, 2, "hc_read", "u");
-  check_tensor(hc.norm, DType::F32, 1, "hc_read", "hc_norm");
-  check_tensor(hc.down, DType::F32, 2, "hc_read", "input_mix_weight_down");
-  check_tensor(hc.up, DType::F32, 2, "hc_read", "input_mix_weight_up");
-  const int64_t T = X.dim(0), W = X.dim(1), H = u.dim(1);
-  FN_CHECK(u.dim(0) == T && H > 0 && W % H == 0 && W / H > 1, "hc_read: X {} and u {} do not fit", X.str(), u.str());
-  const int64_t S = W / H, R = hc.down.dim(0);
-  FN_CHECK(hc.norm.dim(0) == W && hc.down.dim(1) == W && hc.up.dim(0) == W && hc.up.dim(1) == R,
-           "hc_read: weights hc_norm {}, down {}, up {} do not fit X {}", hc.norm.str(), hc.down.str(), hc.up.str(),
-           X.str());
-  const bool with_inject = hc.inject.defined();
-  if (with_inject) {
-    check_tensor(hc.inject, DType::F32, 2, "hc_read", "block_inject_weight");
-    check_tensor(inj, DType::F32, 2, "hc_read", "inj");
-    FN_CHECK(hc.inject.dim(0) == S && hc.inject.dim(1) == W && inj.dim(0) == T && inj.dim(1) == S,
-             "hc_read: block_inject_weight {} / inj {} do not fit X {}", hc.inject.str(), inj.str(), X.str());
-  }
+  const auto [T, S, H, R, with_inject] = contract::hc_read(kCpu, X, hc, u, inj);
+  const int64_t W = S * H;
   std::vector<float> N(static_cast<size_t>(T * W)), low(static_cast<size_t>(T * R)), m(static_cast<size_t>(T * W));
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t b = 0; b < S; ++b)
@@ -302,12 +258,7 @@ void CpuOps::hc_read(const Tensor& X, const HcWeights& hc, double eps, const Ten
 }
 
 void CpuOps::hc_inject(const Tensor& X, const Tensor& out, const Tensor& inj) {
-  check_tensor(X, DType::F32, 2, "hc_inject", "X");
-  check_tensor(out, DType::F32, 2, "hc_inject", "out");
-  check_tensor(inj, DType::F32, 2, "hc_inject", "inj");
-  const int64_t T = X.dim(0), H = out.dim(1), S = inj.dim(1);
-  FN_CHECK(out.dim(0) == T && inj.dim(0) == T && X.dim(1) == S * H, "hc_inject: X {}, out {}, inj {} do not fit",
-           X.str(), out.str(), inj.str());
+  const auto [T, S, H] = contract::hc_inject(kCpu, X, out, inj);
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t b = 0; b < S; ++b) {
       const float w = fp(inj)[t * S + b];
@@ -316,6 +267,16 @@ void CpuOps::hc_inject(const Tensor& X, const Tensor& out, const Tensor& inj) {
       for (int64_t j = 0; j < H; ++j) x[j] += o[j] * w;
     }
   }
+}
+
+Tensor CpuOps::gather_sequence(const Tensor& pool, const StepBatch& b, int64_t s, int64_t length) {
+  std::vector<int32_t> rows(static_cast<size_t>(length));
+  for (int64_t p = 0; p < length; ++p) rows[size_t(p)] = int32_t(b.cache_row(s, p));
+  Shape shape = pool.shape();
+  shape[0] = length;
+  Tensor out = empty(shape, pool.dtype());
+  gather_rows(pool, upload(rows.data(), DType::I32, {length}), out);
+  return out;
 }
 
 }  // namespace cpu

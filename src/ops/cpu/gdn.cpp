@@ -2,32 +2,13 @@
 #include <algorithm>
 #include <cstring>
 
+#include "ops/contract/gdn.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/kernels.h"
 
 namespace flashnext::cpu {
 
 namespace {
-
-// Shape checks shared by both delta-rule forms.
-void check_gdn(const char* op, const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w,
-               const GdnDims& d, const Tensor& state, const Tensor& o) {
-  check_tensor(qkv, DType::F32, 2, op, "qkv");
-  check_tensor(a, DType::F32, 2, op, "a");
-  check_tensor(b, DType::F32, 2, op, "b");
-  check_tensor(w.A_log, DType::F32, -1, op, "A_log");
-  check_tensor(w.dt_bias, DType::F32, -1, op, "dt_bias");
-  check_tensor(state, DType::F32, 3, op, "state");
-  check_tensor(o, DType::F32, 2, op, "o");
-  const int64_t T = qkv.dim(0), nv = d.num_v_heads;
-  FN_CHECK(d.num_k_heads > 0 && nv % d.num_k_heads == 0 && d.k_head_dim > 0 && d.v_head_dim > 0,
-           "{}: bad head geometry nk={} nv={} dk={} dv={}", op, d.num_k_heads, nv, d.k_head_dim, d.v_head_dim);
-  FN_CHECK(qkv.dim(1) == d.conv_dim() && a.dim(0) == T && a.dim(1) == nv && b.shape() == a.shape() &&
-               w.A_log.numel() == nv && w.dt_bias.numel() == nv && state.dim(0) == nv && state.dim(1) == d.k_head_dim &&
-               state.dim(2) == d.v_head_dim && o.dim(0) == T && o.dim(1) == nv * d.v_head_dim,
-           "{}: shapes do not fit: qkv {}, a {}, b {}, state {}, o {} (nk={} nv={} dk={} dv={})", op, qkv.str(),
-           a.str(), b.str(), state.str(), o.str(), d.num_k_heads, nv, d.k_head_dim, d.v_head_dim);
-}
 
 // Per value head inputs of the delta rule: l2-normalised q (scaled by dk^-0.5) and k, v, beta, g for every token.
 struct HeadInputs {
@@ -59,12 +40,7 @@ void gather_head(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnW
 }  // namespace
 
 void CpuOps::gdn_conv(const Tensor& qkv, const Tensor& weight, const Tensor& state) {
-  check_tensor(qkv, DType::F32, 2, "gdn_conv", "qkv");
-  check_tensor(weight, DType::F32, 2, "gdn_conv", "weight");
-  check_tensor(state, DType::F32, 2, "gdn_conv", "state");
-  const int64_t T = qkv.dim(0), C = qkv.dim(1), K = weight.dim(1);
-  FN_CHECK(weight.dim(0) == C && K >= 1 && state.dim(0) == K - 1 && state.dim(1) == C,
-           "gdn_conv: qkv {}, weight {}, state {} do not fit", qkv.str(), weight.str(), state.str());
+  const auto [T, C, K] = contract::gdn_conv(kCpu, qkv, weight, state);
   // ext = [state; qkv]: row K-1+t is input t.
   std::vector<float> ext(static_cast<size_t>((K - 1 + T) * C));
   std::memcpy(ext.data(), fp(state), size_t((K - 1) * C) * 4);
@@ -84,7 +60,7 @@ void CpuOps::gdn_conv(const Tensor& qkv, const Tensor& weight, const Tensor& sta
 
 void CpuOps::gdn_recurrent(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w, const GdnDims& d,
                            const Tensor& state, const Tensor& o) {
-  check_gdn("gdn_recurrent", qkv, a, b, w, d, state, o);
+  contract::gdn_rule(kCpu, "gdn_recurrent", qkv, a, b, w, d, state, o);
   const int64_t T = qkv.dim(0), dk = d.k_head_dim, dv = d.v_head_dim, nv = d.num_v_heads;
   pool_.parallel_for(nv, 1, [&](int64_t h0, int64_t h1) {
     HeadInputs in;
@@ -112,7 +88,7 @@ void CpuOps::gdn_recurrent(const Tensor& qkv, const Tensor& a, const Tensor& b, 
 
 void CpuOps::gdn_chunked(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w, const GdnDims& d,
                          const Tensor& state, const Tensor& o) {
-  check_gdn("gdn_chunked", qkv, a, b, w, d, state, o);
+  contract::gdn_rule(kCpu, "gdn_chunked", qkv, a, b, w, d, state, o);
   constexpr int64_t kChunk = 64;
   const int64_t T = qkv.dim(0), dk = d.k_head_dim, dv = d.v_head_dim, nv = d.num_v_heads;
   pool_.parallel_for(nv, 1, [&](int64_t h0, int64_t h1) {
@@ -179,13 +155,8 @@ void CpuOps::gdn_chunked(const Tensor& qkv, const Tensor& a, const Tensor& b, co
 
 void CpuOps::gated_rms_norm(const Tensor& x, const Tensor& z, const Tensor& w, double eps, GateAct act,
                             const Tensor& y) {
-  check_tensor(x, DType::F32, 2, "gated_rms_norm", "x");
-  check_tensor(z, DType::F32, 2, "gated_rms_norm", "z");
-  check_tensor(w, DType::F32, 1, "gated_rms_norm", "weight");
-  check_tensor(y, DType::F32, 2, "gated_rms_norm", "y");
-  const int64_t T = x.dim(0), L = x.dim(1), D = w.dim(0);
-  FN_CHECK(z.shape() == x.shape() && y.shape() == x.shape() && D > 0 && L % D == 0,
-           "gated_rms_norm: x {}, z {}, weight {}, y {} do not fit", x.str(), z.str(), w.str(), y.str());
+  const auto [T, heads, D] = contract::gated_rms_norm(kCpu, x, z, w, y);
+  const int64_t L = heads * D;
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t g = 0; g < L; g += D) {
       const float* xr = fp(x) + t * L + g;
@@ -197,6 +168,26 @@ void CpuOps::gated_rms_norm(const Tensor& x, const Tensor& z, const Tensor& w, d
         yr[i] = (fp(w)[i] * (xr[i] * r)) * gate;
       }
     }
+  }
+}
+
+void CpuOps::gdn_conv_batch(const Tensor& qkv, const Tensor& weight, const Tensor& state_pool,
+                            const StepBatch& batch) {
+  contract::gdn_conv_batch(kCpu, qkv, weight, state_pool, batch);
+  for (int64_t s = 0; s < batch.num_seqs; ++s)
+    gdn_conv(seq_rows(qkv, batch, s), weight, slot_view(state_pool, batch.slot_ids[size_t(s)]));
+}
+
+void CpuOps::gdn_rule_batch(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w,
+                            const GdnDims& dims, const Tensor& state_pool, const StepBatch& batch, const Tensor& o) {
+  contract::gdn_rule_batch(kCpu, qkv, a, b, w, dims, state_pool, batch, o);
+  for (int64_t s = 0; s < batch.num_seqs; ++s) {
+    const Tensor state = slot_view(state_pool, batch.slot_ids[size_t(s)]);
+    const Tensor q = seq_rows(qkv, batch, s), as = seq_rows(a, batch, s), bs = seq_rows(b, batch, s);
+    if (batch.rows_of(s) == 1)
+      gdn_recurrent(q, as, bs, w, dims, state, seq_rows(o, batch, s));
+    else
+      gdn_chunked(q, as, bs, w, dims, state, seq_rows(o, batch, s));
   }
 }
 

@@ -2,38 +2,16 @@
 #include <algorithm>
 #include <cstring>
 
+#include "ops/contract/moe.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/kernels.h"
 #include "ops/cpu/topk.h"
 
 namespace flashnext::cpu {
 
-namespace {
-
-void check_experts(const char* op, const Tensor& u, const MoeWeights& w) {
-  check_tensor(u, DType::F32, 2, op, "u");
-  check_tensor(w.gate, DType::F32, 3, op, "experts gate_proj");
-  check_tensor(w.up, DType::F32, 3, op, "experts up_proj");
-  check_tensor(w.down, DType::F32, 3, op, "experts down_proj");
-  const int64_t H = u.dim(1), E = w.gate.dim(0), I = w.gate.dim(1);
-  FN_CHECK(w.gate.dim(2) == H && w.up.shape() == w.gate.shape() && w.down.dim(0) == E && w.down.dim(1) == H &&
-               w.down.dim(2) == I,
-           "{}: expert weights gate {}, up {}, down {} do not fit u {}", op, w.gate.str(), w.up.str(), w.down.str(),
-           u.str());
-}
-
-}  // namespace
-
 void CpuOps::moe_router_topk(const Tensor& u, const Tensor& router, bool norm_topk_prob, const Tensor& ids,
                              const Tensor& weights) {
-  const char* op = "moe_router_topk";
-  check_tensor(u, DType::F32, 2, op, "u");
-  check_tensor(router, DType::F32, 2, op, "router");
-  check_tensor(ids, DType::I32, 2, op, "ids");
-  check_tensor(weights, DType::F32, 2, op, "weights");
-  const int64_t T = u.dim(0), E = router.dim(0), k = ids.dim(1);
-  FN_CHECK(router.dim(1) == u.dim(1) && ids.dim(0) == T && weights.shape() == ids.shape() && k >= 1 && k <= E,
-           "{}: u {}, router {}, ids {}, weights {} do not fit", op, u.str(), router.str(), ids.str(), weights.str());
+  const auto [T, H, E, k] = contract::moe_router_topk(kCpu, u, router, ids, weights);
   std::vector<float> logits(static_cast<size_t>(T * E));
   matmul_nt(fp(u), T, u.dim(1), fp(router), E, logits.data());
   std::vector<std::pair<float, int64_t>> queue;
@@ -57,13 +35,9 @@ void CpuOps::moe_router_topk(const Tensor& u, const Tensor& router, bool norm_to
 void CpuOps::moe_experts(const Tensor& u, const Tensor& ids, const Tensor& weights, const MoeWeights& w,
                          const Tensor& out) {
   const char* op = "moe_experts";
-  check_experts(op, u, w);
-  check_tensor(ids, DType::I32, 2, op, "ids");
-  check_tensor(weights, DType::F32, 2, op, "weights");
-  check_tensor(out, DType::F32, 2, op, "out");
-  const int64_t T = u.dim(0), H = u.dim(1), E = w.gate.dim(0), I = w.gate.dim(1), k = ids.dim(1);
-  FN_CHECK(ids.dim(0) == T && weights.shape() == ids.shape() && out.shape() == u.shape(),
-           "{}: u {}, ids {}, weights {}, out {} do not fit", op, u.str(), ids.str(), weights.str(), out.str());
+  const auto [T, H, k, E, I] = contract::moe_experts(kCpu, u, ids, weights, w, out);
+  FN_CHECK(!w.packed, "{}: the packed experts ({}) were made by another backend; the CPU takes stacked experts", op,
+           w.packed->format());
   const int32_t* id = ids.data_as<const int32_t>();
   // Group the (token, slot) pairs by expert, run each expert on its tokens (in parallel over experts), then sum
   // the k weighted slot outputs of every token in slot order.
@@ -99,18 +73,7 @@ void CpuOps::moe_experts(const Tensor& u, const Tensor& ids, const Tensor& weigh
 }
 
 void CpuOps::moe_shared_expert(const Tensor& u, const MoeWeights& w, const Tensor& out) {
-  const char* op = "moe_shared_expert";
-  check_tensor(u, DType::F32, 2, op, "u");
-  check_tensor(w.shared_gate_proj, DType::F32, 2, op, "shared_expert.gate_proj");
-  check_tensor(w.shared_up_proj, DType::F32, 2, op, "shared_expert.up_proj");
-  check_tensor(w.shared_down_proj, DType::F32, 2, op, "shared_expert.down_proj");
-  check_tensor(w.shared_expert_gate, DType::F32, 2, op, "shared_expert_gate");
-  check_tensor(out, DType::F32, 2, op, "out");
-  const int64_t T = u.dim(0), H = u.dim(1), Is = w.shared_gate_proj.dim(0);
-  FN_CHECK(w.shared_gate_proj.dim(1) == H && w.shared_up_proj.shape() == w.shared_gate_proj.shape() &&
-               w.shared_down_proj.dim(0) == H && w.shared_down_proj.dim(1) == Is && w.shared_expert_gate.dim(0) == 1 &&
-               w.shared_expert_gate.dim(1) == H && out.shape() == u.shape(),
-           "{}: shared expert weights do not fit u {} / out {}", op, u.str(), out.str());
+  const auto [T, H, Is] = contract::moe_shared_expert(kCpu, u, w, out);
   std::vector<float> g(static_cast<size_t>(T * Is)), up(static_cast<size_t>(T * Is)), y(static_cast<size_t>(T * H)),
       gate(static_cast<size_t>(T));
   matmul_nt(fp(u), T, H, fp(w.shared_gate_proj), Is, g.data());

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "ops/contract/ple.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/kernels.h"
 
@@ -9,19 +10,14 @@ namespace flashnext::cpu {
 
 void CpuOps::ple_gather(const PleTable& table, const Tensor& rows, const Tensor& e) {
   const char* op = "ple_gather";
-  check_tensor(rows, DType::I64, 2, op, "rows");
-  check_tensor(e, DType::F32, 2, op, "e");
-  const int64_t T = rows.dim(0), heads = rows.dim(1), hd = table.head_dim;
-  FN_CHECK(e.dim(0) == T && e.dim(1) == heads * hd && !table.shards.empty(),
-           "{}: rows {} and e {} do not fit a table of head_dim {}", op, rows.str(), e.str(), hd);
+  const auto [T, heads, hd, total] = contract::ple_gather(kCpu, table, rows, e, [](DType dt) {
+    return dt == DType::BF16 || dt == DType::F16 || dt == DType::F32 || dt == DType::F8_E4M3 || dt == DType::F8_E5M2;
+  });
   // Shard start rows (prefix sums of shard heights).
   std::vector<int64_t> starts;
-  int64_t total = 0;
-  for (const auto& s : table.shards) {
-    FN_CHECK(s.device() == Device::CPU && s.rank() == 2 && s.dim(1) == hd, "{}: shard {} does not have {} columns", op,
-             s.str(), hd);
-    starts.push_back(total);
-    total += s.dim(0);
+  for (int64_t at = 0; const auto& s : table.shards) {
+    starts.push_back(at);
+    at += s.dim(0);
   }
   const int64_t* r = rows.data_as<const int64_t>();
   for (int64_t i = 0; i < T * heads; ++i) {
@@ -41,17 +37,8 @@ void CpuOps::ple_gather(const PleTable& table, const Tensor& rows, const Tensor&
 
 void CpuOps::ple_gate(const Tensor& kn, const Tensor& v, const Tensor& X, const Tensor& norm_query, double eps,
                       const Tensor& P) {
-  const char* op = "ple_gate";
-  check_tensor(kn, DType::F32, 2, op, "normed keys");
-  check_tensor(v, DType::F32, 2, op, "value");
-  check_tensor(X, DType::F32, 2, op, "X");
-  check_tensor(norm_query, DType::F32, 1, op, "norm_query");
-  check_tensor(P, DType::F32, 2, op, "P");
-  const int64_t T = X.dim(0), W = X.dim(1), H = v.dim(1);
-  FN_CHECK(H > 0 && W % H == 0 && kn.shape() == X.shape() && v.dim(0) == T && norm_query.dim(0) == W &&
-               P.shape() == X.shape(),
-           "{}: keys {}, value {}, X {}, P {} do not fit", op, kn.str(), v.str(), X.str(), P.str());
-  const int64_t S = W / H;
+  const auto [T, S, H] = contract::ple_gate(kCpu, kn, v, X, norm_query, P);
+  const int64_t W = S * H;
   const float sqrt_h = float(std::sqrt(double(H)));
   std::vector<float> qn(static_cast<size_t>(H));
   for (int64_t t = 0; t < T; ++t) {
@@ -68,18 +55,7 @@ void CpuOps::ple_gate(const Tensor& kn, const Tensor& v, const Tensor& X, const 
 
 void CpuOps::ple_conv_add(const Tensor& P, const Tensor& norm_conv, int64_t group, const Tensor& conv_w,
                           int64_t dilation, double eps, const Tensor& state, const Tensor& X) {
-  const char* op = "ple_conv_add";
-  check_tensor(P, DType::F32, 2, op, "P");
-  check_tensor(norm_conv, DType::F32, 1, op, "norm_conv");
-  check_tensor(conv_w, DType::F32, 2, op, "conv1d weight");
-  check_tensor(state, DType::F32, 2, op, "state");
-  check_tensor(X, DType::F32, 2, op, "X");
-  const int64_t T = P.dim(0), W = P.dim(1), K = conv_w.dim(1);
-  const int64_t ctx = (K - 1) * dilation;
-  FN_CHECK(dilation >= 1 && K >= 1 && group > 0 && W % group == 0 && norm_conv.dim(0) == W && conv_w.dim(0) == W &&
-               state.dim(0) == ctx && state.dim(1) == W && X.shape() == P.shape(),
-           "{}: P {}, norm_conv {}, conv {}, state {}, X {} do not fit (group {}, dilation {})", op, P.str(),
-           norm_conv.str(), conv_w.str(), state.str(), X.str(), group, dilation);
+  const auto [T, W, K, ctx] = contract::ple_conv_add(kCpu, P, norm_conv, group, conv_w, dilation, state, X);
   // ext = [state; normed P]: row ctx + t is the conv input of token t.
   std::vector<float> ext(static_cast<size_t>((ctx + T) * W));
   std::memcpy(ext.data(), fp(state), size_t(ctx * W) * 4);
@@ -98,6 +74,15 @@ void CpuOps::ple_conv_add(const Tensor& P, const Tensor& norm_conv, int64_t grou
     }
   }
   std::memcpy(mp(state), ext.data() + T * W, size_t(ctx * W) * 4);
+}
+
+void CpuOps::ple_conv_add_batch(const Tensor& P, const Tensor& norm_conv, int64_t group, const Tensor& conv_w,
+                                int64_t dilation, double eps, const Tensor& state_pool, const StepBatch& batch,
+                                const Tensor& X) {
+  contract::ple_conv_add_batch(kCpu, P, norm_conv, group, conv_w, dilation, state_pool, batch, X);
+  for (int64_t s = 0; s < batch.num_seqs; ++s)
+    ple_conv_add(seq_rows(P, batch, s), norm_conv, group, conv_w, dilation, eps,
+                 slot_view(state_pool, batch.slot_ids[size_t(s)]), seq_rows(X, batch, s));
 }
 
 }  // namespace flashnext::cpu

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <limits>
 
+#include "ops/contract/qsa.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/kernels.h"
 #include "ops/cpu/topk.h"
@@ -11,23 +12,7 @@ namespace flashnext::cpu {
 
 void CpuOps::qsa_prepare_qk(const Tensor& qg, const Tensor& k, const Tensor& q_norm, const Tensor& k_norm, double eps,
                             const RopeParams& rope, int64_t pos0, const Tensor& q, const Tensor& gate) {
-  const char* op = "qsa_prepare_qk";
-  check_tensor(qg, DType::F32, 2, op, "q_proj output");
-  check_tensor(k, DType::F32, 2, op, "k");
-  check_tensor(q_norm, DType::F32, 1, op, "q_norm");
-  check_tensor(k_norm, DType::F32, 1, op, "k_norm");
-  check_tensor(q, DType::F32, 2, op, "q");
-  check_tensor(gate, DType::F32, 2, op, "gate");
-  const int64_t T = qg.dim(0), D = q_norm.dim(0);
-  FN_CHECK(D > 0 && k_norm.dim(0) == D && qg.dim(1) % (2 * D) == 0 && k.dim(0) == T && k.dim(1) % D == 0 &&
-               q.dim(0) == T && q.dim(1) * 2 == qg.dim(1) && gate.shape() == q.shape(),
-           "{}: q_proj output {}, k {}, q {}, gate {} do not fit head_dim {}", op, qg.str(), k.str(), q.str(),
-           gate.str(), D);
-  FN_CHECK(rope.rotary_dim > 0 && rope.rotary_dim % 2 == 0 && rope.rotary_dim <= D,
-           "{}: rotary_dim {} invalid for "
-           "head_dim {}",
-           op, rope.rotary_dim, D);
-  const int64_t nh = q.dim(1) / D, nkv = k.dim(1) / D;
+  const auto [T, D, nh, nkv] = contract::qsa_prepare_qk(kCpu, "qsa_prepare_qk", qg, k, q_norm, k_norm, rope, q, gate);
   const RopeTable table(rope.rotary_dim, rope.theta);
   for (int64_t t = 0; t < T; ++t) {
     const int64_t pos = pos0 + t;
@@ -49,21 +34,9 @@ void CpuOps::qsa_prepare_qk(const Tensor& qg, const Tensor& k, const Tensor& q_n
 void CpuOps::qsa_indexer_select(const Tensor& qi, const Tensor& index_keys, const Tensor& q_layernorm,
                                 const Tensor& k_layernorm, double eps, const RopeParams& rope, int64_t pos0,
                                 int64_t budget, int64_t block, const Tensor& selected) {
-  const char* op = "qsa_indexer_select";
-  check_tensor(qi, DType::F32, 2, op, "index queries");
-  check_tensor(index_keys, DType::F32, 2, op, "index keys");
-  check_tensor(q_layernorm, DType::F32, 1, op, "q_layernorm");
-  check_tensor(k_layernorm, DType::F32, 1, op, "k_layernorm");
-  check_tensor(selected, DType::I32, 2, op, "selected");
+  // Arguments as contract::qsa_indexer_select_batch checked them for the step (private: only the batched op calls
+  // it, with keys gathered for positions 0 .. pos0+T-1).
   const int64_t T = qi.dim(0), Di = index_keys.dim(1);
-  FN_CHECK(block > 0 && budget > 0 && budget % block == 0, "{}: budget {} must be a positive multiple of block {}", op,
-           budget, block);
-  FN_CHECK(Di > 0 && qi.dim(1) % Di == 0 && q_layernorm.dim(0) == Di && k_layernorm.dim(0) == Di &&
-               selected.dim(0) == T && selected.dim(1) == budget + block - 1 && index_keys.dim(0) >= pos0 + T,
-           "{}: index queries {}, keys {}, selected {} do not fit (pos0 {}, budget {}, block {})", op, qi.str(),
-           index_keys.str(), selected.str(), pos0, budget, block);
-  FN_CHECK(rope.rotary_dim > 0 && rope.rotary_dim <= Di, "{}: rotary_dim {} exceeds indexer_head_dim {}", op,
-           rope.rotary_dim, Di);
   const int64_t ni = qi.dim(1) / Di, max_blocks = budget / block, width = selected.dim(1);
   const RopeTable table(rope.rotary_dim, rope.theta);
   // Block keys of every complete block visible to the last query: RoPE(k_layernorm(mean of raw keys)) at the
@@ -116,18 +89,8 @@ void CpuOps::qsa_indexer_select(const Tensor& qi, const Tensor& index_keys, cons
 void CpuOps::sparse_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& selected,
                               const Tensor& gate, double scale, const Tensor& out) {
   const char* op = "sparse_attention";
-  check_tensor(q, DType::F32, 3, op, "q");
-  check_tensor(k_cache, DType::F32, 3, op, "k_cache");
-  check_tensor(v_cache, DType::F32, 3, op, "v_cache");
-  check_tensor(selected, DType::I32, 2, op, "selected");
-  check_tensor(gate, DType::F32, 3, op, "gate");
-  check_tensor(out, DType::F32, 3, op, "out");
-  const int64_t T = q.dim(0), nh = q.dim(1), D = q.dim(2), rows = k_cache.dim(0), nkv = k_cache.dim(1);
-  const int64_t n_sel = selected.dim(1);
-  FN_CHECK(v_cache.shape() == k_cache.shape() && k_cache.dim(2) == D && nkv > 0 && nh % nkv == 0 &&
-               selected.dim(0) == T && gate.shape() == q.shape() && out.shape() == q.shape(),
-           "{}: q {}, caches {} / {}, selected {}, gate {}, out {} do not fit", op, q.str(), k_cache.str(),
-           v_cache.str(), selected.str(), gate.str(), out.str());
+  const auto [T, nh, nkv, D, n_sel] = contract::sparse_attention(kCpu, op, q, k_cache, v_cache, selected, gate, out);
+  const int64_t rows = k_cache.dim(0);
   const int64_t group = nh / nkv;
   const int32_t* sel_all = selected.data_as<const int32_t>();
   for (int64_t i = 0; i < T * n_sel; ++i) {
@@ -159,6 +122,42 @@ void CpuOps::sparse_attention(const Tensor& q, const Tensor& k_cache, const Tens
       for (int64_t d = 0; d < D; ++d) o[d] *= sigmoid(g[d]);
     }
   });
+}
+
+void CpuOps::qsa_prepare_qk_batch(const Tensor& qg, const Tensor& k, const Tensor& q_norm, const Tensor& k_norm,
+                                  double eps, const RopeParams& rope, const StepBatch& batch, const Tensor& q,
+                                  const Tensor& gate) {
+  contract::qsa_prepare_qk_batch(kCpu, qg, k, q_norm, k_norm, rope, batch, q, gate);
+  for (int64_t s = 0; s < batch.num_seqs; ++s)
+    qsa_prepare_qk(seq_rows(qg, batch, s), seq_rows(k, batch, s), q_norm, k_norm, eps, rope, batch.pos0[size_t(s)],
+                   seq_rows(q, batch, s), seq_rows(gate, batch, s));
+}
+
+/// Per sequence over its gathered raw keys; the pooled-key cache is not used (the reference recomputes the block
+/// keys for every query, and so does the oracle).
+void CpuOps::qsa_indexer_select_batch(const Tensor& qi, const Tensor& index_key_pool, const Tensor& pooled_key_pool,
+                                      const Tensor& q_layernorm, const Tensor& k_layernorm, double eps,
+                                      const RopeParams& rope, int64_t budget, int64_t block, const StepBatch& batch,
+                                      const Tensor& selected) {
+  contract::qsa_indexer_select_batch(kCpu, qi, index_key_pool, pooled_key_pool, q_layernorm, k_layernorm, rope, budget,
+                                     block, batch, selected);
+  for (int64_t s = 0; s < batch.num_seqs; ++s) {
+    const int64_t pos0 = batch.pos0[size_t(s)], end = pos0 + batch.rows_of(s);
+    qsa_indexer_select(seq_rows(qi, batch, s), gather_sequence(index_key_pool, batch, s, end), q_layernorm,
+                       k_layernorm, eps, rope, pos0, budget, block, seq_rows(selected, batch, s));
+  }
+}
+
+void CpuOps::sparse_attention_batch(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
+                                    const Tensor& selected, const Tensor& gate, double scale, const StepBatch& batch,
+                                    const Tensor& out) {
+  contract::sparse_attention_batch(kCpu, q, k_pool, v_pool, selected, gate, batch, out);
+  for (int64_t s = 0; s < batch.num_seqs; ++s) {
+    const int64_t end = batch.pos0[size_t(s)] + batch.rows_of(s);
+    sparse_attention(seq_rows(q, batch, s), gather_sequence(k_pool, batch, s, end),
+                     gather_sequence(v_pool, batch, s, end), seq_rows(selected, batch, s), seq_rows(gate, batch, s),
+                     scale, seq_rows(out, batch, s));
+  }
 }
 
 }  // namespace flashnext::cpu

@@ -91,7 +91,7 @@ template <class T>
 __global__ void __launch_bounds__(kThreads)
     gdn_recurrent_kernel(const T* __restrict__ qkv, int64_t ld_qkv, const T* __restrict__ a, const T* __restrict__ bb,
                          int64_t ld_ab, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
-                         float* __restrict__ state, const int32_t* __restrict__ slots, GdnDims d, T* __restrict__ out,
+                         float* __restrict__ state, const int32_t* __restrict__ slots, GdnHeads d, T* __restrict__ out,
                          int64_t ld_out) {
   __shared__ float qs[kGdnMaxDk], ks[kGdnMaxDk];
   __shared__ float part[kThreads / 32][32];
@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(kThreads)
     gdn_chunked_kernel(const T* __restrict__ qkv, int64_t ld_qkv, const T* __restrict__ a, const T* __restrict__ bb,
                        int64_t ld_ab, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
                        float* __restrict__ state, const int32_t* __restrict__ slots, const int32_t* __restrict__ cu,
-                       GdnDims d, T* __restrict__ out, int64_t ld_out) {
+                       GdnHeads d, T* __restrict__ out, int64_t ld_out) {
   extern __shared__ float smem_raw[];
   constexpr int C = kGdnChunk;
   ChunkSmem sm(smem_raw, d.dk);
@@ -322,9 +322,9 @@ unsigned grid_for(int64_t n) {
 // Both activation types are compiled in every build (NVRTC included, for the SM70 check).
 #define FN_GDN_INSTANTIATE(T)                                                                                       \
   template __global__ void gdn_recurrent_kernel<T>(const T*, int64_t, const T*, const T*, int64_t, const float*,    \
-                                                   const float*, float*, const int32_t*, GdnDims, T*, int64_t);     \
+                                                   const float*, float*, const int32_t*, GdnHeads, T*, int64_t);     \
   template __global__ void gdn_chunked_kernel<T>(const T*, int64_t, const T*, const T*, int64_t, const float*,      \
-                                                 const float*, float*, const int32_t*, const int32_t*, GdnDims, T*, \
+                                                 const float*, float*, const int32_t*, const int32_t*, GdnHeads, T*, \
                                                  int64_t);
 FN_GDN_INSTANTIATE(__half)
 FN_GDN_INSTANTIATE(float)
@@ -359,7 +359,7 @@ namespace {
 template <class T>
 cudaError_t gdn_recurrent_launch(const T* qkv, int64_t ld_qkv, const T* a, const T* b, int64_t ld_ab,
                                  const float* a_log, const float* dt_bias, float* state, const int32_t* slots,
-                                 int batch, GdnDims dims, T* out, int64_t ld_out, cudaStream_t stream) {
+                                 int batch, GdnHeads dims, T* out, int64_t ld_out, cudaStream_t stream) {
   if (batch == 0) return cudaSuccess;
   const unsigned blocks = unsigned(batch) * dims.nv * ((dims.dv + 31) / 32);
   gdn_recurrent_kernel<T>
@@ -370,7 +370,7 @@ cudaError_t gdn_recurrent_launch(const T* qkv, int64_t ld_qkv, const T* a, const
 template <class T>
 cudaError_t gdn_chunked_launch(const T* qkv, int64_t ld_qkv, const T* a, const T* b, int64_t ld_ab, const float* a_log,
                                const float* dt_bias, float* state, const int32_t* slots, const int32_t* cu,
-                               int num_seqs, GdnDims dims, T* out, int64_t ld_out, cudaStream_t stream) {
+                               int num_seqs, GdnHeads dims, T* out, int64_t ld_out, cudaStream_t stream) {
   if (num_seqs == 0) return cudaSuccess;
   const size_t smem = ChunkSmem::bytes(dims.dk);
   cudaError_t err = cudaFuncSetAttribute(gdn_chunked_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
@@ -384,26 +384,26 @@ cudaError_t gdn_chunked_launch(const T* qkv, int64_t ld_qkv, const T* a, const T
 
 cudaError_t launch_gdn_recurrent_step(const __half* qkv, int64_t ld_qkv, const __half* a, const __half* b,
                                       int64_t ld_ab, const float* a_log, const float* dt_bias, float* state,
-                                      const int32_t* slots, int batch, GdnDims dims, __half* out, int64_t ld_out,
+                                      const int32_t* slots, int batch, GdnHeads dims, __half* out, int64_t ld_out,
                                       cudaStream_t stream) {
   return gdn_recurrent_launch(qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots, batch, dims, out, ld_out, stream);
 }
 cudaError_t launch_gdn_recurrent_step(const float* qkv, int64_t ld_qkv, const float* a, const float* b, int64_t ld_ab,
                                       const float* a_log, const float* dt_bias, float* state, const int32_t* slots,
-                                      int batch, GdnDims dims, float* out, int64_t ld_out, cudaStream_t stream) {
+                                      int batch, GdnHeads dims, float* out, int64_t ld_out, cudaStream_t stream) {
   return gdn_recurrent_launch(qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots, batch, dims, out, ld_out, stream);
 }
 
 cudaError_t launch_gdn_chunked_prefill(const __half* qkv, int64_t ld_qkv, const __half* a, const __half* b,
                                        int64_t ld_ab, const float* a_log, const float* dt_bias, float* state,
-                                       const int32_t* slots, const int32_t* cu, int num_seqs, GdnDims dims, __half* out,
+                                       const int32_t* slots, const int32_t* cu, int num_seqs, GdnHeads dims, __half* out,
                                        int64_t ld_out, cudaStream_t stream) {
   return gdn_chunked_launch(qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots, cu, num_seqs, dims, out, ld_out,
                             stream);
 }
 cudaError_t launch_gdn_chunked_prefill(const float* qkv, int64_t ld_qkv, const float* a, const float* b, int64_t ld_ab,
                                        const float* a_log, const float* dt_bias, float* state, const int32_t* slots,
-                                       const int32_t* cu, int num_seqs, GdnDims dims, float* out, int64_t ld_out,
+                                       const int32_t* cu, int num_seqs, GdnHeads dims, float* out, int64_t ld_out,
                                        cudaStream_t stream) {
   return gdn_chunked_launch(qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots, cu, num_seqs, dims, out, ld_out,
                             stream);

@@ -275,10 +275,29 @@ W4DeviceMatrix W4DeviceMatrix::random_nvfp4(int experts, int rows, int cols, flo
 }
 
 MoeW4A16Workspace::MoeW4A16Workspace(int max_tokens_, int top_k_, int experts_, int hidden_, int inter_)
-    : MoeWorkspace(max_tokens_, top_k_, experts_, hidden_, inter_),
+    : max_tokens(max_tokens_),
+      top_k(top_k_),
+      experts(experts_),
+      hidden(hidden_),
+      inter(inter_),
+      max_tiles((max_tokens_ * top_k_ + detail::kMoeTileM - 1) / detail::kMoeTileM +
+                std::min(experts_, max_tokens_ * top_k_)),
+      offsets(size_t(experts_) + 1, "moe expert offsets"),
+      sorted_slots(size_t(max_tokens_) * top_k_, "moe sorted slots"),
+      slot_row(size_t(max_tokens_) * top_k_, "moe slot rows"),
+      tile_expert(std::max(1, max_tiles), "moe tiles"),
+      tile_row(std::max(1, max_tiles), "moe tiles"),
+      num_tiles(1, "moe tile count"),
+      status(1, "moe status"),
+      h(size_t(max_tokens_) * top_k_ * inter_, "moe expert activations"),
+      ys(size_t(max_tokens_) * top_k_ * hidden_, "moe expert outputs"),
       done(size_t(std::max(1, max_tokens_)) *
                std::max(1, detail::w4_gemv_row_blocks(hidden_, inter_, detail::kW4GemvOutsDown)),
            "w4a16 gemv counters") {
+  FN_CHECK(max_tokens > 0 && top_k > 0 && experts > 0 && hidden > 0 && inter > 0,
+           "MoeW4A16Workspace: bad sizes tokens={} top_k={} experts={} hidden={} inter={}", max_tokens, top_k, experts,
+           hidden, inter);
+  FN_CUDA_CHECK(cudaMemset(status.get(), 0, sizeof(int32_t)), "MoeW4A16Workspace status");
   FN_CUDA_CHECK(cudaMemset(done.get(), 0, done.size() * sizeof(int32_t)), "MoeW4A16Workspace counters");
 }
 
@@ -360,7 +379,11 @@ void moe_w4a16_routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, in
 }
 
 void moe_w4a16_check_status(MoeW4A16Workspace& ws, cudaStream_t stream) {
-  detail::check_expert_status(ws.status.get(), ws.experts, "moe_w4a16_routed", stream);
+  const char* op = "moe_w4a16_routed";
+  FN_CUDA_CHECK(cudaStreamSynchronize(stream), op);
+  int32_t v = 0;
+  FN_CUDA_CHECK(cudaMemcpy(&v, ws.status.get(), sizeof v, cudaMemcpyDeviceToHost), op);
+  FN_CHECK(v == 0, "{}: expert ids outside 0..{} were given; those slots were dropped", op, ws.experts - 1);
 }
 
 }  // namespace flashnext::cuda

@@ -40,7 +40,6 @@
 #include <vector>
 
 #include "ops/cuda/buffer.h"
-#include "ops/cuda/moe.h"
 #include "ops/cuda/moe_w4a16_kernels.h"
 
 namespace flashnext::cuda {
@@ -153,14 +152,23 @@ class W4DeviceMatrix {
 };
 
 /// Routed experts: gate_up [E, 2I, H] (gate rows 0..I-1, then up rows) and down [E, H, I]; H and I multiples of 8.
-using MoeW4A16Experts = MoeExpertWeights<W4DeviceMatrix>;
+struct MoeW4A16Experts {
+  const W4DeviceMatrix* gate_up = nullptr;
+  const W4DeviceMatrix* down = nullptr;
+  int experts = 0, hidden = 0, inter = 0;
+};
 
-/// Scratch for moe_w4a16_routed, for up to max_tokens tokens with top_k slots each: moe_routed's grouping arrays
-/// and activations (MoeWorkspace), plus the GEMV path's completion counters `done` [max_tokens,
-/// detail::w4_gemv_row_blocks(hidden, inter, detail::kW4GemvOutsDown)] (zero between calls).
-class MoeW4A16Workspace : public MoeWorkspace {
+/// Scratch for moe_w4a16_routed, for up to max_tokens tokens with top_k slots each: the grouping of slots by expert
+/// (offsets [E+1], sorted_slots / slot_row [max_tokens*top_k], GEMM tiles [max_tiles], num_tiles, the expert-id
+/// status word), the activations h [slots, I] and expert outputs ys [slots, H] (FP16), and the GEMV path's
+/// completion counters `done` [max_tokens, detail::w4_gemv_row_blocks(hidden, inter, detail::kW4GemvOutsDown)]
+/// (zero between calls).
+class MoeW4A16Workspace {
  public:
   MoeW4A16Workspace(int max_tokens, int top_k, int experts, int hidden, int inter);
+  int max_tokens, top_k, experts, hidden, inter, max_tiles;
+  DeviceArray<int32_t> offsets, sorted_slots, slot_row, tile_expert, tile_row, num_tiles, status;
+  DeviceArray<__half> h, ys;
   DeviceArray<int32_t> done;
 };
 

@@ -104,7 +104,7 @@ __device__ uint32_t radix_select(const float* l, int vocab, uint32_t floor_key, 
 }
 
 __global__ void __launch_bounds__(kThreads)
-    sample_kernel(const float* __restrict__ logits, int64_t ld, int vocab, const SamplingParams* __restrict__ params,
+    sample_kernel(const float* __restrict__ logits, int64_t ld, int vocab, const TokenSamplingRow* __restrict__ params,
                   int32_t* __restrict__ tokens) {
   __shared__ unsigned long long hist[kWarps / 2 * 256];  // 32 KB of histograms
   __shared__ uint64_t ush[kWarps + 1];
@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ int s_token;
   const int row = blockIdx.x;
   const float* l = logits + int64_t(row) * ld;
-  const SamplingParams sp = params[row];
+  const TokenSamplingRow sp = params[row];
   // Max and its lowest index (greedy).
   float mx = -__int_as_float(0x7f800000);
   int arg = 0x7fffffff;
@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 #ifndef __CUDACC_RTC__  // host launchers (NVRTC, used by the SM70 check, compiles device code only)
-cudaError_t launch_sample(const float* logits, int64_t ld, int rows, int vocab, const SamplingParams* params,
+cudaError_t launch_sample(const float* logits, int64_t ld, int rows, int vocab, const TokenSamplingRow* params,
                           int32_t* tokens, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   sample_kernel<<<rows, kThreads, 0, stream>>>(logits, ld, vocab, params, tokens);

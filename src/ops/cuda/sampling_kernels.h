@@ -8,10 +8,11 @@
 
 namespace flashnext::cuda {
 
-/// Sampling parameters of one row (one sequence's next token). temperature <= 0 means greedy (argmax, lowest index
+/// Sampling parameters of one row (one sequence's next token): the kernels' copy of ops.h TokenSampling (kernel
+/// sources do not include the ops interface; sampling_ops.cpp asserts the two layouts equal). temperature <= 0 means greedy (argmax, lowest index
 /// among equal maxima). top_k <= 0 or >= vocab disables top-k; top_p >= 1 disables top-p; min_p <= 0 disables
 /// min-p. seed and offset select the random number (counter-based: the same seed and offset give the same token).
-struct SamplingParams {
+struct TokenSamplingRow {
   float temperature = 1.f;
   int32_t top_k = 0;
   float top_p = 1.f;
@@ -22,7 +23,7 @@ struct SamplingParams {
 
 namespace detail {
 #ifndef __CUDACC_RTC__  // host launchers
-cudaError_t launch_sample(const float* logits, int64_t ld, int rows, int vocab, const SamplingParams* params,
+cudaError_t launch_sample(const float* logits, int64_t ld, int rows, int vocab, const TokenSamplingRow* params,
                           int32_t* tokens, cudaStream_t stream);
 #endif
 }  // namespace detail

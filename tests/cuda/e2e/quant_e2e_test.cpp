@@ -167,7 +167,7 @@ TEST_P(QuantGpu, RoutedExpertsMatchCpuOracle) {
     int64_t planned = 0;
     for (const auto& list : {qe->gate, qe->up, qe->down}) {
       for (const QuantMatrix& q : list) {
-        const bool nv = q.format == QuantKind::Nvfp4 || q.format == QuantKind::CtNvfp4;
+        const bool nv = q.format == QuantFormat::Nvfp4 || q.format == QuantFormat::CtNvfp4;
         planned += w4a16_packed_bytes(q.rows, q.cols, nv ? 16 : q.group, q.zero_point.defined());
       }
     }

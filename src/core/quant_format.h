@@ -1,0 +1,32 @@
+// How a weight is stored in a checkpoint: one name shared by the loader (loader/quant.h, which parses and checks
+// the formats and dequantizes them exactly) and the ops interface (ops/ops.h QuantMatrix, which backends repack).
+#pragma once
+
+#include <cstdint>
+
+namespace flashnext {
+
+/// How one weight is stored.
+enum class QuantFormat : uint8_t {
+  None,      ///< BF16 / F16 / F32
+  Nvfp4,     ///< ModelOpt NVFP4: w = (e2m1 * e4m3 block scale) * weight_scale_2
+  CtNvfp4,   ///< compressed-tensors nvfp4-pack-quantized: w = (e2m1 * e4m3 block scale) / weight_global_scale
+  Fp8Block,  ///< FP8 E4M3 with a block weight_scale_inv
+  CtInt4,    ///< compressed-tensors pack-quantized int4, symmetric or with packed zero points
+  Gptq,      ///< GPTQ int4 (qweight / qzeros / scales / g_idx)
+};
+
+/// A short name for reports and messages ("nvfp4-modelopt", "fp8-block", "int4-gptq", ...).
+constexpr const char* quant_format_name(QuantFormat f) {
+  switch (f) {
+    case QuantFormat::None: return "none";
+    case QuantFormat::Nvfp4: return "nvfp4-modelopt";
+    case QuantFormat::CtNvfp4: return "nvfp4-compressed-tensors";
+    case QuantFormat::Fp8Block: return "fp8-block";
+    case QuantFormat::CtInt4: return "int4-compressed-tensors";
+    case QuantFormat::Gptq: return "int4-gptq";
+  }
+  return "unknown";
+}
+
+}  // namespace flashnext

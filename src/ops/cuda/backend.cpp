@@ -1,0 +1,300 @@
+// The CUDA backend's context and streams, memory ops, synchronisation with the status words, profiling and
+// factory (backend.h lists the per-family files of the rest).
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "ops/contract/memory.h"
+#include "ops/cuda/backend.h"
+
+namespace flashnext {
+
+CudaOpsOptions CudaOpsOptions::from_env() {
+  CudaOpsOptions o;
+  if (const char* v = std::getenv("FLASHNEXT_PLE_TABLE"); v && *v) {
+    const std::string s = v;
+    if (s == "host")
+      o.ple_table = PleTablePlacement::Host;
+    else if (s == "device")
+      o.ple_table = PleTablePlacement::Device;
+    else
+      fail("FLASHNEXT_PLE_TABLE must be 'host' or 'device', got '{}'", s);
+  }
+  if (const char* v = std::getenv("FLASHNEXT_CUDA_ACTIVATIONS"); v && *v) {
+    const std::string s = v;
+    if (s == "fp16x2")
+      o.activations = ActivationPrecision::Fp16x2;
+    else if (s == "fp16")
+      o.activations = ActivationPrecision::Fp16;
+    else
+      fail("FLASHNEXT_CUDA_ACTIVATIONS must be 'fp16x2' or 'fp16', got '{}'", s);
+  }
+  return o;
+}
+
+namespace cuda {
+
+Context::Context(int dev) : device(dev) {
+  FN_CUDA_CHECK(cudaSetDevice(dev), "cuda backend: cudaSetDevice");
+  FN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cuda backend: stream");
+  FN_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "cuda backend: side stream");
+  // Keep freed pool memory for reuse instead of returning it to the driver at every synchronisation.
+  cudaMemPool_t pool = nullptr;
+  FN_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev), "cuda backend: memory pool");
+  uint64_t threshold = std::numeric_limits<uint64_t>::max();
+  FN_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
+                "cuda backend: memory pool");
+  void* p = nullptr;
+  FN_CUDA_CHECK(cudaMalloc(&p, sizeof(int32_t) * kStatusSlots), "cuda backend: status words");
+  status = static_cast<int32_t*>(p);
+  FN_CUDA_CHECK(cudaMemset(status, 0, sizeof(int32_t) * kStatusSlots), "cuda backend: status words");
+  FN_CUDA_CHECK(cudaMallocHost(&p, sizeof(int32_t) * kStatusSlots), "cuda backend: status words");
+  status_host = static_cast<int32_t*>(p);
+}
+Context::~Context() {
+  if (stream) cudaStreamSynchronize(stream);
+  if (side) cudaStreamSynchronize(side);
+  if (status) cudaFree(status);
+  if (status_host) cudaFreeHost(status_host);
+  if (stream) cudaStreamDestroy(stream);
+  if (side) cudaStreamDestroy(side);
+}
+
+int to_int(int64_t v, const char* op, const char* what) {
+  FN_CHECK(v >= 0 && v <= std::numeric_limits<int>::max(), "{}: {} = {} exceeds the kernels' 32-bit range", op, what,
+           v);
+  return int(v);
+}
+
+CudaW4Experts::CudaW4Experts(const W4Packed& gu, const W4Packed& dn, int device_, std::string what)
+    : gate_up(gu),
+      down(dn),
+      device(device_),
+      experts(gu.experts),
+      hidden(gu.cols),
+      inter(dn.cols),
+      bytes_(int64_t(gu.expert_bytes() + dn.expert_bytes()) * gu.experts),
+      format_(std::move(what)) {}
+CudaW4Experts::CudaW4Experts(W4DeviceMatrix gu, W4DeviceMatrix dn, int device_, int E, int H, int I, std::string what)
+    : gate_up(std::move(gu)),
+      down(std::move(dn)),
+      device(device_),
+      experts(E),
+      hidden(H),
+      inter(I),
+      bytes_(int64_t(E) * int64_t(gate_up.expert_bytes() + down.expert_bytes())),
+      format_(std::move(what)) {}
+
+CudaOps::CudaOps(int device, const CudaOpsOptions& options) : ctx_(std::make_shared<Context>(device)), options_(options) {
+  cudaDeviceProp prop{};
+  FN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device), "cuda backend: device properties");
+  name_ = fmt::format(
+      "cuda:{} ({}, sm_{}{}; FP16 weights, FP32 activations, {} GEMM inputs; PLE tables in {} "
+      "memory)",
+      device, prop.name, prop.major, prop.minor, split() ? "FP16x2" : "FP16",
+      options.ple_table == PleTablePlacement::Host ? "pinned host" : "GPU");
+}
+
+CudaOps::~CudaOps() {
+  if (ctx_->side) cudaStreamSynchronize(ctx_->side);  // gathers begun but never waited for (a failed step)
+  for (PendingGather& g : pending_gathers_) cudaEventDestroy(g.done);
+  for (cudaEvent_t e : profile_events_) cudaEventDestroy(e);
+  if (ctx_->stream) cudaStreamSynchronize(ctx_->stream);
+}
+
+Tensor CudaOps::zeros(const Shape& shape, DType dtype) {
+  Tensor t = alloc(shape, dtype, "tensor");
+  fill_zero(t);
+  return t;
+}
+
+Tensor CudaOps::upload(const void* host, DType dtype, const Shape& shape) {
+  Tensor t = alloc(shape, dtype, "upload");
+  if (t.nbytes()) {
+    FN_CHECK(host, "upload: null host pointer for {}", t.str());
+    FN_CUDA_CHECK(cudaMemcpyAsync(t.data(), host, t.nbytes(), cudaMemcpyHostToDevice, stream()), "upload");
+  }
+  return t;
+}
+
+void CudaOps::download(const Tensor& t, void* host) {
+  contract::on_device(spec(), t, "download", "tensor");
+  if (t.nbytes()) FN_CUDA_CHECK(cudaMemcpyAsync(host, t.data(), t.nbytes(), cudaMemcpyDefault, stream()), "download");
+  synchronize("download");
+}
+
+void CudaOps::copy_rows(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row, int64_t n) {
+  const size_t row = contract::copy_rows(spec(), src, src_row, dst, dst_row, n);
+  if (row == 0) return;
+  FN_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst.data()) + size_t(dst_row) * row,
+                                static_cast<const uint8_t*>(src.data()) + size_t(src_row) * row, size_t(n) * row,
+                                cudaMemcpyDefault, stream()),
+                "copy_rows");
+}
+
+void CudaOps::fill_zero(const Tensor& t) {
+  contract::on_device(spec(), t, "fill_zero", "tensor");
+  if (t.nbytes()) FN_CUDA_CHECK(cudaMemsetAsync(t.data(), 0, t.nbytes(), stream()), "fill_zero");
+}
+
+void CudaOps::gather_rows(const Tensor& src, const Tensor& rows, const Tensor& dst) {
+  copy_rows_indexed("gather_rows", src, rows, dst, /*scatter=*/false);
+}
+
+void CudaOps::scatter_rows(const Tensor& src, const Tensor& rows, const Tensor& dst) {
+  copy_rows_indexed("scatter_rows", src, rows, dst, /*scatter=*/true);
+}
+
+void CudaOps::profile_phase(const char* phase) {
+  if (!profiling_) return;
+  use_device();
+  if (profile_marks_.size() == profile_events_.size()) {
+    cudaEvent_t e = nullptr;
+    FN_CUDA_CHECK(cudaEventCreate(&e), "profile_phase");
+    profile_events_.push_back(e);
+  }
+  cudaEvent_t e = profile_events_[profile_marks_.size()];
+  FN_CUDA_CHECK(cudaEventRecord(e, stream()), "profile_phase");
+  profile_marks_.push_back(phase);
+}
+
+void CudaOps::set_profiling(bool on) {
+  profiling_ = on;
+  profile_marks_.clear();
+}
+
+std::vector<std::pair<std::string, double>> CudaOps::profile_times() {
+  synchronize("profile_times");
+  std::vector<std::pair<std::string, double>> out;
+  for (size_t i = 0; i + 1 < profile_marks_.size(); ++i) {
+    if (!profile_marks_[i]) continue;
+    float ms = 0;
+    FN_CUDA_CHECK(cudaEventElapsedTime(&ms, profile_events_[i], profile_events_[i + 1]), "profile_times");
+    auto it = std::find_if(out.begin(), out.end(), [&](const auto& p) { return p.first == profile_marks_[i]; });
+    if (it == out.end()) it = out.insert(out.end(), {profile_marks_[i], 0.0});
+    it->second += ms;
+  }
+  return out;
+}
+
+void CudaOps::use_device() const {
+  thread_local int current = -1;
+  if (current != ctx_->device) {
+    FN_CUDA_CHECK(cudaSetDevice(ctx_->device), "cuda backend: cudaSetDevice");
+    current = ctx_->device;
+  }
+}
+
+Tensor CudaOps::alloc(const Shape& shape, DType dtype, const char* what) {
+  use_device();
+  for (auto d : shape) FN_CHECK(d >= 0, "cuda: negative dimension in shape [{}]", fmt::join(shape, ", "));
+  const size_t bytes = std::max<size_t>(size_t(shape_numel(shape)) * dtype_size(dtype), 1);
+  void* p = nullptr;
+  const cudaError_t err = cudaMallocAsync(&p, bytes, stream());
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    fail("cuda: cannot allocate {} bytes of GPU memory for a {} {}[{}]: {} ({} of {} bytes free)", bytes,
+         dtype_name(dtype), what, fmt::join(shape, ", "), cudaGetErrorString(err), free_b, total_b);
+  }
+  std::shared_ptr<Context> ctx = ctx_;
+  std::shared_ptr<void> owner(p, [ctx](void* q) { cudaFreeAsync(q, ctx->stream); });
+  return Tensor(std::move(owner), p, dtype, shape, Device::CUDA, ctx_->device);
+}
+
+void CudaOps::copy_rows_indexed(const char* op, const Tensor& src, const Tensor& rows, const Tensor& dst,
+                                bool scatter) {
+  const size_t row = contract::row_map(spec(), op, scatter ? dst : src, rows, scatter ? src : dst);
+  const Tensor& indexed = scatter ? dst : src;
+  FN_CHECK(row % 4 == 0, "{}: rows of {} bytes; the kernel copies 4-byte words", op, row);
+  FN_CUDA_CHECK(
+      detail::launch_copy_rows_indexed(src.data(), dst.data(), dp<int32_t>(rows), rows.dim(0), int64_t(row / 4),
+                                       indexed.dim(0), scatter, status(kStatusRows), stream()),
+      op);
+}
+
+contract::Backend CudaOps::spec() const {
+  use_device();
+  return {Device::CUDA, ctx_->device, DType::F16};
+}
+
+void CudaOps::synchronize(const char* where) {
+  use_device();
+  // PLE gathers on the side stream report into the same status words: let them finish first.
+  FN_CUDA_CHECK(cudaStreamSynchronize(ctx_->side), where);
+  FN_CUDA_CHECK(cudaMemcpyAsync(ctx_->status_host, ctx_->status, sizeof(int32_t) * kStatusSlots,
+                                cudaMemcpyDeviceToHost, stream()),
+                where);
+  FN_CUDA_CHECK(cudaStreamSynchronize(stream()), where);
+  std::string what;
+  static const char* const kWhat[kStatusSlots] = {
+      "embedding: token ids outside the vocabulary (their rows were zeroed)",
+      "moe_experts: expert ids outside the expert range (those slots were dropped)",
+      "ple_gather: row ids outside the n-gram table (read as zeros)",
+      "sparse_attention: cache indices outside the cache (skipped)",
+      "sparse_attention: selected positions at or beyond the cache rows (skipped)",
+      "gather_rows/scatter_rows: row ids outside the tensor (skipped)"};
+  for (int s = 0; s < kStatusSlots; ++s) {
+    if (ctx_->status_host[s]) what += fmt::format("{}{}", what.empty() ? "" : "; ", kWhat[s]);
+  }
+  if (what.empty()) return;
+  FN_CUDA_CHECK(cudaMemsetAsync(ctx_->status, 0, sizeof(int32_t) * kStatusSlots, stream()), where);
+  FN_CUDA_CHECK(cudaStreamSynchronize(stream()), where);
+  fail("cuda backend ({}): invalid input met by the kernels since the last synchronisation: {}", where, what);
+}
+
+}  // namespace cuda
+
+GpuMemory cuda_memory_info(int device) {
+  FN_CUDA_CHECK(cudaSetDevice(device), "cuda_memory_info");
+  size_t free_b = 0, total_b = 0;
+  FN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b), "cuda_memory_info");
+  return {int64_t(free_b), int64_t(total_b)};
+}
+
+CudaDeviceInfo cuda_device_info(int device) {
+  CudaDeviceInfo d;
+  cudaDeviceProp prop{};
+  FN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device), "cuda_device_info");
+  d.name = prop.name;
+  d.major = prop.major;
+  d.minor = prop.minor;
+  d.multiprocessors = prop.multiProcessorCount;
+  d.memory_bus_bits = prop.memoryBusWidth;
+  d.total_bytes = int64_t(prop.totalGlobalMem);
+  int khz = 0;
+  FN_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device), "cuda_device_info");
+  d.sm_clock_mhz = khz / 1000;
+  FN_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, device), "cuda_device_info");
+  d.memory_clock_mhz = khz / 1000;
+  FN_CUDA_CHECK(cudaDriverGetVersion(&d.driver_version), "cuda_device_info");
+  FN_CUDA_CHECK(cudaRuntimeGetVersion(&d.runtime_version), "cuda_device_info");
+  return d;
+}
+
+std::shared_ptr<Ops> make_cuda_ops(int device) {
+  return make_cuda_ops(device, CudaOpsOptions::from_env());
+}
+
+std::shared_ptr<Ops> make_cuda_ops(int device, const CudaOpsOptions& options) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    fail(
+        "no CUDA device found (cudaGetDeviceCount: {}: {}); run with --device cpu, or on a machine with an NVIDIA "
+        "GPU and driver",
+        cudaGetErrorName(err), cudaGetErrorString(err));
+  }
+  if (count == 0) fail("no CUDA device found (cudaGetDeviceCount reports 0 devices); run with --device cpu");
+  FN_CHECK(device >= 0 && device < count, "CUDA device {} does not exist: this machine has {} (0..{})", device, count,
+           count - 1);
+  return std::make_shared<cuda::CudaOps>(device, options);
+}
+
+}  // namespace flashnext

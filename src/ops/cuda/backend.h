@@ -1,0 +1,318 @@
+// The CUDA backend's class, shared by its per-family files (internal: only src/ops/cuda includes it; users call
+// make_cuda_ops in cuda_ops.h). One class, one file per op family, each owning its launches, workspaces and
+// caches:
+//   backend.cpp       context and streams, memory ops, synchronisation and the status words, profiling, factory
+//   weights_ops.cpp   load_weight (FP16 conversion), host tables, random weights, W4A16 repacking of experts
+//   dense_ops.cpp     embedding, linear / linear_group (the FP16x2 split GEMM and the float32 decode GEMV), norms
+//   hc_ops.cpp        hyper-connection read and inject
+//   gdn_ops.cpp       Gated DeltaNet conv, delta rule, gated norm (and the A_log / dt_bias gates cache)
+//   qsa_ops.cpp       q/k preparation, the indexer (GPU top-k), sparse attention over the paged pools
+//   moe_ops.cpp       router, routed experts (W4A16 and FP16), shared expert
+//   ple_ops.cpp       PLE gathers (side stream), gate, conv
+//   sampling_ops.cpp  next-token sampling on the device
+// Argument checks are the op contracts' (ops/contract/); what a family adds are its kernels' limits.
+// See cuda_ops.h for the precision and memory model and docs/ENGINE.md for streams, waits and allocations.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ops/contract/contract.h"
+#include "ops/cuda/blas.h"
+#include "ops/cuda/buffer.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/cuda_ops_kernels.h"
+#include "ops/cuda/moe_w4a16.h"
+#include "ops/cuda/qsa_kernels.h"
+
+namespace flashnext::cuda {
+
+/// Slots of the device status words: kernels OR error bits into their op's slot; every synchronisation reads them.
+enum StatusSlot : int {
+  kStatusEmbedding,
+  kStatusMoe,
+  kStatusPle,
+  kStatusQsa,
+  kStatusSelection,
+  kStatusRows,
+  kStatusSlots
+};
+
+/// What every tensor of the backend shares: the device, the stream all work runs on, and the status words. Tensors
+/// hold it so that their memory is freed on the stream even after the backend object is gone.
+struct Context {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cudaStream_t side = nullptr;     ///< PLE gathers started ahead of their layer (ple_gather_start)
+  int32_t* status = nullptr;       ///< device [kStatusSlots]
+  int32_t* status_host = nullptr;  ///< pinned [kStatusSlots]
+
+  /// Streams, the pool's release threshold (freed memory kept for reuse) and the status words of GPU `dev`.
+  explicit Context(int dev);
+  ~Context();  ///< errors ignored: at process exit the runtime may already be gone
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+};
+
+/// The data of a tensor as T* (dtypes are checked by the contracts beforehand).
+template <class T>
+T* dp(const Tensor& t) {
+  return static_cast<T*>(t.data());
+}
+
+/// `v` as an int for the kernels' 32-bit extents; throws Error naming the op and the extent when it does not fit.
+int to_int(int64_t v, const char* op, const char* what);
+
+/// Routed experts repacked for the W4A16 kernels (moe_w4a16.h): gate and up fused as gate_up [E, 2I, H], down
+/// [E, H, I], in device memory of GPU `device`.
+class CudaW4Experts final : public PackedExperts {
+ public:
+  /// Experts packed on the host (load_quantized_experts), uploaded here.
+  CudaW4Experts(const W4Packed& gu, const W4Packed& dn, int device_, std::string what);
+  /// Experts already on the device (random ones: W4DeviceMatrix::random_nvfp4).
+  CudaW4Experts(W4DeviceMatrix gu, W4DeviceMatrix dn, int device_, int E, int H, int I, std::string what);
+  std::string format() const override { return format_; }
+  int64_t device_bytes() const override { return bytes_; }
+
+  W4DeviceMatrix gate_up, down;
+  int device, experts, hidden, inter;
+
+ private:
+  int64_t bytes_;
+  std::string format_;
+};
+
+class CudaOps final : public Ops {
+ public:
+  CudaOps(int device, const CudaOpsOptions& options);
+  ~CudaOps() override;
+
+  Device device() const override { return Device::CUDA; }
+  std::string name() const override { return name_; }
+
+  // ------------------------------------------------ backend.cpp: memory, synchronisation, profiling
+
+  Tensor empty(const Shape& shape, DType dtype) override { return alloc(shape, dtype, "tensor"); }
+  Tensor zeros(const Shape& shape, DType dtype) override;
+  Tensor upload(const void* host, DType dtype, const Shape& shape) override;
+  void download(const Tensor& t, void* host) override;
+  void synchronize() override { synchronize("synchronize"); }
+  void copy_rows(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row, int64_t n) override;
+  void fill_zero(const Tensor& t) override;
+  void gather_rows(const Tensor& src, const Tensor& rows, const Tensor& dst) override;
+  void scatter_rows(const Tensor& src, const Tensor& rows, const Tensor& dst) override;
+  /// An event on the stream per mark (events reused across set_profiling calls).
+  void profile_phase(const char* phase) override;
+  void set_profiling(bool on) override;
+  std::vector<std::pair<std::string, double>> profile_times() override;
+
+  // ------------------------------------------------ weights_ops.cpp
+
+  Tensor load_weight(const void* host, DType dtype, const Shape& shape) override;
+  Tensor map_host_table(const void* host, DType dtype, const Shape& shape,
+                        std::shared_ptr<const void> keepalive) override;
+  /// Pinned, mapped host memory (the placement of map_host_table's host tables, whatever options_.ple_table says).
+  HostTable host_table(DType dtype, const Shape& shape) override;
+  Tensor random_weight(const Shape& shape, float lo, float hi, uint64_t seed) override;
+  /// W4A16 experts in the NVFP4 layout (moe_w4a16.h W4DeviceMatrix::random_nvfp4): gate_up [E, 2I, H] and down
+  /// [E, H, I] with global scales sqrt(1 / in) / rms(E2M1), rms(E2M1) = sqrt(68.5 / 8) over the 16 equally likely
+  /// codes.
+  RoutedExperts random_experts(int64_t E, int64_t I, int64_t H, uint64_t seed) override;
+  /// NVFP4 (ModelOpt, compressed-tensors) and int4 (compressed-tensors, GPTQ) experts are repacked once into the
+  /// W4A16 layout (moe_w4a16.h W4Packed: lossless) and uploaded; FP8-block experts, and geometries the W4A16
+  /// kernels do not take (H or I not a multiple of 8, an int4 group that is not), take the default path:
+  /// dequantized exactly to float32 on the host, stored as FP16 weights.
+  RoutedExperts load_quantized_experts(const QuantExperts& q) override;
+
+  // ------------------------------------------------ dense_ops.cpp
+
+  void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) override;
+  void linear(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& bias) override;
+  /// One decode GEMV launch for the whole group when it qualifies (gemv_group), else a product per weight.
+  void linear_group(const Tensor& x, std::span<const Tensor> w, std::span<const Tensor> y,
+                    std::span<const Tensor> bias) override;
+  void zc_rms_norm(const Tensor& x, const Tensor& w, int64_t group, double eps, const Tensor& y) override;
+
+  // ------------------------------------------------ hc_ops.cpp
+
+  void hc_read(const Tensor& X, const HcWeights& hc, double eps, const Tensor& u, const Tensor& inj) override;
+  void hc_inject(const Tensor& X, const Tensor& out, const Tensor& inj) override;
+
+  // ------------------------------------------------ gdn_ops.cpp
+
+  /// A decode step (one token per sequence): one conv-update launch over the state slots; else one launch per
+  /// sequence.
+  void gdn_conv_batch(const Tensor& qkv, const Tensor& weight, const Tensor& state_pool,
+                      const StepBatch& batch) override;
+  /// One launch for the whole step over the state slots: the recurrence for a decode step, else the chunked form
+  /// over every sequence's rows (a decode token among prefill chunks then goes through the chunked form: equal up
+  /// to rounding).
+  void gdn_rule_batch(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w, const GdnDims& dims,
+                      const Tensor& state_pool, const StepBatch& batch, const Tensor& o) override;
+  void gated_rms_norm(const Tensor& x, const Tensor& z, const Tensor& w, double eps, GateAct act,
+                      const Tensor& y) override;
+
+  // ------------------------------------------------ qsa_ops.cpp
+
+  void qsa_prepare_qk_batch(const Tensor& qg, const Tensor& k, const Tensor& q_norm, const Tensor& k_norm, double eps,
+                            const RopeParams& rope, const StepBatch& batch, const Tensor& q,
+                            const Tensor& gate) override;
+  /// The indexer over the whole step at once, on the paged keys: pooled keys cached per complete block (written by
+  /// the token that completes the block), scores from the cache, the torch-exact top-k on the GPU for the queries
+  /// that have more complete blocks than the budget (launch_qsa_topk_paged: no host round trip). Queries that take
+  /// every complete block get them in position order.
+  void qsa_indexer_select_batch(const Tensor& qi, const Tensor& index_key_pool, const Tensor& pooled_key_pool,
+                                const Tensor& q_layernorm, const Tensor& k_layernorm, double eps,
+                                const RopeParams& rope, int64_t budget, int64_t block, const StepBatch& batch,
+                                const Tensor& selected) override;
+  /// Sparse attention over the paged K/V pools directly (no per-sequence gather): the kernel maps each selected
+  /// logical position through the sequence's block table. Only scale = 1/sqrt(head_dim) (what the model uses).
+  void sparse_attention_batch(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& selected,
+                              const Tensor& gate, double scale, const StepBatch& batch, const Tensor& out) override;
+
+  // ------------------------------------------------ moe_ops.cpp
+
+  void moe_router_topk(const Tensor& u, const Tensor& router, bool norm_topk_prob, const Tensor& ids,
+                       const Tensor& weights) override;
+  void moe_experts(const Tensor& u, const Tensor& ids, const Tensor& weights, const MoeWeights& w,
+                   const Tensor& out) override;
+  void moe_shared_expert(const Tensor& u, const MoeWeights& w, const Tensor& out) override;
+
+  // ------------------------------------------------ ple_ops.cpp
+
+  void ple_gather(const PleTable& table, const Tensor& rows, const Tensor& e) override;
+  void ple_gather_start(const PleTable& table, const Tensor& rows, const Tensor& e) override;
+  void ple_gather_wait(const Tensor& e) override;
+  void ple_gate(const Tensor& kn, const Tensor& v, const Tensor& X, const Tensor& norm_query, double eps,
+                const Tensor& P) override;
+  /// A decode step: one conv-add launch for all sequences over the state slots; else per sequence.
+  void ple_conv_add_batch(const Tensor& P, const Tensor& norm_conv, int64_t group, const Tensor& conv_w,
+                          int64_t dilation, double eps, const Tensor& state_pool, const StepBatch& batch,
+                          const Tensor& X) override;
+
+  // ------------------------------------------------ sampling_ops.cpp
+
+  bool samples_on_device() const override { return true; }
+  std::vector<int32_t> sample_tokens(const Tensor& logits, std::span<const TokenSampling> params) override;
+
+ private:
+  // ------------------------------------------------ backend.cpp
+
+  cudaStream_t stream() const { return ctx_->stream; }
+  int32_t* status(StatusSlot s) const { return ctx_->status + s; }
+  /// The contracts' view of this backend (tensors on this GPU, FP16 weights); makes the GPU current on the calling
+  /// thread, which every op needs before its launches: ops begin with it.
+  contract::Backend spec() const;
+  /// Makes this backend's GPU current on the calling thread (a no-op when it already is).
+  void use_device() const;
+  /// A tensor from the stream-ordered pool, freed on the stream when its last handle goes away.
+  Tensor alloc(const Shape& shape, DType dtype, const char* what);
+  /// Whether products take FP16x2 inputs (ActivationPrecision::Fp16x2).
+  bool split() const { return options_.activations == ActivationPrecision::Fp16x2; }
+  /// Waits for the stream; throws Error for a failed kernel and for index errors the kernels recorded.
+  void synchronize(const char* where);
+  /// Whether a step is pure decode (one token per sequence; slots already checked): then the batched decode
+  /// kernels run over the state slots directly.
+  static bool all_decode(const StepBatch& b) { return b.num_tokens == b.num_seqs && b.num_seqs > 0; }
+  /// gather_rows / scatter_rows: `rows` index the rows of dst (scatter) or src (gather); row ids are checked on
+  /// the device (status word kStatusRows, reported at the next synchronisation).
+  void copy_rows_indexed(const char* op, const Tensor& src, const Tensor& rows, const Tensor& dst, bool scatter);
+
+  std::shared_ptr<Context> ctx_;
+  CudaOpsOptions options_;
+  std::string name_;
+  /// profile_phase: the phase of each mark and the event recorded for it (profile_events_[i] for mark i).
+  bool profiling_ = false;
+  std::vector<const char*> profile_marks_;
+  std::vector<cudaEvent_t> profile_events_;
+
+  // ------------------------------------------------ weights_ops.cpp
+
+  /// Rows [row0, row0 + m.rows) of expert `e` of `dst` from one checkpoint matrix (lossless, moe_w4a16.h).
+  static void pack_rows(W4Packed& dst, int64_t e, int64_t row0, const QuantMatrix& m, QuantFormat format,
+                        int64_t rows, int64_t cols, int64_t group, bool zeros);
+
+  // ------------------------------------------------ dense_ops.cpp
+
+  /// y [T, out] F32 = x [T, in] F32 · w [out, in]^T (+ bias [out]) on the tensor cores: x as FP16x2 rows (one GEMM
+  /// of 2T rows, halves summed) or rounded to FP16, per the activation precision. Shapes checked by the caller.
+  void product(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& bias, const char* what);
+  /// y[i] = x w[i]^T (+ bias[i]) as one decode GEMV launch when x has at most kGemvMaxTokens rows, K % 8 == 0 and
+  /// every pointer is 16-byte aligned; returns false (nothing done) otherwise. Shapes checked by the caller.
+  bool gemv_group(const Tensor& x, std::span<const Tensor> w, std::span<const Tensor> y, std::span<const Tensor> bias,
+                  const char* what);
+  /// An FP16 copy of a float32 tensor (the input of a tensor-core product).
+  Tensor half_copy(const Tensor& x, const char* op);
+
+  Blas blas_;
+
+  // ------------------------------------------------ gdn_ops.cpp
+
+  /// A_log and dt_bias of `w` as float32 [2 * nv] (A_log, then dt_bias), converted once per weight pair and kept
+  /// while the weights live (a pair at reused addresses is converted anew).
+  const float* gdn_gates(const GdnWeights& w, int64_t nv, const char* op);
+  struct GdnGates {
+    Tensor gates;
+    std::weak_ptr<void> a_log, dt_bias;
+  };
+  std::map<std::pair<const void*, const void*>, GdnGates> gdn_gates_;
+
+  // ------------------------------------------------ moe_ops.cpp
+
+  /// moe_experts on W4A16 experts: u rounded to FP16 (the kernels' activations), FP32 accumulation, FP32 output
+  /// (moe_w4a16.h for the arithmetic).
+  void moe_experts_w4a16(const Tensor& u, const Tensor& ids, const Tensor& weights, const PackedExperts& packed,
+                         const Tensor& out);
+  /// moe_experts on stacked FP16 experts (FP16x2: per-expert cuBLAS products; FP16: the WMMA grouped kernels).
+  void moe_experts_f16(const Tensor& u, const Tensor& ids, const Tensor& weights, const MoeWeights& w,
+                       const Tensor& out, int64_t E, int64_t I);
+  /// The W4A16 scratch for (top_k, E, H, I), grown to at least `tokens` tokens (a replaced one is freed with
+  /// cudaFree, which waits for the work that uses it).
+  MoeW4A16Workspace& w4_workspace(int tokens, int top_k, int experts, int hidden, int inter);
+
+  std::map<std::array<int, 4>, std::unique_ptr<MoeW4A16Workspace>> w4_workspaces_;
+
+  // ------------------------------------------------ ple_ops.cpp
+
+  /// What the PLE gather kernel reads: shard k holds rows [k * rows_per_shard, ...) (equal shards, the last may be
+  /// shorter). Tables whose shards are not like that are merged once into one GPU copy.
+  struct GatherTable {
+    DeviceArray<const void*> addresses;
+    int64_t rows_per_shard = 0, rows = 0;
+    Tensor merged;
+    std::vector<std::weak_ptr<void>> shards;  ///< the memory the view was made from
+    /// Whether `table` is still the table this view was made from (not a new one at a reused address).
+    bool made_from(const PleTable& table) const;
+  };
+  /// The gather view of `table`, made once per table (keyed by its shard addresses; a view whose memory was freed,
+  /// so that a new table may have its addresses, is dropped).
+  const GatherTable& gather_table(const PleTable& table);
+  /// ple_gather on stream `s`.
+  void gather_ple_rows(const PleTable& table, const Tensor& rows, const Tensor& e, cudaStream_t s);
+
+  std::map<std::vector<const void*>, GatherTable> gather_tables_;
+  /// PLE gathers begun on the side stream and not yet waited for, with what they read and write.
+  struct PendingGather {
+    Tensor rows, e;
+    cudaEvent_t done = nullptr;
+  };
+  std::vector<PendingGather> pending_gathers_;
+};
+
+/// Whether `a` and `b` refer to the same live allocation (the weak references of the caches above: a cache entry
+/// keyed by addresses is valid only while the memory it was made from lives).
+inline bool same_memory(const std::weak_ptr<void>& a, const std::weak_ptr<void>& b) {
+  return !a.expired() && !a.owner_before(b) && !b.owner_before(a);
+}
+
+}  // namespace flashnext::cuda

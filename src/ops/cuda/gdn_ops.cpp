@@ -1,0 +1,91 @@
+// The CUDA backend's Gated DeltaNet ops: the causal conv (one launch over the state slots in decode, one per
+// sequence otherwise), the gated delta rule (the recurrence over the slots in decode, the chunked form over every
+// sequence's rows otherwise, one launch either way), the gated RMSNorm, and the cache of float32 gates.
+#include <cuda_fp16.h>
+
+#include "ops/contract/gdn.h"
+#include "ops/cuda/backend.h"
+#include "ops/cuda/gdn_kernels.h"
+#include "ops/cuda/norm_kernels.h"
+
+namespace flashnext::cuda {
+
+void CudaOps::gdn_conv_batch(const Tensor& qkv, const Tensor& weight, const Tensor& state_pool,
+                             const StepBatch& batch) {
+  const char* op = "gdn_conv_batch";
+  const auto [T, C, K] = contract::gdn_conv_batch(spec(), qkv, weight, state_pool, batch);
+  const int c = to_int(C, op, "channels"), k = to_int(K, op, "kernel");
+  if (T == 0) return;
+  if (all_decode(batch)) {
+    FN_CUDA_CHECK(detail::launch_conv_decode_slots(dp<const float>(qkv), nullptr, dp<float>(qkv), false,
+                                                   dp<float>(state_pool), dp<int32_t>(batch.slots), dp<__half>(weight),
+                                                   to_int(T, op, "sequences"), c, k, 1, stream()),
+                  op);
+    return;
+  }
+  // Per sequence: the conv reads its rows and writes a copy (in place would overwrite inputs of later rows).
+  Tensor y = alloc(qkv.shape(), DType::F32, "gdn_conv output");
+  const int64_t slot_floats = (K - 1) * C;
+  for (int64_t s = 0; s < batch.num_seqs; ++s) {
+    const int64_t r0 = batch.cu_seqlens[size_t(s)];
+    FN_CUDA_CHECK(detail::launch_gdn_conv_f32(dp<const float>(qkv) + r0 * C, dp<float>(y) + r0 * C,
+                                              dp<float>(state_pool) + batch.slot_ids[size_t(s)] * slot_floats,
+                                              dp<__half>(weight), to_int(batch.rows_of(s), op, "tokens"), c, k,
+                                              stream()),
+                  op);
+  }
+  FN_CUDA_CHECK(cudaMemcpyAsync(qkv.data(), y.data(), qkv.nbytes(), cudaMemcpyDeviceToDevice, stream()), op);
+}
+
+void CudaOps::gdn_rule_batch(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w,
+                             const GdnDims& d, const Tensor& state_pool, const StepBatch& batch, const Tensor& o) {
+  const char* op = "gdn_rule_batch";
+  const int64_t T = contract::gdn_rule_batch(spec(), qkv, a, b, w, d, state_pool, batch, o);
+  FN_CHECK(d.k_head_dim <= detail::kGdnMaxDk, "{}: key head dim {} exceeds the kernels' {}", op, d.k_head_dim,
+           detail::kGdnMaxDk);
+  if (T == 0) return;
+  const int64_t nv = d.num_v_heads, C = qkv.dim(1), ld_o = nv * d.v_head_dim;
+  const detail::GdnHeads heads{int(d.num_k_heads), int(nv), int(d.k_head_dim), int(d.v_head_dim)};
+  const float* a_log = gdn_gates(w, nv, op);
+  const float* dt_bias = a_log + nv;
+  if (all_decode(batch)) {  // token s of sequence s, state in slot slots[s]
+    FN_CUDA_CHECK(detail::launch_gdn_recurrent_step(dp<const float>(qkv), C, dp<const float>(a), dp<const float>(b),
+                                                    nv, a_log, dt_bias, dp<float>(state_pool),
+                                                    dp<int32_t>(batch.slots), to_int(T, op, "tokens"), heads,
+                                                    dp<float>(o), ld_o, stream()),
+                  op);
+    return;
+  }
+  // A step with prefill chunks: every sequence's rows (cu_seqlens), state in slot slots[s].
+  FN_CUDA_CHECK(detail::launch_gdn_chunked_prefill(dp<const float>(qkv), C, dp<const float>(a), dp<const float>(b), nv,
+                                                   a_log, dt_bias, dp<float>(state_pool), dp<int32_t>(batch.slots),
+                                                   dp<int32_t>(batch.seq_starts), int(batch.num_seqs), heads,
+                                                   dp<float>(o), ld_o, stream()),
+                op);
+}
+
+void CudaOps::gated_rms_norm(const Tensor& x, const Tensor& z, const Tensor& w, double eps, GateAct act,
+                             const Tensor& y) {
+  const char* op = "gated_rms_norm";
+  const auto [T, heads, D] = contract::gated_rms_norm(spec(), x, z, w, y);
+  const int64_t L = heads * D;
+  FN_CUDA_CHECK(detail::launch_gated_rmsnorm(dp<const float>(x), L, dp<const float>(z), L, dp<float>(y), L,
+                                             dp<__half>(w), to_int(T, op, "tokens"), to_int(heads, op, "heads"),
+                                             to_int(D, op, "dim"), float(eps), act == GateAct::Silu, stream()),
+                op);
+}
+
+const float* CudaOps::gdn_gates(const GdnWeights& w, int64_t nv, const char* op) {
+  GdnGates& g = gdn_gates_[{w.A_log.data(), w.dt_bias.data()}];
+  if (!g.gates.defined() || !same_memory(g.a_log, w.A_log.memory_ref()) ||
+      !same_memory(g.dt_bias, w.dt_bias.memory_ref())) {
+    g.gates = alloc({2 * nv}, DType::F32, "gdn gates");
+    FN_CUDA_CHECK(detail::launch_f16_to_f32(dp<__half>(w.A_log), dp<float>(g.gates), nv, stream()), op);
+    FN_CUDA_CHECK(detail::launch_f16_to_f32(dp<__half>(w.dt_bias), dp<float>(g.gates) + nv, nv, stream()), op);
+    g.a_log = w.A_log.memory_ref();
+    g.dt_bias = w.dt_bias.memory_ref();
+  }
+  return dp<const float>(g.gates);
+}
+
+}  // namespace flashnext::cuda

@@ -1,0 +1,80 @@
+// The CUDA backend's hyper-connection ops: the gated residual read (two float32 GEMV launches in decode; norm,
+// FP16x2 or FP16 products and the mix in prefill) and the injection into every stream.
+#include <cuda_fp16.h>
+
+#include "ops/contract/hc.h"
+#include "ops/cuda/backend.h"
+#include "ops/cuda/hc_kernels.h"
+#include "ops/cuda/norm_kernels.h"
+
+namespace flashnext::cuda {
+
+void CudaOps::hc_read(const Tensor& X, const HcWeights& hc, double eps, const Tensor& u, const Tensor& inj) {
+  const char* op = "hc_read";
+  const auto [T, S, H, R, with_inject] = contract::hc_read(spec(), X, hc, u, inj);
+  const int64_t W = S * H;
+  FN_CHECK(S <= detail::kHcMaxStreams, "hc_read: {} hyper-connection streams, the kernels take at most {}", S,
+           detail::kHcMaxStreams);
+  const int t = to_int(T, op, "tokens"), w = to_int(W, op, "width"), r = to_int(R, op, "rank");
+  if (t == 0) return;
+  const auto aligned = [](const Tensor& x) { return reinterpret_cast<uintptr_t>(x.data()) % 16 == 0; };
+  if (t <= detail::kGemvMaxTokens && S <= 8 && H % 8 == 0 && R % 8 == 0 && aligned(X) && aligned(hc.norm) &&
+      aligned(hc.down) && aligned(hc.up) && (!with_inject || aligned(hc.inject))) {
+    // Decode: float32 throughout, two launches (norm statistics + down and inject rows; up rows + mix).
+    Tensor scratch = alloc({T * (R + S)}, DType::F32, "hc_read scratch");
+    FN_CUDA_CHECK(detail::launch_hc_read_decode(dp<const float>(X), dp<__half>(hc.norm), dp<__half>(hc.down),
+                                                dp<__half>(hc.up), with_inject ? dp<__half>(hc.inject) : nullptr, t,
+                                                int(S), int(H), r, float(eps), dp<float>(scratch), dp<float>(u),
+                                                with_inject ? dp<float>(inj) : nullptr, stream()),
+                  "hc_read decode");
+    return;
+  }
+  if (split()) {  // float32 throughout, products with FP16x2 inputs
+    Tensor n = alloc({T, W}, DType::F32, "hc_read normed"), d = alloc({T, R}, DType::F32, "hc_read down");
+    Tensor m = alloc({T, W}, DType::F32, "hc_read mix");
+    FN_CUDA_CHECK(detail::launch_zc_rmsnorm(dp<const float>(X), W, dp<float>(n), W, dp<__half>(hc.norm), w, t, w,
+                                            int(H), float(eps), stream()),
+                  "hc_read norm");
+    product(n, hc.down, d, Tensor(), "hc_read input_mix_weight_down");
+    FN_CUDA_CHECK(
+        detail::launch_silu_scale_f32(dp<const float>(d), dp<float>(d), d.numel(), 1.f / float(S), stream()),
+        "hc_read silu");
+    product(d, hc.up, m, Tensor(), "hc_read input_mix_weight_up");
+    FN_CUDA_CHECK(
+        detail::launch_hc_mix_f32(dp<const float>(m), dp<const float>(n), dp<float>(u), t, int(S), int(H), stream()),
+        "hc_read mix");
+    if (with_inject) {
+      FN_CUDA_CHECK(detail::launch_linear_f32_narrow(dp<const float>(n), dp<__half>(hc.inject), dp<float>(inj), t, w,
+                                                     int(S), stream()),
+                    "hc_read block_inject_weight");
+      FN_CUDA_CHECK(detail::launch_inject_weights_f32(dp<float>(inj), inj.numel(), 1.f / float(S), stream()),
+                    "hc_read inject weights");
+    }
+    return;
+  }
+  Tensor n = alloc({T, W}, DType::F16, "hc_read normed"), d = alloc({T, R}, DType::F32, "hc_read down");
+  Tensor a = alloc({T, R}, DType::F16, "hc_read act"), m = alloc({T, W}, DType::F16, "hc_read mix");
+  FN_CUDA_CHECK(
+      detail::launch_hc_norm(dp<float>(X), static_cast<const float*>(nullptr), nullptr, dp<__half>(hc.norm),
+                             with_inject ? dp<__half>(hc.inject) : nullptr, dp<__half>(n),
+                             with_inject ? dp<float>(inj) : nullptr, t, int(S), int(H), float(eps), stream()),
+      "hc_read norm");
+  blas_.linear(dp<__half>(n), t, w, dp<__half>(hc.down), r, d.data(), OutType::F32, r, stream(),
+               "hc_read input_mix_weight_down");
+  FN_CUDA_CHECK(detail::launch_hc_act(dp<float>(d), dp<__half>(a), t, r, int(S), stream()), "hc_read silu");
+  blas_.linear(dp<__half>(a), t, r, dp<__half>(hc.up), w, m.data(), OutType::F16, w, stream(),
+               "hc_read input_mix_weight_up");
+  FN_CUDA_CHECK(detail::launch_hc_mix(dp<__half>(m), dp<__half>(n), dp<float>(u), t, int(S), int(H), stream()),
+                "hc_read mix");
+}
+
+void CudaOps::hc_inject(const Tensor& X, const Tensor& out, const Tensor& inj) {
+  const char* op = "hc_inject";
+  const auto [T, S, H] = contract::hc_inject(spec(), X, out, inj);
+  FN_CUDA_CHECK(
+      detail::launch_hc_inject(dp<float>(X), dp<const float>(out), dp<const float>(inj), to_int(T, op, "tokens"),
+                               to_int(S, op, "streams"), to_int(H, op, "hidden"), stream()),
+      op);
+}
+
+}  // namespace flashnext::cuda

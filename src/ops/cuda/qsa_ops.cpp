@@ -1,0 +1,159 @@
+// The CUDA backend's QSA attention ops: q/k preparation, the indexer's block selection over the paged raw keys (pooled
+// key cache, torch-exact top-k on the GPU: no host round trip), and sparse attention over the paged K/V pools.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "ops/contract/qsa.h"
+#include "ops/cuda/backend.h"
+#include "ops/cuda/norm_kernels.h"
+#include "ops/cuda/qsa_kernels.h"
+
+namespace flashnext::cuda {
+
+namespace {
+
+/// How the attention kernel splits each query's selection (a flash-decoding style split when there are few
+/// (token, kv head) pairs to fill the GPU with): `splits` parts of `split_len` selected positions, partial results
+/// in `partial_floats` floats of scratch (0 for one split).
+struct QsaAttentionPlan {
+  int splits = 1;
+  int split_len = 0;
+  int64_t partial_floats = 0;
+};
+
+QsaAttentionPlan qsa_attention_plan(int tokens, int heads, int kv_heads, int head_dim, int max_selected) {
+  constexpr int kTargetBlocks = 264;  // about two blocks per multiprocessor on the GPUs we target
+  constexpr int kTile = 64;
+  QsaAttentionPlan p;
+  const int64_t pairs = std::max<int64_t>(1, int64_t(tokens) * kv_heads);
+  const int max_splits = (max_selected + kTile - 1) / kTile;
+  p.splits = int(std::clamp<int64_t>((kTargetBlocks + pairs - 1) / pairs, 1, max_splits));
+  p.split_len = ((max_selected + p.splits - 1) / p.splits + kTile - 1) / kTile * kTile;
+  p.splits = (max_selected + p.split_len - 1) / p.split_len;
+  p.partial_floats = p.splits > 1 ? int64_t(tokens) * heads * p.splits * (head_dim + 2) : 0;
+  return p;
+}
+
+}  // namespace
+
+void CudaOps::qsa_prepare_qk_batch(const Tensor& qg, const Tensor& k, const Tensor& q_norm, const Tensor& k_norm,
+                                   double eps, const RopeParams& rope, const StepBatch& batch, const Tensor& q,
+                                   const Tensor& gate) {
+  const char* op = "qsa_prepare_qk_batch";
+  const auto [T, D, nh, nkv] = contract::qsa_prepare_qk_batch(spec(), qg, k, q_norm, k_norm, rope, batch, q, gate);
+  if (T == 0) return;
+  const int t = to_int(T, op, "tokens");
+  FN_CUDA_CHECK(detail::launch_head_norm_rope(dp<const float>(qg), nh * 2 * D, 2 * D, dp<float>(q), nh * D, D,
+                                              dp<__half>(q_norm), dp<int32_t>(batch.positions), t, int(nh), int(D),
+                                              int(rope.rotary_dim), float(rope.theta), float(eps), stream()),
+                op);
+  // gate[t, h] = the second half of head h's q_proj output.
+  FN_CUDA_CHECK(cudaMemcpy2DAsync(gate.data(), size_t(D) * 4, dp<float>(qg) + D, size_t(2 * D) * 4, size_t(D) * 4,
+                                  size_t(T * nh), cudaMemcpyDeviceToDevice, stream()),
+                op);
+  FN_CUDA_CHECK(detail::launch_head_norm_rope(dp<const float>(k), nkv * D, D, dp<float>(k), nkv * D, D,
+                                              dp<__half>(k_norm), dp<int32_t>(batch.positions), t, int(nkv), int(D),
+                                              int(rope.rotary_dim), float(rope.theta), float(eps), stream()),
+                op);
+}
+
+void CudaOps::qsa_indexer_select_batch(const Tensor& qi, const Tensor& index_key_pool, const Tensor& pooled_key_pool,
+                              const Tensor& q_layernorm, const Tensor& k_layernorm, double eps,
+                              const RopeParams& rope, int64_t budget, int64_t block, const StepBatch& batch,
+                              const Tensor& selected) {
+  const char* op = "qsa_indexer_select_batch";
+  const auto [T, Di, ni, max_blocks, width] = contract::qsa_indexer_select_batch(
+      spec(), qi, index_key_pool, pooled_key_pool, q_layernorm, k_layernorm, rope, budget, block, batch, selected);
+  FN_CHECK(Di <= 256 && ni * Di <= 2048,
+           "{}: {} indexer heads of {} exceed the kernels' limits (dim <= 256, heads*dim <= 2048)", op, ni, Di);
+  if (T == 0) return;
+  const int t = to_int(T, op, "tokens");
+  to_int(batch.max_context, op, "positions");
+  const detail::QsaPagedIndex pi{dp<int32_t>(batch.token_seq),    dp<int32_t>(batch.positions),
+                                 dp<int32_t>(batch.block_tables), batch.max_blocks,
+                                 to_int(batch.block_size, op, "block size"),  int(block)};
+  // Queries: RoPE(ZC-RMSNorm(qi_h; q_layernorm), p); pooled keys of the blocks this step completes.
+  Tensor qn = alloc(qi.shape(), DType::F32, "indexer queries");
+  FN_CUDA_CHECK(detail::launch_head_norm_rope(dp<const float>(qi), ni * Di, Di, dp<float>(qn), ni * Di, Di,
+                                              dp<__half>(q_layernorm), dp<int32_t>(batch.positions), t, int(ni),
+                                              int(Di), int(rope.rotary_dim), float(rope.theta), float(eps), stream()),
+                "qsa_indexer_select_batch queries");
+  FN_CUDA_CHECK(detail::launch_qsa_pool_blocks_paged_f32(
+                    pi, dp<const float>(index_key_pool), t, int(Di), dp<__half>(k_layernorm), int(rope.rotary_dim),
+                    float(rope.theta), float(eps), dp<float>(pooled_key_pool), stream()),
+                "qsa_indexer_select_batch pooled keys");
+  // Queries with at most max_blocks complete blocks take them all; does any query need a top-k?
+  const int64_t first_topk_position = (max_blocks + 1) * block - 1;
+  bool any_topk = false;
+  for (int64_t q = 0; q < batch.num_seqs; ++q)
+    any_topk = any_topk || batch.pos0[size_t(q)] + batch.rows_of(q) - 1 >= first_topk_position;
+  if (!any_topk) {
+    FN_CUDA_CHECK(detail::launch_qsa_expand_selection_paged(pi, nullptr, int(max_blocks), 0, t, dp<int32_t>(selected),
+                                                            width, stream()),
+                  "qsa_indexer_select_batch expand");
+    return;
+  }
+  // Scores, torch.topk's choice (its tie behaviour decides among the equal zero scores that relu produces:
+  // launch_qsa_topk_paged) and the expansion, all on the GPU without a host round trip. Rows in chunks of
+  // bounded score memory.
+  const int64_t ld = std::max<int64_t>(batch.max_context / block, 1);
+  const int64_t rows_per_chunk = std::max<int64_t>(1, (int64_t(1) << 24) / ld);
+  for (int64_t t0 = 0; t0 < T; t0 += rows_per_chunk) {
+    const int64_t t1 = std::min(T, t0 + rows_per_chunk), n = t1 - t0;
+    Tensor sc = alloc({n, ld}, DType::F32, "indexer scores");
+    Tensor top = alloc({n, max_blocks}, DType::I32, "indexer top blocks");
+    Tensor scratch = alloc({n, ld, 2}, DType::I32, "indexer top-k scratch");  // (score, index) items
+    FN_CUDA_CHECK(detail::launch_qsa_block_scores_paged_f32(pi, dp<const float>(qn), int(ni), int(Di),
+                                                            dp<const float>(pooled_key_pool), int(t0), int(t1),
+                                                            dp<float>(sc), ld, stream()),
+                  "qsa_indexer_select_batch scores");
+    FN_CUDA_CHECK(detail::launch_qsa_topk_paged(pi, dp<const float>(sc), ld, int(max_blocks), int(t0), int(t1),
+                                                static_cast<topk::Scored*>(scratch.data()), dp<int32_t>(top),
+                                                stream()),
+                  "qsa_indexer_select_batch top-k");
+    FN_CUDA_CHECK(detail::launch_qsa_expand_selection_paged(pi, dp<int32_t>(top), int(max_blocks), int(t0), int(t1),
+                                                            dp<int32_t>(selected), width, stream()),
+                  "qsa_indexer_select_batch expand");
+  }
+}
+
+/// Valid selections packed to the front with their counts, then one attention launch that maps each selected
+/// logical position through the sequence's block table; positions at or beyond the step's longest context are
+/// invalid (recorded in the status words).
+void CudaOps::sparse_attention_batch(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
+                                     const Tensor& selected, const Tensor& gate, double scale, const StepBatch& batch,
+                                     const Tensor& out) {
+  const char* op = "sparse_attention_batch";
+  const auto [T, nh, nkv, D, n_sel] =
+      contract::sparse_attention_batch(spec(), q, k_pool, v_pool, selected, gate, batch, out);
+  FN_CHECK(D <= detail::kQsaMaxDim && nh / nkv <= detail::kQsaMaxGroup,
+           "{}: head_dim {} (at most {}) and {} query heads per KV head (at most {}) exceed the kernel's limits", op, D,
+           detail::kQsaMaxDim, nh / nkv, detail::kQsaMaxGroup);
+  FN_CHECK(std::fabs(scale * std::sqrt(double(D)) - 1.0) < 1e-6,
+           "{}: the CUDA kernel scales scores by 1/sqrt(head_dim) = {}, asked for {}", op, 1.0 / std::sqrt(double(D)),
+           scale);
+  if (T == 0) return;
+  const int t = to_int(T, op, "tokens");
+  const int64_t rows = k_pool.dim(0), bs = batch.block_size;
+  const detail::QsaPaging pg{dp<int32_t>(batch.block_tables), batch.max_blocks, to_int(rows / bs, op, "blocks"),
+                             to_int(bs, op, "block size")};
+  Tensor compact = alloc(selected.shape(), DType::I32, "selection");
+  Tensor counts = alloc({T}, DType::I32, "selection counts");
+  FN_CUDA_CHECK(detail::launch_compact_selection(dp<int32_t>(selected), t, int(n_sel), batch.max_context,
+                                                 dp<int32_t>(compact), dp<int32_t>(counts), status(kStatusSelection),
+                                                 stream()),
+                op);
+  const QsaAttentionPlan plan = qsa_attention_plan(t, int(nh), int(nkv), int(D), int(n_sel));
+  Tensor partial = alloc({std::max<int64_t>(plan.partial_floats, 1)}, DType::F32, "attention partials");
+  FN_CUDA_CHECK(
+      detail::launch_qsa_attention(dp<const float>(q), nh * D, dp<int32_t>(batch.token_seq),
+                                   dp<int32_t>(batch.positions), dp<int32_t>(compact), n_sel, dp<int32_t>(counts), t,
+                                   pg, dp<const float>(k_pool), dp<const float>(v_pool), int(nh), int(nkv), int(D),
+                                   plan.splits, plan.split_len, dp<const float>(gate), nh * D, D, dp<float>(partial),
+                                   dp<float>(out), nh * D, status(kStatusQsa), stream()),
+      op);
+}
+
+}  // namespace flashnext::cuda

@@ -1,0 +1,193 @@
+// The CUDA backend's weights: FP16 conversion at load (with the range check), PLE host tables, random weights made
+// on the device (flashnext bench), and the lossless W4A16 repacking of NVFP4 / int4 routed experts.
+#include <cuda_fp16.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "ops/contract/memory.h"
+#include "ops/cuda/backend.h"
+#include "ops/cuda/moe_kernels.h"
+#include "ops/cuda/random_kernels.h"
+
+namespace flashnext::cuda {
+
+namespace {
+
+/// An aligned copy of a little-endian checkpoint array (which may be unaligned in the mapping).
+template <class T>
+std::vector<T> host_copy(const HostArray& a) {
+  std::vector<T> v(size_t(shape_numel(a.shape)));
+  if (!v.empty()) std::memcpy(v.data(), a.data, v.size() * sizeof(T));
+  return v;
+}
+
+/// A float copy of a BF16 / F16 / F32 checkpoint array (exact).
+std::vector<float> float_copy(const HostArray& a, const std::string& what) {
+  FN_CHECK(a.defined() && (a.dtype == DType::BF16 || a.dtype == DType::F16 || a.dtype == DType::F32),
+           "load_quantized_experts: {} must be BF16, F16 or F32, got {}", what,
+           a.defined() ? dtype_name(a.dtype) : "nothing");
+  std::vector<float> v(size_t(shape_numel(a.shape)));
+  convert_to_float(a.dtype, a.data, v.data(), v.size());
+  return v;
+}
+
+}  // namespace
+
+Tensor CudaOps::load_weight(const void* host, DType dtype, const Shape& shape) {
+  contract::load_weight(dtype);
+  Tensor t = alloc(shape, DType::F16, "weight");
+  const int64_t n = t.numel();
+  if (n == 0) return t;
+  if (dtype == DType::F16) {
+    FN_CUDA_CHECK(cudaMemcpyAsync(t.data(), host, t.nbytes(), cudaMemcpyHostToDevice, stream()), "load_weight");
+    return t;
+  }
+  // Raw checkpoint bytes to the GPU, converted there; stats = {values outside FP16, bits of the largest |x|}.
+  Tensor raw = alloc({n}, dtype, "weight staging");
+  Tensor stats = alloc({2}, DType::I32, "weight range");
+  FN_CUDA_CHECK(cudaMemcpyAsync(raw.data(), host, raw.nbytes(), cudaMemcpyHostToDevice, stream()), "load_weight");
+  FN_CUDA_CHECK(cudaMemsetAsync(stats.data(), 0, stats.nbytes(), stream()), "load_weight");
+  FN_CUDA_CHECK(detail::launch_weight_to_f16(raw.data(), dtype == DType::BF16 ? detail::kSrcBF16 : detail::kSrcF32,
+                                             dp<__half>(t), n, dp<uint32_t>(stats), stream()),
+                "load_weight");
+  uint32_t s[2] = {0, 0};
+  FN_CUDA_CHECK(cudaMemcpyAsync(s, stats.data(), sizeof s, cudaMemcpyDeviceToHost, stream()), "load_weight");
+  synchronize("load_weight");
+  if (s[0] != 0) {
+    float mx = 0;
+    std::memcpy(&mx, &s[1], sizeof mx);
+    fail(
+        "load_weight: {} of the {} values of this {} [{}] tensor lie outside the FP16 range (|x| > 65504, or not "
+        "finite; the largest finite |x| is {:g}); the CUDA backend stores weights in FP16 and cannot run it",
+        s[0], n, dtype_name(dtype), fmt::join(shape, ", "), mx);
+  }
+  return t;
+}
+
+Tensor CudaOps::map_host_table(const void* host, DType dtype, const Shape& shape,
+                      std::shared_ptr<const void> keepalive) {
+  FN_CHECK(dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::F32 || dtype == DType::F8_E4M3,
+           "map_host_table: table must be BF16, F16, F32 or F8_E4M3, got {}", dtype_name(dtype));
+  if (dtype == DType::F32) return load_weight(host, dtype, shape);  // FP32 tables: an FP16 copy on the GPU
+  const size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
+  if (options_.ple_table == PleTablePlacement::Device) return upload(host, dtype, shape);
+  // Exact-size pinned copy, mapped into the device's address space; freed with the last tensor handle.
+  auto pinned = std::make_shared<PinnedMemory>(bytes, fmt::format("a PLE table shard [{}]", fmt::join(shape, ", ")));
+  if (bytes) std::memcpy(pinned->host(), host, bytes);
+  void* dev = const_cast<void*>(pinned->device());
+  return Tensor(std::move(pinned), dev, dtype, shape, Device::CUDA, ctx_->device);
+}
+
+HostTable CudaOps::host_table(DType dtype, const Shape& shape) {
+  const size_t bytes = contract::host_table(dtype, shape);
+  use_device();
+  auto pinned = std::make_shared<PinnedMemory>(bytes, fmt::format("a [{}] {} host table", fmt::join(shape, ", "),
+                                                                  dtype_name(dtype)));
+  void* host = pinned->host();
+  void* dev = const_cast<void*>(pinned->device());
+  return {Tensor(std::move(pinned), dev, dtype, shape, Device::CUDA, ctx_->device), host};
+}
+
+Tensor CudaOps::random_weight(const Shape& shape, float lo, float hi, uint64_t seed) {
+  contract::random_weight(lo, hi);
+  FN_CHECK(std::max(std::fabs(lo), std::fabs(hi)) <= 65504.f,
+           "random_weight: bounds [{}, {}] exceed the FP16 range of the CUDA backend's weights", lo, hi);
+  Tensor t = alloc(shape, DType::F16, "random weight");
+  FN_CUDA_CHECK(detail::launch_random_f16(dp<__half>(t), t.numel(), lo, hi, seed, stream()), "random_weight");
+  return t;
+}
+
+RoutedExperts CudaOps::random_experts(int64_t E, int64_t I, int64_t H, uint64_t seed) {
+  const char* op = "random_experts";
+  contract::random_experts(E, I, H);
+  if (H % 8 != 0 || I % 8 != 0 || E > detail::kMoeMaxExperts) return Ops::random_experts(E, I, H, seed);
+  use_device();
+  const double rms = std::sqrt(68.5 / 8.0);
+  auto gu = W4DeviceMatrix::random_nvfp4(to_int(E, op, "experts"), to_int(2 * I, op, "rows"), int(H),
+                                         float(std::sqrt(1.0 / double(H)) / rms), seed, stream());
+  auto dn = W4DeviceMatrix::random_nvfp4(int(E), int(H), int(I), float(std::sqrt(1.0 / double(I)) / rms), seed + 1,
+                                         stream());
+  RoutedExperts r;
+  r.packed = std::make_shared<CudaW4Experts>(std::move(gu), std::move(dn), ctx_->device, int(E), int(H), int(I),
+                                             "w4a16 (random, nvfp4 layout)");
+  return r;
+}
+
+RoutedExperts CudaOps::load_quantized_experts(const QuantExperts& q) {
+  contract::quantized_experts(q);
+  const int64_t E = q.experts, H = q.hidden, I = q.inter;
+  const QuantFormat kind = q.gate[0].format;
+  const bool nvfp4 = kind == QuantFormat::Nvfp4 || kind == QuantFormat::CtNvfp4;
+  const bool int4 = kind == QuantFormat::CtInt4 || kind == QuantFormat::Gptq;
+  const int64_t g_gu = nvfp4 ? 16 : q.gate[0].group, g_dn = nvfp4 ? 16 : q.down[0].group;
+  if ((!nvfp4 && !int4) || H % 8 != 0 || I % 8 != 0 || g_gu % 8 != 0 || g_dn % 8 != 0 || E > detail::kMoeMaxExperts) {
+    return Ops::load_quantized_experts(q);
+  }
+  use_device();
+  const bool zeros = kind == QuantFormat::Gptq || (kind == QuantFormat::CtInt4 && q.gate[0].zero_point.defined());
+  const W4Format f = nvfp4 ? W4Format::Nvfp4 : W4Format::Int4;
+  W4Packed gu(f, int(E), int(2 * I), int(H), int(g_gu), zeros), dn(f, int(E), int(H), int(I), int(g_dn), zeros);
+  for (int64_t e = 0; e < E; ++e) {
+    pack_rows(gu, e, 0, q.gate[size_t(e)], kind, I, H, g_gu, zeros);
+    pack_rows(gu, e, I, q.up[size_t(e)], kind, I, H, g_gu, zeros);
+    pack_rows(dn, e, 0, q.down[size_t(e)], kind, H, I, g_dn, zeros);
+  }
+  RoutedExperts r;
+  r.packed = std::make_shared<CudaW4Experts>(gu, dn, ctx_->device, fmt::format("w4a16 ({})", quant_format_name(kind)));
+  return r;
+}
+
+void CudaOps::pack_rows(W4Packed& dst, int64_t e, int64_t row0, const QuantMatrix& m, QuantFormat kind, int64_t rows,
+                      int64_t cols, int64_t group, bool zeros) {
+  const char* op = "load_quantized_experts";
+  FN_CHECK(m.format == kind && m.rows == rows && m.cols == cols && m.data.defined() && m.scale.defined(),
+           "{}: '{}' ({} [{}, {}]) does not fit its block: expected the format of the first expert, [{}, {}], with "
+           "data and scales",
+           op, m.name, int(m.format), m.rows, m.cols, rows, cols);
+  if (kind == QuantFormat::Nvfp4 || kind == QuantFormat::CtNvfp4) {
+    FN_CHECK(m.data.dtype == DType::U8 && m.scale.dtype == DType::F8_E4M3 && m.global_scale.defined() &&
+                 m.global_scale.dtype == DType::F32 && shape_numel(m.global_scale.shape) == 1,
+             "{}: NVFP4 weight '{}' needs U8 codes, F8_E4M3 block scales and one F32 global scale", op, m.name);
+    float global = 0.f;
+    std::memcpy(&global, m.global_scale.data, 4);
+    const Nvfp4Source src{rows,
+                          cols,
+                          static_cast<const uint8_t*>(m.data.data),
+                          static_cast<const uint8_t*>(m.scale.data),
+                          global,
+                          kind == QuantFormat::CtNvfp4};
+    try {
+      dst.set_rows(int(e), int(row0), src);
+    } catch (const Error& err) {
+      fail("{}: '{}': {}", op, m.name, err.what());
+    }
+    return;
+  }
+  FN_CHECK(m.data.dtype == DType::I32 && (m.group ? m.group : cols) == (group ? group : cols),
+           "{}: int4 weight '{}' needs I32 packed codes and group {} (has {})", op, m.name, group, m.group);
+  const std::vector<int32_t> packed = host_copy<int32_t>(m.data);
+  const std::vector<float> scales = float_copy(m.scale, "the scales of '" + m.name + "'");
+  Int4Plain plain;
+  if (kind == QuantFormat::Gptq) {
+    FN_CHECK(m.zero_point.defined() && m.zero_point.dtype == DType::I32, "{}: GPTQ weight '{}' needs I32 qzeros", op,
+             m.name);
+    const std::vector<int32_t> z = host_copy<int32_t>(m.zero_point);
+    plain = unpack_gptq(packed.data(), z.data(), scales.data(), rows, cols, m.group, m.gptq_v2);
+  } else {
+    FN_CHECK(m.zero_point.defined() == zeros && (!zeros || m.zero_point.dtype == DType::I32),
+             "{}: '{}' {} zero points, the first expert {}", op, m.name, m.zero_point.defined() ? "has" : "lacks",
+             zeros ? "has them" : "does not");
+    const std::vector<int32_t> z = zeros ? host_copy<int32_t>(m.zero_point) : std::vector<int32_t>();
+    plain = unpack_ct_int4(packed.data(), zeros ? z.data() : nullptr, scales.data(), rows, cols, m.group);
+  }
+  try {
+    dst.set_rows(int(e), int(row0), plain.source());
+  } catch (const Error& err) {
+    fail("{}: '{}': {}", op, m.name, err.what());
+  }
+}
+
+}  // namespace flashnext::cuda
