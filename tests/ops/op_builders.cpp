@@ -261,6 +261,30 @@ OpCase scatter_rows_case(int64_t dst_rows, int64_t width, int64_t n) {
   return c;
 }
 
+OpCase random_weight_case(Shape shape, float lo, float hi) {
+  OpCase c;
+  c.name = fmt::format("random_weight/shape={}/lo={}/hi={}", join(shape), lo, hi);
+  c.family = OpFamily::Memory;
+  c.bytes = kW * double(shape_numel(shape));
+  c.build = [=](Ops& ops, uint64_t seed) {
+    auto w = std::make_shared<Tensor>();
+    return OpRun{[=, &ops] { *w = ops.random_weight(shape, lo, hi, seed); },
+                 [=, &ops] {
+                   // As float32 whatever the weight dtype (F32 on the CPU, F16 on CUDA).
+                   std::vector<uint8_t> raw(w->nbytes());
+                   if (!raw.empty()) ops.download(*w, raw.data());
+                   std::vector<float> v(static_cast<size_t>(w->numel()));
+                   convert_to_float(w->dtype(), raw.data(), v.data(), v.size());
+                   OpOutput o;
+                   o.name = "weight";
+                   o.values = std::move(v);
+                   o.fp16x2 = o.fp16 = Bound{1e-7, 4.9e-4};  // FP16 rounding: 2^-11 relative
+                   return std::vector<OpOutput>{o};
+                 }};
+  };
+  return c;
+}
+
 // ---------------------------------------------------------------- dense
 
 OpCase embedding_case(int64_t V, int64_t H, int64_t T, int64_t replicas, Weights wk) {
@@ -895,10 +919,11 @@ OpCase moe_shared_expert_case(int64_t T, int64_t H, int64_t Is, Weights wk) {
 // ---------------------------------------------------------------- PLE
 
 OpCase ple_gather_case(int64_t T, int64_t heads, int64_t hd, int64_t rows, DType dtype, int64_t shards,
-                       TableSource source) {
+                       TableSource source, bool ahead) {
   OpCase c;
-  c.name = fmt::format("ple_gather/T={}/heads={}/hd={}/rows={}/{}/shards={}/{}", T, heads, hd, rows,
-                       dtype_name(dtype), shards, source == TableSource::MapHost ? "map_host_table" : "host_table");
+  c.name = fmt::format("ple_gather/T={}/heads={}/hd={}/rows={}/{}/shards={}/{}{}", T, heads, hd, rows,
+                       dtype_name(dtype), shards, source == TableSource::MapHost ? "map_host_table" : "host_table",
+                       ahead ? "/ahead" : "");
   c.family = OpFamily::Ple;
   c.bytes = double(T * heads * hd) * (double(dtype_size(dtype)) + kF) + 8.0 * double(T * heads);
   c.build = [=](Ops& ops, uint64_t seed) {
@@ -941,7 +966,15 @@ OpCase ple_gather_case(int64_t T, int64_t heads, int64_t hd, int64_t rows, DType
     for (auto& x : r) x = g.index(rows);
     if (T > 0) r[0] = rows - 1;  // the last row of the last shard
     Tensor row_ids = g.i64(r, {T, heads}), e = ops.empty({T, heads * hd});
-    return OpRun{[=, &ops] { ops.ple_gather(table, row_ids, e); },
+    if (!ahead)
+      return OpRun{[=, &ops] { ops.ple_gather(table, row_ids, e); },
+                   [=, &ops] { return std::vector<OpOutput>{exact_f32(ops, "e", e)}; }};
+    Tensor x = g.act({64, 64}), w = g.weight({64, 64}, 0.2f), y = ops.empty({64, 64});  // work in between
+    return OpRun{[=, &ops] {
+                   ops.ple_gather_start(table, row_ids, e);
+                   ops.linear(x, w, y);
+                   ops.ple_gather_wait(e);
+                 },
                  [=, &ops] { return std::vector<OpOutput>{exact_f32(ops, "e", e)}; }};
   };
   return c;

@@ -33,6 +33,9 @@ StepPlan decode_batch(int64_t n, int64_t context);
 OpCase copy_rows_case(int64_t rows, int64_t width, int64_t src_row, int64_t dst_row, int64_t n);
 OpCase gather_rows_case(int64_t src_rows, int64_t width, int64_t n);
 OpCase scatter_rows_case(int64_t dst_rows, int64_t width, int64_t n);
+/// Ops::random_weight of `shape` in [lo, hi): the CPU's float32 values; another backend's are them rounded to its
+/// weight dtype (FP16: within 2^-11 relative).
+OpCase random_weight_case(Shape shape, float lo, float hi);
 
 // ---------------------------------------------------------------- dense
 OpCase embedding_case(int64_t V, int64_t H, int64_t T, int64_t replicas, Weights wk = Weights::HostFp16);
@@ -81,9 +84,10 @@ OpCase moe_shared_expert_case(int64_t T, int64_t H, int64_t Is, Weights wk = Wei
 /// Where a ple_gather case's table lives.
 enum class TableSource : uint8_t { MapHost, HostTable };
 /// ple_gather from a table of `rows` x `hd` in `dtype` (BF16, F16, F32 or F8_E4M3, the latter with scale 0.5) split
-/// into `shards` row shards.
+/// into `shards` row shards. `ahead`: begun with ple_gather_start, a linear enqueued, then ple_gather_wait (the
+/// model's order).
 OpCase ple_gather_case(int64_t T, int64_t heads, int64_t hd, int64_t rows, DType dtype, int64_t shards,
-                       TableSource source);
+                       TableSource source, bool ahead = false);
 OpCase ple_gate_case(int64_t T, int64_t S, int64_t H, Weights wk = Weights::HostFp16);
 OpCase ple_conv_add_batch_case(int64_t S, int64_t H, int64_t K, int64_t dilation, const StepPlan& plan,
                                Weights wk = Weights::HostFp16);

@@ -60,6 +60,8 @@ void add_memory(std::vector<OpCase>& v) {
   for (int64_t n : {0, 7, 130}) v.push_back(gather_rows_case(200, 33, n));
   for (int64_t n : {0, 7, 130}) v.push_back(scatter_rows_case(300, 65, n));
   v.push_back(scatter_rows_case(64, kNi * kDi, 64));
+  v.push_back(random_weight_case({37, 129}, -0.75f, 1.25f));
+  v.push_back(random_weight_case({3, 5, 64}, -0.05f, 0.05f));
 }
 
 void add_dense(std::vector<OpCase>& v) {
@@ -175,6 +177,8 @@ void add_ple(std::vector<OpCase>& v) {
   v.push_back(ple_gather_case(5, 3, 16, 40, DType::F8_E4M3, 1, TableSource::HostTable));
   v.push_back(ple_gather_case(5, 3, 16, 40, DType::BF16, 3, TableSource::HostTable));
   v.push_back(ple_gather_case(0, 4, 16, 90, DType::BF16, 1, TableSource::MapHost));
+  v.push_back(ple_gather_case(5, 3, 8, 50, DType::F16, 1, TableSource::MapHost, true));
+  v.push_back(ple_gather_case(5, 3, 16, 40, DType::F8_E4M3, 1, TableSource::HostTable, true));
   v.push_back(ple_gather_case(7, kPleHeads, kPleHd, 4096, DType::F8_E4M3, 2, TableSource::HostTable));
   for (int64_t T : {0, 1, 9}) v.push_back(ple_gate_case(T, 4, 128));
   v.push_back(ple_gate_case(3, kS, kH));
