@@ -127,7 +127,7 @@ INSTANTIATE_TEST_SUITE_P(Registry, BackendOps, ::testing::Range(size_t(0), test_
 // The registry has cases of every family and every op the model calls (the list below is what
 // src/model/qwen4_exp/*.cpp and the engine's device sampler call).
 TEST(OpRegistry, CoversEveryProductionOp) {
-  const char* ops[] = {"copy_rows/",          "gather_rows/",       "scatter_rows/",
+  const char* ops[] = {"copy_rows/",          "fill_zero/",          "gather_rows/",       "scatter_rows/",
                        "embedding/",          "linear/",            "linear_group/",
                        "zc_rms_norm/",        "gated_rms_norm/",    "hc_read/",
                        "hc_inject/",          "gdn_conv_batch/",    "gdn_rule_batch/",

@@ -261,6 +261,20 @@ OpCase scatter_rows_case(int64_t dst_rows, int64_t width, int64_t n) {
   return c;
 }
 
+OpCase fill_zero_case(int64_t rows, int64_t width, int64_t r0, int64_t r1) {
+  OpCase c;
+  c.name = fmt::format("fill_zero/rows={}/width={}/r0={}/r1={}", rows, width, r0, r1);
+  c.family = OpFamily::Memory;
+  c.bytes = kF * double((r1 - r0) * width);
+  c.build = [=](Ops& ops, uint64_t seed) {
+    Gen g(ops, seed, Weights::HostFp16);
+    Tensor t = g.act({rows, width});
+    return OpRun{[=, &ops] { ops.fill_zero(t.rows(r0, r1)); },
+                 [=, &ops] { return std::vector<OpOutput>{exact_f32(ops, "t", t)}; }};
+  };
+  return c;
+}
+
 OpCase random_weight_case(Shape shape, float lo, float hi) {
   OpCase c;
   c.name = fmt::format("random_weight/shape={}/lo={}/hi={}", join(shape), lo, hi);

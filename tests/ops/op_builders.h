@@ -33,6 +33,8 @@ StepPlan decode_batch(int64_t n, int64_t context);
 OpCase copy_rows_case(int64_t rows, int64_t width, int64_t src_row, int64_t dst_row, int64_t n);
 OpCase gather_rows_case(int64_t src_rows, int64_t width, int64_t n);
 OpCase scatter_rows_case(int64_t dst_rows, int64_t width, int64_t n);
+/// fill_zero of rows [r0, r1) of a [rows, width] tensor (a row view: the rest keeps its values).
+OpCase fill_zero_case(int64_t rows, int64_t width, int64_t r0, int64_t r1);
 /// Ops::random_weight of `shape` in [lo, hi): the CPU's float32 values; another backend's are them rounded to its
 /// weight dtype (FP16: within 2^-11 relative).
 OpCase random_weight_case(Shape shape, float lo, float hi);

@@ -60,6 +60,8 @@ void add_memory(std::vector<OpCase>& v) {
   for (int64_t n : {0, 7, 130}) v.push_back(gather_rows_case(200, 33, n));
   for (int64_t n : {0, 7, 130}) v.push_back(scatter_rows_case(300, 65, n));
   v.push_back(scatter_rows_case(64, kNi * kDi, 64));
+  v.push_back(fill_zero_case(9, 33, 2, 7));
+  v.push_back(fill_zero_case(4, 130, 0, 4));
   v.push_back(random_weight_case({37, 129}, -0.75f, 1.25f));
   v.push_back(random_weight_case({3, 5, 64}, -0.05f, 0.05f));
 }
