@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: builds (installing dependencies if needed), runs every CTest test, the server tests,
 # the request-parser fuzz target for a bounded time (scripts/fuzz.sh), then the loader and grammar tests again under
-# AddressSanitizer + UBSan (CPU-only build in build-asan/).
+# AddressSanitizer + UBSan (CPU-only build in build-asan/), and the op-case registry (test_ops: every op, CPU against
+# the CPU oracle) under them too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -17,9 +18,9 @@ bash tests/server/run.sh
 echo "test: request parser fuzzing (libFuzzer, ASan + UBSan, ${FUZZ_SECONDS:-60} s)" >&2
 bash scripts/fuzz.sh
 
-echo "test: loader and grammar tests (the grammar fuzz test among them) under AddressSanitizer and UBSan" >&2
+echo "test: loader, grammar and op-registry tests (the grammar fuzz test among them) under AddressSanitizer and UBSan" >&2
 cmake -S . -B build-asan -G Ninja -DFLASHNEXT_CUDA=OFF -DFLASHNEXT_SANITIZE=ON -DFLASHNEXT_BENCHMARKS=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build-asan --target test_loader test_grammar --parallel "$(nproc)"
+cmake --build build-asan --target test_loader test_grammar test_ops --parallel "$(nproc)"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure -L 'loader|grammar'
+  ctest --test-dir build-asan --output-on-failure --parallel "$(nproc)" -L 'loader|grammar|ops'
