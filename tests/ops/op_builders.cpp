@@ -772,7 +772,7 @@ struct QuantStore {
 };
 
 /// A [rows, cols] matrix of format `kind` with random codes and scales of about 1/sqrt(cols) per weight.
-std::shared_ptr<QuantStore> synth_quant(Gen& g, QuantKind kind, int64_t rows, int64_t cols, const std::string& name) {
+std::shared_ptr<QuantStore> synth_quant(Gen& g, QuantFormat kind, int64_t rows, int64_t cols, const std::string& name) {
   auto s = std::make_shared<QuantStore>();
   auto bytes_of = [&](int64_t n) {  // n random bytes
     const std::vector<float> v = g.values(n, 1.f);
@@ -792,7 +792,7 @@ std::shared_ptr<QuantStore> synth_quant(Gen& g, QuantKind kind, int64_t rows, in
   s->q.rows = rows;
   s->q.cols = cols;
   const float target = float(1.0 / std::sqrt(double(cols)));
-  if (kind == QuantKind::Nvfp4) {
+  if (kind == QuantFormat::Nvfp4) {
     s->q.format = QuantFormat::Nvfp4;
     s->q.group = 16;
     s->data = bytes_of(rows * cols / 2);
@@ -816,13 +816,13 @@ std::shared_ptr<QuantStore> synth_quant(Gen& g, QuantKind kind, int64_t rows, in
     for (float x : u) sc.push_back(float_to_bf16(target / 4.f * (1.5f + 0.45f * x)));
     s->scale.resize(sc.size() * 2);
     std::memcpy(s->scale.data(), sc.data(), s->scale.size());
-    if (kind == QuantKind::CtInt4) {  // symmetric: q - 8
+    if (kind == QuantFormat::CtInt4) {  // symmetric: q - 8
       s->q.format = QuantFormat::CtInt4;
       s->data = bytes_of(rows * ((cols + 7) / 8) * 4);
       view(s->v_data, name + "_packed", DType::I32, {rows, (cols + 7) / 8}, s->data);
       view(s->v_scale, name + "_scale", DType::BF16, {rows, G}, s->scale);
     } else {  // GPTQ v1: qweight [K/8, N], scales [G, N], qzeros [G, N/8]
-      FN_CHECK(kind == QuantKind::Gptq, "moe_quantized_experts_case: unsupported format");
+      FN_CHECK(kind == QuantFormat::Gptq, "moe_quantized_experts_case: unsupported format");
       s->q.format = QuantFormat::Gptq;
       s->data = bytes_of(cols / 8 * rows * 4);
       s->zeros = bytes_of(G * rows / 8 * 4);
@@ -839,7 +839,7 @@ std::shared_ptr<QuantStore> synth_quant(Gen& g, QuantKind kind, int64_t rows, in
   return s;
 }
 
-QuantMatrix quant_matrix(const std::shared_ptr<QuantStore>& s, QuantKind kind) {
+QuantMatrix quant_matrix(const std::shared_ptr<QuantStore>& s, QuantFormat kind) {
   auto arr = [](const TensorView* v) { return v ? HostArray{v->data, v->dtype, v->shape} : HostArray{}; };
   QuantMatrix m;
   m.format = kind;
@@ -855,20 +855,21 @@ QuantMatrix quant_matrix(const std::shared_ptr<QuantStore>& s, QuantKind kind) {
   return m;
 }
 
-const char* quant_kind_name(QuantKind k) {
+const char* quant_kind_name(QuantFormat k) {
   switch (k) {
-    case QuantKind::Nvfp4: return "nvfp4";
-    case QuantKind::CtNvfp4: return "ct-nvfp4";
-    case QuantKind::Fp8Block: return "fp8-block";
-    case QuantKind::CtInt4: return "ct-int4-g32";
-    case QuantKind::Gptq: return "gptq-int4-g32";
+    case QuantFormat::Nvfp4: return "nvfp4";
+    case QuantFormat::CtNvfp4: return "ct-nvfp4";
+    case QuantFormat::Fp8Block: return "fp8-block";
+    case QuantFormat::CtInt4: return "ct-int4-g32";
+    case QuantFormat::Gptq: return "gptq-int4-g32";
+    case QuantFormat::None: return "none";
   }
   return "?";
 }
 
 }  // namespace
 
-OpCase moe_quantized_experts_case(QuantKind kind, int64_t T, int64_t H, int64_t I, int64_t E, int64_t k) {
+OpCase moe_quantized_experts_case(QuantFormat kind, int64_t T, int64_t H, int64_t I, int64_t E, int64_t k) {
   OpCase c;
   c.name = fmt::format("moe_experts/{}/T={}/H={}/I={}/E={}/k={}", quant_kind_name(kind), T, H, I, E, k);
   c.family = OpFamily::Moe;

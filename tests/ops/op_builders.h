@@ -77,7 +77,7 @@ OpCase moe_router_topk_case(int64_t T, int64_t H, int64_t E, int64_t k, bool nor
 OpCase moe_experts_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, Weights wk = Weights::HostFp16);
 /// Quantized experts of checkpoint format `kind` (Nvfp4, CtInt4 (symmetric, group 32) or Gptq (group 32)) loaded
 /// with Ops::load_quantized_experts from synthetic checkpoint arrays.
-OpCase moe_quantized_experts_case(QuantKind kind, int64_t T, int64_t H, int64_t I, int64_t E, int64_t k);
+OpCase moe_quantized_experts_case(QuantFormat kind, int64_t T, int64_t H, int64_t I, int64_t E, int64_t k);
 /// Experts made by Ops::random_experts (the CUDA backend's W4A16 form): perf only (the backends' weights differ).
 OpCase moe_random_experts_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k);
 OpCase moe_shared_expert_case(int64_t T, int64_t H, int64_t Is, Weights wk = Weights::HostFp16);

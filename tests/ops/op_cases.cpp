@@ -164,9 +164,9 @@ void add_moe(std::vector<OpCase>& v) {
   v.push_back(moe_router_topk_case(7, kH, kE, kTopK, true));  // released router
   for (int64_t T : {0, 1, 33}) v.push_back(moe_experts_case(T, 256, 64, 16, 4));
   v.push_back(moe_experts_case(3, kH, kInter / 4, 12, kTopK));  // TP4 intermediate
-  for (QuantKind q : {QuantKind::Nvfp4, QuantKind::CtInt4, QuantKind::Gptq})
+  for (QuantFormat q : {QuantFormat::Nvfp4, QuantFormat::CtInt4, QuantFormat::Gptq})
     for (int64_t T : {1, 9}) v.push_back(moe_quantized_experts_case(q, T, 256, 64, 8, 4));
-  v.push_back(moe_quantized_experts_case(QuantKind::Nvfp4, 2, kH, kInter / 2, 10, kTopK));  // TP2
+  v.push_back(moe_quantized_experts_case(QuantFormat::Nvfp4, 2, kH, kInter / 2, 10, kTopK));  // TP2
   for (int64_t T : {0, 1, 33}) v.push_back(moe_shared_expert_case(T, 256, 96));
   v.push_back(moe_shared_expert_case(2, kH, kInter / 2));
 }
