@@ -10,7 +10,9 @@
 #   bash scripts/gpu-bench.sh             ON THE GPU MACHINE from the repo root (the `run` tool: carry ["gpu/bench"]).
 # Output in $OUT (default gpu/out-bench): e2e.log, bench-small.json, bench-full.json (+ bench-full-fp16.json),
 # their logs, and summary.txt, which says what was run and what was not.
-# Env: BUILD; E2E=0 skips the tests; MEDIUM=1 adds the medium fixture's tests (made with tools/make_fixtures.py
+# Env: BUILD; E2E=0 skips the tests (the end-to-end tests, the op-case registry against the CPU oracle in both
+#      precisions, and the W4A16 kernel tests); OPS_PERF=1 adds the per-op table (bench_ops, both precisions);
+#      FULL=0 skips the released-geometry bench; MEDIUM=1 adds the medium fixture's tests (made with tools/make_fixtures.py
 #      into FIXTURE_DIR, default /tmp/fx); FP16=1 adds the fp16 run; BENCH_ARGS: extra arguments of the full-size run
 #      (e.g. "--prompts 1024,4096 --batches 8").
 set -uo pipefail
@@ -24,8 +26,9 @@ if [ "${1:-}" = "--prepare" ]; then
   [ -f "$BUILD/CMakeCache.txt" ] ||
     cmake -S . -B "$BUILD" -G Ninja -DFLASHNEXT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache >/dev/null
-  cmake --build "$BUILD" --target flashnext test_cuda_e2e --parallel 2
-  pack_bundle "$BUNDLE" "$BUILD/flashnext" "$BUILD/tests/test_cuda_e2e"
+  cmake --build "$BUILD" --target flashnext test_cuda_e2e test_ops test_cuda bench_ops --parallel 2
+  pack_bundle "$BUNDLE" "$BUILD/flashnext" "$BUILD/tests/test_cuda_e2e" "$BUILD/tests/test_ops" "$BUILD/tests/test_cuda" \
+    "$BUILD/benchmarks/bench_ops"
   echo "gpu-bench: packed $BUNDLE ($(du -h "$BUNDLE" | cut -f1)); run: bash scripts/gpu-bench.sh"
   exit 0
 fi
@@ -47,6 +50,15 @@ if [ "${E2E:-1}" != 0 ]; then
   echo "gpu-bench: test_cuda_e2e on the tiny fixtures" | tee -a "$S"
   timeout 300 "$G/bin/test_cuda_e2e" --gtest_color=no --gtest_filter='-*Medium*' >"$OUT/e2e.log" 2>&1 || status=1
   grep -E "^\[  (PASSED|FAILED) |tests ran" "$OUT/e2e.log" | tee -a "$S"
+  for prec in fp16x2 fp16; do
+    echo "gpu-bench: test_ops (op-case registry vs the CPU oracle), FLASHNEXT_TEST_PRECISION=$prec" | tee -a "$S"
+    FLASHNEXT_TEST_BACKEND=cuda FLASHNEXT_TEST_PRECISION=$prec timeout 300 "$G/bin/test_ops" --gtest_color=no \
+      >"$OUT/ops-$prec.log" 2>&1 || status=1
+    grep -E "^\[  (PASSED|FAILED) |tests ran|^\[  FAILED  \]" "$OUT/ops-$prec.log" | head -40 | tee -a "$S"
+  done
+  echo "gpu-bench: test_cuda (W4A16 kernels)" | tee -a "$S"
+  timeout 300 "$G/bin/test_cuda" --gtest_color=no >"$OUT/test_cuda.log" 2>&1 || status=1
+  grep -E "^\[  (PASSED|FAILED) |tests ran" "$OUT/test_cuda.log" | tee -a "$S"
 else
   echo "gpu-bench: test_cuda_e2e NOT run (E2E=0)" | tee -a "$S"
 fi
@@ -59,12 +71,20 @@ if [ "${MEDIUM:-0}" = 1 ]; then
 else
   echo "gpu-bench: the medium fixture tests NOT run (MEDIUM=0; scripts/gpu-e2e.sh runs them)" | tee -a "$S"
 fi
+if [ "${OPS_PERF:-0}" = 1 ]; then
+  for prec in fp16x2 fp16; do
+    echo "gpu-bench: bench_ops --backend cuda --precision $prec" | tee -a "$S"
+    timeout 300 "$G/bin/bench_ops" --backend cuda --precision $prec --json "$OUT/ops-perf-$prec.json" \
+      >"$OUT/ops-perf-$prec.txt" 2>&1 || { echo "gpu-bench: bench_ops failed" | tee -a "$S"; tail -n 5 "$OUT/ops-perf-$prec.txt"; }
+    cat "$OUT/ops-perf-$prec.txt" | tee -a "$S"
+  done
+fi
 echo "gpu-bench: small geometry (4 layers, 16 experts, vocab 4096)" | tee -a "$S"
 timeout 120 "$G/bin/flashnext" bench --layers 4 --experts 16 --vocab 4096 --ple-rows 1000000 --prompts 256,2100 \
   --decode-context 2100 --decode-tokens 40 --batches 4 --batch-context 300 --batch-steps 6 --repeat 1 --profile \
   --out "$OUT/bench-small.json" >"$OUT/bench-small.txt" 2>&1 || { status=1; tail -n 20 "$OUT/bench-small.txt"; }
 cat "$OUT/bench-small.txt" | grep -v "^bench:" | tee -a "$S"
-if [ "$status" = 0 ]; then
+if [ "$status" = 0 ] && [ "${FULL:-1}" != 0 ]; then
   echo "gpu-bench: released geometry, default precision: flashnext bench --profile ${BENCH_ARGS:-}" | tee -a "$S"
   # shellcheck disable=SC2086
   timeout 420 "$G/bin/flashnext" bench --profile --repeat 2 ${BENCH_ARGS:-} --out "$OUT/bench-full.json" \
@@ -80,6 +100,6 @@ if [ "$status" = 0 ]; then
     echo "gpu-bench: the fp16 run NOT done (FP16=${FP16:-0}, status $status)" | tee -a "$S"
   fi
 else
-  echo "gpu-bench: the released geometry NOT run (the small run or the tests failed)" | tee -a "$S"
+  echo "gpu-bench: the released geometry NOT run (FULL=${FULL:-1}, status $status)" | tee -a "$S"
 fi
 exit $status

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Builds and runs the CUDA kernel tests (test_cuda) and the per-op benchmark (bench_cuda) on a machine with a GPU,
+# Builds and runs the W4A16 kernel tests (test_cuda) and their benchmark (bench_moe_w4a16) on a machine with a GPU,
 # from tests/cuda/CMakeLists.txt: a standalone build that needs only CUDA, cuBLAS, a C++ compiler, CMake and
 # GoogleTest + fmt headers (carried as source when the machine lacks them).
 #   bash scripts/gpu-check.sh --prepare   here (no GPU needed): copies GoogleTest's source and fmt's headers from the
 #                                         Debian packages into build-cuda/gpu-deps, to carry to the GPU machine
 #   bash scripts/gpu-check.sh             on the GPU machine: configure, build, run the tests, then the benchmark
 # Env: GPU_BUILD_DIR (default build-gpu), CUDA_ARCH (default 90), GPU_DEPS (default build-cuda/gpu-deps),
-#      BENCH=0 to skip the benchmarks (BENCH_CUDA=0: only bench_moe_w4a16), TEST_FILTER=<gtest filter> to run only
+#      BENCH=0 to skip the benchmark, TEST_FILTER=<gtest filter> to run only
 #      those tests, SANITIZE_FILTER=<gtest filter> to also run those tests under
 #      compute-sanitizer memcheck, OUT (if set, logs are copied there).
 # Exit status: non-zero if the build or any test fails (the benchmark's status is reported, not fatal).
@@ -38,9 +38,6 @@ if [ -n "${SANITIZE_FILTER:-}" ] && command -v compute-sanitizer >/dev/null; the
     --gtest_filter="$SANITIZE_FILTER" 2>&1 | tail -n 30 | tee "$BUILD/sanitizer.log" || status=$?
 fi
 if [ "${BENCH:-1}" != 0 ]; then
-  if [ "${BENCH_CUDA:-1}" != 0 ]; then
-    "$BUILD/bench_cuda" 2>&1 | tee "$BUILD/bench.md" || echo "gpu-check: bench_cuda failed" >&2
-  fi
   "$BUILD/bench_moe_w4a16" 2>&1 | tee "$BUILD/bench_w4a16.md" || echo "gpu-check: bench_moe_w4a16 failed" >&2
 fi
 if [ -n "${OUT:-}" ]; then cp "$BUILD"/test.log "$OUT"/ 2>/dev/null || true; cp "$BUILD"/bench.md "$BUILD"/bench_w4a16.md "$OUT"/ 2>/dev/null || true

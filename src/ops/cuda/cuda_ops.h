@@ -17,24 +17,25 @@
 // the FP16 hyper-connection path): half the GEMM work in prefill, not reference-exact. The batched indexer's top-k
 // runs on the GPU with torch.topk's exact tie behaviour (ops/torch_topk_order.h, the same selection as the CPU
 // oracle's ops/cpu/topk.h) whenever a query has more complete blocks than its budget, so the selected token sets
-// match the reference whenever the scores' order does (the per-sequence qsa_indexer_select still chooses on the
-// host). Products of at most 8 rows and decode hyper-connection reads run as float32 GEMV kernels.
+// match the reference whenever the scores' order does. Products of at most 8 rows and decode hyper-connection reads
+// run as float32 GEMV kernels.
 //
 // Memory: tensors come from the device's stream-ordered pool (cudaMallocAsync), all work runs on one stream in
 // order (except PLE gathers begun ahead with `ple_gather_start`, on a side stream joined by `ple_gather_wait`), and
 // only `download` waits for it. Batched steps: a pure decode step runs the GDN conv and recurrence and the PLE conv
 // over the state slots in one launch each; the indexer (with a cache of pooled block keys) and sparse attention
 // run once per step over the paged pools through the block tables; the GDN rule of a step with prefill chunks runs
-// in chunked form over all its sequences at once; the GDN and PLE convs of such a step run per sequence (the
-// defaults of ops.h). Next tokens can be sampled on the GPU
+// in chunked form over all its sequences at once; the GDN and PLE convs of such a step launch once per sequence.
+// Next tokens can be sampled on the GPU
 // (`sample_tokens`). Index errors that kernels meet (token ids, expert ids, PLE rows, QSA selections) are recorded in
 // a device status word and reported by the next `download` as an Error naming the op.
 // The PLE n-gram tables stay in pinned host memory read by the gather kernel over the host link (an exact-size
 // pinned copy of each shard), or are copied to the GPU: CudaOpsOptions::ple_table.
 //
-// Differences from the CPU oracle's contract: `qsa_indexer_select` returns the chosen positions in the same set but
-// with complete-selection rows (all blocks chosen) in position order, and `sparse_attention` supports only
-// scale = 1/sqrt(head_dim) (what the model uses). Up to float rounding every op computes what ops.h documents.
+// Differences from the CPU oracle: `qsa_indexer_select_batch` returns complete-selection rows (all blocks chosen)
+// in position order (ops.h allows it), and `sparse_attention_batch` supports only scale = 1/sqrt(head_dim) (what the
+// model uses). Up to float rounding every op computes what ops.h documents. The implementation is one class,
+// CudaOps (backend.h), in one file per op family.
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,7 @@
-// Launchers for the kernels that only the ops-interface backend (cuda_ops.cpp) needs: dtype conversions, and the
+// Launchers for the kernels that only the ops-interface backend (backend.h and its per-family files) needs: dtype conversions, and the
 // float32-activation forms of the small ops whose layout or decomposition differs from the batched kernels (token
 // embedding, GDN causal conv with a time-major state, PLE gate and conv, the QSA indexer's block keys and scores,
-// selection expansion). No argument checks here: cuda_ops.cpp checks the tensors. Kernels are SM70-set and
+// selection expansion). No argument checks here: the op contracts and the family files check the tensors. Kernels are SM70-set and
 // NVRTC-includable like the others (scripts/check-sm70.sh).
 #pragma once
 
