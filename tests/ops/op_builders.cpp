@@ -950,8 +950,9 @@ OpCase ple_gather_case(int64_t T, int64_t heads, int64_t hd, int64_t rows, DType
       const std::vector<float> v = g.values(rows * hd, 1.f);
       for (size_t i = 0; i < v.size(); ++i) {
         uint8_t* p = bytes->data() + i * es;
-        if (dtype == DType::F32) {
-          std::memcpy(p, &v[i], 4);
+        if (dtype == DType::F32) {  // FP16-representable: backends may keep float tables in FP16 (the CUDA one does)
+          const float f = f16_to_float(float_to_f16(v[i]));
+          std::memcpy(p, &f, 4);
         } else if (dtype == DType::BF16 || dtype == DType::F16) {
           const uint16_t h = dtype == DType::BF16 ? float_to_bf16(v[i]) : float_to_f16(v[i]);
           std::memcpy(p, &h, 2);
