@@ -29,8 +29,9 @@ if [ "${1:-}" = "--prepare" ]; then
   set -e
   [ -f "$BUILD/CMakeCache.txt" ] ||
     cmake -S . -B "$BUILD" -G Ninja -DFLASHNEXT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
-  cmake --build "$BUILD" --target flashnext test_cuda test_cuda_e2e --parallel 2
-  pack_bundle gpu/bundle.tar.xz "$BUILD/flashnext" "$BUILD/tests/test_cuda" "$BUILD/tests/test_cuda_e2e"
+  cmake --build "$BUILD" --target flashnext test_cuda test_cuda_e2e test_ops --parallel 2
+  pack_bundle gpu/bundle.tar.xz "$BUILD/flashnext" "$BUILD/tests/test_cuda" "$BUILD/tests/test_cuda_e2e" \
+    "$BUILD/tests/test_ops"
   echo "gpu-e2e: packed gpu/bundle.tar.xz ($(du -h gpu/bundle.tar.xz | cut -f1)); run: bash scripts/gpu-e2e.sh"
   exit 0
 fi
@@ -68,6 +69,12 @@ fi
 echo "gpu-e2e: kernel tests (test_cuda)"
 timeout 150 "$G/bin/test_cuda" --gtest_color=no >"$OUT/kernel.log" 2>&1 || status=1
 tail -n 3 "$OUT/kernel.log"
+for prec in fp16x2 fp16; do
+  echo "gpu-e2e: every op against the CPU oracle (test_ops, FLASHNEXT_TEST_PRECISION=$prec)"
+  FLASHNEXT_TEST_BACKEND=cuda FLASHNEXT_TEST_PRECISION=$prec timeout 300 "$G/bin/test_ops" --gtest_color=no \
+    >"$OUT/ops-$prec.log" 2>&1 || status=1
+  grep -E "^\[  (PASSED|FAILED) " "$OUT/ops-$prec.log"
+done
 echo "gpu-e2e: ops interface and tiny fixtures (test_cuda_e2e)"
 timeout 200 "$G/bin/test_cuda_e2e" --gtest_color=no --gtest_filter='-*Medium*' >"$OUT/e2e.log" 2>&1 || status=1
 tail -n 3 "$OUT/e2e.log"
