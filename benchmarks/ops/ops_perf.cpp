@@ -4,9 +4,10 @@
 // linear).
 //   bench_ops [--backend cpu|cuda] [--precision fp16x2|fp16] [--filter REGEX] [--repeat N] [--json FILE] [--small]
 // --small runs the test shapes (a quick CPU smoke run); without it, the released widths (GPU sizes: tens of GB of
-// device memory; on the CPU use --filter, and the references are the small ones). Each case is built (untimed), run once to warm up, then timed --repeat
-// times between Ops::synchronize calls; the median is reported. Cases whose warm-up takes over a second are timed 3
-// times at most. Timing results are not checked against anything (no assertion): the tests are test_ops.
+// device memory; on the CPU use --filter, and the references are the small ones). Each case is built (untimed), run
+// once to warm up, then timed --repeat times between Ops::synchronize calls; the median is reported. Cases whose
+// warm-up takes over a second are timed 3 times at most. Timing results are not checked against anything (no
+// assertion): the tests are test_ops.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -53,14 +54,22 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) usage(a + " needs a value");
       return argv[++i];
     };
-    if (a == "--backend") o.backend = value();
-    else if (a == "--precision") o.precision = value();
-    else if (a == "--filter") o.filter = value();
-    else if (a == "--repeat") o.repeat = std::atoi(value().c_str());
-    else if (a == "--json") o.json = value();
-    else if (a == "--small") o.small = true;
-    else if (a == "--help" || a == "-h") usage("help");
-    else usage("unknown argument " + a);
+    if (a == "--backend")
+      o.backend = value();
+    else if (a == "--precision")
+      o.precision = value();
+    else if (a == "--filter")
+      o.filter = value();
+    else if (a == "--repeat")
+      o.repeat = std::atoi(value().c_str());
+    else if (a == "--json")
+      o.json = value();
+    else if (a == "--small")
+      o.small = true;
+    else if (a == "--help" || a == "-h")
+      usage("help");
+    else
+      usage("unknown argument " + a);
   }
   if (o.backend != "cpu" && o.backend != "cuda") usage("--backend must be cpu or cuda");
   if (o.precision != "fp16x2" && o.precision != "fp16") usage("--precision must be fp16x2 or fp16");
@@ -166,8 +175,8 @@ int main(int argc, char** argv) {
     }
     const double gbs = r.us > 0 ? c.bytes / r.us * 1e-3 : 0, tflops = r.us > 0 ? c.flops / r.us * 1e-6 : 0;
     const double to_copy = copy_gbs > 0 ? gbs / copy_gbs : 0, to_gemm = gemm_tflops > 0 ? tflops / gemm_tflops : 0;
-    std::printf("%-84s %-8s %11.1f %9.2f %9.4f %7.3f %7.3f\n", c.name.c_str(), family_name(c.family), r.us, gbs,
-                tflops, to_copy, to_gemm);
+    std::printf("%-84s %-8s %11.1f %9.2f %9.4f %7.3f %7.3f\n", c.name.c_str(), family_name(c.family), r.us, gbs, tflops,
+                to_copy, to_gemm);
     js.push_back({{"case", c.name},
                   {"family", family_name(c.family)},
                   {"us", r.us},

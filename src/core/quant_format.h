@@ -19,12 +19,18 @@ enum class QuantFormat : uint8_t {
 /// A short name for reports and messages ("nvfp4-modelopt", "fp8-block", "int4-gptq", ...).
 constexpr const char* quant_format_name(QuantFormat f) {
   switch (f) {
-    case QuantFormat::None: return "none";
-    case QuantFormat::Nvfp4: return "nvfp4-modelopt";
-    case QuantFormat::CtNvfp4: return "nvfp4-compressed-tensors";
-    case QuantFormat::Fp8Block: return "fp8-block";
-    case QuantFormat::CtInt4: return "int4-compressed-tensors";
-    case QuantFormat::Gptq: return "int4-gptq";
+    case QuantFormat::None:
+      return "none";
+    case QuantFormat::Nvfp4:
+      return "nvfp4-modelopt";
+    case QuantFormat::CtNvfp4:
+      return "nvfp4-compressed-tensors";
+    case QuantFormat::Fp8Block:
+      return "fp8-block";
+    case QuantFormat::CtInt4:
+      return "int4-compressed-tensors";
+    case QuantFormat::Gptq:
+      return "int4-gptq";
   }
   return "unknown";
 }

@@ -118,11 +118,11 @@ struct HostArray {
 /// loader/quant.h validate_quantized_weight), with the loader's exact float32 dequantization.
 struct QuantMatrix {
   QuantFormat format = QuantFormat::Nvfp4;  ///< not None (core/quant_format.h; loader/quant.h has the rules)
-  std::string name;                        ///< logical weight name, for messages
-  int64_t rows = 0, cols = 0;              ///< logical [N, K]
-  int64_t group = 0;                       ///< inputs per scale: 16 (NVFP4), the int4 group size (0: all of K)
-  int64_t block_rows = 0, block_cols = 0;  ///< FP8 block
-  bool gptq_v2 = false;                    ///< GPTQ zero points without the v1 "+1"
+  std::string name;                         ///< logical weight name, for messages
+  int64_t rows = 0, cols = 0;               ///< logical [N, K]
+  int64_t group = 0;                        ///< inputs per scale: 16 (NVFP4), the int4 group size (0: all of K)
+  int64_t block_rows = 0, block_cols = 0;   ///< FP8 block
+  bool gptq_v2 = false;                     ///< GPTQ zero points without the v1 "+1"
   HostArray data;          ///< NVFP4 U8 [N, K/2]; FP8 F8_E4M3 [N, K]; CtInt4 I32 [N, ceil(K/8)]; GPTQ I32 [K/8, N]
   HostArray scale;         ///< NVFP4 F8_E4M3 [N, K/16]; FP8 [ceil(N/bn), ceil(K/bk)]; int4 BF16/F16/F32 per group
   HostArray global_scale;  ///< NVFP4 F32 scalar (multiplier for Nvfp4, divisor for CtNvfp4)
@@ -401,8 +401,8 @@ class Ops {
   virtual bool samples_on_device() const { return false; }
   /// The next token of each row of logits [rows, vocab] F32 under params[r]: greedy for temperature <= 0; else
   /// temperature, top-k, top-p (over the top-k survivors), min-p, in that order, ties at a boundary kept, then a draw
-  /// from the rest with the counter-based random number of (seed, offset) (ops/cuda/sampling_kernels.h). Returns the ids on
-  /// the host. Throws Error when params.size() != rows, and on backends without device sampling.
+  /// from the rest with the counter-based random number of (seed, offset) (ops/cuda/sampling_kernels.h). Returns the
+  /// ids on the host. Throws Error when params.size() != rows, and on backends without device sampling.
   virtual std::vector<int32_t> sample_tokens(const Tensor& logits, std::span<const TokenSampling> params) {
     (void)logits, (void)params;
     throw Error(name() + ": sample_tokens: this backend samples on the host (samples_on_device() is false)");

@@ -1,11 +1,12 @@
 // CPU ops against mathematics and against each other (the model-level fixtures are in tiny_*_test.cpp).
+#include "ops/cpu/cpu_ops.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 #include <set>
 
-#include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/topk.h"
 #include "ops/ops.h"
 

@@ -119,10 +119,14 @@ TEST_P(BackendOps, MatchesCpuOracle) {
 std::string test_name(const ::testing::TestParamInfo<size_t>& info) {
   std::string out;
   for (char ch : test_cases()[info.param].name) {
-    if (std::isalnum(static_cast<unsigned char>(ch))) out += ch;
-    else if (ch == '/' || ch == '|') out += '_';
-    else if (ch == ',') out += 'x';
-    else if (ch == '-') out += 'm';
+    if (std::isalnum(static_cast<unsigned char>(ch)))
+      out += ch;
+    else if (ch == '/' || ch == '|')
+      out += '_';
+    else if (ch == ',')
+      out += 'x';
+    else if (ch == '-')
+      out += 'm';
   }
   return out;
 }
@@ -132,18 +136,38 @@ INSTANTIATE_TEST_SUITE_P(Registry, BackendOps, ::testing::Range(size_t(0), test_
 // The registry has cases of every family and every op the model calls (the list below is what
 // src/model/qwen4_exp/*.cpp and the engine's device sampler call).
 TEST(OpRegistry, CoversEveryProductionOp) {
-  const char* ops[] = {"copy_rows/",          "fill_zero/",          "gather_rows/",       "scatter_rows/",
-                       "embedding/",          "linear/",            "linear_group/",
-                       "zc_rms_norm/",        "gated_rms_norm/",    "hc_read/",
-                       "hc_inject/",          "gdn_conv_batch/",    "gdn_rule_batch/",
-                       "qsa_prepare_qk_batch/", "qsa_indexer_select_batch/", "sparse_attention_batch/",
-                       "moe_router_topk/",    "moe_experts/dense/", "moe_experts/nvfp4/",
-                       "moe_experts/ct-int4", "moe_experts/gptq",   "moe_shared_expert/",
-                       "ple_gather/",         "ple_gate/",          "ple_conv_add_batch/",
-                       "sample_tokens/",       "random_weight/",     "/ahead"};
+  const char* ops[] = {"copy_rows/",
+                       "fill_zero/",
+                       "gather_rows/",
+                       "scatter_rows/",
+                       "embedding/",
+                       "linear/",
+                       "linear_group/",
+                       "zc_rms_norm/",
+                       "gated_rms_norm/",
+                       "hc_read/",
+                       "hc_inject/",
+                       "gdn_conv_batch/",
+                       "gdn_rule_batch/",
+                       "qsa_prepare_qk_batch/",
+                       "qsa_indexer_select_batch/",
+                       "sparse_attention_batch/",
+                       "moe_router_topk/",
+                       "moe_experts/dense/",
+                       "moe_experts/nvfp4/",
+                       "moe_experts/ct-int4",
+                       "moe_experts/gptq",
+                       "moe_shared_expert/",
+                       "ple_gather/",
+                       "ple_gate/",
+                       "ple_conv_add_batch/",
+                       "sample_tokens/",
+                       "random_weight/",
+                       "/ahead"};
   for (const char* op : ops) {
     int n = 0;
-    for (const OpCase& c : test_cases()) n += op[0] == '/' ? c.name.find(op) != std::string::npos : c.name.rfind(op, 0) == 0;
+    for (const OpCase& c : test_cases())
+      n += op[0] == '/' ? c.name.find(op) != std::string::npos : c.name.rfind(op, 0) == 0;
     EXPECT_GT(n, 0) << "no case of " << op;
   }
 }

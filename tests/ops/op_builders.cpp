@@ -22,12 +22,12 @@ constexpr double kW = 2;  // bytes of a weight element (FP16, the CUDA storage)
 
 // ---------------------------------------------------------------- bounds (cuda_ops_test.cpp's, per precision)
 
-constexpr Bound kF32{1e-4, 1e-4};           // float32 on both sides, reduction order differs
-constexpr Bound kRule{1e-4, 1e-3};          // the gated delta rule and attention: long float32 sums
-constexpr Bound kGemm16{5e-3, 1e-2};        // tensor-core product of FP16-rounded activations
-constexpr Bound kHc16{1e-2, 1e-2};          // hyper-connection read through the FP16 path
-constexpr Bound kExperts16{1e-2, 2e-2};     // grouped FP16 experts
-constexpr Bound kExpertsW4{1e-2, 1e-2};     // W4A16 experts: FP16 activations in both precisions
+constexpr Bound kF32{1e-4, 1e-4};        // float32 on both sides, reduction order differs
+constexpr Bound kRule{1e-4, 1e-3};       // the gated delta rule and attention: long float32 sums
+constexpr Bound kGemm16{5e-3, 1e-2};     // tensor-core product of FP16-rounded activations
+constexpr Bound kHc16{1e-2, 1e-2};       // hyper-connection read through the FP16 path
+constexpr Bound kExperts16{1e-2, 2e-2};  // grouped FP16 experts
+constexpr Bound kExpertsW4{1e-2, 1e-2};  // W4A16 experts: FP16 activations in both precisions
 
 // ---------------------------------------------------------------- inputs
 
@@ -358,7 +358,8 @@ OpCase linear_group_case(int64_t T, int64_t in, std::vector<int64_t> outs, std::
     return OpRun{[=, &ops] { ops.linear_group(x, w, y, b); },
                  [=, &ops] {
                    std::vector<OpOutput> r;
-                   for (size_t i = 0; i < y.size(); ++i) r.push_back(close(ops, fmt::format("y{}", i), y[i], kF32, kGemm16));
+                   for (size_t i = 0; i < y.size(); ++i)
+                     r.push_back(close(ops, fmt::format("y{}", i), y[i], kF32, kGemm16));
                    return r;
                  }};
   };
@@ -503,7 +504,8 @@ OpCase gdn_rule_batch_case(const GdnDims& d, const StepPlan& plan, Weights wk) {
                  },
                  [=, &ops] {
                    std::vector<OpOutput> r;
-                   for (size_t i = 0; i < o.size(); ++i) r.push_back(close(ops, fmt::format("step{}.o", i), o[i], kRule, kRule));
+                   for (size_t i = 0; i < o.size(); ++i)
+                     r.push_back(close(ops, fmt::format("step{}.o", i), o[i], kRule, kRule));
                    r.push_back(close(ops, "state_pool", pool, kRule, kRule));
                    return r;
                  }};
@@ -513,8 +515,7 @@ OpCase gdn_rule_batch_case(const GdnDims& d, const StepPlan& plan, Weights wk) {
 
 // ---------------------------------------------------------------- QSA
 
-OpCase qsa_prepare_qk_batch_case(int64_t nh, int64_t nkv, int64_t D, int64_t rotary, const StepPlan& plan,
-                                 Weights wk) {
+OpCase qsa_prepare_qk_batch_case(int64_t nh, int64_t nkv, int64_t D, int64_t rotary, const StepPlan& plan, Weights wk) {
   OpCase c;
   c.name = fmt::format("qsa_prepare_qk_batch/nh={}/nkv={}/D={}/rotary={}/{}", nh, nkv, D, rotary, plan.describe());
   c.family = OpFamily::Qsa;
@@ -606,7 +607,8 @@ OpCase qsa_indexer_select_batch_case(int64_t ni, int64_t Di, int64_t budget, int
                  },
                  [=, &ops] {
                    std::vector<OpOutput> r;
-                   for (size_t i = 0; i < sel.size(); ++i) r.push_back(row_sets(ops, fmt::format("step{}.selected", i), sel[i]));
+                   for (size_t i = 0; i < sel.size(); ++i)
+                     r.push_back(row_sets(ops, fmt::format("step{}.selected", i), sel[i]));
                    return r;
                  }};
   };
@@ -673,7 +675,8 @@ OpCase sparse_attention_batch_case(int64_t nh, int64_t nkv, int64_t D, int64_t b
                  },
                  [=, &ops] {
                    std::vector<OpOutput> r;
-                   for (size_t i = 0; i < out.size(); ++i) r.push_back(close(ops, fmt::format("step{}.out", i), out[i], kRule, kRule));
+                   for (size_t i = 0; i < out.size(); ++i)
+                     r.push_back(close(ops, fmt::format("step{}.out", i), out[i], kRule, kRule));
                    return r;
                  }};
   };
@@ -798,7 +801,7 @@ std::shared_ptr<QuantStore> synth_quant(Gen& g, QuantFormat kind, int64_t rows, 
     s->data = bytes_of(rows * cols / 2);
     s->scale = bytes_of(rows * cols / 16);
     for (uint8_t& b : s->scale) b = uint8_t(0x30 + (b & 0x0f));  // E4M3 in [0.5, 1.9]
-    const float global = target / 2.f;  // |e2m1| averages about 2
+    const float global = target / 2.f;                           // |e2m1| averages about 2
     s->global.resize(4);
     std::memcpy(s->global.data(), &global, 4);
     view(s->v_data, name, DType::U8, {rows, cols / 2}, s->data);
@@ -857,12 +860,18 @@ QuantMatrix quant_matrix(const std::shared_ptr<QuantStore>& s, QuantFormat kind)
 
 const char* quant_kind_name(QuantFormat k) {
   switch (k) {
-    case QuantFormat::Nvfp4: return "nvfp4";
-    case QuantFormat::CtNvfp4: return "ct-nvfp4";
-    case QuantFormat::Fp8Block: return "fp8-block";
-    case QuantFormat::CtInt4: return "ct-int4-g32";
-    case QuantFormat::Gptq: return "gptq-int4-g32";
-    case QuantFormat::None: return "none";
+    case QuantFormat::Nvfp4:
+      return "nvfp4";
+    case QuantFormat::CtNvfp4:
+      return "ct-nvfp4";
+    case QuantFormat::Fp8Block:
+      return "fp8-block";
+    case QuantFormat::CtInt4:
+      return "ct-int4-g32";
+    case QuantFormat::Gptq:
+      return "gptq-int4-g32";
+    case QuantFormat::None:
+      return "none";
   }
   return "?";
 }
@@ -936,9 +945,9 @@ OpCase moe_shared_expert_case(int64_t T, int64_t H, int64_t Is, Weights wk) {
 OpCase ple_gather_case(int64_t T, int64_t heads, int64_t hd, int64_t rows, DType dtype, int64_t shards,
                        TableSource source, bool ahead) {
   OpCase c;
-  c.name = fmt::format("ple_gather/T={}/heads={}/hd={}/rows={}/{}/shards={}/{}{}", T, heads, hd, rows,
-                       dtype_name(dtype), shards, source == TableSource::MapHost ? "map_host_table" : "host_table",
-                       ahead ? "/ahead" : "");
+  c.name =
+      fmt::format("ple_gather/T={}/heads={}/hd={}/rows={}/{}/shards={}/{}{}", T, heads, hd, rows, dtype_name(dtype),
+                  shards, source == TableSource::MapHost ? "map_host_table" : "host_table", ahead ? "/ahead" : "");
   c.family = OpFamily::Ple;
   c.bytes = double(T * heads * hd) * (double(dtype_size(dtype)) + kF) + 8.0 * double(T * heads);
   c.build = [=](Ops& ops, uint64_t seed) {
@@ -1037,7 +1046,8 @@ OpCase ple_conv_add_batch_case(int64_t S, int64_t H, int64_t K, int64_t dilation
                  },
                  [=, &ops] {
                    std::vector<OpOutput> r;
-                   for (size_t i = 0; i < X.size(); ++i) r.push_back(close(ops, fmt::format("step{}.X", i), X[i], kF32, kF32));
+                   for (size_t i = 0; i < X.size(); ++i)
+                     r.push_back(close(ops, fmt::format("step{}.X", i), X[i], kF32, kF32));
                    r.push_back(close(ops, "state_pool", pool, kF32, kF32));
                    return r;
                  }};
@@ -1073,8 +1083,8 @@ OpCase sample_tokens_case(int64_t rows, int64_t V) {
                    // The oracle: greedy (and top-k 1) is the argmax, lowest id among equal maxima.
                    ids->assign(size_t(rows), 0);
                    for (int64_t r = 0; r < rows; ++r)
-                     (*ids)[size_t(r)] = int32_t(std::max_element(l.begin() + r * V, l.begin() + (r + 1) * V) -
-                                                 (l.begin() + r * V));
+                     (*ids)[size_t(r)] =
+                         int32_t(std::max_element(l.begin() + r * V, l.begin() + (r + 1) * V) - (l.begin() + r * V));
                  },
                  [=] {
                    OpOutput o;

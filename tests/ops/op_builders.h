@@ -46,8 +46,7 @@ OpCase linear_case(int64_t T, int64_t in, int64_t out, bool bias, Weights wk = W
 OpCase linear_group_case(int64_t T, int64_t in, std::vector<int64_t> outs, std::vector<bool> bias,
                          Weights wk = Weights::HostFp16);
 /// zc_rms_norm over [T, L] with weight width W and groups of `group` (W = group: per head; W = L: grouped).
-OpCase zc_rms_norm_case(int64_t T, int64_t L, int64_t W, int64_t group, bool in_place,
-                        Weights wk = Weights::HostFp16);
+OpCase zc_rms_norm_case(int64_t T, int64_t L, int64_t W, int64_t group, bool in_place, Weights wk = Weights::HostFp16);
 /// gated_rms_norm over [T, heads * D], in place as the model calls it.
 OpCase gated_rms_norm_case(int64_t T, int64_t heads, int64_t D, GateAct act, Weights wk = Weights::HostFp16);
 

@@ -15,14 +15,22 @@ namespace flashnext::opcases {
 
 const char* family_name(OpFamily f) {
   switch (f) {
-    case OpFamily::Memory: return "memory";
-    case OpFamily::Dense: return "dense";
-    case OpFamily::Hc: return "hc";
-    case OpFamily::Gdn: return "gdn";
-    case OpFamily::Qsa: return "qsa";
-    case OpFamily::Moe: return "moe";
-    case OpFamily::Ple: return "ple";
-    case OpFamily::Sampling: return "sampling";
+    case OpFamily::Memory:
+      return "memory";
+    case OpFamily::Dense:
+      return "dense";
+    case OpFamily::Hc:
+      return "hc";
+    case OpFamily::Gdn:
+      return "gdn";
+    case OpFamily::Qsa:
+      return "qsa";
+    case OpFamily::Moe:
+      return "moe";
+    case OpFamily::Ple:
+      return "ple";
+    case OpFamily::Sampling:
+      return "sampling";
   }
   return "?";
 }
@@ -32,8 +40,7 @@ namespace {
 // The released geometry (models/release/config.json) and its tensor-parallel shards: TP2 halves the head counts and
 // intermediate sizes, TP4 quarters them (the 2 KV heads and the indexer's single key head are then replicated).
 constexpr int64_t kH = 2560, kS = 4, kR = 320, kHeadDim = 256, kRotary = 64, kBudget = 2048, kBlock = 4;
-constexpr int64_t kNi = 4, kDi = 128, kE = 512, kTopK = 10, kInter = 640, kV = 248320, kPleHeads = 16,
-                  kPleHd = 160;
+constexpr int64_t kNi = 4, kDi = 128, kE = 512, kTopK = 10, kInter = 640, kV = 248320, kPleHeads = 16, kPleHd = 160;
 const GdnDims kGdn{16, 48, 128, 128}, kGdnTp2{8, 24, 128, 128}, kGdnTp4{4, 12, 128, 128};
 
 StepPlan plan(std::vector<int64_t> context, std::vector<std::vector<int64_t>> steps, int64_t page = 16) {
@@ -46,12 +53,20 @@ StepPlan plan(std::vector<int64_t> context, std::vector<std::vector<int64_t>> st
 
 /// 5 sequences in scrambled slots at scattered positions: a decode step, and a mixed step (a prefill chunk among
 /// decodes).
-StepPlan decode_step_5() { return plan({5, 0, 17, 3, 100}, {{1, 1, 1, 1, 1}}); }
-StepPlan mixed_step_5() { return plan({5, 0, 17, 3, 100}, {{1, 6, 1, 1, 1}}); }
+StepPlan decode_step_5() {
+  return plan({5, 0, 17, 3, 100}, {{1, 1, 1, 1, 1}});
+}
+StepPlan mixed_step_5() {
+  return plan({5, 0, 17, 3, 100}, {{1, 6, 1, 1, 1}});
+}
 /// A 70-token prefill (across GDN's 64-token chunk) and three decode steps with the state carried.
-StepPlan prefill_then_decode() { return plan({0}, {{70}, {1}, {1}, {1}}); }
+StepPlan prefill_then_decode() {
+  return plan({0}, {{70}, {1}, {1}, {1}});
+}
 /// Prefill chunks of several sequences in one step, then a decode step of all of them.
-StepPlan chunks_3() { return plan({0, 10, 3}, {{65, 7, 1}, {1, 1, 1}}); }
+StepPlan chunks_3() {
+  return plan({0, 10, 3}, {{65, 7, 1}, {1, 1, 1}});
+}
 
 void add_memory(std::vector<OpCase>& v) {
   v.push_back(copy_rows_case(10, 7, 2, 5, 4));
@@ -134,21 +149,20 @@ void add_qsa(std::vector<OpCase>& v) {
     v.push_back(qsa_prepare_qk_batch_case(8, 2, kHeadDim, kRotary, p));
   v.push_back(qsa_prepare_qk_batch_case(3, 1, 24, 8, mixed_step_5()));
   v.push_back(qsa_prepare_qk_batch_case(12, 1, kHeadDim, kRotary, one_sequence(7, 100)));  // TP2
-  v.push_back(qsa_prepare_qk_batch_case(6, 1, kHeadDim, kRotary, decode_batch(3, 9)));    // TP4
+  v.push_back(qsa_prepare_qk_batch_case(6, 1, kHeadDim, kRotary, decode_batch(3, 9)));     // TP4
 
   // Indexer (budget 16 = 4 blocks of 4): 3 sequences over 5 steps in scrambled 8-position KV blocks; one
   // sequence whose context crosses the budget (positions 18..21: 4 complete blocks, then 5); torch.topk's ties of
   // all-zero queries over 1,100 positions (heap selection past 64 * k blocks).
-  v.push_back(qsa_indexer_select_batch_case(2, 128, 16, 4,
-                                            plan({0, 0, 0}, {{3, 2, 1}, {20, 7, 1}, {1, 1, 1}, {5, 1, 7}, {1, 30, 1}}, 8),
-                                            0));
+  v.push_back(qsa_indexer_select_batch_case(
+      2, 128, 16, 4, plan({0, 0, 0}, {{3, 2, 1}, {20, 7, 1}, {1, 1, 1}, {5, 1, 7}, {1, 30, 1}}, 8), 0));
   v.push_back(qsa_indexer_select_batch_case(2, 128, 16, 4, plan({0}, {{18}, {1}, {1}, {1}, {1}}, 8), 0));
   v.push_back(qsa_indexer_select_batch_case(2, 64, 16, 4, plan({0}, {{1100}}, 8), 3));
   v.push_back(qsa_indexer_select_batch_case(2, 64, 16, 4, plan({0, 0}, {{40, 3}, {1, 1}}, 8), 2));
   // Released indexer (4 heads of 128, budget 2048 = 512 blocks): a 2047-token prefill, then decodes at positions
   // 2047 .. 2051 (512 complete blocks at 2047, 513 at 2051); every 5th query zero (ties).
-  v.push_back(qsa_indexer_select_batch_case(kNi, kDi, kBudget, kBlock,
-                                            plan({0}, {{2047}, {1}, {1}, {1}, {1}, {1}}, 16), 5));
+  v.push_back(
+      qsa_indexer_select_batch_case(kNi, kDi, kBudget, kBlock, plan({0}, {{2047}, {1}, {1}, {1}, {1}, {1}}, 16), 5));
 
   for (const StepPlan& p : {one_sequence(60), one_sequence(1), decode_step_5(), mixed_step_5()})
     v.push_back(sparse_attention_batch_case(8, 2, kHeadDim, 16, 4, p));
@@ -295,12 +309,14 @@ std::string compare_one(const OpOutput& w, const OpOutput& g, bool bitwise, Prec
                                 : w.values[i] == g.values[i];
       if (!same && bad++ == 0) first = i;
     }
-    if (bad) return fmt::format("{}: {} of {} values differ; first at {}: {} vs the oracle's {}", w.name, bad,
-                                w.values.size(), first, g.values[first], w.values[first]);
+    if (bad)
+      return fmt::format("{}: {} of {} values differ; first at {}: {} vs the oracle's {}", w.name, bad, w.values.size(),
+                         first, g.values[first], w.values[first]);
     for (size_t i = 0; i < w.ints.size(); ++i)
       if (w.ints[i] != g.ints[i] && bad++ == 0) first = i;
-    if (bad) return fmt::format("{}: {} of {} integers differ; first at {}: {} vs the oracle's {}", w.name, bad,
-                                w.ints.size(), first, g.ints[first], w.ints[first]);
+    if (bad)
+      return fmt::format("{}: {} of {} integers differ; first at {}: {} vs the oracle's {}", w.name, bad, w.ints.size(),
+                         first, g.ints[first], w.ints[first]);
     return "";
   }
   if (w.compare == Compare::RowSets) {
@@ -316,8 +332,9 @@ std::string compare_one(const OpOutput& w, const OpOutput& g, bool bitwise, Prec
       };
       if (set_of(w.ints) != set_of(g.ints) && bad++ == 0) first = r;
     }
-    if (bad) return fmt::format("{}: {} of {} rows select other positions than the oracle; first: row {}", w.name, bad,
-                                rows, first);
+    if (bad)
+      return fmt::format("{}: {} of {} rows select other positions than the oracle; first: row {}", w.name, bad, rows,
+                         first);
     return "";
   }
   const Bound b = precision == Precision::Fp16x2 ? w.fp16x2 : w.fp16;
@@ -334,8 +351,9 @@ std::string compare_one(const OpOutput& w, const OpOutput& g, bool bitwise, Prec
     if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = i;
   }
   if (bad)
-    return fmt::format("{}: {} of {} values outside {} x scale {:.3g} + {} x |oracle|; worst at {}: {} vs the oracle's {}",
-                       w.name, bad, w.values.size(), b.abs, scale, b.rel, worst, g.values[worst], w.values[worst]);
+    return fmt::format(
+        "{}: {} of {} values outside {} x scale {:.3g} + {} x |oracle|; worst at {}: {} vs the oracle's {}", w.name,
+        bad, w.values.size(), b.abs, scale, b.rel, worst, g.values[worst], w.values[worst]);
   return "";
 }
 

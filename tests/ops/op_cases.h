@@ -48,12 +48,12 @@ enum class Compare : uint8_t {
 
 /// One output of a case, downloaded to the host.
 struct OpOutput {
-  std::string name;             ///< e.g. "y", "state_pool"
+  std::string name;  ///< e.g. "y", "state_pool"
   Compare compare = Compare::Close;
-  std::vector<float> values;    ///< float outputs (Compare::Close, or Exact floats)
-  std::vector<int32_t> ints;    ///< integer outputs (Exact, RowSets)
-  int64_t row_width = 0;        ///< RowSets: entries per row
-  Bound fp16x2, fp16;           ///< Close: the bound under each activation precision
+  std::vector<float> values;  ///< float outputs (Compare::Close, or Exact floats)
+  std::vector<int32_t> ints;  ///< integer outputs (Exact, RowSets)
+  int64_t row_width = 0;      ///< RowSets: entries per row
+  Bound fp16x2, fp16;         ///< Close: the bound under each activation precision
 };
 
 /// A case built on one backend: `run` enqueues the op(s) (repeatable: perf mode runs it many times; state-carrying

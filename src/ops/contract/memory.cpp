@@ -20,8 +20,8 @@ size_t host_table(DType dtype, const Shape& shape) {
 }
 
 void random_weight(float lo, float hi) {
-  FN_CHECK(std::isfinite(lo) && std::isfinite(hi) && lo <= hi, "random_weight: bounds [{}, {}] are not an interval",
-           lo, hi);
+  FN_CHECK(std::isfinite(lo) && std::isfinite(hi) && lo <= hi, "random_weight: bounds [{}, {}] are not an interval", lo,
+           hi);
 }
 
 void random_experts(int64_t E, int64_t I, int64_t H) {

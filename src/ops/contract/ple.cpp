@@ -43,8 +43,7 @@ PleGateDims ple_gate(const Backend& b, const Tensor& kn, const Tensor& v, const 
 }
 
 PleConvDims ple_conv_add(const Backend& b, const Tensor& P, const Tensor& norm_conv, int64_t group,
-                         const Tensor& conv_w, int64_t dilation, const Tensor& state, const Tensor& X,
-                         const char* op) {
+                         const Tensor& conv_w, int64_t dilation, const Tensor& state, const Tensor& X, const char* op) {
   activation(b, P, 2, op, "P");
   weight(b, norm_conv, 1, op, "norm_conv");
   weight(b, conv_w, 2, op, "conv1d weight");
@@ -59,8 +58,8 @@ PleConvDims ple_conv_add(const Backend& b, const Tensor& P, const Tensor& norm_c
 }
 
 PleConvDims ple_conv_add_batch(const Backend& b, const Tensor& P, const Tensor& norm_conv, int64_t group,
-                               const Tensor& conv_w, int64_t dilation, const Tensor& state_pool,
-                               const StepBatch& batch, const Tensor& X) {
+                               const Tensor& conv_w, int64_t dilation, const Tensor& state_pool, const StepBatch& batch,
+                               const Tensor& X) {
   const char* op = "ple_conv_add_batch";
   activation(b, state_pool, 3, op, "state pool");
   step_rows(P, batch, op, "P");

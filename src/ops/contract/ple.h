@@ -35,7 +35,7 @@ PleConvDims ple_conv_add(const Backend& b, const Tensor& P, const Tensor& norm_c
                          const char* op = "ple_conv_add");
 /// ple_conv_add_batch: the same over a step's rows with state_pool [slots, (K-1)*d, W].
 PleConvDims ple_conv_add_batch(const Backend& b, const Tensor& P, const Tensor& norm_conv, int64_t group,
-                               const Tensor& conv_w, int64_t dilation, const Tensor& state_pool,
-                               const StepBatch& batch, const Tensor& X);
+                               const Tensor& conv_w, int64_t dilation, const Tensor& state_pool, const StepBatch& batch,
+                               const Tensor& X);
 
 }  // namespace flashnext::contract

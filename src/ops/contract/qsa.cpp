@@ -10,9 +10,8 @@ void rotary(const RopeParams& rope, int64_t dim, const char* op, const char* wha
 }
 }  // namespace
 
-PrepareQkDims qsa_prepare_qk(const Backend& b, const char* op, const Tensor& qg, const Tensor& k,
-                             const Tensor& q_norm, const Tensor& k_norm, const RopeParams& rope, const Tensor& q,
-                             const Tensor& gate) {
+PrepareQkDims qsa_prepare_qk(const Backend& b, const char* op, const Tensor& qg, const Tensor& k, const Tensor& q_norm,
+                             const Tensor& k_norm, const RopeParams& rope, const Tensor& q, const Tensor& gate) {
   activation(b, qg, 2, op, "q_proj output");
   activation(b, k, 2, op, "k");
   weight(b, q_norm, 1, op, "q_norm");
@@ -50,14 +49,13 @@ IndexerDims qsa_indexer_select_batch(const Backend& b, const Tensor& qi, const T
   const int64_t T = qi.dim(0), Di = index_key_pool.dim(1), R = index_key_pool.dim(0), page = batch.block_size;
   FN_CHECK(block > 0 && budget > 0 && budget % block == 0, "{}: budget {} must be a positive multiple of block {}", op,
            budget, block);
-  FN_CHECK(T == batch.num_tokens && Di > 0 && qi.dim(1) % Di == 0 && q_layernorm.dim(0) == Di &&
-               k_layernorm.dim(0) == Di && selected.dim(0) == T && selected.dim(1) == budget + block - 1 && page > 0 &&
-               page % block == 0 && R % page == 0 && pooled_key_pool.dim(0) == R / block &&
-               pooled_key_pool.dim(1) == Di,
-           "{}: index queries {}, key pool {}, pooled pool {}, selected {} do not fit a step of {} tokens (blocks of "
-           "{} positions, indexer block {}, budget {})",
-           op, qi.str(), index_key_pool.str(), pooled_key_pool.str(), selected.str(), batch.num_tokens, page, block,
-           budget);
+  FN_CHECK(
+      T == batch.num_tokens && Di > 0 && qi.dim(1) % Di == 0 && q_layernorm.dim(0) == Di && k_layernorm.dim(0) == Di &&
+          selected.dim(0) == T && selected.dim(1) == budget + block - 1 && page > 0 && page % block == 0 &&
+          R % page == 0 && pooled_key_pool.dim(0) == R / block && pooled_key_pool.dim(1) == Di,
+      "{}: index queries {}, key pool {}, pooled pool {}, selected {} do not fit a step of {} tokens (blocks of "
+      "{} positions, indexer block {}, budget {})",
+      op, qi.str(), index_key_pool.str(), pooled_key_pool.str(), selected.str(), batch.num_tokens, page, block, budget);
   rotary(rope, Di, op, "indexer_head_dim");
   block_ids(R, batch, op, "the index key pool");
   return {T, Di, qi.dim(1) / Di, budget / block, selected.dim(1)};

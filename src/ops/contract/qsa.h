@@ -14,9 +14,8 @@ namespace flashnext::contract {
 struct PrepareQkDims {
   int64_t tokens, head_dim, heads, kv_heads;
 };
-PrepareQkDims qsa_prepare_qk(const Backend& b, const char* op, const Tensor& qg, const Tensor& k,
-                             const Tensor& q_norm, const Tensor& k_norm, const RopeParams& rope, const Tensor& q,
-                             const Tensor& gate);
+PrepareQkDims qsa_prepare_qk(const Backend& b, const char* op, const Tensor& qg, const Tensor& k, const Tensor& q_norm,
+                             const Tensor& k_norm, const RopeParams& rope, const Tensor& q, const Tensor& gate);
 /// The same over a step's rows.
 PrepareQkDims qsa_prepare_qk_batch(const Backend& b, const Tensor& qg, const Tensor& k, const Tensor& q_norm,
                                    const Tensor& k_norm, const RopeParams& rope, const StepBatch& batch,

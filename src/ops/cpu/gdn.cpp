@@ -1,8 +1,9 @@
 // CPU backend: Gated DeltaNet (causal conv, chunked and recurrent gated delta rule, gated RMSNorm).
+#include "ops/contract/gdn.h"
+
 #include <algorithm>
 #include <cstring>
 
-#include "ops/contract/gdn.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/kernels.h"
 
@@ -171,8 +172,7 @@ void CpuOps::gated_rms_norm(const Tensor& x, const Tensor& z, const Tensor& w, d
   }
 }
 
-void CpuOps::gdn_conv_batch(const Tensor& qkv, const Tensor& weight, const Tensor& state_pool,
-                            const StepBatch& batch) {
+void CpuOps::gdn_conv_batch(const Tensor& qkv, const Tensor& weight, const Tensor& state_pool, const StepBatch& batch) {
   contract::gdn_conv_batch(kCpu, qkv, weight, state_pool, batch);
   for (int64_t s = 0; s < batch.num_seqs; ++s)
     gdn_conv(seq_rows(qkv, batch, s), weight, slot_view(state_pool, batch.slot_ids[size_t(s)]));

@@ -1,8 +1,9 @@
 // CPU backend: MoE router (softmax + torch.topk), routed experts and the gated shared expert.
+#include "ops/contract/moe.h"
+
 #include <algorithm>
 #include <cstring>
 
-#include "ops/contract/moe.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/kernels.h"
 #include "ops/cpu/topk.h"

@@ -1,8 +1,9 @@
 // CPU backend: PLE (n-gram table gather, gate, dilated short conv).
+#include "ops/contract/ple.h"
+
 #include <algorithm>
 #include <cstring>
 
-#include "ops/contract/ple.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/kernels.h"
 

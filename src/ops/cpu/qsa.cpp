@@ -1,9 +1,10 @@
 // CPU backend: QSA attention (query/key preparation, indexer block selection, sparse attention with output gate).
+#include "ops/contract/qsa.h"
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
 
-#include "ops/contract/qsa.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/kernels.h"
 #include "ops/cpu/topk.h"
@@ -143,14 +144,13 @@ void CpuOps::qsa_indexer_select_batch(const Tensor& qi, const Tensor& index_key_
                                      block, batch, selected);
   for (int64_t s = 0; s < batch.num_seqs; ++s) {
     const int64_t pos0 = batch.pos0[size_t(s)], end = pos0 + batch.rows_of(s);
-    qsa_indexer_select(seq_rows(qi, batch, s), gather_sequence(index_key_pool, batch, s, end), q_layernorm,
-                       k_layernorm, eps, rope, pos0, budget, block, seq_rows(selected, batch, s));
+    qsa_indexer_select(seq_rows(qi, batch, s), gather_sequence(index_key_pool, batch, s, end), q_layernorm, k_layernorm,
+                       eps, rope, pos0, budget, block, seq_rows(selected, batch, s));
   }
 }
 
-void CpuOps::sparse_attention_batch(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
-                                    const Tensor& selected, const Tensor& gate, double scale, const StepBatch& batch,
-                                    const Tensor& out) {
+void CpuOps::sparse_attention_batch(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& selected,
+                                    const Tensor& gate, double scale, const StepBatch& batch, const Tensor& out) {
   contract::sparse_attention_batch(kCpu, q, k_pool, v_pool, selected, gate, batch, out);
   for (int64_t s = 0; s < batch.num_seqs; ++s) {
     const int64_t end = batch.pos0[size_t(s)] + batch.rows_of(s);

@@ -239,8 +239,8 @@ class CudaOps final : public Ops {
   // ------------------------------------------------ weights_ops.cpp
 
   /// Rows [row0, row0 + m.rows) of expert `e` of `dst` from one checkpoint matrix (lossless, moe_w4a16.h).
-  static void pack_rows(W4Packed& dst, int64_t e, int64_t row0, const QuantMatrix& m, QuantFormat format,
-                        int64_t rows, int64_t cols, int64_t group, bool zeros);
+  static void pack_rows(W4Packed& dst, int64_t e, int64_t row0, const QuantMatrix& m, QuantFormat format, int64_t rows,
+                        int64_t cols, int64_t group, bool zeros);
 
   // ------------------------------------------------ dense_ops.cpp
 

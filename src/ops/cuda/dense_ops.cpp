@@ -24,7 +24,7 @@ void CudaOps::linear(const Tensor& x, const Tensor& w, const Tensor& y, const Te
 }
 
 void CudaOps::linear_group(const Tensor& x, std::span<const Tensor> w, std::span<const Tensor> y,
-                  std::span<const Tensor> bias) {
+                           std::span<const Tensor> bias) {
   const char* op = "linear_group";
   contract::linear_group(spec(), x, w, y, bias);
   if (x.dim(0) == 0 || gemv_group(x, w, y, bias, op)) return;
@@ -61,8 +61,8 @@ void CudaOps::product(const Tensor& x, const Tensor& w, const Tensor& y, const T
   if (b) FN_CUDA_CHECK(detail::launch_add_bias(dp<float>(y), b, T, out, stream()), what);
 }
 
-bool CudaOps::gemv_group(const Tensor& x, std::span<const Tensor> w, std::span<const Tensor> y, std::span<const Tensor> bias,
-                const char* what) {
+bool CudaOps::gemv_group(const Tensor& x, std::span<const Tensor> w, std::span<const Tensor> y,
+                         std::span<const Tensor> bias, const char* what) {
   const int64_t T = x.dim(0), K = x.dim(1);
   const auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data()) % 16 == 0; };
   if (T < 1 || T > detail::kGemvMaxTokens || K % 8 != 0 || !aligned(x) || w.size() > size_t(detail::kGemvMaxSegments))

@@ -28,17 +28,17 @@ void CudaOps::gdn_conv_batch(const Tensor& qkv, const Tensor& weight, const Tens
   const int64_t slot_floats = (K - 1) * C;
   for (int64_t s = 0; s < batch.num_seqs; ++s) {
     const int64_t r0 = batch.cu_seqlens[size_t(s)];
-    FN_CUDA_CHECK(detail::launch_gdn_conv_f32(dp<const float>(qkv) + r0 * C, dp<float>(y) + r0 * C,
-                                              dp<float>(state_pool) + batch.slot_ids[size_t(s)] * slot_floats,
-                                              dp<__half>(weight), to_int(batch.rows_of(s), op, "tokens"), c, k,
-                                              stream()),
-                  op);
+    FN_CUDA_CHECK(
+        detail::launch_gdn_conv_f32(dp<const float>(qkv) + r0 * C, dp<float>(y) + r0 * C,
+                                    dp<float>(state_pool) + batch.slot_ids[size_t(s)] * slot_floats, dp<__half>(weight),
+                                    to_int(batch.rows_of(s), op, "tokens"), c, k, stream()),
+        op);
   }
   FN_CUDA_CHECK(cudaMemcpyAsync(qkv.data(), y.data(), qkv.nbytes(), cudaMemcpyDeviceToDevice, stream()), op);
 }
 
-void CudaOps::gdn_rule_batch(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w,
-                             const GdnDims& d, const Tensor& state_pool, const StepBatch& batch, const Tensor& o) {
+void CudaOps::gdn_rule_batch(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w, const GdnDims& d,
+                             const Tensor& state_pool, const StepBatch& batch, const Tensor& o) {
   const char* op = "gdn_rule_batch";
   const int64_t T = contract::gdn_rule_batch(spec(), qkv, a, b, w, d, state_pool, batch, o);
   FN_CHECK(d.k_head_dim <= detail::kGdnMaxDk, "{}: key head dim {} exceeds the kernels' {}", op, d.k_head_dim,
@@ -49,10 +49,9 @@ void CudaOps::gdn_rule_batch(const Tensor& qkv, const Tensor& a, const Tensor& b
   const float* a_log = gdn_gates(w, nv, op);
   const float* dt_bias = a_log + nv;
   if (all_decode(batch)) {  // token s of sequence s, state in slot slots[s]
-    FN_CUDA_CHECK(detail::launch_gdn_recurrent_step(dp<const float>(qkv), C, dp<const float>(a), dp<const float>(b),
-                                                    nv, a_log, dt_bias, dp<float>(state_pool),
-                                                    dp<int32_t>(batch.slots), to_int(T, op, "tokens"), heads,
-                                                    dp<float>(o), ld_o, stream()),
+    FN_CUDA_CHECK(detail::launch_gdn_recurrent_step(dp<const float>(qkv), C, dp<const float>(a), dp<const float>(b), nv,
+                                                    a_log, dt_bias, dp<float>(state_pool), dp<int32_t>(batch.slots),
+                                                    to_int(T, op, "tokens"), heads, dp<float>(o), ld_o, stream()),
                   op);
     return;
   }

@@ -36,9 +36,8 @@ void CudaOps::hc_read(const Tensor& X, const HcWeights& hc, double eps, const Te
                                             int(H), float(eps), stream()),
                   "hc_read norm");
     product(n, hc.down, d, Tensor(), "hc_read input_mix_weight_down");
-    FN_CUDA_CHECK(
-        detail::launch_silu_scale_f32(dp<const float>(d), dp<float>(d), d.numel(), 1.f / float(S), stream()),
-        "hc_read silu");
+    FN_CUDA_CHECK(detail::launch_silu_scale_f32(dp<const float>(d), dp<float>(d), d.numel(), 1.f / float(S), stream()),
+                  "hc_read silu");
     product(d, hc.up, m, Tensor(), "hc_read input_mix_weight_up");
     FN_CUDA_CHECK(
         detail::launch_hc_mix_f32(dp<const float>(m), dp<const float>(n), dp<float>(u), t, int(S), int(H), stream()),
@@ -54,11 +53,10 @@ void CudaOps::hc_read(const Tensor& X, const HcWeights& hc, double eps, const Te
   }
   Tensor n = alloc({T, W}, DType::F16, "hc_read normed"), d = alloc({T, R}, DType::F32, "hc_read down");
   Tensor a = alloc({T, R}, DType::F16, "hc_read act"), m = alloc({T, W}, DType::F16, "hc_read mix");
-  FN_CUDA_CHECK(
-      detail::launch_hc_norm(dp<float>(X), static_cast<const float*>(nullptr), nullptr, dp<__half>(hc.norm),
-                             with_inject ? dp<__half>(hc.inject) : nullptr, dp<__half>(n),
-                             with_inject ? dp<float>(inj) : nullptr, t, int(S), int(H), float(eps), stream()),
-      "hc_read norm");
+  FN_CUDA_CHECK(detail::launch_hc_norm(dp<float>(X), static_cast<const float*>(nullptr), nullptr, dp<__half>(hc.norm),
+                                       with_inject ? dp<__half>(hc.inject) : nullptr, dp<__half>(n),
+                                       with_inject ? dp<float>(inj) : nullptr, t, int(S), int(H), float(eps), stream()),
+                "hc_read norm");
   blas_.linear(dp<__half>(n), t, w, dp<__half>(hc.down), r, d.data(), OutType::F32, r, stream(),
                "hc_read input_mix_weight_down");
   FN_CUDA_CHECK(detail::launch_hc_act(dp<float>(d), dp<__half>(a), t, r, int(S), stream()), "hc_read silu");

@@ -13,7 +13,7 @@
 namespace flashnext::cuda {
 
 void CudaOps::moe_router_topk(const Tensor& u, const Tensor& router, bool norm_topk_prob, const Tensor& ids,
-                     const Tensor& weights) {
+                              const Tensor& weights) {
   const char* op = "moe_router_topk";
   const auto [T, H, E, k] = contract::moe_router_topk(spec(), u, router, ids, weights);
   FN_CHECK(E <= detail::kMoeMaxExperts && k <= detail::kMoeMaxTopK,
@@ -24,8 +24,7 @@ void CudaOps::moe_router_topk(const Tensor& u, const Tensor& router, bool norm_t
   const Tensor rw[] = {router}, rl[] = {logits};
   if (!gemv_group(u, rw, rl, {}, "moe_router_topk logits"))  // float32 either way
     FN_CUDA_CHECK(detail::launch_linear_f32_narrow(dp<const float>(u), dp<__half>(router), dp<float>(logits),
-                                                   to_int(T, op, "tokens"), to_int(H, op, "hidden"), int(E),
-                                                   stream()),
+                                                   to_int(T, op, "tokens"), to_int(H, op, "hidden"), int(E), stream()),
                   "moe_router_topk logits");
   FN_CUDA_CHECK(detail::launch_moe_router_topk(dp<const float>(logits), E, int(T), int(E), int(k), norm_topk_prob,
                                                dp<int32_t>(ids), dp<float>(weights), stream()),
@@ -33,7 +32,7 @@ void CudaOps::moe_router_topk(const Tensor& u, const Tensor& router, bool norm_t
 }
 
 void CudaOps::moe_experts(const Tensor& u, const Tensor& ids, const Tensor& weights, const MoeWeights& w,
-                 const Tensor& out) {
+                          const Tensor& out) {
   const char* op = "moe_experts";
   const auto [T, H, k, E, I] = contract::moe_experts(spec(), u, ids, weights, w, out);
   if (w.packed) return moe_experts_w4a16(u, ids, weights, *w.packed, out);
@@ -91,10 +90,9 @@ void CudaOps::moe_experts_f16(const Tensor& u, const Tensor& ids, const Tensor& 
       blas_.linear(dp<__half>(a2) + r0 * I, int(m), int(I), dp<__half>(w.down) + e * H * I, int(H),
                    dp<float>(y2) + r0 * H, OutType::F32, int(H), stream(), "experts down_proj");
     }
-    FN_CUDA_CHECK(
-        detail::launch_moe_combine_f16x2(dp<const float>(y2), id, slot_row, offsets, dp<const float>(weights), t,
-                                         int(k), int(H), dp<float>(out), stream()),
-        "moe_experts combine");
+    FN_CUDA_CHECK(detail::launch_moe_combine_f16x2(dp<const float>(y2), id, slot_row, offsets, dp<const float>(weights),
+                                                   t, int(k), int(H), dp<float>(out), stream()),
+                  "moe_experts combine");
     return;
   }
   Tensor uh = half_copy(u, op);
@@ -114,7 +112,7 @@ void CudaOps::moe_experts_f16(const Tensor& u, const Tensor& ids, const Tensor& 
 }
 
 void CudaOps::moe_experts_w4a16(const Tensor& u, const Tensor& ids, const Tensor& weights, const PackedExperts& packed,
-                       const Tensor& out) {
+                                const Tensor& out) {
   const char* op = "moe_experts";
   const auto* p = dynamic_cast<const CudaW4Experts*>(&packed);
   FN_CHECK(p && p->device == ctx_->device, "{}: the packed experts ({}) were not made by this backend (cuda:{})", op,
@@ -169,8 +167,7 @@ void CudaOps::moe_shared_expert(const Tensor& u, const MoeWeights& w, const Tens
                                                    dp<float>(logit), t, h, 1, stream()),
                   "shared_expert_gate");
   FN_CUDA_CHECK(
-      detail::launch_gated_accumulate(dp<float>(out), dp<const float>(s), dp<const float>(logit), t, h, stream()),
-      op);
+      detail::launch_gated_accumulate(dp<float>(out), dp<const float>(s), dp<const float>(logit), t, h, stream()), op);
 }
 
 MoeW4A16Workspace& CudaOps::w4_workspace(int tokens, int top_k, int experts, int hidden, int inter) {

@@ -28,13 +28,12 @@ void CudaOps::ple_conv_add_batch(const Tensor& P, const Tensor& norm_conv, int64
   // n = ZC-RMSNorm(P; norm_conv) for every row at once, then the conv and residual add.
   Tensor n = alloc(P.shape(), DType::F32, "ple normed conv input");
   FN_CUDA_CHECK(detail::launch_zc_rmsnorm(dp<const float>(P), W, dp<float>(n), W, dp<__half>(norm_conv), w,
-                                          to_int(T, op, "tokens"), w, to_int(group, op, "group"), float(eps),
-                                          stream()),
+                                          to_int(T, op, "tokens"), w, to_int(group, op, "group"), float(eps), stream()),
                 "ple_conv_add_batch norm");
   if (all_decode(batch)) {  // one launch over the state slots
     FN_CUDA_CHECK(detail::launch_conv_decode_slots(dp<const float>(n), dp<const float>(P), dp<float>(X), true,
-                                                   dp<float>(state_pool), dp<int32_t>(batch.slots),
-                                                   dp<__half>(conv_w), int(T), w, k, d, stream()),
+                                                   dp<float>(state_pool), dp<int32_t>(batch.slots), dp<__half>(conv_w),
+                                                   int(T), w, k, d, stream()),
                   op);
     return;
   }
@@ -78,22 +77,21 @@ void CudaOps::ple_gather_wait(const Tensor& e) {
 
 void CudaOps::gather_ple_rows(const PleTable& table, const Tensor& rows, const Tensor& e, cudaStream_t s) {
   const char* op = "ple_gather";
-  [[maybe_unused]] const auto [T, heads, hd, total] = contract::ple_gather(spec(), table, rows, e, [](DType dt) {
-    return dt == DType::BF16 || dt == DType::F16 || dt == DType::F8_E4M3;
-  });
+  [[maybe_unused]] const auto [T, heads, hd, total] = contract::ple_gather(
+      spec(), table, rows, e, [](DType dt) { return dt == DType::BF16 || dt == DType::F16 || dt == DType::F8_E4M3; });
   const DType dt = table.shards[0].dtype();
   if (T == 0 || heads == 0) return;
   const GatherTable& g = gather_table(table);
   const int type = dt == DType::BF16 ? detail::kPleBF16 : dt == DType::F16 ? detail::kPleF16 : detail::kPleF8E4M3;
   FN_CUDA_CHECK(
-      detail::launch_ple_gather(g.addresses.get(), int(g.addresses.size()), g.rows_per_shard, g.rows, type,
-                                table.scale, to_int(hd, op, "head_dim"), dp<int64_t>(rows), to_int(T, op, "tokens"),
+      detail::launch_ple_gather(g.addresses.get(), int(g.addresses.size()), g.rows_per_shard, g.rows, type, table.scale,
+                                to_int(hd, op, "head_dim"), dp<int64_t>(rows), to_int(T, op, "tokens"),
                                 to_int(heads, op, "heads"), dp<float>(e), status(kStatusPle), s),
       op);
 }
 
 void CudaOps::ple_gate(const Tensor& kn, const Tensor& v, const Tensor& X, const Tensor& norm_query, double eps,
-              const Tensor& P) {
+                       const Tensor& P) {
   const char* op = "ple_gate";
   const auto [T, S, H] = contract::ple_gate(spec(), kn, v, X, norm_query, P);
   FN_CUDA_CHECK(detail::launch_ple_gate_f32(dp<const float>(kn), dp<const float>(v), dp<const float>(X),
@@ -101,7 +99,6 @@ void CudaOps::ple_gate(const Tensor& kn, const Tensor& v, const Tensor& X, const
                                             to_int(H, op, "hidden"), float(eps), dp<float>(P), stream()),
                 op);
 }
-
 
 const CudaOps::GatherTable& CudaOps::gather_table(const PleTable& table) {
   std::vector<const void*> key;

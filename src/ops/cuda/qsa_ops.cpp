@@ -60,9 +60,9 @@ void CudaOps::qsa_prepare_qk_batch(const Tensor& qg, const Tensor& k, const Tens
 }
 
 void CudaOps::qsa_indexer_select_batch(const Tensor& qi, const Tensor& index_key_pool, const Tensor& pooled_key_pool,
-                              const Tensor& q_layernorm, const Tensor& k_layernorm, double eps,
-                              const RopeParams& rope, int64_t budget, int64_t block, const StepBatch& batch,
-                              const Tensor& selected) {
+                                       const Tensor& q_layernorm, const Tensor& k_layernorm, double eps,
+                                       const RopeParams& rope, int64_t budget, int64_t block, const StepBatch& batch,
+                                       const Tensor& selected) {
   const char* op = "qsa_indexer_select_batch";
   const auto [T, Di, ni, max_blocks, width] = contract::qsa_indexer_select_batch(
       spec(), qi, index_key_pool, pooled_key_pool, q_layernorm, k_layernorm, rope, budget, block, batch, selected);
@@ -71,9 +71,12 @@ void CudaOps::qsa_indexer_select_batch(const Tensor& qi, const Tensor& index_key
   if (T == 0) return;
   const int t = to_int(T, op, "tokens");
   to_int(batch.max_context, op, "positions");
-  const detail::QsaPagedIndex pi{dp<int32_t>(batch.token_seq),    dp<int32_t>(batch.positions),
-                                 dp<int32_t>(batch.block_tables), batch.max_blocks,
-                                 to_int(batch.block_size, op, "block size"),  int(block)};
+  const detail::QsaPagedIndex pi{dp<int32_t>(batch.token_seq),
+                                 dp<int32_t>(batch.positions),
+                                 dp<int32_t>(batch.block_tables),
+                                 batch.max_blocks,
+                                 to_int(batch.block_size, op, "block size"),
+                                 int(block)};
   // Queries: RoPE(ZC-RMSNorm(qi_h; q_layernorm), p); pooled keys of the blocks this step completes.
   Tensor qn = alloc(qi.shape(), DType::F32, "indexer queries");
   FN_CUDA_CHECK(detail::launch_head_norm_rope(dp<const float>(qi), ni * Di, Di, dp<float>(qn), ni * Di, Di,
@@ -110,8 +113,7 @@ void CudaOps::qsa_indexer_select_batch(const Tensor& qi, const Tensor& index_key
                                                             dp<float>(sc), ld, stream()),
                   "qsa_indexer_select_batch scores");
     FN_CUDA_CHECK(detail::launch_qsa_topk_paged(pi, dp<const float>(sc), ld, int(max_blocks), int(t0), int(t1),
-                                                static_cast<topk::Scored*>(scratch.data()), dp<int32_t>(top),
-                                                stream()),
+                                                static_cast<topk::Scored*>(scratch.data()), dp<int32_t>(top), stream()),
                   "qsa_indexer_select_batch top-k");
     FN_CUDA_CHECK(detail::launch_qsa_expand_selection_paged(pi, dp<int32_t>(top), int(max_blocks), int(t0), int(t1),
                                                             dp<int32_t>(selected), width, stream()),
@@ -141,10 +143,10 @@ void CudaOps::sparse_attention_batch(const Tensor& q, const Tensor& k_pool, cons
                              to_int(bs, op, "block size")};
   Tensor compact = alloc(selected.shape(), DType::I32, "selection");
   Tensor counts = alloc({T}, DType::I32, "selection counts");
-  FN_CUDA_CHECK(detail::launch_compact_selection(dp<int32_t>(selected), t, int(n_sel), batch.max_context,
-                                                 dp<int32_t>(compact), dp<int32_t>(counts), status(kStatusSelection),
-                                                 stream()),
-                op);
+  FN_CUDA_CHECK(
+      detail::launch_compact_selection(dp<int32_t>(selected), t, int(n_sel), batch.max_context, dp<int32_t>(compact),
+                                       dp<int32_t>(counts), status(kStatusSelection), stream()),
+      op);
   const QsaAttentionPlan plan = qsa_attention_plan(t, int(nh), int(nkv), int(D), int(n_sel));
   Tensor partial = alloc({std::max<int64_t>(plan.partial_floats, 1)}, DType::F32, "attention partials");
   FN_CUDA_CHECK(

@@ -24,11 +24,10 @@ std::vector<int32_t> CudaOps::sample_tokens(const Tensor& logits, std::span<cons
   if (rows == 0) return out;
   Tensor params_d = upload(params.data(), DType::U8, {int64_t(params.size_bytes())});
   Tensor tokens = alloc({rows}, DType::I32, "sampled tokens");
-  FN_CUDA_CHECK(detail::launch_sample(dp<const float>(logits), vocab, to_int(rows, op, "rows"),
-                                      to_int(vocab, op, "vocab"),
-                                      static_cast<const TokenSamplingRow*>(params_d.data()),
-                                      dp<int32_t>(tokens), stream()),
-                op);
+  FN_CUDA_CHECK(
+      detail::launch_sample(dp<const float>(logits), vocab, to_int(rows, op, "rows"), to_int(vocab, op, "vocab"),
+                            static_cast<const TokenSamplingRow*>(params_d.data()), dp<int32_t>(tokens), stream()),
+      op);
   download(tokens, out.data());
   return out;
 }

@@ -68,7 +68,7 @@ Tensor CudaOps::load_weight(const void* host, DType dtype, const Shape& shape) {
 }
 
 Tensor CudaOps::map_host_table(const void* host, DType dtype, const Shape& shape,
-                      std::shared_ptr<const void> keepalive) {
+                               std::shared_ptr<const void> keepalive) {
   FN_CHECK(dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::F32 || dtype == DType::F8_E4M3,
            "map_host_table: table must be BF16, F16, F32 or F8_E4M3, got {}", dtype_name(dtype));
   if (dtype == DType::F32) return load_weight(host, dtype, shape);  // FP32 tables: an FP16 copy on the GPU
@@ -84,8 +84,8 @@ Tensor CudaOps::map_host_table(const void* host, DType dtype, const Shape& shape
 HostTable CudaOps::host_table(DType dtype, const Shape& shape) {
   const size_t bytes = contract::host_table(dtype, shape);
   use_device();
-  auto pinned = std::make_shared<PinnedMemory>(bytes, fmt::format("a [{}] {} host table", fmt::join(shape, ", "),
-                                                                  dtype_name(dtype)));
+  auto pinned = std::make_shared<PinnedMemory>(
+      bytes, fmt::format("a [{}] {} host table", fmt::join(shape, ", "), dtype_name(dtype)));
   void* host = pinned->host();
   void* dev = const_cast<void*>(pinned->device());
   return {Tensor(std::move(pinned), dev, dtype, shape, Device::CUDA, ctx_->device), host};
@@ -108,8 +108,8 @@ RoutedExperts CudaOps::random_experts(int64_t E, int64_t I, int64_t H, uint64_t 
   const double rms = std::sqrt(68.5 / 8.0);
   auto gu = W4DeviceMatrix::random_nvfp4(to_int(E, op, "experts"), to_int(2 * I, op, "rows"), int(H),
                                          float(std::sqrt(1.0 / double(H)) / rms), seed, stream());
-  auto dn = W4DeviceMatrix::random_nvfp4(int(E), int(H), int(I), float(std::sqrt(1.0 / double(I)) / rms), seed + 1,
-                                         stream());
+  auto dn =
+      W4DeviceMatrix::random_nvfp4(int(E), int(H), int(I), float(std::sqrt(1.0 / double(I)) / rms), seed + 1, stream());
   RoutedExperts r;
   r.packed = std::make_shared<CudaW4Experts>(std::move(gu), std::move(dn), ctx_->device, int(E), int(H), int(I),
                                              "w4a16 (random, nvfp4 layout)");
@@ -141,7 +141,7 @@ RoutedExperts CudaOps::load_quantized_experts(const QuantExperts& q) {
 }
 
 void CudaOps::pack_rows(W4Packed& dst, int64_t e, int64_t row0, const QuantMatrix& m, QuantFormat kind, int64_t rows,
-                      int64_t cols, int64_t group, bool zeros) {
+                        int64_t cols, int64_t group, bool zeros) {
   const char* op = "load_quantized_experts";
   FN_CHECK(m.format == kind && m.rows == rows && m.cols == cols && m.data.defined() && m.scale.defined(),
            "{}: '{}' ({} [{}, {}]) does not fit its block: expected the format of the first expert, [{}, {}], with "

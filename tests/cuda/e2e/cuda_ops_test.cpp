@@ -190,7 +190,8 @@ TEST_P(CudaOps, RandomWeightsAndHostTables) {
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 3 + i / 2) % size_t(E));
   const auto u = normal(size_t(tokens * H), 9, 1.0f, false);
   Tensor out = gpu()->empty({tokens, H});
-  gpu()->moe_experts(gpu()->upload(u.data(), DType::F32, {tokens, H}), gpu()->upload(ids.data(), DType::I32, {tokens, k}),
+  gpu()->moe_experts(gpu()->upload(u.data(), DType::F32, {tokens, H}),
+                     gpu()->upload(ids.data(), DType::I32, {tokens, k}),
                      gpu()->upload(wts.data(), DType::F32, {tokens, k}), mw, out);
   const std::vector<float> o = host(*gpu(), out);
   double ss = 0;
