@@ -408,6 +408,17 @@ class Ops {
     throw Error(name() + ": sample_tokens: this backend samples on the host (samples_on_device() is false)");
   }
 
+  // ---------------------------------------------------------------- steps
+
+  /// Bracket the ops of one forward step of `tokens` rows (Model::forward_batch calls them through a StepScope).
+  /// Tensors made between them (activations, op scratch, step metadata) are step memory: a backend may take them
+  /// from a per-step arena that the next step reuses (the CUDA backend does for decode-sized steps, docs/ENGINE.md
+  /// "Memory"), so nothing made inside a step may serve as a cache or state kept across steps. A handle that
+  /// outlives its step stays valid: the backend then leaves that memory alone and takes fresh memory for the next
+  /// step. Steps do not nest (an Error on backends that track them). Default: nothing.
+  virtual void begin_step(int64_t tokens) { (void)tokens; }
+  virtual void end_step() {}
+
   // ---------------------------------------------------------------- profiling (flashnext bench --profile)
 
   /// Attributes the time of the ops enqueued from now on to `phase` (a string literal: "gdn_rule", "moe_routed",
@@ -427,6 +438,18 @@ class Ops {
   const char* phase_ = nullptr;
   double phase_start_ms_ = 0;
   std::vector<std::pair<std::string, double>> phase_ms_;
+};
+
+/// begin_step on construction, end_step on destruction (also when the step throws).
+class StepScope {
+ public:
+  StepScope(Ops& ops, int64_t tokens) : ops_(ops) { ops_.begin_step(tokens); }
+  ~StepScope() { ops_.end_step(); }
+  StepScope(const StepScope&) = delete;
+  StepScope& operator=(const StepScope&) = delete;
+
+ private:
+  Ops& ops_;
 };
 
 /// The float32 CPU backend with a pool of `threads` threads (0: hardware concurrency).

@@ -245,6 +245,9 @@ Tensor Model::forward_batch(std::span<const BatchItem> items, std::vector<int64_
   if (items[0].seq->private_cache) reserve_private(*items[0].seq, items[0].seq->length + int64_t(items[0].ids.size()));
 
   Ops& ops = *ops_;
+  int64_t step_tokens = 0;
+  for (const BatchItem& it : items) step_tokens += int64_t(it.ids.size());
+  const StepScope step(ops, step_tokens);  // activations and op scratch from here on are step memory (ops.h)
   const ModelConfig& c = config_;
   const ModelWeights& w = *weights_;
   CachePool& cache = *items[0].seq->cache;

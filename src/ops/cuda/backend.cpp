@@ -189,10 +189,7 @@ void CudaOps::use_device() const {
   }
 }
 
-Tensor CudaOps::alloc(const Shape& shape, DType dtype, const char* what) {
-  use_device();
-  for (auto d : shape) FN_CHECK(d >= 0, "cuda: negative dimension in shape [{}]", fmt::join(shape, ", "));
-  const size_t bytes = std::max<size_t>(size_t(shape_numel(shape)) * dtype_size(dtype), 1);
+std::shared_ptr<void> CudaOps::pool_memory(size_t bytes, const char* what, const Shape& shape, DType dtype) {
   void* p = nullptr;
   const cudaError_t err = cudaMallocAsync(&p, bytes, stream());
   if (err != cudaSuccess) {
@@ -203,8 +200,63 @@ Tensor CudaOps::alloc(const Shape& shape, DType dtype, const char* what) {
          dtype_name(dtype), what, fmt::join(shape, ", "), cudaGetErrorString(err), free_b, total_b);
   }
   std::shared_ptr<Context> ctx = ctx_;
-  std::shared_ptr<void> owner(p, [ctx](void* q) { cudaFreeAsync(q, ctx->stream); });
+  return std::shared_ptr<void>(p, [ctx](void* q) { cudaFreeAsync(q, ctx->stream); });
+}
+
+Tensor CudaOps::alloc(const Shape& shape, DType dtype, const char* what, Lifetime lifetime) {
+  use_device();
+  for (auto d : shape) FN_CHECK(d >= 0, "cuda: negative dimension in shape [{}]", fmt::join(shape, ", "));
+  const size_t bytes = std::max<size_t>(size_t(shape_numel(shape)) * dtype_size(dtype), 1);
+  if (arena_.active && lifetime == Lifetime::Step) {
+    const size_t rounded = (bytes + 255) / 256 * 256;
+    arena_.demand += rounded;
+    if (arena_.used + rounded <= arena_.capacity) {
+      void* p = static_cast<uint8_t*>(arena_.block.get()) + arena_.used;
+      arena_.used += rounded;
+      ++counters_.arena_tensors;
+      return Tensor(std::shared_ptr<void>(arena_.block, p), p, dtype, shape, Device::CUDA, ctx_->device);
+    }
+    ++counters_.step_pool_allocations;  // the block is too small this step; the next one will fit
+  } else {
+    ++counters_.other_pool_allocations;
+  }
+  std::shared_ptr<void> owner = pool_memory(bytes, what, shape, dtype);
+  void* p = owner.get();
   return Tensor(std::move(owner), p, dtype, shape, Device::CUDA, ctx_->device);
+}
+
+void CudaOps::begin_step(int64_t tokens) {
+  FN_CHECK(!in_step_, "begin_step: a step is already open (steps do not nest)");
+  in_step_ = true;
+  ++counters_.steps;
+  if (tokens > StepArena::kMaxTokens) return;  // prefill: the pool, which reuses memory within the step
+  use_device();
+  if (arena_.max_bytes == 0) {
+    size_t free_b = 0, total_b = 0;
+    FN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b), "begin_step");
+    arena_.max_bytes = total_b / 8;
+  }
+  const size_t want = std::min(arena_.demand + arena_.demand / 4, arena_.max_bytes);
+  const bool free_block = arena_.block && arena_.block.use_count() == 1;
+  if (!free_block || (arena_.capacity < arena_.demand && arena_.capacity < want)) {
+    // Live tensors of the last step keep the old block (freed with them); a step that outgrew it gets a larger one.
+    arena_.block.reset();
+    arena_.capacity = 0;
+    if (want > 0) {
+      arena_.block = pool_memory(want, "step arena", {int64_t(want)}, DType::U8);
+      arena_.capacity = want;
+      ++counters_.step_pool_allocations;
+    }
+  }
+  arena_.used = 0;
+  arena_.demand = 0;
+  arena_.active = true;
+  counters_.arena_bytes = int64_t(arena_.capacity);
+}
+
+void CudaOps::end_step() {
+  in_step_ = false;
+  arena_.active = false;
 }
 
 void CudaOps::copy_rows_indexed(const char* op, const Tensor& src, const Tensor& rows, const Tensor& dst,
@@ -275,6 +327,12 @@ CudaDeviceInfo cuda_device_info(int device) {
   FN_CUDA_CHECK(cudaDriverGetVersion(&d.driver_version), "cuda_device_info");
   FN_CUDA_CHECK(cudaRuntimeGetVersion(&d.runtime_version), "cuda_device_info");
   return d;
+}
+
+CudaMemoryCounters cuda_memory_counters(const Ops& ops) {
+  const auto* c = dynamic_cast<const cuda::CudaOps*>(&ops);
+  FN_CHECK(c, "cuda_memory_counters: {} is not a CUDA backend", ops.name());
+  return c->memory_counters();
 }
 
 std::shared_ptr<Ops> make_cuda_ops(int device) {

@@ -111,8 +111,13 @@ class CudaOps final : public Ops {
   void fill_zero(const Tensor& t) override;
   void gather_rows(const Tensor& src, const Tensor& rows, const Tensor& dst) override;
   void scatter_rows(const Tensor& src, const Tensor& rows, const Tensor& dst) override;
+  /// The step arena (see StepArena below): begin_step reuses last step's memory when no handle of it is left.
+  void begin_step(int64_t tokens) override;
+  void end_step() override;
   /// An event on the stream per mark (events reused across set_profiling calls).
   void profile_phase(const char* phase) override;
+  /// Counters of the step arena, for tests and bench (cuda_ops.h cuda_memory_counters).
+  CudaMemoryCounters memory_counters() const { return counters_; }
   void set_profiling(bool on) override;
   std::vector<std::pair<std::string, double>> profile_times() override;
 
@@ -215,8 +220,14 @@ class CudaOps final : public Ops {
   contract::Backend spec() const;
   /// Makes this backend's GPU current on the calling thread (a no-op when it already is).
   void use_device() const;
-  /// A tensor from the stream-ordered pool, freed on the stream when its last handle goes away.
-  Tensor alloc(const Shape& shape, DType dtype, const char* what);
+  /// How long a tensor that an op makes lives: for the step (activations, scratch; the arena inside a step) or
+  /// beyond it (weights, tables, the caches ops keep: always the pool).
+  enum class Lifetime : uint8_t { Step, Kept };
+  /// A tensor from the step arena (inside a step, Lifetime::Step, when it fits) or from the stream-ordered pool,
+  /// freed on the stream when its last handle goes away.
+  Tensor alloc(const Shape& shape, DType dtype, const char* what, Lifetime lifetime = Lifetime::Step);
+  /// `bytes` of the stream-ordered pool, freed on the stream with the last owner.
+  std::shared_ptr<void> pool_memory(size_t bytes, const char* what, const Shape& shape, DType dtype);
   /// Whether products take FP16x2 inputs (ActivationPrecision::Fp16x2).
   bool split() const { return options_.activations == ActivationPrecision::Fp16x2; }
   /// Waits for the stream; throws Error for a failed kernel and for index errors the kernels recorded.
@@ -231,6 +242,23 @@ class CudaOps final : public Ops {
   std::shared_ptr<Context> ctx_;
   CudaOpsOptions options_;
   std::string name_;
+  /// One device block that a step's tensors are carved from (bump allocation, 256-byte aligned). Stream order makes
+  /// reuse safe: the next step's kernels run after the previous step's. At begin_step the block is reused when no
+  /// tensor of it is alive (its use count is 1) and it held the last step's demand; otherwise a block of that demand
+  /// (+25%) replaces it (a block with live tensors is freed when they go). A step that outgrows the block takes the
+  /// rest from the pool (counted), so the next step's block is large enough: a steady state allocates nothing.
+  /// Only steps of at most kMaxTokens rows use it (decode; bump allocation keeps every tensor of a step, which a
+  /// prefill step's many large activations would multiply: those take the pool, which reuses within the step), and
+  /// only up to a block of an eighth of the device's memory.
+  struct StepArena {
+    static constexpr int64_t kMaxTokens = 64;
+    size_t max_bytes = 0;
+    std::shared_ptr<void> block;
+    size_t capacity = 0, used = 0, demand = 0;  ///< bytes: the block's size, carved so far, asked for this step
+    bool active = false;                        ///< inside a step that uses it
+  } arena_;
+  bool in_step_ = false;  ///< between begin_step and end_step
+  CudaMemoryCounters counters_;
   /// profile_phase: the phase of each mark and the event recorded for it (profile_events_[i] for mark i).
   bool profiling_ = false;
   std::vector<const char*> profile_marks_;

@@ -75,6 +75,19 @@ std::shared_ptr<Ops> make_cuda_ops(int device = 0);
 /// The same with explicit options.
 std::shared_ptr<Ops> make_cuda_ops(int device, const CudaOpsOptions& options);
 
+/// How a CUDA backend's step memory was had since it was made (ops.h begin_step / end_step): steps, tensors carved
+/// from the step arena, and allocations from the stream-ordered pool inside steps (0 per step once the arena has
+/// grown to a step's demand) and outside them (weights, tables, caches, the tensors made between steps).
+struct CudaMemoryCounters {
+  int64_t steps = 0;
+  int64_t arena_tensors = 0;
+  int64_t step_pool_allocations = 0;
+  int64_t other_pool_allocations = 0;
+  int64_t arena_bytes = 0;  ///< size of the current arena block
+};
+/// The counters of `ops`, a backend made by make_cuda_ops. Throws Error for another backend.
+CudaMemoryCounters cuda_memory_counters(const Ops& ops);
+
 /// Memory of one GPU, in bytes.
 struct GpuMemory {
   int64_t free_bytes = 0;   ///< free now (cudaMemGetInfo)

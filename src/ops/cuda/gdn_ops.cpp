@@ -78,7 +78,7 @@ const float* CudaOps::gdn_gates(const GdnWeights& w, int64_t nv, const char* op)
   GdnGates& g = gdn_gates_[{w.A_log.data(), w.dt_bias.data()}];
   if (!g.gates.defined() || !same_memory(g.a_log, w.A_log.memory_ref()) ||
       !same_memory(g.dt_bias, w.dt_bias.memory_ref())) {
-    g.gates = alloc({2 * nv}, DType::F32, "gdn gates");
+    g.gates = alloc({2 * nv}, DType::F32, "gdn gates", Lifetime::Kept);
     FN_CUDA_CHECK(detail::launch_f16_to_f32(dp<__half>(w.A_log), dp<float>(g.gates), nv, stream()), op);
     FN_CUDA_CHECK(detail::launch_f16_to_f32(dp<__half>(w.dt_bias), dp<float>(g.gates) + nv, nv, stream()), op);
     g.a_log = w.A_log.memory_ref();

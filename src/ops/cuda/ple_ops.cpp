@@ -120,7 +120,7 @@ const CudaOps::GatherTable& CudaOps::gather_table(const PleTable& table) {
   std::vector<const void*> addresses = key;
   g.rows_per_shard = per;
   if (!uniform) {
-    g.merged = alloc({g.rows, table.head_dim}, table.shards[0].dtype(), "merged PLE table");
+    g.merged = alloc({g.rows, table.head_dim}, table.shards[0].dtype(), "merged PLE table", Lifetime::Kept);
     int64_t at = 0;
     for (const Tensor& s : table.shards) {
       copy_rows(s, 0, g.merged, at, s.dim(0));

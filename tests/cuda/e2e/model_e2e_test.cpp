@@ -157,6 +157,29 @@ TEST_P(TinyA, GreedyMatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Prompts, TinyA, ::testing::Values("short", "eos_inside", "long", "single", "eos_first"));
 
+// A decode step allocates nothing once the step arena has grown to its demand (ops.h begin_step, ENGINE.md
+// "Memory"): every activation and op scratch of steps 4..11 is carved from the arena, none from the pool.
+TEST(StepArena, DecodeStepsTakeNoPoolMemoryOnceWarm) {
+  RefFile ref(source_path("tests/data/fixtures/tiny-a/reference.safetensors"));
+  Model& model = gpu_model(source_path(kTinyA));
+  SequenceState seq = model.new_sequence();
+  const auto ids = ref.ids("long");
+  std::vector<float> logits = model.forward(seq, ids, LogitsMode::Last);
+  const int64_t V = model.config().vocab_size;
+  auto decode = [&] {
+    const int32_t next = int32_t(std::max_element(logits.end() - V, logits.end()) - (logits.end() - V));
+    logits = model.forward(seq, std::vector<int32_t>{next}, LogitsMode::Last);
+  };
+  for (int i = 0; i < 3; ++i) decode();
+  const CudaMemoryCounters before = cuda_memory_counters(model.ops());
+  for (int i = 0; i < 8; ++i) decode();
+  const CudaMemoryCounters after = cuda_memory_counters(model.ops());
+  EXPECT_EQ(after.steps - before.steps, 8);
+  EXPECT_EQ(after.step_pool_allocations, before.step_pool_allocations) << "pool allocations inside decode steps";
+  EXPECT_GE(after.arena_tensors - before.arena_tensors, 8 * 20) << "activations not taken from the arena";
+  EXPECT_GT(after.arena_bytes, 0);
+}
+
 // The FP16-activation path (ActivationPrecision::Fp16): not reference-exact by design. FP16 rounding at the GEMM
 // inputs flips near-tied MoE routing and indexer choices (tiny-a "long", position 190 on: logits off by 0.15, and
 // one argmax off by a 0.029 reference gap at position 89, on the H200, 2026-11-30). Bounded two ways (issue 20):
