@@ -86,22 +86,13 @@ __global__ void linear_f32_narrow_kernel(const float* __restrict__ x, const __ha
   if (lane == 0) y[item] = acc;
 }
 
-// y_s[t, n] = sum_k x[t, k] * w_s[n, k] (+ bias_s[n]) for t < T <= kGemvMaxTokens over the segments s of `seg` (several
-// projections of one input in one launch): one warp per output row of the stacked segments, 16-byte weight loads (8
-// FP16 values) shared by the T tokens, float32 products and sums (the decode GEMV: as exact as a float32 product of
-// the FP16 weights, reading the weights once). K % 8 == 0, rows of x 16-byte aligned.
+// One lane's share of T dot products with one FP16 weight row: acc[t] += sum over the 8-wide slices v = lane,
+// lane + 32, ... < K/8 of w[8v .. 8v+8) . x_t[8v .. 8v+8), x_t = x + t * ldx (float32, 16-byte aligned), w 16-byte
+// aligned with K % 8 == 0; the caller sums the lanes (warp_sum). Weights are read once, with 16-byte loads.
 template <int T>
-__global__ void gemv_f16w_f32x_kernel(const float* __restrict__ x, int64_t ldx, int K, GemvSegments seg) {
-  const int g = int((int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5);
-  const int lane = threadIdx.x & 31;
-  if (g >= seg.rows_end[seg.count - 1]) return;
-  int s = 0;
-  while (g >= seg.rows_end[s]) ++s;
-  const int n = g - (s ? seg.rows_end[s - 1] : 0);
-  const uint4* wr = reinterpret_cast<const uint4*>(seg.w[s] + int64_t(n) * K);
-  float acc[T];
-#pragma unroll
-  for (int t = 0; t < T; ++t) acc[t] = 0.f;
+__device__ __forceinline__ void lane_dots_f16w(const __half* __restrict__ w, const float* __restrict__ x, int64_t ldx,
+                                               int K, int lane, float (&acc)[T]) {
+  const uint4* wr = reinterpret_cast<const uint4*>(w);
   for (int v = lane; v < K / 8; v += 32) {
     const uint4 raw = __ldg(wr + v);
     const __half2* h = reinterpret_cast<const __half2*>(&raw);
@@ -120,6 +111,24 @@ __global__ void gemv_f16w_f32x_kernel(const float* __restrict__ x, int64_t ldx, 
                 wf[7] * b.w;
     }
   }
+}
+
+// y_s[t, n] = sum_k x[t, k] * w_s[n, k] (+ bias_s[n]) for t < T <= kGemvMaxTokens over the segments s of `seg` (several
+// projections of one input in one launch): one warp per output row of the stacked segments, 16-byte weight loads (8
+// FP16 values) shared by the T tokens, float32 products and sums (the decode GEMV: as exact as a float32 product of
+// the FP16 weights, reading the weights once). K % 8 == 0, rows of x 16-byte aligned.
+template <int T>
+__global__ void gemv_f16w_f32x_kernel(const float* __restrict__ x, int64_t ldx, int K, GemvSegments seg) {
+  const int g = int((int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5);
+  const int lane = threadIdx.x & 31;
+  if (g >= seg.rows_end[seg.count - 1]) return;
+  int s = 0;
+  while (g >= seg.rows_end[s]) ++s;
+  const int n = g - (s ? seg.rows_end[s - 1] : 0);
+  float acc[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) acc[t] = 0.f;
+  lane_dots_f16w<T>(seg.w[s] + int64_t(n) * K, x, ldx, K, lane, acc);
   const float bias = seg.bias[s] ? to_f(seg.bias[s][n]) : 0.f;
 #pragma unroll
   for (int t = 0; t < T; ++t) {
@@ -229,28 +238,10 @@ __global__ void hc_up_kernel(const float* __restrict__ X, const __half* __restri
 #pragma unroll
   for (int t = 0; t < T; ++t) out[t] = 0.f;
   for (int b = 0; b < S; ++b) {
-    const uint4* wr = reinterpret_cast<const uint4*>(up + (int64_t(b) * H + j) * R);
     float acc[T];
 #pragma unroll
     for (int t = 0; t < T; ++t) acc[t] = 0.f;
-    for (int v = lane; v < R / 8; v += 32) {
-      const uint4 raw = __ldg(wr + v);
-      const __half2* h = reinterpret_cast<const __half2*>(&raw);
-      float wf[8];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 f = __half22float2(h[i]);
-        wf[2 * i] = f.x;
-        wf[2 * i + 1] = f.y;
-      }
-#pragma unroll
-      for (int t = 0; t < T; ++t) {
-        const float4* dp4 = reinterpret_cast<const float4*>(d + int64_t(t) * R + int64_t(v) * 8);
-        const float4 p = dp4[0], q = dp4[1];
-        acc[t] += wf[0] * p.x + wf[1] * p.y + wf[2] * p.z + wf[3] * p.w + wf[4] * q.x + wf[5] * q.y + wf[6] * q.z +
-                  wf[7] * q.w;
-      }
-    }
+    lane_dots_f16w<T>(up + (int64_t(b) * H + j) * R, d, R, R, lane, acc);
     const int c = b * H + j;
     const float g = 1.f + to_f(norm_w[c]);
 #pragma unroll
@@ -344,23 +335,9 @@ __global__ void ple_conv_add_f32_kernel(const float* __restrict__ p, const float
   }
 }
 
-// Where the indexer's keys of a batch live (the kernels below are written once over a layout):
-//   ContiguousIndex: one sequence, query t at position pos0 + t, raw key of position p in row p, block key j in
-//                    row j; the block-keys kernel's items are the blocks j;
-//   PagedIndex:      query t of sequence tok_seq[t] at positions[t], rows through that sequence's block table
-//                    (`page` positions per KV block, page % block == 0); the block-keys kernel's items are the
-//                    tokens, each writing the block it completes (if any).
-struct ContiguousIndex {
-  int64_t pos0;
-  __device__ int64_t position(int t) const { return pos0 + t; }
-  __device__ bool completed_block(int item, int64_t* j) const {
-    *j = item;
-    return true;
-  }
-  __device__ int64_t key_row(int, int64_t p) const { return p; }
-  __device__ int64_t block_row(int, int64_t j) const { return j; }
-};
-
+// Where the indexer's keys of a step live (the kernels below are written over this layout): query t of sequence
+// tok_seq[t] at positions[t], rows through that sequence's block table (`page` positions per KV block,
+// page % block == 0); the block-keys kernel's items are the tokens, each writing the block it completes (if any).
 struct PagedIndex {
   const int32_t* tok_seq;
   const int32_t* positions;
@@ -447,7 +424,7 @@ __global__ void qsa_block_scores_f32_kernel(Layout lay, const float* __restrict_
   }
 }
 
-// One block per query token: writes its row of selected positions (see launch_qsa_expand_selection).
+// One block per query token: writes its row of selected positions (see launch_qsa_expand_selection_paged).
 template <class Layout>
 __global__ void qsa_expand_selection_kernel(Layout lay, const int32_t* __restrict__ top, int block, int top_blocks,
                                             int t0, int32_t* __restrict__ selected, int64_t width) {
@@ -567,16 +544,10 @@ FN_DECODE_KERNELS(8)
 #undef FN_DECODE_KERNELS
 template __global__ void qsa_topk_kernel<PagedIndex>(PagedIndex, const float*, int64_t, int, int, int, topk::Scored*,
                                                      int32_t*);
-template __global__ void qsa_block_keys_f32_kernel<ContiguousIndex>(ContiguousIndex, const float*, int, int, int,
-                                                                    const __half*, int, float, float, float*);
 template __global__ void qsa_block_keys_f32_kernel<PagedIndex>(PagedIndex, const float*, int, int, int, const __half*,
                                                                int, float, float, float*);
-template __global__ void qsa_block_scores_f32_kernel<ContiguousIndex>(ContiguousIndex, const float*, int, int,
-                                                                      const float*, int, int, float*, int64_t);
 template __global__ void qsa_block_scores_f32_kernel<PagedIndex>(PagedIndex, const float*, int, int, const float*, int,
                                                                  int, float*, int64_t);
-template __global__ void qsa_expand_selection_kernel<ContiguousIndex>(ContiguousIndex, const int32_t*, int, int, int,
-                                                                      int32_t*, int64_t);
 template __global__ void qsa_expand_selection_kernel<PagedIndex>(PagedIndex, const int32_t*, int, int, int, int32_t*,
                                                                  int64_t);
 
@@ -703,11 +674,6 @@ __global__ void moe_combine_f16x2_kernel(const float* __restrict__ y2, const int
     }
     out[idx] = acc;
   }
-}
-
-__global__ void fill_i32_kernel(int32_t* __restrict__ p, int64_t n, int32_t value, int32_t step) {
-  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
-    p[i] = value + int32_t(i) * step;
 }
 
 }  // namespace
@@ -902,33 +868,6 @@ cudaError_t launch_ple_conv_add_f32(const float* p, const float* n, const __half
   return cudaGetLastError();
 }
 
-cudaError_t launch_qsa_block_keys_f32(const float* keys, int blocks, int dim, int block, const __half* k_norm,
-                                      int rotary_dims, float theta, float eps, float* bkeys, cudaStream_t stream) {
-  if (blocks == 0) return cudaSuccess;
-  if (dim > kMaxIndexDim) return cudaErrorInvalidValue;
-  qsa_block_keys_f32_kernel<<<(blocks + kWarps - 1) / kWarps, kThreads, 0, stream>>>(
-      ContiguousIndex{0}, keys, blocks, dim, block, k_norm, rotary_dims, theta, eps, bkeys);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_qsa_block_scores_f32(const float* qn, int heads, int dim, const float* bkeys, int64_t pos0,
-                                        int block, int t0, int t1, float* scores, int64_t ld, cudaStream_t stream) {
-  if (t1 <= t0) return cudaSuccess;
-  if (heads * dim > kMaxIndexQuery) return cudaErrorInvalidValue;
-  const dim3 grid(unsigned(t1 - t0), score_slices(t1 - t0, ld));
-  qsa_block_scores_f32_kernel<<<grid, kThreads, 0, stream>>>(ContiguousIndex{pos0}, qn, heads, dim, bkeys, block, t0,
-                                                                scores, ld);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_qsa_expand_selection(const int32_t* top, int64_t pos0, int block, int top_blocks, int t0, int t1,
-                                        int32_t* selected, int64_t width, cudaStream_t stream) {
-  if (t1 <= t0) return cudaSuccess;
-  qsa_expand_selection_kernel<<<t1 - t0, kThreads, 0, stream>>>(ContiguousIndex{pos0}, top, block, top_blocks, t0,
-                                                                selected, width);
-  return cudaGetLastError();
-}
-
 cudaError_t launch_qsa_pool_blocks_paged_f32(const QsaPagedIndex& pi, const float* key_pool, int tokens, int dim,
                                              const __half* k_norm, int rotary_dims, float theta, float eps,
                                              float* pooled_pool, cudaStream_t stream) {
@@ -1050,17 +989,6 @@ cudaError_t launch_copy_rows_indexed(const void* src, void* dst, const int32_t* 
   return cudaGetLastError();
 }
 
-cudaError_t launch_fill_i32(int32_t* p, int64_t n, int32_t value, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  fill_i32_kernel<<<grid_for(n), kThreads, 0, stream>>>(p, n, value, 0);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_iota_i32(int32_t* p, int64_t n, int32_t start, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  fill_i32_kernel<<<grid_for(n), kThreads, 0, stream>>>(p, n, start, 1);
-  return cudaGetLastError();
-}
 #endif
 
 }  // namespace flashnext::cuda::detail

@@ -91,20 +91,6 @@ cudaError_t launch_ple_gate_f32(const float* kn, const float* v, const float* x,
 /// [state; N]. N is ZC-RMSNorm(P; norm_conv), computed by the caller.
 cudaError_t launch_ple_conv_add_f32(const float* p, const float* n, const __half* w, int tokens, int channels,
                                     int kernel, int dilation, float* state, float* x, cudaStream_t stream);
-/// QSA indexer block keys: bkeys[j] = RoPE(ZC-RMSNorm(mean of keys[c*j .. c*j+c-1]; k_norm), position c*j) for
-/// j < blocks, keys [>= c*blocks, Di] raw indexer keys, FP32 throughout (as the reference in float32).
-cudaError_t launch_qsa_block_keys_f32(const float* keys, int blocks, int dim, int block, const __half* k_norm,
-                                      int rotary_dims, float theta, float eps, float* bkeys, cudaStream_t stream);
-/// Block scores of the queries t in [t0, t1): scores[(t - t0) * ld + j] = sum_h relu(qn[t, h] . bkeys[j]) /
-/// sqrt(Di) for j < nb(t) = (pos0 + t + 1) / block (entries beyond are not written). qn [T, heads*Di] already
-/// normed and roped.
-cudaError_t launch_qsa_block_scores_f32(const float* qn, int heads, int dim, const float* bkeys, int64_t pos0,
-                                        int block, int t0, int t1, float* scores, int64_t ld, cudaStream_t stream);
-/// Selection rows of the queries t in [t0, t1) (query position p = pos0 + t, nb = (p+1)/block complete blocks,
-/// k = min(top_blocks, nb)): if k == nb, positions 0..p in order; else the tokens of blocks top[(t - t0) * top_blocks
-/// + i] for i < k (host-chosen, torch.topk order), then the tail block*nb .. p. The rest of the row is -1.
-cudaError_t launch_qsa_expand_selection(const int32_t* top, int64_t pos0, int block, int top_blocks, int t0, int t1,
-                                        int32_t* selected, int64_t width, cudaStream_t stream);
 /// A batch's paged indexer keys: token t belongs to sequence tok_seq[t] (row of the block tables [*, ld]) at
 /// positions[t]; a KV block holds `page` positions (a multiple of the indexer block `block`); the raw key of
 /// logical position p is row tables[s, p / page] * page + p % page of the raw key pool, the pooled key of indexer
@@ -117,12 +103,14 @@ struct QsaPagedIndex {
   int page;
   int block;
 };
-/// The pooled key (as launch_qsa_block_keys_f32 computes it) of the indexer block that token t completes, for every
-/// token of the batch whose position p has (p + 1) % block == 0, from its raw keys (already in the pool).
+/// The pooled key RoPE(ZC-RMSNorm(mean of the block's raw keys; k_norm), position j*block) of the indexer block j
+/// that token t completes, for every token of the batch whose position p has (p + 1) % block == 0, from its raw
+/// keys (already in the pool).
 cudaError_t launch_qsa_pool_blocks_paged_f32(const QsaPagedIndex& pi, const float* key_pool, int tokens, int dim,
                                              const __half* k_norm, int rotary_dims, float theta, float eps,
                                              float* pooled_pool, cudaStream_t stream);
-/// launch_qsa_block_scores_f32 over the paged pooled keys: scores[(t - t0) * ld + j] for j < (positions[t]+1)/block.
+/// Indexer scores over the paged pooled keys: scores[(t - t0) * ld + j] = sum_h relu(qn_h(t) . key_j) / sqrt(dim)
+/// for j < (positions[t]+1)/block.
 cudaError_t launch_qsa_block_scores_paged_f32(const QsaPagedIndex& pi, const float* qn, int heads, int dim,
                                               const float* pooled_pool, int t0, int t1, float* scores, int64_t ld,
                                               cudaStream_t stream);
@@ -132,7 +120,8 @@ cudaError_t launch_qsa_block_scores_paged_f32(const QsaPagedIndex& pi, const flo
 /// across the k-th score). scratch: (t1 - t0) * ld items.
 cudaError_t launch_qsa_topk_paged(const QsaPagedIndex& pi, const float* scores, int64_t ld, int top_blocks, int t0,
                                   int t1, ::flashnext::topk::Scored* scratch, int32_t* top, cudaStream_t stream);
-/// launch_qsa_expand_selection with the query positions from pi.positions.
+/// The selected positions of every token t in [t0, t1) (its position from pi.positions): the tokens of its chosen
+/// blocks (top, or every complete block when top is null), then its tail tokens, padded with -1 to `width`.
 cudaError_t launch_qsa_expand_selection_paged(const QsaPagedIndex& pi, const int32_t* top, int top_blocks, int t0,
                                               int t1, int32_t* selected, int64_t width, cudaStream_t stream);
 /// Packs the non-negative entries of each row of selected [T, n_sel] to the front of compact (same shape), in
@@ -172,10 +161,6 @@ cudaError_t launch_moe_combine_f16x2(const float* y2, const int32_t* ids, const 
 /// ORs 1 into *status.
 cudaError_t launch_copy_rows_indexed(const void* src, void* dst, const int32_t* rows, int64_t n, int64_t words,
                                      int64_t limit, bool scatter, int32_t* status, cudaStream_t stream);
-/// p[i] = value for i < n.
-cudaError_t launch_fill_i32(int32_t* p, int64_t n, int32_t value, cudaStream_t stream);
-/// p[i] = start + i for i < n.
-cudaError_t launch_iota_i32(int32_t* p, int64_t n, int32_t start, cudaStream_t stream);
 #endif
 
 }  // namespace flashnext::cuda::detail

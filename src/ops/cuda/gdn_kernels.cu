@@ -1,8 +1,9 @@
 // Gated DeltaNet kernels (MODEL.md "Gated DeltaNet (linear attention) layer"; reference Qwen4ExpTextGatedDeltaNet,
 // causal_conv1d_fn / causal_conv1d_update, torch_recurrent_gated_delta_rule, torch_chunk_gated_delta_rule).
-// FP16 activations (the recurrence kernels are templated on the activation type T: FP16, or FP32 for the ops
-// interface), FP32 arithmetic, FP32 recurrent state [slot, nv, dk, dv]; conv state [slot, C, K-1] FP16 holding
-// the last K-1 conv inputs, oldest first. Only SM70 instructions (CUDA cores, shuffles, shared memory).
+// The gated delta rule: the recurrence (decode) and the chunked form (prefill), FP32 activations and arithmetic,
+// FP32 recurrent state [slot, nv, dk, dv] (the kernels are templated on the activation type; the ops interface
+// instantiates FP32). The causal conv of the ops interface is in cuda_ops_kernels.cu. Only SM70 instructions
+// (CUDA cores, shuffles, shared memory).
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/gdn_kernels.h"
 
@@ -10,72 +11,6 @@ namespace flashnext::cuda::detail {
 namespace {
 
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ int seq_of(const int32_t* cu, int n, int t) {
-  int lo = 0, hi = n - 1;  // last s with cu[s] <= t
-  while (lo < hi) {
-    int mid = (lo + hi + 1) >> 1;
-    if (cu[mid] <= t)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return lo;
-}
-
-// y[t, c] = silu(sum_k w[c, k] * in[t - (K-1) + k, c]), where inputs before the sequence's start come from its conv
-// state. Reads the old state only (gdn_conv_state_kernel writes the new one afterwards).
-__global__ void gdn_conv_prefill_kernel(const __half* __restrict__ x, int64_t ldx, const int32_t* __restrict__ cu,
-                                        int num_seqs, int total, const __half* __restrict__ state,
-                                        const int32_t* __restrict__ slots, const __half* __restrict__ w,
-                                        __half* __restrict__ y, int64_t ldy, int channels, int K) {
-  const int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (idx >= int64_t(total) * channels) return;
-  const int t = int(idx / channels), c = int(idx % channels);
-  const int s = seq_of(cu, num_seqs, t);
-  const int start = cu[s];
-  const __half* st = state + (int64_t(slots[s]) * channels + c) * (K - 1);
-  float acc = 0.f;
-  for (int k = 0; k < K; ++k) {
-    const int src = t - (K - 1) + k;
-    const float v = src >= start ? to_f(x[int64_t(src) * ldx + c]) : to_f(st[(K - 1) + (src - start)]);
-    acc += to_f(w[int64_t(c) * K + k]) * v;
-  }
-  y[int64_t(t) * ldy + c] = to_h(siluf_(acc));
-}
-
-// New conv state of each sequence: its last K-1 inputs (from x, or from the old state for short sequences).
-__global__ void gdn_conv_state_kernel(const __half* __restrict__ x, int64_t ldx, const int32_t* __restrict__ cu,
-                                      int num_seqs, __half* state, const int32_t* __restrict__ slots, int channels,
-                                      int K) {
-  const int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (idx >= int64_t(num_seqs) * channels) return;
-  const int s = int(idx / channels), c = int(idx % channels);
-  const int start = cu[s], end = cu[s + 1];
-  __half* st = state + (int64_t(slots[s]) * channels + c) * (K - 1);
-  __half nw[kGdnMaxKernel];
-  for (int j = 0; j < K - 1; ++j) {
-    const int src = end - (K - 1) + j;
-    nw[j] = src >= start ? x[int64_t(src) * ldx + c] : st[(K - 1) + (src - start)];
-  }
-  for (int j = 0; j < K - 1; ++j) st[j] = nw[j];
-}
-
-// Decode: one token per sequence; reads and shifts the state in the same thread.
-__global__ void gdn_conv_update_kernel(const __half* __restrict__ x, int64_t ldx, int batch, __half* state,
-                                       const int32_t* __restrict__ slots, const __half* __restrict__ w,
-                                       __half* __restrict__ y, int64_t ldy, int channels, int K) {
-  const int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (idx >= int64_t(batch) * channels) return;
-  const int b = int(idx / channels), c = int(idx % channels);
-  __half* st = state + (int64_t(slots[b]) * channels + c) * (K - 1);
-  const __half xin = x[int64_t(b) * ldx + c];
-  float acc = to_f(w[int64_t(c) * K + K - 1]) * to_f(xin);
-  for (int k = 0; k < K - 1; ++k) acc += to_f(w[int64_t(c) * K + k]) * to_f(st[k]);
-  for (int k = 0; k + 1 < K - 1; ++k) st[k] = st[k + 1];
-  if (K > 1) st[K - 2] = xin;
-  y[int64_t(b) * ldy + c] = to_h(siluf_(acc));
-}
 
 // beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias)   (FP32, g <= 0).
 template <class T>
@@ -315,10 +250,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-unsigned grid_for(int64_t n) {
-  return unsigned((n + kThreads - 1) / kThreads);
-}
-
 // Both activation types are compiled in every build (NVRTC included, for the SM70 check).
 #define FN_GDN_INSTANTIATE(T)                                                                                       \
   template __global__ void gdn_recurrent_kernel<T>(const T*, int64_t, const T*, const T*, int64_t, const float*,    \
@@ -326,34 +257,12 @@ unsigned grid_for(int64_t n) {
   template __global__ void gdn_chunked_kernel<T>(const T*, int64_t, const T*, const T*, int64_t, const float*,      \
                                                  const float*, float*, const int32_t*, const int32_t*, GdnHeads, T*, \
                                                  int64_t);
-FN_GDN_INSTANTIATE(__half)
 FN_GDN_INSTANTIATE(float)
 #undef FN_GDN_INSTANTIATE
 
 }  // namespace
 
 #ifndef __CUDACC_RTC__  // host launchers (NVRTC, used by the SM70 check, compiles device code only)
-
-cudaError_t launch_gdn_conv_prefill(const __half* x, int64_t ldx, const int32_t* cu, int num_seqs, int total,
-                                    __half* state, const int32_t* slots, const __half* w, __half* y, int64_t ldy,
-                                    int channels, int kernel, cudaStream_t stream) {
-  if (total == 0 || num_seqs == 0) return cudaSuccess;
-  gdn_conv_prefill_kernel<<<grid_for(int64_t(total) * channels), kThreads, 0, stream>>>(
-      x, ldx, cu, num_seqs, total, state, slots, w, y, ldy, channels, kernel);
-  if (kernel > 1)
-    gdn_conv_state_kernel<<<grid_for(int64_t(num_seqs) * channels), kThreads, 0, stream>>>(x, ldx, cu, num_seqs, state,
-                                                                                           slots, channels, kernel);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_gdn_conv_update(const __half* x, int64_t ldx, int batch, __half* state, const int32_t* slots,
-                                   const __half* w, __half* y, int64_t ldy, int channels, int kernel,
-                                   cudaStream_t stream) {
-  if (batch == 0) return cudaSuccess;
-  gdn_conv_update_kernel<<<grid_for(int64_t(batch) * channels), kThreads, 0, stream>>>(x, ldx, batch, state, slots, w,
-                                                                                       y, ldy, channels, kernel);
-  return cudaGetLastError();
-}
 
 namespace {
 template <class T>
@@ -382,25 +291,12 @@ cudaError_t gdn_chunked_launch(const T* qkv, int64_t ld_qkv, const T* a, const T
 }
 }  // namespace
 
-cudaError_t launch_gdn_recurrent_step(const __half* qkv, int64_t ld_qkv, const __half* a, const __half* b,
-                                      int64_t ld_ab, const float* a_log, const float* dt_bias, float* state,
-                                      const int32_t* slots, int batch, GdnHeads dims, __half* out, int64_t ld_out,
-                                      cudaStream_t stream) {
-  return gdn_recurrent_launch(qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots, batch, dims, out, ld_out, stream);
-}
 cudaError_t launch_gdn_recurrent_step(const float* qkv, int64_t ld_qkv, const float* a, const float* b, int64_t ld_ab,
                                       const float* a_log, const float* dt_bias, float* state, const int32_t* slots,
                                       int batch, GdnHeads dims, float* out, int64_t ld_out, cudaStream_t stream) {
   return gdn_recurrent_launch(qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots, batch, dims, out, ld_out, stream);
 }
 
-cudaError_t launch_gdn_chunked_prefill(const __half* qkv, int64_t ld_qkv, const __half* a, const __half* b,
-                                       int64_t ld_ab, const float* a_log, const float* dt_bias, float* state,
-                                       const int32_t* slots, const int32_t* cu, int num_seqs, GdnHeads dims, __half* out,
-                                       int64_t ld_out, cudaStream_t stream) {
-  return gdn_chunked_launch(qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots, cu, num_seqs, dims, out, ld_out,
-                            stream);
-}
 cudaError_t launch_gdn_chunked_prefill(const float* qkv, int64_t ld_qkv, const float* a, const float* b, int64_t ld_ab,
                                        const float* a_log, const float* dt_bias, float* state, const int32_t* slots,
                                        const int32_t* cu, int num_seqs, GdnHeads dims, float* out, int64_t ld_out,

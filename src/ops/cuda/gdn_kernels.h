@@ -1,4 +1,5 @@
-// Launchers for the Gated DeltaNet kernels (gdn_kernels.cu). No argument checks here: call through gdn.h.
+// Launchers of the gated delta rule kernels (gdn_kernels.cu). No argument checks here: gdn_ops.cpp checks the
+// tensors (ops/contract/gdn.h) and the limits below.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -10,7 +11,6 @@
 
 namespace flashnext::cuda::detail {
 
-constexpr int kGdnMaxKernel = 8;  // causal conv kernel width K
 constexpr int kGdnMaxDk = 128;    // key head dim (smem-sized in the chunked kernel)
 constexpr int kGdnChunk = 32;     // tokens per chunk in the chunked prefill
 
@@ -20,23 +20,8 @@ struct GdnHeads {
 };
 
 #ifndef __CUDACC_RTC__  // host launchers
-cudaError_t launch_gdn_conv_prefill(const __half* x, int64_t ldx, const int32_t* cu_seqlens, int num_seqs,
-                                    int total_tokens, __half* conv_state, const int32_t* slots, const __half* w,
-                                    __half* y, int64_t ldy, int channels, int kernel, cudaStream_t stream);
-cudaError_t launch_gdn_conv_update(const __half* x, int64_t ldx, int batch, __half* conv_state, const int32_t* slots,
-                                   const __half* w, __half* y, int64_t ldy, int channels, int kernel,
-                                   cudaStream_t stream);
-
-cudaError_t launch_gdn_recurrent_step(const __half* qkv, int64_t ld_qkv, const __half* a, const __half* b,
-                                      int64_t ld_ab, const float* a_log, const float* dt_bias, float* state,
-                                      const int32_t* slots, int batch, GdnHeads dims, __half* out, int64_t ld_out,
-                                      cudaStream_t stream);
-cudaError_t launch_gdn_chunked_prefill(const __half* qkv, int64_t ld_qkv, const __half* a, const __half* b,
-                                       int64_t ld_ab, const float* a_log, const float* dt_bias, float* state,
-                                       const int32_t* slots, const int32_t* cu_seqlens, int num_seqs, GdnHeads dims,
-                                       __half* out, int64_t ld_out, cudaStream_t stream);
-
-// FP32-activation variants of the recurrence (the ops interface's float32 tensors); same kernels.
+/// The recurrence for one decode token per sequence (token s in slot slots[s]); the chunked form over the rows
+/// cu_seqlens[s] .. of every sequence s, state in slot slots[s] read and written.
 cudaError_t launch_gdn_recurrent_step(const float* qkv, int64_t ld_qkv, const float* a, const float* b, int64_t ld_ab,
                                       const float* a_log, const float* dt_bias, float* state, const int32_t* slots,
                                       int batch, GdnHeads dims, float* out, int64_t ld_out, cudaStream_t stream);

@@ -311,14 +311,6 @@ cudaError_t launch_moe_align(const int32_t* ids, int slots, int experts, int32_t
   return cudaGetLastError();
 }
 
-cudaError_t launch_moe_gate_up(const __half* u, int64_t ldu, int top_k, const __half* gate_up, int hidden, int inter,
-                               const int32_t* offsets, const int32_t* sorted_slots, const int32_t* tile_expert,
-                               const int32_t* tile_row, const int32_t* num_tiles, int max_tiles, __half* h,
-                               cudaStream_t stream) {
-  return launch_moe_gate_up_split(u, ldu, top_k, gate_up, gate_up + int64_t(inter) * hidden, 2 * int64_t(inter), hidden,
-                                  inter, offsets, sorted_slots, tile_expert, tile_row, num_tiles, max_tiles, h, stream);
-}
-
 cudaError_t launch_moe_gate_up_split(const __half* u, int64_t ldu, int top_k, const __half* gate, const __half* up,
                                      int64_t expert_rows, int hidden, int inter, const int32_t* offsets,
                                      const int32_t* sorted_slots, const int32_t* tile_expert, const int32_t* tile_row,

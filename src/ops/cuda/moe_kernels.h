@@ -20,10 +20,6 @@ cudaError_t launch_moe_router_topk(const float* logits, int64_t ld, int tokens, 
 cudaError_t launch_moe_align(const int32_t* ids, int slots, int experts, int32_t* offsets, int32_t* sorted_slots,
                              int32_t* slot_row, int32_t* tile_expert, int32_t* tile_row, int32_t* num_tiles,
                              int32_t* status, cudaStream_t stream);
-cudaError_t launch_moe_gate_up(const __half* u, int64_t ldu, int top_k, const __half* gate_up, int hidden, int inter,
-                               const int32_t* offsets, const int32_t* sorted_slots, const int32_t* tile_expert,
-                               const int32_t* tile_row, const int32_t* num_tiles, int max_tiles, __half* h,
-                               cudaStream_t stream);
 cudaError_t launch_moe_down(const __half* h, const __half* down, int hidden, int inter, const int32_t* offsets,
                             const int32_t* sorted_slots, const float* weights, const int32_t* tile_expert,
                             const int32_t* tile_row, const int32_t* num_tiles, int max_tiles, __half* ys,
@@ -32,7 +28,7 @@ cudaError_t launch_moe_combine(const __half* ys, const int32_t* slot_row, int to
                                const __half* shared, const float* shared_gate, __half* out, int64_t ldo,
                                cudaStream_t stream);
 // Gate/up GEMM over separately stacked gate_proj / up_proj [E, I, H] (expert_rows = I), or any two weight arrays
-// whose expert e, row n starts at (e * expert_rows + n) * H elements (launch_moe_gate_up: the fused layout).
+// whose expert e, row n starts at (e * expert_rows + n) * H elements.
 cudaError_t launch_moe_gate_up_split(const __half* u, int64_t ldu, int top_k, const __half* gate, const __half* up,
                                      int64_t expert_rows, int hidden, int inter, const int32_t* offsets,
                                      const int32_t* sorted_slots, const int32_t* tile_expert, const int32_t* tile_row,

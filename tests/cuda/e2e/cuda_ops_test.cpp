@@ -47,14 +47,6 @@ struct Pair {
   Tensor c, g;
 };
 
-Pair act(const Shape& s, uint32_t seed, float scale = 1.0f) {
-  const auto v = normal(size_t(shape_numel(s)), seed, scale, false);
-  return {cpu()->upload(v.data(), DType::F32, s), gpu()->upload(v.data(), DType::F32, s)};
-}
-Pair weight(const Shape& s, uint32_t seed, float scale = 1.0f) {
-  const auto v = normal(size_t(shape_numel(s)), seed, scale, true);
-  return {cpu()->load_weight(v.data(), DType::F32, s), gpu()->load_weight(v.data(), DType::F32, s)};
-}
 Pair empty(const Shape& s, DType dt = DType::F32) {
   return {cpu()->empty(s, dt), gpu()->empty(s, dt)};
 }
@@ -63,10 +55,6 @@ Pair ints(const std::vector<T>& v, const Shape& s) {
   const DType dt = sizeof(T) == 4 ? DType::I32 : DType::I64;
   return {cpu()->upload(v.data(), dt, s), gpu()->upload(v.data(), dt, s)};
 }
-Pair zeros(const Shape& s) {
-  return {cpu()->zeros(s), gpu()->zeros(s)};
-}
-
 std::vector<float> host(Ops& ops, const Tensor& t) {
   std::vector<float> v(size_t(t.numel()));
   ops.download(t, v.data());
@@ -98,15 +86,6 @@ double expect_close(const Pair& p, double atol, double rtol, const std::string& 
 }
 
 constexpr double kF32 = 1e-4;  // float32 on both sides, different reduction order
-
-/// Relative tolerance of a tensor-core product's output: float32-exact with FP16x2 inputs, FP16 rounding otherwise.
-double prod_rtol() {
-  return g_mode == ActivationPrecision::Fp16x2 ? kF32 : 1e-2;
-}
-/// Absolute floor for products of O(1) values.
-double prod_atol(double fp16_atol) {
-  return g_mode == ActivationPrecision::Fp16x2 ? kF32 : fp16_atol;
-}
 
 class CudaOps : public ::testing::TestWithParam<ActivationPrecision> {
  protected:
