@@ -20,6 +20,10 @@ if(cuda_srcs)
   add_library(fn_cuda STATIC ${cuda_srcs})
   target_include_directories(fn_cuda PUBLIC ${FLASHNEXT_ROOT}/src)
   target_link_libraries(fn_cuda PUBLIC fn_ops ${FN_CUDA_CORE} CUDA::cudart_static CUDA::cublas)
+  if(TARGET CUDA::cupti)  # launch counting in `flashnext bench` (src/ops/cuda/api_counter.cpp); optional
+    target_link_libraries(fn_cuda PUBLIC CUDA::cupti)
+    target_compile_definitions(fn_cuda PRIVATE FLASHNEXT_HAVE_CUPTI=1)
+  endif()
   # Kernels are C++17: CMake 3.25 knows no C++20 flag for nvcc, and the CUDA 12 SM70 check needs none.
   set_target_properties(fn_cuda PROPERTIES CUDA_STANDARD 17 CUDA_SEPARABLE_COMPILATION OFF POSITION_INDEPENDENT_CODE ON)
   target_compile_options(fn_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)

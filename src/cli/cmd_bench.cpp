@@ -416,7 +416,8 @@ int run(BenchArgs a) {
     if (a.decode_tokens > 0) {  // batch 1: decode_context in, decode_tokens out
       pool.next_block = base;
       const int kProfileSteps = int(std::min<int64_t>(16, a.decode_tokens));  // marked steps after the timed ones
-      SequenceState s = pool.take(0, a.decode_context + a.decode_tokens + kProfileSteps);
+      const int kCountSteps = 8;  // then steps with CUDA API counting on (launches per step)
+      SequenceState s = pool.take(0, a.decode_context + a.decode_tokens + kProfileSteps + kCountSteps);
       const auto [t_first, pc] = prefill(m, s, random_ids(a.decode_context, V, a.seed + 5), a.chunk);
       (void)pc;
       std::vector<Clock::time_point> emitted{Clock::now()};  // token 1 (from the prefill)
@@ -466,6 +467,26 @@ int run(BenchArgs a) {
         decode["profile_wall_ms_per_step"] = wall_ms;
         decode["profile_host_gap_ms_per_step"] = wall_ms - sum_ms(times) / std::max(1, done);
       }
+      decode["launches_per_step"] = nullptr;
+      decode["memcpys_per_step"] = nullptr;
+      decode["memsets_per_step"] = nullptr;
+#ifdef FLASHNEXT_HAVE_CUDA
+      if (ops->device() == Device::CUDA && cuda_api_counting(true)) {  // not timed: counting slows the host
+        for (int i = 0; i < kCountSteps; ++i) {
+          Tensor logits = m.forward_tensor(s, {&tok, 1}, LogitsMode::Last);
+          tok = sample(m, logits, 0.f, 0, 0)[0];
+        }
+        ops->synchronize();
+        const CudaApiCounts n = cuda_api_counts();
+        cuda_api_counting(false);
+        decode["launches_per_step"] = double(n.kernel_launches) / kCountSteps;
+        decode["memcpys_per_step"] = double(n.memcpys) / kCountSteps;
+        decode["memsets_per_step"] = double(n.memsets) / kCountSteps;
+        log(fmt::format("decode batch 1: {:.0f} kernel launches, {:.0f} copies and {:.0f} sets per step",
+                        double(n.kernel_launches) / kCountSteps, double(n.memcpys) / kCountSteps,
+                        double(n.memsets) / kCountSteps));
+      }
+#endif
       note_memory();
       log(fmt::format("decode {} in / {} out, batch 1: {:.1f} tokens/s (tokens {}-{}), step {:.2f} ms median, {:.2f} "
                       "GB/step, {} of the bytes roofline",
@@ -548,7 +569,11 @@ int run(BenchArgs a) {
   }
 
   // The V100 projection: the bytes (decode) and FLOPs (prefill) this run counted, on 1, 2 and 4 V100s at the
-  // fraction of the roofline measured here.
+  // fraction of the roofline measured here, and the decode bytes plus launches at the launch cost measured here.
+  double launch_cost_us = 0;
+#ifdef FLASHNEXT_HAVE_CUDA
+  if (ops->device() == Device::CUDA) launch_cost_us = cuda_launch_cost_us(0);
+#endif
   json v100 = nullptr;
   if (ceil.known() && ceil.name != "V100") {
     json dec = json::object(), pre = json::object();
@@ -556,8 +581,13 @@ int run(BenchArgs a) {
       if (!decode.is_null()) {
         const double bytes = decode["bytes_per_step"].get<double>();
         const double roof = n * kV100Bytes / bytes;
-        dec[std::to_string(n)] = json{{"roofline_tokens_per_s", roof},
-                                      {"at_measured_ratio_tokens_per_s", roof * decode["ratio_to_bytes_roofline"].get<double>()}};
+        json d{{"roofline_tokens_per_s", roof},
+               {"at_measured_ratio_tokens_per_s", roof * decode["ratio_to_bytes_roofline"].get<double>()},
+               {"bytes_plus_launches_tokens_per_s", nullptr}};
+        if (decode["launches_per_step"].is_number() && launch_cost_us > 0)
+          d["bytes_plus_launches_tokens_per_s"] =
+              1.0 / (bytes / (n * kV100Bytes) + decode["launches_per_step"].get<double>() * launch_cost_us * 1e-6);
+        dec[std::to_string(n)] = d;
       }
       if (!prefill_runs.empty()) {
         json per = json::object();
@@ -572,7 +602,10 @@ int run(BenchArgs a) {
     v100 = json{{"method",
                  "n V100s (900 GB/s, 125 TFLOP/s each, docs/LIMITS.md) reading the bytes (decode) or doing the FLOPs "
                  "(prefill) this run counted, split evenly over n GPUs, at the fraction of the roofline measured "
-                 "here; launches and collectives (TP) not included"},
+                 "here; bytes_plus_launches_tokens_per_s: 1 / (bytes / (n * 900 GB/s) + launches per step * the "
+                 "empty-kernel launch cost measured here): every GPU of a TP group launches every kernel; collectives "
+                 "(TP) not included"},
+                {"launch_cost_us", launch_cost_us > 0 ? json(launch_cost_us) : json()},
                 {"decode_batch1", dec},
                 {"prefill_tokens_per_s_at_measured_ratio", pre}};
   }
@@ -659,6 +692,18 @@ int run(BenchArgs a) {
       fmt::print("decode b=1 per step (ms):");
       for (const auto& [k, v] : decode["profile_ms_per_step"].items()) fmt::print(" {} {:.3f}", k, v.get<double>());
       fmt::print(" | host gap {:.3f}\n", decode["profile_host_gap_ms_per_step"].get<double>());
+    }
+    if (!decode.is_null() && decode["launches_per_step"].is_number()) {
+      fmt::print("decode b=1 per step: {:.0f} kernel launches, {:.0f} copies, {:.0f} sets (empty-kernel launch {:.2f} us)\n",
+                 decode["launches_per_step"].get<double>(), decode["memcpys_per_step"].get<double>(),
+                 decode["memsets_per_step"].get<double>(), launch_cost_us);
+      if (!v100.is_null()) {
+        fmt::print("V100 projection, decode b=1 (bytes + launches):");
+        for (const char* n : {"1", "2", "4"})
+          if (v100["decode_batch1"][n]["bytes_plus_launches_tokens_per_s"].is_number())
+            fmt::print(" {}x {:.0f} tok/s", n, v100["decode_batch1"][n]["bytes_plus_launches_tokens_per_s"].get<double>());
+        fmt::print("\n");
+      }
     }
   }
   return 0;

@@ -77,6 +77,11 @@ TEST(BenchCli, CpuSmallGeometryJson) {
   // The PLE layer gathers 16 rows of 160 bytes for the token.
   EXPECT_DOUBLE_EQ(d["host_bytes_per_step"].get<double>(), 16.0 * 160);
   EXPECT_TRUE(d.contains("profile_ms_per_step"));
+  // Launch counts are CUDA's (CUPTI): present and null on the CPU.
+  for (const char* k : {"launches_per_step", "memcpys_per_step", "memsets_per_step"}) {
+    EXPECT_TRUE(d.contains(k)) << k;
+    EXPECT_TRUE(d[k].is_null()) << k;
+  }
 
   ASSERT_EQ(j["batch_decode"].size(), 2u);
   for (const json& b : j["batch_decode"]) {

@@ -329,6 +329,27 @@ CudaDeviceInfo cuda_device_info(int device) {
   return d;
 }
 
+double cuda_launch_cost_us(int device, int launches) {
+  FN_CHECK(launches > 0, "cuda_launch_cost_us: {} launches", launches);
+  FN_CUDA_CHECK(cudaSetDevice(device), "cuda_launch_cost_us");
+  cudaStream_t s = nullptr;
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  FN_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cuda_launch_cost_us");
+  FN_CUDA_CHECK(cudaEventCreate(&e0), "cuda_launch_cost_us");
+  FN_CUDA_CHECK(cudaEventCreate(&e1), "cuda_launch_cost_us");
+  for (int i = 0; i < 100; ++i) FN_CUDA_CHECK(cuda::detail::launch_noop(s), "cuda_launch_cost_us");  // warm-up
+  FN_CUDA_CHECK(cudaEventRecord(e0, s), "cuda_launch_cost_us");
+  for (int i = 0; i < launches; ++i) FN_CUDA_CHECK(cuda::detail::launch_noop(s), "cuda_launch_cost_us");
+  FN_CUDA_CHECK(cudaEventRecord(e1, s), "cuda_launch_cost_us");
+  FN_CUDA_CHECK(cudaEventSynchronize(e1), "cuda_launch_cost_us");
+  float ms = 0;
+  FN_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1), "cuda_launch_cost_us");
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaStreamDestroy(s);
+  return 1e3 * double(ms) / launches;
+}
+
 CudaMemoryCounters cuda_memory_counters(const Ops& ops) {
   const auto* c = dynamic_cast<const cuda::CudaOps*>(&ops);
   FN_CHECK(c, "cuda_memory_counters: {} is not a CUDA backend", ops.name());

@@ -88,6 +88,20 @@ struct CudaMemoryCounters {
 /// The counters of `ops`, a backend made by make_cuda_ops. Throws Error for another backend.
 CudaMemoryCounters cuda_memory_counters(const Ops& ops);
 
+/// CUDA work the process enqueued while counting was on (cuda_api_counting): kernel launches (cuBLAS's included),
+/// memory copies and memory sets, as CUPTI's driver-API callbacks see them.
+struct CudaApiCounts {
+  int64_t kernel_launches = 0, memcpys = 0, memsets = 0;
+};
+/// Turns counting on (counts reset) or off. Returns false, counting nothing, when this build has no CUPTI or CUPTI
+/// refuses (another profiler attached). Counting costs about a microsecond per call of the host: do not time with it.
+bool cuda_api_counting(bool on);
+/// What was counted since counting was last turned on.
+CudaApiCounts cuda_api_counts();
+/// The mean device time of one launch of an empty kernel on GPU `device`, launched back to back `launches` times
+/// on one stream between two events, in microseconds: the floor each kernel of a step pays.
+double cuda_launch_cost_us(int device, int launches = 2000);
+
 /// Memory of one GPU, in bytes.
 struct GpuMemory {
   int64_t free_bytes = 0;   ///< free now (cudaMemGetInfo)

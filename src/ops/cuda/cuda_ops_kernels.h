@@ -40,6 +40,8 @@ struct GemvSegments {
 /// y[i] = fp16(x[i]) (round to nearest even) for i < n.
 cudaError_t launch_f32_to_f16(const float* x, __half* y, int64_t n, cudaStream_t stream);
 /// y[i] = float(x[i]).
+/// One empty kernel (one warp): what a launch costs on its own.
+cudaError_t launch_noop(cudaStream_t stream);
 cudaError_t launch_f16_to_f32(const __half* x, float* y, int64_t n, cudaStream_t stream);
 /// dst[i] = fp16(src[i]) for a checkpoint tensor of `src_type`; stats[0] += the number of values outside the FP16
 /// range (|x| > 65504, infinities and NaN included), stats[1] = max(stats[1], bits of the largest finite |x|).
