@@ -518,9 +518,21 @@ int run(BenchArgs a) {
       std::vector<double> steps;
       json prof = nullptr;
       double prof_wall = 0, prof_gap = 0;
+      // The experts the router really picks: counted in the first warm-up step (its downloads are not timed).
+      double hit_sum = 0;
+      int64_t hit_layers = 0;
       for (int64_t i = 0; i < a.batch_steps + (a.profile ? 1 : 0); ++i) {
         const bool profiled = i == a.batch_steps;  // one more step with the phase marks on, not timed
         ops->set_profiling(profiled);
+        if (i == 0) {
+          m.set_router_observer([&](int64_t, const Tensor& ids) {
+            std::vector<int32_t> h(size_t(ids.numel()));
+            ops->download(ids, h.data());
+            std::sort(h.begin(), h.end());
+            hit_sum += double(std::unique(h.begin(), h.end()) - h.begin());
+            ++hit_layers;
+          });
+        }
         std::vector<BatchItem> items;
         for (int64_t b = 0; b < B; ++b) items.push_back({&seqs[size_t(b)], {&toks[size_t(b)], 1}, LogitsMode::Last});
         const auto t0 = Clock::now();
@@ -538,11 +550,14 @@ int run(BenchArgs a) {
           steps.push_back(t);
         }
         ops->set_profiling(false);
+        m.set_router_observer({});
       }
       note_memory();
       const double step_s = median(steps);
       std::vector<StepWork> work(static_cast<size_t>(B), StepWork{1, a.batch_context + a.batch_steps / 2});
-      const StepCost c = step_cost(m, work, B);
+      const double hit = hit_layers > 0 ? hit_sum / double(hit_layers) : 0;
+      const StepCost c = step_cost(m, work, B, hit);
+      const StepCost uniform = step_cost(m, work, B);
       const double ratio = ceil.known() ? c.device_bytes() / ceil.bytes_per_s / step_s : 0;
       json j{{"batch", B},
              {"context_tokens", a.batch_context},
@@ -550,6 +565,7 @@ int run(BenchArgs a) {
              {"step_ms_median", 1e3 * step_s},
              {"tokens_per_s", double(B) / step_s},
              {"experts_hit_per_layer", c.experts_hit},
+             {"experts_hit_per_layer_uniform", uniform.experts_hit},
              {"bytes_per_step", c.device_bytes()},
              {"weight_bytes_per_step", c.weight_bytes},
              {"cache_bytes_per_step", c.cache_bytes},

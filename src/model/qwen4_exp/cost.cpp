@@ -31,14 +31,14 @@ struct Dense {
 
 }  // namespace
 
-StepCost step_cost(const Model& model, std::span<const StepWork> work, int64_t logit_rows) {
+StepCost step_cost(const Model& model, std::span<const StepWork> work, int64_t logit_rows, double experts_hit) {
   const ModelConfig& c = model.config();
   const ModelWeights& w = model.weights();
   StepCost cost;
   int64_t T = 0;
   for (const StepWork& s : work) T += s.tokens;
   const double E = double(c.num_experts), k = double(c.num_experts_per_tok);
-  cost.experts_hit = E * (1.0 - std::pow(1.0 - k / E, double(T)));
+  cost.experts_hit = experts_hit > 0 ? experts_hit : E * (1.0 - std::pow(1.0 - k / E, double(T)));
 
   // Weights: every dense weight once; lm_head for logit_rows rows; embedding rows of the step's tokens.
   Dense dense;

@@ -31,14 +31,15 @@ struct StepCost {
   /// scores 2 * heads * dim per complete block, the gated delta rule about 7 * dk * dv + 4 * 64 * dk per token and
   /// value head (state decay, S^T k, update, output, and the intra-chunk products of the chunked form).
   double flops = 0;
-  /// Expected distinct routed experts per MoE layer for the step's tokens under uniform routing:
-  /// E * (1 - (1 - k/E)^tokens).
+  /// Distinct routed experts per MoE layer whose weights the step reads: the measured mean when step_cost is given
+  /// one, else the expectation under uniform routing, E * (1 - (1 - k/E)^tokens).
   double experts_hit = 0;
 
   double device_bytes() const { return weight_bytes + cache_bytes; }
 };
 
-/// The cost of feeding `work` to `model` in one step, with `logit_rows` rows through lm_head.
-StepCost step_cost(const Model& model, std::span<const StepWork> work, int64_t logit_rows);
+/// The cost of feeding `work` to `model` in one step, with `logit_rows` rows through lm_head. `experts_hit` > 0: the
+/// measured mean of distinct experts per MoE layer (RouterObserver), used instead of the uniform expectation.
+StepCost step_cost(const Model& model, std::span<const StepWork> work, int64_t logit_rows, double experts_hit = 0);
 
 }  // namespace flashnext

@@ -306,7 +306,7 @@ Tensor Model::forward_batch(std::span<const BatchItem> items, std::vector<int64_
     ops.profile_phase("hc");
     inject(ops, X, out, r.inj);
     r = gated_residual_read(ops, X, lw.mlp_hc, H, eps);
-    Tensor moe_out = moe_block(ops, c, lw.moe, r.u);
+    Tensor moe_out = moe_block(ops, c, lw.moe, r.u, router_observer_, int64_t(l));
     ops.profile_phase("hc");
     inject(ops, X, moe_out, r.inj);
     if (hook && l + 1 < L) hook(int(l + 1), X);

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "loader/config.h"
+#include "model/qwen4_exp/moe.h"
 #include "model/qwen4_exp/state.h"
 #include "ops/ops.h"
 
@@ -86,6 +87,9 @@ class Model {
   /// The loaded weights (cost.h counts their bytes).
   const ModelWeights& weights() const { return *weights_; }
   Ops& ops() const { return *ops_; }
+  /// Calls `observer` with every MoE block's router choice of the steps that follow (empty: none); a measurement
+  /// hook (model/qwen4_exp/moe.h RouterObserver), not for serving.
+  void set_router_observer(RouterObserver observer) { router_observer_ = std::move(observer); }
 
   /// A fresh, empty sequence with a private cache that grows on demand (position 0, zero states, PLE history =
   /// boundary token).
@@ -144,6 +148,7 @@ class Model {
 
   ModelConfig config_;
   std::shared_ptr<Ops> ops_;
+  RouterObserver router_observer_;
   std::unique_ptr<ModelWeights> weights_;
 };
 

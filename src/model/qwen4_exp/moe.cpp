@@ -2,11 +2,13 @@
 
 namespace flashnext {
 
-Tensor moe_block(Ops& ops, const ModelConfig& cfg, const MoeWeights& w, const Tensor& u) {
+Tensor moe_block(Ops& ops, const ModelConfig& cfg, const MoeWeights& w, const Tensor& u, const RouterObserver& observer,
+                 int64_t layer) {
   const int64_t T = u.dim(0), k = cfg.num_experts_per_tok;
   ops.profile_phase("moe_router");
   Tensor ids = ops.empty({T, k}, DType::I32), weights = ops.empty({T, k});
   ops.moe_router_topk(u, w.router, cfg.norm_topk_prob, ids, weights);
+  if (observer) observer(layer, ids);
   Tensor out = ops.empty({T, cfg.hidden_size});
   ops.profile_phase("moe_routed");
   ops.moe_experts(u, ids, weights, w, out);
