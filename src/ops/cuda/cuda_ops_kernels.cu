@@ -140,6 +140,50 @@ __global__ void gemv_f16w_f32x_kernel(const float* __restrict__ x, int64_t ldx, 
   }
 }
 
+// The shared expert's down projection for T <= kGemvMaxTokens tokens with its activation and gate fused in (one warp
+// per output column c of H): out[t, c] += sigmoid(gate_logit[t]) * sum_k down[c, k] * silu(g[t, k]) * up[t, k]; g,
+// up [T, I] float32, down [H, I] FP16, I % 8 == 0, every pointer 16-byte aligned. Float32 throughout, the products
+// and the order of the sums as silu_mul_f32 + gemv_f16w_f32x + gated_accumulate compute them.
+template <int T>
+__global__ void shared_down_decode_kernel(const float* __restrict__ g, const float* __restrict__ up,
+                                          const __half* __restrict__ down, const float* __restrict__ gate_logit, int I,
+                                          int H, float* __restrict__ out) {
+  const int c = int((int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5);
+  const int lane = threadIdx.x & 31;
+  if (c >= H) return;
+  const uint4* wr = reinterpret_cast<const uint4*>(down + int64_t(c) * I);
+  float acc[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) acc[t] = 0.f;
+  for (int v = lane; v < I / 8; v += 32) {
+    const uint4 raw = __ldg(wr + v);
+    const __half2* hw = reinterpret_cast<const __half2*>(&raw);
+    float wf[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __half22float2(hw[i]);
+      wf[2 * i] = f.x;
+      wf[2 * i + 1] = f.y;
+    }
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      const float* gr = g + int64_t(t) * I + int64_t(v) * 8;
+      const float* ur = up + int64_t(t) * I + int64_t(v) * 8;
+      const float4 g0 = reinterpret_cast<const float4*>(gr)[0], g1 = reinterpret_cast<const float4*>(gr)[1];
+      const float4 u0 = reinterpret_cast<const float4*>(ur)[0], u1 = reinterpret_cast<const float4*>(ur)[1];
+      const float a[8] = {siluf_(g0.x) * u0.x, siluf_(g0.y) * u0.y, siluf_(g0.z) * u0.z, siluf_(g0.w) * u0.w,
+                          siluf_(g1.x) * u1.x, siluf_(g1.y) * u1.y, siluf_(g1.z) * u1.z, siluf_(g1.w) * u1.w};
+      acc[t] += wf[0] * a[0] + wf[1] * a[1] + wf[2] * a[2] + wf[3] * a[3] + wf[4] * a[4] + wf[5] * a[5] +
+                wf[6] * a[6] + wf[7] * a[7];
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    const float sum = warp_sum(acc[t]);
+    if (lane == 0) out[int64_t(t) * H + c] += sigmoidf_(gate_logit[t]) * sum;
+  }
+}
+
 // Decode hyper-connection read (hc_read for T <= kGemvMaxTokens tokens, float32 throughout), in two launches:
 //   hc_down: per token and stream the ZC-RMSNorm statistics rstd[t][b] (each block recomputes them from X: T rows of
 //            S*H floats, from L2), then one block per output row r of [input_mix_weight_down (R rows);
@@ -532,6 +576,8 @@ __global__ void qsa_topk_kernel(Layout lay, const float* __restrict__ scores, in
 // The templates as sm_70 kernels for the NVRTC check (scripts/check-sm70.sh compiles device code only).
 #define FN_DECODE_KERNELS(TT)                                                                                    \
   template __global__ void gemv_f16w_f32x_kernel<TT>(const float*, int64_t, int, GemvSegments);                 \
+  template __global__ void shared_down_decode_kernel<TT>(const float*, const float*, const __half*, const float*, int, \
+                                                         int, float*);                                                \
   template __global__ void hc_down_kernel<TT>(const float*, const __half*, const __half*, const __half*, int, int, int, \
                                               float, float*, float*, float*);                                       \
   template __global__ void hc_up_kernel<TT>(const float*, const __half*, const __half*, const float*, const float*, int, \
@@ -801,6 +847,22 @@ cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, int K, const Gemv
     FN_GEMV_CASE(1) FN_GEMV_CASE(2) FN_GEMV_CASE(3) FN_GEMV_CASE(4)
     FN_GEMV_CASE(5) FN_GEMV_CASE(6) FN_GEMV_CASE(7) FN_GEMV_CASE(8)
 #undef FN_GEMV_CASE
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_shared_down_decode(const float* g, const float* up, const __half* down, const float* gate_logit,
+                                      int tokens, int inter, int hidden, float* out, cudaStream_t stream) {
+  if (tokens == 0 || hidden == 0) return cudaSuccess;
+  if (inter % 8 != 0) return cudaErrorInvalidValue;
+  const unsigned blocks = unsigned((int64_t(hidden) + kWarps - 1) / kWarps);
+  switch (tokens) {
+#define FN_SHARED_CASE(TT) \
+  case TT: shared_down_decode_kernel<TT><<<blocks, kThreads, 0, stream>>>(g, up, down, gate_logit, inter, hidden, out); break;
+    FN_SHARED_CASE(1) FN_SHARED_CASE(2) FN_SHARED_CASE(3) FN_SHARED_CASE(4)
+    FN_SHARED_CASE(5) FN_SHARED_CASE(6) FN_SHARED_CASE(7) FN_SHARED_CASE(8)
+#undef FN_SHARED_CASE
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

@@ -71,6 +71,11 @@ cudaError_t launch_hc_read_decode(const float* X, const __half* norm_w, const __
 cudaError_t launch_linear_f32_narrow(const float* x, const __half* w, float* y, int tokens, int in, int out,
                                      cudaStream_t stream);
 /// out[t, c] += sigmoid(gate_logit[t]) * s[t, c] (the shared expert's gated add), [T, H] FP32.
+/// The shared expert's down projection of a decode step (tokens 1..kGemvMaxTokens), activation and gate fused:
+/// out[t, c] += sigmoid(gate_logit[t]) * sum_k down[c, k] * silu(g[t, k]) * up[t, k]. g, up [tokens, inter] F32,
+/// down [hidden, inter] FP16 (inter % 8 == 0), out [tokens, hidden] F32; every pointer 16-byte aligned.
+cudaError_t launch_shared_down_decode(const float* g, const float* up, const __half* down, const float* gate_logit,
+                                      int tokens, int inter, int hidden, float* out, cudaStream_t stream);
 cudaError_t launch_gated_accumulate(float* out, const float* s, const float* gate_logit, int tokens, int hidden,
                                     cudaStream_t stream);
 /// Causal depthwise conv + SiLU over a chunk: y[t, c] = silu(sum_k w[c, k] * in(t - (K-1) + k, c)) with in(p) =

@@ -141,6 +141,15 @@ void CudaOps::moe_shared_expert(const Tensor& u, const MoeWeights& w, const Tens
     const Tensor gu_w[3] = {w.shared_gate_proj, w.shared_up_proj, w.shared_expert_gate};
     const Tensor gu_y[3] = {g, up, logit.view({T, 1})};
     gate_done = gemv_group(u, gu_w, gu_y, {}, "shared_expert gate_proj/up_proj/shared_expert_gate");
+    const auto aligned = [](const Tensor& x) { return reinterpret_cast<uintptr_t>(x.data()) % 16 == 0; };
+    if (gate_done && Is % 8 == 0 && aligned(w.shared_down_proj) && aligned(out)) {
+      // Decode: the activation, down projection and gated accumulation in one launch.
+      FN_CUDA_CHECK(detail::launch_shared_down_decode(dp<const float>(g), dp<const float>(up),
+                                                      dp<__half>(w.shared_down_proj), dp<const float>(logit), t, is,
+                                                      h, dp<float>(out), stream()),
+                    op);
+      return;
+    }
     if (!gate_done) {
       product(u, w.shared_gate_proj, g, Tensor(), "shared_expert.gate_proj");
       product(u, w.shared_up_proj, up, Tensor(), "shared_expert.up_proj");
