@@ -89,6 +89,18 @@ __global__ void linear_f32_narrow_kernel(const float* __restrict__ x, const __ha
   if (lane == 0) y[item] = acc;
 }
 
+// Eight FP16 weights (one 16-byte load through the read-only cache) as floats.
+__device__ __forceinline__ void load_f16x8(const uint4* p, float (&wf)[8]) {
+  const uint4 raw = __ldg(p);
+  const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(h[i]);
+    wf[2 * i] = f.x;
+    wf[2 * i + 1] = f.y;
+  }
+}
+
 // One lane's share of T dot products with one FP16 weight row: acc[t] += sum over the 8-wide slices v = lane,
 // lane + 32, ... < K/8 of w[8v .. 8v+8) . x_t[8v .. 8v+8), x_t = x + t * ldx (float32, 16-byte aligned), w 16-byte
 // aligned with K % 8 == 0; the caller sums the lanes (warp_sum). Weights are read once, with 16-byte loads.
@@ -97,15 +109,8 @@ __device__ __forceinline__ void lane_dots_f16w(const __half* __restrict__ w, con
                                                int K, int lane, float (&acc)[T]) {
   const uint4* wr = reinterpret_cast<const uint4*>(w);
   for (int v = lane; v < K / 8; v += 32) {
-    const uint4 raw = __ldg(wr + v);
-    const __half2* h = reinterpret_cast<const __half2*>(&raw);
     float wf[8];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __half22float2(h[i]);
-      wf[2 * i] = f.x;
-      wf[2 * i + 1] = f.y;
-    }
+    load_f16x8(wr + v, wf);
 #pragma unroll
     for (int t = 0; t < T; ++t) {
       const float4* xp = reinterpret_cast<const float4*>(x + t * ldx + int64_t(v) * 8);
@@ -156,15 +161,8 @@ __global__ void shared_down_decode_kernel(const float* __restrict__ g, const flo
 #pragma unroll
   for (int t = 0; t < T; ++t) acc[t] = 0.f;
   for (int v = lane; v < I / 8; v += 32) {
-    const uint4 raw = __ldg(wr + v);
-    const __half2* hw = reinterpret_cast<const __half2*>(&raw);
     float wf[8];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __half22float2(hw[i]);
-      wf[2 * i] = f.x;
-      wf[2 * i + 1] = f.y;
-    }
+    load_f16x8(wr + v, wf);
 #pragma unroll
     for (int t = 0; t < T; ++t) {
       const float* gr = g + int64_t(t) * I + int64_t(v) * 8;
