@@ -70,6 +70,11 @@ T* dp(const Tensor& t) {
   return static_cast<T*>(t.data());
 }
 
+/// Whether `t`'s data is 16-byte aligned (what the decode GEMV kernels' 16-byte loads need).
+inline bool aligned16(const Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data()) % 16 == 0;
+}
+
 /// `v` as an int for the kernels' 32-bit extents; throws Error naming the op and the extent when it does not fit.
 int to_int(int64_t v, const char* op, const char* what);
 

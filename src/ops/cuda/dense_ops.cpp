@@ -64,13 +64,12 @@ void CudaOps::product(const Tensor& x, const Tensor& w, const Tensor& y, const T
 bool CudaOps::gemv_group(const Tensor& x, std::span<const Tensor> w, std::span<const Tensor> y,
                          std::span<const Tensor> bias, const char* what) {
   const int64_t T = x.dim(0), K = x.dim(1);
-  const auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data()) % 16 == 0; };
-  if (T < 1 || T > detail::kGemvMaxTokens || K % 8 != 0 || !aligned(x) || w.size() > size_t(detail::kGemvMaxSegments))
+  if (T < 1 || T > detail::kGemvMaxTokens || K % 8 != 0 || !aligned16(x) || w.size() > size_t(detail::kGemvMaxSegments))
     return false;
   detail::GemvSegments seg{};
   int rows = 0;
   for (size_t i = 0; i < w.size(); ++i) {
-    if (!aligned(w[i])) return false;
+    if (!aligned16(w[i])) return false;
     seg.w[i] = dp<__half>(w[i]);
     seg.bias[i] = i < bias.size() && bias[i].defined() ? dp<__half>(bias[i]) : nullptr;
     seg.y[i] = dp<float>(y[i]);

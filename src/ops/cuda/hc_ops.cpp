@@ -17,9 +17,8 @@ void CudaOps::hc_read(const Tensor& X, const HcWeights& hc, double eps, const Te
            detail::kHcMaxStreams);
   const int t = to_int(T, op, "tokens"), w = to_int(W, op, "width"), r = to_int(R, op, "rank");
   if (t == 0) return;
-  const auto aligned = [](const Tensor& x) { return reinterpret_cast<uintptr_t>(x.data()) % 16 == 0; };
-  if (t <= detail::kGemvMaxTokens && S <= 8 && H % 8 == 0 && R % 8 == 0 && aligned(X) && aligned(hc.norm) &&
-      aligned(hc.down) && aligned(hc.up) && (!with_inject || aligned(hc.inject))) {
+  if (t <= detail::kGemvMaxTokens && S <= 8 && H % 8 == 0 && R % 8 == 0 && aligned16(X) && aligned16(hc.norm) &&
+      aligned16(hc.down) && aligned16(hc.up) && (!with_inject || aligned16(hc.inject))) {
     // Decode: float32 throughout, two launches (norm statistics + down and inject rows; up rows + mix).
     Tensor scratch = alloc({T * (R + S)}, DType::F32, "hc_read scratch");
     FN_CUDA_CHECK(detail::launch_hc_read_decode(dp<const float>(X), dp<__half>(hc.norm), dp<__half>(hc.down),

@@ -133,21 +133,20 @@ void CudaOps::moe_shared_expert(const Tensor& u, const MoeWeights& w, const Tens
   const auto [T, H, Is] = contract::moe_shared_expert(spec(), u, w, out);
   if (T == 0) return;
   const int t = to_int(T, op, "tokens"), h = to_int(H, op, "hidden"), is = to_int(Is, op, "width");
-  Tensor s = alloc({T, H}, DType::F32, "shared expert out"), logit = alloc({T}, DType::F32, "shared gate logit");
-  bool gate_done = false;  // the gate logit computed with gate_proj / up_proj
+  Tensor s, logit = alloc({T}, DType::F32, "shared gate logit");  // s: the unfused paths' down_proj output
+  bool gate_done = false;                                         // the gate logit computed with gate_proj / up_proj
   if (split()) {
     Tensor g = alloc({T, Is}, DType::F32, "shared expert gate"), up = alloc({T, Is}, DType::F32, "shared expert up");
     // gate_proj, up_proj and shared_expert_gate read u: one decode GEMV launch when they qualify.
     const Tensor gu_w[3] = {w.shared_gate_proj, w.shared_up_proj, w.shared_expert_gate};
     const Tensor gu_y[3] = {g, up, logit.view({T, 1})};
     gate_done = gemv_group(u, gu_w, gu_y, {}, "shared_expert gate_proj/up_proj/shared_expert_gate");
-    const auto aligned = [](const Tensor& x) { return reinterpret_cast<uintptr_t>(x.data()) % 16 == 0; };
-    if (gate_done && Is % 8 == 0 && aligned(w.shared_down_proj) && aligned(out)) {
+    if (gate_done && Is % 8 == 0 && aligned16(w.shared_down_proj) && aligned16(out)) {
       // Decode: the activation, down projection and gated accumulation in one launch.
-      FN_CUDA_CHECK(detail::launch_shared_down_decode(dp<const float>(g), dp<const float>(up),
-                                                      dp<__half>(w.shared_down_proj), dp<const float>(logit), t, is,
-                                                      h, dp<float>(out), stream()),
-                    op);
+      FN_CUDA_CHECK(
+          detail::launch_shared_down_decode(dp<const float>(g), dp<const float>(up), dp<__half>(w.shared_down_proj),
+                                            dp<const float>(logit), t, is, h, dp<float>(out), stream()),
+          op);
       return;
     }
     if (!gate_done) {
@@ -157,6 +156,7 @@ void CudaOps::moe_shared_expert(const Tensor& u, const MoeWeights& w, const Tens
     FN_CUDA_CHECK(
         detail::launch_silu_mul_f32(dp<const float>(g), dp<const float>(up), dp<float>(g), g.numel(), stream()),
         "moe_shared_expert silu");
+    s = alloc({T, H}, DType::F32, "shared expert out");
     product(g, w.shared_down_proj, s, Tensor(), "shared_expert.down_proj");
   } else {
     Tensor uh = half_copy(u, op);
@@ -168,6 +168,7 @@ void CudaOps::moe_shared_expert(const Tensor& u, const MoeWeights& w, const Tens
                  "shared_expert.up_proj");
     FN_CUDA_CHECK(detail::launch_silu_mul(dp<__half>(g), dp<__half>(up), Is, dp<__half>(act), Is, t, is, stream()),
                   "moe_shared_expert silu");
+    s = alloc({T, H}, DType::F32, "shared expert out");
     blas_.linear(dp<__half>(act), t, is, dp<__half>(w.shared_down_proj), h, s.data(), OutType::F32, h, stream(),
                  "shared_expert.down_proj");
   }
