@@ -8,18 +8,21 @@
 #                                         build-cudabe, configured for sm_90 if absent) and packs them with the shared
 #                                         libraries the GPU machine lacks into gpu/bench/bundle.tar.xz.
 #   bash scripts/gpu-bench.sh             ON THE GPU MACHINE from the repo root (the `run` tool: carry ["gpu/bench"]).
-# Output in $OUT (default gpu/out-bench): e2e.log, bench-small.json, bench-full.json (+ bench-full-fp16.json),
-# their logs, and summary.txt, which says what was run and what was not.
+# Output in $OUT (default gpu/out-bench): sm90-*.log (and ptx70-*.log), bench-small.json, bench-full.json
+# (+ bench-full-fp16.json), their logs, and summary.txt, which says what was run and what was not.
 # Env: BUILD; E2E=0 skips the tests (the end-to-end tests, the op-case registry against the CPU oracle in both
 #      precisions, and the W4A16 kernel tests); OPS_PERF=1 adds the per-op table (bench_ops, both precisions);
-#      FULL=0 skips the released-geometry bench; MEDIUM=1 adds the medium fixture's tests (made with tools/make_fixtures.py
-#      into FIXTURE_DIR, default /tmp/fx); FP16=1 adds the fp16 run; BENCH_ARGS: extra arguments of the full-size run
-#      (e.g. "--prompts 1024,4096 --batches 8").
+#      FULL=0 skips the released-geometry bench; PTX70=1 (also with --prepare) runs the tests again from binaries
+#      whose device code is compute_70 PTX only (scripts/nvcc-ptx70.py), JIT-compiled by the driver as for a V100;
+#      MEDIUM=1 adds the medium fixture's tests (made with tools/make_fixtures.py into FIXTURE_DIR, default /tmp/fx);
+#      FP16=1 adds the fp16 run; BENCH_ARGS: extra arguments of the full-size run (e.g. "--prompts 1024,4096").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/gpu-bundle.sh
 BUILD=${BUILD:-build-cudabe}
 BUNDLE=gpu/bench/bundle.tar.xz
+BUILD_PTX70=${BUILD_PTX70:-build-ptx70}
+BUNDLE_PTX70=gpu/bench/bundle-ptx70.tar.xz
 
 if [ "${1:-}" = "--prepare" ]; then
   set -e
@@ -30,6 +33,17 @@ if [ "${1:-}" = "--prepare" ]; then
   pack_bundle "$BUNDLE" "$BUILD/flashnext" "$BUILD/tests/test_cuda_e2e" "$BUILD/tests/test_ops" "$BUILD/tests/test_cuda" \
     "$BUILD/benchmarks/bench_ops"
   echo "gpu-bench: packed $BUNDLE ($(du -h "$BUNDLE" | cut -f1)); run: bash scripts/gpu-bench.sh"
+  if [ "${PTX70:-0}" = 1 ]; then
+    # The same tests with only compute_70 PTX in them (scripts/nvcc-ptx70.py), JIT-compiled by the driver there.
+    [ -f "$BUILD_PTX70/CMakeCache.txt" ] ||
+      cmake -S . -B "$BUILD_PTX70" -G Ninja -DFLASHNEXT_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_CUDA_ARCHITECTURES=75-virtual -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+        -DCMAKE_CUDA_COMPILER_LAUNCHER="$PWD/scripts/nvcc-ptx70.py" >/dev/null
+    cmake --build "$BUILD_PTX70" --target flashnext test_cuda_e2e test_ops test_cuda --parallel 2
+    pack_bundle "$BUNDLE_PTX70" "$BUILD_PTX70/flashnext" "$BUILD_PTX70/tests/test_cuda_e2e" \
+      "$BUILD_PTX70/tests/test_ops" "$BUILD_PTX70/tests/test_cuda"
+    echo "gpu-bench: packed $BUNDLE_PTX70 ($(du -h "$BUNDLE_PTX70" | cut -f1)); run: PTX70=1 bash scripts/gpu-bench.sh"
+  fi
   exit 0
 fi
 
@@ -46,28 +60,57 @@ if [ "${MEDIUM:-0}" = 1 ] && [ ! -f "$FX/medium/reference.safetensors" ]; then
   (PYTHONUNBUFFERED=1 python3 tools/make_fixtures.py "$FX" medium >"$OUT/fixture.log" 2>&1) &
   fx_pid=$!
 fi
-if [ "${E2E:-1}" != 0 ]; then
-  echo "gpu-bench: test_cuda_e2e on the tiny fixtures" | tee -a "$S"
-  timeout 300 "$G/bin/test_cuda_e2e" --gtest_color=no --gtest_filter='-*Medium*' >"$OUT/e2e.log" 2>&1 || status=1
-  grep -E "^\[  (PASSED|FAILED) |tests ran" "$OUT/e2e.log" | tee -a "$S"
+# run_tests BIN LABEL: the end-to-end tests on the tiny fixtures, the op-case registry against the CPU oracle in both
+# precisions and the W4A16 kernel tests, from the binaries in BIN; logs in $OUT/LABEL*.log; sets status=1 on failure.
+run_tests() {
+  local bin=$1 label=$2 prec
+  echo "gpu-bench: [$label] test_cuda_e2e on the tiny fixtures" | tee -a "$S"
+  timeout 300 "$bin/test_cuda_e2e" --gtest_color=no --gtest_filter='-*Medium*' >"$OUT/$label-e2e.log" 2>&1 || status=1
+  grep -E "^\[  (PASSED|FAILED) |tests ran" "$OUT/$label-e2e.log" | tee -a "$S"
   for prec in fp16x2 fp16; do
-    echo "gpu-bench: test_ops (op-case registry vs the CPU oracle), FLASHNEXT_TEST_PRECISION=$prec" | tee -a "$S"
-    FLASHNEXT_TEST_BACKEND=cuda FLASHNEXT_TEST_PRECISION=$prec timeout 300 "$G/bin/test_ops" --gtest_color=no \
-      >"$OUT/ops-$prec.log" 2>&1 || status=1
-    grep -E "^\[  (PASSED|FAILED) |tests ran|^\[  FAILED  \]" "$OUT/ops-$prec.log" | head -40 | tee -a "$S"
+    echo "gpu-bench: [$label] test_ops (op-case registry vs the CPU oracle), FLASHNEXT_TEST_PRECISION=$prec" | tee -a "$S"
+    FLASHNEXT_TEST_BACKEND=cuda FLASHNEXT_TEST_PRECISION=$prec timeout 300 "$bin/test_ops" --gtest_color=no \
+      >"$OUT/$label-ops-$prec.log" 2>&1 || status=1
+    grep -E "^\[  (PASSED|FAILED) |tests ran|^\[  FAILED  \]" "$OUT/$label-ops-$prec.log" | head -40 | tee -a "$S"
   done
-  echo "gpu-bench: test_cuda (W4A16 kernels)" | tee -a "$S"
-  timeout 300 "$G/bin/test_cuda" --gtest_color=no >"$OUT/test_cuda.log" 2>&1 || status=1
-  grep -E "^\[  (PASSED|FAILED) |tests ran" "$OUT/test_cuda.log" | tee -a "$S"
+  echo "gpu-bench: [$label] test_cuda (W4A16 kernels)" | tee -a "$S"
+  timeout 300 "$bin/test_cuda" --gtest_color=no >"$OUT/$label-test_cuda.log" 2>&1 || status=1
+  grep -E "^\[  (PASSED|FAILED) |tests ran" "$OUT/$label-test_cuda.log" | tee -a "$S"
+}
+if [ "${E2E:-1}" != 0 ]; then
+  run_tests "$G/bin" sm90
 else
   echo "gpu-bench: test_cuda_e2e NOT run (E2E=0)" | tee -a "$S"
 fi
+if [ "${PTX70:-0}" = 1 ]; then
+  # Binaries whose only device code is compute_70 PTX: the driver JIT-compiles every kernel as for a V100.
+  G_SM90=$G
+  unpack_bundle "$BUNDLE_PTX70" gpu-ptx70
+  G70=$G
+  G=$G_SM90
+  if command -v cuobjdump >/dev/null; then
+    echo "gpu-bench: [ptx70] device code in test_cuda_e2e (cuobjdump -lptx / -lelf):" | tee -a "$S"
+    { cuobjdump -lptx "$G70/bin/test_cuda_e2e" | sort | uniq -c | sed 's/\.[0-9]*\.sm/.N.sm/' | head -5
+      echo "SASS images: $(cuobjdump -lelf "$G70/bin/test_cuda_e2e" 2>/dev/null | grep -c ELF)"; } | tee -a "$S"
+  fi
+  export CUDA_CACHE_MAXSIZE=4294967296
+  run_tests "$G70/bin" ptx70
+  echo "gpu-bench: [ptx70] small geometry bench (JIT-compiled compute_70 kernels)" | tee -a "$S"
+  timeout 180 "$G70/bin/flashnext" bench --layers 4 --experts 16 --vocab 4096 --ple-rows 1000000 --prompts 256,2100 \
+    --decode-context 2100 --decode-tokens 40 --batches 4 --batch-context 300 --batch-steps 6 --repeat 1 \
+    --out "$OUT/ptx70-bench-small.json" >"$OUT/ptx70-bench-small.txt" 2>&1 || { status=1; tail -n 20 "$OUT/ptx70-bench-small.txt"; }
+  grep -v "^bench:" "$OUT/ptx70-bench-small.txt" | tee -a "$S"
+  if [ "${MEDIUM:-0}" = 1 ]; then MEDIUM_BINS=("$G/bin" "$G70/bin"); fi
+fi
 if [ "${MEDIUM:-0}" = 1 ]; then
   if [ -n "$fx_pid" ]; then wait "$fx_pid" || { echo "gpu-bench: make_fixtures.py medium failed" | tee -a "$S"; status=1; }; fi
-  echo "gpu-bench: test_cuda_e2e on the medium fixture" | tee -a "$S"
-  FLASHNEXT_MEDIUM_FIXTURE="$FX/medium" timeout 240 "$G/bin/test_cuda_e2e" --gtest_color=no --gtest_filter='*Medium*' \
-    >"$OUT/e2e-medium.log" 2>&1 || status=1
-  grep -E "^\[  (PASSED|FAILED) |tests ran|E2E" "$OUT/e2e-medium.log" | tee -a "$S"
+  for bin in "${MEDIUM_BINS[@]:-$G/bin}"; do
+    label=$([ "$bin" = "$G/bin" ] && echo sm90 || echo ptx70)
+    echo "gpu-bench: [$label] test_cuda_e2e on the medium fixture" | tee -a "$S"
+    FLASHNEXT_MEDIUM_FIXTURE="$FX/medium" timeout 240 "$bin/test_cuda_e2e" --gtest_color=no --gtest_filter='*Medium*' \
+      >"$OUT/$label-e2e-medium.log" 2>&1 || status=1
+    grep -E "^\[  (PASSED|FAILED) |tests ran|E2E" "$OUT/$label-e2e-medium.log" | tee -a "$S"
+  done
 else
   echo "gpu-bench: the medium fixture tests NOT run (MEDIUM=0; scripts/gpu-e2e.sh runs them)" | tee -a "$S"
 fi

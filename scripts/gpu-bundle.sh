@@ -17,7 +17,7 @@ pack_bundle() {
     done
   pwd >"$stage/source_dir"
   mkdir -p "$(dirname "$bundle")"
-  tar -C "$stage" -cJf "$bundle" .
+  XZ_OPT=-9 tar -C "$stage" -cJf "$bundle" .  # one 64 MiB window: the binaries share most of their bytes
   rm -rf "$stage"
 }
 
