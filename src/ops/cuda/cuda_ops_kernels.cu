@@ -89,9 +89,8 @@ __global__ void linear_f32_narrow_kernel(const float* __restrict__ x, const __ha
   if (lane == 0) y[item] = acc;
 }
 
-// Eight FP16 weights (one 16-byte load through the read-only cache) as floats.
-__device__ __forceinline__ void load_f16x8(const uint4* p, float (&wf)[8]) {
-  const uint4 raw = __ldg(p);
+// Eight FP16 values (16 bytes) as floats.
+__device__ __forceinline__ void unpack_f16x8(const uint4& raw, float (&wf)[8]) {
   const __half2* h = reinterpret_cast<const __half2*>(&raw);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -101,16 +100,35 @@ __device__ __forceinline__ void load_f16x8(const uint4* p, float (&wf)[8]) {
   }
 }
 
+// A lane's 8-wide slices v = lane, lane + 32, ... < n8 of an FP16 row `wr` (16-byte aligned), in that order:
+// body(v, wf) with the slice's 8 weights as floats. The loads of kGemvPrefetch slices are issued before any of them
+// is used: a decode GEMV has few rows (few warps in flight), so memory-level parallelism has to come from each lane.
+constexpr int kGemvPrefetch = 4;
+
+template <class Body>
+__device__ __forceinline__ void for_lane_slices_f16(const uint4* __restrict__ wr, int n8, int lane, Body&& body) {
+  for (int v0 = lane; v0 < n8; v0 += 32 * kGemvPrefetch) {
+    uint4 raw[kGemvPrefetch];
+#pragma unroll
+    for (int u = 0; u < kGemvPrefetch; ++u)
+      if (v0 + 32 * u < n8) raw[u] = __ldg(wr + v0 + 32 * u);
+#pragma unroll
+    for (int u = 0; u < kGemvPrefetch; ++u) {
+      if (v0 + 32 * u >= n8) break;
+      float wf[8];
+      unpack_f16x8(raw[u], wf);
+      body(v0 + 32 * u, wf);
+    }
+  }
+}
+
 // One lane's share of T dot products with one FP16 weight row: acc[t] += sum over the 8-wide slices v = lane,
 // lane + 32, ... < K/8 of w[8v .. 8v+8) . x_t[8v .. 8v+8), x_t = x + t * ldx (float32, 16-byte aligned), w 16-byte
 // aligned with K % 8 == 0; the caller sums the lanes (warp_sum). Weights are read once, with 16-byte loads.
 template <int T>
 __device__ __forceinline__ void lane_dots_f16w(const __half* __restrict__ w, const float* __restrict__ x, int64_t ldx,
                                                int K, int lane, float (&acc)[T]) {
-  const uint4* wr = reinterpret_cast<const uint4*>(w);
-  for (int v = lane; v < K / 8; v += 32) {
-    float wf[8];
-    load_f16x8(wr + v, wf);
+  for_lane_slices_f16(reinterpret_cast<const uint4*>(w), K / 8, lane, [&](int v, const float(&wf)[8]) {
 #pragma unroll
     for (int t = 0; t < T; ++t) {
       const float4* xp = reinterpret_cast<const float4*>(x + t * ldx + int64_t(v) * 8);
@@ -118,7 +136,7 @@ __device__ __forceinline__ void lane_dots_f16w(const __half* __restrict__ w, con
       acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z +
                 wf[7] * b.w;
     }
-  }
+  });
 }
 
 // y_s[t, n] = sum_k x[t, k] * w_s[n, k] (+ bias_s[n]) for t < T <= kGemvMaxTokens over the segments s of `seg` (several
@@ -160,9 +178,7 @@ __global__ void shared_down_decode_kernel(const float* __restrict__ g, const flo
   float acc[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) acc[t] = 0.f;
-  for (int v = lane; v < I / 8; v += 32) {
-    float wf[8];
-    load_f16x8(wr + v, wf);
+  for_lane_slices_f16(wr, I / 8, lane, [&](int v, const float(&wf)[8]) {
 #pragma unroll
     for (int t = 0; t < T; ++t) {
       const float* gr = g + int64_t(t) * I + int64_t(v) * 8;
@@ -174,7 +190,7 @@ __global__ void shared_down_decode_kernel(const float* __restrict__ g, const flo
       acc[t] += wf[0] * a[0] + wf[1] * a[1] + wf[2] * a[2] + wf[3] * a[3] + wf[4] * a[4] + wf[5] * a[5] +
                 wf[6] * a[6] + wf[7] * a[7];
     }
-  }
+  });
 #pragma unroll
   for (int t = 0; t < T; ++t) {
     const float sum = warp_sum(acc[t]);
@@ -184,21 +200,25 @@ __global__ void shared_down_decode_kernel(const float* __restrict__ g, const flo
 
 // Decode hyper-connection read (hc_read for T <= kGemvMaxTokens tokens, float32 throughout), in two launches:
 //   hc_down: per token and stream the ZC-RMSNorm statistics rstd[t][b] (each block recomputes them from X: T rows of
-//            S*H floats, from L2), then one block per output row r of [input_mix_weight_down (R rows);
-//            block_inject (S rows)], its warps splitting the inputs: acc = sum_k n[t,k] w[r,k] with
+//            S*H floats, from L2, in one pass), then one block per output row r of [input_mix_weight_down (R rows);
+//            block_inject (S rows)], its threads splitting the inputs: acc = sum_k n[t,k] w[r,k] with
 //            n = X * rstd * (1 + hc_norm); rows < R give d = silu(acc / S), the others inj = 2 sigmoid(acc / S).
 //            Block 0 stores rstd for hc_up.
-//   hc_up:   one warp per hidden column j: m_b = up[b*H + j] . d[t] for every stream b, then
-//            u[t, j] = mean_b sigmoid(m_b) * n[t, b*H + j].
-// Needs H, R multiples of 8, S <= kHcMaxStreamsDecode, rows 16-byte aligned.
+//   hc_up:   one warp per (hidden column j, stream b), the S warps of a column in one block: m_b = up[b*H + j] . d[t]
+//            (d staged in shared memory), then u[t, j] = mean_b sigmoid(m_b) * n[t, b*H + j], summed over b in
+//            order.
+// Needs H, R multiples of 8, S <= kHcMaxStreamsDecode, rows 16-byte aligned. Each thread issues its weight loads
+// kGemvPrefetch slices at a time before using them; sums keep the slice order.
 constexpr int kHcMaxStreamsDecode = 8;
 
 template <int T>
 __device__ void hc_row_stats(const float* __restrict__ X, int S, int H, float eps, float (*rstd)[kHcMaxStreamsDecode]) {
-  __shared__ float part[kWarps];
-  const int W = S * H;
+  __shared__ float part[kWarps][T * kHcMaxStreamsDecode];
+  const int W = S * H, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int t = 0; t < T; ++t) {
-    for (int b = 0; b < S; ++b) {
+#pragma unroll
+    for (int b = 0; b < kHcMaxStreamsDecode; ++b) {
+      if (b >= S) break;
       const float4* xr = reinterpret_cast<const float4*>(X + int64_t(t) * W + int64_t(b) * H);
       float ss = 0.f;
       for (int i = threadIdx.x; i < H / 4; i += kThreads) {
@@ -206,52 +226,70 @@ __device__ void hc_row_stats(const float* __restrict__ X, int S, int H, float ep
         ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
       }
       ss = warp_sum(ss);
-      if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        float tot = 0.f;
-        for (int w = 0; w < kWarps; ++w) tot += part[w];
-        rstd[t][b] = rsqrtf(tot / float(H) + eps);
-      }
-      __syncthreads();
+      if (lane == 0) part[warp][t * S + b] = ss;
     }
   }
+  __syncthreads();
+  if (threadIdx.x < T * S) {
+    float tot = 0.f;
+    for (int w = 0; w < kWarps; ++w) tot += part[w][threadIdx.x];
+    rstd[threadIdx.x / S][threadIdx.x % S] = rsqrtf(tot / float(H) + eps);
+  }
+  __syncthreads();
 }
 
 template <int T>
 __global__ void hc_down_kernel(const float* __restrict__ X, const __half* __restrict__ norm_w,
                                const __half* __restrict__ down, const __half* __restrict__ inject, int S, int H, int R,
                                float eps, float* __restrict__ d, float* __restrict__ inj, float* __restrict__ rstd_out) {
-  // One block per output row; its warps split the row's S*H inputs (a row is long, the rows few).
+  // One block per output row; its threads split the row's S*H inputs (a row is long, the rows few).
   __shared__ float rstd[T][kHcMaxStreamsDecode];
   __shared__ float part[kWarps][T];
-  hc_row_stats<T>(X, S, H, eps, rstd);
-  const int W = S * H;
-  if (blockIdx.x == 0 && threadIdx.x < T * S) rstd_out[threadIdx.x] = rstd[threadIdx.x / S][threadIdx.x % S];
   const int r = int(blockIdx.x), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int W = S * H, n8 = W / 8;
   const uint4* wr = reinterpret_cast<const uint4*>(r < R ? down + int64_t(r) * W : inject + int64_t(r - R) * W);
   const uint4* nw = reinterpret_cast<const uint4*>(norm_w);
+  // The first weight loads are in flight while the statistics are computed.
+  uint4 wraw[kGemvPrefetch], nraw[kGemvPrefetch];
+#pragma unroll
+  for (int u = 0; u < kGemvPrefetch; ++u) {
+    const int v = threadIdx.x + kThreads * u;
+    if (v < n8) wraw[u] = __ldg(wr + v), nraw[u] = __ldg(nw + v);
+  }
+  hc_row_stats<T>(X, S, H, eps, rstd);
+  if (blockIdx.x == 0 && threadIdx.x < T * S) rstd_out[threadIdx.x] = rstd[threadIdx.x / S][threadIdx.x % S];
   float acc[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) acc[t] = 0.f;
-  for (int v = threadIdx.x; v < W / 8; v += kThreads) {
-    const uint4 wraw = __ldg(wr + v), nraw = __ldg(nw + v);
-    const __half2* wh = reinterpret_cast<const __half2*>(&wraw);
-    const __half2* nh = reinterpret_cast<const __half2*>(&nraw);
-    float wf[8];
+  for (int v0 = threadIdx.x; v0 < n8; v0 += kThreads * kGemvPrefetch) {
+    if (v0 != int(threadIdx.x)) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 a = __half22float2(wh[i]), g = __half22float2(nh[i]);
-      wf[2 * i] = a.x * (1.f + g.x);
-      wf[2 * i + 1] = a.y * (1.f + g.y);
+      for (int u = 0; u < kGemvPrefetch; ++u) {
+        const int v = v0 + kThreads * u;
+        if (v < n8) wraw[u] = __ldg(wr + v), nraw[u] = __ldg(nw + v);
+      }
     }
-    const int b = (v * 8) / H;
 #pragma unroll
-    for (int t = 0; t < T; ++t) {
-      const float4* xp = reinterpret_cast<const float4*>(X + int64_t(t) * W + int64_t(v) * 8);
-      const float4 p = xp[0], q = xp[1];
-      acc[t] += rstd[t][b] * (wf[0] * p.x + wf[1] * p.y + wf[2] * p.z + wf[3] * p.w + wf[4] * q.x + wf[5] * q.y +
-                              wf[6] * q.z + wf[7] * q.w);
+    for (int u = 0; u < kGemvPrefetch; ++u) {
+      const int v = v0 + kThreads * u;
+      if (v >= n8) break;
+      const __half2* wh = reinterpret_cast<const __half2*>(&wraw[u]);
+      const __half2* nh = reinterpret_cast<const __half2*>(&nraw[u]);
+      float wf[8];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 a = __half22float2(wh[i]), g = __half22float2(nh[i]);
+        wf[2 * i] = a.x * (1.f + g.x);
+        wf[2 * i + 1] = a.y * (1.f + g.y);
+      }
+      const int b = (v * 8) / H;
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        const float4* xp = reinterpret_cast<const float4*>(X + int64_t(t) * W + int64_t(v) * 8);
+        const float4 p = xp[0], q = xp[1];
+        acc[t] += rstd[t][b] * (wf[0] * p.x + wf[1] * p.y + wf[2] * p.z + wf[3] * p.w + wf[4] * q.x + wf[5] * q.y +
+                                wf[6] * q.z + wf[7] * q.w);
+      }
     }
   }
 #pragma unroll
@@ -272,32 +310,42 @@ __global__ void hc_down_kernel(const float* __restrict__ X, const __half* __rest
   }
 }
 
+/// Hidden columns per hc_up block: the S warps of each column in one block.
+__host__ __device__ constexpr int hc_up_columns(int S) {
+  return kWarps / S;
+}
+
 template <int T>
 __global__ void hc_up_kernel(const float* __restrict__ X, const __half* __restrict__ norm_w,
                              const __half* __restrict__ up, const float* __restrict__ d,
                              const float* __restrict__ rstd, int S, int H, int R, float* __restrict__ u) {
-  const int j = int(blockIdx.x) * kWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  if (j >= H) return;
-  const int W = S * H;
-  float out[T];
-#pragma unroll
-  for (int t = 0; t < T; ++t) out[t] = 0.f;
-  for (int b = 0; b < S; ++b) {
+  extern __shared__ float d_s[];  // [T, R]
+  __shared__ float mixed[kWarps][T];
+  const int cols = hc_up_columns(S), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int col = warp / S, b = warp % S, j = int(blockIdx.x) * cols + col;
+  for (int i = threadIdx.x; i < T * R; i += kThreads) d_s[i] = d[i];
+  __syncthreads();
+  if (col < cols && j < H) {
     float acc[T];
 #pragma unroll
     for (int t = 0; t < T; ++t) acc[t] = 0.f;
-    lane_dots_f16w<T>(up + (int64_t(b) * H + j) * R, d, R, R, lane, acc);
-    const int c = b * H + j;
+    lane_dots_f16w<T>(up + (int64_t(b) * H + j) * R, d_s, R, R, lane, acc);
+    const int W = S * H, c = b * H + j;
     const float g = 1.f + to_f(norm_w[c]);
 #pragma unroll
     for (int t = 0; t < T; ++t) {
       const float m = warp_sum(acc[t]);
-      out[t] += sigmoidf_(m) * (X[int64_t(t) * W + c] * rstd[t * S + b] * g);
+      if (lane == 0) mixed[warp][t] = sigmoidf_(m) * (X[int64_t(t) * W + c] * rstd[t * S + b] * g);
     }
   }
-  if (lane == 0) {
-#pragma unroll
-    for (int t = 0; t < T; ++t) u[int64_t(t) * H + j] = out[t] / float(S);
+  __syncthreads();
+  if (threadIdx.x < cols * T) {
+    const int cc = threadIdx.x / T, t = threadIdx.x % T, jj = int(blockIdx.x) * cols + cc;
+    if (jj < H) {
+      float out = 0.f;
+      for (int bb = 0; bb < S; ++bb) out += mixed[cc * S + bb][t];
+      u[int64_t(t) * H + jj] = out / float(S);
+    }
   }
 }
 
@@ -866,21 +914,27 @@ cudaError_t launch_shared_down_decode(const float* g, const float* up, const __h
   return cudaGetLastError();
 }
 
+bool hc_read_decode_supported(int tokens, int streams, int hidden, int rank) {
+  return tokens >= 1 && tokens <= kGemvMaxTokens && streams >= 1 && streams <= kHcMaxStreamsDecode && hidden % 8 == 0 &&
+         rank % 8 == 0 && int64_t(tokens) * rank * sizeof(float) <= 48 * 1024;
+}
+
 cudaError_t launch_hc_read_decode(const float* X, const __half* norm_w, const __half* down, const __half* up,
                                   const __half* inject, int tokens, int streams, int hidden, int rank, float eps,
                                   float* scratch, float* u, float* inj, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  if (tokens > kGemvMaxTokens || streams > kHcMaxStreamsDecode || hidden % 8 || rank % 8) return cudaErrorInvalidValue;
+  if (!hc_read_decode_supported(tokens, streams, hidden, rank)) return cudaErrorInvalidValue;
   float* d = scratch;                           // [tokens, rank]
   float* rstd = scratch + int64_t(tokens) * rank;  // [tokens, streams]
-  const int rows = rank + (inject ? streams : 0);
-  const unsigned down_blocks = unsigned(rows), up_blocks = unsigned((hidden + kWarps - 1) / kWarps);
+  const int rows = rank + (inject ? streams : 0), cols = hc_up_columns(streams);
+  const unsigned down_blocks = unsigned(rows), up_blocks = unsigned((hidden + cols - 1) / cols);
+  const size_t up_smem = size_t(tokens) * rank * sizeof(float);
   switch (tokens) {
-#define FN_HC_CASE(TT)                                                                                              \
-  case TT:                                                                                                          \
-    hc_down_kernel<TT><<<down_blocks, kThreads, 0, stream>>>(X, norm_w, down, inject, streams, hidden, rank, eps, d, \
-                                                             inj, rstd);                                            \
-    hc_up_kernel<TT><<<up_blocks, kThreads, 0, stream>>>(X, norm_w, up, d, rstd, streams, hidden, rank, u);         \
+#define FN_HC_CASE(TT)                                                                                             \
+  case TT:                                                                                                         \
+    hc_down_kernel<TT>                                                                                             \
+        <<<down_blocks, kThreads, 0, stream>>>(X, norm_w, down, inject, streams, hidden, rank, eps, d, inj, rstd); \
+    hc_up_kernel<TT><<<up_blocks, kThreads, up_smem, stream>>>(X, norm_w, up, d, rstd, streams, hidden, rank, u);  \
     break;
     FN_HC_CASE(1) FN_HC_CASE(2) FN_HC_CASE(3) FN_HC_CASE(4)
     FN_HC_CASE(5) FN_HC_CASE(6) FN_HC_CASE(7) FN_HC_CASE(8)

@@ -61,8 +61,11 @@ cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, int K, const Gemv
 /// hc_read for tokens <= kGemvMaxTokens in float32, two launches (cuda_ops_kernels.cu "Decode hyper-connection
 /// read"): X [tokens, streams*hidden], norm_w [streams*hidden], down [rank, streams*hidden], up [streams*hidden, rank],
 /// inject [streams, streams*hidden] or null; u [tokens, hidden], inj [tokens, streams] (unused without inject);
-/// scratch: tokens * (rank + streams) floats. cudaErrorInvalidValue for more tokens, more than 8 streams, or hidden /
-/// rank not multiples of 8; every row must be 16-byte aligned (the caller's check).
+/// scratch: tokens * (rank + streams) floats. cudaErrorInvalidValue outside hc_read_decode_supported; every row must
+/// be 16-byte aligned (the caller's check).
+/// Whether launch_hc_read_decode takes these sizes: tokens <= kGemvMaxTokens, streams <= 8, hidden and rank
+/// multiples of 8, tokens * rank floats of d within 48 KiB of shared memory.
+bool hc_read_decode_supported(int tokens, int streams, int hidden, int rank);
 cudaError_t launch_hc_read_decode(const float* X, const __half* norm_w, const __half* down, const __half* up,
                                   const __half* inject, int tokens, int streams, int hidden, int rank, float eps,
                                   float* scratch, float* u, float* inj, cudaStream_t stream);

@@ -17,7 +17,7 @@ void CudaOps::hc_read(const Tensor& X, const HcWeights& hc, double eps, const Te
            detail::kHcMaxStreams);
   const int t = to_int(T, op, "tokens"), w = to_int(W, op, "width"), r = to_int(R, op, "rank");
   if (t == 0) return;
-  if (t <= detail::kGemvMaxTokens && S <= 8 && H % 8 == 0 && R % 8 == 0 && aligned16(X) && aligned16(hc.norm) &&
+  if (detail::hc_read_decode_supported(t, int(S), int(H), r) && aligned16(X) && aligned16(hc.norm) &&
       aligned16(hc.down) && aligned16(hc.up) && (!with_inject || aligned16(hc.inject))) {
     // Decode: float32 throughout, two launches (norm statistics + down and inject rows; up rows + mix).
     Tensor scratch = alloc({T * (R + S)}, DType::F32, "hc_read scratch");
