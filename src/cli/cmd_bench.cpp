@@ -422,9 +422,10 @@ int run(BenchArgs a) {
       (void)pc;
       std::vector<Clock::time_point> emitted{Clock::now()};  // token 1 (from the prefill)
       int32_t tok = int32_t(random_bits(a.seed, 77) % uint64_t(V));
-      std::vector<double> steps;
+      std::vector<double> steps, issue;  // issue: host time until forward_tensor returns (the GPU may still run)
       for (int64_t i = 2; i <= a.decode_tokens; ++i) {
         Tensor logits = m.forward_tensor(s, {&tok, 1}, LogitsMode::Last);
+        issue.push_back(seconds(emitted.back(), Clock::now()));
         tok = sample(m, logits, 0.f, 0, 0)[0];
         emitted.push_back(Clock::now());
         steps.push_back(seconds(emitted[emitted.size() - 2], emitted.back()));
@@ -443,6 +444,7 @@ int run(BenchArgs a) {
                     {"tokens_per_s", tps},
                     {"step_ms_median", 1e3 * median(steps)},
                     {"step_ms_p90", 1e3 * percentile(steps, 0.9)},
+                    {"host_issue_ms_median", 1e3 * median(issue)},
                     {"bytes_per_step", c.device_bytes()},
                     {"weight_bytes_per_step", c.weight_bytes},
                     {"cache_bytes_per_step", c.cache_bytes},
@@ -695,10 +697,12 @@ int run(BenchArgs a) {
                  p["tokens_per_s"].get<double>(), p["ttft_s"].get<double>(), p["tflops_per_s"].get<double>(),
                  p["ratio_to_compute_ceiling"].is_null() ? "" : fmt_ratio(p["ratio_to_compute_ceiling"].get<double>()));
     if (!decode.is_null())
-      fmt::print("decode b=1 {}/{}: {:7.1f} tok/s  step {:.2f} ms  {:.2f} GB/step  {}\n", a.decode_context,
-                 a.decode_tokens, decode["tokens_per_s"].get<double>(), decode["step_ms_median"].get<double>(),
-                 decode["bytes_per_step"].get<double>() / 1e9,
-                 decode["ratio_to_bytes_roofline"].is_null() ? "" : fmt_ratio(decode["ratio_to_bytes_roofline"].get<double>()));
+      fmt::print(
+          "decode b=1 {}/{}: {:7.1f} tok/s  step {:.2f} ms (host issue {:.2f})  {:.2f} GB/step  {}\n", a.decode_context,
+          a.decode_tokens, decode["tokens_per_s"].get<double>(), decode["step_ms_median"].get<double>(),
+          decode["host_issue_ms_median"].get<double>(), decode["bytes_per_step"].get<double>() / 1e9,
+          decode["ratio_to_bytes_roofline"].is_null() ? ""
+                                                      : fmt_ratio(decode["ratio_to_bytes_roofline"].get<double>()));
     for (const json& b : batch_runs)
       fmt::print("decode b={:<3} ctx {}: {:8.1f} tok/s  step {:.2f} ms  {:.2f} GB/step  {}\n", b["batch"].get<int64_t>(),
                  b["context_tokens"].get<int64_t>(), b["tokens_per_s"].get<double>(), b["step_ms_median"].get<double>(),

@@ -70,6 +70,9 @@ TEST(BenchCli, CpuSmallGeometryJson) {
   EXPECT_EQ(d["context_tokens"], 6);
   EXPECT_EQ(d["timed_tokens"], "3-5");
   EXPECT_GT(d["tokens_per_s"].get<double>(), 0);
+  // The host's share of a step: positive and, step by step, at most the step (so the medians too).
+  EXPECT_GT(d["host_issue_ms_median"].get<double>(), 0);
+  EXPECT_LE(d["host_issue_ms_median"].get<double>(), d["step_ms_median"].get<double>());
   EXPECT_NEAR(d["bytes_per_step"].get<double>(),
               d["weight_bytes_per_step"].get<double>() + d["cache_bytes_per_step"].get<double>(), 1.0);
   // One token reads 10 of the 16 experts per layer: 4 layers x 10 x 3 x 640 x 2560 float32 weights, plus dense ones.
