@@ -565,7 +565,7 @@ std::vector<float> dequantize(const QuantizedWeight& w) {
           int32_t z = 8;  // zero_point false: symmetric
           if (w.zero_point)
             z = int32_t((uint32_t(load<int32_t>(*w.zero_point, size_t(gi * NW + n / 8))) >> shift) & 0xfu);
-          out[size_t(n * K + k)] = float(q - z) * scale[size_t(gi * N + n)];  // exact: 5 by 11 significant bits
+          out[size_t(n * K + k)] = float(q - z) * scale[size_t(gi * N + n)];  // exact for F16 / BF16 scales
         }
       }
       break;
