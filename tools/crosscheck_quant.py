@@ -12,6 +12,13 @@ and the two are compared:
   nvidia-modelopt     nvfp4-radixark, nvfp4-nvidia experts (NVFP4QTensor.dequantize), when it imports
   gptqmodel           gptq-int4-g32, lm_head included (its pure-torch TorchLinear.dequantize_weight, after its own
                       v1 -> v2 qzeros conversion; installs without a GPU with BUILD_CUDA_EXT=0)
+  autoawq             awq-int4-g32, awq-int4-g128 (routed and shared experts): AutoAWQ's own unpacking
+                      (awq/utils/packing_utils.py dequantize_gemm, and unpack_awq + reverse_awq_order for the
+                      float32 form) and its packing: WQLinear_GEMM.from_linear repacks the weights from the unpacked
+                      codes' fake-quantized FP16 values, scales and zero points, and the result must equal the
+                      checkpoint's qweight / qzeros bit for bit. AutoAWQ 0.2.9's sdist is unpacked, not installed
+                      (its package __init__ imports model code for transformers 4.x): AUTOAWQ_SRC names the unpacked
+                      folder holding awq/, whose linear and packing modules import alone
   torch               every FP8 PLE table shard (torch.float8_e4m3fn -> float32 times the BF16 scale), as a
                       conversion independent of flashnext's C++ FP8 table
 
@@ -22,14 +29,17 @@ Prints one line per tensor, a summary, and with --markdown the table of tests/da
 tensor differs.
 
     python3 tools/crosscheck_quant.py [--root tests/data/quant] [--markdown]
-Needs: torch, safetensors, compressed-tensors, nvidia-modelopt, gptqmodel (pip; see tests/data/quant/README.md).
+Needs: torch, safetensors, compressed-tensors, nvidia-modelopt, gptqmodel (pip), AutoAWQ's source (AUTOAWQ_SRC; see
+tests/data/quant/README.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import types
 import traceback
 from pathlib import Path
 
@@ -38,7 +48,7 @@ from safetensors import safe_open
 
 ROOT = Path(__file__).resolve().parents[1]
 FORMATS = ["nvfp4-radixark", "nvfp4-nvidia", "fp8-block", "ct-int4-sym-g32", "ct-int4-asym-g32", "ct-nvfp4",
-           "gptq-int4-g32"]
+           "gptq-int4-g32", "awq-int4-g32", "awq-int4-g128"]
 
 
 class Checkpoint:
@@ -192,6 +202,48 @@ def gptq_int4(ck: Checkpoint, module: str, q: dict):
     return lib, f32
 
 
+def autoawq_modules():
+    """AutoAWQ's linear and packing modules, from AUTOAWQ_SRC (an unpacked autoawq sdist) or an installed `awq`,
+    without running awq/__init__.py (which imports its model classes, written for transformers 4.x)."""
+    if "awq" not in sys.modules:
+        src = os.environ.get("AUTOAWQ_SRC")
+        if src:
+            pkg = types.ModuleType("awq")
+            pkg.__path__ = [os.path.join(src, "awq")]
+            sys.modules["awq"] = pkg
+    from awq.modules.linear.gemm import WQLinear_GEMM
+    from awq.utils import packing_utils
+    return WQLinear_GEMM, packing_utils
+
+
+class Mismatch(Exception):
+    pass
+
+
+def autoawq_gemm(ck: Checkpoint, module: str, q: dict):
+    """AutoAWQ GEMM: (dequantize_gemm's F16 output, the float32 form of the same codes; AutoAWQ's repacking of
+    them). Both outputs come back as the checkpoint's [N, K]."""
+    WQLinear_GEMM, pu = autoawq_modules()
+    qweight, qzeros, scales = (ck.get(f"{module}.{k}") for k in ("qweight", "qzeros", "scales"))
+    group = q["group_size"] if q["group_size"] > 0 else qweight.shape[0]
+    lib = pu.dequantize_gemm(qweight, qzeros, scales, q["bits"], group).T.contiguous()
+    iw, iz = pu.unpack_awq(qweight, qzeros, q["bits"])
+    iw, iz = pu.reverse_awq_order(iw, iz, q["bits"])
+    iw, iz = torch.bitwise_and(iw, 15).to(torch.int64), torch.bitwise_and(iz, 15).to(torch.int64)  # [K, N], [G, N]
+    s = scales.float()
+    f32 = ((iw - iz.repeat_interleave(group, 0)).float() * s.repeat_interleave(group, 0)).T.contiguous()
+    # Packing: from_linear rounds (w + zero * scale) / scale per input column back to codes and packs them.
+    k, n = iw.shape
+    linear = torch.nn.Linear(k, n, bias=False)
+    linear.weight.data = lib.to(torch.float16)
+    repacked = WQLinear_GEMM.from_linear(linear, q["bits"], group, scales=scales, zeros=iz.to(torch.float16))
+    same_w = torch.equal(repacked.qweight, qweight)
+    same_z = torch.equal(repacked.qzeros, qzeros)
+    packing = ("AutoAWQ from_linear repacks qweight and qzeros bit for bit" if same_w and same_z else
+               f"AutoAWQ from_linear repacking DIFFERS (qweight equal: {same_w}, qzeros equal: {same_z})")
+    return lib, f32, (same_w and same_z, packing)
+
+
 def fp8_table(ck: Checkpoint, shard: str, q: dict):
     table = shard[: shard.index(".shard_")]
     w, s = ck.get(shard), ck.get(table + ".weight_scale")
@@ -207,6 +259,8 @@ LIBRARY = {
     "nvfp4-radixark": ("nvidia-modelopt", modelopt_nvfp4),
     "nvfp4-nvidia": ("nvidia-modelopt", modelopt_nvfp4),
     "gptq-int4-g32": ("gptqmodel (TorchLinear)", gptq_int4),
+    "awq-int4-g32": ("autoawq 0.2.9 (dequantize_gemm, from_linear)", autoawq_gemm),
+    "awq-int4-g128": ("autoawq 0.2.9 (dequantize_gemm, from_linear)", autoawq_gemm),
 }
 
 
@@ -240,7 +294,9 @@ def main() -> int:
                 lib_name, fn = ("torch float8_e4m3fn", fp8_table) if is_table else LIBRARY[fmt]
                 module = name[: -len(".weight")]
                 try:
-                    lib, f32 = fn(ck, name if is_table else module, q)
+                    res = fn(ck, name if is_table else module, q)
+                    lib, f32 = res[0], res[1]
+                    extra = res[2] if len(res) > 2 else None
                 except Exception as e:  # a library that cannot be installed or run here: reported, not hidden
                     msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
                     print(f"{fmt:17s} {name}: {lib_name}: NOT RUN ({msg})")
@@ -256,6 +312,9 @@ def main() -> int:
                     ul, dl, nl = compare(lib, want.to(lib.dtype))
                     verdict += f"; library path ({str(lib.dtype).replace('torch.', '')}): {describe(ul, dl, nl, total)}"
                     ok = ok and ul == 0
+                if extra is not None:  # a further check of the library's own (e.g. its packing)
+                    verdict += f"; {extra[1]}"
+                    ok = ok and extra[0]
                 failed += not ok
                 print(f"{fmt:17s} {name} {list(want.shape)}: {lib_name}: {verdict}")
                 rows.append((fmt, name, lib_name, "equal" if ok else "DIFFERENT", verdict))

@@ -16,15 +16,21 @@ and in the same float32 operation order, so both give the same bits:
   FP8 block               e4m3(w) * weight_scale_inv[n/128, k/128]  (BF16 scales, partial blocks by ceil)
   int4 pack-quantized     (q - zp) * weight_scale[n, k/g]            (BF16 scales; q, zp signed int4)
   GPTQ int4 (v1)          (q - (qzero + 1)) * scales[k/g, n]         (F16 scales)
+  AutoAWQ GEMM int4       (q - qzero) * scales[k/g, n]               (F16 scales; q, qzero 0..15)
   PLE FP8 table           e4m3(row) * weight_scale                   (one BF16 scalar)
 
 Usage: python3 tools/make_quant_fixtures.py [OUT_DIR] [FORMAT ...]
 OUT_DIR defaults to tests/data/quant; with no FORMAT every one of FORMATS is written.
 
+Every format starts from tiny-a except `awq-int4-g128`: tiny-a's widths (hidden 64, experts 32) are smaller than
+its group, so it starts from `tiny-a-wide`, tiny-a's config with hidden, expert and shared-expert widths 128, built
+here with tools/make_fixtures.py's own build() (random weights, perturbed, saved in bf16 and reloaded in float32).
+
 Output per format, in OUT_DIR/FORMAT/:
   model/                  the quantized checkpoint (config.json, generation_config.json, safetensors shards, index,
                           hf_quant_config.json for ModelOpt)
-  reference.safetensors   P.input_ids [T] I64, P.logits [T, V] F32, P.argmax [T] I64 for P in PROMPTS, and
+  reference.safetensors   P.input_ids [T] I64, P.logits [T, V] F32, P.argmax [T] I64 for P in PROMPTS (and
+                          P.greedy_ids [S] I64 where the format asks for S greedy steps), and
                           `dequant.<checkpoint weight name>` F32 [N, K] for a few quantized weights (the exact values)
   reference.json          format, what is quantized, and how far the logits moved from the unquantized tiny-a
 """
@@ -76,6 +82,24 @@ def e2m1_round(x):
     mags = E2M1[:8]
     idx = (x.abs().unsqueeze(-1) - mags).abs().argmin(-1)
     return idx | ((x < 0) & (idx > 0)).to(torch.int64) << 3
+
+
+# AutoAWQ GEMM (awq/modules/linear/gemm.py WQLinear_GEMM.from_linear): nibble i of output word j holds output
+# 8j + AWQ_ORDER[i]. Written here from that definition; tools/crosscheck_quant.py compares it with AutoAWQ's own
+# packing and unpacking.
+AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
+
+
+def pack_awq(values):
+    """[R, C] values 0..15 -> I32 [R, C/8] packed along dim 1 in AWQ order (C a multiple of 8)."""
+    v = values.to(torch.int64).numpy().astype(np.uint32)
+    rows, cols = v.shape
+    assert cols % 8 == 0
+    v = v.reshape(rows, cols // 8, 8)
+    packed = np.zeros((rows, cols // 8), dtype=np.uint32)
+    for i, out in enumerate(AWQ_ORDER):
+        packed |= v[:, :, out] << np.uint32(4 * i)
+    return torch.from_numpy(packed.view(np.int32).copy())
 
 
 # ------------------------------------------------------------------------------------------------- quantizers
@@ -162,6 +186,24 @@ def q_gptq(w, group):
             "scales": scale.T.contiguous(), "g_idx": (torch.arange(k) // group).to(torch.int32)}, deq
 
 
+def q_awq(w, group):
+    """AutoAWQ's zero-point quantizer (awq/quantize/quantizer.py pseudo_quantize_tensor, zero_point true, without
+    the activation-aware scale search, which only changes the weights fed to it): per group of `group` inputs,
+    scale = max(max - min, 1e-5) / 15 (F16), zero = clamp(-round(min / scale), 0, 15), q = clamp(round(w / scale) +
+    zero, 0, 15). Stored as AutoAWQ GEMM: qweight [K, N/8], qzeros [K/g, N/8], scales F16 [K/g, N]."""
+    w = w.float()
+    n, k = w.shape
+    g = w.reshape(n, k // group, group)
+    lo, hi = g.amin(-1), g.amax(-1)
+    scale = ((hi - lo).clamp(min=1e-5) / 15.0).to(torch.float16)  # [N, G]
+    s = scale.float()
+    zero = (-torch.round(lo / s)).clamp(0, 15).to(torch.int64)
+    q = (torch.round(g / s.unsqueeze(-1)) + zero.unsqueeze(-1)).clamp(0, 15).to(torch.int64)
+    deq = ((q - zero.unsqueeze(-1)).float() * s.unsqueeze(-1)).reshape(n, k)
+    return {"qweight": pack_awq(q.reshape(n, k).T), "qzeros": pack_awq(zero.T),
+            "scales": scale.T.contiguous()}, deq
+
+
 def q_ple_fp8(shards):
     """FP8 E4M3 table shards with one BF16 scalar multiplier for the whole table."""
     amax = max(float(s.float().abs().max()) for s in shards)
@@ -194,6 +236,23 @@ def non_expert_linears(cfg):
         if i + 1 in t["ple_layer_ids"]:
             out += [p + "ple.key_proj", p + "ple.value_proj"]
     return out
+
+
+# AutoAWQ quantizes every Linear of a decoder layer except modules_to_not_convert (substrings of module names):
+# here the routed and the shared experts are quantized, everything else is kept.
+AWQ_NOT_CONVERT = ["linear_attn", "self_attn", "mlp.gate", "shared_expert_gate", "hyper_connection", ".ple.",
+                   "visual", "mtp"]
+
+
+def awq_config(group):
+    return {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True, "version": "gemm",
+            "modules_to_not_convert": AWQ_NOT_CONVERT}
+
+
+def shared_expert_linears(cfg):
+    t = cfg["text_config"]
+    return [f"{TP}layers.{i}.mlp.shared_expert.{x}" for i in range(t["num_hidden_layers"])
+            for x in ("gate_proj", "up_proj", "down_proj")]
 
 
 def ct_config(cfg, fmt, weights, ignore):
@@ -273,7 +332,19 @@ FORMATS = {
                               "damp_percent": 0.01, "dynamic": GPTQ_DYNAMIC, "provider": "auto-round",
                               "autoround_version": "0.9.0"},
                           hf_quant=None, text_extra={}),
+    # AutoAWQ GEMM (3.4 cyankiwi / leoncca: group 32 with zero points; wtdcode: group 128): routed and shared
+    # experts, BF16 PLE table.
+    "awq-int4-g32": dict(experts=lambda w: q_awq(w, 32), dense=lambda w: q_awq(w, 32), dense_of=shared_expert_linears,
+                         ple_fp8=False, naming="standard", quantization_config=lambda c: awq_config(32),
+                         hf_quant=None, text_extra={}, greedy=8),
+    "awq-int4-g128": dict(experts=lambda w: q_awq(w, 128), dense=lambda w: q_awq(w, 128),
+                          dense_of=shared_expert_linears, ple_fp8=False, naming="standard",
+                          quantization_config=lambda c: awq_config(128), hf_quant=None, text_extra={},
+                          base="tiny-a-wide", greedy=8),
 }
+
+# Bases other than tiny-a: tiny-a's config with other widths, built by tools/make_fixtures.py (same perturbation).
+WIDE = {"hidden_size": 128, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 128}
 
 
 def nvidia_layers(cfg):
@@ -326,21 +397,46 @@ def write_checkpoint(mdir, tensors, naming, cfg):
         json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, fh, indent=2)
 
 
-def base_tensors():
+def base_tensors(base=BASE):
     out = {}
-    mdir = os.path.join(BASE, "model")
+    mdir = os.path.join(base, "model")
     for f in sorted(os.listdir(mdir)):
         if f.endswith(".safetensors"):
             out.update(load_file(os.path.join(mdir, f)))
     return out
 
 
-def reference_model():
+def reference_model(base=BASE):
     from transformers import Qwen4ExpForConditionalGeneration
-    m = Qwen4ExpForConditionalGeneration.from_pretrained(os.path.join(BASE, "model"), dtype=torch.float32,
+    m = Qwen4ExpForConditionalGeneration.from_pretrained(os.path.join(base, "model"), dtype=torch.float32,
                                                          attn_implementation="eager")
     m.eval()
     return m
+
+
+def wide_base(out_root):
+    """tiny-a-wide (WIDE widths) in OUT_ROOT/.tiny-a-wide/model, built by tools/make_fixtures.py's build()."""
+    import copy
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import make_fixtures
+    spec = copy.deepcopy(make_fixtures.CONFIGS["tiny-a"])
+    spec["text"].update(WIDE)
+    out = os.path.join(out_root, ".tiny-a-wide")
+    shutil.rmtree(out, ignore_errors=True)
+    make_fixtures.build("tiny-a-wide", spec, out)
+    # Newer transformers save tiny-a's qwen_sparse_attention layers as `indexed_attention` (and read both alike: main()
+    # checks that this transformers reproduces tiny-a's reference from tiny-a's own config); keep tiny-a's names.
+    cfg_path = os.path.join(out, "model", "config.json")
+    with open(cfg_path) as fh:
+        cfg = json.load(fh)
+    with open(os.path.join(BASE, "model", "config.json")) as fh:
+        tiny = json.load(fh)["text_config"]["layer_types"]
+    wide = cfg["text_config"]["layer_types"]
+    assert len(wide) == len(tiny) and all(w == t or w == "indexed_attention" for w, t in zip(wide, tiny)), wide
+    cfg["text_config"]["layer_types"] = tiny
+    with open(cfg_path, "w") as fh:
+        json.dump(cfg, fh, indent=2)
+    return out
 
 
 def logits_of(model, ids):
@@ -348,8 +444,8 @@ def logits_of(model, ids):
         return model(input_ids=ids[None], use_cache=False).logits[0].float()
 
 
-def build(name, spec, out_root, base, ref_in):
-    with open(os.path.join(BASE, "model", "config.json")) as fh:
+def build(name, spec, out_root, base, ref_in, base_dir=BASE):
+    with open(os.path.join(base_dir, "model", "config.json")) as fh:
         cfg = json.load(fh)
     t = cfg["text_config"]
     E, L = t["num_experts"], t["num_hidden_layers"]
@@ -365,6 +461,12 @@ def build(name, spec, out_root, base, ref_in):
                 for suffix, v in stored.items():
                     tensors[key[:-len("weight")] + suffix] = v
                 deq[key] = d
+    for key in [m + ".weight" for m in spec.get("dense_of", lambda c: [])(cfg)]:
+        stored, d = spec["dense"](base[key])
+        del tensors[key]
+        for suffix, v in stored.items():
+            tensors[key[:-len("weight")] + suffix] = v
+        deq[key] = d
     if "lm_head" in spec:
         stored, d = spec["lm_head"](base["lm_head.weight"])
         del tensors["lm_head.weight"]
@@ -392,13 +494,13 @@ def build(name, spec, out_root, base, ref_in):
     write_checkpoint(mdir, tensors, spec["naming"], cfg)
     with open(os.path.join(mdir, "config.json"), "w") as fh:
         json.dump(cfg_q, fh, indent=2)
-    shutil.copy(os.path.join(BASE, "model", "generation_config.json"), mdir)
+    shutil.copy(os.path.join(base_dir, "model", "generation_config.json"), mdir)
     if spec["hf_quant"]:
         with open(os.path.join(mdir, "hf_quant_config.json"), "w") as fh:
             json.dump(spec["hf_quant"](cfg), fh, indent=2)
 
     # Reference: tiny-a in float32, the quantized weights replaced by their exact dequantized values.
-    model = reference_model()
+    model = reference_model(base_dir)
     params = dict(model.named_parameters())
     with torch.no_grad():
         for layer in range(L):
@@ -411,12 +513,15 @@ def build(name, spec, out_root, base, ref_in):
                 params[ex + "down_proj"][e] = deq[k + "down_proj.weight"]
         if "lm_head.weight" in deq:
             params["lm_head.weight"].copy_(deq["lm_head.weight"])
+        for key in [m + ".weight" for m in spec.get("dense_of", lambda c: [])(cfg)]:
+            params[key].copy_(deq[key])
         for layer, table in ple_tables.items():
             params[f"model.language_model.layers.{layer}.ple.ple_embedding.ngram_embedding.weight"].copy_(table)
 
-    ref, meta = {}, {"format": name, "base": "tests/data/fixtures/tiny-a", "prompts": {},
+    ref, meta = {}, {"format": name, "base": spec.get("base", "tests/data/fixtures/tiny-a"), "prompts": {},
                      "quantization_config": cfg_q["quantization_config"],
                      "quantized": sorted({"routed experts" if ".mlp.experts." in k else
+                                          "shared experts" if ".mlp.shared_expert." in k else
                                           "PLE table (FP8)" if ".ngram_embedding." in k else k for k in deq})}
     for p in PROMPTS:
         ids = ref_in[f"{p}.input_ids"]
@@ -424,13 +529,19 @@ def build(name, spec, out_root, base, ref_in):
         ref[f"{p}.input_ids"] = ids
         ref[f"{p}.logits"] = lg.contiguous()
         ref[f"{p}.argmax"] = lg.argmax(-1).to(torch.int64)
-        unq = ref_in[f"{p}.logits"]
+        if spec.get("greedy"):  # prefill + single-token decode steps through the reference's own cache
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            import make_fixtures
+            ref[f"{p}.greedy_ids"], _ = make_fixtures.greedy(model, ids, spec["greedy"])
+        unq = ref_in[f"{p}.logits"]  # the unquantized base's logits
         meta["prompts"][p] = {"length": int(ids.numel()),
-                              "max_abs_diff_vs_unquantized_tiny_a": float((lg - unq).abs().max()),
+                              f"max_abs_diff_vs_unquantized_{spec.get('base', 'tiny-a').replace('-', '_')}":
+                                  float((lg - unq).abs().max()),
                               "argmax_changed_positions": int((lg.argmax(-1) != unq.argmax(-1)).sum())}
     # A few exact dequantized weights for a model-free check of the C++ dequantization.
     picks = [f"{TP}layers.0.mlp.experts.0.gate_proj.weight", f"{TP}layers.0.mlp.experts.1.down_proj.weight",
-             f"{TP}layers.7.mlp.experts.7.up_proj.weight", "lm_head.weight"]
+             f"{TP}layers.7.mlp.experts.7.up_proj.weight", "lm_head.weight",
+             f"{TP}layers.3.mlp.shared_expert.down_proj.weight"]
     if spec["ple_fp8"]:
         picks.append(f"{TP}layers.{t['ple_layer_ids'][0] - 1}.ple.ple_embedding.ngram_embedding.shard_0.weight")
     for k in picks:
@@ -456,8 +567,22 @@ def main():
     for p in PROMPTS:
         d = float((logits_of(model, ref_in[f"{p}.input_ids"]) - ref_in[f"{p}.logits"]).abs().max())
         assert d < 1e-4, f"this transformers/torch does not reproduce tiny-a's reference ({p}: {d})"
+    wide = None
     for n in names:
-        build(n, FORMATS[n], out_root, base, ref_in)
+        if FORMATS[n].get("base") == "tiny-a-wide":
+            if wide is None:
+                wide_dir = wide_base(out_root)
+                wide_model = reference_model(wide_dir)
+                # The wide base's own unquantized logits for tiny-a's prompts, as tiny-a's reference has them.
+                wide_ref = dict(ref_in)
+                for p in PROMPTS:
+                    wide_ref[f"{p}.logits"] = logits_of(wide_model, ref_in[f"{p}.input_ids"])
+                wide = (wide_dir, base_tensors(wide_dir), wide_ref)
+            build(n, FORMATS[n], out_root, wide[1], wide[2], base_dir=wide[0])
+        else:
+            build(n, FORMATS[n], out_root, base, ref_in)
+    if wide is not None:
+        shutil.rmtree(wide[0], ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,10 @@ enum class QuantFormat : uint8_t {
   Fp8Block,  ///< FP8 E4M3 with a block weight_scale_inv
   CtInt4,    ///< compressed-tensors pack-quantized int4, symmetric or with packed zero points
   Gptq,      ///< GPTQ int4 (qweight / qzeros / scales / g_idx)
+  Awq,       ///< AutoAWQ GEMM int4 (qweight / qzeros / scales, packed along the outputs in AWQ's nibble order)
 };
 
-/// A short name for reports and messages ("nvfp4-modelopt", "fp8-block", "int4-gptq", ...).
+/// A short name for reports and messages ("nvfp4-modelopt", "fp8-block", "int4-gptq", "int4-awq", ...).
 constexpr const char* quant_format_name(QuantFormat f) {
   switch (f) {
     case QuantFormat::None:
@@ -31,6 +32,8 @@ constexpr const char* quant_format_name(QuantFormat f) {
       return "int4-compressed-tensors";
     case QuantFormat::Gptq:
       return "int4-gptq";
+    case QuantFormat::Awq:
+      return "int4-awq";
   }
   return "unknown";
 }

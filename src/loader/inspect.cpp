@@ -49,8 +49,8 @@ json quantization_config_summary(const json& doc) {
   }
   if (!q) return nullptr;
   json out = json::object();
-  for (const char* k :
-       {"quant_method", "quant_algo", "format", "activation_scheme", "weight_block_size", "bits", "group_size"}) {
+  for (const char* k : {"quant_method", "quant_algo", "format", "activation_scheme", "weight_block_size", "bits",
+                        "group_size", "version", "zero_point"}) {
     if (auto it = q->find(k); it != q->end()) out[k] = *it;
   }
   return out;

@@ -60,7 +60,7 @@ constexpr const char* kCompanions[] = {"weight_scale",
                                        "qweight",
                                        "qzeros",
                                        "scales",
-                                       "g_idx"};  // GPTQ (loader/quant.h)
+                                       "g_idx"};  // GPTQ and AutoAWQ (loader/quant.h)
 // Companions that make a non-float weight dequantizable.
 constexpr const char* kScales[] = {"weight_scale", "weight_scale_inv", "weight_scale_2", "weight_global_scale"};
 
@@ -270,12 +270,18 @@ WeightManifest WeightManifest::build(const ModelConfig& cfg, const Checkpoint& c
         e.name.size() > 7 && e.name.ends_with(".weight") ? e.name.substr(0, e.name.size() - 7) : "";
     if (it == m.entries_.end()) {
       if (e.is_int64) continue;  // hash buffers are derivable from the config; compared below when present
-      if (!stem.empty() && has(stem + ".qweight")) {  // GPTQ: I32 [K/8, N]; scales and the rest: loader/quant.cpp
+      // GPTQ: I32 [K/8, N]; AutoAWQ GEMM: I32 [K, N/8] (the config says which: loader/quant.cpp, which checks
+      // the scales and the rest).
+      if (!stem.empty() && has(stem + ".qweight")) {
         const TensorView& p = m.entries_.at(stem + ".qweight").view;
-        if (p.dtype != DType::I32 || e.shape.size() != 2 || e.shape[0] % 8 != 0 || e.shape[1] % 8 != 0 ||
-            p.shape != std::vector<int64_t>{e.shape[1] / 8, e.shape[0]}) {
-          fail("{}: tensor '{}' is {} {}, which is not the GPTQ packing (I32 [in/8, out]) of the logical {} weight",
-               p.file, ckpt_name(stem + ".qweight"), dtype_name(p.dtype), p.shape_str(), shape_str(e.shape));
+        const bool two_d = e.shape.size() == 2, mult8 = two_d && e.shape[0] % 8 == 0;
+        const bool gptq = mult8 && e.shape[1] % 8 == 0 && p.shape == std::vector<int64_t>{e.shape[1] / 8, e.shape[0]};
+        const bool awq = mult8 && p.shape == std::vector<int64_t>{e.shape[1], e.shape[0] / 8};
+        if (p.dtype != DType::I32 || !(gptq || awq)) {
+          fail(
+              "{}: tensor '{}' is {} {}, which is neither the GPTQ packing (I32 [in/8, out]) nor the AutoAWQ GEMM "
+              "packing (I32 [in, out/8]) of the logical {} weight",
+              p.file, ckpt_name(stem + ".qweight"), dtype_name(p.dtype), p.shape_str(), shape_str(e.shape));
         }
         m.quantized_ = true;
         continue;

@@ -42,8 +42,8 @@ const char* component_name(Component c);
 
 /// The quantization companion suffix of a tensor name (`weight_scale`, `weight_scale_2`, `weight_scale_inv`,
 /// `input_scale`, `input_global_scale`, `weight_global_scale`, `weight_zero_point`, `weight_shape`,
-/// `weight_packed`; GPTQ `qweight`, `qzeros`, `scales`, `g_idx`), or an empty string when the last name component
-/// is none of them.
+/// `weight_packed`; GPTQ `qweight`, `qzeros`, `scales`, `g_idx`, of which AutoAWQ uses the first three), or an empty
+/// string when the last name component is none of them.
 std::string quant_companion_suffix(const std::string& name);
 
 /// One logical tensor.

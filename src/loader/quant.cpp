@@ -1,6 +1,7 @@
 #include "loader/quant.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -237,6 +238,37 @@ void parse_gptq(const Fields& c, QuantConfig& q) {
   }
 }
 
+std::string lower(std::string s) {
+  for (char& ch : s) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+// AutoAWQ (transformers AwqConfig.to_dict / AutoAWQ's to_transformers_dict): bits, group_size, zero_point, version,
+// backend, modules_to_not_convert. AutoAWQ's own quant_config.json spells the first two w_bit / q_group_size (also
+// read, as vLLM's AWQConfig does).
+void parse_awq(const Fields& c, QuantConfig& q) {
+  const char* bits_key = c.find("bits") || !c.find("w_bit") ? "bits" : "w_bit";
+  q.bits = c.integer(bits_key, 4);
+  if (q.bits != 4) fail("{}.{} is {}: only 4-bit AWQ is supported", c.where, bits_key, q.bits);
+  const char* group_key = c.find("group_size") || !c.find("q_group_size") ? "group_size" : "q_group_size";
+  q.group_size = c.integer(group_key, 128);
+  if (q.group_size == -1) q.group_size = 0;
+  if (q.group_size < 0) fail("{}.{} must be positive or -1, got {}", c.where, group_key, q.group_size);
+  const std::string version = c.str("version", "gemm");
+  if (lower(version) != "gemm") {
+    fail(
+        "{}.version is '{}': only AutoAWQ's GEMM packing (version gemm: qweight I32 [in, out/8]) is supported; "
+        "gemv, gemv_fast, marlin, exllama and ipex checkpoints store other layouts",
+        c.where, version);
+  }
+  const std::string backend = c.str("backend", "autoawq");
+  if (lower(backend) != "autoawq") {
+    fail("{}.backend is '{}': only AutoAWQ checkpoints (backend autoawq) are supported", c.where, backend);
+  }
+  q.awq_zero_point = c.boolean("zero_point", true);
+  q.not_convert = c.strings("modules_to_not_convert");
+}
+
 json read_json(const fs::path& p) {
   std::ifstream in(p);
   if (!in) fail("{}: cannot open", p.string());
@@ -339,9 +371,13 @@ QuantConfig parse_quant_config(const json& config, const json& hf_quant, const s
     parse_compressed_tensors(c, q);
   } else if (q.method == "gptq") {
     parse_gptq(c, q);
+  } else if (q.method == "awq") {
+    parse_awq(c, q);
   } else {
-    fail("{}: unknown quant_method '{}' in quantization_config (supported: modelopt, fp8, compressed-tensors, gptq)",
-         source, q.method);
+    fail(
+        "{}: unknown quant_method '{}' in quantization_config (supported: modelopt, fp8, compressed-tensors, gptq, "
+        "awq)",
+        source, q.method);
   }
   return q;
 }
@@ -429,6 +465,25 @@ void validate_quantized_weight(const QuantizedWeight& w) {
       c.absent(w.global_scale, "GPTQ has no global scale");
       break;
     }
+    case QuantFormat::Awq: {
+      const int64_t g = w.group ? w.group : K;
+      if (K % g != 0) {
+        fail("{}: tensor '{}': group_size {} does not divide K = {} (AWQ groups must tile the input dimension)",
+             w.data ? w.data->file : std::string("checkpoint"), w.data ? w.data->name : w.name, g, K);
+      }
+      if (N % 8 != 0) fail("{}: AWQ packs eight outputs per int32, so N = {} must be a multiple of 8", c.what(), N);
+      const int64_t G = K / g;
+      c.tensor(w.data, "qweight", {DType::I32}, {K, N / 8}, "eight 4-bit outputs per int32 in AWQ order");
+      c.tensor(w.scale, "scales", kScaleTypes, {G, N}, "one scale per group and output");
+      if (w.zero_point) {
+        c.tensor(w.zero_point, "qzeros", {DType::I32}, {G, N / 8},
+                 "zero points packed eight per int32 along outputs in AWQ order");
+      }
+      c.absent(w.global_scale, "AWQ has no global scale");
+      c.absent(w.g_idx, "AWQ has no g_idx");
+      c.absent(w.shape, "AWQ has no weight_shape");
+      break;
+    }
     case QuantFormat::None:
       fail("quantized weight '{}': no format", w.name);
   }
@@ -492,6 +547,25 @@ std::vector<float> dequantize(const QuantizedWeight& w) {
           const uint32_t zw = uint32_t(load<int32_t>(*w.zero_point, size_t(g * NZ + n / 8)));
           const int32_t z = int32_t((zw >> (4 * (n % 8))) & 0xfu) + zero_offset;
           out[size_t(n * K + k)] = float(q - z) * scale[size_t(g * N + n)];
+        }
+      }
+      break;
+    }
+    case QuantFormat::Awq: {
+      // Output 8j + m sits in nibble kAwqNibble[m] of word j (AutoAWQ packs nibble i from output 8j + AWQ_ORDER[i],
+      // AWQ_ORDER = {0, 2, 4, 6, 1, 3, 5, 7}; this is its inverse, AWQ_REVERSE_ORDER).
+      constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+      const int64_t g = w.group ? w.group : K, NW = N / 8;
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t gi = k / g;
+        for (int64_t n = 0; n < N; ++n) {
+          const int shift = 4 * kAwqNibble[n % 8];
+          const uint32_t word = uint32_t(load<int32_t>(*w.data, size_t(k * NW + n / 8)));
+          const int32_t q = int32_t((word >> shift) & 0xfu);
+          int32_t z = 8;  // zero_point false: symmetric
+          if (w.zero_point)
+            z = int32_t((uint32_t(load<int32_t>(*w.zero_point, size_t(gi * NW + n / 8))) >> shift) & 0xfu);
+          out[size_t(n * K + k)] = float(q - z) * scale[size_t(gi * N + n)];  // exact for F16 / BF16 scales
         }
       }
       break;
@@ -571,6 +645,8 @@ std::set<std::string> allowed_suffixes(QuantFormat f) {
       return {"weight_packed", "weight_scale", "weight_zero_point", "weight_shape"};
     case QuantFormat::Gptq:
       return {"qweight", "qzeros", "scales", "g_idx"};
+    case QuantFormat::Awq:
+      return {"qweight", "qzeros", "scales"};
     case QuantFormat::None:
       return {"weight"};
   }
@@ -622,8 +698,8 @@ QuantScheme QuantScheme::build(const QuantConfig& cfg, const ModelConfig& model,
 
     QuantizedWeight q;
     q.name = stem + ".weight";
-    if (view("qweight")) {
-      q.format = QuantFormat::Gptq;
+    if (view("qweight")) {  // GPTQ [K/8, N] or AutoAWQ GEMM [K, N/8]: the config says which
+      q.format = cfg.method == "awq" ? QuantFormat::Awq : QuantFormat::Gptq;
     } else if (const TensorView* p = view("weight_packed")) {
       if (p->dtype == DType::I32) {
         q.format = QuantFormat::CtInt4;
@@ -654,7 +730,7 @@ QuantScheme QuantScheme::build(const QuantConfig& cfg, const ModelConfig& model,
       for (const auto& [suffix, e] : parts) have.push_back(e->source);
       fail(
           "{}: the weight '{}' is stored as {} — no supported quantization format (modelopt NVFP4, FP8 block, "
-          "compressed-tensors int4/NVFP4, GPTQ int4) stores it that way",
+          "compressed-tensors int4/NVFP4, GPTQ int4, AutoAWQ int4) stores it that way",
           file, q.name, fmt::join(have, ", "));
     }
     // Companions of another format on the same weight.
@@ -754,6 +830,23 @@ QuantScheme QuantScheme::build(const QuantConfig& cfg, const ModelConfig& model,
         break;
       }
       q.gptq_v2 = cfg.gptq_v2;
+    } else if (cfg.method == "awq") {
+      if (q.format != QuantFormat::Awq) mismatch("quant_method awq (AutoAWQ GEMM qweight / qzeros / scales)");
+      for (const std::string& skip : cfg.not_convert) {  // transformers / vLLM: a substring of the module name
+        if (!skip.empty() && module.find(skip) != std::string::npos) {
+          mismatch(fmt::format("no quantization (modules_to_not_convert '{}')", skip));
+        }
+      }
+      q.group = cfg.group_size;
+      q.zero_point = view("qzeros");
+      if (cfg.awq_zero_point && !q.zero_point) {
+        fail("{}: '{}' has no '{}.qzeros', but {} declares AWQ zero_point true (one zero point per group)", file,
+             source, module, cfg.source);
+      }
+      if (!cfg.awq_zero_point && q.zero_point) {
+        fail("{}: '{}' has zero points '{}', but {} declares AWQ zero_point false (symmetric, zero 8)",
+             q.zero_point->file, source, q.zero_point->name, cfg.source);
+      }
     }
 
     switch (q.format) {
@@ -786,6 +879,10 @@ QuantScheme QuantScheme::build(const QuantConfig& cfg, const ModelConfig& model,
         q.scale = view("scales");
         q.zero_point = view("qzeros");
         q.g_idx = view("g_idx");
+        break;
+      case QuantFormat::Awq:  // zero_point: above, with the config's zero_point
+        q.data = view("qweight");
+        q.scale = view("scales");
         break;
       case QuantFormat::None:
         break;

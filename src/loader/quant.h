@@ -22,6 +22,14 @@
 //                     [ceil(K/g), N/8] (output n at bits 4*(n%8)); `scales` F16 [ceil(K/g), N]; `g_idx` I32 [K].
 //                     w = (nibble - z) * scales[k/g, n], z = zero nibble + 1 (checkpoint_format `gptq`, v1) or the
 //                     zero nibble (`gptq_v2`). Only g_idx[k] == k/g (desc_act false) is supported.
+//   INT4 AutoAWQ GEMM (quant_method `awq`, version `gemm`)  `qweight` I32 [K, N/8], packed along the OUTPUTS: word j
+//                     of input row k holds outputs 8j..8j+7, output 8j+m at bits 4*p(m), p = {0, 4, 1, 5, 2, 6, 3, 7}
+//                     (AutoAWQ writes nibble i from output 8j + {0, 2, 4, 6, 1, 3, 5, 7}[i]: AWQ_ORDER, whose
+//                     inverse is p); `qzeros` I32 [K/g, N/8] packed the same way, stored as is (no offset);
+//                     `scales` F16 [K/g, N]. g divides K (group_size -1: g = K).
+//                     w = (nibble - zero nibble) * scales[k/g, n]; zero_point false: no qzeros, zero 8 (vLLM
+//                     moe_wna16's symmetric int4). Sources: AutoAWQ awq/modules/linear/gemm.py
+//                     WQLinear_GEMM.from_linear (packing) and awq/utils/packing_utils.py dequantize_gemm (unpacking).
 //   PLE table, FP8    `ngram_embedding.shard_K.weight` F8_E4M3 rows, one BF16 `ngram_embedding.weight_scale` [1]:
 //                     row value = e4m3 * weight_scale.
 // Every product above is exact in float32 except the final multiply by weight_scale_2 (one rounding) and the
@@ -72,13 +80,13 @@ struct GptqRule {
 /// The quantization a checkpoint declares. Built by read_quant_config; `method` empty means "none declared".
 struct QuantConfig {
   std::string source;  ///< file(s) it was read from, for messages
-  std::string method;  ///< quant_method: "modelopt", "fp8", "compressed-tensors" or "gptq"
+  std::string method;  ///< quant_method: "modelopt", "fp8", "compressed-tensors", "gptq" or "awq"
 
   // modelopt
   std::string algo;                                                   ///< "NVFP4" or "MIXED_PRECISION"
   std::vector<std::pair<std::string, std::string>> quantized_layers;  ///< MIXED_PRECISION: module -> quant_algo
   std::vector<std::string> exclude_modules;                           ///< ModelOpt `exclude_modules` / `ignore`
-  // NVFP4 block (16) or GPTQ group size (-1 or 0 in the config: one group spans K, stored as 0)
+  // NVFP4 block (16) or GPTQ / AWQ group size (-1 or 0 in the config: one group spans K, stored as 0)
   int64_t group_size = 0;
   // fp8
   int64_t block_rows = 0, block_cols = 0;  ///< weight_block_size
@@ -90,14 +98,18 @@ struct QuantConfig {
   bool desc_act = false;
   bool gptq_v2 = false;  ///< checkpoint_format "gptq_v2": zero points stored without the v1 "-1"
   std::vector<GptqRule> gptq_dynamic;
+  // awq (bits and group_size above)
+  bool awq_zero_point = true;            ///< `zero_point`: qzeros present; false: symmetric, zero 8
+  std::vector<std::string> not_convert;  ///< `modules_to_not_convert`: module-name substrings kept unquantized
 };
 
 /// Parses the quantization of a model folder: `quantization_config` of config.json (top level, else inside
 /// text_config) and, when present, hf_quant_config.json (ModelOpt; its `quantization` block wins, and a quant_algo
 /// that disagrees with config.json is an error). Throws Error naming the file and field for an unknown
-/// quant_method, quant_algo, compressed-tensors format or group, unsupported options (GPTQ bits other than 4, FP8
-/// without weight_block_size, a non-null kv_cache_quant_algo, activation ordering in compressed-tensors) and fields
-/// of the wrong type. Returns an empty QuantConfig when nothing is declared.
+/// quant_method, quant_algo, compressed-tensors format or group, unsupported options (GPTQ or AWQ bits other than 4,
+/// an AWQ version other than gemm or a backend other than autoawq, FP8 without weight_block_size, a non-null
+/// kv_cache_quant_algo, activation ordering in compressed-tensors) and fields of the wrong type. Returns an empty
+/// QuantConfig when nothing is declared.
 QuantConfig read_quant_config(const std::string& model_dir);
 
 /// Parses already-read documents (`hf_quant` may be null); `source` names them in messages.
@@ -114,14 +126,14 @@ struct QuantizedWeight {
   const TensorView* data = nullptr;          ///< weight / weight_packed / qweight
   const TensorView* scale = nullptr;         ///< weight_scale / weight_scale_inv / scales
   const TensorView* global_scale = nullptr;  ///< weight_scale_2 / weight_global_scale (NVFP4)
-  const TensorView* zero_point = nullptr;    ///< weight_zero_point / qzeros; null when symmetric (compressed-tensors)
+  const TensorView* zero_point = nullptr;    ///< weight_zero_point / qzeros; null when symmetric (CT, AWQ)
   const TensorView* g_idx = nullptr;         ///< GPTQ g_idx, optional
   const TensorView* shape = nullptr;         ///< compressed-tensors weight_shape, optional
 };
 
 /// Checks dtypes and shapes of every tensor of `w` against its format; throws Error naming the tensor, its file, the
 /// shape or dtype found and the one expected (also for a missing scale, a GPTQ g_idx that is not k / group, a
-/// compressed-tensors weight_shape that disagrees with [rows, cols]).
+/// compressed-tensors weight_shape that disagrees with [rows, cols], an AWQ group size that does not divide K).
 void validate_quantized_weight(const QuantizedWeight& w);
 
 /// The exact float32 values of `w` as a row-major [rows, cols] array (validates first).
@@ -149,10 +161,13 @@ class QuantScheme {
   /// Finds every weight of `m` stored in a non-float form (or as packed companions without a `.weight`), decides
   /// its format from the tensors present, checks that `cfg` declares that format for the module (ModelOpt
   /// MIXED_PRECISION: its `quantized_layers` entry; compressed-tensors: a config group whose targets match) and
-  /// takes the format's parameters from `cfg`, then validates every tensor (validate_quantized_weight). Throws
-  /// Error naming the tensor for: a quantized weight without a declared quantization, a format the config does not
-  /// declare, companions of two formats on one weight (or quantization companions on a float weight), FP8 weights
-  /// with per-tensor or per-channel `weight_scale` (not supported), and every validation failure.
+  /// takes the format's parameters from `cfg`, then validates every tensor (validate_quantized_weight). `qweight`
+  /// is read as GPTQ, or as AutoAWQ GEMM when the config's quant_method is awq. Throws Error naming the tensor for:
+  /// a quantized weight without a declared quantization, a format the config does not declare (also a module that
+  /// AWQ's modules_to_not_convert or a GPTQ `-:` rule excludes), companions of two formats on one weight (or
+  /// quantization companions on a float weight), AWQ qzeros missing under zero_point true (or present under
+  /// false), FP8 weights with per-tensor or per-channel `weight_scale` (not supported), and every validation
+  /// failure.
   /// Logical shapes come from `model` (loader/tensor_plan.h).
   static QuantScheme build(const QuantConfig& cfg, const ModelConfig& model, const WeightManifest& m);
 

@@ -1,6 +1,7 @@
 // W4A16 MoE (ops/cuda/moe_w4a16.h).
 // Repacking: for every source format (NVFP4 ModelOpt and compressed-tensors, GPTQ v1/v2, compressed-tensors int4
-// symmetric and asymmetric, groups 16/32/128 with partial last groups) W4Packed::unpack equals, bit for bit, a
+// symmetric and asymmetric, AutoAWQ GEMM with and without zero points, groups 16/32/128 with partial last groups
+// where the format allows them) W4Packed::unpack equals, bit for bit, a
 // straightforward float32 dequantization of the checkpoint tensors written here from src/loader/quant.h's formulas.
 // Kernels: both paths (GEMV and WMMA GEMM) against a CPU loop in double over the dequantized weights, over expert
 // counts {1, 3, 16, 33}, top-k {1, 2, 10}, tokens {1, 2, 5, 16, 17, 100, 1000}, H {256, 200}, I {160, 40}.
@@ -53,7 +54,11 @@ float f16_round(float x) {
 }
 
 // The formats as checkpoint tensors for one expert matrix [N, K].
-enum class Fmt { Nvfp4ModelOpt, Nvfp4Ct, CtInt4Sym, CtInt4Asym, GptqV1, GptqV2 };
+enum class Fmt { Nvfp4ModelOpt, Nvfp4Ct, CtInt4Sym, CtInt4Asym, GptqV1, GptqV2, Awq, AwqSym };
+
+// AutoAWQ GEMM (awq/modules/linear/gemm.py WQLinear_GEMM.from_linear): nibble i of a word holds output
+// 8j + kAwqOrder[i].
+constexpr int kAwqOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 
 const char* fmt_name(Fmt f) {
   switch (f) {
@@ -63,6 +68,8 @@ const char* fmt_name(Fmt f) {
     case Fmt::CtInt4Asym: return "ct_int4_asym";
     case Fmt::GptqV1: return "gptq_v1";
     case Fmt::GptqV2: return "gptq_v2";
+    case Fmt::Awq: return "awq";
+    case Fmt::AwqSym: return "awq_sym";
   }
   return "?";
 }
@@ -71,7 +78,10 @@ bool is_nvfp4(Fmt f) {
   return f == Fmt::Nvfp4ModelOpt || f == Fmt::Nvfp4Ct;
 }
 bool has_zeros(Fmt f) {
-  return f == Fmt::CtInt4Asym || f == Fmt::GptqV1 || f == Fmt::GptqV2;
+  return f == Fmt::CtInt4Asym || f == Fmt::GptqV1 || f == Fmt::GptqV2 || f == Fmt::Awq;
+}
+bool is_awq(Fmt f) {
+  return f == Fmt::Awq || f == Fmt::AwqSym;
 }
 
 struct Checkpoint {
@@ -80,7 +90,7 @@ struct Checkpoint {
   std::vector<uint8_t> packed, e4m3;  // NVFP4
   float global = 1.f;
   std::vector<int32_t> words, zwords;  // int4: weight_packed / qweight, weight_zero_point / qzeros
-  std::vector<float> scales;           // int4: [N, G] (compressed-tensors) or [G, N] (GPTQ)
+  std::vector<float> scales;           // int4: [N, G] (compressed-tensors) or [G, N] (GPTQ, AWQ)
 };
 
 // Random checkpoint tensors whose weights have magnitude about `mag`.
@@ -105,8 +115,11 @@ Checkpoint make_checkpoint(Fmt fmt, int64_t N, int64_t K, int64_t group, float m
   const float base = mag / 4.5f;
   const bool gptq = fmt == Fmt::GptqV1 || fmt == Fmt::GptqV2;
   c.scales.resize(size_t(N * G));
-  for (auto& s : c.scales) s = gptq ? f16_round(base * u01(rng)) : bf16_round(base * u01(rng));
-  if (gptq) {
+  for (auto& s : c.scales) s = gptq || is_awq(fmt) ? f16_round(base * u01(rng)) : bf16_round(base * u01(rng));
+  if (is_awq(fmt)) {  // qweight [K, N/8], qzeros [G, N/8]
+    c.words.resize(size_t(K * N / 8));
+    if (fmt == Fmt::Awq) c.zwords.resize(size_t(G * N / 8));
+  } else if (gptq) {
     c.words.resize(size_t(K / 8 * N));
     c.zwords.resize(size_t(G * N / 8));
   } else {
@@ -155,6 +168,17 @@ std::vector<float> oracle(const Checkpoint& c) {
           v = float(q - z) * c.scales[size_t(g * N + n)];
           break;
         }
+        case Fmt::Awq:
+        case Fmt::AwqSym: {
+          int nib = 0;  // the nibble i with kAwqOrder[i] == n % 8
+          while (kAwqOrder[nib] != n % 8) ++nib;
+          const uint32_t word = uint32_t(c.words[size_t(k * (N / 8) + n / 8)]);
+          const int32_t q = int32_t((word >> (4 * nib)) & 0xfu);
+          const int32_t z =
+              c.fmt == Fmt::Awq ? int32_t((uint32_t(c.zwords[size_t(g * (N / 8) + n / 8)]) >> (4 * nib)) & 0xfu) : 8;
+          v = float(q - z) * c.scales[size_t(g * N + n)];
+          break;
+        }
       }
       w[size_t(n * K + k)] = v;
     }
@@ -169,7 +193,10 @@ void set_rows(W4Packed& p, int e, int row0, const Checkpoint& c) {
     return;
   }
   Int4Plain plain;
-  if (c.fmt == Fmt::GptqV1 || c.fmt == Fmt::GptqV2) {
+  if (is_awq(c.fmt)) {
+    plain =
+        unpack_awq(c.words.data(), c.zwords.empty() ? nullptr : c.zwords.data(), c.scales.data(), c.N, c.K, c.group);
+  } else if (c.fmt == Fmt::GptqV1 || c.fmt == Fmt::GptqV2) {
     plain = unpack_gptq(c.words.data(), c.zwords.data(), c.scales.data(), c.N, c.K, c.group, c.fmt == Fmt::GptqV2);
   } else {
     plain = unpack_ct_int4(c.words.data(), c.zwords.empty() ? nullptr : c.zwords.data(), c.scales.data(), c.N, c.K,
@@ -234,7 +261,10 @@ INSTANTIATE_TEST_SUITE_P(Formats, W4Repack,
                                            RepackCase{Fmt::CtInt4Sym, 128, 8, 40},
                                            RepackCase{Fmt::GptqV1, 32, 40, 200}, RepackCase{Fmt::GptqV2, 32, 16, 40},
                                            RepackCase{Fmt::GptqV1, 128, 24, 256},
-                                           RepackCase{Fmt::GptqV2, 128, 40, 200}, RepackCase{Fmt::GptqV1, 0, 16, 64}),
+                                           RepackCase{Fmt::GptqV2, 128, 40, 200}, RepackCase{Fmt::GptqV1, 0, 16, 64},
+                                           RepackCase{Fmt::Awq, 32, 24, 160}, RepackCase{Fmt::Awq, 128, 40, 256},
+                                           RepackCase{Fmt::AwqSym, 32, 16, 64}, RepackCase{Fmt::Awq, 0, 16, 64},
+                                           RepackCase{Fmt::Awq, 64, 8, 192}),
                          [](const auto& info) {
                            return std::string(fmt_name(info.param.fmt)) + "_g" + std::to_string(info.param.group) +
                                   "_" + std::to_string(info.param.rows) + "x" + std::to_string(info.param.cols);
@@ -403,6 +433,38 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(m.top_k) + "_T" + std::to_string(m.tokens) + "_H" + std::to_string(m.hidden) + "_I" +
              std::to_string(m.inter) + (m.shared ? "_shared" : "");
     });
+
+// AWQ groups must divide H and I: the H 256 / I 160 shapes with group 32.
+INSTANTIATE_TEST_SUITE_P(
+    AwqShapes, W4Moe,
+    ::testing::Combine(::testing::Values(FmtCase{Fmt::Awq, 32}, FmtCase{Fmt::AwqSym, 32}),
+                       ::testing::Values(MoeCase{1, 1, 1, 256, 160, false}, MoeCase{3, 1, 1000, 256, 160, false},
+                                         MoeCase{16, 10, 5, 256, 160, true}, MoeCase{16, 10, 100, 256, 160, false},
+                                         MoeCase{33, 10, 17, 256, 160, false}, MoeCase{33, 10, 1000, 256, 160, true})),
+    [](const auto& info) {
+      const FmtCase f = std::get<0>(info.param);
+      const MoeCase m = std::get<1>(info.param);
+      return std::string(fmt_name(f.fmt)) + "_g" + std::to_string(f.group) + "_E" + std::to_string(m.experts) + "_k" +
+             std::to_string(m.top_k) + "_T" + std::to_string(m.tokens) + (m.shared ? "_shared" : "");
+    });
+
+// unpack_awq against hand-computed words (the format definition, not the oracle above): word 0x76543210 (nibble i
+// holds i) gives outputs 0..7 the values 0 4 1 5 2 6 3 7; zero word 0x00000030 gives output 2 (AWQ_ORDER[1]) zero 3.
+TEST(W4Repack, AwqUnpackHandComputedWord) {
+  const std::vector<int32_t> qweight(8, int32_t(0x76543210u)), qzeros = {int32_t(0x30u)};
+  const std::vector<float> scales(8, 0.5f);
+  const Int4Plain p = unpack_awq(qweight.data(), qzeros.data(), scales.data(), 8, 8, 8);
+  const uint8_t want_q[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+  for (int n = 0; n < 8; ++n) {
+    for (int k = 0; k < 8; ++k) EXPECT_EQ(p.q[size_t(n * 8 + k)], want_q[n]) << n << " " << k;
+    EXPECT_EQ(p.zeros[size_t(n)], n == 2 ? 3 : 0) << n;
+    EXPECT_EQ(p.scales[size_t(n)], 0.5f);
+  }
+  const Int4Plain sym = unpack_awq(qweight.data(), nullptr, scales.data(), 8, 8, 8);
+  EXPECT_TRUE(sym.zeros.empty());  // zero_point false: z = 8 in W4Packed
+  EXPECT_THROW(unpack_awq(qweight.data(), nullptr, scales.data(), 8, 8, 3), Error);    // group does not divide
+  EXPECT_THROW(unpack_awq(qweight.data(), nullptr, scales.data(), 12, 8, 8), Error);   // rows % 8
+}
 
 TEST(W4Moe, ExpertIdOutOfRangeIsReported) {
   const int E = 3, H = 64, I = 32, T = 2, k = 1;

@@ -1,6 +1,7 @@
 // Exact dequantization of every supported format on hand-built tensors, against values computed from the format
 // definitions (docs ARTIFACTS.md 3; E2M1 / E4M3 / BF16 / F16 encodings from the OCP and IEEE specifications), and the
 // errors for malformed tensors and configs.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -252,6 +253,102 @@ TEST(Dequant, GptqPermutedGIdxIsRejected) {
   EXPECT_THAT([&] { dequantize(w); }, testing::ThrowsMessage<Error>(HasSubstr("has no 'qzeros' tensor")));
 }
 
+// AutoAWQ GEMM (awq/modules/linear/gemm.py WQLinear_GEMM.from_linear): qweight I32 [K, N/8] packed along the
+// outputs, nibble i (bits 4i..4i+3) of word j holding output 8j + AWQ_ORDER[i], AWQ_ORDER = {0, 2, 4, 6, 1, 3, 5, 7};
+// qzeros I32 [K/g, N/8] packed the same way, no offset; scales F16 [K/g, N]; w = (q - z) * s.
+// Here N = 16 (two words per input row), K = 64, group 32: word 0 = 0x76543210 (nibble i holds i), word 1 =
+// 0xFEDCBA98 (nibble i holds 8 + i), the same for every input row.
+QuantizedWeight awq(Store& s, bool zeros) {
+  QuantizedWeight w;
+  w.format = QuantFormat::Awq;
+  w.name = "x.weight";
+  w.rows = 16;  // N
+  w.cols = 64;  // K
+  w.group = 32;
+  std::vector<uint32_t> qweight;
+  for (int k = 0; k < 64; ++k) qweight.insert(qweight.end(), {0x76543210u, 0xFEDCBA98u});
+  w.data = s.add("x.qweight", DType::I32, {64, 2}, qweight);
+  // Group 0: only nibble 1 of word 0 is set (3); by AWQ_ORDER[1] = 2 that is output 2's zero point. Group 1: every
+  // zero point 8.
+  if (zeros)
+    w.zero_point = s.add("x.qzeros", DType::I32, {2, 2}, std::vector<uint32_t>{0x30u, 0, 0x88888888u, 0x88888888u});
+  std::vector<uint16_t> scales(32, kF16One);
+  for (int n = 0; n < 16; ++n) scales[size_t(16 + n)] = kF16Half;  // group 1: 0.5
+  w.scale = s.add("x.scales", DType::F16, {2, 16}, scales);
+  return w;
+}
+
+// q of outputs 0..15 by the definition: output 8j + AWQ_ORDER[i] holds nibble i, so outputs 0, 2, 4, 6, 1, 3, 5, 7
+// hold 0..7 (word 0) and outputs 8, 10, ..., 15 hold 8..15 (word 1).
+constexpr int kAwqWantQ[16] = {0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15};
+
+TEST(Dequant, AwqNibbleOrderZeroPointsAndGroupBoundary) {
+  Store s;
+  const std::vector<float> v = dequantize(awq(s, true));
+  ASSERT_EQ(v.size(), 16u * 64u);
+  for (int n = 0; n < 16; ++n) {
+    const float z0 = n == 2 ? 3.f : 0.f;
+    for (int k : {0, 17, 31}) EXPECT_EQ(v[size_t(n * 64 + k)], (float(kAwqWantQ[n]) - z0) * 1.0f) << n << " " << k;
+    for (int k : {32, 40, 63}) EXPECT_EQ(v[size_t(n * 64 + k)], float(kAwqWantQ[n] - 8) * 0.5f) << n << " " << k;
+  }
+  // Spelled out for one word: outputs 1 and 2 of input 0 are 4 and 1 - 3, outputs 9 and 15 of input 63 are
+  // (12 - 8) / 2 and (15 - 8) / 2.
+  EXPECT_EQ(v[1 * 64 + 0], 4.0f);
+  EXPECT_EQ(v[2 * 64 + 0], -2.0f);
+  EXPECT_EQ(v[9 * 64 + 63], 2.0f);
+  EXPECT_EQ(v[15 * 64 + 63], 3.5f);
+}
+
+TEST(Dequant, AwqSymmetricZeroIsEight) {
+  Store s;
+  const std::vector<float> v = dequantize(awq(s, false));  // zero_point false: no qzeros
+  for (int n = 0; n < 16; ++n) {
+    EXPECT_EQ(v[size_t(n * 64 + 5)], float(kAwqWantQ[n] - 8) * 1.0f) << n;
+    EXPECT_EQ(v[size_t(n * 64 + 60)], float(kAwqWantQ[n] - 8) * 0.5f) << n;
+  }
+}
+
+TEST(Dequant, AwqOneGroupOverK) {
+  Store s;
+  QuantizedWeight w = awq(s, true);
+  w.group = 0;  // group_size -1
+  w.zero_point = s.add("x.qzeros", DType::I32, {1, 2}, std::vector<uint32_t>{0x11111111u, 0x22222222u});
+  w.scale = s.add("x.scales", DType::F16, {1, 16}, std::vector<uint16_t>(16, kF16Half));
+  const std::vector<float> v = dequantize(w);
+  for (int n = 0; n < 16; ++n) EXPECT_EQ(v[size_t(n * 64 + 50)], float(kAwqWantQ[n] - (n < 8 ? 1 : 2)) * 0.5f) << n;
+}
+
+TEST(Dequant, AwqShapeDtypeAndGroupErrorsNameTheTensor) {
+  Store s;
+  auto err = [](const QuantizedWeight& w, const std::string& want) {
+    EXPECT_THAT([&] { dequantize(w); }, testing::ThrowsMessage<Error>(HasSubstr(want)));
+  };
+  QuantizedWeight w = awq(s, true);
+  w.data = s.add("x.qweight", DType::I32, {8, 16}, std::vector<uint32_t>(128, 0));  // GPTQ's [K/8, N]
+  err(w, "tensor 'x.qweight' is I32 [8, 16], expected I32 [64, 2] (eight 4-bit outputs per int32 in AWQ order)");
+  w = awq(s, true);
+  w.scale = s.add("x.scales", DType::F16, {16, 2}, std::vector<uint16_t>(32, kF16One));
+  err(w, "tensor 'x.scales' is F16 [16, 2], expected BF16 or F16 or F32 [2, 16] (one scale per group and output)");
+  w = awq(s, true);
+  w.scale = s.add("x.scales", DType::I32, {2, 16}, std::vector<int32_t>(32, 1));
+  err(w, "tensor 'x.scales' is I32 [2, 16], expected BF16 or F16 or F32 [2, 16]");
+  w = awq(s, true);
+  w.zero_point = s.add("x.qzeros", DType::I32, {2, 16}, std::vector<uint32_t>(32, 0));
+  err(w, "tensor 'x.qzeros' is I32 [2, 16], expected I32 [2, 2] (zero points packed eight per int32 along outputs");
+  w = awq(s, true);
+  w.zero_point = s.add("x.qzeros", DType::F16, {2, 2}, std::vector<uint16_t>(4, 0));
+  err(w, "tensor 'x.qzeros' is F16 [2, 2], expected I32 [2, 2]");
+  w = awq(s, true);
+  w.group = 48;
+  err(w, "tensor 'x.qweight': group_size 48 does not divide K = 64");
+  w = awq(s, true);
+  w.group = 128;  // larger than K: also no tiling
+  err(w, "tensor 'x.qweight': group_size 128 does not divide K = 64");
+  w = awq(s, true);
+  w.scale = nullptr;
+  err(w, "has no 'scales' tensor (one scale per group and output) next to 'x.qweight'");
+}
+
 TEST(Dequant, PleFp8RowsTimesTheBf16Scalar) {
   Store s;
   const uint16_t scale_bits = 0x3951;  // the RadixArk table scale, about 1.993e-4
@@ -311,8 +408,8 @@ TEST(QuantConfig, UnknownOrUnsupportedDeclarationsAreClearErrors) {
   err({{"quant_method", "modelopt"}, {"quant_algo", "MIXED_PRECISION"}}, none, "needs a non-empty quantized_layers");
   err({{"quant_method", "modelopt"}, {"quant_algo", "NVFP4"}, {"kv_cache_quant_algo", "FP8"}}, none,
       "quantized KV caches are not supported");
-  err({{"quant_method", "awq"}, {"bits", 4}}, none,
-      "unknown quant_method 'awq' in quantization_config (supported: modelopt, fp8, compressed-tensors, gptq)");
+  err({{"quant_method", "hqq"}, {"bits", 4}}, none,
+      "unknown quant_method 'hqq' in quantization_config (supported: modelopt, fp8, compressed-tensors, gptq, awq)");
   err({{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}}, none, "without weight_block_size");
   err({{"quant_method", "fp8"}, {"weight_block_size", {128}}}, none, "must be two positive integers");
   err({{"quant_method", "gptq"}, {"bits", 8}}, none, "only 4-bit GPTQ is supported");
@@ -353,6 +450,55 @@ TEST(QuantConfig, CompressedTensorsGroupsAndGptqDynamic) {
     EXPECT_EQ(r.exclude, r.pattern == ".*self_attn.*") << r.pattern;
     EXPECT_EQ(r.group_size, r.pattern == ".*experts.*" ? 32 : 0) << r.pattern;
   }
+}
+
+// transformers' AwqConfig as AutoAWQ writes it into config.json, and AutoAWQ's own quant_config.json spelling.
+TEST(QuantConfig, AwqGemmFields) {
+  QuantConfig q = parse({{"quant_method", "awq"},
+                         {"bits", 4},
+                         {"group_size", 32},
+                         {"zero_point", true},
+                         {"version", "gemm"},
+                         {"modules_to_not_convert", {"visual", "mlp.gate."}}});
+  EXPECT_EQ(q.method, "awq");
+  EXPECT_EQ(q.bits, 4);
+  EXPECT_EQ(q.group_size, 32);
+  EXPECT_TRUE(q.awq_zero_point);
+  EXPECT_EQ(q.not_convert, (std::vector<std::string>{"visual", "mlp.gate."}));
+  q = parse({{"quant_method", "awq"}, {"w_bit", 4}, {"q_group_size", 128}, {"zero_point", false}, {"version", "GEMM"}});
+  EXPECT_EQ(q.group_size, 128);
+  EXPECT_FALSE(q.awq_zero_point);
+  EXPECT_TRUE(q.not_convert.empty());
+  q = parse({{"quant_method", "awq"}, {"group_size", -1}, {"modules_to_not_convert", nullptr}, {"backend", "autoawq"}});
+  EXPECT_EQ(q.group_size, 0);  // one group over K
+  EXPECT_EQ(q.bits, 4);
+  EXPECT_TRUE(q.awq_zero_point);  // AutoAWQ's default
+}
+
+TEST(QuantConfig, AwqUnsupportedFieldsAreClearErrors) {
+  auto err = [](const json& qc, const std::string& want) {
+    EXPECT_THAT([&] { parse(qc); }, testing::ThrowsMessage<Error>(HasSubstr(want))) << qc.dump();
+  };
+  const json base = {{"quant_method", "awq"}, {"bits", 4}, {"group_size", 32}, {"zero_point", true}};
+  auto with = [&](const char* k, const json& v) {
+    json c = base;
+    c[k] = v;
+    return c;
+  };
+  for (const char* v : {"gemv", "gemv_fast", "marlin", "exllama", "ipex"}) {
+    err(with("version", v), fmt::format("config.json: quantization_config.version is '{}': only AutoAWQ's GEMM "
+                                        "packing (version gemm",
+                                        v));
+  }
+  err(with("bits", 8), "quantization_config.bits is 8: only 4-bit AWQ is supported");
+  err(json{{"quant_method", "awq"}, {"w_bit", 3}}, "quantization_config.w_bit is 3: only 4-bit AWQ is supported");
+  err(with("group_size", -2), "quantization_config.group_size must be positive or -1, got -2");
+  err(with("group_size", "32"), "quantization_config.group_size must be an integer, got \"32\"");
+  err(with("zero_point", "yes"), "quantization_config.zero_point must be true or false, got \"yes\"");
+  err(with("version", 2), "quantization_config.version must be a string, got 2");
+  err(with("backend", "llm-awq"), "quantization_config.backend is 'llm-awq': only AutoAWQ checkpoints");
+  err(with("modules_to_not_convert", "visual"),
+      "quantization_config.modules_to_not_convert must be a list of strings, got \"visual\"");
 }
 
 }  // namespace

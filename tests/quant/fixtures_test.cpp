@@ -15,6 +15,7 @@
 #include "loader/manifest.h"
 #include "loader/quant.h"
 #include "loader/st_writer.h"
+#include "model/fixture.h"
 #include "model/qwen4_exp/model.h"
 #include "model/qwen4_exp/weights.h"
 #include "ops/ops.h"
@@ -31,8 +32,9 @@ namespace fs = std::filesystem;
 // and both prompts (2.38e-6, nvfp4 short; 1.19e-6 .. 2.09e-6 for the others; 2026-12-01). Before: 1e-3, which is
 // within 100x of what quantization itself moves the logits (0.10 .. 0.27, reference.json).
 constexpr double kTol = 2.5e-5;
-const std::vector<std::string> kFormats = {"nvfp4-radixark",   "nvfp4-nvidia", "fp8-block",    "ct-int4-sym-g32",
-                                           "ct-int4-asym-g32", "ct-nvfp4",     "gptq-int4-g32"};
+const std::vector<std::string> kFormats = {"nvfp4-radixark",  "nvfp4-nvidia",     "fp8-block",
+                                           "ct-int4-sym-g32", "ct-int4-asym-g32", "ct-nvfp4",
+                                           "gptq-int4-g32",   "awq-int4-g32",     "awq-int4-g128"};
 
 std::string fixture(const std::string& fmt) {
   return testing::source_path("tests/data/quant/" + fmt);
@@ -139,6 +141,24 @@ TEST(QuantScheme, FindsTheFormatOfEveryQuantizedComponent) {
   EXPECT_EQ(summary("gptq-int4-g32"), (Summary{{"lm_head", {{"int4-gptq", 1}}},
                                                {"routed_experts", {{"int4-gptq", 192}}},
                                                {"ple_table", {{"fp8-scalar", 8}}}}));
+  // AutoAWQ: routed experts and the shared expert's 3 projections of each of the 8 layers.
+  EXPECT_EQ(summary("awq-int4-g32"),
+            (Summary{{"routed_experts", {{"int4-awq", 192}}}, {"shared_expert", {{"int4-awq", 24}}}}));
+  EXPECT_EQ(summary("awq-int4-g128"), summary("awq-int4-g32"));
+}
+
+// Greedy ids (prefill, then single-token decode steps) equal those of transformers' own cached decode on the
+// dequantized weights.
+TEST(QuantAwq, GreedyIdsMatchReference) {
+  for (const std::string fmt : {"awq-int4-g32", "awq-int4-g128"}) {
+    test::Reference ref(test::Reference::AtPath{fixture(fmt) + "/reference.safetensors"});
+    const auto model = Model::load(fixture(fmt) + "/model");
+    for (const std::string p : {"short", "eos_inside"}) {
+      const std::vector<int64_t> want = ref.i64(p + ".greedy_ids");
+      ASSERT_EQ(want.size(), 8u) << fmt << " " << p;
+      EXPECT_EQ(test::greedy(*model, ref.ids(p), int(want.size())), want) << fmt << " " << p;
+    }
+  }
 }
 
 // `flashnext inspect` reports the format of each quantized component.
@@ -154,6 +174,22 @@ TEST(QuantInspect, ReportsFormatsByComponent) {
   const std::string text = format_inspect(r);
   EXPECT_THAT(text, HasSubstr("routed_experts     int4-gptq (192 tensors)"));
   EXPECT_THAT(text, HasSubstr("ple_table          fp8-scalar (8 tensors)"));
+  // AutoAWQ: the format of each component and the declared packing.
+  const nlohmann::json a = inspect_model(fixture("awq-int4-g32") + "/model");
+  EXPECT_EQ(a["quantization"]["config"]["quant_method"], "awq");
+  EXPECT_EQ(a["quantization"]["config"]["version"], "gemm");
+  EXPECT_EQ(a["quantization"]["config"]["zero_point"], true);
+  EXPECT_EQ(a["quantization"]["config"]["group_size"], 32);
+  EXPECT_EQ(a["quantization"]["formats"],
+            nlohmann::json::parse(R"({"routed_experts": {"int4-awq": 192}, "shared_expert": {"int4-awq": 24}})"));
+  // Per layer: the shared expert's down projection [64, 32] as qweight I32 [32, 8] + qzeros I32 [1, 8] + scales F16
+  // [1, 64], its gate and up [32, 64] as qweight [64, 4] + qzeros [2, 4] + scales [2, 32], and the unquantized
+  // shared_expert_gate BF16 [1, 64]; 8 layers.
+  EXPECT_EQ(a["stored"]["bytes_by_component"]["shared_expert"],
+            8 * ((32 * 8 * 4 + 8 * 4 + 64 * 2) + 2 * (64 * 4 * 4 + 2 * 4 * 4 + 2 * 32 * 2) + 64 * 2));
+  const std::string at = format_inspect(a);
+  EXPECT_THAT(at, HasSubstr("routed_experts     int4-awq (192 tensors)"));
+  EXPECT_THAT(at, HasSubstr("shared_expert      int4-awq (24 tensors)"));
 }
 
 // The GPU memory plan of `flashnext inspect`: tiny-a's routed experts (8 layers x 8 experts, H = 64, I = 32) as the
@@ -173,6 +209,14 @@ TEST(QuantInspect, CudaMemoryPlan) {
   // compressed-tensors symmetric g = 32: no zero points: 40 and 22.
   EXPECT_EQ(plan("ct-int4-sym-g32")["memory_cuda"]["routed_expert_bytes"], experts * (64 * 40 + 64 * 22));
   EXPECT_EQ(plan("ct-int4-asym-g32")["memory_cuda"]["routed_expert_bytes"], experts * (64 * 42 + 64 * 23));
+  // AutoAWQ g = 32 with zero points: as GPTQ. g = 128 on tiny-a-wide (H = I = 128): gate_up [256, 128] and down
+  // [128, 128], per row 16 words * 4 + 1 group * (2 + 1) + 4 = 71 bytes. Its shared expert is dequantized to FP16.
+  const nlohmann::json aw = plan("awq-int4-g32");
+  EXPECT_EQ(aw["memory_cuda"]["routed_expert_bytes"], experts * (64 * 42 + 64 * 23));
+  EXPECT_EQ(plan("awq-int4-g128")["memory_cuda"]["routed_expert_bytes"], experts * (256 * 71 + 128 * 71));
+  EXPECT_EQ(aw["quantization"]["cuda_storage"]["routed_experts"][0],
+            "w4a16 from int4-awq (4-bit codes, FP16 group scales, uint8 zero points, F32 row scales)");
+  EXPECT_EQ(aw["quantization"]["cuda_storage"]["shared_expert"][0], "fp16 (dequantized from int4-awq at load)");
   // FP8 block: FP16, 3 * 32 * 64 elements per expert.
   const nlohmann::json f8 = plan("fp8-block");
   EXPECT_EQ(f8["memory_cuda"]["routed_expert_bytes"], experts * 3 * 32 * 64 * 2);
@@ -253,7 +297,8 @@ TEST(QuantExperts, CpuDefaultStacksTheDequantizedMatrices) {
     EXPECT_EQ(r.packed, nullptr);
     ASSERT_EQ(r.down.shape(), (Shape{E, H, I})) << fmt;
     for (int64_t e = 0; e < E; e += 3) {
-      const std::vector<float> want = dequantize(*scheme.find(fmt::format("layers.3.mlp.experts.{}.down_proj.weight", e)));
+      const std::vector<float> want =
+          dequantize(*scheme.find(fmt::format("layers.3.mlp.experts.{}.down_proj.weight", e)));
       EXPECT_EQ(std::memcmp(r.down.data_as<float>() + e * H * I, want.data(), want.size() * 4), 0) << fmt << " " << e;
     }
   }
@@ -383,6 +428,69 @@ TEST(QuantBadInput, GptqActOrderPermutation) {
   });
   EXPECT_THAT(load_error(d.path), HasSubstr("maps input 1 to group 1, expected 0 (input / group_size 32): GPTQ "
                                             "act-order (desc_act) permutations are not supported"));
+}
+
+TEST(QuantBadInput, AwqMissingOrExtraZeroPointsAndMisShapedTensors) {
+  TempDir d;
+  broken_copy("awq-int4-g32", d.path, [](auto& t) { t.erase(std::string(kExpert) + "qzeros"); });
+  EXPECT_THAT(load_error(d.path),
+              HasSubstr("'" + std::string(kExpert) + "qweight' has no '" +
+                        std::string(kExpert).substr(0, std::string(kExpert).size() - 1) + ".qzeros', but"));
+  EXPECT_THAT(load_error(d.path), HasSubstr("declares AWQ zero_point true"));
+  TempDir z;  // zero_point false, but the tensors have zero points
+  broken_copy("awq-int4-g32", z.path, [](auto&) {});
+  auto cfg = testing::read_json(z.path / "config.json");
+  cfg["quantization_config"]["zero_point"] = false;
+  testing::write_json(z.path / "config.json", cfg);
+  EXPECT_THAT(load_error(z.path), HasSubstr("declares AWQ zero_point false (symmetric, zero 8)"));
+  TempDir s;
+  broken_copy("awq-int4-g32", s.path, [](auto& t) {
+    RawTensor& sc = t.at(std::string(kExpert) + "scales");
+    sc.shape = {sc.shape[1], sc.shape[0]};  // [64/32, 32] stored transposed
+  });
+  EXPECT_THAT(load_error(s.path), HasSubstr("tensor '" + std::string(kExpert) +
+                                            "scales' is F16 [32, 2], expected BF16 or F16 or F32 [2, 32] (one scale "
+                                            "per group and output)"));
+  TempDir q;
+  broken_copy("awq-int4-g32", q.path, [](auto& t) {
+    RawTensor& w = t.at(std::string(kExpert) + "qweight");
+    w.shape = {w.shape[0] / 2, w.shape[1] * 2};  // [64, 4] -> [32, 8]: neither AWQ's [K, N/8] nor GPTQ's [K/8, N]
+  });
+  EXPECT_THAT(load_error(q.path), HasSubstr("is I32 [32, 8], which is neither the GPTQ packing (I32 [in/8, out]) nor "
+                                            "the AutoAWQ GEMM packing (I32 [in, out/8]) of the logical [32, 64]"));
+  TempDir z8;
+  broken_copy("awq-int4-g32", z8.path, [](auto& t) { t.at(std::string(kExpert) + "qzeros").dtype = "F32"; });
+  EXPECT_THAT(load_error(z8.path), HasSubstr("qzeros' is F32 [2, 4], expected I32 [2, 4]"));
+}
+
+TEST(QuantBadInput, AwqConfigErrors) {
+  auto with_config = [](const fs::path& dir, const char* key, const nlohmann::json& v) {
+    broken_copy("awq-int4-g32", dir, [](auto&) {});
+    auto cfg = testing::read_json(dir / "config.json");
+    cfg["quantization_config"][key] = v;
+    testing::write_json(dir / "config.json", cfg);
+  };
+  TempDir v;
+  with_config(v.path, "version", "gemv");
+  EXPECT_THAT(load_error(v.path), HasSubstr("quantization_config.version is 'gemv': only AutoAWQ's GEMM packing"));
+  TempDir b;
+  with_config(b.path, "bits", 8);
+  EXPECT_THAT(load_error(b.path), HasSubstr("quantization_config.bits is 8: only 4-bit AWQ is supported"));
+  TempDir g;  // 48 does not divide the experts' K (64 for gate / up, 32 for down)
+  with_config(g.path, "group_size", 48);
+  EXPECT_THAT(load_error(g.path), HasSubstr("group_size 48 does not divide K = "));
+  EXPECT_THAT(load_error(g.path), HasSubstr("qweight'"));
+  TempDir k;  // the tensors of group 32 read as group 16: the scales no longer fit (down_proj [64, 32] first)
+  with_config(k.path, "group_size", 16);
+  EXPECT_THAT(load_error(k.path), HasSubstr("scales' is F16 [1, 64], expected BF16 or F16 or F32 [2, 64]"));
+  TempDir m;  // modules_to_not_convert names modules stored quantized
+  with_config(m.path, "modules_to_not_convert", nlohmann::json::array({"mlp.experts"}));
+  EXPECT_THAT(load_error(m.path), HasSubstr("declares no quantization (modules_to_not_convert 'mlp.experts') for "
+                                            "module 'model.language_model.layers.0.mlp.experts.0.down_proj'"));
+  TempDir q;  // AWQ tensors under a GPTQ config: GPTQ's shapes are expected
+  with_config(q.path, "quant_method", "gptq");
+  EXPECT_THAT(load_error(q.path), HasSubstr("qweight' is I32 [32, 8], expected I32 [4, 64] (eight 4-bit values per "
+                                            "int32 along the input dimension)"));
 }
 
 }  // namespace

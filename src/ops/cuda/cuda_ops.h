@@ -4,7 +4,7 @@
 // Precision: weights are stored in FP16 (`load_weight` converts BF16/F32 checkpoints and fails, naming the count and
 // the largest magnitude, when a value lies outside the FP16 range; BF16 values convert exactly unless they are
 // below FP16's normal range). Quantized routed experts (`load_quantized_experts`): NVFP4 and int4 (GPTQ,
-// compressed-tensors) are repacked once, losslessly, into the W4A16 layout of moe_w4a16.h and run by its grouped
+// AWQ, compressed-tensors) are repacked once, losslessly, into the W4A16 layout of moe_w4a16.h and run by its grouped
 // kernels with FP16 activations; FP8-block experts are dequantized to FP16 at load. An FP8 PLE table stays FP8 and
 // is converted row by row in the gather. Activations at the interface stay float32, as the interface defines them: the
 // residual stream, norm statistics, softmaxes, GDN states, QSA caches, indexer scores and the router are FP32.

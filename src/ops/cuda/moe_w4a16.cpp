@@ -70,6 +70,36 @@ Int4Plain unpack_gptq(const int32_t* qweight, const int32_t* qzeros, const float
   return p;
 }
 
+Int4Plain unpack_awq(const int32_t* qweight, const int32_t* qzeros, const float* scales, int64_t rows, int64_t cols,
+                     int64_t group) {
+  const int64_t g = group ? group : cols;
+  FN_CHECK(rows > 0 && cols > 0 && rows % 8 == 0 && group >= 0 && cols % g == 0,
+           "unpack_awq: AWQ packing needs rows divisible by 8 and a group dividing cols, got [{}, {}] group {}", rows,
+           cols, group);
+  FN_CHECK(qweight && scales, "unpack_awq: null pointer");
+  // Nibble of output 8j + m (AutoAWQ packs nibble i from output 8j + {0, 2, 4, 6, 1, 3, 5, 7}[i]).
+  constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+  const int64_t G = cols / g, NW = rows / 8;
+  Int4Plain p;
+  p.rows = rows;
+  p.cols = cols;
+  p.group = group;
+  p.q.resize(size_t(rows * cols));
+  p.scales.resize(size_t(rows * G));
+  for (int64_t k = 0; k < cols; ++k)
+    for (int64_t n = 0; n < rows; ++n)
+      p.q[size_t(n * cols + k)] = uint8_t((uint32_t(qweight[k * NW + n / 8]) >> (4 * kAwqNibble[n % 8])) & 0xfu);
+  if (qzeros) p.zeros.resize(size_t(rows * G));
+  for (int64_t gi = 0; gi < G; ++gi) {
+    for (int64_t n = 0; n < rows; ++n) {
+      if (qzeros)
+        p.zeros[size_t(n * G + gi)] = uint8_t((uint32_t(qzeros[gi * NW + n / 8]) >> (4 * kAwqNibble[n % 8])) & 0xfu);
+      p.scales[size_t(n * G + gi)] = scales[gi * rows + n];
+    }
+  }
+  return p;
+}
+
 Int4Plain unpack_ct_int4(const int32_t* weight_packed, const int32_t* zero_point, const float* scales, int64_t rows,
                          int64_t cols, int64_t group) {
   FN_CHECK(rows > 0 && cols > 0 && group >= 0, "unpack_ct_int4: shape [{}, {}], group {}", rows, cols, group);

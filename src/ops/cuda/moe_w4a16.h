@@ -7,8 +7,8 @@
 //           nibble; one E4M3 byte per 16 inputs; an F32 global scale that multiplies (ModelOpt weight_scale_2) or
 //           divides (compressed-tensors weight_global_scale):  w = (e2m1 * e4m3) * g   or   (e2m1 * e4m3) / g
 //   int4    one value q in 0..15 per input, a float scale per group of `group` inputs, an optional zero point z in
-//           0..16 per group (absent: z = 8):  w = (q - z) * s. GPTQ and compressed-tensors packings are unpacked to
-//           this form by unpack_gptq / unpack_ct_int4 below.
+//           0..16 per group (absent: z = 8):  w = (q - z) * s. GPTQ, AutoAWQ and compressed-tensors packings are
+//           unpacked to this form by unpack_gptq / unpack_awq / unpack_ct_int4 below.
 //
 // Repacked layout (W4Packed; E experts of a logical [rows, cols] matrix, cols a multiple of 8):
 //   codes   uint32 [E][rows][wpr], wpr = 4 * ceil(cols / 32) (rows padded to 16 bytes with code 0); word i holds
@@ -78,6 +78,14 @@ struct Int4Plain {
 /// caller checks g_idx). Throws Error for rows or cols not multiples of 8.
 Int4Plain unpack_gptq(const int32_t* qweight, const int32_t* qzeros, const float* scales, int64_t rows, int64_t cols,
                       int64_t group, bool gptq_v2);
+
+/// AutoAWQ GEMM int4 (quant.h): qweight I32 [cols, rows/8], packed along the outputs: output 8j+m of input row k at
+/// bits 4*{0, 4, 1, 5, 2, 6, 3, 7}[m] of word j (AutoAWQ's AWQ_ORDER inverted); qzeros I32 [cols/group, rows/8]
+/// packed the same way (z = the nibble) or null (zero_point false: z = 8, zeros left empty); scales
+/// [cols/group, rows] as float. group 0: one group. Throws Error for rows not a multiple of 8 or a group that does
+/// not divide cols.
+Int4Plain unpack_awq(const int32_t* qweight, const int32_t* qzeros, const float* scales, int64_t rows, int64_t cols,
+                     int64_t group);
 
 /// compressed-tensors pack-quantized int4 (quant.h): weight_packed I32 [rows, ceil(cols/8)] (input k at bits
 /// 4*(k%8) of word k/8, stored +8), weight_scale [rows, ceil(cols/group)] as float, optional weight_zero_point I32

@@ -121,13 +121,14 @@ RoutedExperts CudaOps::load_quantized_experts(const QuantExperts& q) {
   const int64_t E = q.experts, H = q.hidden, I = q.inter;
   const QuantFormat kind = q.gate[0].format;
   const bool nvfp4 = kind == QuantFormat::Nvfp4 || kind == QuantFormat::CtNvfp4;
-  const bool int4 = kind == QuantFormat::CtInt4 || kind == QuantFormat::Gptq;
+  const bool int4 = kind == QuantFormat::CtInt4 || kind == QuantFormat::Gptq || kind == QuantFormat::Awq;
   const int64_t g_gu = nvfp4 ? 16 : q.gate[0].group, g_dn = nvfp4 ? 16 : q.down[0].group;
   if ((!nvfp4 && !int4) || H % 8 != 0 || I % 8 != 0 || g_gu % 8 != 0 || g_dn % 8 != 0 || E > detail::kMoeMaxExperts) {
     return Ops::load_quantized_experts(q);
   }
   use_device();
-  const bool zeros = kind == QuantFormat::Gptq || (kind == QuantFormat::CtInt4 && q.gate[0].zero_point.defined());
+  const bool zeros = kind == QuantFormat::Gptq ||
+                     ((kind == QuantFormat::CtInt4 || kind == QuantFormat::Awq) && q.gate[0].zero_point.defined());
   const W4Format f = nvfp4 ? W4Format::Nvfp4 : W4Format::Int4;
   W4Packed gu(f, int(E), int(2 * I), int(H), int(g_gu), zeros), dn(f, int(E), int(H), int(I), int(g_dn), zeros);
   for (int64_t e = 0; e < E; ++e) {
@@ -176,6 +177,12 @@ void CudaOps::pack_rows(W4Packed& dst, int64_t e, int64_t row0, const QuantMatri
              m.name);
     const std::vector<int32_t> z = host_copy<int32_t>(m.zero_point);
     plain = unpack_gptq(packed.data(), z.data(), scales.data(), rows, cols, m.group, m.gptq_v2);
+  } else if (kind == QuantFormat::Awq) {
+    FN_CHECK(m.zero_point.defined() == zeros && (!zeros || m.zero_point.dtype == DType::I32),
+             "{}: AWQ weight '{}' {} qzeros, the first expert {}", op, m.name, m.zero_point.defined() ? "has" : "lacks",
+             zeros ? "has them" : "does not");
+    const std::vector<int32_t> z = zeros ? host_copy<int32_t>(m.zero_point) : std::vector<int32_t>();
+    plain = unpack_awq(packed.data(), zeros ? z.data() : nullptr, scales.data(), rows, cols, m.group);
   } else {
     FN_CHECK(m.zero_point.defined() == zeros && (!zeros || m.zero_point.dtype == DType::I32),
              "{}: '{}' {} zero points, the first expert {}", op, m.name, m.zero_point.defined() ? "has" : "lacks",

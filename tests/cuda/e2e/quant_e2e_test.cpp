@@ -1,6 +1,7 @@
 // Quantized checkpoints on the GPU (issue 6): every fixture of tests/data/quant (tiny-a in NVFP4 ModelOpt /
-// compressed-tensors, FP8 block, int4 compressed-tensors / GPTQ; see its README) loaded with the CUDA backend, whose
-// NVFP4 and int4 routed experts run on the W4A16 kernels (moe_w4a16.h, FP16 activations) and whose FP8 PLE tables
+// compressed-tensors, FP8 block, int4 compressed-tensors / GPTQ / AutoAWQ GEMM g32, and tiny-a-wide in AutoAWQ GEMM
+// g128 (issue 22), whose AWQ shared experts are dequantized to FP16; see its README) loaded with the CUDA backend,
+// whose NVFP4 and int4 routed experts run on the W4A16 kernels (moe_w4a16.h, FP16 activations) and whose FP8 PLE tables
 // stay FP8.
 //
 // Acceptance: the CUDA issue's criteria (model_e2e_test.cpp) against each fixture's reference (transformers in
@@ -41,8 +42,9 @@ constexpr double kLogitTol = 3.3e-3;
 constexpr double kNearTie = 1e-2;    // reference top-2 gap below which an argmax difference is tolerated
 constexpr double kExpertTol = 1e-2;  // routed experts vs the CPU oracle, x the oracle's largest |output|
 
-const std::vector<std::string> kFormats = {"nvfp4-radixark",   "nvfp4-nvidia", "fp8-block",    "ct-int4-sym-g32",
-                                           "ct-int4-asym-g32", "ct-nvfp4",     "gptq-int4-g32"};
+const std::vector<std::string> kFormats = {"nvfp4-radixark",  "nvfp4-nvidia",     "fp8-block",
+                                           "ct-int4-sym-g32", "ct-int4-asym-g32", "ct-nvfp4",
+                                           "gptq-int4-g32",   "awq-int4-g32",     "awq-int4-g128"};
 
 std::string quant_dir(const std::string& fmt) {
   return source_path("tests/data/quant/" + fmt);
