@@ -274,6 +274,16 @@ class Ops {
   /// inj [T, S].
   virtual void hc_inject(const Tensor& X, const Tensor& out, const Tensor& inj) = 0;
 
+  /// A sublayer's injection followed by the next gated residual read, one op so that a backend can do both in one
+  /// pass over X (the CUDA decode kernels): hc_inject(X, out, inj_prev), then hc_read(X, hc, eps, u, inj). X holds the
+  /// injected streams afterwards. X [T, S*H], out [T, H], inj_prev [T, S]; hc, u, inj as hc_read. The default is
+  /// the two ops in order (the same float32 values: x + inj_prev * out, then the read).
+  virtual void hc_inject_read(const Tensor& X, const Tensor& out, const Tensor& inj_prev, const HcWeights& hc,
+                              double eps, const Tensor& u, const Tensor& inj) {
+    hc_inject(X, out, inj_prev);
+    hc_read(X, hc, eps, u, inj);
+  }
+
   // ---------------------------------------------------------------- Gated DeltaNet
   //
   // The sequence-state ops (GDN, QSA, PLE conv) take the StepBatch of the step (ops/step_batch.h): activations are

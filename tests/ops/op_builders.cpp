@@ -422,6 +422,30 @@ OpCase hc_read_case(int64_t T, int64_t S, int64_t H, int64_t R, bool inject, Wei
   return c;
 }
 
+OpCase hc_inject_read_case(int64_t T, int64_t S, int64_t H, int64_t R, bool inject, Weights wk) {
+  OpCase c;
+  c.name = fmt::format("hc_inject_read/T={}/S={}/H={}/R={}{}", T, S, H, R, inject ? "/inject" : "/mixer");
+  c.family = OpFamily::Hc;
+  const int64_t SH = S * H;
+  c.bytes = kW * double(SH * (2 * R + 1 + (inject ? S : 0))) + kF * double(T * (2 * SH + 2 * H + S + (inject ? S : 0)));
+  c.flops = 2.0 * double(T) * double(SH) * double(2 * R + (inject ? S : 0)) + 12.0 * double(T * SH);
+  c.build = [=](Ops& ops, uint64_t seed) {
+    Gen g(ops, seed, wk);
+    Tensor X = g.act({T, SH}, 2.f), out = g.act({T, H}), inj_prev = g.act({T, S});
+    HcWeights hc{g.weight({SH}, 0.2f), g.weight({R, SH}, float(std::sqrt(3.0 / double(SH)))),
+                 g.weight({SH, R}, float(std::sqrt(3.0 / double(R)))),
+                 inject ? g.weight({S, SH}, float(std::sqrt(3.0 / double(SH)))) : Tensor()};
+    Tensor u = ops.empty({T, H}), inj = inject ? ops.empty({T, S}) : Tensor();
+    return OpRun{[=, &ops] { ops.hc_inject_read(X, out, inj_prev, hc, 1e-6, u, inj); },
+                 [=, &ops] {
+                   std::vector<OpOutput> r{close(ops, "X", X, kF32, kF32), close(ops, "u", u, kF32, kHc16)};
+                   if (inject) r.push_back(close(ops, "inj", inj, kF32, kHc16));
+                   return r;
+                 }};
+  };
+  return c;
+}
+
 OpCase hc_inject_case(int64_t T, int64_t S, int64_t H) {
   OpCase c;
   c.name = fmt::format("hc_inject/T={}/S={}/H={}", T, S, H);

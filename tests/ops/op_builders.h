@@ -52,6 +52,8 @@ OpCase gated_rms_norm_case(int64_t T, int64_t heads, int64_t D, GateAct act, Wei
 
 // ---------------------------------------------------------------- hyper-connections
 OpCase hc_read_case(int64_t T, int64_t S, int64_t H, int64_t R, bool inject, Weights wk = Weights::HostFp16);
+/// hc_inject_read: the injection of a sublayer output into X, then the next read (X, u and inj compared).
+OpCase hc_inject_read_case(int64_t T, int64_t S, int64_t H, int64_t R, bool inject, Weights wk = Weights::HostFp16);
 OpCase hc_inject_case(int64_t T, int64_t S, int64_t H);
 
 // ---------------------------------------------------------------- Gated DeltaNet

@@ -124,6 +124,15 @@ void add_hc(std::vector<OpCase>& v) {
     v.push_back(hc_read_case(0, 4, 64, 32, inject));
     v.push_back(hc_read_case(2, kS, kH, kR, inject));  // released width
   }
+  for (bool inject : {true, false}) {
+    for (int64_t T : {1, 3, 8}) {
+      v.push_back(hc_inject_read_case(T, 3, 40, 24, inject));
+      v.push_back(hc_inject_read_case(T, 4, 64, 320, inject));
+    }
+    v.push_back(hc_inject_read_case(9, 3, 40, 24, inject));  // past the decode kernels: inject, then read
+    v.push_back(hc_inject_read_case(0, 4, 64, 32, inject));
+    v.push_back(hc_inject_read_case(2, kS, kH, kR, inject));
+  }
   v.push_back(hc_inject_case(21, 4, 256));
   v.push_back(hc_inject_case(0, 4, 256));
   v.push_back(hc_inject_case(1, kS, kH));
@@ -266,6 +275,7 @@ std::vector<OpCase> perf_cases(bool small) {
     v.push_back(hc_read_case(T, kS, kH, kR, true, dev));
     v.push_back(hc_read_case(T, kS, kH, kR, false, dev));
     v.push_back(hc_inject_case(T, kS, kH));
+    v.push_back(hc_inject_read_case(T, kS, kH, kR, true, dev));
     v.push_back(linear_group_case(T, kH, {kGdn.conv_dim(), 48 * 128, 48, 48}, {}, dev));
     v.push_back(gdn_conv_batch_case(kGdn, 4, rec, dev));
     v.push_back(gdn_rule_batch_case(kGdn, rec, dev));

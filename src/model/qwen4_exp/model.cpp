@@ -291,30 +291,38 @@ Tensor Model::forward_batch(std::span<const BatchItem> items, std::vector<int64_
   ops.embedding(w.embed_tokens, ops.upload(all_ids.data(), DType::I32, {T}), X);
   if (hook) hook(0, X);
 
+  // Each sublayer's injection X += inj ⊗ out is handed to the next read (one op: Ops::hc_inject_read), and made on
+  // its own only where X itself is needed next (the PLE addition, the hidden-state hook).
+  PendingInject pending;
   for (int64_t l = 0; l < L; ++l) {
     const LayerWeights& lw = w.layers[size_t(l)];
     LayerCache& lc = cache.layers[size_t(l)];
     if (lw.ple) {
+      ops.profile_phase("hc");
+      flush(ops, X, pending);
       ops.profile_phase("ple");
       ple_add(ops, c, *lw.ple, lc, ple_rows[size_t(l)], batch, X);
       ple_rows[size_t(l)] = Tensor();  // waited for by ple_add
     }
     ops.profile_phase("hc");
-    HcRead r = gated_residual_read(ops, X, lw.attn_hc, H, eps);
+    HcRead r = gated_residual_read(ops, X, pending, lw.attn_hc, H, eps);
     Tensor out = lw.kind == LayerKind::GatedDeltaNet ? gated_delta_net(ops, c, lw.gdn, lc, batch, r.u)
                                                      : qsa_attention(ops, c, lw.qsa, lc, batch, r.u);
     ops.profile_phase("hc");
-    inject(ops, X, out, r.inj);
-    r = gated_residual_read(ops, X, lw.mlp_hc, H, eps);
+    pending = {out, r.inj};
+    r = gated_residual_read(ops, X, pending, lw.mlp_hc, H, eps);
     Tensor moe_out = moe_block(ops, c, lw.moe, r.u, router_observer_, int64_t(l));
-    ops.profile_phase("hc");
-    inject(ops, X, moe_out, r.inj);
-    if (hook && l + 1 < L) hook(int(l + 1), X);
+    pending = {moe_out, r.inj};
+    if (hook && l + 1 < L) {
+      ops.profile_phase("hc");
+      flush(ops, X, pending);
+      hook(int(l + 1), X);
+    }
   }
   for (const BatchItem& it : items) it.seq->length += int64_t(it.ids.size());
 
   ops.profile_phase("hc");
-  Tensor h = hyper_connection_mixer(ops, X, w.mixer, H, eps);
+  Tensor h = hyper_connection_mixer(ops, X, pending, w.mixer, H, eps);
   if (hook) hook(int(L), h);
   // lm_head only over the rows asked for.
   std::vector<int32_t> keep;

@@ -157,6 +157,10 @@ class CudaOps final : public Ops {
 
   void hc_read(const Tensor& X, const HcWeights& hc, double eps, const Tensor& u, const Tensor& inj) override;
   void hc_inject(const Tensor& X, const Tensor& out, const Tensor& inj) override;
+  /// Decode (hc_read_decode_supported): the injection computed inside the two read kernels, the second of which
+  /// stores the injected X; otherwise the default.
+  void hc_inject_read(const Tensor& X, const Tensor& out, const Tensor& inj_prev, const HcWeights& hc, double eps,
+                      const Tensor& u, const Tensor& inj) override;
 
   // ------------------------------------------------ gdn_ops.cpp
 
@@ -288,6 +292,14 @@ class CudaOps final : public Ops {
   Tensor half_copy(const Tensor& x, const char* op);
 
   Blas blas_;
+
+  // ------------------------------------------------ hc_ops.cpp
+
+  /// hc_read in the two decode kernels (at most kGemvMaxTokens rows, hc_read_decode_supported, 16-byte aligned
+  /// rows), with the injection X += inj_prev (x) out folded in and stored when `out` is defined (hc_inject_read);
+  /// returns false (nothing done) where they do not apply. Shapes checked by the caller.
+  bool hc_read_decode(const Tensor& X, const Tensor& out, const Tensor& inj_prev, const HcWeights& hc, double eps,
+                      const Tensor& u, const Tensor& inj);
 
   // ------------------------------------------------ gdn_ops.cpp
 

@@ -207,22 +207,40 @@ __global__ void shared_down_decode_kernel(const float* __restrict__ g, const flo
 //   hc_up:   one warp per (hidden column j, stream b), the S warps of a column in one block: m_b = up[b*H + j] . d[t]
 //            (d staged in shared memory), then u[t, j] = mean_b sigmoid(m_b) * n[t, b*H + j], summed over b in
 //            order.
-// Needs H, R multiples of 8, S <= kHcMaxStreamsDecode, rows 16-byte aligned. Each thread issues its weight loads
-// kGemvPrefetch slices at a time before using them; sums keep the slice order.
+// With a pending injection (add_out [T, H], add_inj [T, S]; hc_inject_read) both kernels read X' = X + add_inj[t, b] *
+// add_out[t, j] (the expression of hc_inject_kernel) instead of X, and hc_up, whose warps own one X element each,
+// stores X' in place. Needs H, R multiples of 8, S <= kHcMaxStreamsDecode, rows 16-byte aligned. Each thread issues
+// its weight loads kGemvPrefetch slices at a time before using them; sums keep the slice order.
 constexpr int kHcMaxStreamsDecode = 8;
 
+// X'[t, b*H + 4i .. +4) as hc_read_decode reads it: X plus the pending injection, if any.
+__device__ __forceinline__ float4 hc_x4(const float* __restrict__ X, const float* __restrict__ add_out,
+                                        const float* __restrict__ add_inj, int t, int b, int i4, int S, int H) {
+  float4 v = reinterpret_cast<const float4*>(X + int64_t(t) * S * H + int64_t(b) * H)[i4];
+  if (add_out) {
+    const float a = add_inj[t * S + b];
+    const float4 o = reinterpret_cast<const float4*>(add_out + int64_t(t) * H)[i4];
+    v.x = v.x + a * o.x;
+    v.y = v.y + a * o.y;
+    v.z = v.z + a * o.z;
+    v.w = v.w + a * o.w;
+  }
+  return v;
+}
+
 template <int T>
-__device__ void hc_row_stats(const float* __restrict__ X, int S, int H, float eps, float (*rstd)[kHcMaxStreamsDecode]) {
+__device__ void hc_row_stats(const float* __restrict__ X, const float* __restrict__ add_out,
+                             const float* __restrict__ add_inj, int S, int H, float eps,
+                             float (*rstd)[kHcMaxStreamsDecode]) {
   __shared__ float part[kWarps][T * kHcMaxStreamsDecode];
   const int W = S * H, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int t = 0; t < T; ++t) {
 #pragma unroll
     for (int b = 0; b < kHcMaxStreamsDecode; ++b) {
       if (b >= S) break;
-      const float4* xr = reinterpret_cast<const float4*>(X + int64_t(t) * W + int64_t(b) * H);
       float ss = 0.f;
       for (int i = threadIdx.x; i < H / 4; i += kThreads) {
-        const float4 v = xr[i];
+        const float4 v = hc_x4(X, add_out, add_inj, t, b, i, S, H);
         ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
       }
       ss = warp_sum(ss);
@@ -239,9 +257,11 @@ __device__ void hc_row_stats(const float* __restrict__ X, int S, int H, float ep
 }
 
 template <int T>
-__global__ void hc_down_kernel(const float* __restrict__ X, const __half* __restrict__ norm_w,
+__global__ void hc_down_kernel(const float* __restrict__ X, const float* __restrict__ add_out,
+                               const float* __restrict__ add_inj, const __half* __restrict__ norm_w,
                                const __half* __restrict__ down, const __half* __restrict__ inject, int S, int H, int R,
-                               float eps, float* __restrict__ d, float* __restrict__ inj, float* __restrict__ rstd_out) {
+                               float eps, float* __restrict__ d, float* __restrict__ inj,
+                               float* __restrict__ rstd_out) {
   // One block per output row; its threads split the row's S*H inputs (a row is long, the rows few).
   __shared__ float rstd[T][kHcMaxStreamsDecode];
   __shared__ float part[kWarps][T];
@@ -256,7 +276,7 @@ __global__ void hc_down_kernel(const float* __restrict__ X, const __half* __rest
     const int v = threadIdx.x + kThreads * u;
     if (v < n8) wraw[u] = __ldg(wr + v), nraw[u] = __ldg(nw + v);
   }
-  hc_row_stats<T>(X, S, H, eps, rstd);
+  hc_row_stats<T>(X, add_out, add_inj, S, H, eps, rstd);
   if (blockIdx.x == 0 && threadIdx.x < T * S) rstd_out[threadIdx.x] = rstd[threadIdx.x / S][threadIdx.x % S];
   float acc[T];
 #pragma unroll
@@ -282,11 +302,10 @@ __global__ void hc_down_kernel(const float* __restrict__ X, const __half* __rest
         wf[2 * i] = a.x * (1.f + g.x);
         wf[2 * i + 1] = a.y * (1.f + g.y);
       }
-      const int b = (v * 8) / H;
+      const int b = (v * 8) / H, i4 = (v * 8 - b * H) / 4;
 #pragma unroll
       for (int t = 0; t < T; ++t) {
-        const float4* xp = reinterpret_cast<const float4*>(X + int64_t(t) * W + int64_t(v) * 8);
-        const float4 p = xp[0], q = xp[1];
+        const float4 p = hc_x4(X, add_out, add_inj, t, b, i4, S, H), q = hc_x4(X, add_out, add_inj, t, b, i4 + 1, S, H);
         acc[t] += rstd[t][b] * (wf[0] * p.x + wf[1] * p.y + wf[2] * p.z + wf[3] * p.w + wf[4] * q.x + wf[5] * q.y +
                                 wf[6] * q.z + wf[7] * q.w);
       }
@@ -316,9 +335,10 @@ __host__ __device__ constexpr int hc_up_columns(int S) {
 }
 
 template <int T>
-__global__ void hc_up_kernel(const float* __restrict__ X, const __half* __restrict__ norm_w,
-                             const __half* __restrict__ up, const float* __restrict__ d,
-                             const float* __restrict__ rstd, int S, int H, int R, float* __restrict__ u) {
+__global__ void hc_up_kernel(float* __restrict__ X, const float* __restrict__ add_out,
+                             const float* __restrict__ add_inj, const __half* __restrict__ norm_w,
+                             const __half* __restrict__ up, const float* __restrict__ d, const float* __restrict__ rstd,
+                             int S, int H, int R, float* __restrict__ u) {
   extern __shared__ float d_s[];  // [T, R]
   __shared__ float mixed[kWarps][T];
   const int cols = hc_up_columns(S), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -335,7 +355,11 @@ __global__ void hc_up_kernel(const float* __restrict__ X, const __half* __restri
 #pragma unroll
     for (int t = 0; t < T; ++t) {
       const float m = warp_sum(acc[t]);
-      if (lane == 0) mixed[warp][t] = sigmoidf_(m) * (X[int64_t(t) * W + c] * rstd[t * S + b] * g);
+      if (lane == 0) {
+        float x = X[int64_t(t) * W + c];
+        if (add_out) X[int64_t(t) * W + c] = x = x + add_inj[t * S + b] * add_out[int64_t(t) * H + j];
+        mixed[warp][t] = sigmoidf_(m) * (x * rstd[t * S + b] * g);
+      }
     }
   }
   __syncthreads();
@@ -620,14 +644,14 @@ __global__ void qsa_topk_kernel(Layout lay, const float* __restrict__ scores, in
 }
 
 // The templates as sm_70 kernels for the NVRTC check (scripts/check-sm70.sh compiles device code only).
-#define FN_DECODE_KERNELS(TT)                                                                                    \
-  template __global__ void gemv_f16w_f32x_kernel<TT>(const float*, int64_t, int, GemvSegments);                 \
+#define FN_DECODE_KERNELS(TT)                                                                                          \
+  template __global__ void gemv_f16w_f32x_kernel<TT>(const float*, int64_t, int, GemvSegments);                        \
   template __global__ void shared_down_decode_kernel<TT>(const float*, const float*, const __half*, const float*, int, \
-                                                         int, float*);                                                \
-  template __global__ void hc_down_kernel<TT>(const float*, const __half*, const __half*, const __half*, int, int, int, \
-                                              float, float*, float*, float*);                                       \
-  template __global__ void hc_up_kernel<TT>(const float*, const __half*, const __half*, const float*, const float*, int, \
-                                            int, int, float*);
+                                                         int, float*);                                                 \
+  template __global__ void hc_down_kernel<TT>(const float*, const float*, const float*, const __half*, const __half*,  \
+                                              const __half*, int, int, int, float, float*, float*, float*);            \
+  template __global__ void hc_up_kernel<TT>(float*, const float*, const float*, const __half*, const __half*,          \
+                                            const float*, const float*, int, int, int, float*);
 FN_DECODE_KERNELS(1)
 FN_DECODE_KERNELS(2)
 FN_DECODE_KERNELS(3)
@@ -919,9 +943,10 @@ bool hc_read_decode_supported(int tokens, int streams, int hidden, int rank) {
          rank % 8 == 0 && int64_t(tokens) * rank * sizeof(float) <= 48 * 1024;
 }
 
-cudaError_t launch_hc_read_decode(const float* X, const __half* norm_w, const __half* down, const __half* up,
-                                  const __half* inject, int tokens, int streams, int hidden, int rank, float eps,
-                                  float* scratch, float* u, float* inj, cudaStream_t stream) {
+cudaError_t launch_hc_read_decode(float* X, const float* add_out, const float* add_inj, const __half* norm_w,
+                                  const __half* down, const __half* up, const __half* inject, int tokens, int streams,
+                                  int hidden, int rank, float eps, float* scratch, float* u, float* inj,
+                                  cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   if (!hc_read_decode_supported(tokens, streams, hidden, rank)) return cudaErrorInvalidValue;
   float* d = scratch;                           // [tokens, rank]
@@ -930,11 +955,12 @@ cudaError_t launch_hc_read_decode(const float* X, const __half* norm_w, const __
   const unsigned down_blocks = unsigned(rows), up_blocks = unsigned((hidden + cols - 1) / cols);
   const size_t up_smem = size_t(tokens) * rank * sizeof(float);
   switch (tokens) {
-#define FN_HC_CASE(TT)                                                                                             \
-  case TT:                                                                                                         \
-    hc_down_kernel<TT>                                                                                             \
-        <<<down_blocks, kThreads, 0, stream>>>(X, norm_w, down, inject, streams, hidden, rank, eps, d, inj, rstd); \
-    hc_up_kernel<TT><<<up_blocks, kThreads, up_smem, stream>>>(X, norm_w, up, d, rstd, streams, hidden, rank, u);  \
+#define FN_HC_CASE(TT)                                                                                            \
+  case TT:                                                                                                        \
+    hc_down_kernel<TT><<<down_blocks, kThreads, 0, stream>>>(X, add_out, add_inj, norm_w, down, inject, streams,  \
+                                                             hidden, rank, eps, d, inj, rstd);                    \
+    hc_up_kernel<TT><<<up_blocks, kThreads, up_smem, stream>>>(X, add_out, add_inj, norm_w, up, d, rstd, streams, \
+                                                               hidden, rank, u);                                  \
     break;
     FN_HC_CASE(1) FN_HC_CASE(2) FN_HC_CASE(3) FN_HC_CASE(4)
     FN_HC_CASE(5) FN_HC_CASE(6) FN_HC_CASE(7) FN_HC_CASE(8)

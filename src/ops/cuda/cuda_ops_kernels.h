@@ -58,17 +58,20 @@ cudaError_t launch_add_bias(float* y, const __half* bias, int64_t rows, int cols
 /// alignment is the caller's check).
 cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, int K, const GemvSegments& seg, int tokens,
                                   cudaStream_t stream);
-/// hc_read for tokens <= kGemvMaxTokens in float32, two launches (cuda_ops_kernels.cu "Decode hyper-connection
-/// read"): X [tokens, streams*hidden], norm_w [streams*hidden], down [rank, streams*hidden], up [streams*hidden, rank],
-/// inject [streams, streams*hidden] or null; u [tokens, hidden], inj [tokens, streams] (unused without inject);
-/// scratch: tokens * (rank + streams) floats. cudaErrorInvalidValue outside hc_read_decode_supported; every row must
-/// be 16-byte aligned (the caller's check).
 /// Whether launch_hc_read_decode takes these sizes: tokens <= kGemvMaxTokens, streams <= 8, hidden and rank
 /// multiples of 8, tokens * rank floats of d within 48 KiB of shared memory.
 bool hc_read_decode_supported(int tokens, int streams, int hidden, int rank);
-cudaError_t launch_hc_read_decode(const float* X, const __half* norm_w, const __half* down, const __half* up,
-                                  const __half* inject, int tokens, int streams, int hidden, int rank, float eps,
-                                  float* scratch, float* u, float* inj, cudaStream_t stream);
+/// hc_read for tokens <= kGemvMaxTokens in float32, two launches (cuda_ops_kernels.cu "Decode hyper-connection
+/// read"): X [tokens, streams*hidden], norm_w [streams*hidden], down [rank, streams*hidden], up [streams*hidden, rank],
+/// inject [streams, streams*hidden] or null; u [tokens, hidden], inj [tokens, streams] (unused without inject);
+/// scratch: tokens * (rank + streams) floats. With add_out [tokens, hidden] and add_inj [tokens, streams] (both or
+/// neither) the pending injection X += add_inj (x) add_out is read into the product and stored into X
+/// (hc_inject_read). cudaErrorInvalidValue outside hc_read_decode_supported; every row must be 16-byte aligned (the
+/// caller's check).
+cudaError_t launch_hc_read_decode(float* X, const float* add_out, const float* add_inj, const __half* norm_w,
+                                  const __half* down, const __half* up, const __half* inject, int tokens, int streams,
+                                  int hidden, int rank, float eps, float* scratch, float* u, float* inj,
+                                  cudaStream_t stream);
 /// y[t, o] = sum_i x[t, i] * w[o, i] with FP32 inputs and accumulation over FP16 weights: for the narrow products
 /// that decide discrete choices or gates (MoE router logits, shared_expert_gate). One warp per output.
 cudaError_t launch_linear_f32_narrow(const float* x, const __half* w, float* y, int tokens, int in, int out,

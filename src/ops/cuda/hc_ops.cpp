@@ -1,5 +1,6 @@
 // The CUDA backend's hyper-connection ops: the gated residual read (two float32 GEMV launches in decode; norm,
-// FP16x2 or FP16 products and the mix in prefill) and the injection into every stream.
+// FP16x2 or FP16 products and the mix in prefill), the injection into every stream, and in decode the injection
+// folded into the next read's two launches (hc_inject_read).
 #include <cuda_fp16.h>
 
 #include "ops/contract/hc.h"
@@ -9,6 +10,34 @@
 
 namespace flashnext::cuda {
 
+// The decode read: float32 throughout, two launches (norm statistics + down and inject rows; up rows + mix).
+bool CudaOps::hc_read_decode(const Tensor& X, const Tensor& out, const Tensor& inj_prev, const HcWeights& hc,
+                             double eps, const Tensor& u, const Tensor& inj) {
+  const int64_t T = X.dim(0), H = u.dim(1), S = X.dim(1) / H, R = hc.down.dim(0);
+  const bool with_inject = hc.inject.defined();
+  if (T > detail::kGemvMaxTokens ||
+      !detail::hc_read_decode_supported(int(T), int(S), int(H), to_int(R, "hc_read", "rank")) || !aligned16(X) ||
+      !aligned16(hc.norm) || !aligned16(hc.down) || !aligned16(hc.up) || (with_inject && !aligned16(hc.inject)) ||
+      (out.defined() && !aligned16(out)))
+    return false;
+  Tensor scratch = alloc({T * (R + S)}, DType::F32, "hc_read scratch");
+  FN_CUDA_CHECK(detail::launch_hc_read_decode(
+                    dp<float>(X), out.defined() ? dp<const float>(out) : nullptr,
+                    out.defined() ? dp<const float>(inj_prev) : nullptr, dp<__half>(hc.norm), dp<__half>(hc.down),
+                    dp<__half>(hc.up), with_inject ? dp<__half>(hc.inject) : nullptr, int(T), int(S), int(H), int(R),
+                    float(eps), dp<float>(scratch), dp<float>(u), with_inject ? dp<float>(inj) : nullptr, stream()),
+                out.defined() ? "hc_inject_read decode" : "hc_read decode");
+  return true;
+}
+
+void CudaOps::hc_inject_read(const Tensor& X, const Tensor& out, const Tensor& inj_prev, const HcWeights& hc,
+                             double eps, const Tensor& u, const Tensor& inj) {
+  contract::hc_inject(spec(), X, out, inj_prev);
+  const auto dims = contract::hc_read(spec(), X, hc, u, inj);
+  if (dims.tokens > 0 && hc_read_decode(X, out, inj_prev, hc, eps, u, inj)) return;
+  Ops::hc_inject_read(X, out, inj_prev, hc, eps, u, inj);
+}
+
 void CudaOps::hc_read(const Tensor& X, const HcWeights& hc, double eps, const Tensor& u, const Tensor& inj) {
   const char* op = "hc_read";
   const auto [T, S, H, R, with_inject] = contract::hc_read(spec(), X, hc, u, inj);
@@ -17,17 +46,7 @@ void CudaOps::hc_read(const Tensor& X, const HcWeights& hc, double eps, const Te
            detail::kHcMaxStreams);
   const int t = to_int(T, op, "tokens"), w = to_int(W, op, "width"), r = to_int(R, op, "rank");
   if (t == 0) return;
-  if (detail::hc_read_decode_supported(t, int(S), int(H), r) && aligned16(X) && aligned16(hc.norm) &&
-      aligned16(hc.down) && aligned16(hc.up) && (!with_inject || aligned16(hc.inject))) {
-    // Decode: float32 throughout, two launches (norm statistics + down and inject rows; up rows + mix).
-    Tensor scratch = alloc({T * (R + S)}, DType::F32, "hc_read scratch");
-    FN_CUDA_CHECK(detail::launch_hc_read_decode(dp<const float>(X), dp<__half>(hc.norm), dp<__half>(hc.down),
-                                                dp<__half>(hc.up), with_inject ? dp<__half>(hc.inject) : nullptr, t,
-                                                int(S), int(H), r, float(eps), dp<float>(scratch), dp<float>(u),
-                                                with_inject ? dp<float>(inj) : nullptr, stream()),
-                  "hc_read decode");
-    return;
-  }
+  if (hc_read_decode(X, Tensor(), Tensor(), hc, eps, u, inj)) return;
   if (split()) {  // float32 throughout, products with FP16x2 inputs
     Tensor n = alloc({T, W}, DType::F32, "hc_read normed"), d = alloc({T, R}, DType::F32, "hc_read down");
     Tensor m = alloc({T, W}, DType::F32, "hc_read mix");
