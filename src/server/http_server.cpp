@@ -306,6 +306,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     bool ok = write_head(res, version, close);
     std::string out;
     for (bool more = true; ok && more;) {
+      if (srv_.stopping) {  // the server stops: the body ends where it is (the handler cancels its work)
+        ok = false;
+        break;
+      }
       out.clear();
       try {
         more = res.stream(out);

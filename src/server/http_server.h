@@ -111,8 +111,9 @@ class HttpServer {
   /// Error when the address cannot be bound.
   int bind();
   /// Serves until stop(): runs the I/O and worker threads and returns once they have ended. On stop, the
-  /// listening socket is closed and so are the connections that wait for a request; requests being handled are
-  /// answered to their end first (each write bounded by write_timeout_s).
+  /// listening socket is closed and so are the connections that wait for a request; a streamed body being sent
+  /// ends where it is (its on_end gets false), a fixed response being handled or written is sent whole (each write
+  /// bounded by write_timeout_s).
   void run();
   /// Makes run() return (any thread, also before run(); idempotent).
   void stop();

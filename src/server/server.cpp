@@ -452,8 +452,10 @@ class Session {
     done_ = true;
     srv_.m_requests.inc(1, {{"endpoint", endpoint_label()}, {"finish_reason", "abort"}});
     for (const auto& c : choices_) observe_token_counts(*c);
-    spdlog::info("{} {} 499 {} request_id={}: client disconnected after {} tokens ({:.3f}s)", "POST", path_, id_,
-                 request_id_, completion_tokens(), seconds_between(arrival_, Clock::now()));
+    spdlog::info(
+        "{} {} 499 {} request_id={}: response cut off (client gone, write timeout or server stopping) after {} tokens "
+        "({:.3f}s)",
+        "POST", path_, id_, request_id_, completion_tokens(), seconds_between(arrival_, Clock::now()));
   }
 
  private:

@@ -300,7 +300,7 @@ def test_slow_body_gets_408_and_does_not_block_others(hs, reference):
 def test_stalled_headers_and_bodies_are_closed_after_the_read_timeout(hs, reference):
     socks = []
     try:
-        for i in range(12):  # half the worker pool
+        for i in range(12):  # half as many as the worker threads (waiting for their request, they hold none)
             s = connect(hs)
             s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" if i % 2 else
                       b"POST /tokenize HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
