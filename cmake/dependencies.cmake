@@ -7,8 +7,8 @@ find_package(CLI11 REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
-# cpp-httplib (Debian libcpp-httplib-dev 0.11.4) ships a pkg-config file only, no CMake package.
-pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
+# Boost.Beast + Boost.Asio (Debian libboost-dev 1.74, header-only): the HTTP layer of `flashnext serve`.
+find_package(Boost 1.74 REQUIRED)
 if(FLASHNEXT_TESTS)
   find_package(GTest REQUIRED)
 endif()

@@ -2,7 +2,7 @@
 # machine. Sourced, not run.
 
 # pack_bundle BUNDLE BINARY...: the binaries (stripped) with the shared libraries the GPU machine (Ubuntu 24.04, CUDA
-# 13) lacks or has in other versions (fmt, spdlog, PCRE2, utf8proc, cpp-httplib, brotli, CUPTI; cudart is static,
+# 13) lacks or has in other versions (fmt, spdlog, PCRE2, utf8proc, CUPTI; cudart is static, Boost is header-only,
 # cuBLAS is there), and the source folder the tests have baked in (FLASHNEXT_SOURCE_DIR), into BUNDLE (.tar.xz).
 pack_bundle() {
   local bundle=$1 stage bin
@@ -12,7 +12,7 @@ pack_bundle() {
   cp "$@" "$stage/bin/"
   strip "$stage"/bin/*
   for bin in "$stage"/bin/*; do ldd "$bin" | awk '/=> \//{print $3}'; done | sort -u |
-    grep -E 'lib(fmt|spdlog|pcre2-8|utf8proc|cpp-httplib|brotli[a-z]*|cupti)\.so' | while read -r lib; do
+    grep -E 'lib(fmt|spdlog|pcre2-8|utf8proc|cupti)\.so' | while read -r lib; do
       cp -L "$lib" "$stage/lib/"
     done
   pwd >"$stage/source_dir"

@@ -7,7 +7,7 @@
 #                                       `test_cuda_e2e` in $BUILD (default build-cudabe, configured with
 #                                       -DFLASHNEXT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 if absent) and packs them,
 #                                       stripped, with the shared libraries the GPU machine lacks (fmt, spdlog, PCRE2,
-#                                       utf8proc, cpp-httplib, brotli) into gpu/bundle.tar.xz (gpu/ is git-ignored).
+#                                       utf8proc) into gpu/bundle.tar.xz (gpu/ is git-ignored).
 #   bash scripts/gpu-e2e.sh             ON THE GPU MACHINE from the repo root, with gpu/ carried (the `run` tool:
 #                                       carry ["gpu"]): unpacks the bundle, makes the medium fixture with
 #                                       tools/make_fixtures.py (torch + transformers there; about a minute, in the

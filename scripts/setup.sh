@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(build-essential cmake ninja-build pkg-config git python3 python3-venv
-      nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev libcli11-dev libspdlog-dev libfmt-dev
+      nlohmann-json3-dev libpcre2-dev libutf8proc-dev libboost-dev libcli11-dev libspdlog-dev libfmt-dev
       libgtest-dev libgmock-dev libbenchmark-dev)
 missing=()
 for p in "${PKGS[@]}"; do

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: builds (installing dependencies if needed), runs every CTest test, the server tests,
-# the request-parser fuzz target for a bounded time (scripts/fuzz.sh), then the loader and grammar tests again under
+# the request fuzz targets for a bounded time each (scripts/fuzz.sh), then the loader and grammar tests again under
 # AddressSanitizer + UBSan (CPU-only build in build-asan/), and the op-case registry (test_ops: every op, CPU against
 # the CPU oracle) under them too.
 set -euo pipefail
@@ -15,7 +15,7 @@ echo "test: OpenAI server through the openai Python client (pytest)" >&2
 if [ -n "${CI:-}" ]; then export FLASHNEXT_SOAK_SECONDS=${FLASHNEXT_SOAK_SECONDS:-60}; fi
 bash tests/server/run.sh
 
-echo "test: request parser fuzzing (libFuzzer, ASan + UBSan, ${FUZZ_SECONDS:-60} s)" >&2
+echo "test: request fuzzing (libFuzzer, ASan + UBSan, ${FUZZ_SECONDS:-60} s per target)" >&2
 bash scripts/fuzz.sh
 
 echo "test: loader, grammar and op-registry tests (the grammar fuzz test among them) under AddressSanitizer and UBSan" >&2

@@ -1,7 +1,8 @@
 // `flashnext serve [--model DIR] [--device cpu|cuda] [--host H] [--port P] [--max-model-len N] [--max-num-seqs N]
 // [--max-num-batched-tokens N] [--gpu-memory-utilization F] [--kv-cache-memory-bytes B] [--api-key KEY]
-// [--served-model-name NAME] [--max-request-bytes B] [--http-threads N] [--read-timeout S] [--body-timeout S]
-// [--strict-requests] [--allowed-origins LIST] [--allowed-methods LIST] [--allowed-headers LIST]
+// [--served-model-name NAME] [--max-request-bytes B] [--http-threads N] [--max-connections N] [--header-timeout S]
+// [--read-timeout S] [--body-timeout S] [--strict-requests] [--allowed-origins LIST] [--allowed-methods LIST]
+// [--allowed-headers LIST]
 // [--allow-credentials]`: the OpenAI-compatible server (server/server.h) over the continuous-batching scheduler
 // (engine/scheduler.h). Logs one line per request; SIGINT / SIGTERM stop it cleanly.
 #include <fmt/ranges.h>
@@ -41,7 +42,7 @@ struct ServeArgs {
   std::string sampler = "auto";
   std::string scheduling_policy = "fcfs";
   int64_t max_request_bytes = 0;
-  int http_threads = 0, read_timeout = 10, body_timeout = 30;
+  int http_threads = 0, max_connections = 1024, header_timeout = 10, read_timeout = 10, body_timeout = 30;
   bool strict_requests = false, allow_credentials = false;
   std::string allowed_origins, allowed_methods = "*", allowed_headers = "*";  // lists: JSON or comma-separated
 };
@@ -139,6 +140,8 @@ int run(const ServeArgs& a) {
   so.reject_control_token_text = a.reject_control_token_text;
   so.max_request_bytes = size_t(a.max_request_bytes);
   so.http_threads = a.http_threads;
+  so.max_connections = a.max_connections;
+  so.header_timeout_s = a.header_timeout;
   so.read_timeout_s = a.read_timeout;
   so.body_timeout_s = a.body_timeout;
   so.strict_requests = a.strict_requests;
@@ -234,11 +237,18 @@ FLASHNEXT_SUBCOMMAND(
                      "bytes per token of --max-model-len)")
           ->check(CLI::NonNegativeNumber);
       sub.add_option("--http-threads", a->http_threads,
-                     "HTTP worker threads = most connections served at once (default: max-num-seqs + "
-                     "max-queued-requests + 16)")
+                     "HTTP worker threads = most requests handled at once; connections waiting for a request hold "
+                     "none (default: max-num-seqs + max-queued-requests + 16)")
           ->check(CLI::NonNegativeNumber);
+      sub.add_option("--max-connections", a->max_connections,
+                     "most open connections; one more is answered 503 and closed (default 1024)")
+          ->check(CLI::PositiveNumber);
+      sub.add_option("--header-timeout", a->header_timeout,
+                     "seconds a request's line and headers may take to arrive whole; slower ones get 408 "
+                     "(default 10)")
+          ->check(CLI::PositiveNumber);
       sub.add_option("--read-timeout", a->read_timeout,
-                     "seconds a connection may stay silent while a request is read (default 10)")
+                     "seconds a connection may stay silent while a request is read; then 408 (default 10)")
           ->check(CLI::PositiveNumber);
       sub.add_option("--body-timeout", a->body_timeout,
                      "seconds a request body may take to arrive whole; slower ones get 408 (default 30)")

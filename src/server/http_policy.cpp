@@ -1,5 +1,7 @@
 #include "server/http_policy.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cctype>
 #include <nlohmann/json.hpp>
@@ -150,6 +152,36 @@ std::vector<std::string> parse_list_flag(std::string_view text, std::string_view
     if (!item.empty()) out.emplace_back(item);
   }
   return out;
+}
+
+std::optional<HeaderRefusal> check_post_headers(std::optional<std::string_view> content_type,
+                                                std::optional<std::string_view> content_length,
+                                                std::optional<std::string_view> transfer_encoding,
+                                                std::optional<std::string_view> content_encoding,
+                                                uint64_t max_body_bytes) {
+  const std::string type = lower(trim(content_type.value_or("").substr(0, content_type.value_or("").find(';'))));
+  if (type != "application/json")
+    return HeaderRefusal{415, fmt::format("POST bodies must have Content-Type application/json, got \"{}\"",
+                                          content_type.value_or("").substr(0, 80))};
+  if (content_encoding && lower(trim(*content_encoding)) != "identity")
+    return HeaderRefusal{415, fmt::format("Content-Encoding \"{}\" is not supported: send the body uncompressed",
+                                          content_encoding->substr(0, 40))};
+  if (!content_length && !transfer_encoding)
+    return HeaderRefusal{411, "a POST needs a Content-Length header (or chunked Transfer-Encoding)"};
+  if (content_length) {
+    // Not a plain decimal number, or one that overflows: fails the size check.
+    uint64_t n = 0;
+    bool number = !content_length->empty() && content_length->size() <= 19;
+    for (char c : *content_length) {
+      if (c < '0' || c > '9') number = false;
+      if (number) n = n * 10 + uint64_t(c - '0');
+    }
+    if (!number || n > max_body_bytes)
+      return HeaderRefusal{
+          413, fmt::format("the request body is {} bytes, more than the {} this server accepts (--max-request-bytes)",
+                           content_length->substr(0, 20), max_body_bytes)};
+  }
+  return std::nullopt;
 }
 
 std::string random_request_id() {

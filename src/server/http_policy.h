@@ -3,6 +3,8 @@
 // --allowed-headers / --allow-credentials configure), the X-Request-Id header, and the list syntax of those flags.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -58,6 +60,23 @@ PreflightAnswer cors_preflight(const CorsOptions& cors, std::string_view origin,
 /// ("https://a.example,https://b.example"; items trimmed, empty ones dropped). Throws Error naming `flag` when the
 /// text starts with '[' but is not a JSON array of strings.
 std::vector<std::string> parse_list_flag(std::string_view text, std::string_view flag);
+
+/// A request refused on its headers, before its body is read: the status to answer and why (in English).
+struct HeaderRefusal {
+  int status = 0;
+  std::string message;
+};
+
+/// Checks the headers of a POST before its body is read (each header's value, nullopt when absent): 415 unless
+/// Content-Type is application/json (any case, parameters such as charset allowed; so that a web page cannot post
+/// without a CORS preflight) or when a Content-Encoding other than identity is declared (bodies are not
+/// decompressed); 411 with neither Content-Length nor Transfer-Encoding; 413 when Content-Length is over
+/// `max_body_bytes` or is not a plain decimal number. nullopt: the body may be read.
+std::optional<HeaderRefusal> check_post_headers(std::optional<std::string_view> content_type,
+                                                std::optional<std::string_view> content_length,
+                                                std::optional<std::string_view> transfer_encoding,
+                                                std::optional<std::string_view> content_encoding,
+                                                uint64_t max_body_bytes);
 
 /// The most bytes of an X-Request-Id a client may send for it to be echoed.
 inline constexpr size_t kMaxRequestIdBytes = 128;

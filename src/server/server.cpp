@@ -1,17 +1,18 @@
 #include "server/server.h"
 
-#include <httplib.h>
 #include <malloc.h>
 #include <spdlog/spdlog.h>
 
 #include <atomic>
 #include <cctype>
 #include <chrono>
+#include <map>
 #include <random>
 
 #include "engine/output.h"
-#include "server/metrics.h"
+#include "server/http_server.h"
 #include "server/ids.h"
+#include "server/metrics.h"
 #include "server/openai_schema.h"
 #include "server/output_parsers.h"
 #include "server/responses_api.h"
@@ -32,58 +33,36 @@ int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-
 // Seconds a client should wait before retrying a 503 (the waiting queue was full).
 constexpr int kRetryAfterSeconds = 1;
 // A request whose body is at least this large returns the heap it freed to the system when it ends.
 constexpr size_t kTrimAfterBytes = size_t(1) << 20;
-// Set on a worker thread by a request with a large body; its response's log hook then trims the heap.
-thread_local bool t_trim_heap = false;
 
-void send_json(httplib::Response& res, int status, const json& body) {
+// A JSON response; `close`: the connection is closed after it.
+HttpResponse json_response(int status, const json& body, bool close = false) {
+  HttpResponse res;
   res.status = status;
-  if (status == 503) res.set_header("Retry-After", std::to_string(kRetryAfterSeconds));
-  res.set_content(dump_json(body), "application/json");
+  res.headers.emplace_back("Content-Type", "application/json");
+  if (status == 503) res.headers.emplace_back("Retry-After", std::to_string(kRetryAfterSeconds));
+  res.body = dump_json(body);
+  res.close = close;
+  return res;
 }
 
-// Sends `body` with `status`, then closes the connection: for a request whose body was not read (or not read to
-// its end), whose remaining bytes cannot be told from a next request. (A content provider that returns false
-// after writing makes httplib drop the connection; Content-Length is exact, so the client reads the whole body.)
-void send_json_and_close(httplib::Response& res, int status, const json& body) {
-  auto text = std::make_shared<const std::string>(dump_json(body));
-  res.status = status;
-  if (status == 503) res.set_header("Retry-After", std::to_string(kRetryAfterSeconds));
-  res.set_header("Connection", "close");
-  res.set_content_provider(text->size(), "application/json",
-                           [text](size_t offset, size_t length, httplib::DataSink& sink) {
-                             sink.write(text->data() + offset, length);
-                             return false;
-                           });
+// A header's value, nullopt when it is absent.
+std::optional<std::string> header_of(const HttpRequest& req, std::string_view name) {
+  if (!req.has_header(name)) return std::nullopt;
+  return req.header(name);
 }
 
-// Whether a Content-Type header names JSON: "application/json", any case, parameters (charset) allowed.
-bool is_json_content_type(const std::string& value) {
-  std::string type = value.substr(0, value.find(';'));
-  while (!type.empty() && std::isspace(static_cast<unsigned char>(type.back()))) type.pop_back();
-  size_t start = 0;
-  while (start < type.size() && std::isspace(static_cast<unsigned char>(type[start]))) ++start;
-  type = type.substr(start);
-  for (char& c : type) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return type == "application/json";
-}
-
-// The Content-Length header as a number: nullopt when absent; UINT64_MAX when it is not a plain decimal number
-// or overflows (so that it fails every size check).
-std::optional<uint64_t> content_length(const httplib::Request& req) {
-  if (!req.has_header("Content-Length")) return std::nullopt;
-  const std::string v = req.get_header_value("Content-Length");
-  if (v.empty() || v.size() > 19) return UINT64_MAX;
-  uint64_t n = 0;
-  for (char c : v) {
-    if (c < '0' || c > '9') return UINT64_MAX;
-    n = n * 10 + uint64_t(c - '0');
+bool has_header(const HttpResponse& res, std::string_view name) {
+  for (const auto& [k, v] : res.headers) {
+    if (k.size() == name.size() && std::equal(k.begin(), k.end(), name.begin(), [](char a, char b) {
+          return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
+        }))
+      return true;
   }
-  return n;
+  return false;
 }
 
 // The most bytes one token can stand for: the longest vocabulary entry or added-token text.
@@ -113,19 +92,6 @@ std::vector<double> buckets_1_2_5(int64_t max) {
   }
 }
 
-// The request id of a response: set on it by the pre-routing handler (or by ensure_request_id).
-const std::string& request_id_of(const httplib::Response& res) {
-  static const std::string none = "-";
-  auto it = res.headers.find("X-Request-Id");
-  return it == res.headers.end() ? none : it->second;
-}
-
-// Gives `res` an X-Request-Id from the request's header (or a new one) unless it has one.
-void ensure_request_id(const httplib::Request& req, httplib::Response& res) {
-  if (!res.has_header("X-Request-Id"))
-    res.set_header("X-Request-Id", request_id_for(req.get_header_value("X-Request-Id")));
-}
-
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------------------------
@@ -147,7 +113,12 @@ struct Server::Impl {
   const chat::ChatTemplate* chat_template;
   const GenerationConfig& generation;
   ServerOptions options;
-  httplib::Server http;
+  std::unique_ptr<HttpServer> http;  ///< made by install_routes
+  /// The routes: path -> handler, for GET (HEAD too) and POST.
+  using Route = std::function<HttpResponse(HttpRequest&)>;
+  std::map<std::string, Route, std::less<>> get_routes, post_routes;
+  /// When a refused connection (over --max-connections) was last logged: at most one line a second.
+  std::atomic<int64_t> last_cap_log_ms{0};
   int64_t created = unix_now();
   std::atomic<uint64_t> next_id{0};
   /// A prompt text longer than this cannot fit max_model_len tokens (each token stands for at most
@@ -191,9 +162,9 @@ struct Server::Impl {
   /// Unknown request fields logged so far (each name once), and what the parse functions do with them for the
   /// request `req` answered by `res` (named in the log line).
   FieldLogger unknown_fields;
-  RequestPolicy request_policy(const httplib::Request& req, const httplib::Response& res) {
+  RequestPolicy request_policy(const HttpRequest& req) {
     return RequestPolicy{options.strict_requests, &unknown_fields,
-                         fmt::format("{} {} request_id={}", req.method, req.path, request_id_of(res))};
+                         fmt::format("{} {} request_id={}", req.method, req.path, req.request_id)};
   }
 
   /// vLLM's metric names (vllm/v1/metrics/loggers.py), each labelled model_name and engine="0", rendered from the
@@ -294,22 +265,33 @@ struct Server::Impl {
                   text.size(), scheduler.config().max_model_len, field);
   }
 
-  /// Reads the body of a POST into `body` within options.max_request_bytes and options.body_timeout_s. On a
-  /// failure the error response is set (413 too large, 408 too slow, 400 unreadable), the connection is closed
-  /// after it and false is returned.
-  bool read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
-                 std::string& body);
   /// `responses`: the body is a Responses API request (/v1/responses), translated to a chat one.
-  void handle_generation(const httplib::Request& req, httplib::Response& res, Endpoint endpoint,
-                         const std::string& body, bool responses = false);
+  HttpResponse handle_generation(const HttpRequest& req, Endpoint endpoint, bool responses = false);
   void install_routes();
+  /// The HTTP layer's handlers (server/http_server.h): checks on the headers (CORS preflights, the API key, the
+  /// POST headers, the route), the routes, and the answers to the requests the HTTP layer refuses.
+  std::optional<HttpResponse> on_headers(HttpRequest& req);
+  HttpResponse on_request(HttpRequest& req);
+  HttpResponse on_error(int status, const std::string& message, const HttpRequest* req);
+  /// Adds what every response gets: X-Request-Id and, for an allowed Origin, the CORS headers; logs a successful
+  /// answer (errors are logged by log_error, generations by their Session).
+  HttpResponse decorate(const HttpRequest* req, HttpResponse res);
+  /// An error answer, counted and logged.
+  HttpResponse error_response(const HttpRequest* req, int status, const std::string& message,
+                              const std::string& param = {}, bool close = false) {
+    log_error(req, status, "-", message);
+    return json_response(status, error_body(status, message, param), close);
+  }
   /// Counts an error answer and logs it: remote address, method, path, status, the completion id ("-" when none),
-  /// the request id (X-Request-Id of `res`) and the message.
-  void log_error(const httplib::Request& req, const httplib::Response& res, int status, const std::string& id,
-                 const std::string& msg) {
+  /// the request id and the message.
+  void log_error(const HttpRequest* req, int status, const std::string& id, const std::string& msg) {
     m_errors.inc(1, {{"status", std::to_string(status)}});
-    spdlog::info("{} {} {} {} {} request_id={}: {}", req.remote_addr, req.method, req.path, status, id,
-                 request_id_of(res), msg);
+    if (!req) {
+      spdlog::info("- - - {} {} request_id=-: {}", status, id, msg);
+      return;
+    }
+    spdlog::info("{} {} {} {} {} request_id={}: {}", req->remote_addr, req->method, clip(req->path, 200), status, id,
+                 req->request_id, msg);
   }
 };
 
@@ -389,13 +371,11 @@ class Session {
   /// The request has one choice.
   void answer_as_responses(std::unique_ptr<ResponsesWriter> writer) { responses_ = std::move(writer); }
 
-  /// The body ends with the connection (HTTP/1.0): pump() then returns false after the last byte, which makes
-  /// httplib close it, instead of ending a chunked body.
-  void delimit_by_close() { close_delimited_ = true; }
-
-  /// The content provider: called by httplib until it returns false or the sink is done.
-  bool pump(httplib::DataSink& sink) {
-    if (done_) return false;
+  /// The body's producer (HttpResponse::stream), called on the request's HTTP worker again and again: waits up to
+  /// 50 ms for the engine, appends what is to be sent now to `body` (possibly a heartbeat, possibly nothing) and
+  /// returns false once the body is complete.
+  bool pump(std::string& body) {
+    if (done_ || complete_) return false;
     std::string out;
     // Waits on the first choice still running (the others are polled): the engine advances them together.
     bool waited = false;
@@ -451,26 +431,31 @@ class Session {
       // after its connection closed fails) while the request waits or runs.
       out = " ";
     }
-    if (!write(sink, out)) return false;
-    if (finished) {
-      done_ = true;
-      record_end();
-      if (close_delimited_) return false;
-      sink.done();
+    if (!out.empty()) {
+      last_write_ = Clock::now();
+      body += out;
     }
-    return true;
+    if (finished) complete_ = true;
+    return !finished;
   }
 
-  /// Called when httplib is done with the response; `success` false: the client went away or a write failed.
-  void released(bool success) {
+  /// Called when the response has ended (HttpResponse::on_end); `sent` false: the client went away or a write
+  /// failed, and the request is cancelled (its sequences leave the engine and free their memory).
+  void ended(bool sent) {
     if (done_) return;
+    if (sent && complete_) {
+      done_ = true;
+      record_end();
+      return;
+    }
     cancel_all();
     done_ = true;
     srv_.m_requests.inc(1, {{"endpoint", endpoint_label()}, {"finish_reason", "abort"}});
     for (const auto& c : choices_) observe_token_counts(*c);
-    spdlog::info("{} {} 499 {} request_id={}: client disconnected after {} tokens ({:.3f}s)", "POST", path_, id_,
-                 request_id_, completion_tokens(), seconds_between(arrival_, Clock::now()));
-    (void)success;
+    spdlog::info(
+        "{} {} 499 {} request_id={}: response cut off (client gone, write timeout or server stopping) after {} tokens "
+        "({:.3f}s)",
+        "POST", path_, id_, request_id_, completion_tokens(), seconds_between(arrival_, Clock::now()));
   }
 
  private:
@@ -517,7 +502,9 @@ class Session {
   ResponsesUsage responses_usage(const Choice& c) const {
     return {int64_t(prompts_[c.prompt].ids.size()), int64_t(c.output.token_ids().size()), c.reasoning_tokens};
   }
-  bool echo_prompt_logprobs() const { return req_.endpoint == Endpoint::Completion && req_.echo && req_.top_logprobs >= 0; }
+  bool echo_prompt_logprobs() const {
+    return req_.endpoint == Endpoint::Completion && req_.echo && req_.top_logprobs >= 0;
+  }
 
   void cancel_all() {
     for (auto& c : choices_) {
@@ -529,16 +516,6 @@ class Session {
     int64_t n = 0;
     for (auto& c : choices_) n += int64_t(c->output.token_ids().size());
     return n;
-  }
-
-  bool write(httplib::DataSink& sink, const std::string& data) {
-    if (data.empty()) return true;
-    last_write_ = Clock::now();
-    if (!sink.write(data.data(), data.size())) {
-      cancel_all();
-      return false;
-    }
-    return true;
   }
 
   void take_update(Choice& c, const RequestStream::Update& u, Piece& piece) {
@@ -858,12 +835,9 @@ class Session {
   json full_response() const {
     json choices = json::array();
     for (const auto& c : choices_) choices.push_back(full_choice(*c));
-    return {{"id", id_},
-            {"object", req_.endpoint == Endpoint::Chat ? "chat.completion" : "text_completion"},
-            {"created", created_},
-            {"model", srv_.model_name()},
-            {"choices", choices},
-            {"usage", usage()}};
+    return {{"id", id_},           {"object", req_.endpoint == Endpoint::Chat ? "chat.completion" : "text_completion"},
+            {"created", created_}, {"model", srv_.model_name()},
+            {"choices", choices},  {"usage", usage()}};
   }
 
   void record_end() {
@@ -874,7 +848,8 @@ class Session {
     for (const auto& c : choices_) {
       if (c->first_token && (!first || *c->first_token < *first)) first = c->first_token;
       last = std::max(last, c->last_token);
-      if (reasons.find(c->finish_reason) == std::string::npos) reasons += (reasons.empty() ? "" : ",") + c->finish_reason;
+      if (reasons.find(c->finish_reason) == std::string::npos)
+        reasons += (reasons.empty() ? "" : ",") + c->finish_reason;
     }
     if (error_.empty()) {
       for (const auto& c : choices_) {
@@ -904,52 +879,15 @@ class Session {
   std::vector<std::unique_ptr<Choice>> choices_;  // prompt-major: choice i is sample i % n of prompt i / n
   std::unique_ptr<ResponsesWriter> responses_;    // set: a /v1/responses request
 
-  bool done_ = false, close_delimited_ = false;
+  bool done_ = false;      // ended() has run (or the body was sent whole)
+  bool complete_ = false;  // pump() has produced the whole body
   Clock::time_point last_write_ = Clock::now();
   std::string error_;
   int error_status_ = 0;
 };
 
-bool Server::Impl::read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
-                             std::string& body) {
-  const size_t limit = options.max_request_bytes;
-  const auto deadline = Clock::now() + std::chrono::seconds(options.body_timeout_s);
-  enum class Stop { None, TooLarge, TooSlow } stop = Stop::None;
-  if (auto n = content_length(req)) body.reserve(size_t(std::min<uint64_t>(*n, limit)));
-  const bool ok = reader([&](const char* data, size_t n) {
-    if (n > limit - body.size()) {
-      stop = Stop::TooLarge;
-      return false;
-    }
-    if (Clock::now() > deadline) {
-      stop = Stop::TooSlow;
-      return false;
-    }
-    body.append(data, n);
-    return true;
-  });
-  if (body.size() >= kTrimAfterBytes || body.capacity() >= kTrimAfterBytes) t_trim_heap = true;
-  if (ok) return true;
-  std::string msg;
-  int status = 400;
-  if (stop == Stop::TooLarge) {
-    status = 413;
-    msg = fmt::format("the request body is larger than {} bytes (--max-request-bytes)", limit);
-  } else if (stop == Stop::TooSlow) {
-    status = 408;
-    msg = fmt::format("the request body did not arrive within {} s", options.body_timeout_s);
-  } else {
-    msg = "the request body could not be read (connection closed, read timeout, or malformed chunked encoding)";
-  }
-  body.clear();
-  body.shrink_to_fit();
-  log_error(req, res, status, "-", msg);
-  send_json_and_close(res, status, error_body(status, msg));
-  return false;
-}
-
-void Server::Impl::handle_generation(const httplib::Request& req, httplib::Response& res, Endpoint endpoint,
-                                     const std::string& body_text, bool responses) {
+HttpResponse Server::Impl::handle_generation(const HttpRequest& req, Endpoint endpoint, bool responses) {
+  const std::string& body_text = req.body;
   const Clock::time_point arrival = Clock::now();
   const char* prefix = responses ? "resp_" : endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-";
   const std::string id = prefix + random_hex(16) + std::to_string(next_id++);
@@ -958,7 +896,7 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
   std::optional<ResponsesRequest> rr;  // a /v1/responses request, translated to `body`
   try {
     json body = parse_body(body_text, options.json_limits);
-    const RequestPolicy policy = request_policy(req, res);
+    const RequestPolicy policy = request_policy(req);
     if (responses) body = (rr = translate_responses_request(body, policy))->chat;
     const int64_t vocab = scheduler.vocab_size();
     ApiRequest ar = endpoint == Endpoint::Chat
@@ -1015,7 +953,8 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
       bad_request("min_tokens", "min_tokens ({}) must be <= max_tokens ({})", ar.sampling.min_tokens,
                   ar.sampling.max_tokens);
     if (ar.priority != 0 && scheduler.config().policy != SchedulingPolicy::Priority)
-      bad_request("priority", "priority {} given, but the server schedules FCFS (serve with --scheduling-policy priority)",
+      bad_request("priority",
+                  "priority {} given, but the server schedules FCFS (serve with --scheduling-policy priority)",
                   ar.priority);
     std::shared_ptr<const TokenConstraint> constraint = structured.constraint_for(ar, starts_in_reasoning);
     stream = ar.stream;
@@ -1025,199 +964,39 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
       rr->echo["top_p"] = ar.sampling.top_p;
     }
     session = std::make_shared<Session>(*this, std::move(ar), std::move(prompts), starts_in_reasoning,
-                                        std::move(constraint), id, arrival, req.path, request_id_of(res));
+                                        std::move(constraint), id, arrival, req.path, req.request_id);
     if (rr)
       session->answer_as_responses(
           std::make_unique<ResponsesWriter>(std::move(rr->echo), id, model_name(), unix_now(), stream));
     session->submit();
   } catch (const ApiError& error) {
     const ApiError e = rr ? rr->remap(error) : error;  // chat field names -> the Responses fields they came from
-    log_error(req, res, e.status(), id, e.what());
-    send_json(res, e.status(), error_body(e.status(), e.what(), e.param()));
-    return;
+    log_error(&req, e.status(), id, e.what());
+    return json_response(e.status(), error_body(e.status(), e.what(), e.param()));
   } catch (const QueueFullError& e) {
-    log_error(req, res, 503, id, e.what());
-    send_json(res, 503, error_body(503, e.what()));
-    return;
+    log_error(&req, 503, id, e.what());
+    return json_response(503, error_body(503, e.what()));
   } catch (const Error& e) {  // the engine's checks (prompt ids, sampling, lengths)
-    log_error(req, res, 400, id, e.what());
-    send_json(res, 400, error_body(400, e.what()));
-    return;
+    log_error(&req, 400, id, e.what());
+    return json_response(400, error_body(400, e.what()));
   }
-  res.set_header("Cache-Control", "no-cache");
-  const char* type = stream ? "text/event-stream" : "application/json";
-  auto pump = [session](size_t, httplib::DataSink& sink) { return session->pump(sink); };
-  auto release = [session](bool success) { session->released(success); };
-  if (req.version == "HTTP/1.0") {
-    // No chunked encoding for HTTP/1.0: the body ends when the connection closes.
-    session->delimit_by_close();
-    res.set_header("Connection", "close");
-    res.set_content_provider(type, pump, release);
-  } else {
-    res.set_chunked_content_provider(type, pump, release);
-  }
+  HttpResponse res;
+  res.headers = {{"Content-Type", stream ? "text/event-stream" : "application/json"}, {"Cache-Control", "no-cache"}};
+  res.stream = [session](std::string& out) { return session->pump(out); };
+  res.on_end = [session](bool sent) { session->ended(sent); };
+  return res;
 }
 
 // ------------------------------------------------------------------------------------------------------------------
 
 void Server::Impl::install_routes() {
-  const SchedulerConfig& sc = scheduler.config();
-  const int threads = options.http_threads > 0 ? options.http_threads : int(sc.max_num_seqs + sc.max_waiting + 16);
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
-  http.set_tcp_nodelay(true);
-  // The library's own limit, for bodies that reach it; ours (read_body) is checked first.
-  http.set_payload_max_length(options.max_request_bytes);
-  http.set_read_timeout(options.read_timeout_s, 0);
-  http.set_write_timeout(options.write_timeout_s, 0);
-  http.set_keep_alive_timeout(options.keep_alive_timeout_s);
-  http.set_keep_alive_max_count(100);
-
-  // Checks made on the headers, before any body is read. A rejected request's body is not read, so its
-  // connection is closed after the answer. The request id is settled first, so that every log line can name it; a
-  // CORS preflight is answered before authentication (browsers send it without credentials).
-  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    using httplib::Server;
-    ensure_request_id(req, res);
-    if (options.cors.enabled()) {
-      const std::string origin = req.get_header_value("Origin");
-      const std::string method = req.get_header_value("Access-Control-Request-Method");
-      if (is_cors_preflight(req.method, origin, method)) {
-        const PreflightAnswer a =
-            cors_preflight(options.cors, origin, method, req.get_header_value("Access-Control-Request-Headers"));
-        for (const auto& [k, v] : a.headers) res.set_header(k, v);
-        if (content_length(req).value_or(0) > 0 || req.has_header("Transfer-Encoding"))
-          res.set_header("Connection", "close");  // a body (unusual in a preflight) is not read
-        if (a.status == 200) {
-          res.status = 200;
-          res.set_content("OK", "text/plain");
-        } else {
-          const std::string msg = fmt::format("disallowed CORS {} (preflight from origin \"{}\" for method \"{}\")",
-                                              a.failure, clip(origin, 100), clip(method, 20));
-          log_error(req, res, 400, "-", msg);
-          send_json(res, 400, error_body(400, msg));
-        }
-        return Server::HandlerResponse::Handled;
-      }
-    }
-    if (!options.api_key.empty() && req.path.rfind("/v1/", 0) == 0 &&
-        req.get_header_value("Authorization") != "Bearer " + options.api_key) {
-      log_error(req, res, 401, "-", "missing or wrong API key");
-      send_json_and_close(res, 401,
-                          error_body(401, "invalid or missing API key (send \"Authorization: Bearer <key>\")"));
-      return Server::HandlerResponse::Handled;
-    }
-    if (req.method != "POST") return Server::HandlerResponse::Unhandled;
-    std::string msg;
-    int status = 0;
-    const std::optional<uint64_t> length = content_length(req);
-    const bool chunked = req.has_header("Transfer-Encoding");
-    if (!is_json_content_type(req.get_header_value("Content-Type"))) {
-      status = 415;
-      msg = fmt::format("POST bodies must have Content-Type application/json, got \"{}\"",
-                        req.get_header_value("Content-Type").substr(0, 80));
-    } else if (!length && !chunked) {
-      status = 411;
-      msg = "a POST needs a Content-Length header (or chunked Transfer-Encoding)";
-    } else if (length && *length > options.max_request_bytes) {
-      status = 413;
-      msg = fmt::format("the request body is {} bytes, more than the {} this server accepts (--max-request-bytes)",
-                        req.get_header_value("Content-Length").substr(0, 20), options.max_request_bytes);
-    }
-    if (status == 0) return Server::HandlerResponse::Unhandled;
-    log_error(req, res, status, "-", msg);
-    send_json_and_close(res, status, error_body(status, msg));
-    return Server::HandlerResponse::Handled;
-  });
-  // Errors httplib answers by itself (malformed request, request line too long, ...) get an OpenAI error body.
-  http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
-                                                                     httplib::Response& res) {
-    if (!res.body.empty() || res.has_header("Content-Type"))
-      return httplib::Server::HandlerResponse::Unhandled;  // already an error body
-    ensure_request_id(req, res);  // a request answered before pre-routing (malformed, request line too long)
-    std::string msg;
-    switch (res.status) {
-      case 404:
-        msg = fmt::format("no route for {} {}", req.method.substr(0, 16), req.path.substr(0, 200));
-        break;
-      case 400:
-        msg = "malformed HTTP request";
-        break;
-      case 413:
-        msg = fmt::format("the request body is larger than {} bytes (--max-request-bytes)", options.max_request_bytes);
-        break;
-      case 414:
-        msg = "the request line is longer than 8192 bytes";
-        break;
-      default:
-        msg = fmt::format("HTTP {}", res.status);
-    }
-    log_error(req, res, res.status, "-", msg);
-    send_json(res, res.status, error_body(res.status, msg));
-    return httplib::Server::HandlerResponse::Handled;
-  }));
-  // Headers every response gets, whatever answered it (a route, the pre-routing checks, the error handler): the
-  // request id (for a request answered before pre-routing: a malformed one) and, for an allowed Origin, CORS.
-  http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    ensure_request_id(req, res);
-    if (options.cors.enabled() && !res.has_header("Access-Control-Allow-Origin")) {
-      for (const auto& [k, v] : cors_response_headers(options.cors, req.get_header_value("Origin")))
-        res.set_header(k, v);
-    }
-  });
-  http.set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
-    ensure_request_id(req, res);
-    std::string msg = "internal error";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const ApiError& e) {
-      log_error(req, res, e.status(), "-", e.what());
-      send_json(res, e.status(), error_body(e.status(), e.what(), e.param()));
-      return;
-    } catch (const Error& e) {
-      log_error(req, res, 400, "-", e.what());
-      send_json(res, 400, error_body(400, e.what()));
-      return;
-    } catch (const std::exception& e) {
-      msg = fmt::format("internal error: {}", e.what());
-    } catch (...) {
-    }
-    log_error(req, res, 500, "-", msg);
-    send_json(res, 500, error_body(500, msg));
-  });
-  // One log line per request; generation requests log their own (with tokens and latency) when they end. Called
-  // once the response is written: a request with a large body then returns the heap it freed (each worker
-  // thread's malloc arena would otherwise keep its peak size).
-  http.set_logger([](const httplib::Request& req, const httplib::Response& res) {
-    if (t_trim_heap) {
-      t_trim_heap = false;
-      malloc_trim(0);
-      spdlog::debug("server: heap trimmed after a large request");
-    }
-    if (res.status >= 400 || req.path == "/v1/chat/completions" || req.path == "/v1/completions" ||
-        req.path == "/v1/responses")
-      return;
-    spdlog::info("{} {} {} {} request_id={}", req.remote_addr, req.method, req.path, res.status, request_id_of(res));
-  });
-
-  // POST routes read their body themselves (read_body: size and time limits) and get it as text.
-  using BodyHandler = std::function<void(const httplib::Request&, httplib::Response&, const std::string&)>;
-  auto post = [this](const char* path, BodyHandler handler) {
-    http.Post(path, [this, handler](const httplib::Request& req, httplib::Response& res,
-                                    const httplib::ContentReader& reader) {
-      std::string body;
-      if (read_body(req, res, reader, body)) handler(req, res, body);
-    });
+  // POST routes get their body whole, read by the HTTP layer within --max-request-bytes and --body-timeout.
+  post_routes["/v1/chat/completions"] = [this](HttpRequest& req) { return handle_generation(req, Endpoint::Chat); };
+  post_routes["/v1/completions"] = [this](HttpRequest& req) { return handle_generation(req, Endpoint::Completion); };
+  post_routes["/v1/responses"] = [this](HttpRequest& req) {
+    return handle_generation(req, Endpoint::Chat, /*responses=*/true);
   };
-  post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res, const std::string& body) {
-    handle_generation(req, res, Endpoint::Chat, body);
-  });
-  post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res, const std::string& body) {
-    handle_generation(req, res, Endpoint::Completion, body);
-  });
-  post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res, const std::string& body) {
-    handle_generation(req, res, Endpoint::Chat, body, /*responses=*/true);
-  });
-  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+  get_routes["/v1/models"] = [this](HttpRequest&) {
     json data = json::array();
     for (auto& name : options.served_model_names) {
       data.push_back({{"id", name},
@@ -1228,13 +1007,11 @@ void Server::Impl::install_routes() {
                       {"parent", nullptr},
                       {"max_model_len", scheduler.config().max_model_len}});
     }
-    send_json(res, 200, {{"object", "list"}, {"data", data}});
-  });
-  http.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
-  http.Get("/version", [this](const httplib::Request&, httplib::Response& res) {
-    send_json(res, 200, {{"version", options.version}});
-  });
-  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    return json_response(200, {{"object", "list"}, {"data", data}});
+  };
+  get_routes["/health"] = [](HttpRequest&) { return HttpResponse{}; };
+  get_routes["/version"] = [this](HttpRequest&) { return json_response(200, {{"version", options.version}}); };
+  get_routes["/metrics"] = [this](HttpRequest&) {
     const SchedulerStats s = scheduler.stats();
     m_running.set(double(s.running));
     m_waiting.set(double(s.waiting));
@@ -1246,10 +1023,13 @@ void Server::Impl::install_routes() {
     m_preemptions.set(double(s.preemptions));
     m_ple_rows.set(double(s.ple_rows_fetched));
     m_steps.set(double(s.steps));
-    res.set_content(metrics.render(), "text/plain; version=0.0.4");
-  });
-  post("/tokenize", [this](const httplib::Request& req, httplib::Response& res, const std::string& body) {
-    const TokenizeRequest tr = parse_tokenize_request(parse_body(body, options.json_limits), request_policy(req, res));
+    HttpResponse res;
+    res.headers.emplace_back("Content-Type", "text/plain; version=0.0.4");
+    res.body = metrics.render();
+    return res;
+  };
+  post_routes["/tokenize"] = [this](HttpRequest& req) {
+    const TokenizeRequest tr = parse_tokenize_request(parse_body(req.body, options.json_limits), request_policy(req));
     check_model(tr.model);
     const std::string text =
         tr.prompt ? *tr.prompt : render_chat(tr.messages, tr.tools, tr.add_generation_prompt, tr.template_vars, false);
@@ -1262,14 +1042,139 @@ void Server::Impl::install_routes() {
     } else {
       out["token_strs"] = nullptr;
     }
-    send_json(res, 200, out);
-  });
-  post("/detokenize", [this](const httplib::Request& req, httplib::Response& res, const std::string& body) {
-    const DetokenizeRequest dr = parse_detokenize_request(parse_body(body, options.json_limits), scheduler.vocab_size(),
-                                                          request_policy(req, res));
+    return json_response(200, out);
+  };
+  post_routes["/detokenize"] = [this](HttpRequest& req) {
+    const DetokenizeRequest dr = parse_detokenize_request(parse_body(req.body, options.json_limits),
+                                                          scheduler.vocab_size(), request_policy(req));
     check_model(dr.model);
-    send_json(res, 200, {{"prompt", tokenizer.decode(dr.tokens)}});
-  });
+    return json_response(200, {{"prompt", tokenizer.decode(dr.tokens)}});
+  };
+
+  const SchedulerConfig& sc = scheduler.config();
+  HttpOptions ho;
+  ho.host = options.host;
+  ho.port = options.port;
+  ho.worker_threads = options.http_threads > 0 ? options.http_threads : int(sc.max_num_seqs + sc.max_waiting + 16);
+  ho.max_connections = options.max_connections;
+  ho.max_body_bytes = options.max_request_bytes;
+  ho.header_timeout_s = options.header_timeout_s;
+  ho.read_timeout_s = options.read_timeout_s;
+  ho.body_timeout_s = options.body_timeout_s;
+  ho.write_timeout_s = options.write_timeout_s;
+  ho.keep_alive_timeout_s = options.keep_alive_timeout_s;
+  HttpHandlers handlers;
+  handlers.headers = [this](HttpRequest& req) { return on_headers(req); };
+  handlers.request = [this](HttpRequest& req) { return on_request(req); };
+  handlers.error = [this](int status, const std::string& message, const HttpRequest* req) {
+    return on_error(status, message, req);
+  };
+  http = std::make_unique<HttpServer>(std::move(ho), std::move(handlers));
+}
+
+// Checks made on the headers, before any body is read (a request answered here has its connection closed when it
+// announced a body). The request id is settled first, so that every log line can name it; a CORS preflight is
+// answered before authentication (browsers send it without credentials).
+std::optional<HttpResponse> Server::Impl::on_headers(HttpRequest& req) {
+  req.request_id = request_id_for(req.header("X-Request-Id"));
+  try {
+    if (options.cors.enabled()) {
+      const std::string origin = req.header("Origin");
+      const std::string method = req.header("Access-Control-Request-Method");
+      if (is_cors_preflight(req.method, origin, method)) {
+        const PreflightAnswer a =
+            cors_preflight(options.cors, origin, method, req.header("Access-Control-Request-Headers"));
+        HttpResponse res;
+        if (a.status == 200) {
+          res.headers.emplace_back("Content-Type", "text/plain");
+          res.body = "OK";
+        } else {
+          res = error_response(&req, 400,
+                               fmt::format("disallowed CORS {} (preflight from origin \"{}\" for method \"{}\")",
+                                           a.failure, clip(origin, 100), clip(method, 20)));
+        }
+        for (const auto& [k, v] : a.headers) res.headers.emplace_back(k, v);
+        return decorate(&req, std::move(res));
+      }
+    }
+    if (!options.api_key.empty() && req.path.rfind("/v1/", 0) == 0 &&
+        req.header("Authorization") != "Bearer " + options.api_key) {
+      log_error(&req, 401, "-", "missing or wrong API key");
+      return decorate(&req, json_response(401,
+                                          error_body(401,
+                                                     "invalid or missing API key (send \"Authorization: "
+                                                     "Bearer <key>\")"),
+                                          /*close=*/true));
+    }
+    if (req.method == "POST") {
+      if (auto refused = check_post_headers(header_of(req, "Content-Type"), header_of(req, "Content-Length"),
+                                            header_of(req, "Transfer-Encoding"), header_of(req, "Content-Encoding"),
+                                            options.max_request_bytes))
+        return decorate(&req, error_response(&req, refused->status, refused->message));
+    }
+    const bool get = req.method == "GET" || req.method == "HEAD";
+    const auto& routes = get ? get_routes : post_routes;
+    if ((!get && req.method != "POST") || !routes.count(req.path))
+      return decorate(
+          &req,
+          error_response(&req, 404, fmt::format("no route for {} {}", clip(req.method, 16), clip(req.path, 200))));
+  } catch (const std::exception& e) {
+    return decorate(&req, error_response(&req, 500, fmt::format("internal error: {}", e.what())));
+  }
+  return std::nullopt;
+}
+
+// A route's answer; a failure becomes an OpenAI error (ApiError: its status; Error: 400; anything else: 500).
+HttpResponse Server::Impl::on_request(HttpRequest& req) {
+  const bool large = req.body.size() >= kTrimAfterBytes || req.body.capacity() >= kTrimAfterBytes;
+  HttpResponse res;
+  try {
+    const auto& routes = req.method == "POST" ? post_routes : get_routes;
+    res = routes.find(req.path)->second(req);  // on_headers let only routed requests through
+  } catch (const ApiError& e) {
+    res = error_response(&req, e.status(), e.what(), e.param());
+  } catch (const Error& e) {
+    res = error_response(&req, 400, e.what());
+  } catch (const std::exception& e) {
+    res = error_response(&req, 500, fmt::format("internal error: {}", e.what()));
+  } catch (...) {
+    res = error_response(&req, 500, "internal error");
+  }
+  // After a large request, the heap it freed goes back to the system once its answer is sent (each worker thread's
+  // malloc arena would otherwise keep its peak size).
+  if (large) {
+    res.on_end = [then = std::move(res.on_end)](bool sent) {
+      if (then) then(sent);
+      malloc_trim(0);
+      spdlog::debug("server: heap trimmed after a large request");
+    };
+  }
+  return decorate(&req, std::move(res));
+}
+
+// Requests the HTTP layer refuses: malformed, over a size limit, too slow, over the connection cap.
+HttpResponse Server::Impl::on_error(int status, const std::string& message, const HttpRequest* req) {
+  if (status == 503 && !req) {  // over --max-connections: counted always, logged at most once a second
+    m_errors.inc(1, {{"status", "503"}});
+    const int64_t now = std::chrono::duration_cast<Ms>(Clock::now().time_since_epoch()).count();
+    int64_t last = last_cap_log_ms.load();
+    if (now - last >= 1000 && last_cap_log_ms.compare_exchange_strong(last, now))
+      spdlog::warn("server: refused a connection: {}", message);
+    return decorate(nullptr, json_response(status, error_body(status, message), /*close=*/true));
+  }
+  return decorate(req, error_response(req, status, message, {}, /*close=*/true));
+}
+
+HttpResponse Server::Impl::decorate(const HttpRequest* req, HttpResponse res) {
+  const std::string id = req && !req->request_id.empty() ? req->request_id : random_request_id();
+  res.headers.emplace_back("X-Request-Id", id);
+  if (req && options.cors.enabled() && !has_header(res, "Access-Control-Allow-Origin")) {
+    for (auto& h : cors_response_headers(options.cors, req->header("Origin"))) res.headers.push_back(std::move(h));
+  }
+  if (req && res.status < 400 && req->path != "/v1/chat/completions" && req->path != "/v1/completions" &&
+      req->path != "/v1/responses")
+    spdlog::info("{} {} {} {} request_id={}", req->remote_addr, req->method, req->path, res.status, id);
+  return res;
 }
 
 // ------------------------------------------------------------------------------------------------------------------
@@ -1290,23 +1195,17 @@ Server::~Server() {
 }
 
 int Server::bind() {
-  auto& o = impl_->options;
-  if (o.port == 0) {
-    const int port = impl_->http.bind_to_any_port(o.host);
-    if (port <= 0) fail("server: cannot bind to {} on any port", o.host);
-    o.port = port;
-  } else if (!impl_->http.bind_to_port(o.host, o.port)) {
-    fail("server: cannot bind to {}:{} (address in use, or not an address of this machine?)", o.host, o.port);
-  }
-  return o.port;
+  const int port = impl_->http->bind();
+  impl_->options.port = port;
+  return port;
 }
 
 void Server::run() {
-  if (!impl_->http.listen_after_bind()) spdlog::debug("server: listen loop ended");
+  impl_->http->run();
 }
 
 void Server::stop() {
-  if (impl_) impl_->http.stop();
+  if (impl_ && impl_->http) impl_->http->stop();
 }
 
 }  // namespace flashnext::server

@@ -1,4 +1,5 @@
-// The OpenAI-compatible HTTP server of `flashnext serve` (cpp-httplib; one thread per open connection).
+// The OpenAI-compatible HTTP server of `flashnext serve`: the OpenAI routes over the HTTP layer of
+// server/http_server.h (Boost.Beast; connections run asynchronously, requests on a pool of worker threads).
 //
 // Endpoints: POST /v1/chat/completions and /v1/completions (streaming over SSE or not), POST /v1/responses (OpenAI's
 // Responses API, streaming or not: translated to a chat request and answered from the same generation, see
@@ -6,9 +7,11 @@
 // GET /metrics (Prometheus text: flashnext_* metrics and the same values under vLLM's vllm:* names, labelled
 // model_name and engine), POST /tokenize and /detokenize (vLLM's). Errors use the OpenAI
 // error schema (server/api_error.h): 400 for a bad request, 401 for a wrong API key, 404 for an unknown route,
-// 408 for a body that arrives too slowly, 413 for a body over --max-request-bytes, 414 for a request line over
-// 8 KiB, 415 for a POST body that is not application/json (so that a web page cannot post to the server without
-// a CORS preflight), 503 (with Retry-After) when the scheduler's waiting queue is full, 500 for an internal failure.
+// 408 for headers or a body that arrive too slowly, 411 for a POST without a length, 413 for a body over
+// --max-request-bytes, 414 for a request line over 8 KiB, 431 for headers over 64 KiB, 415 for a POST body that is
+// not application/json (so that a web page cannot post to the server without a CORS preflight), 503 (with
+// Retry-After) when the scheduler's waiting queue is full or the connection cap is reached, 500 for an internal
+// failure.
 //
 // vLLM parity at the HTTP level: request fields the server does not know are ignored and logged once per name
 // (ServerOptions::strict_requests brings back the 400); CORS is off unless origins are allowed
@@ -20,15 +23,15 @@
 // Hostile input: every limit is checked before the work it bounds: the body size before the body is read (from
 // Content-Length) or while it is read, JSON nesting depth and element count while it is parsed
 // (openai_schema.h JsonLimits), a text prompt's length before it is tokenized. Error messages quote at most a short
-// excerpt of the request. Connections are bounded by the worker pool (ServerOptions::http_threads) and by read,
-// body and write timeouts. After a large request the freed heap is returned to the system (malloc_trim; `flashnext
-// serve` also maps blocks of 1 MiB or more on their own, M_MMAP_THRESHOLD).
-// Known limits of cpp-httplib 0.11 (Debian 12): a client that sends a header byte just often enough to beat the
-// read timeout holds a worker until its headers end; pipelined requests that arrive in the same read as the one
-// before are lost (the library keeps a read buffer per request), so clients should not pipeline; the number of
-// header lines is not capped (21 MB of headers grew RSS by 43 MB). Newer cpp-httplib caps headers at 100.
+// excerpt of the request. Slow and idle connections cannot hold the server: a connection that waits for its headers
+// or body holds no worker thread, the headers must arrive whole within ServerOptions::header_timeout_s and a body
+// within body_timeout_s (deadlines, not idle timeouts), request line and headers are capped (8 KiB, 64 KiB), and at
+// most ServerOptions::max_connections connections are open (one more is answered 503). Pipelined HTTP/1.1 requests
+// are answered in order. After a large request the freed heap is returned to the system (malloc_trim; `flashnext
+// serve` also maps blocks of 1 MiB or more on their own, M_MMAP_THRESHOLD). Request bodies with a Content-Encoding
+// (gzip, ...) get 415: they are not decompressed.
 //
-// Each generation request runs on its HTTP thread: it renders and tokenizes the prompt, submits it to the
+// Each generation request runs on an HTTP worker thread: it renders and tokenizes the prompt, submits it to the
 // Scheduler (engine/scheduler.h), then turns the tokens the engine thread produces into text (OutputProcessor:
 // detokenization, stop strings), reasoning / tool calls (server/output_parsers.h) and JSON. The response is sent
 // with chunked transfer encoding (also when not streaming; to an HTTP/1.0 client: delimited by closing the
@@ -63,9 +66,12 @@ struct ServerOptions {
   /// Reject (400) chat requests whose messages or tools contain the text of a special token (e.g. "<|im_start|>"):
   /// the rendered prompt is tokenized with special-token text parsed, so such text would inject control tokens.
   bool reject_control_token_text = false;
-  /// HTTP worker threads, which is also the most connections served at once (more wait in the listen backlog
-  /// until one ends). 0: max_num_seqs + max_waiting + 16.
+  /// HTTP worker threads: the most requests handled at once (a connection that waits for its request, or between
+  /// requests, holds none; more requests wait for a free one). 0: max_num_seqs + max_waiting + 16.
   int http_threads = 0;
+  /// Most open connections; one more is answered 503 (Retry-After) and closed. Lowered to what the open-file limit
+  /// allows (the soft limit is raised towards the hard one as needed).
+  int max_connections = 1024;
 
   // Request limits, checked before a body is read or parsed.
   /// Most bytes of a request body (after any Content-Encoding); a larger one gets 413 before it is read (when it
@@ -73,7 +79,10 @@ struct ServerOptions {
   size_t max_request_bytes = 0;
   JsonLimits json_limits;        ///< nesting depth and element count of a body's JSON (max_elements is raised to
                                  ///< 2 * max_model_len + 4096 when smaller, so that a full context of token ids fits)
-  int read_timeout_s = 10;       ///< a connection on which no byte arrives for this long (headers or body) is closed
+  int header_timeout_s = 10;     ///< a request's line and headers must arrive whole within this long of their first
+                                 ///< byte (else 408 and the connection is closed)
+  int read_timeout_s = 10;       ///< a request on which no byte arrives for this long (headers or body) gets 408; a
+                                 ///< new connection that sends nothing for this long is closed
   int body_timeout_s = 30;       ///< a body must arrive whole within this long of its first byte (else 408)
   int write_timeout_s = 10;      ///< a response write that makes no progress for this long drops the connection
   int keep_alive_timeout_s = 5;  ///< an idle keep-alive connection is closed after this long

@@ -9,6 +9,7 @@ All traffic is on 127.0.0.1; every socket has a timeout and every loop a bound i
 from __future__ import annotations
 
 import json
+import select
 import socket
 import threading
 import time
@@ -89,10 +90,11 @@ def connect(server, timeout=10) -> socket.socket:
     return socket.create_connection(("127.0.0.1", server.port), timeout=timeout)
 
 
-def read_response(sock: socket.socket, deadline_s=15.0) -> tuple[int, dict, bytes]:
-    """Reads one HTTP response (Content-Length, chunked, or until close) within deadline_s."""
+def read_response(sock: socket.socket, deadline_s=15.0, pending: bytearray | None = None) -> tuple[int, dict, bytes]:
+    """Reads one HTTP response (Content-Length, chunked, or until close) within deadline_s. With `pending`, the bytes
+    read past the response (those of the next pipelined one) are kept there, and it is read from first."""
     end = time.monotonic() + deadline_s
-    buf = b""
+    buf = bytes(pending) if pending is not None else b""
 
     def more():
         nonlocal buf
@@ -100,6 +102,11 @@ def read_response(sock: socket.socket, deadline_s=15.0) -> tuple[int, dict, byte
         chunk = sock.recv(65536)
         buf += chunk
         return bool(chunk)
+
+    def done(status, headers, body, rest):
+        if pending is not None:
+            pending[:] = rest
+        return status, headers, body
 
     while b"\r\n\r\n" not in buf:
         assert more(), f"closed before the headers: {buf!r}"
@@ -112,7 +119,7 @@ def read_response(sock: socket.socket, deadline_s=15.0) -> tuple[int, dict, byte
         n = int(headers["content-length"])
         while len(buf) < n:
             assert more(), "closed inside the body"
-        return status, headers, buf[:n]
+        return done(status, headers, buf[:n], buf[n:])
     if headers.get("transfer-encoding") == "chunked":
         body = b""
         while True:
@@ -124,10 +131,10 @@ def read_response(sock: socket.socket, deadline_s=15.0) -> tuple[int, dict, byte
                 assert more(), "closed inside a chunk"
             body, buf = body + buf[:size], buf[size + 2:]
             if size == 0:
-                return status, headers, body
+                return done(status, headers, body, buf)
     while more():  # delimited by close
         pass
-    return status, headers, buf
+    return done(status, headers, buf, b"")
 
 
 def nest(n: int, kind: str = "[") -> str:
@@ -293,7 +300,7 @@ def test_slow_body_gets_408_and_does_not_block_others(hs, reference):
 def test_stalled_headers_and_bodies_are_closed_after_the_read_timeout(hs, reference):
     socks = []
     try:
-        for i in range(12):  # half the worker pool
+        for i in range(12):  # half as many as the worker threads (waiting for their request, they hold none)
             s = connect(hs)
             s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" if i % 2 else
                       b"POST /tokenize HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
@@ -353,6 +360,13 @@ def test_http10_gets_no_chunked_encoding(hs, reference):
         s.sendall(b"GET /health HTTP/1.0\r\n\r\n")
         status, headers, _ = read_response(s, 5)
         assert status == 200 and "transfer-encoding" not in headers
+    # HTTP/1.0 with keep-alive asked for: answered with a length and kept open for the next request.
+    with connect(hs) as s:
+        for _ in range(2):
+            s.sendall(b"GET /version HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+            status, headers, out = read_response(s, 5)
+            assert status == 200 and "transfer-encoding" not in headers and "version" in json.loads(out)
+            assert headers.get("connection", "").lower() == "keep-alive"
     assert_healthy(hs, reference)
 
 
@@ -364,14 +378,32 @@ def test_keep_alive_serves_sequential_requests(hs, reference):
             assert status == 200 and headers.get("connection") != "close"
 
 
-@pytest.mark.xfail(strict=True, reason="cpp-httplib 0.11 keeps a read buffer per request: a request that arrives in "
-                                       "the same read as the one before is lost (documented in server/server.h)")
-def test_pipelined_requests_are_all_answered(hs):
-    with connect(hs) as s:
-        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert read_response(s, 5)[0] == 200
-        s.settimeout(READ_TIMEOUT + 5)
-        assert read_response(s, READ_TIMEOUT + 5)[0] == 200
+def test_pipelined_requests_are_answered_in_order(hs):
+    body = json.dumps({"prompt": "pipelined"}).encode()
+    post = (b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(body), body))
+    health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    version = b"GET /version HTTP/1.1\r\nHost: x\r\n\r\n"
+    for batch, expect in (([health, version], ["health", "version"]),
+                          ([version, post, health], ["version", "tokenize", "health"])):
+        with connect(hs) as s:
+            s.sendall(b"".join(batch))  # two, then three requests in one send on one keep-alive connection
+            got, pending = [], bytearray()
+            for _ in batch:
+                status, headers, out = read_response(s, 15, pending)
+                assert status == 200, out
+                assert headers.get("connection") != "close"
+                if not out:
+                    got.append("health")
+                elif "version" in json.loads(out):
+                    got.append("version")
+                else:
+                    assert json.loads(out)["tokens"], out
+                    got.append("tokenize")
+            assert got == expect
+            assert not pending
+            s.sendall(health)  # the connection still serves
+            assert read_response(s, 10)[0] == 200
 
 
 def _wait(cond, timeout=20.0, what=lambda: ""):
@@ -455,3 +487,146 @@ def test_error_messages_quote_only_excerpts(hs, reference):
         status, _, body = read_response(s, 10)
         assert status == 400 and json.loads(body)["error"]["type"] == "invalid_request_error"
     assert_healthy(hs, reference)
+
+
+# ---- Slow headers and connection floods (a server with few worker threads and a small connection cap) ----------
+
+SLOW_THREADS = 4  # --http-threads
+SLOW_CAP = 16  # --max-connections
+HEADER_TIMEOUT = 8  # --header-timeout: the margin /health has beside the trickling connections on a loaded machine
+SLOW_READ_TIMEOUT = 3  # --read-timeout: a byte every ~0.5-1 s beats it, so only the header deadline closes them
+
+
+@pytest.fixture(scope="module")
+def slow():
+    s = Server("--max-model-len", "512", "--max-num-seqs", "2", "--served-model-name", "tiny",
+               "--http-threads", str(SLOW_THREADS), "--max-connections", str(SLOW_CAP),
+               "--header-timeout", str(HEADER_TIMEOUT), "--read-timeout", str(SLOW_READ_TIMEOUT))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def slow_reference(slow):
+    r = requests.post(slow.url + "/v1/completions", json=REFERENCE, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["text"]
+
+
+class Trickler:
+    """Sends one more header byte on each of its sockets every `period` s from a thread (bounded by `limit` s), so
+    that no read timeout can close them: only the header deadline can."""
+
+    def __init__(self, socks, period=0.5, limit=60.0):
+        self.socks, self.period, self.limit = socks, period, limit
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        end = time.monotonic() + self.limit
+        while not self.stop.wait(self.period) and time.monotonic() < end:
+            for s in list(self.socks):
+                try:
+                    s.send(b"a")
+                except OSError:  # closed by the server (after its 408) or by the test
+                    pass
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(10)
+
+
+def open_trickling(server, n):
+    socks = []
+    for _ in range(n):
+        s = connect(server)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: ")  # a header that never ends
+        socks.append(s)
+    return socks
+
+
+def test_header_trickle_is_closed_at_the_header_deadline(slow, slow_reference):
+    with connect(slow) as s:
+        t = time.monotonic()
+        s.sendall(b"G")
+        answered = closed = False
+        sent = 1
+        while time.monotonic() - t < HEADER_TIMEOUT + 10:
+            if sent == 3:  # /health and a generation are served beside it, which is still open and unanswered
+                assert_healthy(slow, slow_reference, held=[s])
+            s.settimeout(1.0)
+            try:
+                if s.recv(1, socket.MSG_PEEK):
+                    answered = True
+                    break
+            except socket.timeout:
+                pass
+            except ConnectionResetError:
+                closed = True
+                break
+            try:  # one header byte a second: well within the 3 s read timeout, so only the deadline ends it
+                s.send((b"ET /health HTTP/1.1\r\nX-Slow: " + b"a" * 100)[sent - 1:sent])
+                sent += 1
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+        elapsed = time.monotonic() - t
+        assert answered or closed, f"still open after {elapsed:.1f} s of trickling"
+        assert elapsed >= HEADER_TIMEOUT - 0.5, f"closed after {elapsed:.1f} s, before the header deadline"
+        assert elapsed < HEADER_TIMEOUT + 10
+        if answered:
+            s.settimeout(10)
+            status, headers, body = read_response(s, 10)
+            assert status == 408 and headers.get("connection") == "close", body
+            err = json.loads(body)["error"]
+            assert err["type"] == "invalid_request_error" and "--header-timeout" in err["message"], err
+    assert_healthy(slow, slow_reference)
+
+
+def test_header_flood_beyond_the_worker_threads_leaves_health_answering(slow, slow_reference):
+    socks = open_trickling(slow, 3 * SLOW_THREADS)  # three times the worker threads, all in their headers
+    trickler = Trickler(socks)
+    try:
+        # Answered while every flooding connection is still open and unanswered: they hold no worker thread.
+        assert_healthy(slow, slow_reference, held=socks)
+        for _ in range(3):
+            assert requests.get(slow.url + "/health", timeout=5).status_code == 200
+        for s in socks:
+            assert_silent(s)
+    finally:
+        trickler.close()
+        for s in socks:
+            s.close()
+    assert_healthy(slow, slow_reference)
+
+
+def test_connections_over_the_cap_get_503(slow, slow_reference):
+    extra = 3
+    socks = open_trickling(slow, SLOW_CAP + extra)
+    trickler = Trickler(socks)
+    try:
+        # The connections over the cap are answered at once; those within it stay open, waiting for their headers
+        # (the deadline is HEADER_TIMEOUT s away).
+        ready = set()
+        end = time.monotonic() + 5
+        while len(ready) < extra and time.monotonic() < end:
+            readable, _, _ = select.select([s for s in socks if s not in ready], [], [], 0.5)
+            ready.update(readable)
+        assert extra <= len(ready) <= extra + 2, len(ready)  # +2: connections of earlier tests still closing
+        for s in ready:
+            s.settimeout(5)
+            status, headers, body = read_response(s, 5)
+            assert status == 503 and headers.get("retry-after") == "1" and headers.get("connection") == "close"
+            err = json.loads(body)["error"]
+            assert err["type"] == "server_overloaded_error" and "--max-connections" in err["message"], err
+        for s in socks:
+            if s not in ready:
+                assert_silent(s)
+    finally:
+        trickler.close()
+        for s in socks:
+            s.close()
+    # Once they are closed, the server answers again.
+    _wait(lambda: requests.get(slow.url + "/health", timeout=5).status_code == 200, 15)
+    assert_healthy(slow, slow_reference)
