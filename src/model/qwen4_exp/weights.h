@@ -82,11 +82,11 @@ std::optional<QuantExperts> quantized_experts(const QuantScheme& scheme, const s
 
 /// What building random weights took (random_weights).
 struct RandomWeightsReport {
-  double weights_s = 0;    ///< making every weight but the PLE tables on the device (wall time, synchronised)
-  double ple_alloc_s = 0;  ///< allocating (pinning) the PLE tables' host memory
-  double ple_fill_s = 0;   ///< filling them (host threads, overlapped with the weights)
-  double total_s = 0;      ///< the whole build
-  int64_t ple_bytes = 0;   ///< bytes of all PLE tables
+  double weights_s = 0;     ///< making every weight but the PLE tables on the device (wall time, synchronised)
+  double ple_alloc_s = 0;   ///< allocating (pinning) the PLE tables' host memory
+  double ple_fill_s = 0;    ///< filling them (host threads, overlapped with the weights)
+  double total_s = 0;       ///< the whole build
+  int64_t ple_bytes = 0;    ///< bytes of all PLE tables
   int ple_fill_threads = 0;
 };
 
