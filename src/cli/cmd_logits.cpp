@@ -1,9 +1,9 @@
 // `flashnext logits --model DIR --ids 1,2,3 --out FILE.npy [--chunk C] [--greedy N] [--threads N] [--device cpu|cuda]
-// [--warmup]`: runs the prompt through the model (float32 CPU oracle by default, or the CUDA backend) and writes the
-// next-token logits of every prompt position as a float32 [T, vocab] .npy file. The prompt is prefilled in chunks
-// of C tokens (default: all at once). With --greedy N it then decodes N tokens one at a time (argmax, first index on
-// ties, as torch.argmax) and prints `greedy: <id>,<id>,...` on stdout. Timing goes to stderr; --warmup first runs
-// the prompt once untimed (first-use costs such as GPU module loading stay out of the figures).
+// [--tp N] [--warmup]`: runs the prompt through the model (float32 CPU oracle by default, or the CUDA backend) and
+// writes the next-token logits of every prompt position as a float32 [T, vocab] .npy file. The prompt is prefilled in
+// chunks of C tokens (default: all at once). With --greedy N it then decodes N tokens one at a time (argmax, first
+// index on ties, as torch.argmax) and prints `greedy: <id>,<id>,...` on stdout. Timing goes to stderr; --warmup first
+// runs the prompt once untimed (first-use costs such as GPU module loading stay out of the figures).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -27,7 +27,7 @@ struct LogitsArgs {
   std::string model, ids, out;
   int64_t chunk = 0;
   int greedy = 0;
-  int threads = 0;
+  int threads = 0, tp = 1;
   std::string device = "cpu";
   bool warmup = false;
 };
@@ -64,8 +64,10 @@ int run(const LogitsArgs& a) {
   if (ids.empty()) fail("--ids: the prompt is empty: give at least one token id");
   if (a.chunk < 0) fail("--chunk must be >= 1 (or 0 for the whole prompt), got {}", a.chunk);
   if (a.greedy < 0) fail("--greedy must be >= 0, got {}", a.greedy);
-  auto model = Model::load(a.model, ModelOptions{cli::make_backend(a.device, a.threads), a.threads,
-                                                 cli::LoadProgressPrinter()});
+  ModelOptions options;
+  cli::set_backend(options, a.device, a.threads, a.tp);
+  options.progress = cli::LoadProgressPrinter();
+  auto model = Model::load(a.model, options);
   const int64_t T = int64_t(ids.size()), V = model->config().vocab_size;
   const int64_t chunk = a.chunk > 0 ? a.chunk : T;
 
@@ -121,6 +123,8 @@ FLASHNEXT_SUBCOMMAND(logits, "logits", "Write the float32 next-token logits of a
                        sub.add_option("--chunk", a->chunk, "prefill chunk size in tokens (default: whole prompt)");
                        sub.add_option("--greedy", a->greedy, "then decode N greedy tokens and print them");
                        sub.add_option("--threads", a->threads, "CPU threads (default: all cores)");
+                       sub.add_option("--tp", a->tp,
+                                      "tensor-parallel ranks (default 1; threads of this process, docs/ENGINE.md)");
                        sub.add_option("--device", a->device, "cpu (default: the float32 oracle) or cuda")
                            ->check(CLI::IsMember({"cpu", "cuda"}));
                        sub.add_flag("--warmup", a->warmup, "run the prompt once untimed before the timed prefill");

@@ -33,7 +33,7 @@ using namespace flashnext;
 struct ServeArgs {
   std::string model, device = "cpu", host = "127.0.0.1", api_key, log_level = "info", reasoning_parser = "qwen3";
   std::vector<std::string> served_model_names;
-  int port = 8000, threads = 0;
+  int port = 8000, threads = 0, tp = 1;
   int64_t max_model_len = 0, max_num_seqs = 64, max_num_batched_tokens = 2048, prefill_chunk_size = 0,
           max_queued_requests = 256, block_size = 16;
   int64_t kv_cache_memory_bytes = int64_t(4) << 30;  // vLLM's CPU default (VLLM_CPU_KVCACHE_SPACE=4 GiB)
@@ -103,8 +103,7 @@ int run(const ServeArgs& a) {
 
   const std::string dir = resolve_model_dir(a.model);
   ModelOptions mo;
-  mo.threads = a.threads;
-  mo.ops = cli::make_backend(a.device, a.threads);
+  cli::set_backend(mo, a.device, a.threads, a.tp);
   mo.progress = cli::LoadProgressPrinter();
   LoadedModel m = LoadedModel::load(dir, mo, /*with_chat_template=*/true);
   const ModelConfig& cfg = m.model->config();
@@ -266,6 +265,7 @@ FLASHNEXT_SUBCOMMAND(
       sub.add_flag("--allow-credentials", a->allow_credentials,
                    "CORS: allow credentials (Access-Control-Allow-Credentials: true)");
       sub.add_option("--threads", a->threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+      sub.add_option("--tp", a->tp, "tensor-parallel ranks (default 1; threads of this process, docs/ENGINE.md)");
       sub.add_option("--log-level", a->log_level, "trace, debug, info (default), warn, error")
           ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
       return [a] { return run(*a); };

@@ -1,10 +1,12 @@
-// The `--device` option of the CLI: which ops backend runs the model.
+// The `--device`, `--threads` and `--tp` options of the CLI: which ops backend runs the model, over how many
+// tensor-parallel ranks.
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "core/error.h"
+#include "model/qwen4_exp/model.h"
 #include "ops/ops.h"
 #ifdef FLASHNEXT_HAVE_CUDA
 #include "ops/cuda/cuda_ops.h"
@@ -20,6 +22,34 @@ inline std::shared_ptr<Ops> make_backend(const std::string& device, int threads)
   if (device == "cuda") {
 #ifdef FLASHNEXT_HAVE_CUDA
     return make_cuda_ops(0);
+#else
+    fail("--device cuda: the CUDA backend is not available in this build (configured without CUDA); use --device cpu");
+#endif
+  }
+  fail("--device must be cpu or cuda, got '{}'", device);
+}
+
+/// Sets the backend fields of `options` for `--device D --threads N --tp K`. tp 1: one backend (make_backend).
+/// tp > 1 on the CPU: K ranks, each a float32 CPU backend with max(1, N / K) threads (N = 0: all cores), in one
+/// process with a thread per rank. Throws Error for tp < 1, and for tp > 1 on cuda: more ranks than GPUs ("--tp 4
+/// needs 4 GPUs, ..."), and for now in any case (the NCCL communicator is not built yet).
+inline void set_backend(ModelOptions& options, const std::string& device, int threads, int tp) {
+  FN_CHECK(tp >= 1, "--tp must be >= 1, got {}", tp);
+  options.threads = threads;
+  options.tp = tp;
+  if (tp == 1) {
+    options.ops = make_backend(device, threads);
+    return;
+  }
+  if (device == "cpu") return;  // Model::load makes the ranks' CPU backends and the CPU communicator
+  if (device == "cuda") {
+#ifdef FLASHNEXT_HAVE_CUDA
+    const int gpus = cuda_device_count();
+    FN_CHECK(tp <= gpus, "--tp {} needs {} GPUs (one per rank), this machine has {}", tp, tp, gpus);
+    fail(
+        "--tp {} --device cuda: tensor parallelism on GPUs (the NCCL communicator) is not implemented yet; --tp runs "
+        "on --device cpu",
+        tp);
 #else
     fail("--device cuda: the CUDA backend is not available in this build (configured without CUDA); use --device cpu");
 #endif

@@ -25,7 +25,7 @@ namespace flashnext::cli {
 
 struct GenerationArgs {
   std::string model, device = "cpu";
-  int threads = 0;
+  int threads = 0, tp = 1;
   std::optional<int64_t> max_tokens, top_k;
   std::optional<double> temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
   std::optional<uint64_t> seed;
@@ -38,6 +38,7 @@ inline void add_generation_options(CLI::App& sub, GenerationArgs& a) {
                  "model folder (Hugging Face layout); default: the bundled models/tiny-b-random (random weights)");
   sub.add_option("--device", a.device, "cpu (default) or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   sub.add_option("--threads", a.threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+  sub.add_option("--tp", a.tp, "tensor-parallel ranks (default 1; threads of this process, docs/ENGINE.md)");
   sub.add_option("--max-tokens", a.max_tokens, "most tokens to generate (default 256, or the model's max_new_tokens)");
   sub.add_option("--temperature", a.temperature, "sampling temperature; 0 = greedy (default: the model's, else 1)");
   sub.add_option("--top-p", a.top_p, "nucleus sampling mass in (0, 1] (default: the model's, else 1)");
@@ -90,14 +91,14 @@ inline nlohmann::ordered_json template_vars(const GenerationArgs& a) {
 /// Checks the device, finds the model folder and loads it; says on stderr what was loaded and how long it took.
 inline LoadedModel load_for_generation(const GenerationArgs& a, bool with_chat_template) {
   ModelOptions options;
-  options.threads = a.threads;
-  options.ops = make_backend(a.device, a.threads);
+  set_backend(options, a.device, a.threads, a.tp);
   options.progress = LoadProgressPrinter();
   const std::string dir = resolve_model_dir(a.model);
   const auto t0 = std::chrono::steady_clock::now();
   LoadedModel m = LoadedModel::load(dir, options, with_chat_template);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  fmt::print(stderr, "flashnext: loaded {} in {:.2f} s ({}){}\n", dir, s, m.model->ops().name(),
+  fmt::print(stderr, "flashnext: loaded {} in {:.2f} s ({}{}){}\n", dir, s, m.model->ops().name(),
+             m.model->tp() > 1 ? fmt::format(", tensor-parallel over {} ranks", m.model->tp()) : "",
              a.model.empty() ? "; this bundled test model has RANDOM weights: expect gibberish" : "");
   return m;
 }

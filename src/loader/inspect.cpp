@@ -12,6 +12,7 @@
 #include "loader/memory_plan.h"
 #include "loader/quant.h"
 #include "loader/safetensors.h"
+#include "loader/sharding.h"
 #include "loader/tensor_plan.h"
 #include "ple/ngram_hash.h"
 
@@ -56,6 +57,80 @@ json quantization_config_summary(const json& doc) {
   return out;
 }
 
+/// A V100's 32 GiB less a reserve for the CUDA context, cuBLAS workspaces and a step's activations.
+constexpr int64_t kV100Bytes = int64_t(32) << 30, kV100ReserveBytes = int64_t(2) << 30;
+/// Bytes per routed-expert weight held as 4-bit codes with one 8-bit scale per 16 (NVFP4's storage, the size of the
+/// quantized releases' experts).
+constexpr double kW4BytesPerWeight = 0.5625;
+
+json range_json(const IndexRange& r) {
+  return json::array({r.begin, r.end});
+}
+
+/// What each rank of a tensor-parallel group holds as the engine holds it (loader/sharding.h TpPlan): dense weights
+/// at 2 bytes (the CUDA backend's FP16; routed experts also at 4.5 bits per weight), its share of the PLE table in
+/// host memory, and its caches in float32 (as both backends keep them: K/V of its KV heads, the indexer keys plus
+/// their pooled block keys, its GDN heads' recurrent and conv states, the replicated PLE conv state) for one
+/// sequence at 32K, 128K and 262K tokens; whether that fits a V100-32GB.
+json tp_memory_plan(const ModelConfig& cfg, const TpPlan& plan) {
+  const int64_t table_bytes =
+      torch_dtype_bytes(cfg.ple_embedding_dtype.empty() ? "bfloat16" : cfg.ple_embedding_dtype, cfg.source);
+  std::vector<int64_t> ple_rows;  // per PLE layer
+  for (size_t m = 0; m < cfg.ple_layer_ids.size(); ++m) ple_rows.push_back(ngram_hash_params(cfg, int(m)).rows);
+  const std::vector<ExpectedTensor> tensors = expected_tensors(cfg);
+  const int64_t qsa = cfg.num_layers_of(LayerKind::QSA), gdn = cfg.num_layers_of(LayerKind::GatedDeltaNet);
+  const int64_t ple_layers = int64_t(cfg.ple_layer_ids.size());
+  json ranks = json::array();
+  for (int r = 0; r < plan.world(); ++r) {
+    const RankShard& s = plan.rank(r);
+    const ModelConfig rc = plan.rank_config(r);
+    double dense = 0, experts = 0;
+    for (const ExpectedTensor& e : tensors) {
+      if (e.component == Component::PleTable || e.component == Component::PleHashBuffers) continue;
+      const double n = double(plan.split(r, e.name, e.shape).numel(e.shape));
+      (e.component == Component::RoutedExperts ? experts : dense) += n;
+    }
+    if (plan.world() > 1) dense += double(cfg.hidden_size);  // the embedding's zero row
+    int64_t table = 0;
+    for (int64_t rows : ple_rows) table += plan.ple_rows(r, rows).size() * cfg.ple_head_dim() * table_bytes;
+    const bool attn = !s.attn.idle();
+    const int64_t kv = attn ? qsa * 2 * rc.num_key_value_heads * cfg.head_dim * 4 : 0;
+    const int64_t indexer = attn ? qsa * cfg.indexer_head_dim * 4 * (cfg.indexer_compress_ratio + 1) /
+                                       std::max<int64_t>(cfg.indexer_compress_ratio, 1)
+                                 : 0;
+    const int64_t state = gdn * rc.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4 +
+                          gdn * (cfg.linear_conv_kernel_dim - 1) * rc.gdn_conv_dim() * 4 +
+                          ple_layers * cfg.ple_conv_state_len() * cfg.hc_width() * 4;
+    const int64_t w16 = int64_t(2 * (dense + experts)), w4 = int64_t(2 * dense + kW4BytesPerWeight * experts);
+    json contexts = json::array();
+    for (int64_t ctx : {int64_t(32768), int64_t(131072), int64_t(262144)}) {
+      const int64_t seq = (kv + indexer) * ctx + state;
+      contexts.push_back({{"context", ctx},
+                          {"sequence_bytes", seq},
+                          {"total_bytes", w16 + seq},
+                          {"total_bytes_w4_experts", w4 + seq},
+                          {"fits_v100_32gb", w16 + seq <= kV100Bytes - kV100ReserveBytes},
+                          {"fits_v100_32gb_w4_experts", w4 + seq <= kV100Bytes - kV100ReserveBytes}});
+    }
+    ranks.push_back({{"rank", r},
+                     {"gdn_key_heads", range_json(s.gdn.groups)},
+                     {"gdn_value_heads", range_json(s.gdn.heads)},
+                     {"qsa_kv_heads", range_json(s.attn.groups)},
+                     {"qsa_query_heads", range_json(s.attn.heads)},
+                     {"moe_intermediate", range_json(s.moe_inter)},
+                     {"shared_intermediate", range_json(s.shared_inter)},
+                     {"vocab_rows", range_json(s.vocab)},
+                     {"weight_bytes", w16},
+                     {"weight_bytes_w4_experts", w4},
+                     {"ple_table_bytes_host", table},
+                     {"kv_bytes_per_token", kv},
+                     {"indexer_bytes_per_token", indexer},
+                     {"state_bytes_per_sequence", state},
+                     {"contexts", contexts}});
+  }
+  return {{"tp", plan.world()}, {"v100_usable_bytes", kV100Bytes - kV100ReserveBytes}, {"ranks", ranks}};
+}
+
 }  // namespace
 
 json inspect_model(const std::string& path, const InspectOptions& opt) {
@@ -64,6 +139,7 @@ json inspect_model(const std::string& path, const InspectOptions& opt) {
   if (!fs::exists(path)) fail("{}: no such file or directory (expected a model folder or a config.json)", path);
   const bool folder = fs::is_directory(path);
   const ModelConfig cfg = load_config(path);
+  const TpPlan tp_plan = TpPlan::make(cfg, int(opt.tp));  // a degree the heads do not allow is an error
   json doc;
   {
     std::ifstream in(cfg.source);
@@ -313,6 +389,7 @@ json inspect_model(const std::string& path, const InspectOptions& opt) {
       {"ple_state_bytes_per_sequence_per_gpu", per_gpu.ple_state_bytes_per_sequence},
       {"sequence_bytes_per_gpu", per_gpu.bytes_at_context(context)},
       {"total_bytes_per_gpu", weights_gpu + per_gpu.bytes_at_context(context)},
+      {"tp_plan", tp_memory_plan(cfg, tp_plan)},
   };
   return r;
 }
@@ -433,6 +510,37 @@ std::string format_inspect(const json& r) {
        m["kv_bytes_per_token_per_gpu"].get<int64_t>() + m["indexer_bytes_per_token_per_gpu"].get<int64_t>());
   line("one sequence at the context, per GPU", m["sequence_bytes_per_gpu"].get<int64_t>());
   line("total per GPU", m["total_bytes_per_gpu"].get<int64_t>());
+  const json& tpp = m["tp_plan"];
+  o << fmt::format("Per rank at TP {} (loader/sharding.h; FP16 weights, float32 caches; V100-32GB usable {}):\n",
+                   tpp["tp"].get<int64_t>(), human_bytes(tpp["v100_usable_bytes"].get<int64_t>()));
+  auto range = [](const json& j) { return fmt::format("{}..{}", j[0].get<int64_t>(), j[1].get<int64_t>()); };
+  for (const json& k : tpp["ranks"]) {
+    o << fmt::format(
+        "  rank {}: GDN key heads {} value heads {}, QSA KV heads {} query heads {}, expert columns {}, vocab {}\n",
+        k["rank"].get<int>(), range(k["gdn_key_heads"]), range(k["gdn_value_heads"]), range(k["qsa_kv_heads"]),
+        range(k["qsa_query_heads"]), range(k["moe_intermediate"]), range(k["vocab_rows"]));
+    const json& k0 = tpp["ranks"][0];
+    bool same = k["rank"].get<int>() > 0;
+    for (const char* key : {"weight_bytes", "weight_bytes_w4_experts", "ple_table_bytes_host", "kv_bytes_per_token",
+                            "indexer_bytes_per_token", "state_bytes_per_sequence"})
+      same = same && k[key] == k0[key];
+    if (same) {
+      o << "    memory as rank 0\n";
+      continue;
+    }
+    line("  weights (FP16)", k["weight_bytes"].get<int64_t>());
+    line("  weights (routed experts at 4.5 bits)", k["weight_bytes_w4_experts"].get<int64_t>());
+    line("  PLE table share (host)", k["ple_table_bytes_host"].get<int64_t>());
+    line("  KV + indexer per token",
+         k["kv_bytes_per_token"].get<int64_t>() + k["indexer_bytes_per_token"].get<int64_t>());
+    line("  GDN + PLE state per sequence", k["state_bytes_per_sequence"].get<int64_t>());
+    for (const json& c : k["contexts"])
+      o << fmt::format("    one sequence at {:>6} tokens: total {} (V100-32GB: {}), with 4.5-bit experts {} ({})\n",
+                       c["context"].get<int64_t>(), human_bytes(c["total_bytes"].get<int64_t>()),
+                       c["fits_v100_32gb"].get<bool>() ? "fits" : "does not fit",
+                       human_bytes(c["total_bytes_w4_experts"].get<int64_t>()),
+                       c["fits_v100_32gb_w4_experts"].get<bool>() ? "fits" : "does not fit");
+  }
   if (r.contains("memory_cuda")) {
     const json& c = r["memory_cuda"];
     o << "CUDA backend, one GPU (FP16 weights, W4A16 NVFP4/int4 experts):\n";

@@ -72,6 +72,33 @@ TEST(LogitsCli, WritesReferenceLogitsAndGreedyIds) {
   EXPECT_LE(max_diff, kLogitTol);
 }
 
+// --tp 2 and --tp 4 (ranks as threads of the CLI process, prefilled in chunks of 5): the reference's logits within the
+// same bound and its greedy ids.
+TEST(LogitsCli, TensorParallelWritesReferenceLogitsAndGreedyIds) {
+  const SafetensorsFile ref(src("tests/data/fixtures/tiny-a/reference.safetensors"));
+  const std::string P = "long";
+  const auto ids = i64(ref, P + ".input_ids");
+  const auto greedy = i64(ref, P + ".greedy_ids");
+  for (int tp : {2, 4}) {
+    const std::string out = ::testing::TempDir() + fmt::format("/logits_cli_tp{}.npy", tp);
+    const std::string cmd =
+        fmt::format("'{}' logits --model '{}' --ids {} --out '{}' --chunk 5 --greedy {} --tp {}", flashnext_bin(),
+                    src("tests/data/fixtures/tiny-a/model"), fmt::join(ids, ","), out, greedy.size(), tp);
+    int status = -1;
+    const std::string printed = run(cmd, &status);
+    ASSERT_EQ(status, 0) << cmd;
+    EXPECT_EQ(printed, fmt::format("greedy: {}\n", fmt::join(greedy, ","))) << "tp " << tp;
+    const NpyArray a = read_npy(out);
+    ASSERT_EQ(a.shape, (std::vector<int64_t>{int64_t(ids.size()), 1024}));
+    const float* w = reinterpret_cast<const float*>(ref.tensors().at(P + ".logits").data);
+    double max_diff = 0;
+    for (int64_t i = 0; i < a.numel(); ++i) max_diff = std::max(max_diff, double(std::fabs(a.f32()[i] - w[i])));
+    std::printf("[ logits   ] tiny-a %s --tp %d in chunks of 5: max |logit - reference| %.3g (bound %.2g)\n", P.c_str(),
+                tp, max_diff, kLogitTol);
+    EXPECT_LE(max_diff, kLogitTol) << "tp " << tp;
+  }
+}
+
 TEST(LogitsCli, BadInputFailsWithAMessage) {
   const std::string model = src("tests/data/fixtures/tiny-a/model");
   int status = -1;
@@ -85,6 +112,12 @@ TEST(LogitsCli, BadInputFailsWithAMessage) {
             &status);
   EXPECT_NE(status, 0);
   EXPECT_NE(out.find("'x' is not a token id"), std::string::npos) << out;
+  // A tensor-parallel degree the heads do not allow: named before anything is loaded.
+  out = run(fmt::format("'{}' logits --model '{}' --ids 1,2 --tp 3 --out '{}/x.npy' 2>&1", flashnext_bin(), model,
+                        ::testing::TempDir()),
+            &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("--tp 3 does not fit the 2 GDN key heads (linear_num_key_heads"), std::string::npos) << out;
 }
 
 }  // namespace

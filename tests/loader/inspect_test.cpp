@@ -163,6 +163,38 @@ TEST(Inspect, TensorParallelSplitsShardedWeightsAndHeads) {
   EXPECT_EQ(four["kv_bytes_per_token"], 24576);  // the top-level figures are for the whole model
 }
 
+// The per-rank plan of the sharding plan (loader/sharding.h) at the released geometry, TP 4: caches in float32 as the
+// engine keeps them, from the config's dims; the ranks' shares add up to TP 1's.
+TEST(Inspect, PerRankPlanAtTp4) {
+  const json one = inspect_model(kRelease, InspectOptions{.tp = 1})["memory"]["tp_plan"];
+  const json four = inspect_model(kRelease, InspectOptions{.tp = 4})["memory"]["tp_plan"];
+  ASSERT_EQ(four["ranks"].size(), 4u);
+  const int64_t qsa = 12, gdn = 36, D = 256, Di = 128, c = 4, nv = 48, dk = 128, dv = 128, nk = 16;
+  int64_t table = 0, experts4 = 0;
+  for (const json& k : four["ranks"]) {
+    EXPECT_EQ(k["kv_bytes_per_token"], qsa * 2 * 1 * D * 4);              // one KV head per rank (replicated)
+    EXPECT_EQ(k["indexer_bytes_per_token"], qsa * Di * 4 * (c + 1) / c);  // replicated, with its pooled keys
+    const int64_t conv = 2 * (nk / 4) * dk + (nv / 4) * dv;
+    EXPECT_EQ(k["state_bytes_per_sequence"], gdn * (nv / 4) * dk * dv * 4 + gdn * 3 * conv * 4 + 1 * 9 * 4 * 2560 * 4);
+    table += k["ple_table_bytes_host"].get<int64_t>();
+    experts4 += k["weight_bytes"].get<int64_t>() - k["weight_bytes_w4_experts"].get<int64_t>();
+    for (const json& ctx : k["contexts"]) {
+      EXPECT_EQ(ctx["total_bytes"].get<int64_t>(),
+                k["weight_bytes"].get<int64_t>() + ctx["sequence_bytes"].get<int64_t>());
+      EXPECT_FALSE(ctx["fits_v100_32gb"].get<bool>());  // FP16 weights: about 60 GiB per rank
+    }
+  }
+  const json& k1 = one["ranks"][0];
+  EXPECT_EQ(table, k1["ple_table_bytes_host"].get<int64_t>());
+  // Routed experts: 2 - 0.5625 bytes saved per weight, split exactly four ways.
+  EXPECT_EQ(experts4 / 4, (k1["weight_bytes"].get<int64_t>() - k1["weight_bytes_w4_experts"].get<int64_t>()) / 4);
+  EXPECT_TRUE(four["ranks"][0]["contexts"][2]["fits_v100_32gb_w4_experts"].get<bool>());  // 262K with 4.5-bit experts
+  EXPECT_EQ(four["ranks"][0]["contexts"][2]["context"], 262144);
+  EXPECT_THAT(
+      [] { inspect_model(kRelease, InspectOptions{.tp = 3}); },
+      ::testing::ThrowsMessage<Error>(HasSubstr("--tp 3 does not fit the 16 GDN key heads (linear_num_key_heads")));
+}
+
 TEST(Inspect, DefaultContextIsMaxPositions) {
   json r = inspect_model(kRelease);
   EXPECT_EQ(r["memory"]["context"], 262144);

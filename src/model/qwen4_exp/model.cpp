@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <mutex>
+#include <thread>
 
 #include "core/error.h"
 #include "loader/manifest.h"
@@ -12,28 +14,106 @@
 #include "model/qwen4_exp/ple.h"
 #include "model/qwen4_exp/qsa.h"
 #include "model/qwen4_exp/weights.h"
+#include "parallel/communicator.h"
+#include "parallel/rank_threads.h"
 
 namespace flashnext {
 
+struct Model::Rank {
+  int index = 0;
+  ModelConfig config;  ///< the rank's geometry (TpPlan::rank_config; the model's config without tensor parallelism)
+  RankShard shard;     ///< what it holds (loader/sharding.h)
+  std::shared_ptr<Ops> ops;
+  std::shared_ptr<Communicator> comm;
+  std::unique_ptr<ModelWeights> weights;
+};
+
+Model::Model() = default;
 Model::~Model() = default;
+
+const ModelWeights& Model::weights() const {
+  return *ranks_[0]->weights;
+}
+Ops& Model::ops() const {
+  return *ranks_[0]->ops;
+}
+
+void Model::make_ranks(const TpPlan& plan, const ModelOptions& options) {
+  const int tp = plan.world();
+  std::vector<std::shared_ptr<Ops>> ops;
+  std::vector<std::shared_ptr<Communicator>> comms;
+  if (tp == 1) {
+    ops.push_back(options.ops ? options.ops : make_cpu_ops(options.threads));
+    comms.push_back(make_single_communicator());
+  } else {
+    FN_CHECK(!options.ops, "--tp {}: ModelOptions::ops is one backend; give one per rank (rank_ops)", tp);
+    const int threads = options.threads > 0 ? options.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+    for (int r = 0; r < tp; ++r)
+      ops.push_back(options.rank_ops ? options.rank_ops(r) : make_cpu_ops(std::max(1, threads / tp)));
+    if (options.communicators) {
+      comms = options.communicators(ops);
+      FN_CHECK(int(comms.size()) == tp, "--tp {}: the communicator factory made {} communicators", tp, comms.size());
+    } else {
+      for (const auto& o : ops)
+        FN_CHECK(o->device() == Device::CPU,
+                 "--tp {}: tensor parallelism over {} needs that backend's communicator (NCCL in a CUDA build)", tp,
+                 device_name(o->device()));
+      comms = make_cpu_communicators(tp);
+    }
+  }
+  for (int r = 0; r < tp; ++r) {
+    auto rank = std::make_unique<Rank>();
+    rank->index = r;
+    rank->config = plan.rank_config(r);
+    rank->shard = plan.rank(r);
+    rank->ops = ops[size_t(r)];
+    rank->comm = comms[size_t(r)];
+    ranks_.push_back(std::move(rank));
+  }
+  threads_ = std::make_unique<RankThreads>(tp, comms);
+}
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& options) {
   std::unique_ptr<Model> m(new Model());
   m->config_ = load_config(dir);
-  m->ops_ = options.ops ? options.ops : make_cpu_ops(options.threads);
+  const TpPlan plan = TpPlan::make(m->config_, options.tp);  // a degree that does not fit fails before loading
+  m->make_ranks(plan, options);
   auto checkpoint = std::make_shared<const Checkpoint>(dir);
   const WeightManifest manifest = WeightManifest::build(m->config_, *checkpoint);
-  m->weights_ =
-      std::make_unique<ModelWeights>(load_weights(m->config_, manifest, checkpoint, *m->ops_, options.progress));
+  if (plan.world() == 1) {
+    m->ranks_[0]->weights = std::make_unique<ModelWeights>(
+        load_weights(m->config_, manifest, checkpoint, *m->ranks_[0]->ops, options.progress));
+    return m;
+  }
+  // The ranks load their parts in parallel; progress is the sum of theirs, reported once every rank has started.
+  std::mutex progress_mu;
+  std::vector<int64_t> done(size_t(plan.world()), -1), total(size_t(plan.world()), 0);
+  m->threads_->run([&](int r) {
+    LoadProgress progress;
+    if (options.progress)
+      progress = [&, r](int64_t d, int64_t t) {
+        std::lock_guard lock(progress_mu);
+        done[size_t(r)] = d, total[size_t(r)] = t;
+        if (std::find(done.begin(), done.end(), -1) != done.end()) return;
+        int64_t sd = 0, st = 0;
+        for (size_t i = 0; i < done.size(); ++i) sd += done[i], st += total[i];
+        options.progress(sd, st);
+      };
+    Rank& rk = *m->ranks_[size_t(r)];
+    rk.weights =
+        std::make_unique<ModelWeights>(load_weights(m->config_, manifest, checkpoint, *rk.ops, progress, &plan, r));
+  });
   return m;
 }
 
 std::unique_ptr<Model> Model::random(const ModelConfig& config, const ModelOptions& options, uint64_t seed,
                                      RandomWeightsReport* report) {
+  FN_CHECK(options.tp == 1,
+           "random-weight models (bench without a checkpoint) do not run tensor-parallel yet (--tp {})", options.tp);
   std::unique_ptr<Model> m(new Model());
   m->config_ = config;
-  m->ops_ = options.ops ? options.ops : make_cpu_ops(options.threads);
-  m->weights_ = std::make_unique<ModelWeights>(random_weights(m->config_, *m->ops_, seed, report));
+  m->make_ranks(TpPlan::make(config, 1), options);
+  m->ranks_[0]->weights = std::make_unique<ModelWeights>(random_weights(m->config_, *m->ranks_[0]->ops, seed, report));
   return m;
 }
 
@@ -44,34 +124,40 @@ constexpr int64_t kPrivateBlockIndexerBlocks = 16;
 
 std::shared_ptr<CachePool> Model::allocate_cache(int64_t num_blocks, int64_t block_size, int64_t num_slots,
                                                  bool with_states) const {
-  const ModelConfig& c = config_;
-  FN_CHECK(num_blocks >= 0 && block_size >= 1 && num_slots >= 1 && block_size % c.indexer_compress_ratio == 0,
+  const ModelConfig& mc = config_;
+  FN_CHECK(num_blocks >= 0 && block_size >= 1 && num_slots >= 1 && block_size % mc.indexer_compress_ratio == 0,
            "cache pool: {} blocks of {} positions and {} slots (need slots >= 1 and a block size that is a multiple "
            "of the indexer block, indexer_compress_ratio = {})",
-           num_blocks, block_size, num_slots, c.indexer_compress_ratio);
+           num_blocks, block_size, num_slots, mc.indexer_compress_ratio);
   auto pool = std::make_shared<CachePool>();
   pool->block_size = block_size;
   pool->num_blocks = num_blocks;
   pool->num_slots = num_slots;
-  pool->layers.resize(size_t(c.num_hidden_layers));
   const int64_t rows = num_blocks * block_size;
   FN_CHECK(rows <= std::numeric_limits<int32_t>::max(),
            "cache pool: {} blocks of {} positions = {} rows, more than the int32 row ids of the kernels allow",
            num_blocks, block_size, rows);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    LayerCache& lc = pool->layers[size_t(l)];
-    if (c.layer_types[size_t(l)] == LayerKind::GatedDeltaNet) {
-      if (!with_states) continue;
-      lc.conv = ops_->zeros({num_slots, c.linear_conv_kernel_dim - 1, c.gdn_conv_dim()});
-      lc.recurrent = ops_->zeros({num_slots, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim});
-    } else {
-      lc.k = ops_->empty({rows, c.num_key_value_heads, c.head_dim});
-      lc.v = ops_->empty({rows, c.num_key_value_heads, c.head_dim});
-      lc.index_keys = ops_->empty({rows, c.indexer_head_dim});
-      lc.pooled_keys = ops_->empty({rows / c.indexer_compress_ratio, c.indexer_head_dim});
+  for (const auto& rank : ranks_) {
+    const ModelConfig& c = rank->config;  // the rank's heads
+    Ops& ops = *rank->ops;
+    std::vector<LayerCache>& layers = pool->ranks.emplace_back(size_t(c.num_hidden_layers));
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      LayerCache& lc = layers[size_t(l)];
+      if (c.layer_types[size_t(l)] == LayerKind::GatedDeltaNet) {
+        if (with_states && c.linear_num_value_heads > 0) {
+          lc.conv = ops.zeros({num_slots, c.linear_conv_kernel_dim - 1, c.gdn_conv_dim()});
+          lc.recurrent =
+              ops.zeros({num_slots, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim});
+        }
+      } else if (c.num_attention_heads > 0) {
+        lc.k = ops.empty({rows, c.num_key_value_heads, c.head_dim});
+        lc.v = ops.empty({rows, c.num_key_value_heads, c.head_dim});
+        lc.index_keys = ops.empty({rows, c.indexer_head_dim});
+        lc.pooled_keys = ops.empty({rows / c.indexer_compress_ratio, c.indexer_head_dim});
+      }
+      if (with_states && c.ple_index_of_layer(l) >= 0)
+        lc.ple_conv = ops.zeros({num_slots, c.ple_conv_state_len(), c.hc_width()});
     }
-    if (with_states && c.ple_index_of_layer(l) >= 0)
-      lc.ple_conv = ops_->zeros({num_slots, c.ple_conv_state_len(), c.hc_width()});
   }
   return pool;
 }
@@ -82,15 +168,17 @@ std::shared_ptr<CachePool> Model::new_cache(int64_t num_blocks, int64_t block_si
 }
 
 SequenceState Model::new_sequence(std::shared_ptr<CachePool> cache, int32_t slot) const {
-  FN_CHECK(cache && int64_t(cache->layers.size()) == config_.num_hidden_layers,
-           "new_sequence: the cache pool was not made by this model (Model::new_cache)");
+  FN_CHECK(
+      cache && cache->ranks.size() == ranks_.size() && int64_t(cache->ranks[0].size()) == config_.num_hidden_layers,
+      "new_sequence: the cache pool was not made by this model (Model::new_cache)");
   FN_CHECK(slot >= 0 && slot < cache->num_slots, "new_sequence: slot {} is outside the pool's {} slots", slot,
            cache->num_slots);
   SequenceState s;
-  for (LayerCache& lc : cache->layers) {
-    for (const Tensor* t : {&lc.conv, &lc.recurrent, &lc.ple_conv})
-      if (t->defined()) ops_->fill_zero(t->rows(slot, slot + 1));
-  }
+  for (size_t r = 0; r < ranks_.size(); ++r)
+    for (LayerCache& lc : cache->ranks[r]) {
+      for (const Tensor* t : {&lc.conv, &lc.recurrent, &lc.ple_conv})
+        if (t->defined()) ranks_[r]->ops->fill_zero(t->rows(slot, slot + 1));
+    }
   s.cache = std::move(cache);
   s.slot = slot;
   s.ple_history.resize(size_t(config_.num_hidden_layers));
@@ -115,18 +203,21 @@ void Model::reserve_private(SequenceState& seq, int64_t length) const {
   const int64_t blocks = std::min(max_blocks, std::max(need, 2 * old.num_blocks));
   auto grown = allocate_cache(blocks, old.block_size, 1, /*with_states=*/false);  // the states move over
   const int64_t keep = old.num_blocks * old.block_size;
-  for (size_t l = 0; l < grown->layers.size(); ++l) {
-    LayerCache& n = grown->layers[l];
-    const LayerCache& o = old.layers[l];
-    if (o.k.defined() && keep > 0) {
-      ops_->copy_rows(o.k, 0, n.k, 0, keep);
-      ops_->copy_rows(o.v, 0, n.v, 0, keep);
-      ops_->copy_rows(o.index_keys, 0, n.index_keys, 0, keep);
-      ops_->copy_rows(o.pooled_keys, 0, n.pooled_keys, 0, keep / config_.indexer_compress_ratio);
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    Ops& ops = *ranks_[r]->ops;
+    for (size_t l = 0; l < grown->ranks[r].size(); ++l) {
+      LayerCache& n = grown->ranks[r][l];
+      const LayerCache& o = old.ranks[r][l];
+      if (o.k.defined() && keep > 0) {
+        ops.copy_rows(o.k, 0, n.k, 0, keep);
+        ops.copy_rows(o.v, 0, n.v, 0, keep);
+        ops.copy_rows(o.index_keys, 0, n.index_keys, 0, keep);
+        ops.copy_rows(o.pooled_keys, 0, n.pooled_keys, 0, keep / config_.indexer_compress_ratio);
+      }
+      n.conv = o.conv;
+      n.recurrent = o.recurrent;
+      n.ple_conv = o.ple_conv;
     }
-    n.conv = o.conv;
-    n.recurrent = o.recurrent;
-    n.ple_conv = o.ple_conv;
   }
   seq.cache = std::move(grown);
   seq.block_table.resize(size_t(blocks));
@@ -141,8 +232,10 @@ SequenceState Model::clone_sequence(const SequenceState& seq) const {
 }
 
 void Model::copy_sequence(const SequenceState& from, SequenceState& to) const {
-  FN_CHECK(from.cache && to.cache && int64_t(from.cache->layers.size()) == config_.num_hidden_layers &&
-               int64_t(to.cache->layers.size()) == config_.num_hidden_layers,
+  FN_CHECK(from.cache && to.cache && from.cache->ranks.size() == ranks_.size() &&
+               to.cache->ranks.size() == ranks_.size() &&
+               int64_t(from.cache->ranks[0].size()) == config_.num_hidden_layers &&
+               int64_t(to.cache->ranks[0].size()) == config_.num_hidden_layers,
            "copy_sequence: the sequences were not made by this model");
   FN_CHECK(to.length == 0 && &from != &to && (from.cache != to.cache || from.slot != to.slot),
            "copy_sequence: the destination must be a fresh sequence (length 0) with a state slot of its own");
@@ -160,29 +253,33 @@ void Model::copy_sequence(const SequenceState& from, SequenceState& to) const {
   // Pooled key rows of the complete indexer blocks (block_size % c == 0: row / c is the pooled row).
   std::vector<int32_t> pooled_from(static_cast<size_t>(nb)), pooled_to(static_cast<size_t>(nb));
   for (int64_t j = 0; j < nb; ++j)
-    pooled_from[size_t(j)] = rows_from[size_t(j * c)] / int32_t(c), pooled_to[size_t(j)] = rows_to[size_t(j * c)] / int32_t(c);
-  Ops& ops = *ops_;
-  const Tensor rf = ops.upload(rows_from.data(), DType::I32, {n}), rt = ops.upload(rows_to.data(), DType::I32, {n});
-  const Tensor pf = ops.upload(pooled_from.data(), DType::I32, {nb}), pt = ops.upload(pooled_to.data(), DType::I32, {nb});
-  auto move_rows = [&](const Tensor& a, const Tensor& b, const Tensor& ids_a, const Tensor& ids_b, int64_t count) {
-    if (count == 0) return;
-    Shape shape = a.shape();
-    shape[0] = count;
-    Tensor tmp = ops.empty(shape, a.dtype());
-    ops.gather_rows(a, ids_a, tmp);
-    ops.scatter_rows(tmp, ids_b, b);
-  };
-  for (size_t l = 0; l < src.layers.size(); ++l) {
-    const LayerCache& o = src.layers[l];
-    const LayerCache& d = dst.layers[l];
-    if (o.k.defined()) {
-      move_rows(o.k, d.k, rf, rt, n);
-      move_rows(o.v, d.v, rf, rt, n);
-      move_rows(o.index_keys, d.index_keys, rf, rt, n);
-      move_rows(o.pooled_keys, d.pooled_keys, pf, pt, nb);
+    pooled_from[size_t(j)] = rows_from[size_t(j * c)] / int32_t(c),
+    pooled_to[size_t(j)] = rows_to[size_t(j * c)] / int32_t(c);
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    Ops& ops = *ranks_[r]->ops;
+    const Tensor rf = ops.upload(rows_from.data(), DType::I32, {n}), rt = ops.upload(rows_to.data(), DType::I32, {n});
+    const Tensor pf = ops.upload(pooled_from.data(), DType::I32, {nb}),
+                 pt = ops.upload(pooled_to.data(), DType::I32, {nb});
+    auto move_rows = [&](const Tensor& a, const Tensor& b, const Tensor& ids_a, const Tensor& ids_b, int64_t count) {
+      if (count == 0) return;
+      Shape shape = a.shape();
+      shape[0] = count;
+      Tensor tmp = ops.empty(shape, a.dtype());
+      ops.gather_rows(a, ids_a, tmp);
+      ops.scatter_rows(tmp, ids_b, b);
+    };
+    for (size_t l = 0; l < src.ranks[r].size(); ++l) {
+      const LayerCache& o = src.ranks[r][l];
+      const LayerCache& d = dst.ranks[r][l];
+      if (o.k.defined()) {
+        move_rows(o.k, d.k, rf, rt, n);
+        move_rows(o.v, d.v, rf, rt, n);
+        move_rows(o.index_keys, d.index_keys, rf, rt, n);
+        move_rows(o.pooled_keys, d.pooled_keys, pf, pt, nb);
+      }
+      for (auto [a, b] : {std::pair{&o.conv, &d.conv}, {&o.recurrent, &d.recurrent}, {&o.ple_conv, &d.ple_conv}})
+        if (a->defined()) ops.copy_rows(*a, from.slot, *b, to.slot, 1);
     }
-    for (auto [a, b] : {std::pair{&o.conv, &d.conv}, {&o.recurrent, &d.recurrent}, {&o.ple_conv, &d.ple_conv}})
-      if (a->defined()) ops.copy_rows(*a, from.slot, *b, to.slot, 1);
   }
   to.length = n;
   to.ple_history = from.ple_history;
@@ -190,7 +287,8 @@ void Model::copy_sequence(const SequenceState& from, SequenceState& to) const {
 
 void Model::validate(const SequenceState& seq, std::span<const int32_t> ids) const {
   if (ids.empty()) fail("forward: empty input: at least one token id is required");
-  FN_CHECK(seq.cache && int64_t(seq.cache->layers.size()) == config_.num_hidden_layers &&
+  FN_CHECK(seq.cache && seq.cache->ranks.size() == ranks_.size() &&
+               int64_t(seq.cache->ranks[0].size()) == config_.num_hidden_layers &&
                int64_t(seq.ple_history.size()) == config_.num_hidden_layers,
            "forward: the sequence state was not made by this model: use Model::new_sequence()");
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -244,29 +342,67 @@ Tensor Model::forward_batch(std::span<const BatchItem> items, std::vector<int64_
   }
   if (items[0].seq->private_cache) reserve_private(*items[0].seq, items[0].seq->length + int64_t(items[0].ids.size()));
 
-  Ops& ops = *ops_;
-  int64_t step_tokens = 0;
-  for (const BatchItem& it : items) step_tokens += int64_t(it.ids.size());
-  const StepScope step(ops, step_tokens);  // activations and op scratch from here on are step memory (ops.h)
-  const ModelConfig& c = config_;
-  const ModelWeights& w = *weights_;
-  CachePool& cache = *items[0].seq->cache;
-  const int64_t H = c.hidden_size, L = c.num_hidden_layers;
-  const double eps = c.rms_norm_eps;
-
-  // The step's layout: rows, positions, block tables, slots (checks that every table covers its new length).
+  // The step's layout (rows, positions, block tables, slots), the same for every rank.
   std::vector<StepSequence> parts;
   std::vector<int32_t> all_ids;
   for (const BatchItem& it : items) {
     parts.push_back({int64_t(it.ids.size()), it.seq->length, it.seq->slot, it.seq->block_table});
     all_ids.insert(all_ids.end(), it.ids.begin(), it.ids.end());
   }
+  // The PLE rows of every PLE layer depend only on the token ids: hashed once on the host, gathered by every rank;
+  // the histories advance once the step ran.
+  const ModelWeights& w0 = *ranks_[0]->weights;
+  const int64_t L = config_.num_hidden_layers;
+  std::vector<std::vector<int64_t>> ple_rows(static_cast<size_t>(L));
+  std::vector<std::vector<std::vector<int64_t>>> ple_next(static_cast<size_t>(L));
+  for (int64_t l = 0; l < L; ++l)
+    if (w0.layers[size_t(l)].ple)
+      ple_rows[size_t(l)] = ple_hash_rows(*w0.layers[size_t(l)].ple, items, l, ple_next[size_t(l)]);
+  // lm_head only over the rows asked for.
+  std::vector<int32_t> keep;
+  if (row_offsets) row_offsets->clear();
+  int32_t r0 = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (row_offsets) row_offsets->push_back(int64_t(keep.size()));
+    const int32_t r1 = r0 + int32_t(items[i].ids.size());
+    for (int32_t r = items[i].mode == LogitsMode::All ? r0 : r1 - 1; r < r1; ++r) keep.push_back(r);
+    r0 = r1;
+  }
+
+  Tensor logits;
+  threads_->run([&](int r) {
+    Tensor t = forward_rank(r, items, parts, all_ids, ple_rows, keep, hook);
+    if (r == 0) logits = std::move(t);
+  });
+  for (size_t i = 0; i < items.size(); ++i) {
+    items[i].seq->length += int64_t(items[i].ids.size());
+    for (int64_t l = 0; l < L; ++l)
+      if (!ple_next[size_t(l)].empty()) items[i].seq->ple_history[size_t(l)] = std::move(ple_next[size_t(l)][i]);
+  }
+  return logits;
+}
+
+Tensor Model::forward_rank(int rank, std::span<const BatchItem> items, std::span<const StepSequence> parts,
+                           std::span<const int32_t> all_ids, const std::vector<std::vector<int64_t>>& ple_host_rows,
+                           const std::vector<int32_t>& keep, const HiddenHook& hook) {
+  Rank& rk = *ranks_[size_t(rank)];
+  Ops& ops = *rk.ops;
+  Communicator& comm = *rk.comm;
+  const StepScope step(ops, int64_t(all_ids.size()));  // activations and op scratch from here on are step memory
+  const ModelConfig& c = rk.config;                    // the rank's heads and intermediate widths
+  const ModelWeights& w = *rk.weights;
+  CachePool& cache = *items[0].seq->cache;
+  const int64_t H = c.hidden_size, L = c.num_hidden_layers;
+  const double eps = c.rms_norm_eps;
+  const bool rank0 = rank == 0;
+  const HiddenHook no_hook;
+  const HiddenHook& on_hidden = rank0 ? hook : no_hook;  // rank 0 reports (every rank holds the same X)
+
   const StepBatch batch = make_step_batch(ops, parts, cache.block_size);
   const int64_t T = batch.num_tokens;
 
-  // The PLE rows of every PLE layer depend only on the token ids: their gathers start now, before layer 0. If the
-  // step fails before a PLE layer consumes its rows, the guard still waits for the gather (the backend then lets
-  // go of what it holds for it).
+  // The PLE gathers of every PLE layer start now, before layer 0. If the step fails before a PLE layer consumes its
+  // rows, the guard still waits for the gather (the backend then lets go of what it holds for it).
   std::vector<Tensor> ple_rows(static_cast<size_t>(L));
   struct WaitPending {
     Ops& ops;
@@ -283,55 +419,69 @@ Tensor Model::forward_batch(std::span<const BatchItem> items, std::vector<int64_
   } wait_pending{ops, ple_rows};
   ops.profile_phase("ple");
   for (int64_t l = 0; l < L; ++l)
-    if (w.layers[size_t(l)].ple) ple_rows[size_t(l)] = ple_fetch(ops, *w.layers[size_t(l)].ple, items, l);
+    if (w.layers[size_t(l)].ple)
+      ple_rows[size_t(l)] = ple_fetch(ops, *w.layers[size_t(l)].ple, ple_host_rows[size_t(l)], T);
 
-  // x0 = embed_tokens[ids], replicated into the S hyper-connection streams.
+  // x0 = embed_tokens[ids], replicated into the S hyper-connection streams. Under tensor parallelism a rank looks up
+  // the ids of its vocabulary rows and the zero row after them for the others; the sum over ranks is the embedding.
   ops.profile_phase("embedding");
   Tensor X = ops.empty({T, c.hc_width()});
-  ops.embedding(w.embed_tokens, ops.upload(all_ids.data(), DType::I32, {T}), X);
-  if (hook) hook(0, X);
+  if (tp() == 1) {
+    ops.embedding(w.embed_tokens, ops.upload(all_ids.data(), DType::I32, {T}), X);
+  } else {
+    const IndexRange v = rk.shard.vocab;
+    std::vector<int32_t> local(all_ids.size());
+    for (size_t i = 0; i < local.size(); ++i)
+      local[i] = all_ids[i] >= v.begin && all_ids[i] < v.end ? int32_t(all_ids[i] - v.begin) : int32_t(v.size());
+    ops.embedding(w.embed_tokens, ops.upload(local.data(), DType::I32, {T}), X);
+    comm.all_reduce_sum(X);
+  }
+  if (on_hidden) on_hidden(0, X);
 
   // Each sublayer's injection X += inj ⊗ out is handed to the next read (one op: Ops::hc_inject_read), and made on
   // its own only where X itself is needed next (the PLE addition, the hidden-state hook).
   PendingInject pending;
+  // A mixer's output [T, H]: the rank's partial sum (its heads through its columns of out_proj / o_proj), zeros
+  // where it sits the mixer out; all-reduced into the full output.
+  auto sat_out = [&] {
+    Tensor z = ops.empty({T, H});
+    ops.fill_zero(z);
+    return z;
+  };
   for (int64_t l = 0; l < L; ++l) {
     const LayerWeights& lw = w.layers[size_t(l)];
-    LayerCache& lc = cache.layers[size_t(l)];
+    LayerCache& lc = cache.ranks[size_t(rank)][size_t(l)];
     if (lw.ple) {
       ops.profile_phase("hc");
       flush(ops, X, pending);
       ops.profile_phase("ple");
-      ple_add(ops, c, *lw.ple, lc, ple_rows[size_t(l)], batch, X);
+      ple_add(ops, c, *lw.ple, lc, ple_rows[size_t(l)], batch, X, comm);
       ple_rows[size_t(l)] = Tensor();  // waited for by ple_add
     }
     ops.profile_phase("hc");
     HcRead r = gated_residual_read(ops, X, pending, lw.attn_hc, H, eps);
-    Tensor out = lw.kind == LayerKind::GatedDeltaNet ? gated_delta_net(ops, c, lw.gdn, lc, batch, r.u)
-                                                     : qsa_attention(ops, c, lw.qsa, lc, batch, r.u);
+    Tensor out;
+    if (lw.kind == LayerKind::GatedDeltaNet)
+      out = c.linear_num_value_heads > 0 ? gated_delta_net(ops, c, lw.gdn, lc, batch, r.u) : sat_out();
+    else
+      out = c.num_attention_heads > 0 ? qsa_attention(ops, c, lw.qsa, lc, batch, r.u) : sat_out();
+    comm.all_reduce_sum(out);
     ops.profile_phase("hc");
     pending = {out, r.inj};
     r = gated_residual_read(ops, X, pending, lw.mlp_hc, H, eps);
-    Tensor moe_out = moe_block(ops, c, lw.moe, r.u, router_observer_, int64_t(l));
+    Tensor moe_out = moe_block(ops, c, lw.moe, r.u, rank0 ? router_observer_ : RouterObserver(), int64_t(l));
+    comm.all_reduce_sum(moe_out);  // the ranks' slices of every expert's intermediate
     pending = {moe_out, r.inj};
-    if (hook && l + 1 < L) {
+    if (on_hidden && l + 1 < L) {
       ops.profile_phase("hc");
       flush(ops, X, pending);
-      hook(int(l + 1), X);
+      on_hidden(int(l + 1), X);
     }
   }
-  for (const BatchItem& it : items) it.seq->length += int64_t(it.ids.size());
 
   ops.profile_phase("hc");
   Tensor h = hyper_connection_mixer(ops, X, pending, w.mixer, H, eps);
-  if (hook) hook(int(L), h);
-  // lm_head only over the rows asked for.
-  std::vector<int32_t> keep;
-  if (row_offsets) row_offsets->clear();
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (row_offsets) row_offsets->push_back(int64_t(keep.size()));
-    const int32_t r0 = batch.cu_seqlens[i], r1 = batch.cu_seqlens[i + 1];
-    for (int32_t r = items[i].mode == LogitsMode::All ? r0 : r1 - 1; r < r1; ++r) keep.push_back(r);
-  }
+  if (on_hidden) on_hidden(int(L), h);
   if (int64_t(keep.size()) < T) {
     Tensor picked = ops.empty({int64_t(keep.size()), H});
     ops.gather_rows(h, ops.upload(keep.data(), DType::I32, {int64_t(keep.size())}), picked);
@@ -339,7 +489,13 @@ Tensor Model::forward_batch(std::span<const BatchItem> items, std::vector<int64_
   }
   ops.profile_phase("lm_head");
   Tensor logits = ops.empty({h.dim(0), c.vocab_size});
-  ops.linear(h, w.lm_head, logits);
+  if (tp() == 1) {
+    ops.linear(h, w.lm_head, logits);
+  } else {  // the rank's vocabulary columns, gathered side by side in rank order
+    Tensor part = ops.empty({h.dim(0), w.lm_head.dim(0)});
+    ops.linear(h, w.lm_head, part);
+    comm.all_gather_columns(part, logits);
+  }
   ops.profile_phase(nullptr);
   return logits;
 }
@@ -352,7 +508,7 @@ std::vector<float> Model::forward(SequenceState& seq, std::span<const int32_t> i
 std::vector<float> Model::download(const Tensor& t) const {
   FN_CHECK(t.dtype() == DType::F32, "Model::download: tensor {} is not F32", t.str());
   std::vector<float> out(size_t(t.numel()));
-  ops_->download(t, out.data());
+  ranks_[0]->ops->download(t, out.data());
   return out;
 }
 

@@ -16,6 +16,11 @@
 // sequences in one step; every token-wise computation (projections, MoE, norms) runs once over all rows. The math is
 // the reference's (transformers `models/qwen4_exp`, docs MODEL.md); every computation goes through the ops interface
 // (ops/ops.h), so the same model code runs on every backend.
+//
+// Tensor parallelism (ModelOptions::tp > 1): the model is split over `tp` ranks as loader/sharding.h plans it, each
+// rank with its own backend, weights and caches; a step runs on all ranks at once (one thread per rank, rank 0 on the
+// caller's thread) in lock step through their collectives (parallel/communicator.h). Callers see one model: the
+// logits, hidden states and ops() are rank 0's, and every rank holds the same logits.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +38,9 @@
 namespace flashnext {
 
 struct ModelWeights;
+class Communicator;
+class RankThreads;
+class TpPlan;
 
 /// Called while Model::load converts the checkpoint: bytes of checkpoint tensors consumed so far and the bytes of
 /// all the tensors the model uses (vision and MTP tensors, which the model does not load, left out); the last call
@@ -45,8 +53,18 @@ struct ModelOptions {
   std::shared_ptr<Ops> ops;
   /// CPU threads when `ops` is null; 0: hardware concurrency.
   int threads = 0;
-  /// Load progress (optional).
+  /// Load progress (optional). Under tensor parallelism: the ranks' bytes summed, called from the ranks' loading
+  /// threads one at a time.
   LoadProgress progress;
+  /// Tensor-parallel degree (loader/sharding.h); 1: no tensor parallelism. A degree that the config's heads or
+  /// intermediate widths do not allow is an Error naming the field, before anything is loaded.
+  int tp = 1;
+  /// With tp > 1: the backend of rank r (say one CUDA device each); null: the float32 CPU backend with
+  /// max(1, threads / tp) threads per rank. `ops` must then be null.
+  std::function<std::shared_ptr<Ops>(int rank)> rank_ops;
+  /// With tp > 1: the group's communicators, one per rank, given the ranks' backends (NCCL for CUDA); null: the
+  /// CPU communicator (parallel/communicator.h), which needs CPU backends.
+  std::function<std::vector<std::shared_ptr<Communicator>>(const std::vector<std::shared_ptr<Ops>>&)> communicators;
 };
 
 struct RandomWeightsReport;
@@ -72,21 +90,26 @@ using HiddenHook = std::function<void(int index, const Tensor& hidden)>;
 
 class Model {
  public:
-  /// Loads config.json and the safetensors weights of the model folder `dir` (qwen4_exp or qwen4_exp_text).
-  /// Throws Error naming the file/tensor when the config is invalid or a tensor is missing or mis-shaped.
+  /// Loads config.json and the safetensors weights of the model folder `dir` (qwen4_exp or qwen4_exp_text); with
+  /// options.tp > 1 every rank's part of them (read in place from the mapped checkpoint, ranks loading in parallel).
+  /// Throws Error naming the file/tensor when the config is invalid or a tensor is missing or mis-shaped, and
+  /// naming the config field when options.tp does not fit the model (loader/sharding.h TpPlan::make).
   static std::unique_ptr<Model> load(const std::string& dir, const ModelOptions& options = {});
   /// A model of `config`'s geometry with pseudo-random weights made on the backend's device (weights.h
   /// random_weights: how they are scaled, and the FP8 PLE tables in host memory filled by host threads), for
   /// `flashnext bench` without a checkpoint. Deterministic in `seed`. `report` (optional) receives the build times.
-  /// Throws Error when the backend cannot hold the weights.
+  /// Throws Error when the backend cannot hold the weights, and for options.tp > 1 (not implemented yet).
   static std::unique_ptr<Model> random(const ModelConfig& config, const ModelOptions& options, uint64_t seed,
                                        RandomWeightsReport* report = nullptr);
   ~Model();
 
   const ModelConfig& config() const { return config_; }
-  /// The loaded weights (cost.h counts their bytes).
-  const ModelWeights& weights() const { return *weights_; }
-  Ops& ops() const { return *ops_; }
+  /// The loaded weights (cost.h counts their bytes); rank 0's part under tensor parallelism.
+  const ModelWeights& weights() const;
+  /// The backend (rank 0's under tensor parallelism: the one that holds the logits forward returns).
+  Ops& ops() const;
+  /// Tensor-parallel degree (1: none).
+  int tp() const { return int(ranks_.size()); }
   /// Calls `observer` with every MoE block's router choice of the steps that follow (empty: none); a measurement
   /// hook (model/qwen4_exp/moe.h RouterObserver), not for serving.
   void set_router_observer(RouterObserver observer) { router_observer_ = std::move(observer); }
@@ -134,22 +157,30 @@ class Model {
   /// covers the new length with block ids inside the pool. Throws Error saying what is wrong.
   void validate(const SequenceState& seq, std::span<const int32_t> ids) const;
 
-  /// Copies a float32 device tensor to a host vector.
+  /// Copies a float32 device tensor (of rank 0's backend) to a host vector.
   std::vector<float> download(const Tensor& t) const;
 
  private:
-  Model() = default;
+  struct Rank;  // one tensor-parallel rank: its geometry, backend, weights and communicator (model.cpp)
+  Model();
+  /// Makes the ranks of `plan` (their backends and communicators; weights not yet loaded).
+  void make_ranks(const TpPlan& plan, const ModelOptions& options);
   /// A pool of `num_blocks` KV blocks (0 allowed: a private cache before its first forward) and, with_states,
-  /// `num_slots` zeroed state slots (without: the caller moves existing state tensors in).
+  /// `num_slots` zeroed state slots (without: the caller moves existing state tensors in); every rank's part.
   std::shared_ptr<CachePool> allocate_cache(int64_t num_blocks, int64_t block_size, int64_t num_slots,
                                             bool with_states) const;
   /// Grows a private cache so that `seq` has blocks for `length` positions.
   void reserve_private(SequenceState& seq, int64_t length) const;
+  /// Rank `rank`'s part of a validated step (forward_batch): the layers over its shards, the collectives with the
+  /// other ranks; returns the full logits [rows(keep), vocab] on its device.
+  Tensor forward_rank(int rank, std::span<const BatchItem> items, std::span<const StepSequence> parts,
+                      std::span<const int32_t> ids, const std::vector<std::vector<int64_t>>& ple_rows,
+                      const std::vector<int32_t>& keep, const HiddenHook& hook);
 
   ModelConfig config_;
-  std::shared_ptr<Ops> ops_;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+  std::unique_ptr<RankThreads> threads_;
   RouterObserver router_observer_;
-  std::unique_ptr<ModelWeights> weights_;
 };
 
 }  // namespace flashnext

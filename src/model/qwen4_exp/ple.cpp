@@ -4,22 +4,36 @@
 
 namespace flashnext {
 
-Tensor ple_fetch(Ops& ops, const PleLayerWeights& w, std::span<const BatchItem> items, int64_t layer) {
+std::vector<int64_t> ple_hash_rows(const PleLayerWeights& w, std::span<const BatchItem> items, int64_t layer,
+                                   std::vector<std::vector<int64_t>>& next_history) {
   int64_t T = 0;
   for (const BatchItem& it : items) T += int64_t(it.ids.size());
   const int64_t heads = w.hash.heads();
-  // Row ids of every (token, head) from the n-gram hash of each sequence's tokens after its history (host); then
-  // advance the histories.
   std::vector<int64_t> rows(size_t(T * heads));
   int64_t at = 0;
+  next_history.clear();
   for (const BatchItem& it : items) {
-    std::vector<int64_t>& history = it.seq->ple_history[size_t(layer)];
+    const std::vector<int64_t>& history = it.seq->ple_history[size_t(layer)];
     const std::vector<int64_t> ids64(it.ids.begin(), it.ids.end());
     w.hash.rows_for(history, ids64, rows.data() + at * heads);
     at += int64_t(ids64.size());
     std::vector<int64_t> window = history;
     window.insert(window.end(), ids64.begin(), ids64.end());
-    history.assign(window.end() - w.hash.context_len(), window.end());
+    next_history.emplace_back(window.end() - w.hash.context_len(), window.end());
+  }
+  return rows;
+}
+
+Tensor ple_fetch(Ops& ops, const PleLayerWeights& w, std::span<const int64_t> rows, int64_t T) {
+  const int64_t heads = w.hash.heads();
+  // A rank that holds only some rows reads its own (at their local index) and the zero row after them for the rest.
+  std::vector<int64_t> local;
+  if (w.rows_held.size() < w.hash.rows) {
+    const int64_t zero_row = w.rows_held.size();
+    local.reserve(rows.size());
+    for (const int64_t r : rows)
+      local.push_back(r >= w.rows_held.begin && r < w.rows_held.end ? r - w.rows_held.begin : zero_row);
+    rows = local;
   }
   // e = concatenated table rows, gathered while the layers before this one run.
   Tensor e = ops.empty({T, heads * w.table.head_dim});
@@ -28,9 +42,10 @@ Tensor ple_fetch(Ops& ops, const PleLayerWeights& w, std::span<const BatchItem> 
 }
 
 void ple_add(Ops& ops, const ModelConfig& cfg, const PleLayerWeights& w, LayerCache& cache, const Tensor& e,
-             const StepBatch& batch, const Tensor& X) {
+             const StepBatch& batch, const Tensor& X, Communicator& comm) {
   const int64_t T = batch.num_tokens, H = cfg.hidden_size;
   ops.ple_gather_wait(e);
+  comm.all_reduce_sum(e);  // tensor parallelism: every rank gathered the rows it holds
   // kn = grouped ZC-RMSNorm(key_proj e); v = value_proj e.
   Tensor kn = ops.empty({T, cfg.hc_width()}), v = ops.empty({T, H});
   const Tensor weights[] = {w.key_proj, w.value_proj}, outputs[] = {kn, v};

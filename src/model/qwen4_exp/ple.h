@@ -3,23 +3,31 @@
 #pragma once
 
 #include <span>
+#include <vector>
 
 #include "loader/config.h"
 #include "model/qwen4_exp/model.h"
 #include "model/qwen4_exp/state.h"
 #include "model/qwen4_exp/weights.h"
+#include "parallel/communicator.h"
 
 namespace flashnext {
 
-/// Starts gathering the n-gram embedding rows of one PLE layer for a step (items in batch row order): hashes each
-/// sequence's n-grams after its token history of this layer (host), advances the histories, and begins the table
-/// gather (Ops::ple_gather_start: on the GPU it overlaps with the layers before this one). Returns e
-/// [T, heads * head_dim], to pass to ple_add.
-Tensor ple_fetch(Ops& ops, const PleLayerWeights& w, std::span<const BatchItem> items, int64_t layer);
+/// The n-gram table rows of one PLE layer for a step (items in batch row order), [T * heads] row-major: hashes each
+/// sequence's n-grams after its token history of this layer (host; once per step, for every rank). `next_history`
+/// receives each item's history after the step, for the caller to store once the step succeeded.
+std::vector<int64_t> ple_hash_rows(const PleLayerWeights& w, std::span<const BatchItem> items, int64_t layer,
+                                   std::vector<std::vector<int64_t>>& next_history);
 
-/// X = X + PLE(X, e), in place on X [T, S*H], with e from ple_fetch: waits for the gather, gates the value per
-/// stream and adds the dilated short conv, updating each sequence's conv tail (its slot of cache.ple_conv).
+/// Begins the table gather of `rows` (from ple_hash_rows) for the step's T tokens (Ops::ple_gather_start: on the
+/// GPU it overlaps with the layers before this one). Returns e [T, heads * head_dim], to pass to ple_add. Under
+/// tensor parallelism the rank gathers the rows it holds (PleLayerWeights::rows_held) and zeros for the others.
+Tensor ple_fetch(Ops& ops, const PleLayerWeights& w, std::span<const int64_t> rows, int64_t T);
+
+/// X = X + PLE(X, e), in place on X [T, S*H], with e from ple_fetch: waits for the gather, sums the ranks' partial
+/// gathers (comm: each row comes from the one rank that holds it, so the sum is exact), gates the value per stream
+/// and adds the dilated short conv, updating each sequence's conv tail (its slot of cache.ple_conv).
 void ple_add(Ops& ops, const ModelConfig& cfg, const PleLayerWeights& w, LayerCache& cache, const Tensor& e,
-             const StepBatch& batch, const Tensor& X);
+             const StepBatch& batch, const Tensor& X, Communicator& comm);
 
 }  // namespace flashnext

@@ -182,6 +182,7 @@ ModelWeights random_weights(const ModelConfig& cfg, Ops& ops, uint64_t seed, Ran
     p.hash = j.hash;
     p.table.head_dim = cfg.ple_head_dim();
     p.table.rows = j.hash.rows;
+    p.rows_held = {0, j.hash.rows};
     p.table.scale = 1.f;
     p.table.shards = {j.table.table};
   }

@@ -11,7 +11,9 @@
 // A sequence owns one slot and a block table (logical block i of its positions -> pool block). The engine's pool is
 // shared by all running sequences (Model::new_cache; the scheduler's MemoryPlanner hands out blocks and slots); a
 // sequence from Model::new_sequence() has a private pool with one slot that grows with it (for tools and tests).
-// All tensors live on the model's backend device.
+// All tensors live on the model's backend device. Under tensor parallelism every rank keeps its own part (its KV
+// heads, its GDN value heads' states; a rank that sits a mixer kind out keeps nothing for those layers) on its own
+// device; block ids, slots and block tables are the same on every rank.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +36,8 @@ struct CachePool {
   int64_t block_size = 0;  ///< positions per KV block
   int64_t num_blocks = 0;  ///< KV blocks (block ids 0 .. num_blocks-1)
   int64_t num_slots = 0;   ///< state slots (slot ids 0 .. num_slots-1)
-  std::vector<LayerCache> layers;
+  /// Per tensor-parallel rank (one entry without tensor parallelism), per decoder layer: the rank's cache tensors.
+  std::vector<std::vector<LayerCache>> ranks;
 };
 
 /// Everything the model remembers about one sequence. A copy shares the slot and the blocks (two copies must not be

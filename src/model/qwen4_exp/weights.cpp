@@ -64,6 +64,9 @@ struct Loader {
   const QuantScheme& quant;
   Ops& ops;
   const std::function<void(int64_t, int64_t)>& progress;
+  const TpPlan* plan = nullptr;  ///< null: the whole model
+  int rank = 0;
+  std::string cfg_source;
   int64_t total = 0;
   mutable int64_t done = 0;
 
@@ -80,33 +83,102 @@ struct Loader {
     return n;
   }
 
-  /// The logical tensor `name` as a backend weight, optionally reshaped (same element count). A quantized weight
-  /// is dequantized exactly to float32 first (loader/quant.h).
-  Tensor get(const std::string& name, Shape shape = {}) const {
+  /// This rank's part of a row-major array `data` of `full` shape and `esize`-byte elements (`sp` Rows or
+  /// Columns), copied into `out`.
+  static void slice(const uint8_t* data, size_t esize, const Shape& full, const TensorSplit& sp,
+                    std::vector<uint8_t>& out) {
+    const int64_t n = shape_numel(full);
+    if (sp.split == Split::Rows) {
+      const size_t row = size_t(full[0] ? n / full[0] : 0) * esize;
+      for (const IndexRange& r : sp.ranges)
+        out.insert(out.end(), data + size_t(r.begin) * row, data + size_t(r.end) * row);
+      return;
+    }
+    const int64_t cols = full.back(), outer = cols ? n / cols : 0;
+    for (int64_t o = 0; o < outer; ++o)
+      for (const IndexRange& r : sp.ranges) {
+        const uint8_t* p = data + (size_t(o * cols + r.begin)) * esize;
+        out.insert(out.end(), p, p + size_t(r.size()) * esize);
+      }
+  }
+
+  /// This rank's part of the logical tensor `name` in host memory: checkpoint bytes used in place (a whole tensor,
+  /// or one range of rows) or copied into `owned` (column slices, several row ranges, dequantized weights).
+  struct Part {
+    const void* data = nullptr;  ///< null: the rank holds nothing of it
+    DType dtype = DType::F32;
+    Shape shape;
+    std::vector<uint8_t> owned;
+  };
+  Part part(const std::string& name) const {
+    Part p;
     if (const QuantizedWeight* q = quant.find(name)) {
-      if (shape.empty()) shape = {q->rows, q->cols};
-      FN_CHECK(shape_numel(shape) == q->rows * q->cols, "{}: quantized weight '{}' [{}, {}] cannot be used as [{}]",
-               q->data->file, name, q->rows, q->cols, fmt::join(shape, ", "));
+      const Shape full{q->rows, q->cols};
+      const TensorSplit sp = split(name, full);
+      if (sp.split == Split::None) return p;
       const std::vector<float> w = dequantize(*q);
-      Tensor t = ops.load_weight(w.data(), DType::F32, shape);
-      consumed(quant_bytes(*q));
-      return t;
+      const auto* bytes = reinterpret_cast<const uint8_t*>(w.data());
+      if (sp.split == Split::Rows || sp.split == Split::Columns) {
+        slice(bytes, 4, full, sp, p.owned);
+      } else {
+        p.owned.assign(bytes, bytes + w.size() * 4);
+      }
+      p.data = p.owned.data();
+      p.shape = sp.shape(full);
+      consumed(size_t(double(quant_bytes(*q)) * double(shape_numel(p.shape)) / double(shape_numel(full))));
+      return p;
     }
     const TensorView& v = manifest.get(name);
     if (v.dtype != DType::BF16 && v.dtype != DType::F16 && v.dtype != DType::F32) {
       fail("{}: tensor '{}' is {}: only BF16, F16 and F32 weights can be run so far", v.file, v.name,
            dtype_name(v.dtype));
     }
-    if (shape.empty()) shape = v.shape;
-    FN_CHECK(shape_numel(shape) == v.numel(), "{}: tensor '{}' {} cannot be used as [{}]", v.file, v.name,
-             v.shape_str(), fmt::join(shape, ", "));
-    try {
-      Tensor t = ops.load_weight(v.data, v.dtype, shape);
-      consumed(v.nbytes);
-      return t;
-    } catch (const Error& e) {
-      fail("{}: tensor '{}': {}", v.file, v.name, e.what());  // the backend's reason, with the tensor's name
+    const TensorSplit sp = split(name, v.shape);
+    if (sp.split == Split::None) return p;
+    p.dtype = v.dtype;
+    p.shape = sp.shape(v.shape);
+    if (sp.split == Split::Rows && sp.ranges.size() == 1) {  // one row range: in place
+      p.data = v.data + size_t(sp.ranges[0].begin) * (v.nbytes / size_t(std::max<int64_t>(v.shape[0], 1)));
+    } else if (sp.split == Split::Rows || sp.split == Split::Columns) {
+      slice(v.data, dtype_size(v.dtype), v.shape, sp, p.owned);
+      p.data = p.owned.data();
+    } else {
+      p.data = v.data;
     }
+    consumed(size_t(shape_numel(p.shape)) * dtype_size(v.dtype));
+    return p;
+  }
+
+  /// The rank's part of logical tensor `name` as a backend weight, optionally reshaped (same element count; shapes
+  /// are the rank's, from its rank_config), or an undefined tensor when the rank holds none of it. A quantized
+  /// weight is dequantized exactly to float32 first (loader/quant.h).
+  Tensor get(const std::string& name, Shape shape = {}) const {
+    Part p = part(name);
+    if (!p.data) return Tensor();
+    if (shape.empty()) shape = p.shape;
+    FN_CHECK(shape_numel(shape) == shape_numel(p.shape), "{}: tensor '{}' [{}] cannot be used as [{}]",
+             manifest.find(name) ? manifest.get(name).file : cfg_source, name, fmt::join(p.shape, ", "),
+             fmt::join(shape, ", "));
+    try {
+      return ops.load_weight(p.data, p.dtype, shape);
+    } catch (const Error& e) {
+      fail("{}: tensor '{}': {}", manifest.find(name) ? manifest.get(name).file : cfg_source, name,
+           e.what());  // the backend's reason, with the tensor's name
+    }
+  }
+  /// get() with one zero row appended (the rank's vocabulary rows of embed_tokens under tensor parallelism).
+  Tensor get_with_zero_row(const std::string& name) const {
+    Part p = part(name);
+    const size_t row = size_t(shape_numel(p.shape) / p.shape[0]) * dtype_size(p.dtype);
+    std::vector<uint8_t> padded(static_cast<const uint8_t*>(p.data),
+                                static_cast<const uint8_t*>(p.data) + row * size_t(p.shape[0]));
+    padded.resize(padded.size() + row, 0);  // zero bits are 0.0 in F32, BF16 and F16
+    Shape shape = p.shape;
+    shape[0] += 1;
+    return ops.load_weight(padded.data(), p.dtype, shape);
+  }
+  TensorSplit split(const std::string& name, const Shape& full) const {
+    return plan ? plan->split(rank, name, full) : TensorSplit{};
   }
   Tensor get_if(const std::string& name) const { return manifest.find(name) ? get(name) : Tensor(); }
 
@@ -122,7 +194,9 @@ struct Loader {
   /// dequantizes them exactly, the CUDA backend repacks NVFP4 / int4 for its W4A16 kernels); otherwise each is
   /// loaded as a weight (quantized ones dequantized) and stacked.
   void experts(const std::string& p, int64_t E, int64_t I, int64_t H, MoeWeights& moe) const {
-    if (std::optional<QuantExperts> qe = quantized_experts(quant, p, E, I, H)) {
+    // Under tensor parallelism the quantized experts take the dequantized path (sliced per rank) for now.
+    if (std::optional<QuantExperts> qe =
+            plan && plan->world() > 1 ? std::nullopt : quantized_experts(quant, p, E, I, H)) {
       RoutedExperts r = ops.load_quantized_experts(*qe);
       for (const auto* ms : {&qe->gate, &qe->up, &qe->down})
         for (const QuantMatrix& m : *ms)
@@ -156,16 +230,31 @@ struct Loader {
 
 ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest,
                           std::shared_ptr<const Checkpoint> checkpoint, Ops& ops,
-                          const std::function<void(int64_t, int64_t)>& progress) {
+                          const std::function<void(int64_t, int64_t)>& progress, const TpPlan* plan, int rank) {
   const QuantScheme quant = QuantScheme::build(read_quant_config(checkpoint->dir()), cfg, manifest);
-  Loader ld{manifest, quant, ops, progress};
-  for (const auto& [name, e] : manifest.entries())
-    if (e.component != Component::Mtp && e.component != Component::Vision) ld.total += int64_t(e.view.nbytes);
+  const bool tp = plan && plan->world() > 1;
+  Loader ld{manifest, quant, ops, progress, tp ? plan : nullptr, rank, cfg.source};
+  for (const auto& [name, e] : manifest.entries()) {
+    if (e.component == Component::Mtp || e.component == Component::Vision) continue;
+    const int64_t n = e.view.numel();
+    ld.total += !tp ? int64_t(e.view.nbytes)
+                : e.component == Component::PleTable
+                    ? int64_t(e.view.nbytes) / plan->world()
+                    : int64_t(double(e.view.nbytes) * double(ld.split(name, e.view.shape).numel(e.view.shape)) /
+                              double(std::max<int64_t>(n, 1)));
+  }
+  // The rank's geometry (its heads and intermediate widths): the shapes its weights are loaded in.
+  const ModelConfig rc = tp ? plan->rank_config(rank) : cfg;
   ModelWeights w;
   const int64_t H = cfg.hidden_size, W = cfg.hc_width();
-  w.embed_tokens = ld.get("embed_tokens.weight");
-  w.lm_head = manifest.find("lm_head.weight") || quant.find("lm_head.weight") ? ld.get("lm_head.weight")
-                                                                              : w.embed_tokens;
+  const bool untied = manifest.find("lm_head.weight") || quant.find("lm_head.weight");
+  if (tp) {
+    w.embed_tokens = ld.get_with_zero_row("embed_tokens.weight");
+    w.lm_head = untied ? ld.get("lm_head.weight") : w.embed_tokens.rows(0, w.embed_tokens.dim(0) - 1);
+  } else {
+    w.embed_tokens = ld.get("embed_tokens.weight");
+    w.lm_head = untied ? ld.get("lm_head.weight") : w.embed_tokens;
+  }
   w.mixer = ld.hc("hyper_connection_mixer", false);
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
     const std::string p = fmt::format("layers.{}", l);
@@ -180,7 +269,7 @@ ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest
       g.in_proj_z = ld.get(a + ".in_proj_z.weight");
       g.in_proj_b = ld.get(a + ".in_proj_b.weight");
       g.in_proj_a = ld.get(a + ".in_proj_a.weight");
-      g.conv1d = ld.get(a + ".conv1d.weight", {cfg.gdn_conv_dim(), cfg.linear_conv_kernel_dim});
+      g.conv1d = ld.get(a + ".conv1d.weight", {rc.gdn_conv_dim(), cfg.linear_conv_kernel_dim});
       g.norm = ld.get(a + ".norm.weight");
       g.out_proj = ld.get(a + ".out_proj.weight");
       g.rule = GdnWeights{ld.get(a + ".A_log"), ld.get(a + ".dt_bias")};
@@ -198,14 +287,15 @@ ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest
       q.q_norm = ld.get(a + ".q_norm.weight");
       q.k_norm = ld.get(a + ".k_norm.weight");
       const int64_t qi_rows = cfg.indexer_n_heads * cfg.indexer_head_dim;
-      Tensor qk = ld.get(a + ".indexer.index_qk_proj.weight");
-      q.index_q_proj = qk.rows(0, qi_rows);
-      q.index_k_proj = qk.rows(qi_rows, qi_rows + cfg.indexer_head_dim);
+      if (Tensor qk = ld.get(a + ".indexer.index_qk_proj.weight"); qk.defined()) {  // undefined: the rank sits QSA out
+        q.index_q_proj = qk.rows(0, qi_rows);
+        q.index_k_proj = qk.rows(qi_rows, qi_rows + cfg.indexer_head_dim);
+      }
       q.index_q_norm = ld.get(a + ".indexer.q_layernorm.weight");
       q.index_k_norm = ld.get(a + ".indexer.k_layernorm.weight");
     }
     const std::string m = p + ".mlp";
-    const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size;
+    const int64_t E = cfg.num_experts, I = rc.moe_intermediate_size;
     lw.moe.router = ld.get(m + ".gate.weight");
     ld.experts(m, E, I, H, lw.moe);
     lw.moe.shared_gate_proj = ld.get(m + ".shared_expert.gate_proj.weight");
@@ -217,24 +307,45 @@ ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest
       PleLayerWeights pw;
       pw.hash = ngram_hash_params(cfg, m_idx);
       pw.table.head_dim = cfg.ple_head_dim();
-      for (const ManifestEntry* s : manifest.ple_table_shards(int(l))) {
+      const std::vector<const ManifestEntry*> shards = manifest.ple_table_shards(int(l));
+      int64_t table_rows = 0;
+      for (const ManifestEntry* s : shards) {
         const TensorView& v = s->view;
         FN_CHECK(v.shape.size() == 2 && v.shape[1] == pw.table.head_dim, "{}: PLE shard '{}' {} must have {} columns",
                  v.file, s->source, v.shape_str(), pw.table.head_dim);
-        try {
-          if (const ManifestEntry* scale = manifest.find(e + ".ple_embedding.ngram_embedding.weight_scale")) {
-            // FP8 table: the shards stay FP8 (no float copy); the gather converts rows and multiplies by the scale.
-            pw.table.scale = ple_table_scale(v, scale->view);
-          }
-          pw.table.shards.push_back(ops.map_host_table(v.data, v.dtype, v.shape, checkpoint));
-          ld.consumed(v.nbytes);
-        } catch (const Error& e) {
-          fail("{}: PLE shard '{}': {}", v.file, s->source, e.what());
-        }
-        pw.table.rows += v.shape[0];
+        table_rows += v.shape[0];
       }
-      FN_CHECK(pw.table.rows == pw.hash.rows, "{}: PLE table of layer {} has {} rows, the hash needs {}", cfg.source, l,
-               pw.table.rows, pw.hash.rows);
+      FN_CHECK(table_rows == pw.hash.rows, "{}: PLE table of layer {} has {} rows, the hash needs {}", cfg.source, l,
+               table_rows, pw.hash.rows);
+      // The rank's rows (all of them without tensor parallelism), cut out of the shards they fall in, in place.
+      pw.rows_held = tp ? plan->ple_rows(rank, table_rows) : IndexRange{0, table_rows};
+      const ManifestEntry* scale = manifest.find(e + ".ple_embedding.ngram_embedding.weight_scale");
+      DType table_dtype = DType::BF16;
+      int64_t at = 0;
+      for (const ManifestEntry* s : shards) {
+        const TensorView& v = s->view;
+        const int64_t b = std::max(at, pw.rows_held.begin), t = std::min(at + v.shape[0], pw.rows_held.end);
+        table_dtype = v.dtype;
+        if (b < t) {
+          try {
+            // FP8 table: the shards stay FP8 (no float copy); the gather converts rows and multiplies by the scale.
+            if (scale) pw.table.scale = ple_table_scale(v, scale->view);
+            const size_t row_bytes = size_t(v.shape[1]) * dtype_size(v.dtype);
+            pw.table.shards.push_back(
+                ops.map_host_table(v.data + size_t(b - at) * row_bytes, v.dtype, {t - b, v.shape[1]}, checkpoint));
+            ld.consumed(size_t(t - b) * row_bytes);
+          } catch (const Error& e) {
+            fail("{}: PLE shard '{}': {}", v.file, s->source, e.what());
+          }
+          pw.table.rows += t - b;
+        }
+        at += v.shape[0];
+      }
+      if (pw.rows_held.size() < table_rows) {  // the zero row that the rows of other ranks read
+        auto zero = std::make_shared<std::vector<uint8_t>>(size_t(pw.table.head_dim) * dtype_size(table_dtype), 0);
+        pw.table.shards.push_back(ops.map_host_table(zero->data(), table_dtype, {1, pw.table.head_dim}, zero));
+        pw.table.rows += 1;
+      }
       pw.key_proj = ld.get(e + ".key_proj.weight");
       pw.value_proj = ld.get(e + ".value_proj.weight");
       pw.norm_key = ld.get(e + ".norm_key.weight");

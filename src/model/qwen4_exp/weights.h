@@ -14,6 +14,7 @@
 #include "loader/manifest.h"
 #include "loader/quant.h"
 #include "loader/safetensors.h"
+#include "loader/sharding.h"
 #include "ops/ops.h"
 #include "ple/ngram_hash.h"
 
@@ -43,8 +44,11 @@ struct QsaLayerWeights {
 
 /// layers.L.ple.*
 struct PleLayerWeights {
-  NgramHashParams hash;                    ///< derived from the config for this PLE layer
-  PleTable table;                          ///< ple_embedding.ngram_embedding (shards in row order)
+  NgramHashParams hash;  ///< derived from the config for this PLE layer
+  PleTable table;        ///< ple_embedding.ngram_embedding (shards in row order)
+  /// The logical table rows this rank holds (all of them without tensor parallelism). When that is not all,
+  /// `table` holds them followed by one zero row, which the rows of other ranks read (ple.h ple_fetch).
+  IndexRange rows_held;
   Tensor key_proj;                         ///< [S*H, ple_embed_dim]
   Tensor value_proj;                       ///< [H, ple_embed_dim]
   Tensor norm_key, norm_query, norm_conv;  ///< [S*H]
@@ -62,9 +66,11 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  Tensor embed_tokens;  ///< [vocab, H]
-  Tensor lm_head;       ///< [vocab, H] (embed_tokens when tied)
-  HcWeights mixer;      ///< hyper_connection_mixer (no inject)
+  /// [vocab, H]; under tensor parallelism the rank's vocabulary rows (RankShard::vocab) followed by one zero row,
+  /// which the ids of other ranks read.
+  Tensor embed_tokens;
+  Tensor lm_head;   ///< [vocab, H] (embed_tokens when tied); the rank's vocabulary rows under tensor parallelism
+  HcWeights mixer;  ///< hyper_connection_mixer (no inject)
   std::vector<LayerWeights> layers;
 };
 
@@ -110,8 +116,13 @@ ModelWeights random_weights(const ModelConfig& cfg, Ops& ops, uint64_t seed, Ran
 /// every quantization error of QuantScheme::build.
 /// `progress` (optional) is called after each tensor with the checkpoint bytes consumed and the bytes of every
 /// manifest tensor but the vision and MTP ones (the last call: done == total).
+/// `plan` (optional, with `rank`): load only rank `rank`'s part of every tensor (loader/sharding.h), read from the
+/// mapped checkpoint without a copy of the whole tensor (a row slice is used in place, column slices and multi-range
+/// row slices are copied strided into a buffer of the part's size; quantized weights are dequantized, then sliced;
+/// quantized routed experts then take the dequantized path). `progress` then counts the rank's share.
 ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest,
                           std::shared_ptr<const Checkpoint> checkpoint, Ops& ops,
-                          const std::function<void(int64_t, int64_t)>& progress = {});
+                          const std::function<void(int64_t, int64_t)>& progress = {}, const TpPlan* plan = nullptr,
+                          int rank = 0);
 
 }  // namespace flashnext

@@ -360,6 +360,15 @@ std::shared_ptr<Ops> make_cuda_ops(int device) {
   return make_cuda_ops(device, CudaOpsOptions::from_env());
 }
 
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
 std::shared_ptr<Ops> make_cuda_ops(int device, const CudaOpsOptions& options) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);

@@ -74,6 +74,8 @@ struct CudaOpsOptions {
 std::shared_ptr<Ops> make_cuda_ops(int device = 0);
 /// The same with explicit options.
 std::shared_ptr<Ops> make_cuda_ops(int device, const CudaOpsOptions& options);
+/// GPUs the CUDA runtime sees (cudaGetDeviceCount); 0 when there is none or the query fails.
+int cuda_device_count();
 
 /// How a CUDA backend's step memory was had since it was made (ops.h begin_step / end_step): steps, tensors carved
 /// from the step arena, and allocations from the stream-ordered pool inside steps (0 per step once the arena has
