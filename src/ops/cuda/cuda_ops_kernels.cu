@@ -101,19 +101,23 @@ __device__ __forceinline__ void unpack_f16x8(const uint4& raw, float (&wf)[8]) {
 }
 
 // A lane's 8-wide slices v = lane, lane + 32, ... < n8 of an FP16 row `wr` (16-byte aligned), in that order:
-// body(v, wf) with the slice's 8 weights as floats. The loads of kGemvPrefetch slices are issued before any of them
-// is used: a decode GEMV has few rows (few warps in flight), so memory-level parallelism has to come from each lane.
-constexpr int kGemvPrefetch = 4;
+// body(v, wf) with the slice's 8 weights as floats. The loads of P slices are issued before any of them is used: a
+// decode GEMV has few rows (few warps in flight), so memory-level parallelism has to come from each lane; with more
+// tokens each slice already brings T activation loads, and deeper prefetch only costs registers (gemv_prefetch).
+template <int T>
+__host__ __device__ constexpr int gemv_prefetch() {
+  return T <= 2 ? 4 : T <= 4 ? 2 : 1;
+}
 
-template <class Body>
+template <int P, class Body>
 __device__ __forceinline__ void for_lane_slices_f16(const uint4* __restrict__ wr, int n8, int lane, Body&& body) {
-  for (int v0 = lane; v0 < n8; v0 += 32 * kGemvPrefetch) {
-    uint4 raw[kGemvPrefetch];
+  for (int v0 = lane; v0 < n8; v0 += 32 * P) {
+    uint4 raw[P];
 #pragma unroll
-    for (int u = 0; u < kGemvPrefetch; ++u)
+    for (int u = 0; u < P; ++u)
       if (v0 + 32 * u < n8) raw[u] = __ldg(wr + v0 + 32 * u);
 #pragma unroll
-    for (int u = 0; u < kGemvPrefetch; ++u) {
+    for (int u = 0; u < P; ++u) {
       if (v0 + 32 * u >= n8) break;
       float wf[8];
       unpack_f16x8(raw[u], wf);
@@ -128,15 +132,16 @@ __device__ __forceinline__ void for_lane_slices_f16(const uint4* __restrict__ wr
 template <int T>
 __device__ __forceinline__ void lane_dots_f16w(const __half* __restrict__ w, const float* __restrict__ x, int64_t ldx,
                                                int K, int lane, float (&acc)[T]) {
-  for_lane_slices_f16(reinterpret_cast<const uint4*>(w), K / 8, lane, [&](int v, const float(&wf)[8]) {
+  for_lane_slices_f16<gemv_prefetch<T>()>(
+      reinterpret_cast<const uint4*>(w), K / 8, lane, [&](int v, const float(&wf)[8]) {
 #pragma unroll
-    for (int t = 0; t < T; ++t) {
-      const float4* xp = reinterpret_cast<const float4*>(x + t * ldx + int64_t(v) * 8);
-      const float4 a = xp[0], b = xp[1];
-      acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z +
-                wf[7] * b.w;
-    }
-  });
+        for (int t = 0; t < T; ++t) {
+          const float4* xp = reinterpret_cast<const float4*>(x + t * ldx + int64_t(v) * 8);
+          const float4 a = xp[0], b = xp[1];
+          acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z +
+                    wf[7] * b.w;
+        }
+      });
 }
 
 // y_s[t, n] = sum_k x[t, k] * w_s[n, k] (+ bias_s[n]) for t < T <= kGemvMaxTokens over the segments s of `seg` (several
@@ -178,7 +183,7 @@ __global__ void shared_down_decode_kernel(const float* __restrict__ g, const flo
   float acc[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) acc[t] = 0.f;
-  for_lane_slices_f16(wr, I / 8, lane, [&](int v, const float(&wf)[8]) {
+  for_lane_slices_f16<gemv_prefetch<T>()>(wr, I / 8, lane, [&](int v, const float(&wf)[8]) {
 #pragma unroll
     for (int t = 0; t < T; ++t) {
       const float* gr = g + int64_t(t) * I + int64_t(v) * 8;
@@ -200,8 +205,9 @@ __global__ void shared_down_decode_kernel(const float* __restrict__ g, const flo
 
 // Decode hyper-connection read (hc_read for T <= kGemvMaxTokens tokens, float32 throughout), in two launches:
 //   hc_down: per token and stream the ZC-RMSNorm statistics rstd[t][b] (each block recomputes them from X: T rows of
-//            S*H floats, from L2, in one pass), then one block per output row r of [input_mix_weight_down (R rows);
-//            block_inject (S rows)], its threads splitting the inputs: acc = sum_k n[t,k] w[r,k] with
+//            S*H floats from L2, a warp per (token, stream)), then one block per output row r of
+//            [input_mix_weight_down (R rows); block_inject (S rows)], its threads splitting the inputs:
+//            acc = sum_k n[t,k] w[r,k] with
 //            n = X * rstd * (1 + hc_norm); rows < R give d = silu(acc / S), the others inj = 2 sigmoid(acc / S).
 //            Block 0 stores rstd for hc_up.
 //   hc_up:   one warp per (hidden column j, stream b), the S warps of a column in one block: m_b = up[b*H + j] . d[t]
@@ -210,7 +216,7 @@ __global__ void shared_down_decode_kernel(const float* __restrict__ g, const flo
 // With a pending injection (add_out [T, H], add_inj [T, S]; hc_inject_read) both kernels read X' = X + add_inj[t, b] *
 // add_out[t, j] (the expression of hc_inject_kernel) instead of X, and hc_up, whose warps own one X element each,
 // stores X' in place. Needs H, R multiples of 8, S <= kHcMaxStreamsDecode, rows 16-byte aligned. Each thread issues
-// its weight loads kGemvPrefetch slices at a time before using them; sums keep the slice order.
+// its weight loads gemv_prefetch<T>() slices at a time before using them; sums keep the slice order.
 constexpr int kHcMaxStreamsDecode = 8;
 
 // X'[t, b*H + 4i .. +4) as hc_read_decode reads it: X plus the pending injection, if any.
@@ -232,27 +238,22 @@ template <int T>
 __device__ void hc_row_stats(const float* __restrict__ X, const float* __restrict__ add_out,
                              const float* __restrict__ add_inj, int S, int H, float eps,
                              float (*rstd)[kHcMaxStreamsDecode]) {
-  __shared__ float part[kWarps][T * kHcMaxStreamsDecode];
-  const int W = S * H, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int t = 0; t < T; ++t) {
-#pragma unroll
-    for (int b = 0; b < kHcMaxStreamsDecode; ++b) {
-      if (b >= S) break;
-      float ss = 0.f;
-      for (int i = threadIdx.x; i < H / 4; i += kThreads) {
-        const float4 v = hc_x4(X, add_out, add_inj, t, b, i, S, H);
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-      }
-      ss = warp_sum(ss);
-      if (lane == 0) part[warp][t * S + b] = ss;
+  // One warp per (token, stream) row of H values (all rows at once, their loads independent), one barrier.
+  __shared__ float part[T * kHcMaxStreamsDecode];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int p = warp; p < T * S; p += kWarps) {
+    const int t = p / S, b = p % S;
+    float ss = 0.f;
+#pragma unroll 4
+    for (int i = lane; i < H / 4; i += 32) {
+      const float4 v = hc_x4(X, add_out, add_inj, t, b, i, S, H);
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
+    ss = warp_sum(ss);
+    if (lane == 0) part[p] = ss;
   }
   __syncthreads();
-  if (threadIdx.x < T * S) {
-    float tot = 0.f;
-    for (int w = 0; w < kWarps; ++w) tot += part[w][threadIdx.x];
-    rstd[threadIdx.x / S][threadIdx.x % S] = rsqrtf(tot / float(H) + eps);
-  }
+  if (threadIdx.x < T * S) rstd[threadIdx.x / S][threadIdx.x % S] = rsqrtf(part[threadIdx.x] / float(H) + eps);
   __syncthreads();
 }
 
@@ -269,10 +270,11 @@ __global__ void hc_down_kernel(const float* __restrict__ X, const float* __restr
   const int W = S * H, n8 = W / 8;
   const uint4* wr = reinterpret_cast<const uint4*>(r < R ? down + int64_t(r) * W : inject + int64_t(r - R) * W);
   const uint4* nw = reinterpret_cast<const uint4*>(norm_w);
+  constexpr int P = gemv_prefetch<T>();
   // The first weight loads are in flight while the statistics are computed.
-  uint4 wraw[kGemvPrefetch], nraw[kGemvPrefetch];
+  uint4 wraw[P], nraw[P];
 #pragma unroll
-  for (int u = 0; u < kGemvPrefetch; ++u) {
+  for (int u = 0; u < P; ++u) {
     const int v = threadIdx.x + kThreads * u;
     if (v < n8) wraw[u] = __ldg(wr + v), nraw[u] = __ldg(nw + v);
   }
@@ -281,16 +283,16 @@ __global__ void hc_down_kernel(const float* __restrict__ X, const float* __restr
   float acc[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) acc[t] = 0.f;
-  for (int v0 = threadIdx.x; v0 < n8; v0 += kThreads * kGemvPrefetch) {
+  for (int v0 = threadIdx.x; v0 < n8; v0 += kThreads * P) {
     if (v0 != int(threadIdx.x)) {
 #pragma unroll
-      for (int u = 0; u < kGemvPrefetch; ++u) {
+      for (int u = 0; u < P; ++u) {
         const int v = v0 + kThreads * u;
         if (v < n8) wraw[u] = __ldg(wr + v), nraw[u] = __ldg(nw + v);
       }
     }
 #pragma unroll
-    for (int u = 0; u < kGemvPrefetch; ++u) {
+    for (int u = 0; u < P; ++u) {
       const int v = v0 + kThreads * u;
       if (v >= n8) break;
       const __half2* wh = reinterpret_cast<const __half2*>(&wraw[u]);
