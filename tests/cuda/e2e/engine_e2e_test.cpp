@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/scheduler.h"
+#include "engine/scheduler_test_util.h"
 #include "loader/memory_plan.h"
 #include "model/fixture.h"
 #include "ops/cuda/cuda_ops.h"
@@ -19,32 +20,9 @@ namespace {
 
 constexpr const char* kTinyA = "tests/data/fixtures/tiny-a/model";
 
-/// Runs `requests` through a Scheduler over `model` to the end; returns each request's tokens.
+/// The requests run together to the end, steps of at most 64 tokens.
 std::vector<std::vector<int32_t>> serve(Model& model, std::vector<Request> requests) {
-  const ModelConfig& c = model.config();
-  StatePlan plan = state_plan(c, 1, 4, 4);
-  MemoryPlanner planner(plan, 16, int64_t(64) << 20, 8);
-  ModelRunner runner(model, planner);
-  Scheduler s(runner, std::move(planner), {.max_num_seqs = 8, .max_num_batched_tokens = 64, .max_model_len = 512});
-  std::vector<std::shared_ptr<RequestStream>> streams;
-  for (Request& r : requests) {
-    streams.push_back(r.stream);
-    s.submit(std::move(r));
-  }
-  for (int i = 0; i < 100000 && s.step(); ++i) {
-  }
-  std::vector<std::vector<int32_t>> out;
-  for (auto& st : streams) {
-    std::vector<int32_t> tokens;
-    for (;;) {
-      auto u = st->wait(std::chrono::milliseconds(0));
-      tokens.insert(tokens.end(), u.tokens.begin(), u.tokens.end());
-      EXPECT_TRUE(u.error.empty()) << u.error;
-      if (u.finish != EndReason::None || u.tokens.empty()) break;
-    }
-    out.push_back(tokens);
-  }
-  return out;
+  return run_to_end(model, std::move(requests), 64);
 }
 
 Request request(const std::string& id, std::vector<int32_t> prompt, int64_t max_tokens) {
