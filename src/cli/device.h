@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "model/qwen4_exp/model.h"
 #include "ops/ops.h"
+#include "parallel/staged_communicator.h"
 #ifdef FLASHNEXT_HAVE_CUDA
 #include "ops/cuda/cuda_ops.h"
 #endif
@@ -31,8 +32,9 @@ inline std::shared_ptr<Ops> make_backend(const std::string& device, int threads)
 
 /// Sets the backend fields of `options` for `--device D --threads N --tp K`. tp 1: one backend (make_backend).
 /// tp > 1 on the CPU: K ranks, each a float32 CPU backend with max(1, N / K) threads (N = 0: all cores), in one
-/// process with a thread per rank. Throws Error for tp < 1, and for tp > 1 on cuda: more ranks than GPUs ("--tp 4
-/// needs 4 GPUs, ..."), and for now in any case (the NCCL communicator is not built yet).
+/// process with a thread per rank. tp > 1 on cuda: rank r on GPU r, collectives staged through host memory until the
+/// NCCL communicator exists (parallel/staged_communicator.h). Throws Error for tp < 1 and for more ranks than GPUs
+/// ("--tp 4 needs 4 GPUs, ...").
 inline void set_backend(ModelOptions& options, const std::string& device, int threads, int tp) {
   FN_CHECK(tp >= 1, "--tp must be >= 1, got {}", tp);
   options.threads = threads;
@@ -46,10 +48,10 @@ inline void set_backend(ModelOptions& options, const std::string& device, int th
 #ifdef FLASHNEXT_HAVE_CUDA
     const int gpus = cuda_device_count();
     FN_CHECK(tp <= gpus, "--tp {} needs {} GPUs (one per rank), this machine has {}", tp, tp, gpus);
-    fail(
-        "--tp {} --device cuda: tensor parallelism on GPUs (the NCCL communicator) is not implemented yet; --tp runs "
-        "on --device cpu",
-        tp);
+    options.rank_ops = [](int rank) { return make_cuda_ops(rank); };
+    // Until the NCCL communicator exists, collectives go through host memory (parallel/staged_communicator.h).
+    options.communicators = [](const std::vector<std::shared_ptr<Ops>>& ops) { return make_staged_communicators(ops); };
+    return;
 #else
     fail("--device cuda: the CUDA backend is not available in this build (configured without CUDA); use --device cpu");
 #endif
