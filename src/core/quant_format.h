@@ -17,6 +17,11 @@ enum class QuantFormat : uint8_t {
   Awq,       ///< AutoAWQ GEMM int4 (qweight / qzeros / scales, packed along the outputs in AWQ's nibble order)
 };
 
+/// AutoAWQ's packing (QuantFormat::Awq): output 8j + m of a row sits in nibble kAwqNibble[m] (bits 4*kAwqNibble[m])
+/// of int32 word j. AutoAWQ writes nibble i from output 8j + AWQ_ORDER[i], AWQ_ORDER = {0, 2, 4, 6, 1, 3, 5, 7}
+/// (awq/modules/linear/gemm.py); this table is its inverse (AWQ_REVERSE_ORDER). qweight and qzeros alike.
+inline constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
 /// A short name for reports and messages ("nvfp4-modelopt", "fp8-block", "int4-gptq", "int4-awq", ...).
 constexpr const char* quant_format_name(QuantFormat f) {
   switch (f) {

@@ -552,9 +552,7 @@ std::vector<float> dequantize(const QuantizedWeight& w) {
       break;
     }
     case QuantFormat::Awq: {
-      // Output 8j + m sits in nibble kAwqNibble[m] of word j (AutoAWQ packs nibble i from output 8j + AWQ_ORDER[i],
-      // AWQ_ORDER = {0, 2, 4, 6, 1, 3, 5, 7}; this is its inverse, AWQ_REVERSE_ORDER).
-      constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+      // Output 8j + m sits in nibble kAwqNibble[m] of word j (core/quant_format.h).
       const int64_t g = w.group ? w.group : K, NW = N / 8;
       for (int64_t k = 0; k < K; ++k) {
         const int64_t gi = k / g;

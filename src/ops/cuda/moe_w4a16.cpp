@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/quant_format.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/moe_kernels.h"
 
@@ -77,8 +78,7 @@ Int4Plain unpack_awq(const int32_t* qweight, const int32_t* qzeros, const float*
            "unpack_awq: AWQ packing needs rows divisible by 8 and a group dividing cols, got [{}, {}] group {}", rows,
            cols, group);
   FN_CHECK(qweight && scales, "unpack_awq: null pointer");
-  // Nibble of output 8j + m (AutoAWQ packs nibble i from output 8j + {0, 2, 4, 6, 1, 3, 5, 7}[i]).
-  constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+  // Nibble of output 8j + m: kAwqNibble (core/quant_format.h).
   const int64_t G = cols / g, NW = rows / 8;
   Int4Plain p;
   p.rows = rows;
