@@ -82,6 +82,14 @@ size_t RequestReader::feed(std::string_view data) {
       return 0;
     }
   }
+  if (m.body_begun && m.parser.chunked() && data.size() < 5) {
+    // Beast 1.74 asserts that a put after the last chunk's size line ("0\r\n") brings at least 5 bytes
+    // (basic_parser.ipp parse_chunk_header; fixed upstream in boostorg/beast#2861): hold such a put back until
+    // 5 bytes are here. No deadlock: until the message is complete, the unused rest of a chunked body is its
+    // last chunk at least ("0\r\n\r\n", 5 bytes) or a chunk's data with that still to come.
+    m.state = State::NeedMore;
+    return 0;
+  }
   boost::beast::error_code ec;
   const size_t used = m.parser.put(boost::asio::const_buffer(data.data(), data.size()), ec);
   if (ec == http::error::need_more) {
