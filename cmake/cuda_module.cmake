@@ -19,7 +19,8 @@ file(GLOB_RECURSE cuda_srcs CONFIGURE_DEPENDS ${FLASHNEXT_ROOT}/src/ops/cuda/*.c
 if(cuda_srcs)
   add_library(fn_cuda STATIC ${cuda_srcs})
   target_include_directories(fn_cuda PUBLIC ${FLASHNEXT_ROOT}/src)
-  target_link_libraries(fn_cuda PUBLIC fn_ops ${FN_CUDA_CORE} CUDA::cudart_static CUDA::cublas)
+  # NCCL is loaded at run time (dlopen: ops/cuda/nccl_communicator.cpp), only its header is needed here.
+  target_link_libraries(fn_cuda PUBLIC fn_ops ${FN_CUDA_CORE} CUDA::cudart_static CUDA::cublas ${CMAKE_DL_LIBS})
   if(TARGET CUDA::cupti)  # launch counting in `flashnext bench` (src/ops/cuda/api_counter.cpp); optional
     target_link_libraries(fn_cuda PUBLIC CUDA::cupti)
     target_compile_definitions(fn_cuda PRIVATE FLASHNEXT_HAVE_CUPTI=1)

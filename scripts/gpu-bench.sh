@@ -54,6 +54,14 @@ S="$OUT/summary.txt"
 : >"$S"
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader; nproc; free -g | head -2; } | tee -a "$S"
 status=0
+# NCCL is loaded at run time (src/ops/cuda/nccl_communicator.h): where the loader does not know a libnccl.so.2, the
+# one of the Python packages (PyTorch's nvidia-nccl) is used.
+if [ -z "${FLASHNEXT_NCCL_LIBRARY:-}" ] && ! ldconfig -p | grep -q 'libnccl\.so\.2 '; then
+  nccl_lib=$(find /usr /opt $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
+    -name 'libnccl.so.2' 2>/dev/null | head -n 1)
+  [ -n "$nccl_lib" ] && export FLASHNEXT_NCCL_LIBRARY=$nccl_lib
+fi
+echo "gpu-bench: NCCL ${FLASHNEXT_NCCL_LIBRARY:-from the loader path}" | tee -a "$S"
 FX=${FIXTURE_DIR:-/tmp/fx}
 fx_pid=""
 if [ "${MEDIUM:-0}" = 1 ] && [ ! -f "$FX/medium/reference.safetensors" ]; then
@@ -65,8 +73,29 @@ fi
 run_tests() {
   local bin=$1 label=$2 prec
   echo "gpu-bench: [$label] test_cuda_e2e on the tiny fixtures" | tee -a "$S"
-  timeout 300 "$bin/test_cuda_e2e" --gtest_color=no --gtest_filter='-*Medium*' >"$OUT/$label-e2e.log" 2>&1 || status=1
+  timeout 300 "$bin/test_cuda_e2e" --gtest_color=no --gtest_filter='-*Medium*:*MultiGpu*' >"$OUT/$label-e2e.log" 2>&1 ||
+    status=1
   grep -E "^\[  (PASSED|FAILED) |tests ran" "$OUT/$label-e2e.log" | tee -a "$S"
+  if [ "$label" = sm90 ]; then
+    # Every end-to-end test again through the tensor-parallel code path as a group of one over NCCL
+    # (tests/cuda/e2e/gpu_model_options.h); then TP over NCCL across GPUs where the machine has several.
+    echo "gpu-bench: [$label] test_cuda_e2e through a TP group of one over NCCL (FLASHNEXT_TEST_TP1_NCCL=1)" | tee -a "$S"
+    FLASHNEXT_TEST_TP1_NCCL=1 timeout 300 "$bin/test_cuda_e2e" --gtest_color=no \
+      --gtest_filter='-*Medium*:*MultiGpu*:*TinyATp*' >"$OUT/$label-e2e-nccl.log" 2>&1 || status=1
+    grep -E "^\[  (PASSED|FAILED) |tests ran|^NCCL" "$OUT/$label-e2e-nccl.log" | tee -a "$S"
+    local gpus filter=""
+    gpus=$(nvidia-smi -L | grep -c '^GPU')
+    [ "$gpus" -ge 2 ] && filter='*MultiGpu*/0:*MultiGpu*/1:*MultiGpu*/2'
+    [ "$gpus" -ge 4 ] && filter='*MultiGpu*'
+    if [ -n "$filter" ]; then
+      echo "gpu-bench: [$label] tensor parallelism over NCCL on $gpus GPUs ($filter)" | tee -a "$S"
+      timeout 300 "$bin/test_cuda_e2e" --gtest_color=no --gtest_filter="$filter" >"$OUT/$label-e2e-multigpu.log" 2>&1 ||
+        status=1
+      grep -E "^\[  (PASSED|FAILED) |tests ran|E2E" "$OUT/$label-e2e-multigpu.log" | tee -a "$S"
+    else
+      echo "gpu-bench: [$label] tensor parallelism across GPUs NOT run ($gpus GPU)" | tee -a "$S"
+    fi
+  fi
   for prec in fp16x2 fp16; do
     echo "gpu-bench: [$label] test_ops (op-case registry vs the CPU oracle), FLASHNEXT_TEST_PRECISION=$prec" | tee -a "$S"
     FLASHNEXT_TEST_BACKEND=cuda FLASHNEXT_TEST_PRECISION=$prec timeout 300 "$bin/test_ops" --gtest_color=no \

@@ -34,11 +34,12 @@
 #include "engine/model_dir.h"
 #include "engine/sampling.h"
 #include "loader/config.h"
+#include "loader/sharding.h"
 #include "model/qwen4_exp/cost.h"
 #include "model/qwen4_exp/model.h"
 #include "model/qwen4_exp/weights.h"
-#include "ple/ngram_hash.h"
 #include "ops/random_uniform.h"
+#include "ple/ngram_hash.h"
 
 namespace {
 
@@ -48,7 +49,7 @@ using Clock = std::chrono::steady_clock;
 
 struct BenchArgs {
   std::string model, config, device = "cuda", out;
-  int threads = 0;
+  int threads = 0, tp = 1;
   std::optional<int64_t> layers, experts, experts_per_token, vocab, ple_rows;  // unset: as the config says
   uint64_t seed = 1;
   std::vector<int64_t> prompts{1024, 4096, 8192, 32768};
@@ -299,6 +300,7 @@ int run(BenchArgs a) {
   FN_CHECK(longest <= cfg.max_position_embeddings,
            "the longest sequence of this run ({} positions) exceeds max_position_embeddings = {}", longest,
            cfg.max_position_embeddings);
+  (void)TpPlan::make(cfg, a.tp);  // a degree the heads do not allow fails here, before anything is allocated
   int64_t ple_bytes = 0;
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l)
     if (const int m = cfg.ple_index_of_layer(l); m >= 0)
@@ -313,12 +315,17 @@ int run(BenchArgs a) {
   }
 
   // The model.
-  std::shared_ptr<Ops> ops = cli::make_backend(a.device, a.threads);
+  ModelOptions model_options;
+  cli::set_backend(model_options, a.device, a.threads, a.tp);
+  if (!random_model) model_options.progress = cli::LoadProgressPrinter();
   const auto t_build = Clock::now();
   RandomWeightsReport built;
-  std::unique_ptr<Model> model = random_model ? Model::random(cfg, ModelOptions{ops}, a.seed, &built)
-                                              : Model::load(a.model, ModelOptions{ops, 0, cli::LoadProgressPrinter()});
-  ops->synchronize();
+  std::unique_ptr<Model> model =
+      random_model ? Model::random(cfg, model_options, a.seed, &built) : Model::load(a.model, model_options);
+  // Under tensor parallelism: rank 0's backend (GPU 0): its profile, memory and launches are reported; the others
+  // run the same kernels on their shards in lock step.
+  Ops* ops = &model->ops();
+  ops->synchronize();  // every rank synchronised its own build (random_weights, load_weights)
   const double build_s = seconds(t_build, Clock::now());
   Model& m = *model;
   const Ceiling ceil = ceiling_for(ops->name());
@@ -628,51 +635,55 @@ int run(BenchArgs a) {
                 {"prefill_tokens_per_s_at_measured_ratio", pre}};
   }
 
-  json report{
-      {"build",
-       {{"commit", FLASHNEXT_GIT_COMMIT},
-        {"dirty", FLASHNEXT_GIT_DIRTY},
-        {"build_type", FLASHNEXT_BUILD_TYPE},
-        {"cuda_architectures", FLASHNEXT_CUDA_ARCHS},
-        {"compiler", FLASHNEXT_COMPILER}}},
-      {"device", {{"backend", ops->name()}, {"gpu", gpu}, {"host_cpus", std::thread::hardware_concurrency()}}},
-      {"model",
-       {{"source", random_model ? "random" : a.model},
-        {"config", config_path},
-        {"layers", cfg.num_hidden_layers},
-        {"gdn_layers", cfg.num_layers_of(LayerKind::GatedDeltaNet)},
-        {"qsa_layers", cfg.num_layers_of(LayerKind::QSA)},
-        {"hidden_size", cfg.hidden_size},
-        {"experts", cfg.num_experts},
-        {"experts_per_token", cfg.num_experts_per_tok},
-        {"vocab", cfg.vocab_size},
-        {"ple_bytes", ple_bytes},
-        {"routed_experts",
-         m.weights().layers.empty() ? json()
-         : m.weights().layers[0].moe.packed ? json(m.weights().layers[0].moe.packed->format())
-                                            : json(dtype_name(m.weights().layers[0].moe.gate.dtype()))},
-        {"seed", a.seed}}},
-      {"build_times_s",
-       {{"total", build_s},
-        {"weights", random_model ? json(built.weights_s) : json()},
-        {"ple_alloc_pin", random_model ? json(built.ple_alloc_s) : json()},
-        {"ple_fill", random_model ? json(built.ple_fill_s) : json()},
-        {"ple_fill_threads", random_model ? json(built.ple_fill_threads) : json()}}},
-      {"memory",
-       {{"gpu_used_after_build_bytes", gpu_used_after_build},
-        {"gpu_used_peak_bytes", gpu_peak},
-        {"host_peak_rss_bytes", host_peak_rss_bytes()}}},
-      {"ceilings",
-       ceil.known() ? json{{"device", ceil.name}, {"bytes_per_s", ceil.bytes_per_s}, {"flops_per_s", ceil.flops_per_s},
-                           {"source", ceil.source}}
-                    : json()},
-      {"sanity", sanity},
-      {"settings",
-       {{"chunk", a.chunk}, {"block_size", bs}, {"repeat", a.repeat}, {"profile", a.profile}}},
-      {"prefill", prefill_runs},
-      {"decode", decode},
-      {"batch_decode", batch_runs},
-      {"v100_projection", v100}};
+  json report{{"build",
+               {{"commit", FLASHNEXT_GIT_COMMIT},
+                {"dirty", FLASHNEXT_GIT_DIRTY},
+                {"build_type", FLASHNEXT_BUILD_TYPE},
+                {"cuda_architectures", FLASHNEXT_CUDA_ARCHS},
+                {"compiler", FLASHNEXT_COMPILER}}},
+              {"device",
+               {{"backend", ops->name()},
+                {"gpu", gpu},
+                {"tp", a.tp},
+                {"tp_communicator", model->tp() > 1 ? json(model->communicator_kind()) : json()},
+                {"host_cpus", std::thread::hardware_concurrency()}}},
+              {"model",
+               {{"source", random_model ? "random" : a.model},
+                {"config", config_path},
+                {"layers", cfg.num_hidden_layers},
+                {"gdn_layers", cfg.num_layers_of(LayerKind::GatedDeltaNet)},
+                {"qsa_layers", cfg.num_layers_of(LayerKind::QSA)},
+                {"hidden_size", cfg.hidden_size},
+                {"experts", cfg.num_experts},
+                {"experts_per_token", cfg.num_experts_per_tok},
+                {"vocab", cfg.vocab_size},
+                {"ple_bytes", ple_bytes},
+                {"routed_experts", m.weights().layers.empty() ? json()
+                                   : m.weights().layers[0].moe.packed
+                                       ? json(m.weights().layers[0].moe.packed->format())
+                                       : json(dtype_name(m.weights().layers[0].moe.gate.dtype()))},
+                {"seed", a.seed}}},
+              {"build_times_s",
+               {{"total", build_s},
+                {"weights", random_model ? json(built.weights_s) : json()},
+                {"ple_alloc_pin", random_model ? json(built.ple_alloc_s) : json()},
+                {"ple_fill", random_model ? json(built.ple_fill_s) : json()},
+                {"ple_fill_threads", random_model ? json(built.ple_fill_threads) : json()}}},
+              {"memory",
+               {{"gpu_used_after_build_bytes", gpu_used_after_build},
+                {"gpu_used_peak_bytes", gpu_peak},
+                {"host_peak_rss_bytes", host_peak_rss_bytes()}}},
+              {"ceilings", ceil.known() ? json{{"device", ceil.name},
+                                               {"bytes_per_s", ceil.bytes_per_s},
+                                               {"flops_per_s", ceil.flops_per_s},
+                                               {"source", ceil.source}}
+                                        : json()},
+              {"sanity", sanity},
+              {"settings", {{"chunk", a.chunk}, {"block_size", bs}, {"repeat", a.repeat}, {"profile", a.profile}}},
+              {"prefill", prefill_runs},
+              {"decode", decode},
+              {"batch_decode", batch_runs},
+              {"v100_projection", v100}};
   const std::string text = report.dump(2) + "\n";
   if (!a.out.empty()) {
     std::ofstream f(a.out, std::ios::binary);
@@ -682,8 +693,10 @@ int run(BenchArgs a) {
   if (a.json) {
     std::fwrite(text.data(), 1, text.size(), stdout);
   } else {
-    fmt::print("commit {}{} | {} | {}host peak RSS {:.1f} GB\n", std::string(FLASHNEXT_GIT_COMMIT).substr(0, 12),
+    fmt::print("commit {}{} | {}{} | {}host peak RSS {:.1f} GB\n", std::string(FLASHNEXT_GIT_COMMIT).substr(0, 12),
                FLASHNEXT_GIT_DIRTY ? "+dirty" : "", ops->name(),
+               model->tp() > 1 ? fmt::format(" x TP {} ({}; figures of GPU 0)", model->tp(), model->communicator_kind())
+                               : std::string(),
                gpu_used_after_build < 0 ? std::string()
                                         : fmt::format("GPU memory {:.1f} GB after build, {:.1f} GB peak | ",
                                                       double(gpu_used_after_build) / 1e9, double(gpu_peak) / 1e9),
@@ -760,6 +773,8 @@ FLASHNEXT_SUBCOMMAND(
       sub.add_option("--config", a->config, "config.json of the random-weight model (default: models/release/config.json)");
       sub.add_option("--device", a->device, "cuda (default) or cpu")->check(CLI::IsMember({"cpu", "cuda"}));
       sub.add_option("--threads", a->threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+      sub.add_option("--tp", a->tp, "tensor-parallel ranks (rank r on GPU r; on the CPU threads of this process)")
+          ->check(CLI::PositiveNumber);
       sub.add_option("--layers", a->layers, "first N layers of the config's layer_types (PLE layers beyond N dropped)");
       sub.add_option("--experts", a->experts, "routed experts per MoE layer");
       sub.add_option("--experts-per-token", a->experts_per_token, "routed experts per token (top-k)");

@@ -101,6 +101,19 @@ TEST(BenchCli, CpuSmallGeometryJson) {
   EXPECT_TRUE(j["v100_projection"].is_null());  // needs a measured GPU ratio
 }
 
+// `bench --tp 2` on the CPU: the random-weight model made by two ranks (threads of one process, the CPU
+// communicator), measured through the same phases.
+TEST(BenchCli, CpuTensorParallelJson) {
+  CliRun r = run_flashnext(kSmall + " --tp 2 --prompts 6 --decode-tokens 5 --batches 3 --json", /*merge_stderr=*/false);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["device"]["tp"], 2);
+  EXPECT_EQ(j["device"]["tp_communicator"], "cpu threads");
+  EXPECT_GT(j["decode"]["tokens_per_s"].get<double>(), 0);
+  EXPECT_GT(j["sanity"]["warmup_logit_rms"].get<double>(), 0);
+  ASSERT_EQ(j["batch_decode"].size(), 1u);
+}
+
 TEST(BenchCli, TableOutput) {
   CliRun r = run_flashnext(kSmall + " --batches none --prompts 4 --decode-tokens 0");
   ASSERT_EQ(r.status, 0) << r.out;
@@ -127,6 +140,9 @@ TEST(BenchCli, BadFlagsFailBeforeAllocating) {
   r = run_flashnext("bench --device cpu --decode-tokens 10 --decode-skip 32");
   EXPECT_EQ(r.status, 1);
   EXPECT_THAT(r.out, HasSubstr("--decode-tokens 10 must exceed --decode-skip 32"));
+  r = run_flashnext("bench --device cpu --layers 4 --tp 3");  // 16 GDN key heads
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.out, HasSubstr("--tp 3 does not fit"));
   r = run_flashnext("bench --model /nonexistent --layers 4");
   EXPECT_EQ(r.status, 1);
   EXPECT_THAT(r.out, HasSubstr("apply to random-weight models only"));

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "fixture.h"
 #include "loader/sharding.h"
+#include "model/qwen4_exp/weights.h"
 #include "parallel/communicator.h"
 #include "parallel/rank_threads.h"
 
@@ -355,6 +356,52 @@ TEST_P(TpBatched, CopiedSequenceContinuesLikeTheOriginal) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Degrees, TpBatched, ::testing::Values(2, 4));
+
+// ------------------------------------------------------------------------------------------ random weights under TP
+
+/// The values of a weight tensor of the CPU backend.
+std::vector<float> values(const Tensor& t) {
+  return std::vector<float>(t.data_as<const float>(), t.data_as<const float>() + t.numel());
+}
+
+// Model::random over 2 and 4 ranks (`bench --tp`): rank 0 holds its shard's shapes, the replicated weights (router,
+// hyper-connections, norms, PLE projections) are the values TP 1 makes from the same seed (so every rank, drawing
+// the same seeds, holds them alike and routes alike), and the model runs: finite logits, the same on a second build.
+TEST(TpRandomModel, ShardShapesReplicatedWeightsAndAStep) {
+  const ModelConfig cfg = load_config(source_path(kTinyA));
+  ModelOptions one;
+  one.threads = 2;
+  const auto m1 = Model::random(cfg, one, 7);
+  for (int tp : {2, 4}) {
+    ModelOptions o;
+    o.tp = tp;
+    o.threads = 2;
+    const auto m = Model::random(cfg, o, 7);
+    ASSERT_EQ(m->tp(), tp);
+    const TpPlan plan = TpPlan::make(cfg, tp);
+    const ModelWeights &w = m->weights(), &w1 = m1->weights();
+    EXPECT_EQ(w.embed_tokens.dim(0), plan.rank(0).vocab.size() + 1) << "rank 0's vocabulary rows and the zero row";
+    for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+      const LayerWeights &a = w.layers[size_t(l)], &b = w1.layers[size_t(l)];
+      EXPECT_EQ(values(a.moe.router), values(b.moe.router)) << "TP " << tp << " layer " << l;
+      EXPECT_EQ(values(a.attn_hc.norm), values(b.attn_hc.norm)) << "TP " << tp << " layer " << l;
+      EXPECT_EQ(values(a.mlp_hc.up), values(b.mlp_hc.up)) << "TP " << tp << " layer " << l;
+      EXPECT_EQ(a.moe.shared_gate_proj.dim(0), plan.rank(0).shared_inter.size()) << "TP " << tp << " layer " << l;
+      if (a.ple) {
+        EXPECT_EQ(values(a.ple->key_proj), values(b.ple->key_proj)) << "TP " << tp << " layer " << l;
+        EXPECT_EQ(a.ple->rows_held.size(), plan.ple_rows(0, a.ple->hash.rows).size());
+      }
+    }
+    const std::vector<int32_t> ids{5, 17, 3, 250, 9, 1, 77};
+    SequenceState s = m->new_sequence();
+    const std::vector<float> logits = m->forward(s, ids, LogitsMode::Last);
+    ASSERT_EQ(int64_t(logits.size()), cfg.vocab_size);
+    for (float v : logits) ASSERT_TRUE(std::isfinite(v)) << "TP " << tp;
+    const auto again = Model::random(cfg, o, 7);
+    SequenceState s2 = again->new_sequence();
+    EXPECT_EQ(again->forward(s2, ids, LogitsMode::Last), logits) << "TP " << tp << ": the same seed, another build";
+  }
+}
 
 }  // namespace
 }  // namespace flashnext::test

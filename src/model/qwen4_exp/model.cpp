@@ -37,14 +37,20 @@ const ModelWeights& Model::weights() const {
 Ops& Model::ops() const {
   return *ranks_[0]->ops;
 }
+std::string Model::communicator_kind() const {
+  return ranks_[0]->comm->kind();
+}
 
 void Model::make_ranks(const TpPlan& plan, const ModelOptions& options) {
   const int tp = plan.world();
   std::vector<std::shared_ptr<Ops>> ops;
   std::vector<std::shared_ptr<Communicator>> comms;
   if (tp == 1) {
-    ops.push_back(options.ops ? options.ops : make_cpu_ops(options.threads));
-    comms.push_back(make_single_communicator());
+    ops.push_back(options.ops ? options.ops : options.rank_ops ? options.rank_ops(0) : make_cpu_ops(options.threads));
+    // A group of one through a real communicator when one is given (the NCCL path tested on one GPU).
+    comms = options.communicators ? options.communicators(ops)
+                                  : std::vector<std::shared_ptr<Communicator>>{make_single_communicator()};
+    FN_CHECK(comms.size() == 1, "--tp 1: the communicator factory made {} communicators", comms.size());
   } else {
     FN_CHECK(!options.ops, "--tp {}: ModelOptions::ops is one backend; give one per rank (rank_ops)", tp);
     const int threads = options.threads > 0 ? options.threads : int(std::max(1u, std::thread::hardware_concurrency()));
@@ -108,12 +114,26 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
 
 std::unique_ptr<Model> Model::random(const ModelConfig& config, const ModelOptions& options, uint64_t seed,
                                      RandomWeightsReport* report) {
-  FN_CHECK(options.tp == 1,
-           "random-weight models (bench without a checkpoint) do not run tensor-parallel yet (--tp {})", options.tp);
   std::unique_ptr<Model> m(new Model());
   m->config_ = config;
-  m->make_ranks(TpPlan::make(config, 1), options);
-  m->ranks_[0]->weights = std::make_unique<ModelWeights>(random_weights(m->config_, *m->ranks_[0]->ops, seed, report));
+  const TpPlan plan = TpPlan::make(config, options.tp);
+  m->make_ranks(plan, options);
+  if (plan.world() == 1) {
+    m->ranks_[0]->weights =
+        std::make_unique<ModelWeights>(random_weights(m->config_, *m->ranks_[0]->ops, seed, report));
+    return m;
+  }
+  // The ranks make their parts in parallel; the report is rank 0's with the PLE bytes of all ranks.
+  std::vector<RandomWeightsReport> reports(size_t(plan.world()));
+  m->threads_->run([&](int r) {
+    Rank& rk = *m->ranks_[size_t(r)];
+    rk.weights =
+        std::make_unique<ModelWeights>(random_weights(m->config_, *rk.ops, seed, &reports[size_t(r)], &plan, r));
+  });
+  if (report) {
+    *report = reports[0];
+    for (size_t r = 1; r < reports.size(); ++r) report->ple_bytes += reports[r].ple_bytes;
+  }
   return m;
 }
 

@@ -59,12 +59,15 @@ struct ModelOptions {
   /// Tensor-parallel degree (loader/sharding.h); 1: no tensor parallelism. A degree that the config's heads or
   /// intermediate widths do not allow is an Error naming the field, before anything is loaded.
   int tp = 1;
-  /// With tp > 1: the backend of rank r (say one CUDA device each); null: the float32 CPU backend with
-  /// max(1, threads / tp) threads per rank. `ops` must then be null.
+  /// The backend of rank r (say one CUDA device each); null: the float32 CPU backend with max(1, threads / tp)
+  /// threads per rank. With tp > 1 `ops` must be null; with tp 1 `ops` wins over it.
   std::function<std::shared_ptr<Ops>(int rank)> rank_ops;
-  /// With tp > 1: the group's communicators, one per rank, given the ranks' backends (NCCL for CUDA); null: the
-  /// CPU communicator (parallel/communicator.h), which needs CPU backends.
-  std::function<std::vector<std::shared_ptr<Communicator>>(const std::vector<std::shared_ptr<Ops>>&)> communicators;
+  /// The group's communicators, one per rank, given the ranks' backends (NCCL for CUDA); null: the CPU
+  /// communicator (parallel/communicator.h), which needs CPU backends, or with tp 1 the identity. With tp 1 a factory
+  /// makes a group of one (the NCCL code path on one GPU).
+  using CommunicatorFactory =
+      std::function<std::vector<std::shared_ptr<Communicator>>(const std::vector<std::shared_ptr<Ops>>&)>;
+  CommunicatorFactory communicators;
 };
 
 struct RandomWeightsReport;
@@ -97,8 +100,11 @@ class Model {
   static std::unique_ptr<Model> load(const std::string& dir, const ModelOptions& options = {});
   /// A model of `config`'s geometry with pseudo-random weights made on the backend's device (weights.h
   /// random_weights: how they are scaled, and the FP8 PLE tables in host memory filled by host threads), for
-  /// `flashnext bench` without a checkpoint. Deterministic in `seed`. `report` (optional) receives the build times.
-  /// Throws Error when the backend cannot hold the weights, and for options.tp > 1 (not implemented yet).
+  /// `flashnext bench` without a checkpoint. Deterministic in `seed`. `report` (optional) receives the build times
+  /// (under tensor parallelism rank 0's, with every rank's PLE bytes). With options.tp > 1 each rank makes its own
+  /// part in parallel (random_weights with the plan: replicated weights equal on every rank, sharded ones random
+  /// tensors of the shard's shape, so the model is one for timing, not TP 1's model split). Throws Error when the
+  /// backend cannot hold the weights and when options.tp does not fit the config (TpPlan::make).
   static std::unique_ptr<Model> random(const ModelConfig& config, const ModelOptions& options, uint64_t seed,
                                        RandomWeightsReport* report = nullptr);
   ~Model();
@@ -110,6 +116,8 @@ class Model {
   Ops& ops() const;
   /// Tensor-parallel degree (1: none).
   int tp() const { return int(ranks_.size()); }
+  /// What the ranks' collectives go through (Communicator::kind: "single", "cpu threads", "nccl", ...).
+  std::string communicator_kind() const;
   /// Calls `observer` with every MoE block's router choice of the steps that follow (empty: none); a measurement
   /// hook (model/qwen4_exp/moe.h RouterObserver), not for serving.
   void set_router_observer(RouterObserver observer) { router_observer_ = std::move(observer); }

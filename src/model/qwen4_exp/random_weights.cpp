@@ -62,10 +62,14 @@ void fill_fp8_table(uint8_t* p, int64_t bytes, uint64_t seed, int threads) {
 
 }  // namespace
 
-ModelWeights random_weights(const ModelConfig& cfg, Ops& ops, uint64_t seed, RandomWeightsReport* report) {
+ModelWeights random_weights(const ModelConfig& cfg, Ops& ops, uint64_t seed, RandomWeightsReport* report,
+                            const TpPlan* plan, int rank) {
   const auto t0 = std::chrono::steady_clock::now();
   RandomWeightsReport rep;
-  const int64_t H = cfg.hidden_size, S = cfg.hc_count, W = cfg.hc_width(), R = cfg.hc_lowrank, V = cfg.vocab_size;
+  const bool tp = plan && plan->world() > 1;
+  const ModelConfig rc = tp ? plan->rank_config(rank) : cfg;  // the rank's heads and intermediate widths
+  const IndexRange vocab = tp ? plan->rank(rank).vocab : IndexRange{0, cfg.vocab_size};
+  const int64_t H = cfg.hidden_size, S = cfg.hc_count, W = cfg.hc_width(), R = cfg.hc_lowrank, V = vocab.size();
   const int64_t L = cfg.num_hidden_layers;
 
   // The PLE tables: host memory allocated (pinned, for the CUDA backend) and filled on another thread while the
@@ -73,23 +77,29 @@ ModelWeights random_weights(const ModelConfig& cfg, Ops& ops, uint64_t seed, Ran
   struct PleJob {
     int64_t layer = 0;
     NgramHashParams hash;
-    HostTable table;
+    IndexRange held;  ///< the logical rows this rank holds
+    HostTable table;  ///< those rows, then (when that is not all) the zero row that the other rows read
   };
   std::vector<PleJob> ple;
   for (int64_t l = 0; l < L; ++l)
-    if (const int m = cfg.ple_index_of_layer(l); m >= 0) ple.push_back({l, ngram_hash_params(cfg, m), {}});
+    if (const int m = cfg.ple_index_of_layer(l); m >= 0) {
+      const NgramHashParams h = ngram_hash_params(cfg, m);
+      ple.push_back({l, h, tp ? plan->ple_rows(rank, h.rows) : IndexRange{0, h.rows}, {}});
+    }
   rep.ple_fill_threads = int(std::max(1u, std::thread::hardware_concurrency()));
   std::exception_ptr ple_error;
   std::thread ple_thread([&] {
     try {
       for (size_t i = 0; i < ple.size(); ++i) {
         auto t = std::chrono::steady_clock::now();
-        ple[i].table = ops.host_table(DType::F8_E4M3, {ple[i].hash.rows, cfg.ple_head_dim()});
+        const int64_t held = ple[i].held.size(), zero_rows = held < ple[i].hash.rows ? 1 : 0;
+        ple[i].table = ops.host_table(DType::F8_E4M3, {held + zero_rows, cfg.ple_head_dim()});
         rep.ple_alloc_s += seconds_since(t);
         t = std::chrono::steady_clock::now();
-        const int64_t bytes = int64_t(ple[i].table.table.nbytes());
-        fill_fp8_table(static_cast<uint8_t*>(ple[i].table.host), bytes, seed ^ (0x5EED0000ull + i),
-                       rep.ple_fill_threads);
+        const int64_t bytes = int64_t(ple[i].table.table.nbytes()), zero_bytes = zero_rows * cfg.ple_head_dim();
+        auto* p = static_cast<uint8_t*>(ple[i].table.host);
+        fill_fp8_table(p, bytes - zero_bytes, seed ^ (0x5EED0000ull + i), rep.ple_fill_threads);
+        std::memset(p + bytes - zero_bytes, 0, size_t(zero_bytes));  // FP8 E4M3 0x00 = 0.0
         rep.ple_fill_s += seconds_since(t);
         rep.ple_bytes += bytes;
       }
@@ -108,27 +118,37 @@ ModelWeights random_weights(const ModelConfig& cfg, Ops& ops, uint64_t seed, Ran
   ModelWeights w;
   w.embed_tokens = g.uniform({V, H}, -std::sqrt(3.f), std::sqrt(3.f));
   w.lm_head = cfg.tie_word_embeddings ? w.embed_tokens : g.linear(V, H);
+  if (tp) {  // the rank's vocabulary rows, then the zero row that the ids of other ranks read
+    Tensor e = ops.zeros({V + 1, H}, w.embed_tokens.dtype());
+    ops.copy_rows(w.embed_tokens, 0, e, 0, V);
+    if (cfg.tie_word_embeddings) w.lm_head = e.rows(0, V);
+    w.embed_tokens = std::move(e);
+  }
   w.mixer = g.hc(S, H, R, false);
-  const int64_t nk = cfg.linear_num_key_heads, nv = cfg.linear_num_value_heads, dk = cfg.linear_key_head_dim,
+  const int64_t nk = rc.linear_num_key_heads, nv = rc.linear_num_value_heads, dk = cfg.linear_key_head_dim,
                 dv = cfg.linear_value_head_dim;
-  const int64_t nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads, D = cfg.head_dim;
-  const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, Is = cfg.shared_expert_intermediate_size;
+  const int64_t nh = rc.num_attention_heads, nkv = rc.num_key_value_heads, D = cfg.head_dim;
+  const int64_t E = cfg.num_experts, I = rc.moe_intermediate_size, Is = rc.shared_expert_intermediate_size;
   for (int64_t l = 0; l < L; ++l) {
+    const uint64_t layer_seed = seed + 1000 * uint64_t(l + 1);
+    g.seed = layer_seed;
     LayerWeights lw;
     lw.kind = cfg.layer_types[size_t(l)];
     lw.attn_hc = g.hc(S, H, R, true);
     lw.mlp_hc = g.hc(S, H, R, true);
-    if (lw.kind == LayerKind::GatedDeltaNet) {
+    if (lw.kind == LayerKind::GatedDeltaNet && nv == 0) {
+      // the rank sits this GDN layer out (loader/sharding.h): no weights
+    } else if (lw.kind == LayerKind::GatedDeltaNet) {
       GdnLayerWeights& a = lw.gdn;
       a.in_proj_qkv = g.linear(2 * nk * dk + nv * dv, H);
       a.in_proj_z = g.linear(nv * dv, H);
       a.in_proj_b = g.linear(nv, H);
       a.in_proj_a = g.linear(nv, H);
-      a.conv1d = g.conv(cfg.gdn_conv_dim(), cfg.linear_conv_kernel_dim);
+      a.conv1d = g.conv(rc.gdn_conv_dim(), cfg.linear_conv_kernel_dim);
       a.norm = g.uniform({dv}, 0.9f, 1.1f);
       a.out_proj = g.linear(H, nv * dv);
       a.rule = GdnWeights{g.uniform({nv}, 0.f, std::log(16.f)), g.uniform({nv}, -6.9f, -2.3f)};
-    } else {
+    } else if (nh > 0) {
       QsaLayerWeights& q = lw.qsa;
       q.q_proj = g.linear(nh * 2 * D, H);
       q.k_proj = g.linear(nkv * D, H);
@@ -139,6 +159,7 @@ ModelWeights random_weights(const ModelConfig& cfg, Ops& ops, uint64_t seed, Ran
         q.k_bias = g.uniform({nkv * D}, -0.1f, 0.1f);
         q.v_bias = g.uniform({nkv * D}, -0.1f, 0.1f);
         q.o_bias = g.uniform({H}, -0.1f, 0.1f);
+        if (tp && rank > 0) q.o_bias = Tensor();  // added once, by rank 0, before the sum
       }
       q.q_norm = g.zc_norm(D);
       q.k_norm = g.zc_norm(D);
@@ -149,7 +170,9 @@ ModelWeights random_weights(const ModelConfig& cfg, Ops& ops, uint64_t seed, Ran
       q.index_q_norm = g.zc_norm(Di);
       q.index_k_norm = g.zc_norm(Di);
     }
+    g.seed = layer_seed + 100;  // the same on every rank, whatever the mixer made
     lw.moe.router = g.linear(E, H);
+    lw.moe.shared_expert_gate = g.linear(1, H);
     RoutedExperts r = ops.random_experts(E, I, H, g.seed);
     g.seed += 3;
     lw.moe.gate = std::move(r.gate);
@@ -159,7 +182,7 @@ ModelWeights random_weights(const ModelConfig& cfg, Ops& ops, uint64_t seed, Ran
     lw.moe.shared_gate_proj = g.linear(Is, H);
     lw.moe.shared_up_proj = g.linear(Is, H);
     lw.moe.shared_down_proj = g.linear(H, Is);
-    lw.moe.shared_expert_gate = g.linear(1, H);
+    g.seed = layer_seed + 200;
     if (cfg.ple_index_of_layer(l) >= 0) {
       PleLayerWeights p;
       const int64_t ped = cfg.ple_embed_dim;
@@ -181,8 +204,8 @@ ModelWeights random_weights(const ModelConfig& cfg, Ops& ops, uint64_t seed, Ran
     PleLayerWeights& p = *w.layers[size_t(j.layer)].ple;
     p.hash = j.hash;
     p.table.head_dim = cfg.ple_head_dim();
-    p.table.rows = j.hash.rows;
-    p.rows_held = {0, j.hash.rows};
+    p.table.rows = j.table.table.dim(0);
+    p.rows_held = j.held;
     p.table.scale = 1.f;
     p.table.shards = {j.table.table};
   }

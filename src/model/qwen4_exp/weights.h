@@ -105,8 +105,15 @@ struct RandomWeightsReport {
 /// - the PLE tables FP8 E4M3 (as the quantized releases store them), scale 1, each byte a random sign and magnitude
 ///   in [0.5, 1.875] (no NaN codes), allocated with Ops::host_table and filled by host threads while the device
 ///   makes the other weights.
+/// `plan` (optional, with `rank`): only rank `rank`'s part, in the shapes loader/sharding.h gives it (its heads and
+/// intermediate slices, its vocabulary rows of embed_tokens followed by the zero row, its PLE rows followed by the
+/// zero row; nothing for a mixer it sits out). Each layer's tensors draw seeds from a base of their own (seed +
+/// 1000 (l + 1), the MoE block and the PLE layer at fixed offsets in it), so the replicated weights (hyper-
+/// connections, router, norms, the PLE projections) are the same on every rank and every rank routes alike; the
+/// sharded ones are random tensors of the shard's shape, not slices of the TP 1 model (for timing, not exactness).
 /// Throws Error for a backend failure (naming the tensor's shape and the memory asked for when it runs out).
-ModelWeights random_weights(const ModelConfig& cfg, Ops& ops, uint64_t seed, RandomWeightsReport* report = nullptr);
+ModelWeights random_weights(const ModelConfig& cfg, Ops& ops, uint64_t seed, RandomWeightsReport* report = nullptr,
+                            const TpPlan* plan = nullptr, int rank = 0);
 
 /// Fills the weights of `cfg` from `manifest` (built over `checkpoint`, which the PLE tables keep alive).
 /// Quantized weights (the quantization_config / hf_quant_config.json of checkpoint->dir(), loader/quant.h) are

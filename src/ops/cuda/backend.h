@@ -123,6 +123,10 @@ class CudaOps final : public Ops {
   void profile_phase(const char* phase) override;
   /// Counters of the step arena, for tests and bench (cuda_ops.h cuda_memory_counters).
   CudaMemoryCounters memory_counters() const { return counters_; }
+  /// The GPU and the stream that all of this backend's work runs on in order: collectives enqueue on it
+  /// (nccl_communicator.h), so that they follow the ops that made their inputs and precede those that read them.
+  int gpu() const { return ctx_->device; }
+  cudaStream_t work_stream() const { return ctx_->stream; }
   void set_profiling(bool on) override;
   std::vector<std::pair<std::string, double>> profile_times() override;
 

@@ -11,6 +11,7 @@
 
 #include "engine/scheduler.h"
 #include "engine/scheduler_test_util.h"
+#include "gpu_model_options.h"
 #include "loader/memory_plan.h"
 #include "model/fixture.h"
 #include "ops/cuda/cuda_ops.h"
@@ -36,9 +37,7 @@ Request request(const std::string& id, std::vector<int32_t> prompt, int64_t max_
 }
 
 TEST(EngineOnGpu, GreedyRequestsSampledOnTheGpuGiveTheReferenceIds) {
-  ModelOptions o;
-  o.ops = make_cuda_ops(0);
-  auto model = Model::load(source_path(kTinyA), o);
+  auto model = Model::load(source_path(kTinyA), gpu_model_options());
   ASSERT_TRUE(model->ops().samples_on_device());
   Reference ref("tiny-a");
   std::vector<Request> requests;
@@ -53,9 +52,7 @@ TEST(EngineOnGpu, GreedyRequestsSampledOnTheGpuGiveTheReferenceIds) {
 }
 
 TEST(EngineOnGpu, PenalisedRequestSamplesOnTheHostLikeTheCpuEngine) {
-  ModelOptions o;
-  o.ops = make_cuda_ops(0);
-  auto gpu = Model::load(source_path(kTinyA), o);
+  auto gpu = Model::load(source_path(kTinyA), gpu_model_options());
   Model& cpu = shared_model(kTinyA);
   Reference ref("tiny-a");
   auto make = [&] {

@@ -28,9 +28,11 @@
 #include <tuple>
 #include <vector>
 
+#include "gpu_model_options.h"
 #include "model/batched_greedy.h"
 #include "model/fixture.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/nccl_communicator.h"
 #include "parallel/staged_communicator.h"
 
 namespace flashnext::test {
@@ -65,9 +67,7 @@ Model& gpu_model(const std::string& dir, PleTablePlacement placement = PleTableP
   auto& m = models[dir + (placement == PleTablePlacement::Host ? "#host" : "#device") +
                    (act == ActivationPrecision::Fp16x2 ? "#fp16x2" : "#fp16")];
   if (!m) {
-    ModelOptions o;
-    o.ops = make_cuda_ops(0, CudaOpsOptions{placement, act});
-    m = Model::load(dir, o);
+    m = Model::load(dir, gpu_model_options(CudaOpsOptions{placement, act}));
   }
   return *m;
 }
@@ -192,6 +192,35 @@ TEST_P(TinyATp, LogitsAndGreedyMatchReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Degrees, TinyATp,
+                         ::testing::Combine(::testing::Values(2, 4), ::testing::Values("short", "long", "single")));
+
+// Tensor parallelism over NCCL, rank r on GPU r (issue 16: needs a machine with at least as many GPUs as ranks;
+// scripts/gpu-bench.sh runs MultiGpu* only there, and a run with too few GPUs fails rather than passes).
+class MultiGpuTinyATpNccl : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+
+TEST_P(MultiGpuTinyATpNccl, LogitsAndGreedyMatchReference) {
+  const auto& [tp, P] = GetParam();
+  ASSERT_GE(cuda_device_count(), tp) << "TP " << tp << " over NCCL needs " << tp << " GPUs";
+  static std::map<int, std::unique_ptr<Model>> models;
+  auto& m = models[tp];
+  if (!m) {
+    ModelOptions o;
+    o.tp = tp;
+    o.rank_ops = [](int r) { return make_cuda_ops(r); };
+    o.communicators = [](const std::vector<std::shared_ptr<Ops>>& ops) { return make_nccl_communicators(ops); };
+    m = Model::load(source_path(kTinyA), o);
+  }
+  RefFile ref(source_path("tests/data/fixtures/tiny-a/reference.safetensors"));
+  const auto ids = ref.ids(P);
+  const int64_t T = int64_t(ids.size()), V = m->config().vocab_size;
+  SequenceState seq = m->new_sequence();
+  const std::vector<float> logits = m->forward(seq, ids);
+  const std::string what = fmt::format("tiny-a TP {} over NCCL {}", tp, P);
+  check_logits(what, logits, ref.f32(P + ".logits"), T, V, ref.i64(P + ".argmax"), kTinyATol);
+  check_greedy(*m, ref, what, P);
+}
+
+INSTANTIATE_TEST_SUITE_P(Degrees, MultiGpuTinyATpNccl,
                          ::testing::Combine(::testing::Values(2, 4), ::testing::Values("short", "long", "single")));
 
 // A decode step allocates nothing once the step arena has grown to its demand (ops.h begin_step, ENGINE.md

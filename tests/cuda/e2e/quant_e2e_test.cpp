@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_model_options.h"
 #include "loader/config.h"
 #include "loader/manifest.h"
 #include "loader/quant.h"
@@ -55,9 +56,8 @@ Model& quant_model(const std::string& fmt, PleTablePlacement placement = PleTabl
   static std::map<std::string, std::unique_ptr<Model>> models;
   auto& m = models[fmt + (placement == PleTablePlacement::Host ? "#host" : "#device")];
   if (!m) {
-    ModelOptions o;
-    o.ops = make_cuda_ops(0, CudaOpsOptions{placement, ActivationPrecision::Fp16x2});
-    m = Model::load(quant_dir(fmt) + "/model", o);
+    m = Model::load(quant_dir(fmt) + "/model",
+                    gpu_model_options(CudaOpsOptions{placement, ActivationPrecision::Fp16x2}));
   }
   return *m;
 }

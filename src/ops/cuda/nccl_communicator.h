@@ -1,0 +1,42 @@
+// The NCCL communicator: the collectives of a tensor-parallel group whose ranks are CUDA backends on distinct GPUs of
+// this process (parallel/communicator.h has the contract; docs/ENGINE.md "Tensor parallelism" the design).
+//
+// Each collective is enqueued on the rank's work stream (CudaOps::work_stream), after the ops that made its input
+// and before those that read its output, and returns without waiting: the host of a rank runs ahead as it does
+// without tensor parallelism. all_reduce_sum is ncclAllReduce (in place, float32 sum; NCCL's ring and tree
+// algorithms give every rank the same bits, so every rank routes and samples alike, although the order of the sum
+// is NCCL's, not the CPU communicator's rank order). all_gather_columns gathers the ranks' [rows, w_r] parts into a
+// [world, rows, w_max] scratch (ncclAllGather when the widths are equal, one ncclBroadcast per rank in a group when
+// they differ) and copies each part into its columns of the output; the widths are exchanged once per output width
+// (one ncclAllGather of int64 and a wait) and remembered.
+//
+// NCCL is loaded at run time (dlopen of libnccl.so.2, or the file FLASHNEXT_NCCL_LIBRARY names), so a binary runs
+// on a machine without NCCL and only `--tp N --device cuda` needs it. Shapes are not compared across ranks (that
+// would cost a host barrier per collective): the model makes them equal by construction, and the CPU communicator's
+// tests check it. abort() aborts every communicator of the group (ncclCommAbort), which ends the collectives the
+// other ranks' GPUs wait in; reset() makes the group anew (ncclCommInitAll).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops/ops.h"
+#include "parallel/communicator.h"
+
+namespace flashnext {
+
+/// Whether NCCL can be loaded; when not, `why` (if given) says what was tried and why it failed.
+bool nccl_available(std::string* why = nullptr);
+
+/// The loaded NCCL's version ("2.28.3"). Throws Error when NCCL cannot be loaded.
+std::string nccl_version();
+
+/// One communicator per rank, rank r on the GPU of ops[r] (CUDA backends, make_cuda_ops), a group made with
+/// ncclCommInitAll. A group of one is valid (every collective then goes through NCCL all the same). Throws Error for
+/// an empty list, a backend that is not CUDA, two ranks on one GPU (NCCL refuses that: use
+/// parallel/staged_communicator.h), NCCL that cannot be loaded (naming the file and FLASHNEXT_NCCL_LIBRARY), and an
+/// NCCL error (its message).
+std::vector<std::shared_ptr<Communicator>> make_nccl_communicators(const std::vector<std::shared_ptr<Ops>>& ops);
+
+}  // namespace flashnext
