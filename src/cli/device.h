@@ -59,6 +59,15 @@ inline void set_backend(ModelOptions& options, const std::string& device, int th
   FN_CHECK(tp >= 1, "--tp must be >= 1, got {}", tp);
   options.threads = threads;
   options.tp = tp;
+  if (const char* t = std::getenv("FLASHNEXT_TP_TIMEOUT"); t && *t) {
+    char* end = nullptr;
+    const double s = std::strtod(t, &end);
+    FN_CHECK(end && *end == '\0' && s >= 0,
+             "FLASHNEXT_TP_TIMEOUT must be a number of seconds >= 0 (0: no timeout), "
+             "got '{}'",
+             t);
+    options.tp_timeout_s = s;
+  }
   if (tp == 1) {
     options.ops = make_backend(device, threads);
     return;

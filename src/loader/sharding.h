@@ -97,8 +97,9 @@ class TpPlan {
 
   /// How rank r holds the logical checkpoint tensor `name` (WeightManifest names: "embed_tokens.weight",
   /// "layers.3.linear_attn.in_proj_qkv.weight", ...) of shape `full` (the table of the header comment; quantization
-  /// companions are not covered: the loader slices dequantized weights). The PLE table shards are not covered
-  /// either: see ple_rows.
+  /// companions are not covered: the loader slices dequantized weights, and hands quantized routed experts whole
+  /// to the backend with the rank's slice of the intermediate, RankShard::moe_inter). The PLE table shards are not
+  /// covered either: see ple_rows.
   TensorSplit split(int r, const std::string& name, const std::vector<int64_t>& full) const;
 
   /// Rows of a PLE table of `table_rows` logical rows that rank r holds (balanced contiguous ranges).

@@ -134,11 +134,17 @@ struct QuantMatrix {
 };
 
 /// The quantized routed experts of one MoE block: per expert e, gate[e] / up[e] [I, H] and down[e] [H, I], all of
-/// one format.
+/// one format, I = full_inter (the checkpoint's moe_intermediate_size). Under tensor parallelism a rank loads only
+/// its slice [inter_begin, inter_begin + inter) of the intermediate width (gate / up rows, down columns; loader/
+/// sharding.h); without it inter_begin = 0 and inter = full_inter. The matrices keep their checkpoint shapes.
 struct QuantExperts {
   std::string name;  ///< "layers.L.mlp.experts", for messages
   int64_t experts = 0, hidden = 0, inter = 0;
+  int64_t inter_begin = 0, full_inter = 0;  ///< full_inter 0: the same as inter (no slice)
   std::vector<QuantMatrix> gate, up, down;
+
+  int64_t full() const { return full_inter > 0 ? full_inter : inter; }
+  bool sliced() const { return inter != full(); }
 };
 
 /// What `Ops::load_quantized_experts` returns: either stacked backend weights (gate / up [E, I, H], down [E, H, I])

@@ -42,16 +42,24 @@ RoutedExperts Ops::random_experts(int64_t E, int64_t I, int64_t H, uint64_t seed
 
 RoutedExperts Ops::load_quantized_experts(const QuantExperts& q) {
   contract::quantized_experts(q);
-  const int64_t E = q.experts, H = q.hidden, I = q.inter;
-  auto stack = [&](const std::vector<QuantMatrix>& ms, int64_t rows, int64_t cols) {
+  const int64_t E = q.experts, H = q.hidden, I = q.inter, F = q.full(), b = q.inter_begin;
+  // Each matrix dequantized whole, then the rank's rows [r0, r0 + rows) and columns [c0, c0 + cols) of it.
+  auto stack = [&](const std::vector<QuantMatrix>& ms, int64_t rows, int64_t cols, int64_t r0, int64_t c0,
+                   int64_t full_rows, int64_t full_cols) {
     Tensor out;
     for (int64_t e = 0; e < E; ++e) {
       const QuantMatrix& m = ms[size_t(e)];
-      FN_CHECK(m.rows == rows && m.cols == cols && m.dequantize,
+      FN_CHECK(m.rows == full_rows && m.cols == full_cols && m.dequantize,
                "load_quantized_experts: '{}' is [{}, {}], expected "
                "[{}, {}] with its dequantization",
-               m.name, m.rows, m.cols, rows, cols);
-      const std::vector<float> w = m.dequantize();
+               m.name, m.rows, m.cols, full_rows, full_cols);
+      std::vector<float> w = m.dequantize();
+      if (rows != full_rows || cols != full_cols) {
+        std::vector<float> part(size_t(rows * cols));
+        for (int64_t i = 0; i < rows; ++i)
+          std::copy_n(w.begin() + (r0 + i) * full_cols + c0, cols, part.begin() + i * cols);
+        w = std::move(part);
+      }
       Tensor one = load_weight(w.data(), DType::F32, {1, rows, cols});
       if (e == 0) out = empty({E, rows, cols}, one.dtype());
       copy_rows(one, 0, out, e, 1);
@@ -59,9 +67,9 @@ RoutedExperts Ops::load_quantized_experts(const QuantExperts& q) {
     return out;
   };
   RoutedExperts r;
-  r.gate = stack(q.gate, I, H);
-  r.up = stack(q.up, I, H);
-  r.down = stack(q.down, H, I);
+  r.gate = stack(q.gate, I, H, b, 0, F, H);
+  r.up = stack(q.up, I, H, b, 0, F, H);
+  r.down = stack(q.down, H, I, 0, b, H, F);
   return r;
 }
 

@@ -18,8 +18,11 @@ namespace flashnext {
 class RankThreads {
  public:
   /// Starts world - 1 worker threads. `comms` (one per rank, or empty) are aborted when a rank's job throws, so that
-  /// the other ranks leave their collectives, and reset once every rank returned.
-  RankThreads(int world, std::vector<std::shared_ptr<Communicator>> comms);
+  /// the other ranks leave their collectives, and reset once every rank returned. `timeout_s` > 0 (world > 1): a
+  /// watchdog thread aborts them too when a run has not finished after that many seconds (a rank that hangs, or
+  /// never reaches a collective the others wait in), and the run then throws Error saying so once every rank
+  /// returned. A rank stuck outside any collective (in its own host code) is not interrupted: the run waits for it.
+  RankThreads(int world, std::vector<std::shared_ptr<Communicator>> comms, double timeout_s = 0);
   ~RankThreads();
   RankThreads(const RankThreads&) = delete;
   RankThreads& operator=(const RankThreads&) = delete;
@@ -34,10 +37,17 @@ class RankThreads {
  private:
   void worker(int rank);
   void run_rank(int rank);
+  void watchdog();
+  /// Records `error` as the run's failure when it is the first, and then aborts the communicators.
+  void fail_run(std::exception_ptr error);
 
   const int world_;
   std::vector<std::shared_ptr<Communicator>> comms_;
+  const double timeout_s_;
   std::vector<std::thread> threads_;
+  std::thread watchdog_;
+  std::condition_variable watch_;
+  bool in_run_ = false;
   std::mutex mu_;
   std::condition_variable wake_, done_;
   const std::function<void(int)>* job_ = nullptr;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <numeric>
 #include <thread>
@@ -138,6 +139,38 @@ void expect_partition(const std::vector<std::vector<IndexRange>>& ranges, int64_
 // At the released geometry (GDN 16 key / 48 value heads, QSA 24 query / 2 KV heads, experts 640 wide) TP 2, 4 and 8
 // split every head, channel and column exactly once; each rank's query heads use only its KV heads, and the KV heads
 // are replicated where the ranks outnumber them.
+// A rank that never reaches the collective the others wait in: the watchdog aborts the group after the timeout, the
+// waiting rank leaves its collective, and the run throws the timeout (the cause), not "another rank failed". The
+// group works again in the next run.
+TEST(RankThreadsTimeout, AStepThatDoesNotFinishAbortsTheGroup) {
+  auto comms = make_cpu_communicators(2);
+  RankThreads threads(2, comms, 0.2);
+  const std::vector<std::shared_ptr<Ops>> ops{make_cpu_ops(1), make_cpu_ops(1)};  // one per rank thread
+  std::vector<float> v(8, 1.f);
+  try {
+    threads.run([&](int r) {
+      if (r == 1) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(600));  // no collective: rank 0 waits for it
+        return;
+      }
+      Tensor t = ops[0]->upload(v.data(), DType::F32, {8});
+      comms[0]->all_reduce_sum(t);
+    });
+    FAIL() << "the run returned although rank 1 never reached the collective";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("did not finish within 0.2 s"), std::string::npos) << e.what();
+  }
+  std::vector<std::vector<float>> out(2);
+  threads.run([&](int r) {
+    Tensor t = ops[size_t(r)]->upload(v.data(), DType::F32, {8});
+    comms[size_t(r)]->all_reduce_sum(t);
+    out[size_t(r)].resize(8);
+    ops[size_t(r)]->download(t, out[size_t(r)].data());
+  });
+  EXPECT_EQ(out[0], std::vector<float>(8, 2.f));
+  EXPECT_EQ(out[1], std::vector<float>(8, 2.f));
+}
+
 TEST(TpPlan, ReleasedGeometryIsPartitionedExactly) {
   const ModelConfig cfg = load_config(source_path("models/release/config.json"));
   const int64_t H = cfg.hidden_size, D = cfg.head_dim, dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim;

@@ -80,6 +80,41 @@ TEST_P(QuantFixture, LogitsMatchTransformersOnDequantizedWeights) {
   }
 }
 
+// Tensor parallelism over quantized checkpoints: each rank gives the backend its slice of the routed experts'
+// intermediate (QuantExperts::inter_begin; the CPU dequantizes and slices, the CUDA backend packs the slice), and TP 2
+// and 4 give TP 1's logits up to the order of the row-parallel sums, and the reference's.
+TEST_P(QuantFixture, TensorParallelMatchesTp1AndReference) {
+  const std::string fmt = GetParam();
+  const SafetensorsFile ref(fixture(fmt) + "/reference.safetensors");
+  const TensorView& ids_v = ref.tensors().at("short.input_ids");
+  std::vector<int64_t> ids64(size_t(ids_v.numel()));
+  std::memcpy(ids64.data(), ids_v.data, ids64.size() * 8);
+  const std::vector<int32_t> ids(ids64.begin(), ids64.end());
+  const std::vector<float> want = f32(ref.tensors().at("short.logits"));
+  const auto tp1 = Model::load(fixture(fmt) + "/model");
+  SequenceState s1 = tp1->new_sequence();
+  const std::vector<float> base = tp1->forward(s1, ids, LogitsMode::All);
+  double scale = 0;
+  for (float v : base) scale = std::max(scale, double(std::fabs(v)));
+  for (int tp : {2, 4}) {
+    ModelOptions o;
+    o.tp = tp;
+    const auto m = Model::load(fixture(fmt) + "/model", o);
+    SequenceState s = m->new_sequence();
+    const std::vector<float> got = m->forward(s, ids, LogitsMode::All);
+    ASSERT_EQ(got.size(), base.size());
+    double d1 = 0, dr = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      d1 = std::max(d1, double(std::fabs(got[i] - base[i])));
+      dr = std::max(dr, double(std::fabs(got[i] - want[i])));
+    }
+    std::printf("[ quant    ] %-18s TP %d: max |logit - TP 1| / scale = %.3g, max |logit - reference| = %.3g\n",
+                fmt.c_str(), tp, d1 / scale, dr);
+    EXPECT_LE(d1, 1e-5 * scale) << fmt << " TP " << tp;
+    EXPECT_LE(dr, kTol) << fmt << " TP " << tp;
+  }
+}
+
 // The dequantized values equal, bit for bit, those the script computed independently in torch.
 TEST_P(QuantFixture, DequantizedWeightsEqualTheScriptsBitForBit) {
   const std::string fmt = GetParam();

@@ -76,7 +76,7 @@ void Model::make_ranks(const TpPlan& plan, const ModelOptions& options) {
     rank->comm = comms[size_t(r)];
     ranks_.push_back(std::move(rank));
   }
-  threads_ = std::make_unique<RankThreads>(tp, comms);
+  threads_ = std::make_unique<RankThreads>(tp, comms, options.tp_timeout_s);
 }
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& options) {

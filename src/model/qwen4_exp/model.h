@@ -68,6 +68,10 @@ struct ModelOptions {
   using CommunicatorFactory =
       std::function<std::vector<std::shared_ptr<Communicator>>(const std::vector<std::shared_ptr<Ops>>&)>;
   CommunicatorFactory communicators;
+  /// With tp > 1: seconds after which a step that has not finished aborts the group and fails with an Error
+  /// (parallel/rank_threads.h; a rank that hangs must not hang the server); 0: never. The CLI reads
+  /// FLASHNEXT_TP_TIMEOUT.
+  double tp_timeout_s = 600;
 };
 
 struct RandomWeightsReport;

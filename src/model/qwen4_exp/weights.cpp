@@ -193,15 +193,22 @@ struct Loader {
   /// quantized in one format they go to the backend as checkpoint tensors (`Ops::load_quantized_experts`: the CPU
   /// dequantizes them exactly, the CUDA backend repacks NVFP4 / int4 for its W4A16 kernels); otherwise each is
   /// loaded as a weight (quantized ones dequantized) and stacked.
+  /// Under tensor parallelism (I is then the rank's slice of the intermediate) the quantized experts go to the
+  /// backend whole with the rank's slice marked (QuantExperts::inter_begin), so that it packs only that.
   void experts(const std::string& p, int64_t E, int64_t I, int64_t H, MoeWeights& moe) const {
-    // Under tensor parallelism the quantized experts take the dequantized path (sliced per rank) for now.
-    if (std::optional<QuantExperts> qe =
-            plan && plan->world() > 1 ? std::nullopt : quantized_experts(quant, p, E, I, H)) {
+    const IndexRange slice = plan ? plan->rank(rank).moe_inter : IndexRange{0, I};
+    const int64_t full = plan ? plan->config().moe_intermediate_size : I;
+    if (std::optional<QuantExperts> qe = quantized_experts(quant, p, E, full, H)) {
+      qe->inter_begin = slice.begin;
+      qe->inter = slice.size();
+      qe->full_inter = full;
       RoutedExperts r = ops.load_quantized_experts(*qe);
       for (const auto* ms : {&qe->gate, &qe->up, &qe->down})
         for (const QuantMatrix& m : *ms)
           for (const HostArray* a : {&m.data, &m.scale, &m.global_scale, &m.zero_point})
-            if (a->defined()) consumed(size_t(shape_numel(a->shape)) * dtype_size(a->dtype));
+            if (a->defined())
+              consumed(size_t(double(shape_numel(a->shape)) * double(dtype_size(a->dtype)) * double(slice.size()) /
+                              double(full)));
       moe.gate = std::move(r.gate);
       moe.up = std::move(r.up);
       moe.down = std::move(r.down);

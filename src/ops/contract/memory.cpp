@@ -33,6 +33,9 @@ void quantized_experts(const QuantExperts& q) {
   FN_CHECK(E > 0 && int64_t(q.gate.size()) == E && int64_t(q.up.size()) == E && int64_t(q.down.size()) == E,
            "load_quantized_experts: {}: {} experts but {} / {} / {} gate / up / down matrices", q.name, E,
            q.gate.size(), q.up.size(), q.down.size());
+  FN_CHECK(q.inter > 0 && q.inter_begin >= 0 && q.inter_begin + q.inter <= q.full(),
+           "load_quantized_experts: {}: the slice [{}, {}) is outside the {}-wide intermediate", q.name, q.inter_begin,
+           q.inter_begin + q.inter, q.full());
 }
 
 size_t copy_rows(const Backend& b, const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row, int64_t n) {

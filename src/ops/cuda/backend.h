@@ -279,9 +279,15 @@ class CudaOps final : public Ops {
 
   // ------------------------------------------------ weights_ops.cpp
 
-  /// Rows [row0, row0 + m.rows) of expert `e` of `dst` from one checkpoint matrix (lossless, moe_w4a16.h).
-  static void pack_rows(W4Packed& dst, int64_t e, int64_t row0, const QuantMatrix& m, QuantFormat format, int64_t rows,
-                        int64_t cols, int64_t group, bool zeros);
+  /// The part of a checkpoint matrix [full_rows, full_cols] a rank packs: rows [r0, r0 + rows), columns
+  /// [c0, c0 + cols), in int4 groups of `group` inputs (the whole matrix without tensor parallelism).
+  struct Slice {
+    int64_t r0, rows, c0, cols, full_rows, full_cols, group;
+  };
+  /// Rows [row0, row0 + slice.rows) of expert `e` of `dst` from the slice of one checkpoint matrix (lossless,
+  /// moe_w4a16.h; int4 groups split by slice_int4 where the slice needs smaller ones).
+  static void pack_rows(W4Packed& dst, int64_t e, int64_t row0, const QuantMatrix& m, QuantFormat format,
+                        const Slice& slice, bool zeros);
 
   // ------------------------------------------------ dense_ops.cpp
 

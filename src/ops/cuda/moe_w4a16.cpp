@@ -123,6 +123,31 @@ Int4Plain unpack_ct_int4(const int32_t* weight_packed, const int32_t* zero_point
   return p;
 }
 
+Int4Plain slice_int4(const Int4Plain& p, int64_t r0, int64_t rows, int64_t c0, int64_t cols, int64_t group) {
+  const int64_t src_group = p.group ? p.group : p.cols, g = group ? group : cols;
+  FN_CHECK(r0 >= 0 && rows > 0 && r0 + rows <= p.rows && c0 >= 0 && cols > 0 && c0 + cols <= p.cols,
+           "slice_int4: rows [{}, +{}) and columns [{}, +{}) of a [{}, {}] matrix", r0, rows, c0, cols, p.rows, p.cols);
+  FN_CHECK(c0 % g == 0 && cols % g == 0 && src_group % g == 0,
+           "slice_int4: groups of {} do not tile columns [{}, +{}) inside source groups of {}", g, c0, cols, src_group);
+  const int64_t G = ceil_div(p.cols, src_group), Gs = cols / g;
+  Int4Plain s;
+  s.rows = rows;
+  s.cols = cols;
+  s.group = group;
+  s.q.resize(size_t(rows * cols));
+  s.scales.resize(size_t(rows * Gs));
+  if (!p.zeros.empty()) s.zeros.resize(size_t(rows * Gs));
+  for (int64_t n = 0; n < rows; ++n) {
+    std::copy_n(p.q.begin() + (r0 + n) * p.cols + c0, cols, s.q.begin() + n * cols);
+    for (int64_t j = 0; j < Gs; ++j) {
+      const size_t from = size_t((r0 + n) * G + (c0 + j * g) / src_group), to = size_t(n * Gs + j);
+      s.scales[to] = p.scales[from];
+      if (!p.zeros.empty()) s.zeros[to] = p.zeros[from];
+    }
+  }
+  return s;
+}
+
 W4Packed::W4Packed(W4Format format_, int experts_, int rows_, int cols_, int group_, bool with_zeros)
     : format(format_), experts(experts_), rows(rows_), cols(cols_), group(group_ ? group_ : cols_), has_zeros(with_zeros) {
   FN_CHECK(experts > 0 && rows > 0 && cols > 0 && cols % 8 == 0,

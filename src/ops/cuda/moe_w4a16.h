@@ -94,6 +94,12 @@ Int4Plain unpack_awq(const int32_t* qweight, const int32_t* qzeros, const float*
 Int4Plain unpack_ct_int4(const int32_t* weight_packed, const int32_t* zero_point, const float* scales, int64_t rows,
                          int64_t cols, int64_t group);
 
+/// Rows [r0, r0 + rows) and columns [c0, c0 + cols) of `p` (a tensor-parallel rank's slice) with groups of `group`
+/// inputs (0: one group over the slice's columns), each holding the scale and zero point of the source group it lies
+/// in: exact when `group` divides c0 and cols and the source's group (0: all of p.cols) is a multiple of it. Throws
+/// Error for a slice outside p or a group that does not fit.
+Int4Plain slice_int4(const Int4Plain& p, int64_t r0, int64_t rows, int64_t c0, int64_t cols, int64_t group);
+
 /// Host-side repacked weights of `experts` experts of a logical [rows, cols] matrix (layout above). Fill every
 /// expert's rows with set_rows (several calls may fill row ranges of one expert, e.g. gate rows 0..I-1 and up rows
 /// I..2I-1 of a fused gate_up [2I, H] from two checkpoint tensors, each with its own global scale), then upload.

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "ops/contract/memory.h"
 #include "ops/cuda/backend.h"
@@ -118,48 +119,79 @@ RoutedExperts CudaOps::random_experts(int64_t E, int64_t I, int64_t H, uint64_t 
 
 RoutedExperts CudaOps::load_quantized_experts(const QuantExperts& q) {
   contract::quantized_experts(q);
-  const int64_t E = q.experts, H = q.hidden, I = q.inter;
+  const int64_t E = q.experts, H = q.hidden, I = q.inter, F = q.full(), b = q.inter_begin;
   const QuantFormat kind = q.gate[0].format;
   const bool nvfp4 = kind == QuantFormat::Nvfp4 || kind == QuantFormat::CtNvfp4;
   const bool int4 = kind == QuantFormat::CtInt4 || kind == QuantFormat::Gptq || kind == QuantFormat::Awq;
-  const int64_t g_gu = nvfp4 ? 16 : q.gate[0].group, g_dn = nvfp4 ? 16 : q.down[0].group;
-  if ((!nvfp4 && !int4) || H % 8 != 0 || I % 8 != 0 || g_gu % 8 != 0 || g_dn % 8 != 0 || E > detail::kMoeMaxExperts) {
+  const int64_t g_gu = nvfp4 ? 16 : q.gate[0].group;
+  // down's inputs are the intermediate: a rank's slice [b, b + I) of it keeps whole scale groups, int4 groups split
+  // into equal smaller ones (each with its source group's scale and zero point: exact) where they must.
+  int64_t g_dn = nvfp4 ? 16 : q.down[0].group;
+  if (q.sliced() && int4) g_dn = std::gcd(std::gcd(g_dn ? g_dn : F, b), I);
+  if ((!nvfp4 && !int4) || H % 8 != 0 || I % 8 != 0 || g_gu % 8 != 0 || E > detail::kMoeMaxExperts) {
     return Ops::load_quantized_experts(q);
   }
+  if (q.sliced()) {
+    FN_CHECK(!nvfp4 || (b % 16 == 0 && I % 16 == 0),
+             "load_quantized_experts: {}: this tensor-parallel rank's slice [{}, {}) of the {}-wide intermediate cuts "
+             "the NVFP4 scale blocks of 16 inputs of down_proj; use a degree whose slices are multiples of 16",
+             q.name, b, b + I, F);
+    FN_CHECK(nvfp4 || g_dn % 8 == 0,
+             "load_quantized_experts: {}: this tensor-parallel rank's slice [{}, {}) of the {}-wide intermediate cuts "
+             "the int4 groups of {} inputs of down_proj into pieces of {} (the W4A16 kernels need multiples of 8); use "
+             "a degree whose slices are multiples of 8 that tile the groups",
+             q.name, b, b + I, F, q.down[0].group ? q.down[0].group : F, g_dn);
+  }
+  if (g_dn % 8 != 0) return Ops::load_quantized_experts(q);
   use_device();
   const bool zeros = kind == QuantFormat::Gptq ||
                      ((kind == QuantFormat::CtInt4 || kind == QuantFormat::Awq) && q.gate[0].zero_point.defined());
   const W4Format f = nvfp4 ? W4Format::Nvfp4 : W4Format::Int4;
   W4Packed gu(f, int(E), int(2 * I), int(H), int(g_gu), zeros), dn(f, int(E), int(H), int(I), int(g_dn), zeros);
+  const Slice rows_slice{b, I, 0, H, F, H, g_gu}, cols_slice{0, H, b, I, H, F, g_dn};
   for (int64_t e = 0; e < E; ++e) {
-    pack_rows(gu, e, 0, q.gate[size_t(e)], kind, I, H, g_gu, zeros);
-    pack_rows(gu, e, I, q.up[size_t(e)], kind, I, H, g_gu, zeros);
-    pack_rows(dn, e, 0, q.down[size_t(e)], kind, H, I, g_dn, zeros);
+    pack_rows(gu, e, 0, q.gate[size_t(e)], kind, rows_slice, zeros);
+    pack_rows(gu, e, I, q.up[size_t(e)], kind, rows_slice, zeros);
+    pack_rows(dn, e, 0, q.down[size_t(e)], kind, cols_slice, zeros);
   }
   RoutedExperts r;
   r.packed = std::make_shared<CudaW4Experts>(gu, dn, ctx_->device, fmt::format("w4a16 ({})", quant_format_name(kind)));
   return r;
 }
 
-void CudaOps::pack_rows(W4Packed& dst, int64_t e, int64_t row0, const QuantMatrix& m, QuantFormat kind, int64_t rows,
-                        int64_t cols, int64_t group, bool zeros) {
+void CudaOps::pack_rows(W4Packed& dst, int64_t e, int64_t row0, const QuantMatrix& m, QuantFormat kind, const Slice& sl,
+                        bool zeros) {
   const char* op = "load_quantized_experts";
-  FN_CHECK(m.format == kind && m.rows == rows && m.cols == cols && m.data.defined() && m.scale.defined(),
-           "{}: '{}' ({} [{}, {}]) does not fit its block: expected the format of the first expert, [{}, {}], with "
-           "data and scales",
-           op, m.name, int(m.format), m.rows, m.cols, rows, cols);
+  const int64_t rows = sl.rows, cols = sl.cols;
+  FN_CHECK(
+      m.format == kind && m.rows == sl.full_rows && m.cols == sl.full_cols && m.data.defined() && m.scale.defined(),
+      "{}: '{}' ({} [{}, {}]) does not fit its block: expected the format of the first expert, [{}, {}], with "
+      "data and scales",
+      op, m.name, int(m.format), m.rows, m.cols, sl.full_rows, sl.full_cols);
   if (kind == QuantFormat::Nvfp4 || kind == QuantFormat::CtNvfp4) {
     FN_CHECK(m.data.dtype == DType::U8 && m.scale.dtype == DType::F8_E4M3 && m.global_scale.defined() &&
                  m.global_scale.dtype == DType::F32 && shape_numel(m.global_scale.shape) == 1,
              "{}: NVFP4 weight '{}' needs U8 codes, F8_E4M3 block scales and one F32 global scale", op, m.name);
     float global = 0.f;
     std::memcpy(&global, m.global_scale.data, 4);
-    const Nvfp4Source src{rows,
-                          cols,
-                          static_cast<const uint8_t*>(m.data.data),
-                          static_cast<const uint8_t*>(m.scale.data),
-                          global,
-                          kind == QuantFormat::CtNvfp4};
+    // The slice's codes (two per byte) and block scales (one per 16 inputs); a column slice is copied (its start is
+    // a multiple of 16: load_quantized_experts checked), a row slice is a view.
+    const int64_t code_row = sl.full_cols / 2, scale_row = (sl.full_cols + 15) / 16;
+    const auto* codes = static_cast<const uint8_t*>(m.data.data) + sl.r0 * code_row;
+    const auto* scales = static_cast<const uint8_t*>(m.scale.data) + sl.r0 * scale_row;
+    std::vector<uint8_t> codes_part, scales_part;
+    if (cols != sl.full_cols) {
+      codes_part.resize(size_t(rows * cols / 2));
+      scales_part.resize(size_t(rows * ((cols + 15) / 16)));
+      for (int64_t n = 0; n < rows; ++n) {
+        std::copy_n(codes + n * code_row + sl.c0 / 2, cols / 2, codes_part.begin() + n * (cols / 2));
+        std::copy_n(scales + n * scale_row + sl.c0 / 16, (cols + 15) / 16,
+                    scales_part.begin() + n * ((cols + 15) / 16));
+      }
+      codes = codes_part.data();
+      scales = scales_part.data();
+    }
+    const Nvfp4Source src{rows, cols, codes, scales, global, kind == QuantFormat::CtNvfp4};
     try {
       dst.set_rows(int(e), int(row0), src);
     } catch (const Error& err) {
@@ -167,8 +199,8 @@ void CudaOps::pack_rows(W4Packed& dst, int64_t e, int64_t row0, const QuantMatri
     }
     return;
   }
-  FN_CHECK(m.data.dtype == DType::I32 && (m.group ? m.group : cols) == (group ? group : cols),
-           "{}: int4 weight '{}' needs I32 packed codes and group {} (has {})", op, m.name, group, m.group);
+  FN_CHECK(m.data.dtype == DType::I32, "{}: int4 weight '{}' needs I32 packed codes", op, m.name);
+  const int64_t R = sl.full_rows, C = sl.full_cols;
   const std::vector<int32_t> packed = host_copy<int32_t>(m.data);
   const std::vector<float> scales = float_copy(m.scale, "the scales of '" + m.name + "'");
   Int4Plain plain;
@@ -176,20 +208,24 @@ void CudaOps::pack_rows(W4Packed& dst, int64_t e, int64_t row0, const QuantMatri
     FN_CHECK(m.zero_point.defined() && m.zero_point.dtype == DType::I32, "{}: GPTQ weight '{}' needs I32 qzeros", op,
              m.name);
     const std::vector<int32_t> z = host_copy<int32_t>(m.zero_point);
-    plain = unpack_gptq(packed.data(), z.data(), scales.data(), rows, cols, m.group, m.gptq_v2);
+    plain = unpack_gptq(packed.data(), z.data(), scales.data(), R, C, m.group, m.gptq_v2);
   } else if (kind == QuantFormat::Awq) {
     FN_CHECK(m.zero_point.defined() == zeros && (!zeros || m.zero_point.dtype == DType::I32),
              "{}: AWQ weight '{}' {} qzeros, the first expert {}", op, m.name, m.zero_point.defined() ? "has" : "lacks",
              zeros ? "has them" : "does not");
     const std::vector<int32_t> z = zeros ? host_copy<int32_t>(m.zero_point) : std::vector<int32_t>();
-    plain = unpack_awq(packed.data(), zeros ? z.data() : nullptr, scales.data(), rows, cols, m.group);
+    plain = unpack_awq(packed.data(), zeros ? z.data() : nullptr, scales.data(), R, C, m.group);
   } else {
     FN_CHECK(m.zero_point.defined() == zeros && (!zeros || m.zero_point.dtype == DType::I32),
              "{}: '{}' {} zero points, the first expert {}", op, m.name, m.zero_point.defined() ? "has" : "lacks",
              zeros ? "has them" : "does not");
     const std::vector<int32_t> z = zeros ? host_copy<int32_t>(m.zero_point) : std::vector<int32_t>();
-    plain = unpack_ct_int4(packed.data(), zeros ? z.data() : nullptr, scales.data(), rows, cols, m.group);
+    plain = unpack_ct_int4(packed.data(), zeros ? z.data() : nullptr, scales.data(), R, C, m.group);
   }
+  FN_CHECK((plain.group ? plain.group : C) % (sl.group ? sl.group : C) == 0,
+           "{}: int4 weight '{}' has groups of {}, its block {}", op, m.name, plain.group, sl.group);
+  if (rows != R || cols != C || (plain.group ? plain.group : C) != (sl.group ? sl.group : cols))
+    plain = slice_int4(plain, sl.r0, rows, sl.c0, cols, sl.group);
   try {
     dst.set_rows(int(e), int(row0), plain.source());
   } catch (const Error& err) {
