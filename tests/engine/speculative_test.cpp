@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "engine/generator.h"
 #include "engine/loaded_model.h"
+#include "engine/sampling.h"
 #include "fixture.h"
 
 namespace flashnext {
@@ -310,6 +311,71 @@ TEST(Speculative, MtpDraftsEqualAFreshRecompute) {
       EXPECT_GT(compared, 6 * k / 2);
       EXPECT_EQ(sd.stats().accepted, 6 * int64_t(half ? k / 2 : k));
     }
+  }
+}
+
+// Seeded sampling through the sampler directly, MTP drafts included (on tiny-mtp, whose drafts the sampled target
+// sometimes takes): the same tokens as plain sampled decoding with the same seed.
+TEST(Speculative, SeededSamplingWithMtpEqualsPlainSampling) {
+  Model& model = model_at(kTinyMtp, true);
+  const int64_t V = model.config().vocab_size;
+  const std::vector<int32_t> prompt = prompt_for(model, 19, 7);
+  const int n = 48;
+  for (uint64_t seed : {11u, 12u}) {
+    SamplingParams p;
+    p.temperature = 1.5;  // flat enough that the target takes some drafts
+    p.top_k = 4;
+    p.seed = seed;
+    std::vector<int32_t> plain;
+    {
+      Sampler smp(p, V, prompt);
+      SequenceState seq = model.new_sequence();
+      std::vector<float> row = model.forward(seq, prompt, LogitsMode::Last);
+      while (int(plain.size()) < n) {
+        plain.push_back(smp.sample(row));
+        smp.accept(plain.back());
+        if (int(plain.size()) < n) row = model.forward(seq, {&plain.back(), 1}, LogitsMode::Last);
+      }
+    }
+    for (const char* spec : {"mtp:1", "mtp:4", "ngram:3"}) {
+      SCOPED_TRACE(std::string(spec) + " seed " + std::to_string(seed));
+      Sampler smp(p, V, prompt);
+      SpeculativeDecoder sd(model, SpeculativeConfig::parse(spec));
+      SequenceState seq = model.new_sequence();
+      auto choose = [&](std::span<float> row) {
+        const int32_t t = smp.sample(row);
+        smp.accept(t);
+        return t;
+      };
+      std::vector<float> first = sd.prefill(seq, prompt);
+      std::vector<int32_t> context = prompt, out{choose(first)};
+      context.push_back(out.back());
+      while (int(out.size()) < n) {
+        for (int32_t t : sd.step(seq, context, choose)) out.push_back(t), context.push_back(t);
+      }
+      out.resize(size_t(n));
+      EXPECT_EQ(out, plain);
+      if (std::string(spec) == "mtp:4")
+        std::printf("[ spec ] tiny-mtp sampled T=1.5 top-k 4 %s seed %llu: drafted %lld, accepted %lld\n", spec,
+                    (unsigned long long)seed, (long long)sd.stats().drafted, (long long)sd.stats().accepted);
+    }
+  }
+}
+
+// At the end of the context the drafts shrink (the verify must fit max_position_embeddings) down to none; the output
+// is still the plain one up to the last position.
+TEST(Speculative, DraftsShrinkAtTheContextLength) {
+  for (bool mtp : {false, true}) {
+    Model& model = model_at(kTinyMtp, mtp);
+    const int64_t max_pos = model.config().max_position_embeddings;
+    std::vector<int32_t> prompt = prompt_for(model, int(max_pos - 9), 2);
+    const int n = 9;  // prompt + n = max_pos; the last token is never fed
+    const std::vector<int32_t> plain = plain_greedy(model, prompt, n);
+    SpeculativeDecoder sd(
+        model, SpeculativeConfig{mtp ? SpeculativeConfig::Method::Mtp : SpeculativeConfig::Method::Ngram, 8});
+    SequenceState seq;
+    EXPECT_EQ(spec_greedy(sd, model, prompt, n, &seq), plain);
+    EXPECT_LE(seq.length, max_pos - 1);
   }
 }
 

@@ -131,6 +131,8 @@ TEST(Mtp, BadUseFailsClearly) {
   ModelOptions o;
   o.load_mtp = true;
   expect_error([&] { Model::load(source_path("tests/data/fixtures/tiny-a/model"), o); }, "no mtp.* tensors");
+  o.tp = 2;
+  expect_error([&] { Model::load(source_path(kMtpModel), o); }, "does not run tensor-parallel");
 }
 
 // Snapshot, a detour of other tokens, restore, then the real tokens: the same logits, bit for bit, as feeding the
