@@ -57,7 +57,14 @@ int run(const GenerateArgs& a) {
   const SpeculativeConfig spec = SpeculativeConfig::parse(a.speculative);  // before any weight is read
   cli::GenerationArgs gen_args = a.gen;
   gen_args.load_mtp = spec.method == SpeculativeConfig::Method::Mtp;
-  LoadedModel m = cli::load_for_generation(gen_args, /*with_chat_template=*/!a.raw);
+  LoadedModel m = [&] {
+    try {
+      return cli::load_for_generation(gen_args, /*with_chat_template=*/!a.raw);
+    } catch (const Error& e) {
+      if (!gen_args.load_mtp) throw;
+      fail("--speculative {}: {}", spec.str(), e.what());  // say which flag asked for the MTP layer
+    }
+  }();
   std::vector<TokenId> prompt;
   if (a.raw) {
     prompt = m.raw_prompt(*a.prompt);

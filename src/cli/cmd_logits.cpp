@@ -73,7 +73,14 @@ int run(const LogitsArgs& a) {
   options.load_mtp = spec.method == SpeculativeConfig::Method::Mtp;
   cli::set_backend(options, a.device, a.threads, a.tp);
   options.progress = cli::LoadProgressPrinter();
-  auto model = Model::load(a.model, options);
+  auto model = [&] {
+    try {
+      return Model::load(a.model, options);
+    } catch (const Error& e) {
+      if (!options.load_mtp) throw;
+      fail("--speculative {}: {}", spec.str(), e.what());  // say which flag asked for the MTP layer
+    }
+  }();
   const int64_t T = int64_t(ids.size()), V = model->config().vocab_size;
   const int64_t chunk = a.chunk > 0 ? a.chunk : T;
 

@@ -127,6 +127,7 @@ TEST_F(Cli, BadInputFailsWithAClearMessage) {
   // The bundled model has no MTP layer: said before the trunk's weights load (no "loaded" line).
   CliRun r = run_cli({"generate", "--prompt", "hi", "--speculative", "mtp:2"});
   EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("--speculative mtp:2: "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("no mtp.* tensors"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("flashnext: loaded"), std::string::npos) << r.err;
   const std::string mtp_model = std::string(FLASHNEXT_SOURCE_DIR) + "/tests/data/fixtures/tiny-mtp/model";
