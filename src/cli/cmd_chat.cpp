@@ -43,7 +43,7 @@ int run(const ChatArgs& a) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     history.push_back(json{{"role", "user"}, {"content", line}});
     try {
-      GenerationRequest request{m.chat_prompt(history, vars), params};
+      GenerationRequest request{m.chat_prompt(history, vars), params, {}};
       Generator gen = generate(*m.model, m.tokenizer, m.generation, std::move(request), cli::emit);
       if (gen.text().empty() || gen.text().back() != '\n') cli::emit("\n");
       cli::print_stats(gen.stats(), gen.finish_reason());

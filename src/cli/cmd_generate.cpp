@@ -3,6 +3,7 @@
 // is decoded, then prompt and decode throughput on stderr. The chat template is applied (the prompt becomes one user
 // message) unless --raw; --messages is a JSON array of messages, or an object with "messages" and optionally
 // "tools" (as `flashnext chat-template` takes). --show-ids also prints the prompt and output token ids on stderr.
+// --speculative mtp:K | ngram:K decodes speculatively (engine/speculative.h) and prints acceptance figures.
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -17,7 +18,7 @@ using namespace flashnext;
 struct GenerateArgs {
   cli::GenerationArgs gen;
   std::optional<std::string> prompt;
-  std::string messages;
+  std::string messages, speculative;
   bool raw = false, show_ids = false;
 };
 
@@ -53,7 +54,17 @@ int run(const GenerateArgs& a) {
   if (a.prompt && a.prompt->empty()) fail("the prompt is empty: --prompt needs some text");
   if (a.raw && have_messages) fail("--raw applies to --prompt only (--messages always uses the chat template)");
 
-  LoadedModel m = cli::load_for_generation(a.gen, /*with_chat_template=*/!a.raw);
+  const SpeculativeConfig spec = SpeculativeConfig::parse(a.speculative);  // before any weight is read
+  cli::GenerationArgs gen_args = a.gen;
+  gen_args.load_mtp = spec.method == SpeculativeConfig::Method::Mtp;
+  LoadedModel m = [&] {
+    try {
+      return cli::load_for_generation(gen_args, /*with_chat_template=*/!a.raw);
+    } catch (const Error& e) {
+      if (!gen_args.load_mtp) throw;
+      fail("--speculative {}: {}", spec.str(), e.what());  // say which flag asked for the MTP layer
+    }
+  }();
   std::vector<TokenId> prompt;
   if (a.raw) {
     prompt = m.raw_prompt(*a.prompt);
@@ -63,13 +74,21 @@ int run(const GenerateArgs& a) {
                                   : json::array({json{{"role", "user"}, {"content", *a.prompt}}});
     prompt = m.chat_prompt(messages, cli::template_vars(a.gen), tools);
   }
-  GenerationRequest request{std::move(prompt), cli::sampling_params(a.gen, m.generation)};
+  GenerationRequest request{std::move(prompt), cli::sampling_params(a.gen, m.generation), spec};
   Generator gen = generate(*m.model, m.tokenizer, m.generation, std::move(request), cli::emit);
   cli::end_line(gen.text());
   if (a.show_ids) {
     fmt::print(stderr, "prompt ids: {}\noutput ids: {}\n", join_ids(gen.prompt()), join_ids(gen.output_ids()));
   }
   cli::print_stats(gen.stats(), gen.finish_reason());
+  if (spec.enabled()) {
+    const SpeculativeStats st = gen.speculative_stats();
+    fmt::print(stderr,
+               "speculative {}: {} verify steps, drafted {}, accepted {} ({:.1f}%), mean accepted length {:.2f}, "
+               "{} rollbacks\n",
+               spec.str(), st.steps, st.drafted, st.accepted, 100.0 * st.acceptance_rate(), st.mean_accepted_length(),
+               st.refeeds);
+  }
   return 0;
 }
 
@@ -85,6 +104,9 @@ FLASHNEXT_SUBCOMMAND(generate, "generate", "Generate text for one prompt, stream
                        p->excludes(m);
                        sub.add_flag("--raw", a->raw, "tokenize --prompt as is, without the chat template");
                        sub.add_flag("--show-ids", a->show_ids, "print the prompt and output token ids on stderr");
+                       sub.add_option("--speculative", a->speculative,
+                                      "speculative decoding: mtp:K (the checkpoint's MTP layer) or ngram:K (prompt "
+                                      "lookup), K drafts per step in 1..8; acceptance figures on stderr");
                        cli::add_generation_options(sub, a->gen);
                        return [a] { return run(*a); };
                      });

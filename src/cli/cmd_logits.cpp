@@ -17,6 +17,7 @@
 #include "cli/load_progress.h"
 #include "core/error.h"
 #include "core/npy.h"
+#include "engine/speculative.h"
 #include "model/qwen4_exp/model.h"
 
 namespace {
@@ -29,6 +30,7 @@ struct LogitsArgs {
   int greedy = 0;
   int threads = 0, tp = 1;
   std::string device = "cpu";
+  std::string speculative;
   bool warmup = false;
 };
 
@@ -64,10 +66,21 @@ int run(const LogitsArgs& a) {
   if (ids.empty()) fail("--ids: the prompt is empty: give at least one token id");
   if (a.chunk < 0) fail("--chunk must be >= 1 (or 0 for the whole prompt), got {}", a.chunk);
   if (a.greedy < 0) fail("--greedy must be >= 0, got {}", a.greedy);
+  const SpeculativeConfig spec = SpeculativeConfig::parse(a.speculative);  // before any weight is read
+  if (spec.enabled() && a.greedy == 0)
+    fail("--speculative {} applies to --greedy N decoding: give --greedy", spec.str());
   ModelOptions options;
+  options.load_mtp = spec.method == SpeculativeConfig::Method::Mtp;
   cli::set_backend(options, a.device, a.threads, a.tp);
   options.progress = cli::LoadProgressPrinter();
-  auto model = Model::load(a.model, options);
+  auto model = [&] {
+    try {
+      return Model::load(a.model, options);
+    } catch (const Error& e) {
+      if (!options.load_mtp) throw;
+      fail("--speculative {}: {}", spec.str(), e.what());  // say which flag asked for the MTP layer
+    }
+  }();
   const int64_t T = int64_t(ids.size()), V = model->config().vocab_size;
   const int64_t chunk = a.chunk > 0 ? a.chunk : T;
 
@@ -93,7 +106,31 @@ int run(const LogitsArgs& a) {
   fmt::print(stderr, "wrote {} [{}, {}]; prefill {} tokens in {:.3f} s ({:.1f} tokens/s, chunk {})\n", a.out, T, V, T,
              prefill_s, double(T) / prefill_s, chunk);
 
-  if (a.greedy > 0) {
+  if (a.greedy > 0 && spec.enabled()) {
+    // Speculative greedy decode on a fresh sequence (its own prefill, which the proposer needs).
+    SpeculativeDecoder sd(*model, spec);
+    SequenceState sseq = model->new_sequence();
+    std::vector<int32_t> context = ids, out;
+    t0 = clock::now();
+    std::vector<float> row = sd.prefill(sseq, ids);
+    auto choose = [&](std::span<float> r) { return int32_t(argmax(r.data(), V)); };
+    out.push_back(choose(row));
+    context.push_back(out.back());
+    while (int64_t(out.size()) < a.greedy) {
+      for (int32_t t : sd.step(sseq, context, choose)) {
+        if (int64_t(out.size()) < a.greedy) out.push_back(t);
+        context.push_back(t);
+      }
+    }
+    const double decode_s = std::chrono::duration<double>(clock::now() - t0).count();
+    fmt::print("greedy: {}\n", fmt::join(out, ","));
+    const SpeculativeStats& st = sd.stats();
+    fmt::print(stderr,
+               "speculative {}: {} verify steps, drafted {}, accepted {} ({:.1f}%), mean accepted length {:.2f}, "
+               "{} rollbacks; prefill + decode {:.3f} s\n",
+               spec.str(), st.steps, st.drafted, st.accepted, 100.0 * st.acceptance_rate(), st.mean_accepted_length(),
+               st.refeeds, decode_s);
+  } else if (a.greedy > 0) {
     std::vector<int64_t> out;
     std::vector<float> row(logits.end() - V, logits.end());
     t0 = clock::now();
@@ -127,6 +164,9 @@ FLASHNEXT_SUBCOMMAND(logits, "logits", "Write the float32 next-token logits of a
                                       "tensor-parallel ranks (default 1; threads of this process, docs/ENGINE.md)");
                        sub.add_option("--device", a->device, "cpu (default: the float32 oracle) or cuda")
                            ->check(CLI::IsMember({"cpu", "cuda"}));
+                       sub.add_option("--speculative", a->speculative,
+                                      "speculative greedy decoding: mtp:K (the checkpoint's MTP layer) or ngram:K "
+                                      "(prompt lookup), K drafts per step in 1..8");
                        sub.add_flag("--warmup", a->warmup, "run the prompt once untimed before the timed prefill");
                        return [a] { return run(*a); };
                      });

@@ -31,6 +31,7 @@ struct GenerationArgs {
   std::optional<uint64_t> seed;
   std::vector<std::string> stop, vars;
   bool ignore_eos = false, no_thinking = false;
+  bool load_mtp = false;  ///< load the MTP layer too (generate --speculative mtp:K)
 };
 
 inline void add_generation_options(CLI::App& sub, GenerationArgs& a) {
@@ -93,6 +94,7 @@ inline LoadedModel load_for_generation(const GenerationArgs& a, bool with_chat_t
   ModelOptions options;
   set_backend(options, a.device, a.threads, a.tp);
   options.progress = LoadProgressPrinter();
+  options.load_mtp = a.load_mtp;
   const std::string dir = resolve_model_dir(a.model);
   const auto t0 = std::chrono::steady_clock::now();
   LoadedModel m = LoadedModel::load(dir, options, with_chat_template);

@@ -29,6 +29,7 @@ Generator::Generator(Model& model, const Tokenizer& tokenizer, const GenerationC
       output_(tokenizer, generation, request_.params, model.config().vocab_size, int64_t(request_.prompt.size()),
               model.config().max_position_embeddings) {
   stats_.prompt_tokens = int64_t(request_.prompt.size());
+  if (request_.speculative.enabled()) spec_ = std::make_unique<SpeculativeDecoder>(model_, request_.speculative);
 }
 
 TokenDelta Generator::step() {
@@ -37,6 +38,31 @@ TokenDelta Generator::step() {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   const bool prefill = output_.token_ids().empty();
+  if (spec_) {
+    if (queued_at_ == queued_.size()) {
+      queued_.clear();
+      queued_at_ = 0;
+      auto choose = [&](std::span<float> row) {
+        const TokenId t = sampler_.sample(row);
+        sampler_.accept(t);
+        return t;
+      };
+      if (prefill) {
+        context_ = request_.prompt;
+        std::vector<float> logits = spec_->prefill(seq_, request_.prompt);
+        queued_.push_back(choose(logits));
+      } else {
+        queued_ = spec_->step(seq_, context_, choose);
+      }
+      context_.insert(context_.end(), queued_.begin(), queued_.end());
+    }
+    const TokenId token = queued_[queued_at_++];
+    const double dt = std::chrono::duration<double>(clock::now() - t0).count();
+    (prefill ? stats_.prefill_seconds : stats_.decode_seconds) += dt;
+    if (!prefill) ++stats_.decode_steps;
+    ++stats_.output_tokens;
+    return output_.append(token);
+  }
   std::vector<float> logits;
   if (prefill) {
     logits = model_.forward(seq_, request_.prompt, LogitsMode::Last);

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "engine/generation_config.h"
 #include "engine/output.h"
 #include "engine/sampling.h"
+#include "engine/speculative.h"
 #include "model/qwen4_exp/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -24,6 +26,8 @@ namespace flashnext {
 struct GenerationRequest {
   std::vector<TokenId> prompt;
   SamplingParams params;
+  /// Speculative decoding (engine/speculative.h); Method::None: one token per forward.
+  SpeculativeConfig speculative;
 };
 
 /// Token counts and wall times of one generation. Prefill = the forward over the prompt plus sampling the first
@@ -49,8 +53,11 @@ class Generator {
   Generator(Model& model, const Tokenizer& tokenizer, const GenerationConfig& generation, GenerationRequest request);
 
   /// Runs one step: the prefill on the first call, one decode step afterwards; samples one token and returns what
-  /// it produced. Throws Error when called after the output finished.
+  /// it produced. With speculative decoding a verify step yields several tokens: they are returned one per call
+  /// (the calls after the verify run no forward). Throws Error when called after the output finished.
   TokenDelta step();
+  /// Acceptance figures of speculative decoding (zeros without it).
+  SpeculativeStats speculative_stats() const { return spec_ ? spec_->stats() : SpeculativeStats{}; }
 
   bool finished() const { return output_.finished(); }
   FinishReason finish_reason() const { return output_.finish_reason(); }
@@ -69,6 +76,10 @@ class Generator {
   Sampler sampler_;
   OutputProcessor output_;
   GenerationStats stats_;
+  std::unique_ptr<SpeculativeDecoder> spec_;
+  std::vector<TokenId> context_;  ///< prompt + sampled tokens (the proposers' context)
+  std::vector<TokenId> queued_;   ///< tokens of the last verify step not yet returned by step()
+  size_t queued_at_ = 0;
 };
 
 /// Runs `request` to the end, calling `on_text` with every non-empty piece of text as soon as it is final.

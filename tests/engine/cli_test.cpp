@@ -121,6 +121,51 @@ TEST_F(Cli, BadInputFailsWithAClearMessage) {
   std::string long_prompt;
   for (int i = 0; i < 9000; ++i) long_prompt += " a";  // > 8192 tokens (max_position_embeddings of tiny-b)
   expect_error({"generate", "--raw", "--prompt", long_prompt}, "max_position_embeddings");
+  expect_error({"generate", "--prompt", "hi", "--speculative", "mtp:9"}, "--speculative mtp:9: K must be");
+  expect_error({"generate", "--prompt", "hi", "--speculative", "ngram:0"}, "--speculative ngram:0: K must be");
+  expect_error({"generate", "--prompt", "hi", "--speculative", "eagle:2"}, "unknown proposer 'eagle'");
+  // The bundled model has no MTP layer: said before the trunk's weights load (no "loaded" line).
+  CliRun r = run_cli({"generate", "--prompt", "hi", "--speculative", "mtp:2"});
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("--speculative mtp:2: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("no mtp.* tensors"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("flashnext: loaded"), std::string::npos) << r.err;
+  const std::string mtp_model = std::string(FLASHNEXT_SOURCE_DIR) + "/tests/data/fixtures/tiny-mtp/model";
+  expect_error({"logits", "--model", mtp_model, "--ids", "1,2", "--out", (cli_scratch() / "x.npy").string(),
+                "--speculative", "mtp:2"},
+               "applies to --greedy N");
+}
+
+// --speculative: generate reproduces the reference's greedy ids with ngram drafts and prints acceptance figures;
+// logits --greedy gives the same ids with and without MTP / ngram drafts.
+TEST_F(Cli, SpeculativeDecodingKeepsTheGreedyOutput) {
+  const auto greedy = test::reference_ids("code.greedy_ids");
+  const std::string code = test::tokenizer_cases()["encode"][test::kCodeEncodeCase]["text"];
+  CliRun r = run_cli({"generate", "--prompt", code, "--raw", "--temperature", "0", "--max-tokens",
+                      std::to_string(greedy.size()), "--show-ids", "--speculative", "ngram:4"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(ids_after(r.err, "output ids: "), greedy);
+  EXPECT_NE(r.err.find("speculative ngram:4: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("mean accepted length"), std::string::npos) << r.err;
+
+  const std::string mtp_model = std::string(FLASHNEXT_SOURCE_DIR) + "/tests/data/fixtures/tiny-mtp/model";
+  const std::string out = (cli_scratch() / "mtp.npy").string();
+  auto greedy_line = [](const std::string& text) {
+    const size_t at = text.find("greedy: ");
+    return at == std::string::npos ? std::string() : text.substr(at, text.find('\n', at) - at);
+  };
+  CliRun plain =
+      run_cli({"logits", "--model", mtp_model, "--ids", "5,17,300,42,5,17,300", "--out", out, "--greedy", "24"});
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  ASSERT_FALSE(greedy_line(plain.out).empty()) << plain.out;
+  for (const char* spec : {"mtp:3", "ngram:5"}) {
+    SCOPED_TRACE(spec);
+    CliRun sp = run_cli({"logits", "--model", mtp_model, "--ids", "5,17,300,42,5,17,300", "--out", out, "--greedy",
+                         "24", "--speculative", spec});
+    ASSERT_EQ(sp.status, 0) << sp.err;
+    EXPECT_EQ(greedy_line(sp.out), greedy_line(plain.out));
+    EXPECT_NE(sp.err.find(std::string("speculative ") + spec + ": "), std::string::npos) << sp.err;
+  }
 }
 
 // --device cuda: what it must do depends on the build and on the machine. Without the CUDA backend, and in a CUDA

@@ -86,9 +86,18 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   m->make_ranks(plan, options);
   auto checkpoint = std::make_shared<const Checkpoint>(dir);
   const WeightManifest manifest = WeightManifest::build(m->config_, *checkpoint);
+  if (options.load_mtp) {  // what can be told before the trunk loads
+    FN_CHECK(plan.world() == 1, "the MTP layer (speculative decoding) does not run tensor-parallel yet (--tp {})",
+             plan.world());
+    FN_CHECK(has_mtp_tensors(manifest), "{}: the checkpoint has no mtp.* tensors: no MTP layer to draft with", dir);
+    FN_CHECK(m->config_.mtp_num_hidden_layers >= 1,
+             "{}: the checkpoint has mtp.* tensors but the config says mtp_num_hidden_layers = {}", m->config_.source,
+             m->config_.mtp_num_hidden_layers);
+  }
   if (plan.world() == 1) {
     m->ranks_[0]->weights = std::make_unique<ModelWeights>(
         load_weights(m->config_, manifest, checkpoint, *m->ranks_[0]->ops, options.progress));
+    if (options.load_mtp) m->ranks_[0]->weights->mtp = load_mtp_weights(m->config_, manifest, *m->ranks_[0]->ops);
     return m;
   }
   // The ranks load their parts in parallel; progress is the sum of theirs, reported once every rank has started.
@@ -160,10 +169,10 @@ std::shared_ptr<CachePool> Model::allocate_cache(int64_t num_blocks, int64_t blo
   for (const auto& rank : ranks_) {
     const ModelConfig& c = rank->config;  // the rank's heads
     Ops& ops = *rank->ops;
-    std::vector<LayerCache>& layers = pool->ranks.emplace_back(size_t(c.num_hidden_layers));
-    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    std::vector<LayerCache>& layers = pool->ranks.emplace_back(size_t(cache_layers()));
+    for (int64_t l = 0; l < cache_layers(); ++l) {
       LayerCache& lc = layers[size_t(l)];
-      if (c.layer_types[size_t(l)] == LayerKind::GatedDeltaNet) {
+      if (l < c.num_hidden_layers && c.layer_types[size_t(l)] == LayerKind::GatedDeltaNet) {
         if (with_states && c.linear_num_value_heads > 0) {
           lc.conv = ops.zeros({num_slots, c.linear_conv_kernel_dim - 1, c.gdn_conv_dim()});
           lc.recurrent =
@@ -175,7 +184,7 @@ std::shared_ptr<CachePool> Model::allocate_cache(int64_t num_blocks, int64_t blo
         lc.index_keys = ops.empty({rows, c.indexer_head_dim});
         lc.pooled_keys = ops.empty({rows / c.indexer_compress_ratio, c.indexer_head_dim});
       }
-      if (with_states && c.ple_index_of_layer(l) >= 0)
+      if (with_states && l < c.num_hidden_layers && c.ple_index_of_layer(l) >= 0)
         lc.ple_conv = ops.zeros({num_slots, c.ple_conv_state_len(), c.hc_width()});
     }
   }
@@ -188,9 +197,8 @@ std::shared_ptr<CachePool> Model::new_cache(int64_t num_blocks, int64_t block_si
 }
 
 SequenceState Model::new_sequence(std::shared_ptr<CachePool> cache, int32_t slot) const {
-  FN_CHECK(
-      cache && cache->ranks.size() == ranks_.size() && int64_t(cache->ranks[0].size()) == config_.num_hidden_layers,
-      "new_sequence: the cache pool was not made by this model (Model::new_cache)");
+  FN_CHECK(cache && cache->ranks.size() == ranks_.size() && int64_t(cache->ranks[0].size()) == cache_layers(),
+           "new_sequence: the cache pool was not made by this model (Model::new_cache)");
   FN_CHECK(slot >= 0 && slot < cache->num_slots, "new_sequence: slot {} is outside the pool's {} slots", slot,
            cache->num_slots);
   SequenceState s;
@@ -253,9 +261,8 @@ SequenceState Model::clone_sequence(const SequenceState& seq) const {
 
 void Model::copy_sequence(const SequenceState& from, SequenceState& to) const {
   FN_CHECK(from.cache && to.cache && from.cache->ranks.size() == ranks_.size() &&
-               to.cache->ranks.size() == ranks_.size() &&
-               int64_t(from.cache->ranks[0].size()) == config_.num_hidden_layers &&
-               int64_t(to.cache->ranks[0].size()) == config_.num_hidden_layers,
+               to.cache->ranks.size() == ranks_.size() && int64_t(from.cache->ranks[0].size()) == cache_layers() &&
+               int64_t(to.cache->ranks[0].size()) == cache_layers(),
            "copy_sequence: the sequences were not made by this model");
   FN_CHECK(to.length == 0 && &from != &to && (from.cache != to.cache || from.slot != to.slot),
            "copy_sequence: the destination must be a fresh sequence (length 0) with a state slot of its own");
@@ -302,13 +309,14 @@ void Model::copy_sequence(const SequenceState& from, SequenceState& to) const {
     }
   }
   to.length = n;
+  to.mtp_length = std::min(from.mtp_length, n);
   to.ple_history = from.ple_history;
 }
 
 void Model::validate(const SequenceState& seq, std::span<const int32_t> ids) const {
   if (ids.empty()) fail("forward: empty input: at least one token id is required");
   FN_CHECK(seq.cache && seq.cache->ranks.size() == ranks_.size() &&
-               int64_t(seq.cache->ranks[0].size()) == config_.num_hidden_layers &&
+               int64_t(seq.cache->ranks[0].size()) == cache_layers() &&
                int64_t(seq.ple_history.size()) == config_.num_hidden_layers,
            "forward: the sequence state was not made by this model: use Model::new_sequence()");
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -341,8 +349,8 @@ Tensor Model::forward_tensor(SequenceState& seq, std::span<const int32_t> ids, L
   return forward_batch({&item, 1}, nullptr, hook);
 }
 
-Tensor Model::forward_batch(std::span<const BatchItem> items, std::vector<int64_t>* row_offsets,
-                            const HiddenHook& hook) {
+Tensor Model::forward_batch(std::span<const BatchItem> items, std::vector<int64_t>* row_offsets, const HiddenHook& hook,
+                            Tensor* wide_residual) {
   FN_CHECK(!items.empty(), "forward_batch: no sequences");
   for (size_t i = 0; i < items.size(); ++i) {
     const BatchItem& it = items[i];
@@ -391,7 +399,7 @@ Tensor Model::forward_batch(std::span<const BatchItem> items, std::vector<int64_
 
   Tensor logits;
   threads_->run([&](int r) {
-    Tensor t = forward_rank(r, items, parts, all_ids, ple_rows, keep, hook);
+    Tensor t = forward_rank(r, items, parts, all_ids, ple_rows, keep, hook, r == 0 ? wide_residual : nullptr);
     if (r == 0) logits = std::move(t);
   });
   for (size_t i = 0; i < items.size(); ++i) {
@@ -404,7 +412,7 @@ Tensor Model::forward_batch(std::span<const BatchItem> items, std::vector<int64_
 
 Tensor Model::forward_rank(int rank, std::span<const BatchItem> items, std::span<const StepSequence> parts,
                            std::span<const int32_t> all_ids, const std::vector<std::vector<int64_t>>& ple_host_rows,
-                           const std::vector<int32_t>& keep, const HiddenHook& hook) {
+                           const std::vector<int32_t>& keep, const HiddenHook& hook, Tensor* wide_residual) {
   Rank& rk = *ranks_[size_t(rank)];
   Ops& ops = *rk.ops;
   Communicator& comm = *rk.comm;
@@ -500,7 +508,8 @@ Tensor Model::forward_rank(int rank, std::span<const BatchItem> items, std::span
   }
 
   ops.profile_phase("hc");
-  Tensor h = hyper_connection_mixer(ops, X, pending, w.mixer, H, eps);
+  Tensor h = hyper_connection_mixer(ops, X, pending, w.mixer, H, eps);  // X holds the last injection afterwards
+  if (wide_residual) *wide_residual = X;
   if (on_hidden) on_hidden(int(L), h);
   if (int64_t(keep.size()) < T) {
     Tensor picked = ops.empty({int64_t(keep.size()), H});
@@ -518,6 +527,124 @@ Tensor Model::forward_rank(int rank, std::span<const BatchItem> items, std::span
   }
   ops.profile_phase(nullptr);
   return logits;
+}
+
+bool Model::has_mtp() const {
+  return ranks_[0]->weights && ranks_[0]->weights->mtp.has_value();
+}
+
+int64_t Model::cache_layers() const {
+  return config_.num_hidden_layers + (has_mtp() ? 1 : 0);
+}
+
+Model::MtpOutput Model::mtp_forward(SequenceState& seq, const Tensor& hidden, std::span<const int32_t> next_ids,
+                                    LogitsMode mode) {
+  FN_CHECK(has_mtp(), "mtp_forward: the MTP layer is not loaded (ModelOptions::load_mtp)");
+  const ModelConfig& c = config_;
+  const int64_t T = int64_t(next_ids.size()), H = c.hidden_size, S = c.hc_count, W = c.hc_width();
+  FN_CHECK(T >= 1, "mtp_forward: empty input: at least one next token id is required");
+  const Shape want_hidden{T, W};
+  FN_CHECK(hidden.defined() && hidden.dtype() == DType::F32 && hidden.shape() == want_hidden,
+           "mtp_forward: hidden must be F32 [{}, {}] (one wide residual row per next token), got {}", T, W,
+           hidden.defined() ? hidden.str() : std::string("an undefined tensor"));
+  FN_CHECK(seq.cache && int64_t(seq.cache->ranks[0].size()) == cache_layers(),
+           "mtp_forward: the sequence state was not made by this model with its MTP layer");
+  for (int64_t i = 0; i < T; ++i)
+    FN_CHECK(next_ids[size_t(i)] >= 0 && next_ids[size_t(i)] < c.vocab_size,
+             "mtp_forward: token id {} at index {} is outside the vocabulary [0, {})", next_ids[size_t(i)], i,
+             c.vocab_size);
+  const int64_t end = seq.mtp_length + T;
+  FN_CHECK(end <= c.max_position_embeddings, "mtp_forward: position {} would pass max_position_embeddings = {}",
+           end - 1, c.max_position_embeddings);
+  if (seq.private_cache) {
+    reserve_private(seq, end);
+  } else {
+    const int64_t bs = seq.cache->block_size, need = (end + bs - 1) / bs;
+    FN_CHECK(int64_t(seq.block_table.size()) >= need,
+             "mtp_forward: the sequence reaches MTP position {} but its block table covers {} blocks of {}", end - 1,
+             seq.block_table.size(), bs);
+  }
+  Rank& rk = *ranks_[0];
+  Ops& ops = *rk.ops;
+  const StepScope step(ops, T);
+  const MtpWeights& mw = *rk.weights->mtp;
+  const double eps = c.rms_norm_eps;
+  const StepSequence part{T, seq.mtp_length, seq.slot, seq.block_table};
+  const StepBatch batch = make_step_batch(ops, {&part, 1}, seq.cache->block_size);
+  LayerCache& lc = seq.cache->ranks[0][size_t(c.num_hidden_layers)];
+
+  ops.profile_phase("mtp");
+  // e = fc_embedding(ZC-RMSNorm(embed_tokens[next]))  [T, H]
+  Tensor e = ops.empty({T, H}), e_fc = ops.empty({T, H});
+  ops.embedding(rk.weights->embed_tokens, ops.upload(next_ids.data(), DType::I32, {T}), e);
+  ops.zc_rms_norm(e, mw.pre_fc_norm_embedding, H, eps, e);
+  ops.linear(e, mw.fc_embedding, e_fc);
+  // X_b = fc_hidden(ZC-RMSNorm over the full S*H width of hidden)_b, then + e on every stream (inject weight 1).
+  Tensor hn = ops.empty({T, W}), X = ops.empty({T, W});
+  ops.zc_rms_norm(hidden, mw.pre_fc_norm_hidden, W, eps, hn);
+  ops.linear(hn.view({T * S, H}), mw.fc_hidden, X.view({T * S, H}));
+  const std::vector<float> ones(size_t(T * S), 1.0f);
+  ops.hc_inject(X, e_fc, ops.upload(ones.data(), DType::F32, {T, S}));
+  // One QSA decoder layer with its own hyper-connections and MoE.
+  const LayerWeights& lw = mw.layer;
+  HcRead r = gated_residual_read(ops, X, lw.attn_hc, H, eps);
+  Tensor out = qsa_attention(ops, c, lw.qsa, lc, batch, r.u);
+  PendingInject pending{out, r.inj};
+  r = gated_residual_read(ops, X, pending, lw.mlp_hc, H, eps);
+  Tensor moe_out = moe_block(ops, c, lw.moe, r.u);
+  pending = {moe_out, r.inj};
+  Tensor h = hyper_connection_mixer(ops, X, pending, mw.mixer, H, eps);  // X: the MTP layer's pre-mixer wide state
+  if (mode == LogitsMode::Last && T > 1) h = h.rows(T - 1, T);
+  Tensor logits = ops.empty({h.dim(0), c.vocab_size});
+  ops.linear(h, rk.weights->lm_head, logits);
+  ops.profile_phase(nullptr);
+  seq.mtp_length = end;
+  return {logits, X};
+}
+
+Model::StateSnapshot Model::snapshot_state(const SequenceState& seq) const {
+  FN_CHECK(
+      seq.cache && seq.cache->ranks.size() == ranks_.size() && int64_t(seq.cache->ranks[0].size()) == cache_layers(),
+      "snapshot_state: the sequence state was not made by this model");
+  StateSnapshot snap;
+  snap.length = seq.length;
+  snap.mtp_length = seq.mtp_length;
+  snap.ple_history = seq.ple_history;
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    Ops& ops = *ranks_[r]->ops;
+    std::vector<Tensor>& out = snap.tensors.emplace_back();
+    for (const LayerCache& lc : seq.cache->ranks[r])
+      for (const Tensor* t : {&lc.conv, &lc.recurrent, &lc.ple_conv}) {
+        if (!t->defined()) continue;
+        Shape shape = t->shape();
+        shape[0] = 1;
+        Tensor copy = ops.empty(shape, t->dtype());
+        ops.copy_rows(*t, seq.slot, copy, 0, 1);
+        out.push_back(std::move(copy));
+      }
+  }
+  return snap;
+}
+
+void Model::restore_state(SequenceState& seq, const StateSnapshot& snap) const {
+  FN_CHECK(seq.cache && seq.cache->ranks.size() == ranks_.size() && snap.tensors.size() == ranks_.size() &&
+               int64_t(seq.cache->ranks[0].size()) == cache_layers() &&
+               snap.ple_history.size() == seq.ple_history.size(),
+           "restore_state: the snapshot does not belong to a sequence of this model");
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    Ops& ops = *ranks_[r]->ops;
+    size_t i = 0;
+    for (const LayerCache& lc : seq.cache->ranks[r])
+      for (const Tensor* t : {&lc.conv, &lc.recurrent, &lc.ple_conv}) {
+        if (!t->defined()) continue;
+        FN_CHECK(i < snap.tensors[r].size(), "restore_state: the snapshot holds fewer state tensors than the sequence");
+        ops.copy_rows(snap.tensors[r][i++], 0, *t, seq.slot, 1);
+      }
+    FN_CHECK(i == snap.tensors[r].size(), "restore_state: the snapshot holds more state tensors than the sequence");
+  }
+  seq.length = snap.length;
+  seq.mtp_length = snap.mtp_length;
+  seq.ple_history = snap.ple_history;
 }
 
 std::vector<float> Model::forward(SequenceState& seq, std::span<const int32_t> ids, LogitsMode mode,

@@ -72,6 +72,10 @@ struct ModelOptions {
   /// (parallel/rank_threads.h; a rank that hangs must not hang the server); 0: never. The CLI reads
   /// FLASHNEXT_TP_TIMEOUT.
   double tp_timeout_s = 600;
+  /// Also load the MTP layer (mtp.*, docs MODEL.md "MTP") for Model::mtp_forward, and give every cache pool one more
+  /// QSA layer for it. Off: the mtp.* tensors are skipped and cost nothing. Throws Error (before the trunk loads)
+  /// when the checkpoint has no mtp.* tensors or the config no MTP layer, and with tp > 1 (not implemented).
+  bool load_mtp = false;
 };
 
 struct RandomWeightsReport;
@@ -161,8 +165,46 @@ class Model {
   /// (its GEMM algorithms and attention splits depend on the batch size). Throws Error naming the item, leaving
   /// every sequence unchanged, when an item is invalid (see validate()); after a failure while the step runs (a
   /// backend error) the sequences' states are unspecified and must be discarded.
+  /// `wide_residual` (optional) receives the trunk's wide residual after the last layer, before the final
+  /// hyper_connection_mixer: F32 [T, S*H] on the device, all rows of the step (the MTP layer's input).
   Tensor forward_batch(std::span<const BatchItem> items, std::vector<int64_t>* row_offsets = nullptr,
-                       const HiddenHook& hook = {});
+                       const HiddenHook& hook = {}, Tensor* wide_residual = nullptr);
+
+  /// True when the MTP layer was loaded (ModelOptions::load_mtp).
+  bool has_mtp() const;
+  /// The MTP layer's output for one sequence (Model::mtp_forward).
+  struct MtpOutput {
+    Tensor logits;  ///< draft logits F32 [T, vocab] (LogitsMode::All) or [1, vocab] (Last), on the device
+    Tensor wide;    ///< the MTP layer's own wide state before mtp.hyper_connection_mixer, F32 [T, S*H], all rows:
+                    ///< the `hidden` of the next draft step
+  };
+  /// The MTP layer (docs MODEL.md "MTP"; ARTIFACTS.md 2.5 wiring of SGLang/vLLM) over T positions of `seq`,
+  /// starting at seq.mtp_length: row i pairs `hidden` row i (the trunk's pre-mixer wide residual at position
+  /// mtp_length + i, from forward_batch's wide_residual, or the `wide` of the previous draft step) with `next_ids[i]`,
+  /// the token at the position after it:
+  ///   e = fc_embedding(ZC-RMSNorm(embed_tokens[next])); X_b = fc_hidden(ZC-RMSNorm_{S*H}(hidden))_b + e per stream;
+  ///   X = QSA decoder layer (own HC, MoE; its K/V and indexer keys at those positions in the layer after the
+  ///   trunk's in the cache pool); logits = lm_head(mtp.hyper_connection_mixer(X)).
+  /// Advances seq.mtp_length by T (the caller sets it back to discard draft positions: KV beyond it is overwritten).
+  /// Throws Error (leaving `seq` unchanged) when the MTP layer is not loaded, `hidden` is not F32 [T, S*H] with
+  /// T = next_ids.size() >= 1, an id is outside the vocabulary, the positions pass max_position_embeddings, or (in a
+  /// shared pool) the block table does not cover them.
+  MtpOutput mtp_forward(SequenceState& seq, const Tensor& hidden, std::span<const int32_t> next_ids,
+                        LogitsMode mode = LogitsMode::All);
+
+  /// A copy of the per-sequence recurrent state of `seq` (GDN conv + recurrent, PLE conv tails and n-gram history,
+  /// length and mtp_length) in fresh device memory, for an exact rollback after a speculative verify; KV and indexer
+  /// keys are not copied (positions past the restored length are overwritten when fed again). Cost: the state slot
+  /// (113 MB of GDN state per sequence at the released size), not the context.
+  struct StateSnapshot {
+    int64_t length = 0, mtp_length = 0;
+    std::vector<std::vector<int64_t>> ple_history;
+    std::vector<std::vector<Tensor>> tensors;  ///< per rank: conv, recurrent, ple_conv of every layer, [1, ...] each
+  };
+  StateSnapshot snapshot_state(const SequenceState& seq) const;
+  /// Puts `snap` (from snapshot_state of the same sequence) back into `seq`'s state slot. Throws Error when it does
+  /// not belong to a sequence of this model's layout.
+  void restore_state(SequenceState& seq, const StateSnapshot& snap) const;
 
   /// Checks that `ids` can be fed to `seq`: non-empty, every id in [0, vocab_size), the new length within
   /// max_position_embeddings, the state made by this model; in a shared pool also its slot, and a block table that
@@ -187,7 +229,9 @@ class Model {
   /// other ranks; returns the full logits [rows(keep), vocab] on its device.
   Tensor forward_rank(int rank, std::span<const BatchItem> items, std::span<const StepSequence> parts,
                       std::span<const int32_t> ids, const std::vector<std::vector<int64_t>>& ple_rows,
-                      const std::vector<int32_t>& keep, const HiddenHook& hook);
+                      const std::vector<int32_t>& keep, const HiddenHook& hook, Tensor* wide_residual);
+  /// Layers of a cache pool: the decoder layers, plus one for the MTP layer when it is loaded.
+  int64_t cache_layers() const;
 
   ModelConfig config_;
   std::vector<std::unique_ptr<Rank>> ranks_;

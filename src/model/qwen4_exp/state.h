@@ -7,7 +7,8 @@
 //               positions (c = indexer_compress_ratio, a divisor of block_size), kept by backends that cache them;
 //   GDN layer:  conv [num_slots, K-1, conv_dim] (last K-1 conv inputs, oldest first), recurrent
 //               [num_slots, nv, dk, dv] F32: one state slot per sequence;
-//   PLE layer:  ple_conv [num_slots, (kernel-1)*ngram_size, S*H] (last normed conv inputs, oldest first).
+//   PLE layer:  ple_conv [num_slots, (kernel-1)*ngram_size, S*H] (last normed conv inputs, oldest first);
+//   MTP layer (when the model loaded it): one more QSA entry after the decoder layers, index num_hidden_layers.
 // A sequence owns one slot and a block table (logical block i of its positions -> pool block). The engine's pool is
 // shared by all running sequences (Model::new_cache; the scheduler's MemoryPlanner hands out blocks and slots); a
 // sequence from Model::new_sequence() has a private pool with one slot that grows with it (for tools and tests).
@@ -51,6 +52,9 @@ struct SequenceState {
   /// Per layer: the last ngram_size-1 token ids (oldest first; starts as the boundary token); empty for layers
   /// without PLE. Host memory.
   std::vector<std::vector<int64_t>> ple_history;
+  /// Positions whose MTP-layer K/V and indexer keys are written (Model::mtp_forward; 0 without MTP). The MTP entry
+  /// of position p pairs the trunk's state at p with token p+1, so it trails `length` by one once caught up.
+  int64_t mtp_length = 0;
 };
 
 }  // namespace flashnext

@@ -3,10 +3,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
+#include <map>
 #include <optional>
 
 #include "core/error.h"
 #include "loader/quant.h"
+#include "loader/tensor_plan.h"
 
 namespace flashnext {
 
@@ -234,6 +237,107 @@ struct Loader {
 };
 
 }  // namespace
+
+namespace {
+
+/// The logical name of an mtp tensor: the checkpoint name without a leading "model." (vLLM-style exports).
+std::string mtp_logical(const std::string& name) {
+  return name.starts_with("model.mtp.") ? name.substr(6) : name;
+}
+
+}  // namespace
+
+bool has_mtp_tensors(const WeightManifest& manifest) {
+  for (const ManifestEntry& e : manifest.extra())
+    if (e.component == Component::Mtp) return true;
+  return false;
+}
+
+MtpWeights load_mtp_weights(const ModelConfig& cfg, const WeightManifest& manifest, Ops& ops) {
+  std::map<std::string, const TensorView*> views;
+  for (const ManifestEntry& e : manifest.extra())
+    if (e.component == Component::Mtp) views[mtp_logical(e.name)] = &e.view;
+  FN_CHECK(cfg.mtp_num_hidden_layers >= 1,
+           "{}: the config has mtp_num_hidden_layers = {}: no MTP layer to load ({} mtp.* tensors in the checkpoint)",
+           cfg.source, cfg.mtp_num_hidden_layers, views.size());
+  FN_CHECK(cfg.mtp_num_hidden_layers == 1, "{}: mtp_num_hidden_layers = {}: only one MTP layer is implemented",
+           cfg.source, cfg.mtp_num_hidden_layers);
+  FN_CHECK(!views.empty(), "{}: the config has mtp_num_hidden_layers = {} but the checkpoint holds no mtp.* tensors",
+           cfg.source, cfg.mtp_num_hidden_layers);
+  // Every expected tensor present, float, of the expected shape (ARTIFACTS.md 2.5).
+  for (const ExpectedTensor& e : expected_mtp_tensors(cfg)) {
+    auto it = views.find(e.name);
+    FN_CHECK(it != views.end(), "{}: MTP tensor '{}' {} is missing from the checkpoint", cfg.source, e.name,
+             fmt::format("[{}]", fmt::join(e.shape, ", ")));
+    const TensorView& v = *it->second;
+    FN_CHECK(v.dtype == DType::BF16 || v.dtype == DType::F16 || v.dtype == DType::F32,
+             "{}: MTP tensor '{}' is {}: the MTP layer must be BF16, F16 or F32 (quantized releases keep it BF16)",
+             v.file, v.name, dtype_name(v.dtype));
+    FN_CHECK(v.shape == e.shape, "{}: MTP tensor '{}' has shape {}, expected [{}] from the config {}", v.file, v.name,
+             v.shape_str(), fmt::join(e.shape, ", "), cfg.source);
+  }
+  auto get = [&](const std::string& name, Shape shape = {}) {
+    const TensorView& v = *views.at(name);
+    return ops.load_weight(v.data, v.dtype, shape.empty() ? Shape(v.shape) : shape);
+  };
+  auto hc = [&](const std::string& p, bool inject) {
+    HcWeights w{get(p + ".hc_norm.weight"), get(p + ".input_mix_weight_down.weight"),
+                get(p + ".input_mix_weight_up.weight"), Tensor()};
+    if (inject) w.inject = get(p + ".block_inject_weight.weight");
+    return w;
+  };
+  MtpWeights m;
+  m.pre_fc_norm_embedding = get("mtp.pre_fc_norm_embedding.weight");
+  m.pre_fc_norm_hidden = get("mtp.pre_fc_norm_hidden.weight");
+  m.fc_embedding = get("mtp.fc_embedding.weight");
+  m.fc_hidden = get("mtp.fc_hidden.weight");
+  m.mixer = hc("mtp.hyper_connection_mixer", false);
+  const std::string p = "mtp.layers.0";
+  LayerWeights& lw = m.layer;
+  lw.kind = LayerKind::QSA;
+  lw.attn_hc = hc(p + ".attn_hyper_connection", true);
+  lw.mlp_hc = hc(p + ".mlp_hyper_connection", true);
+  QsaLayerWeights& q = lw.qsa;
+  const std::string a = p + ".self_attn";
+  q.q_proj = get(a + ".q_proj.weight");
+  q.k_proj = get(a + ".k_proj.weight");
+  q.v_proj = get(a + ".v_proj.weight");
+  q.o_proj = get(a + ".o_proj.weight");
+  if (cfg.attention_bias) {
+    q.q_bias = get(a + ".q_proj.bias");
+    q.k_bias = get(a + ".k_proj.bias");
+    q.v_bias = get(a + ".v_proj.bias");
+    q.o_bias = get(a + ".o_proj.bias");
+  }
+  q.q_norm = get(a + ".q_norm.weight");
+  q.k_norm = get(a + ".k_norm.weight");
+  const int64_t qi_rows = cfg.indexer_n_heads * cfg.indexer_head_dim;
+  const Tensor qk = get(a + ".indexer.index_qk_proj.weight");
+  q.index_q_proj = qk.rows(0, qi_rows);
+  q.index_k_proj = qk.rows(qi_rows, qi_rows + cfg.indexer_head_dim);
+  q.index_q_norm = get(a + ".indexer.q_layernorm.weight");
+  q.index_k_norm = get(a + ".indexer.k_layernorm.weight");
+  const std::string mp = p + ".mlp";
+  const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, H = cfg.hidden_size;
+  lw.moe.router = get(mp + ".gate.weight");
+  {  // fused gate_up [E, 2I, H]: rows 0..I-1 of each expert are gate_proj, I..2I-1 up_proj (as the manifest slices)
+    const TensorView& v = *views.at(mp + ".experts.gate_up_proj");
+    const size_t es = dtype_size(v.dtype), half = size_t(I * H) * es;
+    std::vector<uint8_t> gate(size_t(E) * half), up(size_t(E) * half);
+    for (int64_t e = 0; e < E; ++e) {
+      std::memcpy(gate.data() + size_t(e) * half, v.data + size_t(e) * 2 * half, half);
+      std::memcpy(up.data() + size_t(e) * half, v.data + size_t(e) * 2 * half + half, half);
+    }
+    lw.moe.gate = ops.load_weight(gate.data(), v.dtype, {E, I, H});
+    lw.moe.up = ops.load_weight(up.data(), v.dtype, {E, I, H});
+  }
+  lw.moe.down = get(mp + ".experts.down_proj");
+  lw.moe.shared_gate_proj = get(mp + ".shared_expert.gate_proj.weight");
+  lw.moe.shared_up_proj = get(mp + ".shared_expert.up_proj.weight");
+  lw.moe.shared_down_proj = get(mp + ".shared_expert.down_proj.weight");
+  lw.moe.shared_expert_gate = get(mp + ".shared_expert_gate.weight");
+  return m;
+}
 
 ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest,
                           std::shared_ptr<const Checkpoint> checkpoint, Ops& ops,

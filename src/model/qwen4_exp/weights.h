@@ -65,6 +65,17 @@ struct LayerWeights {
   std::optional<PleLayerWeights> ple;
 };
 
+/// mtp.* (docs MODEL.md "MTP"; ARTIFACTS.md 2.5): the multi-token-prediction layer, BF16 in every release (quantized
+/// checkpoints keep it BF16), loaded only when asked for (ModelOptions::load_mtp).
+struct MtpWeights {
+  Tensor pre_fc_norm_embedding;  ///< [H] ZC-RMSNorm of the next token's embedding
+  Tensor pre_fc_norm_hidden;     ///< [S*H] ZC-RMSNorm over the full wide residual (one group of S*H)
+  Tensor fc_embedding;           ///< [H, H]
+  Tensor fc_hidden;              ///< [H, H], applied to each stream (shared weights)
+  HcWeights mixer;               ///< mtp.hyper_connection_mixer (no inject)
+  LayerWeights layer;            ///< mtp.layers.0: a QSA decoder layer with its own HC and MoE (no PLE)
+};
+
 struct ModelWeights {
   /// [vocab, H]; under tensor parallelism the rank's vocabulary rows (RankShard::vocab) followed by one zero row,
   /// which the ids of other ranks read.
@@ -72,6 +83,7 @@ struct ModelWeights {
   Tensor lm_head;   ///< [vocab, H] (embed_tokens when tied); the rank's vocabulary rows under tensor parallelism
   HcWeights mixer;  ///< hyper_connection_mixer (no inject)
   std::vector<LayerWeights> layers;
+  std::optional<MtpWeights> mtp;  ///< present when loaded with ModelOptions::load_mtp
 };
 
 /// The routed experts of MoE block `prefix` ("layers.L.mlp") as the ops interface describes quantized experts
@@ -127,6 +139,16 @@ ModelWeights random_weights(const ModelConfig& cfg, Ops& ops, uint64_t seed, Ran
 /// mapped checkpoint without a copy of the whole tensor (a row slice is used in place, column slices and multi-range
 /// row slices are copied strided into a buffer of the part's size; quantized weights are dequantized, then sliced;
 /// quantized routed experts then take the dequantized path). `progress` then counts the rank's share.
+/// The mtp.* tensors of `manifest` (WeightManifest::extra(), checkpoint names `mtp.*` or `model.mtp.*`) as
+/// MtpWeights: every tensor of expected_mtp_tensors(cfg) present, BF16/F16/F32, of the listed shape; the fused
+/// routed experts (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]) split into gate / up / down.
+/// Throws Error naming the tensor for a missing, mis-shaped or non-float one, and naming mtp_num_hidden_layers when
+/// the config has no MTP layer (or more than the one implemented).
+MtpWeights load_mtp_weights(const ModelConfig& cfg, const WeightManifest& manifest, Ops& ops);
+
+/// True when the checkpoint behind `manifest` holds mtp.* tensors.
+bool has_mtp_tensors(const WeightManifest& manifest);
+
 ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest,
                           std::shared_ptr<const Checkpoint> checkpoint, Ops& ops,
                           const std::function<void(int64_t, int64_t)>& progress = {}, const TpPlan* plan = nullptr,

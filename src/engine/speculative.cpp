@@ -1,0 +1,179 @@
+#include "engine/speculative.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+
+#include "core/error.h"
+
+namespace flashnext {
+
+SpeculativeConfig SpeculativeConfig::parse(std::string_view spec) {
+  SpeculativeConfig c;
+  if (spec.empty() || spec == "none") return c;
+  const size_t colon = spec.find(':');
+  const std::string_view method = spec.substr(0, colon);
+  if (method == "mtp") {
+    c.method = Method::Mtp;
+  } else if (method == "ngram") {
+    c.method = Method::Ngram;
+  } else {
+    fail("--speculative {}: unknown proposer '{}' (expected mtp:K or ngram:K, K in 1..{})", spec, method, kMaxDrafts);
+  }
+  FN_CHECK(colon != std::string_view::npos, "--speculative {}: give the number of drafts, e.g. {}:3 (K in 1..{})", spec,
+           method, kMaxDrafts);
+  const std::string_view num = spec.substr(colon + 1);
+  int k = 0;
+  const auto [end, ec] = std::from_chars(num.data(), num.data() + num.size(), k);
+  FN_CHECK(ec == std::errc() && end == num.data() + num.size() && k >= 1 && k <= kMaxDrafts,
+           "--speculative {}: K must be an integer in 1..{}, got '{}'", spec, kMaxDrafts, num);
+  c.k = k;
+  return c;
+}
+
+std::string SpeculativeConfig::str() const {
+  switch (method) {
+    case Method::Ngram:
+      return fmt::format("ngram:{}", k);
+    case Method::Mtp:
+      return fmt::format("mtp:{}", k);
+    case Method::Custom:
+      return fmt::format("custom:{}", k);
+    default:
+      return "none";
+  }
+}
+
+std::vector<int32_t> ngram_propose(std::span<const int32_t> context, int k, int max_n, int min_n) {
+  const int64_t size = int64_t(context.size());
+  if (k <= 0) return {};
+  for (int n = max_n; n >= std::max(1, min_n); --n) {
+    if (size < n + 1) continue;
+    const std::span<const int32_t> suffix = context.subspan(size_t(size - n));
+    // The most recent earlier occurrence: start i < size - n, the match ends before the suffix's last token.
+    for (int64_t i = size - n - 1; i >= 0; --i) {
+      if (!std::equal(suffix.begin(), suffix.end(), context.begin() + i)) continue;
+      const int64_t from = i + n, to = std::min(size, from + k);
+      return {context.begin() + from, context.begin() + to};
+    }
+  }
+  return {};
+}
+
+namespace {
+
+/// torch.argmax: the first index of the largest value.
+int32_t argmax(const std::vector<float>& v) {
+  return int32_t(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+}  // namespace
+
+SpeculativeDecoder::SpeculativeDecoder(Model& model, SpeculativeConfig config) : model_(model), config_(config) {
+  FN_CHECK(config_.enabled(), "SpeculativeDecoder: no proposer given (--speculative)");
+  FN_CHECK(config_.k >= 1 && config_.k <= SpeculativeConfig::kMaxDrafts, "--speculative {}: K must be in 1..{}",
+           config_.str(), SpeculativeConfig::kMaxDrafts);
+  FN_CHECK(config_.method != SpeculativeConfig::Method::Mtp || model_.has_mtp(),
+           "--speculative {}: the model was loaded without its MTP layer (the checkpoint needs mtp.* tensors)",
+           config_.str());
+}
+
+SpeculativeDecoder::SpeculativeDecoder(Model& model, int k, Proposer proposer)
+    : SpeculativeDecoder(model, SpeculativeConfig{SpeculativeConfig::Method::Custom, k}) {
+  FN_CHECK(bool(proposer), "SpeculativeDecoder: no proposer given");
+  custom_ = std::move(proposer);
+}
+
+std::vector<float> SpeculativeDecoder::prefill(SequenceState& seq, std::span<const int32_t> prompt) {
+  const bool mtp = config_.method == SpeculativeConfig::Method::Mtp;
+  const BatchItem item{&seq, prompt, LogitsMode::Last};
+  Tensor wide;
+  std::vector<float> logits = model_.download(model_.forward_batch({&item, 1}, nullptr, {}, mtp ? &wide : nullptr));
+  if (mtp) {
+    mtp_hidden_ = wide;
+    mtp_next_.assign(prompt.begin() + 1, prompt.end());
+  }
+  return logits;
+}
+
+std::vector<int32_t> SpeculativeDecoder::propose(SequenceState& seq, std::span<const int32_t> context, int max_drafts) {
+  max_drafts = std::min(max_drafts, config_.k);
+  if (config_.method == SpeculativeConfig::Method::Ngram) return ngram_propose(context, max_drafts);
+  if (config_.method == SpeculativeConfig::Method::Custom) {
+    std::vector<int32_t> d = max_drafts > 0 ? custom_(context, max_drafts) : std::vector<int32_t>{};
+    if (int(d.size()) > max_drafts) d.resize(size_t(std::max(max_drafts, 0)));
+    return d;
+  }
+  // MTP: catch up over the positions the trunk fed since the last draft (their next tokens end with the context's
+  // last token), which gives the first draft; then chain the MTP layer on its own wide state.
+  FN_CHECK(mtp_hidden_.defined() && !context.empty(), "SpeculativeDecoder: propose before prefill");
+  std::vector<int32_t> next = mtp_next_;
+  next.push_back(context.back());
+  Model::MtpOutput out = model_.mtp_forward(seq, mtp_hidden_, next, LogitsMode::Last);
+  mtp_hidden_ = Tensor();
+  mtp_next_.clear();
+  const int64_t committed = seq.mtp_length;
+  std::vector<int32_t> drafts;
+  if (max_drafts <= 0) return drafts;
+  const int64_t rows = out.wide.dim(0);
+  Tensor wide = out.wide.rows(rows - 1, rows);
+  drafts.push_back(argmax(model_.download(out.logits)));
+  while (int(drafts.size()) < max_drafts && seq.mtp_length < model_.config().max_position_embeddings) {
+    out = model_.mtp_forward(seq, wide, {&drafts.back(), 1}, LogitsMode::Last);
+    wide = out.wide;
+    drafts.push_back(argmax(model_.download(out.logits)));
+  }
+  seq.mtp_length = committed;  // the draft positions' MTP K/V are overwritten by the next catch-up
+  return drafts;
+}
+
+std::vector<int32_t> SpeculativeDecoder::step(SequenceState& seq, std::span<const int32_t> context,
+                                              const ChooseToken& choose) {
+  FN_CHECK(!context.empty(), "SpeculativeDecoder::step: empty context");
+  const bool mtp = config_.method == SpeculativeConfig::Method::Mtp;
+  const int64_t V = model_.config().vocab_size;
+  // The verify feeds 1 + K tokens; keep it inside the context length.
+  const int64_t room = model_.config().max_position_embeddings - seq.length - 1;
+  drafts_ = propose(seq, context, int(std::clamp<int64_t>(room, 0, config_.k)));
+  const std::vector<int32_t>& drafts = drafts_;
+  std::vector<int32_t> feed{context.back()};
+  feed.insert(feed.end(), drafts.begin(), drafts.end());
+
+  std::optional<Model::StateSnapshot> snap;
+  if (!drafts.empty()) snap = model_.snapshot_state(seq);
+  Tensor wide;
+  const BatchItem item{&seq, feed, LogitsMode::All};
+  std::vector<float> logits = model_.download(model_.forward_batch({&item, 1}, nullptr, {}, mtp ? &wide : nullptr));
+
+  // Accept the longest prefix of drafts that the target chooses itself, then its token after that prefix.
+  std::vector<int32_t> out;
+  size_t accepted = 0;
+  for (size_t i = 0; i <= drafts.size(); ++i) {
+    const int32_t tok = choose(std::span<float>(logits.data() + int64_t(i) * V, size_t(V)));
+    out.push_back(tok);
+    if (i < drafts.size() && tok == drafts[i]) {
+      ++accepted;
+      continue;
+    }
+    break;
+  }
+  ++stats_.steps;
+  stats_.drafted += int64_t(drafts.size());
+  stats_.accepted += int64_t(accepted);
+  stats_.emitted += int64_t(out.size());
+
+  if (accepted < drafts.size()) {  // rollback: restore the state, feed the accepted tokens again
+    ++stats_.refeeds;
+    model_.restore_state(seq, *snap);
+    const BatchItem again{&seq, std::span<const int32_t>(feed.data(), accepted + 1), LogitsMode::Last};
+    model_.forward_batch({&again, 1}, nullptr, {}, mtp ? &wide : nullptr);
+  }
+  if (mtp) {
+    mtp_hidden_ = wide;  // rows of the accepted positions: [context.back(), accepted drafts]
+    mtp_next_.assign(drafts.begin(), drafts.begin() + int64_t(accepted));
+  }
+  return out;
+}
+
+}  // namespace flashnext

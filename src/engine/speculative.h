@@ -1,0 +1,115 @@
+// Speculative decoding for one sequence (docs ENGINE.md "Speculative decoding"): a proposer drafts K tokens after
+// the committed context, the target model verifies them in one forward over K+1 tokens, and the longest prefix of
+// drafts that matches the target's own choices is accepted, plus the target's token after it (the bonus token, or
+// the correction at the first mismatch). Proposers:
+//   - ngram:K (prompt lookup, vLLM's `ngram` method): the last n tokens of the context (n = 3, 2, 1) matched against
+//     the earlier context; the K tokens that followed the most recent match are the drafts;
+//   - mtp:K: the checkpoint's MTP layer (Model::mtp_forward), chained K times from the trunk's pre-mixer state.
+// The target's choice at each verified position comes from the caller (its sampler, which commits the token to its
+// penalties / history), so greedy output equals decoding without speculation, and sampled output keeps the target's
+// distribution: with point-mass drafts (both proposers draft greedily) "sample from the target, accept when it equals
+// the draft" is exactly the rejection rule of vLLM's sampler (accept with probability p(d); after a rejection, the
+// residual max(p - q, 0) normalised is p without d) and consumes one sample per emitted token, as plain decoding does.
+//
+// Rollback is the simplest exact one: the sequence's recurrent state (Model::snapshot_state: GDN conv + recurrent,
+// PLE conv tails and n-gram history, lengths) is copied before the verify; after a partial acceptance it is put back
+// and the accepted tokens are fed again, a second forward. QSA K/V and indexer keys past the committed length are
+// left in place and overwritten when those positions are fed again.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "model/qwen4_exp/model.h"
+
+namespace flashnext {
+
+/// `--speculative METHOD:K`.
+struct SpeculativeConfig {
+  enum class Method { None, Ngram, Mtp, Custom };
+  Method method = Method::None;
+  int k = 0;  ///< drafts per step, 1..kMaxDrafts
+
+  static constexpr int kMaxDrafts = 8;
+  bool enabled() const { return method != Method::None; }
+  /// "mtp:K" or "ngram:K" with K in 1..8; an empty string is None. Throws Error naming --speculative for an unknown
+  /// proposer or a K outside 1..8.
+  static SpeculativeConfig parse(std::string_view spec);
+  /// "mtp:3", "ngram:4", "custom:2", "none".
+  std::string str() const;
+};
+
+/// Prompt-lookup drafts (vLLM `NgramProposer`): for n = max_n down to min_n, the last n tokens of `context` are
+/// searched for in context[0 .. size-1) (an earlier occurrence, the most recent one first); the first n with a
+/// match gives the (up to) `k` tokens that followed it. Empty when nothing matches or k <= 0.
+std::vector<int32_t> ngram_propose(std::span<const int32_t> context, int k, int max_n = 3, int min_n = 1);
+
+/// Acceptance figures of a run.
+struct SpeculativeStats {
+  int64_t steps = 0;     ///< verify steps (each one target forward over 1 + drafts tokens)
+  int64_t drafted = 0;   ///< draft tokens proposed
+  int64_t accepted = 0;  ///< draft tokens accepted
+  int64_t emitted = 0;   ///< tokens produced by the steps (accepted + one bonus / correction each)
+  int64_t refeeds = 0;   ///< rollbacks (partial acceptance: state restored, accepted tokens fed again)
+  /// Tokens per verify step (emitted / steps): 1 + mean accepted drafts.
+  double mean_accepted_length() const { return steps ? double(emitted) / double(steps) : 0.0; }
+  double acceptance_rate() const { return drafted ? double(accepted) / double(drafted) : 0.0; }
+};
+
+/// The target's choice at one verified position: given the logits row (F32 [vocab], may be modified), returns the
+/// token and commits it to the caller's history (the sampler's accept). Called in position order.
+using ChooseToken = std::function<int32_t(std::span<float> logits)>;
+
+/// A proposer of one's own (Method::Custom): up to `max_drafts` draft tokens after `context` (prompt + output, its
+/// last token not fed yet); more are cut off.
+using Proposer = std::function<std::vector<int32_t>(std::span<const int32_t> context, int max_drafts)>;
+
+/// Speculative decoding of one sequence. Usage (what Generator does):
+///   SpeculativeDecoder spec(model, config);
+///   logits = spec.prefill(seq, prompt);  tok = choose(logits);           // first token
+///   while (...) { for (tok : spec.step(seq, context_with_tok, choose)) emit(tok); }
+/// The scheduler can adopt it per running sequence: propose() -> a verify item of 1 + K tokens in its batch
+/// (LogitsMode::All, with the wide residual when the proposer is MTP) -> accept() -> commit(); see ENGINE.md.
+class SpeculativeDecoder {
+ public:
+  /// `model` must outlive the decoder; Method::Mtp needs model.has_mtp() (Error naming --speculative otherwise).
+  SpeculativeDecoder(Model& model, SpeculativeConfig config);
+  /// With a proposer of one's own (tests, external draft models): Method::Custom with `k` drafts per step (1..8).
+  SpeculativeDecoder(Model& model, int k, Proposer proposer);
+
+  /// Feeds the prompt (one forward) and returns its last logits row [vocab]; with MTP keeps the trunk's pre-mixer
+  /// state for the first draft.
+  std::vector<float> prefill(SequenceState& seq, std::span<const int32_t> prompt);
+
+  /// One speculative step. `context` = prompt + output so far; its last token is the one not fed yet. Drafts up to
+  /// K tokens (fewer near max_position_embeddings or when ngram finds less), verifies them, and returns the tokens
+  /// `choose` produced: the accepted drafts and the bonus / correction token (1 .. K+1 tokens). The sequence then
+  /// holds exactly context + the accepted drafts (the returned tokens minus the last, which is fed next step).
+  std::vector<int32_t> step(SequenceState& seq, std::span<const int32_t> context, const ChooseToken& choose);
+
+  /// The drafts for the next step after `context` (at most `max_drafts`); with MTP this runs the MTP layer (its
+  /// catch-up over the last accepted positions, then the chained draft steps).
+  std::vector<int32_t> propose(SequenceState& seq, std::span<const int32_t> context, int max_drafts);
+
+  const SpeculativeStats& stats() const { return stats_; }
+  /// The drafts of the last step (valid from its propose on, e.g. inside `choose`).
+  const std::vector<int32_t>& last_drafts() const { return drafts_; }
+  const SpeculativeConfig& config() const { return config_; }
+
+ private:
+  Model& model_;
+  SpeculativeConfig config_;
+  SpeculativeStats stats_;
+  Proposer custom_;
+  std::vector<int32_t> drafts_;
+  // MTP: trunk pre-mixer rows not yet seen by the MTP layer (positions seq.mtp_length ..), and the tokens after
+  // each of them but the last (whose successor is the context's last token, known at the next propose).
+  Tensor mtp_hidden_;
+  std::vector<int32_t> mtp_next_;
+};
+
+}  // namespace flashnext

@@ -1,0 +1,163 @@
+// The MTP layer (mtp.*) on the tiny-mtp fixture against the PyTorch reference of tools/make_mtp_fixture.py (the
+// SGLang / vLLM wiring on top of transformers' modules), and the state snapshot / restore behind speculative
+// rollback.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "core/error.h"
+#include "fixture.h"
+
+namespace flashnext::test {
+namespace {
+
+constexpr const char* kMtpModel = "tests/data/fixtures/tiny-mtp/model";
+/// Bound of the MTP logits against the PyTorch reference. Issue 21 asks for 1e-3; measured 2026-12-02 on the CPU
+/// backend: 1.56e-6 (prompt rows), 0.54e-6 (chained drafts), printed as `[ mtp ]`; the bound is ~15x that, the
+/// same margin as kTinyALogitTol.
+constexpr double kMtpLogitTol = 2.5e-5;
+
+Model& mtp_model() {
+  static std::unique_ptr<Model> m = [] {
+    ModelOptions o;
+    o.load_mtp = true;
+    return Model::load(source_path(kMtpModel), o);
+  }();
+  return *m;
+}
+
+std::vector<int32_t> as_i32(const std::vector<int64_t>& v) {
+  return {v.begin(), v.end()};
+}
+
+TEST(Mtp, LogitsMatchTheReference) {
+  Reference ref("tiny-mtp");
+  Model& model = mtp_model();
+  ASSERT_TRUE(model.has_mtp());
+  const auto ids = ref.ids("prompt");
+  const auto next = as_i32(ref.i64("prompt.next_ids"));
+  const int64_t T = int64_t(ids.size()), V = model.config().vocab_size, W = model.config().hc_width();
+  SequenceState seq = model.new_sequence();
+  Tensor wide;
+  const BatchItem item{&seq, ids, LogitsMode::All};
+  const std::vector<float> trunk = model.download(model.forward_batch({&item, 1}, nullptr, {}, &wide));
+  ASSERT_EQ(wide.shape(), (Shape{T, W}));
+  const double trunk_err = max_abs_diff(trunk.data(), ref.f32("prompt.trunk_logits").data(), trunk.size());
+  const std::vector<float> wide_host = model.download(wide);
+  const double wide_err = max_abs_diff(wide_host.data(), ref.f32("prompt.trunk_wide").data(), wide_host.size());
+  EXPECT_LE(trunk_err, kTinyALogitTol);
+  EXPECT_LE(wide_err, kTinyAHiddenTol);
+  // The trunk's choice at the last position is the reference's next id there.
+  EXPECT_EQ(argmax(trunk.data() + (T - 1) * V, V), next.back());
+
+  Model::MtpOutput out = model.mtp_forward(seq, wide, next, LogitsMode::All);
+  EXPECT_EQ(seq.mtp_length, T);
+  const std::vector<float> got = model.download(out.logits), want = ref.f32("prompt.mtp_logits");
+  ASSERT_EQ(got.size(), size_t(T * V));
+  const double mtp_err = max_abs_diff(got.data(), want.data(), got.size());
+  EXPECT_LE(mtp_err, kMtpLogitTol);
+
+  // Chained drafts: the MTP layer's own pre-mixer state of the last row and the reference's draft token feed the
+  // next position (its K/V cached from the rows before).
+  const auto drafts = as_i32(ref.i64("draft.ids"));
+  const std::vector<float> draft_logits = ref.f32("draft.logits");
+  double draft_err = max_abs_diff(got.data() + (T - 1) * V, draft_logits.data(), size_t(V));
+  Tensor state = out.wide.rows(T - 1, T);
+  for (size_t k = 1; k < drafts.size(); ++k) {
+    Model::MtpOutput d = model.mtp_forward(seq, state, {&drafts[k - 1], 1});
+    const std::vector<float> row = model.download(d.logits);
+    const float* want_row = draft_logits.data() + int64_t(k) * V;
+    draft_err = std::max(draft_err, max_abs_diff(row.data(), want_row, size_t(V)));
+    if (top2_gap(want_row, V) > 2 * kMtpLogitTol) EXPECT_EQ(argmax(row.data(), V), drafts[k]) << "draft " << k;
+    state = d.wide;
+  }
+  EXPECT_LE(draft_err, kMtpLogitTol);
+  std::printf("[ mtp ] trunk logits %.3g, pre-mixer wide %.3g, MTP logits %.3g, chained drafts %.3g\n", trunk_err,
+              wide_err, mtp_err, draft_err);
+}
+
+// The MTP layer fed in chunks (its K/V and indexer keys cached between calls) equals one call over all rows.
+TEST(Mtp, ChunkedEqualsWhole) {
+  Reference ref("tiny-mtp");
+  Model& model = mtp_model();
+  const auto ids = ref.ids("prompt");
+  const auto next = as_i32(ref.i64("prompt.next_ids"));
+  const int64_t T = int64_t(ids.size()), V = model.config().vocab_size;
+  SequenceState seq = model.new_sequence();
+  Tensor wide;
+  const BatchItem item{&seq, ids, LogitsMode::Last};
+  model.forward_batch({&item, 1}, nullptr, {}, &wide);
+  const std::vector<float> whole = model.download(model.mtp_forward(seq, wide, next).logits);
+  seq.mtp_length = 0;  // the same positions again: the cache entries are overwritten
+  std::vector<float> chunked;
+  for (int64_t a = 0; a < T; a += 13) {
+    const int64_t b = std::min(T, a + 13);
+    const auto part = model.download(
+        model.mtp_forward(seq, wide.rows(a, b), std::span<const int32_t>(next.data() + a, size_t(b - a))).logits);
+    chunked.insert(chunked.end(), part.begin(), part.end());
+  }
+  ASSERT_EQ(chunked.size(), size_t(T * V));
+  EXPECT_LE(max_abs_diff(chunked.data(), whole.data(), whole.size()), 1e-5);
+  EXPECT_LE(max_abs_diff(chunked.data(), ref.f32("prompt.mtp_logits").data(), whole.size()), kMtpLogitTol);
+}
+
+TEST(Mtp, BadUseFailsClearly) {
+  Reference ref("tiny-mtp");
+  Model& model = mtp_model();
+  const auto ids = ref.ids("prompt");
+  SequenceState seq = model.new_sequence();
+  Tensor wide;
+  const BatchItem item{&seq, ids, LogitsMode::Last};
+  model.forward_batch({&item, 1}, nullptr, {}, &wide);
+  const std::vector<int32_t> two{1, 2}, bad{1, 99999};
+  auto expect_error = [](const std::function<void()>& f, const std::string& text) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected: " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  expect_error([&] { model.mtp_forward(seq, wide, two); }, "hidden must be F32");
+  expect_error([&] { model.mtp_forward(seq, wide.rows(0, 2), bad); }, "outside the vocabulary");
+  EXPECT_EQ(seq.mtp_length, 0);
+  // Trunk only: the same checkpoint without load_mtp has no MTP layer and no extra cache layer.
+  std::unique_ptr<Model> trunk = Model::load(source_path(kMtpModel));
+  EXPECT_FALSE(trunk->has_mtp());
+  SequenceState s2 = trunk->new_sequence();
+  EXPECT_EQ(int64_t(s2.cache->ranks[0].size()), trunk->config().num_hidden_layers);
+  expect_error([&] { trunk->mtp_forward(s2, wide.rows(0, 2), two); }, "MTP layer is not loaded");
+  // A checkpoint without mtp.* tensors: the error names them, before the trunk loads.
+  ModelOptions o;
+  o.load_mtp = true;
+  expect_error([&] { Model::load(source_path("tests/data/fixtures/tiny-a/model"), o); }, "no mtp.* tensors");
+  o.tp = 2;
+  expect_error([&] { Model::load(source_path(kMtpModel), o); }, "does not run tensor-parallel");
+}
+
+// Snapshot, a detour of other tokens, restore, then the real tokens: the same logits, bit for bit, as feeding the
+// real tokens directly (the KV written by the detour is overwritten; the recurrent state comes back).
+TEST(Mtp, SnapshotRestoreUndoesADetour) {
+  for (const char* dir : {kMtpModel, "tests/data/fixtures/tiny-a/model"}) {
+    SCOPED_TRACE(dir);
+    Model& model = shared_model(dir);
+    const int64_t V = model.config().vocab_size;
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 23; ++i) prompt.push_back(int32_t((i * 37 + 11) % 400));
+    const std::vector<int32_t> real{5, 77, 300, 12, 9, 41}, detour{100, 101, 102, 103, 104, 105, 106};
+    SequenceState a = model.new_sequence(), b = model.new_sequence();
+    model.forward(a, prompt, LogitsMode::Last);
+    model.forward(b, prompt, LogitsMode::Last);
+    const std::vector<float> direct = model.forward(a, real);
+    const Model::StateSnapshot snap = model.snapshot_state(b);
+    model.forward(b, detour);
+    model.restore_state(b, snap);
+    EXPECT_EQ(b.length, int64_t(prompt.size()));
+    const std::vector<float> after = model.forward(b, real);
+    ASSERT_EQ(after.size(), real.size() * size_t(V));
+    EXPECT_EQ(max_abs_diff(after.data(), direct.data(), direct.size()), 0.0);
+  }
+}
+
+}  // namespace
+}  // namespace flashnext::test
