@@ -19,10 +19,12 @@
 // same logits with their own samplers. A fork that finds no free slot or blocks then, or a runner that cannot copy,
 // is prefilled on its own instead (the same output, more work).
 // Memory: a sequence holds one GDN/PLE state slot and ceil(fed tokens / block_size) KV blocks (each block holds
-// K, V and indexer keys of every QSA layer for block_size positions). When a running sequence needs a block and
-// none is free, the most recently admitted running sequence is preempted: its memory is freed and it goes back to
-// the front of the waiting queue; when re-admitted it recomputes prompt + generated tokens (its sampler, RNG and
-// output are kept), so a request is delayed, never dropped or mixed up.
+// K, V and indexer keys of every QSA layer for block_size positions; with prefix caching a block may be shared by
+// several sequences, and cached blocks nobody holds count as free: they are evicted before anyone is preempted).
+// When a running sequence needs a block and none is free, the most recently admitted running sequence is
+// preempted: its memory is freed and it goes back to the front of the waiting queue; when re-admitted it recomputes
+// prompt + generated tokens (its sampler, RNG and output are kept), so a request is delayed, never dropped or
+// mixed up.
 //
 // Batch invariance: a prefill chunk always covers positions [k*C, min((k+1)*C, end)) of the sequence (absolute
 // positions, so a prefill from 0 is cut at the multiples of C), where C is `prefill_chunk_size`; with prefix caching
