@@ -110,6 +110,36 @@ TEST(PrefixCacheEngine, BatchedRequestsSharingAPrefixMatchTheUncachedEngine) {
   }
 }
 
+TEST(PrefixCacheEngine, PreemptedRequestsSharingAPrefixKeepTheirSoloTokens) {
+  // 16 blocks for 4 sequences of 7 blocks that share 3 (a 60-token prefix): sequences are preempted and re-admitted
+  // (finding their prefixes cached) and still give the tokens each gives alone without the cache (as the serve
+  // test of preemption, this relies on the greedy choice surviving the recompute's float rounding: a preempted
+  // sequence recomputes its generated tokens as a prefill).
+  const auto root = prompt_ids(60, 50);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) prompts.push_back(concat(root, prompt_ids(10, 51 + i)));
+  auto make = [&] {
+    std::vector<Request> rs;
+    for (size_t i = 0; i < prompts.size(); ++i) rs.push_back(greedy("p" + std::to_string(i), prompts[i], 40));
+    return rs;
+  };
+  std::vector<Outcome> solo;
+  for (auto& r : make()) {
+    BundledEngine alone({.prefix_caching = false});
+    solo.push_back(run_each(alone, {std::move(r)})[0]);
+  }
+  BundledEngine cached({.prefix_caching = true, .blocks = 16});
+  cached.sched->submit(greedy("warm", root, 1));
+  run_all(*cached.sched);
+  const auto got = run_together(cached, make());
+  for (size_t i = 0; i < solo.size(); ++i) EXPECT_EQ(got[i].tokens, solo[i].tokens) << i;
+  const SchedulerStats st = cached.sched->stats();
+  EXPECT_GT(st.preemptions, 0);
+  EXPECT_GE(st.prefix_cache_hits, 6 * 48);
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  EXPECT_EQ(st.slots_used, 0);
+}
+
 TEST(PrefixCacheEngine, EvictionByASmallPoolKeepsEveryOutputExact) {
   // 24 blocks of 16 and 8 snapshots for requests of up to 8 blocks each, run one after another: cached blocks and
   // snapshots are evicted (least recently used) while later requests look for their prefixes.
