@@ -228,16 +228,19 @@ FLASHNEXT_SUBCOMMAND(
           ->check(CLI::PositiveNumber);
       sub.add_option("--block-size", a->block_size, "tokens per KV cache block (default 16)")
           ->check(CLI::PositiveNumber);
-      sub.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", a->enable_prefix_caching,
-                   "reuse the KV blocks and state snapshots of earlier prompts' prefixes (default off; "
-                   "docs/ENGINE.md, Prefix caching)");
+      CLI::Option* prefix =
+          sub.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", a->enable_prefix_caching,
+                       "reuse the KV blocks and state snapshots of earlier prompts' prefixes (default off; "
+                       "docs/ENGINE.md, Prefix caching)");
       sub.add_option("--prefix-cache-snapshot-interval", a->prefix_cache_snapshot_interval,
                      "blocks between two prefix-cache state snapshots; prefill chunks end on them (default 4)")
-          ->check(CLI::PositiveNumber);
+          ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
+          ->needs(prefix);
       sub.add_option("--prefix-cache-snapshots", a->prefix_cache_snapshots,
                      "state snapshots the prefix cache keeps, each the size of a sequence state slot "
                      "(default: --max-num-seqs)")
-          ->check(CLI::NonNegativeNumber);
+          ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
+          ->needs(prefix);
       sub.add_option("--api-key", a->api_key, "require \"Authorization: Bearer KEY\" on /v1/* (env FLASHNEXT_API_KEY)")
           ->envname("FLASHNEXT_API_KEY");
       sub.add_option("--served-model-name", a->served_model_names,
