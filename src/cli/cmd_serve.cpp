@@ -45,6 +45,8 @@ struct ServeArgs {
   int http_threads = 0, max_connections = 1024, header_timeout = 10, read_timeout = 10, body_timeout = 30;
   bool strict_requests = false, allow_credentials = false;
   std::string allowed_origins, allowed_methods = "*", allowed_headers = "*";  // lists: JSON or comma-separated
+  bool enable_prefix_caching = false;
+  int64_t prefix_cache_snapshot_interval = 4, prefix_cache_snapshots = 0;  // 0: max_num_seqs
 };
 
 /// Bytes for KV blocks and state slots on the GPU, as vLLM sizes them: --gpu-memory-utilization (default 0.9) of
@@ -123,7 +125,11 @@ int run(const ServeArgs& a) {
   // The engine also caches the indexer's pooled block keys: one key per indexer_compress_ratio positions.
   plan.indexer_bytes_per_token += plan.indexer_bytes_per_token / cfg.indexer_compress_ratio;
   const int64_t budget = a.device == "cuda" ? gpu_cache_budget(a, cfg, sc) : a.kv_cache_memory_bytes;
-  MemoryPlanner planner(plan, a.block_size, budget, sc.max_num_seqs);
+  PrefixCacheConfig prefix;
+  prefix.enabled = a.enable_prefix_caching;
+  prefix.snapshot_interval_blocks = a.prefix_cache_snapshot_interval;
+  prefix.num_snapshots = a.prefix_cache_snapshots ? a.prefix_cache_snapshots : sc.max_num_seqs;
+  MemoryPlanner planner(plan, a.block_size, budget, sc.max_num_seqs, prefix);
   ModelRunner runner(*m.model, planner, /*device_sampling=*/a.sampler == "auto");
   Scheduler scheduler(runner, std::move(planner), sc);
 
@@ -159,6 +165,10 @@ int run(const ServeArgs& a) {
       "{} B/token (K, V, indexer keys)",
       mp.budget_bytes(), mp.total_slots(), mp.slot_bytes(), mp.total_blocks(), mp.block_size(),
       mp.block_size() ? mp.block_bytes() / mp.block_size() : 0);
+  if (mp.prefix_caching())
+    spdlog::info("flashnext serve: prefix caching on: {} state snapshots x {} B, one every {} blocks ({} tokens)",
+                 mp.prefix_config().num_snapshots, mp.slot_bytes(), mp.prefix_config().snapshot_interval_blocks,
+                 mp.snapshot_interval());
   if (a.model.empty()) spdlog::warn("flashnext serve: the bundled test model has RANDOM weights: expect gibberish");
   if (so.cors.enabled())
     spdlog::info("flashnext serve: CORS for origins {} (methods {}, headers {}{})",
@@ -218,6 +228,19 @@ FLASHNEXT_SUBCOMMAND(
           ->check(CLI::PositiveNumber);
       sub.add_option("--block-size", a->block_size, "tokens per KV cache block (default 16)")
           ->check(CLI::PositiveNumber);
+      CLI::Option* prefix =
+          sub.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", a->enable_prefix_caching,
+                       "reuse the KV blocks and state snapshots of earlier prompts' prefixes (default off; "
+                       "docs/ENGINE.md, Prefix caching)");
+      sub.add_option("--prefix-cache-snapshot-interval", a->prefix_cache_snapshot_interval,
+                     "blocks between two prefix-cache state snapshots; prefill chunks end on them (default 4)")
+          ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
+          ->needs(prefix);
+      sub.add_option("--prefix-cache-snapshots", a->prefix_cache_snapshots,
+                     "state snapshots the prefix cache keeps, each the size of a sequence state slot "
+                     "(default: --max-num-seqs)")
+          ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
+          ->needs(prefix);
       sub.add_option("--api-key", a->api_key, "require \"Authorization: Bearer KEY\" on /v1/* (env FLASHNEXT_API_KEY)")
           ->envname("FLASHNEXT_API_KEY");
       sub.add_option("--served-model-name", a->served_model_names,

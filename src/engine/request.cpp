@@ -44,12 +44,13 @@ void RequestStream::push_prompt_logprobs(std::vector<TokenLogprobs> logprobs) {
   cv_.notify_one();
 }
 
-void RequestStream::mark_scheduled(Clock::time_point when) {
+void RequestStream::mark_scheduled(Clock::time_point when, int64_t cached_tokens) {
   {
     std::lock_guard lock(mutex_);
     if (scheduled_ || finished_) return;
     scheduled_ = true;
     pending_.scheduled = when;
+    pending_.cached_tokens = cached_tokens;
   }
   cv_.notify_one();
 }

@@ -62,6 +62,9 @@ class RequestStream {
     /// When the scheduler first admitted the request to the running batch: set in the one update that follows that
     /// admission (not again after a preemption). Arrival to this is the request's queue time.
     std::optional<Clock::time_point> scheduled;
+    /// With `scheduled`: prompt tokens found in the prefix cache at that admission (not prefilled; vLLM's
+    /// usage.prompt_tokens_details.cached_tokens). 0 otherwise.
+    int64_t cached_tokens = 0;
   };
 
   // ---- producer (scheduler) ----
@@ -69,8 +72,9 @@ class RequestStream {
   void push_token(int32_t token, std::optional<TokenLogprobs> logprobs, Clock::time_point when);
   /// Appends log-probabilities of the next prompt tokens (see Update::prompt_logprobs).
   void push_prompt_logprobs(std::vector<TokenLogprobs> logprobs);
-  /// Records that the request was admitted to the running batch at `when`; only the first call counts.
-  void mark_scheduled(Clock::time_point when);
+  /// Records that the request was admitted to the running batch at `when`, `cached_tokens` of its prompt found in
+  /// the prefix cache; only the first call counts.
+  void mark_scheduled(Clock::time_point when, int64_t cached_tokens = 0);
   /// Ends the stream. Later calls are ignored (the first reason wins).
   void finish(EndReason reason, std::optional<int32_t> stop_token = {}, std::string error = {});
 

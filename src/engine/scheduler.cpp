@@ -15,21 +15,31 @@ namespace flashnext {
 // MemoryPlanner
 // ---------------------------------------------------------------------------------------------------------------
 
-MemoryPlanner::MemoryPlanner(const StatePlan& plan, int64_t block_size, int64_t budget_bytes, int64_t num_slots)
-    : block_size_(block_size), budget_bytes_(budget_bytes) {
+MemoryPlanner::MemoryPlanner(const StatePlan& plan, int64_t block_size, int64_t budget_bytes, int64_t num_slots,
+                             PrefixCacheConfig prefix)
+    : block_size_(block_size), budget_bytes_(budget_bytes), prefix_(prefix) {
   FN_CHECK(block_size >= 1, "memory planner: block size must be >= 1 token, got {}", block_size);
   FN_CHECK(num_slots >= 1, "memory planner: the number of sequence state slots must be >= 1, got {}", num_slots);
+  if (!prefix_.enabled) prefix_.num_snapshots = 0;
+  if (prefix_.enabled) {
+    FN_CHECK(prefix_.snapshot_interval_blocks >= 1,
+             "memory planner: --prefix-cache-snapshot-interval must be >= 1 block, got {}",
+             prefix_.snapshot_interval_blocks);
+    FN_CHECK(prefix_.num_snapshots >= 1, "memory planner: --prefix-cache-snapshots must be >= 1, got {}",
+             prefix_.num_snapshots);
+  }
   block_bytes_ = (plan.kv_bytes_per_token + plan.indexer_bytes_per_token) * block_size;
   slot_bytes_ =
       plan.gdn_state_bytes_per_sequence + plan.gdn_conv_state_bytes_per_sequence + plan.ple_state_bytes_per_sequence;
-  const int64_t after_slots = budget_bytes - slot_bytes_ * num_slots;
+  const int64_t after_slots = budget_bytes - slot_bytes_ * (num_slots + prefix_.num_snapshots);
   // A model without QSA layers has no per-token cache: blocks then only count positions (bounded by the id type).
   const int64_t blocks = block_bytes_ > 0 ? after_slots / block_bytes_ : (after_slots >= 0 ? (int64_t(1) << 30) : 0);
   if (blocks < 1)
     fail(
-        "memory planner: a budget of {} bytes cannot hold {} sequence state slots of {} bytes plus one KV block of "
-        "{} bytes; raise the KV cache memory or lower --max-num-seqs",
-        budget_bytes, num_slots, slot_bytes_, block_bytes_);
+        "memory planner: a budget of {} bytes cannot hold {} sequence state slots and {} prefix-cache snapshots of "
+        "{} bytes plus one KV block of {} bytes; raise the KV cache memory or lower --max-num-seqs (or "
+        "--prefix-cache-snapshots)",
+        budget_bytes, num_slots, prefix_.num_snapshots, slot_bytes_, block_bytes_);
   FN_CHECK(blocks <= INT32_MAX, "memory planner: {} KV blocks exceed the block id range", blocks);
   all_blocks_ = size_t(blocks);
   all_slots_ = size_t(num_slots);
@@ -37,6 +47,17 @@ MemoryPlanner::MemoryPlanner(const StatePlan& plan, int64_t block_size, int64_t 
   for (size_t i = 0; i < all_blocks_; ++i) free_blocks_[i] = int32_t(all_blocks_ - 1 - i);
   free_slots_.resize(all_slots_);
   for (size_t i = 0; i < all_slots_; ++i) free_slots_[i] = int32_t(all_slots_ - 1 - i);
+  if (prefix_.enabled) {
+    refs_.assign(all_blocks_, 0);
+    generation_.assign(all_blocks_, 0);
+    cached_.resize(all_blocks_);
+    lru_pos_.resize(all_blocks_);
+    snapshot_of_.assign(all_blocks_, -1);
+    const int64_t n = prefix_.num_snapshots;
+    for (int64_t i = 0; i < n; ++i) free_snapshots_.push_back(int32_t(num_slots + n - 1 - i));
+    snapshot_pos_.resize(size_t(n));
+    snapshot_block_.assign(size_t(n), -1);
+  }
 }
 
 bool MemoryPlanner::try_grow(std::vector<int32_t>& table, int64_t tokens) {
@@ -44,8 +65,18 @@ bool MemoryPlanner::try_grow(std::vector<int32_t>& table, int64_t tokens) {
   if (need <= 0) return true;
   if (need > free_blocks()) return false;
   for (int64_t i = 0; i < need; ++i) {
-    table.push_back(free_blocks_.back());
-    free_blocks_.pop_back();
+    int32_t b;
+    if (!free_blocks_.empty()) {
+      b = free_blocks_.back();
+      free_blocks_.pop_back();
+    } else {  // evict the least recently released cached block
+      b = lru_.front();
+      lru_.pop_front();
+      uncache(b);
+      ++evicted_blocks_;
+    }
+    if (prefix_.enabled) refs_[size_t(b)] = 1;
+    table.push_back(b);
   }
   return true;
 }
@@ -58,10 +89,171 @@ std::optional<int32_t> MemoryPlanner::acquire_slot() {
 }
 
 void MemoryPlanner::release(std::vector<int32_t>& table, int32_t slot) {
-  // Returned in reverse so that a sequence freed and re-admitted gets the same ids (easier to read in logs).
-  for (auto it = table.rbegin(); it != table.rend(); ++it) free_blocks_.push_back(*it);
+  // Returned in reverse: a sequence freed and re-admitted gets the same ids (easier to read in logs), and the tail
+  // of a cached chain goes to the LRU list first, so it is evicted before the blocks it follows.
+  for (auto it = table.rbegin(); it != table.rend(); ++it) {
+    const int32_t b = *it;
+    if (prefix_.enabled) {
+      FN_CHECK(refs_[size_t(b)] > 0, "memory planner: block {} released more often than taken", b);
+      if (--refs_[size_t(b)] > 0) continue;
+      if (cached_[size_t(b)]) {
+        lru_pos_[size_t(b)] = lru_.insert(lru_.end(), b);
+        continue;
+      }
+    }
+    free_blocks_.push_back(b);
+  }
   table.clear();
   if (slot >= 0) free_slots_.push_back(slot);
+}
+
+uint64_t MemoryPlanner::block_hash(int32_t parent, uint32_t parent_generation, std::span<const int32_t> tokens) const {
+  auto mix = [](uint64_t x) {  // splitmix64 finaliser
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+  };
+  uint64_t h = mix((uint64_t(uint32_t(parent)) << 32) | parent_generation);
+  for (int32_t t : tokens) h = mix(h ^ uint32_t(t));
+  return h;
+}
+
+int32_t MemoryPlanner::find(int32_t parent, uint32_t parent_generation, std::span<const int32_t> tokens) const {
+  const uint64_t h = block_hash(parent, parent_generation, tokens);
+  for (auto [it, end] = by_hash_.equal_range(h); it != end; ++it) {
+    const CachedBlock& c = *cached_[size_t(it->second)];
+    if (c.parent == parent && c.parent_generation == parent_generation &&
+        std::equal(c.tokens.begin(), c.tokens.end(), tokens.begin(), tokens.end()))
+      return it->second;
+  }
+  return -1;
+}
+
+void MemoryPlanner::uncache(int32_t block) {
+  auto& c = cached_[size_t(block)];
+  if (!c) return;
+  for (auto [it, end] = by_hash_.equal_range(c->hash); it != end; ++it) {
+    if (it->second == block) {
+      by_hash_.erase(it);
+      break;
+    }
+  }
+  c.reset();
+  drop_snapshot(block);
+  ++generation_[size_t(block)];  // blocks cached under it no longer match anything
+}
+
+PrefixMatch MemoryPlanner::match(std::span<const int32_t> tokens) const {
+  PrefixMatch m;
+  if (!prefix_.enabled || tokens.empty()) return m;
+  const int64_t max_blocks = (int64_t(tokens.size()) - 1) / block_size_;  // one token is always fed
+  int32_t parent = -1;
+  uint32_t parent_generation = 0;
+  std::vector<int32_t> chain;
+  for (int64_t i = 0; i < max_blocks; ++i) {
+    const int32_t b = find(parent, parent_generation, tokens.subspan(size_t(i * block_size_), size_t(block_size_)));
+    if (b < 0) break;
+    chain.push_back(b);
+    if ((i + 1) % prefix_.snapshot_interval_blocks == 0 && snapshot_of_[size_t(b)] >= 0) {
+      m.blocks = chain;
+      m.snapshot = snapshot_of_[size_t(b)];
+      m.tokens = (i + 1) * block_size_;
+    }
+    parent = b;
+    parent_generation = generation_[size_t(b)];
+  }
+  return m;
+}
+
+void MemoryPlanner::share_held(std::span<const int32_t> blocks, std::vector<int32_t>& table) {
+  FN_CHECK(prefix_.enabled, "memory planner: sharing blocks needs prefix caching");
+  for (int32_t b : blocks) {
+    FN_CHECK(refs_[size_t(b)] > 0, "memory planner: block {} is shared but nobody holds it", b);
+    ++refs_[size_t(b)];
+    table.push_back(b);
+  }
+}
+
+void MemoryPlanner::share(const PrefixMatch& m, std::vector<int32_t>& table, PrefixCursor& cursor) {
+  FN_CHECK(prefix_.enabled && table.empty(), "memory planner: share() needs prefix caching and an empty table");
+  for (int32_t b : m.blocks) {
+    FN_CHECK(cached_[size_t(b)], "memory planner: block {} of a prefix match is no longer cached", b);
+    if (refs_[size_t(b)]++ == 0) lru_.erase(lru_pos_[size_t(b)]);
+    table.push_back(b);
+  }
+  if (m.snapshot >= 0) {
+    const size_t k = size_t(m.snapshot - int32_t(all_slots_));
+    snapshot_lru_.splice(snapshot_lru_.end(), snapshot_lru_, snapshot_pos_[k]);
+  }
+  cursor = {};
+  if (!m.blocks.empty()) {
+    cursor.blocks = int64_t(m.blocks.size());
+    cursor.parent = m.blocks.back();
+    cursor.parent_generation = generation_[size_t(cursor.parent)];
+  }
+}
+
+int32_t MemoryPlanner::cache_blocks(std::span<const int32_t> tokens, const std::vector<int32_t>& table, int64_t fed,
+                                    PrefixCursor& cursor) {
+  if (!prefix_.enabled || cursor.broken) return -1;
+  const int64_t full = std::min<int64_t>(fed / block_size_, int64_t(table.size()));
+  for (int64_t i = cursor.blocks; i < full; ++i) {
+    if (cursor.parent >= 0 && generation_[size_t(cursor.parent)] != cursor.parent_generation) {
+      cursor.broken = true;  // the block it follows was evicted (possible when this sequence holds a duplicate)
+      return -1;
+    }
+    const auto content = tokens.subspan(size_t(i * block_size_), size_t(block_size_));
+    int32_t b = find(cursor.parent, cursor.parent_generation, content);
+    if (b < 0) {
+      b = table[size_t(i)];
+      if (cached_[size_t(b)]) {  // a shared block, found by an earlier lookup: its content is this one
+        cursor.broken = true;
+        return -1;
+      }
+      CachedBlock c;
+      c.hash = block_hash(cursor.parent, cursor.parent_generation, content);
+      c.parent = cursor.parent;
+      c.parent_generation = cursor.parent_generation;
+      c.tokens.assign(content.begin(), content.end());
+      by_hash_.emplace(c.hash, b);
+      cached_[size_t(b)] = std::move(c);
+    }
+    cursor.blocks = i + 1;
+    cursor.parent = b;
+    cursor.parent_generation = generation_[size_t(b)];
+  }
+  return fed > 0 && fed % block_size_ == 0 && cursor.blocks == fed / block_size_ ? cursor.parent : -1;
+}
+
+int32_t MemoryPlanner::attach_snapshot(int32_t block) {
+  FN_CHECK(prefix_.enabled && cached_[size_t(block)] && snapshot_of_[size_t(block)] < 0,
+           "memory planner: a snapshot for block {}, which is not cached or has one", block);
+  int32_t slot;
+  if (!free_snapshots_.empty()) {
+    slot = free_snapshots_.back();
+    free_snapshots_.pop_back();
+  } else {
+    slot = snapshot_lru_.front();
+    drop_snapshot(snapshot_block_[size_t(slot - int32_t(all_slots_))]);
+    slot = free_snapshots_.back();
+    free_snapshots_.pop_back();
+  }
+  const size_t k = size_t(slot - int32_t(all_slots_));
+  snapshot_pos_[k] = snapshot_lru_.insert(snapshot_lru_.end(), slot);
+  snapshot_block_[k] = block;
+  snapshot_of_[size_t(block)] = slot;
+  return slot;
+}
+
+void MemoryPlanner::drop_snapshot(int32_t block) {
+  const int32_t slot = snapshot_of_[size_t(block)];
+  if (slot < 0) return;
+  const size_t k = size_t(slot - int32_t(all_slots_));
+  snapshot_lru_.erase(snapshot_pos_[k]);
+  snapshot_block_[k] = -1;
+  snapshot_of_[size_t(block)] = -1;
+  free_snapshots_.push_back(slot);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -76,8 +268,9 @@ struct ModelSequence : RunnerSequence {
 
 ModelRunner::ModelRunner(Model& model, const MemoryPlanner& planner, bool device_sampling)
     : model_(model),
-      cache_(model.new_cache(planner.total_blocks(), planner.block_size(), planner.total_slots())),
-      device_sampling_(device_sampling) {
+      cache_(model.new_cache(planner.total_blocks(), planner.block_size(), planner.pool_slots())),
+      device_sampling_(device_sampling),
+      snapshots_(size_t(planner.pool_slots())) {
   const ModelConfig& c = model.config();
   ple_rows_per_token_ = c.ngram_heads() * int64_t(c.ple_layer_ids.size());
 }
@@ -97,6 +290,25 @@ bool ModelRunner::copy_sequence(const RunnerSequence& from, RunnerSequence& to, 
   dst.state.block_table.assign(to_blocks.begin(), to_blocks.end());
   model_.copy_sequence(static_cast<const ModelSequence&>(from).state, dst.state);
   return true;
+}
+
+bool ModelRunner::save_snapshot(const RunnerSequence& seq, int32_t snapshot) {
+  const auto& src = static_cast<const ModelSequence&>(seq).state;
+  FN_CHECK(snapshot >= 0 && snapshot < int32_t(snapshots_.size()) && snapshot != src.slot,
+           "save_snapshot: slot {} is outside the pool's {} slots or the sequence's own", snapshot, snapshots_.size());
+  model_.copy_state_slot(*cache_, src.slot, snapshot);
+  snapshots_[size_t(snapshot)] = {src.length, src.ple_history};
+  return true;
+}
+
+void ModelRunner::restore_snapshot(int32_t snapshot, RunnerSequence& seq, int64_t length) {
+  auto& dst = static_cast<ModelSequence&>(seq).state;
+  FN_CHECK(snapshot >= 0 && snapshot < int32_t(snapshots_.size()) && snapshots_[size_t(snapshot)].length == length,
+           "restore_snapshot: slot {} holds no snapshot of {} positions", snapshot, length);
+  FN_CHECK(dst.length == 0, "restore_snapshot: the sequence is not fresh ({} positions fed)", dst.length);
+  model_.copy_state_slot(*cache_, snapshot, dst.slot);
+  dst.length = length;
+  dst.ple_history = snapshots_[size_t(snapshot)].ple_history;
 }
 
 bool ModelRunner::samples_on_device() const {
@@ -200,6 +412,10 @@ struct Scheduler::Seq {
   /// Prompt log-probabilities computed so far (prompt tokens 1 .. size()), kept for the forks and for preemption.
   std::vector<TokenLogprobs> prompt_lp;
   int64_t arrival = 0;  // submission order (priority ties)
+  /// Prefix cache: positions this admission prefills (tokens.size() when admitted; only those are cached), and
+  /// how far its blocks are registered.
+  int64_t prefill_end = 0;
+  PrefixCursor cursor;
 };
 
 namespace {
@@ -379,9 +595,33 @@ bool Scheduler::step() {
 }
 
 int64_t Scheduler::next_chunk(const Seq& s) const {
+  return chunk_from(s, s.num_computed);
+}
+
+int64_t Scheduler::chunk_from(const Seq& s, int64_t from) const {
   const int64_t c = s.req.prompt_logprobs >= 0 ? std::min(config_.prefill_chunk_size, kPromptLogprobsChunk)
                                                : config_.prefill_chunk_size;
-  return std::min(int64_t(s.tokens.size()) - s.num_computed, c);
+  int64_t end = (from / c + 1) * c;  // the next multiple of C (see "Batch invariance")
+  if (const int64_t S = planner_.snapshot_interval(); S > 0) end = std::min(end, (from / S + 1) * S);
+  return std::min(int64_t(s.tokens.size()), end) - from;
+}
+
+void Scheduler::cache_prefix(Seq& s) {
+  if (!planner_.prefix_caching() || s.req.prompt_logprobs >= 0 || !s.state) return;
+  const int64_t fed = std::min(s.num_computed, s.prefill_end);
+  const int32_t block = planner_.cache_blocks(s.tokens, s.blocks, fed, s.cursor);
+  if (block < 0 || !snapshots_ok_ || fed != s.num_computed || fed % planner_.snapshot_interval() != 0 ||
+      planner_.has_snapshot(block))
+    return;
+  const int32_t snapshot = planner_.attach_snapshot(block);
+  bool saved = false;
+  try {
+    saved = runner_.save_snapshot(*s.state, snapshot);
+    snapshots_ok_ = saved;
+  } catch (const std::exception& e) {
+    spdlog::warn("scheduler: prefix cache snapshot of request {} at {} tokens failed: {}", s.req.id, fed, e.what());
+  }
+  if (!saved) planner_.drop_snapshot(block);
 }
 
 void Scheduler::finish(Seq& s, EndReason reason, std::optional<int32_t> stop_token, std::string error) {
@@ -400,6 +640,8 @@ void Scheduler::preempt(Seq& s) {
   s.slot = -1;
   s.state.reset();
   s.num_computed = 0;
+  s.prefill_end = 0;
+  s.cursor = {};
   ++counters_.preemptions;
   spdlog::debug("scheduler: preempted request {} ({} tokens to recompute)", s.req.id, s.tokens.size());
 }
@@ -414,6 +656,9 @@ void Scheduler::publish_stats() {
   counters_.slots_used = planner_.total_slots() - planner_.free_slots();
   counters_.kv_usage = planner_.usage();
   counters_.ple_rows_fetched = runner_.ple_rows_fetched();
+  counters_.prefix_cache_blocks = planner_.cached_blocks();
+  counters_.prefix_cache_snapshots = planner_.cached_snapshots();
+  counters_.prefix_cache_evictions = planner_.evicted_blocks();
   std::lock_guard lock(mutex_);
   stats_ = counters_;
 }
@@ -496,22 +741,40 @@ bool Scheduler::step_impl() {
   // Admit waiting requests in arrival order (none after a preemption: memory is short).
   while (!preempted && !waiting_.empty() && int64_t(running_.size()) < config_.max_num_seqs && budget > 0) {
     Seq& s = *waiting_.front();
-    const int64_t n = next_chunk(s);
-    if (n > budget || planner_.free_slots() == 0) break;
-    if (!planner_.try_grow(s.blocks, n)) break;
+    if (planner_.free_slots() == 0) break;
+    // Prefix cache: the deepest snapshot of a cached prefix of its tokens (none for prompt log-probabilities, whose
+    // rows must all be computed).
+    const bool lookup = planner_.prefix_caching() && snapshots_ok_ && s.req.prompt_logprobs < 0;
+    PrefixMatch hit;
+    if (lookup) hit = planner_.match(s.tokens);
+    const int64_t n = chunk_from(s, hit.tokens);
+    if (n > budget) break;
+    if (hit.tokens > 0) planner_.share(hit, s.blocks, s.cursor);
+    if (!planner_.try_grow(s.blocks, hit.tokens + n)) {
+      planner_.release(s.blocks, -1);
+      s.cursor = {};
+      break;
+    }
     s.slot = *planner_.acquire_slot();
     // The first admission only ends the queue time; the forks of an n > 1 request ride on this prefill.
     const Clock::time_point admitted = Clock::now();
-    s.req.stream->mark_scheduled(admitted);
-    for (auto& f : s.forks) f->req.stream->mark_scheduled(admitted);
+    s.req.stream->mark_scheduled(admitted, hit.tokens);
+    for (auto& f : s.forks) f->req.stream->mark_scheduled(admitted, hit.tokens);
+    if (lookup) {
+      counters_.prefix_cache_queries += int64_t(s.tokens.size());
+      counters_.prefix_cache_hits += hit.tokens;
+    }
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
     try {
       s.state = runner_.new_sequence(s.slot);
+      if (hit.tokens > 0) runner_.restore_snapshot(hit.snapshot, *s.state, hit.tokens);
     } catch (const std::exception& e) {
       finish(s, EndReason::Error, {}, fmt::format("could not create the sequence state: {}", e.what()));
       continue;
     }
+    s.num_computed = hit.tokens;
+    s.prefill_end = int64_t(s.tokens.size());
     batch.push_back({&s, n});
     budget -= n;
   }
@@ -540,10 +803,11 @@ bool Scheduler::step_impl() {
     it.ids = std::span<const int32_t>(s.tokens).subspan(size_t(s.num_computed), size_t(batch[k].n));
     it.block_table = s.blocks;
     it.slot = s.slot;
-    // Prompt log-probabilities still to compute: the rows of this chunk that predict prompt tokens not yet scored.
+    // Prompt log-probabilities still to compute: the rows of this chunk that predict prompt tokens not yet scored
+    // (row j predicts token num_computed + j + 1; the next one to score is token prompt_lp.size() + 1).
     const int64_t prompt_len = int64_t(s.req.prompt.size());
     if (s.req.prompt_logprobs >= 0 && int64_t(s.prompt_lp.size()) < prompt_len - 1 &&
-        s.num_computed + batch[k].n > int64_t(s.prompt_lp.size()) + 1) {
+        s.num_computed + batch[k].n > int64_t(s.prompt_lp.size())) {
       all_logits[k].resize(size_t(batch[k].n * vocab));
       it.all_logits = all_logits[k];
     }
@@ -591,6 +855,7 @@ bool Scheduler::step_impl() {
       }
     }
     s.num_computed += batch[k].n;
+    cache_prefix(s);
     if (!wants_token) continue;
     if (s.num_output == 0 && !s.forks.empty()) fork(s, it.logits, now);
     emit(s, it.logits, it.token, now);
@@ -639,6 +904,11 @@ void Scheduler::fork(Seq& parent, std::span<const float> logits, Clock::time_poi
   parent.forks.clear();
   for (auto& f : forks) {
     Seq& c = *f;
+    // With prefix caching (refcounted blocks) the fork shares the parent's full blocks, which neither writes
+    // again, and gets a copy of the last, partial one (copy-on-write).
+    if (planner_.prefix_caching())
+      planner_.share_held(
+          std::span<const int32_t>(parent.blocks).first(size_t(parent.num_computed / planner_.block_size())), c.blocks);
     const bool room = int64_t(running_.size()) < config_.max_num_seqs && planner_.free_slots() > 0 &&
                       planner_.try_grow(c.blocks, parent.num_computed);
     bool copied = false;

@@ -19,27 +19,41 @@
 // same logits with their own samplers. A fork that finds no free slot or blocks then, or a runner that cannot copy,
 // is prefilled on its own instead (the same output, more work).
 // Memory: a sequence holds one GDN/PLE state slot and ceil(fed tokens / block_size) KV blocks (each block holds
-// K, V and indexer keys of every QSA layer for block_size positions). When a running sequence needs a block and
-// none is free, the most recently admitted running sequence is preempted: its memory is freed and it goes back to
-// the front of the waiting queue; when re-admitted it recomputes prompt + generated tokens (its sampler, RNG and
-// output are kept), so a request is delayed, never dropped or mixed up.
+// K, V and indexer keys of every QSA layer for block_size positions; with prefix caching a block may be shared by
+// several sequences, and cached blocks nobody holds count as free: they are evicted before anyone is preempted).
+// When a running sequence needs a block and none is free, the most recently admitted running sequence is
+// preempted: its memory is freed and it goes back to the front of the waiting queue; when re-admitted it recomputes
+// prompt + generated tokens (its sampler, RNG and output are kept), so a request is delayed, never dropped or
+// mixed up.
 //
-// Batch invariance: a prefill chunk always covers [k*C, min((k+1)*C, end)) of the tokens still to feed, where C
-// is `prefill_chunk_size`, and a chunk is never split to fit a step's remaining budget (it waits a step instead).
-// So the chunks a sequence is fed — and therefore its logits, bit for bit on a deterministic backend — do not
-// depend on what else is in the batch. C <= max_num_batched_tokens - max_num_seqs + 1 guarantees that the first
-// prefilling sequence always fits next to the decodes of all others, so nothing starves.
+// Batch invariance: a prefill chunk always covers positions [k*C, min((k+1)*C, end)) of the sequence (absolute
+// positions, so a prefill from 0 is cut at the multiples of C), where C is `prefill_chunk_size`; with prefix caching
+// chunks also end at every multiple of the snapshot interval S (so the state there is what any prefill of those
+// tokens computes, and a prefill resumed there is cut where the uncached one is). A chunk is never split to fit a
+// step's remaining budget (it waits a step instead). So the chunks a sequence is fed — and therefore its logits, bit
+// for bit on a deterministic backend — do not depend on what else is in the batch, nor on whether its prefix came
+// from the cache. C <= max_num_batched_tokens - max_num_seqs + 1 guarantees that the first prefilling sequence
+// always fits next to the decodes of all others, so nothing starves.
+// Prefix caching (MemoryPlanner, PrefixCacheConfig; docs/ENGINE.md): a request is admitted with the cached blocks
+// of the longest prefix of its tokens after which a snapshot of the state exists (capped so that one token is still
+// fed), shared by reference, its state restored from the snapshot; it prefills only the rest. Blocks are
+// registered when a prefill chunk fills them, snapshots taken when a prefill chunk ends on a multiple of S. Positions
+// fed by decode steps are not cached (the GDN recurrence of one token rounds differently from a prefill chunk, so
+// a cached decode would not match an uncached prefill of the same prompt bit for bit); requests with prompt
+// log-probabilities neither look up nor register (their prompt rows must be computed).
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "core/error.h"
@@ -56,40 +70,136 @@ struct CachePool;
 // Memory planner
 // ------------------------------------------------------------------------------------------------------------------
 
+/// Prefix caching (issue 19; docs/ENGINE.md, "Prefix caching"). Off: blocks are private to a sequence.
+struct PrefixCacheConfig {
+  bool enabled = false;
+  /// A snapshot of the per-sequence state (GDN conv + recurrent, PLE conv + n-gram history) is taken every
+  /// `snapshot_interval_blocks` blocks of prefilled positions; a request resumes only at a snapshot. >= 1.
+  int64_t snapshot_interval_blocks = 4;
+  /// Snapshot slots, carved out of the budget next to the sequence slots (each slot_bytes()); >= 1 when enabled.
+  int64_t num_snapshots = 0;
+};
+
+/// A prefix of a prompt found in the prefix cache (MemoryPlanner::match).
+struct PrefixMatch {
+  std::vector<int32_t> blocks;  ///< cached blocks of positions [0, tokens), in order
+  int32_t snapshot = -1;        ///< the pool slot holding the state after `tokens` positions; -1: no match
+  int64_t tokens = 0;           ///< matched positions: a multiple of the snapshot interval, 0 when none
+};
+
+/// Where a sequence's blocks stand in the prefix cache (MemoryPlanner::cache_blocks); kept by the scheduler.
+struct PrefixCursor {
+  int64_t blocks = 0;   ///< leading blocks of the sequence registered (or found) in the cache
+  int32_t parent = -1;  ///< the cached block that holds the content of the last of them; -1: none yet
+  uint32_t parent_generation = 0;
+  bool broken = false;  ///< its parent was evicted under it: nothing more of this sequence is cached
+};
+
 /// Paged memory of the running sequences: KV blocks (K, V and raw indexer keys of every QSA layer for `block_size`
 /// positions) and per-sequence state slots (GDN recurrent + conv state, PLE conv state + n-gram history), carved
-/// out of one byte budget: slots first (one per sequence the scheduler may run), the rest in blocks.
-/// Block and slot ids are handed out from free lists, so a paged backend can index its cache with them.
+/// out of one byte budget: slots first (one per sequence the scheduler may run, then the prefix cache's snapshot
+/// slots), the rest in blocks. Block and slot ids are handed out from free lists, so a paged backend can index its
+/// cache with them.
+///
+/// With prefix caching, blocks are reference-counted: a full block of prefilled positions is registered under its
+/// block hash (the content: its tokens, and the cached block before it, checked exactly on lookup, so a hash
+/// collision never matches), shared by reference between sequences whose prompts begin alike, and when no sequence
+/// holds it any more it stays cached on an LRU list until try_grow needs room (evicted least recently released
+/// first; a sequence releases its tail first, so chains shrink from the end). A snapshot belongs to the cached block
+/// it follows and goes with it; snapshots are evicted LRU among themselves when a new one needs a slot.
 class MemoryPlanner {
  public:
   /// `plan`: bytes per token and per sequence (loader/memory_plan.h state_plan, at the backend's element sizes).
-  /// Throws Error when block_size < 1, num_slots < 1, or the budget cannot hold the slots plus one block.
-  MemoryPlanner(const StatePlan& plan, int64_t block_size, int64_t budget_bytes, int64_t num_slots);
+  /// Throws Error when block_size < 1, num_slots < 1, the budget cannot hold the slots (and snapshot slots) plus one
+  /// block, or the prefix cache config is invalid (interval < 1, no snapshot slot), naming the serve flag.
+  MemoryPlanner(const StatePlan& plan, int64_t block_size, int64_t budget_bytes, int64_t num_slots,
+                PrefixCacheConfig prefix = {});
 
   int64_t block_size() const { return block_size_; }
   int64_t block_bytes() const { return block_bytes_; }  ///< (KV + indexer bytes per token) * block_size
   int64_t slot_bytes() const { return slot_bytes_; }    ///< GDN + conv + PLE state bytes of one sequence
   int64_t budget_bytes() const { return budget_bytes_; }
   int64_t total_blocks() const { return int64_t(all_blocks_); }
-  int64_t free_blocks() const { return int64_t(free_blocks_.size()); }
-  int64_t total_slots() const { return int64_t(all_slots_); }
+  /// Blocks a sequence can get: free ones plus cached ones no sequence holds (evictable).
+  int64_t free_blocks() const { return int64_t(free_blocks_.size() + lru_.size()); }
+  int64_t total_slots() const { return int64_t(all_slots_); }  ///< sequence slots (ids 0 .. total_slots()-1)
   int64_t free_slots() const { return int64_t(free_slots_.size()); }
-  /// Fraction of KV blocks in use, in [0, 1].
+  /// Fraction of KV blocks held by sequences, in [0, 1] (cached blocks nobody holds count as free).
   double usage() const { return total_blocks() ? double(total_blocks() - free_blocks()) / double(total_blocks()) : 0; }
+
+  const PrefixCacheConfig& prefix_config() const { return prefix_; }
+  bool prefix_caching() const { return prefix_.enabled; }
+  /// Positions between two snapshots (snapshot_interval_blocks * block_size); 0 without prefix caching.
+  int64_t snapshot_interval() const { return prefix_.enabled ? prefix_.snapshot_interval_blocks * block_size_ : 0; }
+  /// Slots of the cache pool: the sequence slots, then the snapshot slots (ids total_slots() .. pool_slots()-1).
+  int64_t pool_slots() const { return int64_t(all_slots_) + prefix_.num_snapshots; }
+  int64_t cached_blocks() const { return int64_t(by_hash_.size()); }  ///< blocks registered in the prefix cache
+  int64_t cached_snapshots() const { return prefix_.num_snapshots - int64_t(free_snapshots_.size()); }
+  int64_t evicted_blocks() const { return evicted_blocks_; }  ///< cached blocks evicted for room so far
 
   /// Blocks that `tokens` positions occupy.
   int64_t blocks_for(int64_t tokens) const { return (tokens + block_size_ - 1) / block_size_; }
-  /// Grows `table` so that it covers `tokens` positions. Returns false, changing nothing, when too few blocks are free.
+  /// Grows `table` so that it covers `tokens` positions, from the free blocks first, then by evicting cached blocks
+  /// nobody holds (LRU). Returns false, changing nothing, when too few blocks are free or evictable.
   bool try_grow(std::vector<int32_t>& table, int64_t tokens);
   /// A free state slot id, or nullopt when all are taken.
   std::optional<int32_t> acquire_slot();
-  /// Returns the blocks of `table` (left empty) and `slot` (when >= 0) to the free lists.
+  /// Drops one reference to each block of `table` (left empty; a block nobody holds is freed, or kept on the LRU
+  /// list when cached) and returns `slot` (when >= 0) to the free list.
   void release(std::vector<int32_t>& table, int32_t slot);
 
+  /// The longest prefix of `tokens` whose blocks are cached and after which a snapshot exists, capped so that at
+  /// least one token is left to feed (positions < tokens.size()). Changes nothing (share() takes it).
+  PrefixMatch match(std::span<const int32_t> tokens) const;
+  /// Appends the match's blocks to `table` (empty), one reference each, marks its snapshot recently used and points
+  /// `cursor` after them.
+  void share(const PrefixMatch& m, std::vector<int32_t>& table, PrefixCursor& cursor);
+  /// Appends `blocks` (held by another sequence) to `table`, one more reference each: the full blocks a fork shares
+  /// with its parent (its last, partial block is copied instead: copy-on-write). Needs prefix caching (refcounts).
+  void share_held(std::span<const int32_t> blocks, std::vector<int32_t>& table);
+  /// Registers the full blocks of `table` that cover positions [cursor.blocks * block_size, fed) — `tokens` being
+  /// the sequence's tokens — under their block hashes (a block whose content is already cached is left private and
+  /// the cursor follows the cached one). Returns the cached block that holds positions [fed - block_size, fed) when
+  /// `fed` is a positive multiple of block_size and that block is now cached, else -1.
+  int32_t cache_blocks(std::span<const int32_t> tokens, const std::vector<int32_t>& table, int64_t fed,
+                       PrefixCursor& cursor);
+  /// Whether cached block `block` already has a snapshot.
+  bool has_snapshot(int32_t block) const { return snapshot_of_[size_t(block)] >= 0; }
+  /// A snapshot slot for cached block `block` (a free one, else the least recently used one, taken from its block).
+  /// The caller fills it (Runner::save_snapshot) or gives it back with drop_snapshot.
+  int32_t attach_snapshot(int32_t block);
+  /// Detaches and frees the snapshot of `block` (when it has one).
+  void drop_snapshot(int32_t block);
+
  private:
+  struct CachedBlock {
+    uint64_t hash = 0;
+    int32_t parent = -1;
+    uint32_t parent_generation = 0;
+    std::vector<int32_t> tokens;
+  };
+  uint64_t block_hash(int32_t parent, uint32_t parent_generation, std::span<const int32_t> tokens) const;
+  /// The cached block of content (parent, tokens), or -1.
+  int32_t find(int32_t parent, uint32_t parent_generation, std::span<const int32_t> tokens) const;
+  void uncache(int32_t block);  // removes it from the cache (its snapshot too); its generation moves on
+
   int64_t block_size_, block_bytes_, slot_bytes_, budget_bytes_;
   size_t all_blocks_ = 0, all_slots_ = 0;
+  PrefixCacheConfig prefix_;
   std::vector<int32_t> free_blocks_, free_slots_;  // stacks; lowest id on top
+  // Prefix cache (per block id): references, registration, the LRU list of cached blocks nobody holds.
+  std::vector<int32_t> refs_;
+  std::vector<uint32_t> generation_;
+  std::vector<std::optional<CachedBlock>> cached_;
+  std::unordered_multimap<uint64_t, int32_t> by_hash_;
+  std::list<int32_t> lru_;  // front: evicted first
+  std::vector<std::list<int32_t>::iterator> lru_pos_;
+  std::vector<int32_t> snapshot_of_;  // per block: its snapshot slot or -1
+  std::vector<int32_t> free_snapshots_;
+  std::list<int32_t> snapshot_lru_;  // snapshot slots in use, front: evicted first
+  std::vector<std::list<int32_t>::iterator> snapshot_pos_;
+  std::vector<int32_t> snapshot_block_;  // per snapshot (slot - total_slots()): its block
+  int64_t evicted_blocks_ = 0;
 };
 
 // ------------------------------------------------------------------------------------------------------------------
@@ -135,6 +245,20 @@ class Runner {
     (void)from, (void)to, (void)to_blocks;
     return false;
   }
+  /// Prefix cache: copies the per-sequence state of `seq` that is not per-token (GDN conv + recurrent state, PLE
+  /// conv state and n-gram history, and its length) into pool slot `snapshot` (MemoryPlanner::attach_snapshot).
+  /// Returns false when the runner cannot take snapshots (no prefix cache hits then); throws Error when it fails.
+  virtual bool save_snapshot(const RunnerSequence& seq, int32_t snapshot) {
+    (void)seq, (void)snapshot;
+    return false;
+  }
+  /// Prefix cache: makes `seq` (fresh, in its own slot) resume from snapshot `snapshot`: the state saved there and
+  /// its length, which must be `length`; its first blocks (shared, read only) hold the KV rows of those positions.
+  /// Throws Error when the snapshot does not hold `length` positions or the copy fails.
+  virtual void restore_snapshot(int32_t snapshot, RunnerSequence& seq, int64_t length) {
+    (void)snapshot, (void)seq, (void)length;
+    fail("restore_snapshot: this runner takes no snapshots");
+  }
   /// PLE table rows gathered so far (monotonic; 0 for a model without PLE).
   virtual int64_t ple_rows_fetched() const { return 0; }
   /// Whether items may ask for device sampling (Item::sampling): then only the sampled token comes back.
@@ -155,6 +279,8 @@ class ModelRunner : public Runner {
   std::unique_ptr<RunnerSequence> new_sequence(int32_t slot) override;
   void forward(std::span<Item> items) override;
   bool copy_sequence(const RunnerSequence& from, RunnerSequence& to, std::span<const int32_t> to_blocks) override;
+  bool save_snapshot(const RunnerSequence& seq, int32_t snapshot) override;
+  void restore_snapshot(int32_t snapshot, RunnerSequence& seq, int64_t length) override;
   int64_t ple_rows_fetched() const override { return ple_rows_; }
   bool samples_on_device() const override;
 
@@ -164,6 +290,12 @@ class ModelRunner : public Runner {
   bool device_sampling_;
   int64_t ple_rows_per_token_;
   int64_t ple_rows_ = 0;
+  /// Per pool slot: what a snapshot saved there remembers besides the slot's tensors (length; -1: none).
+  struct SnapshotMeta {
+    int64_t length = -1;
+    std::vector<std::vector<int64_t>> ple_history;
+  };
+  std::vector<SnapshotMeta> snapshots_;
 };
 
 // ------------------------------------------------------------------------------------------------------------------
@@ -202,6 +334,11 @@ struct SchedulerStats {
   int64_t steps = 0;                              ///< total so far
   int64_t prefill_tokens = 0, decode_tokens = 0;  ///< totals fed so far (recomputation included)
   int64_t ple_rows_fetched = 0;
+  /// Prefix cache totals (vLLM's prefix_cache_queries / _hits): prompt tokens of admissions looked up, and of them
+  /// the tokens found cached (not fed); now: blocks registered, snapshots held.
+  int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;
+  int64_t prefix_cache_blocks = 0, prefix_cache_snapshots = 0;
+  int64_t prefix_cache_evictions = 0;  ///< cached blocks evicted for room so far
 };
 
 /// Continuous-batching scheduler (see the top of this file). Thread-safe: submit() and stats() may be called from
@@ -253,6 +390,8 @@ class Scheduler {
   void order_by_priority();
   void preempt(Seq& s);
   int64_t next_chunk(const Seq& s) const;
+  int64_t chunk_from(const Seq& s, int64_t from) const;
+  void cache_prefix(Seq& s);
   void publish_stats();
 
   Runner& runner_;
@@ -275,6 +414,7 @@ class Scheduler {
   int64_t admissions_ = 0;
   SchedulerStats counters_;
   std::vector<std::vector<float>> logits_buf_;
+  bool snapshots_ok_ = true;  // false once the runner said it takes no snapshots (Runner::save_snapshot)
   std::thread thread_;
 };
 

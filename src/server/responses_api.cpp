@@ -579,7 +579,7 @@ std::string ResponsesWriter::finish(const std::string& finish_reason, const Resp
   status_ = incomplete ? "incomplete" : "completed";
   if (incomplete) incomplete_details_ = {{"reason", "max_output_tokens"}};
   usage_ = {{"input_tokens", usage.input_tokens},
-            {"input_tokens_details", {{"cached_tokens", 0}, {"cache_write_tokens", 0}}},
+            {"input_tokens_details", {{"cached_tokens", usage.cached_tokens}, {"cache_write_tokens", 0}}},
             {"output_tokens", usage.output_tokens},
             {"output_tokens_details", {{"reasoning_tokens", usage.reasoning_tokens}}},
             {"total_tokens", usage.input_tokens + usage.output_tokens}};

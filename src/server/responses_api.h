@@ -69,6 +69,7 @@ struct ResponsesUsage {
   int64_t input_tokens = 0;
   int64_t output_tokens = 0;
   int64_t reasoning_tokens = 0;  ///< of output_tokens, those that produced reasoning text
+  int64_t cached_tokens = 0;     ///< of input_tokens, those found in the prefix cache
 };
 
 /// Builds a Response object, and its stream of SSE events, from the output of a chat generation.

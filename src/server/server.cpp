@@ -149,6 +149,14 @@ struct Server::Impl {
   Gauge& m_preemptions = metrics.gauge("flashnext_num_preemptions_total", "Sequences preempted so far.");
   Gauge& m_ple_rows = metrics.gauge("flashnext_ple_rows_fetched_total", "PLE table rows gathered so far.");
   Gauge& m_steps = metrics.gauge("flashnext_engine_steps_total", "Engine steps run so far.");
+  Gauge& m_prefix_queries = metrics.gauge("flashnext_prefix_cache_queries_total",
+                                          "Prompt tokens looked up in the prefix cache at admission so far.");
+  Gauge& m_prefix_hits = metrics.gauge("flashnext_prefix_cache_hits_total",
+                                       "Of the prompt tokens looked up, those found in the prefix cache.");
+  Gauge& m_prefix_blocks =
+      metrics.gauge("flashnext_prefix_cache_blocks", "KV blocks registered in the prefix cache (held or evictable).");
+  Gauge& m_prefix_snapshots =
+      metrics.gauge("flashnext_prefix_cache_snapshots", "GDN/PLE state snapshots held by the prefix cache.");
   Histogram& m_queue =
       metrics.histogram("flashnext_request_queue_time_seconds",
                         "Time from request arrival to its first admission to the running batch.", kTtftBuckets);
@@ -180,6 +188,10 @@ struct Server::Impl {
     metrics.alias("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", m_preemptions,
                   counter);
     metrics.alias("vllm:prompt_tokens_total", "Number of prefill tokens processed.", m_prompt_tokens, l);
+    metrics.alias("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.",
+                  m_prefix_queries, counter);
+    metrics.alias("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.",
+                  m_prefix_hits, counter);
     metrics.alias("vllm:generation_tokens_total", "Number of generation tokens processed.", m_generation_tokens, l);
     // flashnext_requests_total{endpoint, finish_reason} summed over endpoints; tool_calls is the engine's "stop".
     AliasSpec success = l;
@@ -485,6 +497,7 @@ class Session {
     std::shared_ptr<RequestStream> stream;
     std::vector<TokenLogprobs> prompt_lp;
     int64_t reasoning_tokens = 0;  // tokens whose text went to reasoning
+    int64_t cached_tokens = 0;     // prompt tokens found in the prefix cache at its first admission
     bool started = false, finished = false;
     std::string finish_reason;
     size_t text_offset = 0;  // characters of text sent so far (completions' logprobs offsets)
@@ -500,7 +513,8 @@ class Session {
     return responses_ ? "responses" : req_.endpoint == Endpoint::Chat ? "chat" : "completions";
   }
   ResponsesUsage responses_usage(const Choice& c) const {
-    return {int64_t(prompts_[c.prompt].ids.size()), int64_t(c.output.token_ids().size()), c.reasoning_tokens};
+    return {int64_t(prompts_[c.prompt].ids.size()), int64_t(c.output.token_ids().size()), c.reasoning_tokens,
+            c.cached_tokens};
   }
   bool echo_prompt_logprobs() const {
     return req_.endpoint == Endpoint::Completion && req_.echo && req_.top_logprobs >= 0;
@@ -519,7 +533,10 @@ class Session {
   }
 
   void take_update(Choice& c, const RequestStream::Update& u, Piece& piece) {
-    if (u.scheduled) srv_.m_queue.observe(seconds_between(arrival_, *u.scheduled));
+    if (u.scheduled) {
+      srv_.m_queue.observe(seconds_between(arrival_, *u.scheduled));
+      c.cached_tokens = u.cached_tokens;
+    }
     for (auto& lp : u.prompt_logprobs) c.prompt_lp.push_back(lp);
     for (size_t i = 0; i < u.tokens.size(); ++i) {
       // Latency is measured when the engine produced the token.
@@ -697,15 +714,20 @@ class Session {
     return out;
   }
 
-  // prompt_tokens_details.cached_tokens (vLLM's, with prefix caching): 0, as this server has no prefix cache yet.
+  // prompt_tokens_details.cached_tokens (vLLM's): the prompt tokens found in the prefix cache, each prompt counted
+  // once (its n choices share one prefill and one admission).
   json usage() const {
     int64_t p = 0;
     for (const auto& pr : prompts_) p += int64_t(pr.ids.size());  // n choices of a prompt count it once (vLLM)
+    std::vector<int64_t> cached(prompts_.size(), 0);
+    for (const auto& ch : choices_) cached[ch->prompt] = std::max(cached[ch->prompt], ch->cached_tokens);
+    int64_t cached_total = 0;
+    for (int64_t v : cached) cached_total += v;
     const int64_t c = completion_tokens();
     return {{"prompt_tokens", p},
             {"completion_tokens", c},
             {"total_tokens", p + c},
-            {"prompt_tokens_details", {{"cached_tokens", 0}}}};
+            {"prompt_tokens_details", {{"cached_tokens", cached_total}}}};
   }
 
   // The per-request token histograms for a choice that ended (aborts included, as vLLM counts them; each choice
@@ -1023,6 +1045,10 @@ void Server::Impl::install_routes() {
     m_preemptions.set(double(s.preemptions));
     m_ple_rows.set(double(s.ple_rows_fetched));
     m_steps.set(double(s.steps));
+    m_prefix_queries.set(double(s.prefix_cache_queries));
+    m_prefix_hits.set(double(s.prefix_cache_hits));
+    m_prefix_blocks.set(double(s.prefix_cache_blocks));
+    m_prefix_snapshots.set(double(s.prefix_cache_snapshots));
     HttpResponse res;
     res.headers.emplace_back("Content-Type", "text/plain; version=0.0.4");
     res.body = metrics.render();

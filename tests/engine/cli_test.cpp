@@ -134,6 +134,19 @@ TEST_F(Cli, BadInputFailsWithAClearMessage) {
   expect_error({"logits", "--model", mtp_model, "--ids", "1,2", "--out", (cli_scratch() / "x.npy").string(),
                 "--speculative", "mtp:2"},
                "applies to --greedy N");
+  auto expect_parse_error = [](const std::vector<std::string>& args, const std::string& text) {
+    CliRun r = run_cli(args);
+    EXPECT_NE(r.status, 0) << r.err;  // CLI11's exit codes
+    EXPECT_NE(r.err.find(text), std::string::npos) << r.err;
+  };
+  expect_parse_error({"serve", "--port", "0", "--prefix-cache-snapshots", "8"},
+                     "--prefix-cache-snapshots requires --enable-prefix-caching");
+  expect_parse_error({"serve", "--port", "0", "--enable-prefix-caching", "--prefix-cache-snapshot-interval", "0"},
+                     "--prefix-cache-snapshot-interval: Value 0 not in range 1 to 1048576");
+  // The snapshots come out of the KV budget: 64 of 10,000 B do not fit in 600,000 B.
+  expect_error({"serve", "--port", "0", "--enable-prefix-caching", "--prefix-cache-snapshots", "64",
+                "--kv-cache-memory-bytes", "600000"},
+               "--prefix-cache-snapshots");
 }
 
 // --speculative: generate reproduces the reference's greedy ids with ngram drafts and prints acceptance figures;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <map>
 #include <set>
+#include <span>
 
 #include "engine/scheduler.h"
 
@@ -50,6 +51,8 @@ std::vector<int32_t> reference_greedy(const std::vector<int32_t>& prompt, int64_
 struct FakeSeq : RunnerSequence {
   uint64_t h = 0;
   int64_t length = 0;
+  std::vector<int32_t> fed;    ///< every token fed so far
+  std::vector<int32_t> table;  ///< the block table of its last step
   int id = 0;
   std::vector<std::pair<uint64_t, uint64_t>> draws;  ///< (seed, offset) of each device-sampled token
 };
@@ -76,8 +79,10 @@ class FakeRunner : public Runner {
         it.error = "poisoned token";
         continue;
       }
+      s.table.assign(it.block_table.begin(), it.block_table.end());
       for (size_t j = 0; j < it.ids.size(); ++j) {
         s.h = feed(s.h, it.ids[j]);
+        s.fed.push_back(it.ids[j]);
         if (!it.all_logits.empty()) logits_of(s.h, it.all_logits.subspan(j * kVocab, kVocab));
       }
       if (!it.all_logits.empty()) ++all_logits_items;
@@ -112,6 +117,7 @@ class FakeRunner : public Runner {
     EXPECT_LE(src.length, int64_t(to_blocks.size()) * block_size) << "copied past the KV blocks assigned";
     dst.h = src.h;
     dst.length = src.length;
+    dst.fed = src.fed;
     ++copies;
     return true;
   }
@@ -164,6 +170,10 @@ RequestStream::Update drain(RequestStream& s) {
     all.tokens.insert(all.tokens.end(), u.tokens.begin(), u.tokens.end());
     for (auto& l : u.prompt_logprobs) all.prompt_logprobs.push_back(l);
     for (auto& l : u.logprobs) all.logprobs.push_back(l);
+    if (u.scheduled) {
+      all.scheduled = u.scheduled;
+      all.cached_tokens = u.cached_tokens;
+    }
     if (u.finish != EndReason::None) {
       all.finish = u.finish;
       all.stop_token = u.stop_token;
@@ -812,6 +822,331 @@ TEST(Scheduler, TheSamplesOfAGroupShareTheirFirstAdmission) {
   ASSERT_EQ(marks[0].size(), 1u);
   EXPECT_EQ(marks[1], marks[0]);
   EXPECT_EQ(marks[2], marks[0]);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Prefix caching
+// ---------------------------------------------------------------------------------------------------------------
+
+/// A FakeRunner with paged "KV" memory (the token written at each position of each block) and state snapshots.
+/// Before every feed it checks that the sequence's block table holds its own history at every position already fed
+/// (a wrongly shared, overwritten or evicted block fails the test), and a restored snapshot must hold the length
+/// asked for.
+class PagedFakeRunner : public FakeRunner {
+ public:
+  void forward(std::span<Item> items) override {
+    for (Item& it : items) {
+      auto& s = static_cast<FakeSeq&>(*it.seq);
+      for (int64_t p = 0; p < s.length; ++p)
+        ASSERT_EQ(at(it.block_table, p), s.fed[size_t(p)]) << "position " << p << " of sequence " << s.id;
+    }
+    std::vector<int64_t> before;
+    for (Item& it : items) before.push_back(static_cast<FakeSeq&>(*it.seq).length);
+    FakeRunner::forward(items);
+    for (size_t k = 0; k < items.size(); ++k) {
+      auto& s = static_cast<FakeSeq&>(*items[k].seq);
+      for (int64_t p = before[k]; p < s.length; ++p) at(items[k].block_table, p) = s.fed[size_t(p)];
+    }
+  }
+  bool copy_sequence(const RunnerSequence& from, RunnerSequence& to, std::span<const int32_t> to_blocks) override {
+    auto& src = static_cast<const FakeSeq&>(from);
+    for (int64_t p = 0; p < src.length; ++p) at(to_blocks, p) = at(src.table, p);
+    return FakeRunner::copy_sequence(from, to, to_blocks);
+  }
+  bool save_snapshot(const RunnerSequence& seq, int32_t snapshot) override {
+    EXPECT_GE(snapshot, slots) << "a snapshot in a sequence slot";
+    snapshots[snapshot] = static_cast<const FakeSeq&>(seq);
+    ++saves;
+    return true;
+  }
+  void restore_snapshot(int32_t snapshot, RunnerSequence& seq, int64_t length) override {
+    auto& s = static_cast<FakeSeq&>(seq);
+    ASSERT_EQ(s.length, 0) << "restored into a used sequence";
+    const FakeSeq& snap = snapshots.at(snapshot);
+    ASSERT_EQ(snap.length, length);
+    s.h = snap.h;
+    s.length = snap.length;
+    s.fed = snap.fed;
+    ++restores;
+  }
+  int32_t& at(std::span<const int32_t> table, int64_t p) {
+    auto& b = pool[table[size_t(p / block_size)]];
+    b.resize(size_t(block_size), -1);
+    return b[size_t(p % block_size)];
+  }
+  int64_t slots = 0;  ///< sequence slots: snapshots live above them
+  std::map<int32_t, std::vector<int32_t>> pool;
+  std::map<int32_t, FakeSeq> snapshots;
+  int64_t saves = 0, restores = 0;
+};
+
+/// `blocks` blocks of 4 tokens, `slots` sequence slots, `snapshots` snapshot slots, a snapshot every
+/// `interval` blocks.
+MemoryPlanner prefix_planner(int64_t blocks, int64_t slots, int64_t snapshots, int64_t interval) {
+  PrefixCacheConfig pc{.enabled = true, .snapshot_interval_blocks = interval, .num_snapshots = snapshots};
+  return MemoryPlanner(test_plan(), 4, (slots + snapshots) * 100 + blocks * 64, slots, pc);
+}
+
+std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST(PrefixCache, PlannerRejectsInvalidConfigNamingTheFlag) {
+  auto make = [](int64_t interval, int64_t snapshots) {
+    PrefixCacheConfig pc{.enabled = true, .snapshot_interval_blocks = interval, .num_snapshots = snapshots};
+    MemoryPlanner m(test_plan(), 4, 10000, 2, pc);
+  };
+  try {
+    make(0, 2);
+    ADD_FAILURE() << "interval 0 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--prefix-cache-snapshot-interval"), std::string::npos) << e.what();
+  }
+  try {
+    make(1, 0);
+    ADD_FAILURE() << "no snapshot slot accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--prefix-cache-snapshots"), std::string::npos) << e.what();
+  }
+  // The snapshots come out of the budget: 2 slots + 3 snapshots of 100 bytes, then (1000 - 500) / 64 = 7 blocks.
+  PrefixCacheConfig pc{.enabled = true, .snapshot_interval_blocks = 2, .num_snapshots = 3};
+  MemoryPlanner m(test_plan(), 4, 1000, 2, pc);
+  EXPECT_EQ(m.total_blocks(), 7);
+  EXPECT_EQ(m.total_slots(), 2);
+  EXPECT_EQ(m.pool_slots(), 5);
+  EXPECT_EQ(m.snapshot_interval(), 8);
+}
+
+TEST(PrefixCache, PlannerMatchesExactContentUpToTheDeepestSnapshotAndLeavesOneTokenToFeed) {
+  MemoryPlanner m = prefix_planner(16, 2, 4, 1);
+  const std::vector<int32_t> a = make_prompt(13, 1);  // blocks [0,4) [4,8) [8,12), one token in a fourth
+  std::vector<int32_t> table;
+  ASSERT_TRUE(m.try_grow(table, 13));
+  PrefixCursor cursor;
+  // Fed 6: block 0 registered; 6 is not a block boundary, so no block to snapshot after.
+  EXPECT_EQ(m.cache_blocks(a, table, 6, cursor), -1);
+  EXPECT_EQ(cursor.blocks, 1);
+  EXPECT_EQ(m.cache_blocks(a, table, 8, cursor), table[1]);
+  m.attach_snapshot(table[1]);
+  EXPECT_EQ(m.cache_blocks(a, table, 13, cursor), -1);  // block 2 registered, not at a boundary
+  EXPECT_EQ(m.cached_blocks(), 3);
+  EXPECT_EQ(m.match(a).tokens, 8);  // blocks 0..2 cached, the snapshot after block 1
+  const int32_t snap2 = m.attach_snapshot(table[2]);
+  const PrefixMatch all = m.match(a);
+  EXPECT_EQ(all.tokens, 12);
+  EXPECT_EQ(all.snapshot, snap2);
+  EXPECT_EQ(all.blocks, std::vector<int32_t>(table.begin(), table.begin() + 3));
+  // The same 12 tokens alone: capped at 11 positions, so only the snapshot after 8.
+  EXPECT_EQ(m.match(std::span(a).first(12)).tokens, 8);
+  EXPECT_EQ(m.match(std::span(a).first(8)).tokens, 0);  // 7 positions: block 0 only, which has no snapshot
+  // One token different in block 1: only block 0 matches, which has no snapshot.
+  std::vector<int32_t> b = a;
+  b[5] = (b[5] + 1) % kVocab;
+  EXPECT_EQ(m.match(b).tokens, 0);
+  EXPECT_EQ(m.match(b).snapshot, -1);
+  // A different first block with the same later blocks matches nothing (the parent is part of the key).
+  std::vector<int32_t> c = a;
+  c[0] = (c[0] + 1) % kVocab;
+  EXPECT_EQ(m.match(c).tokens, 0);
+}
+
+TEST(PrefixCache, PlannerSharesByReferenceAndEvictsTheLeastRecentlyReleasedTailFirst) {
+  MemoryPlanner m = prefix_planner(4, 2, 4, 1);
+  const std::vector<int32_t> a = make_prompt(13, 2);
+  std::vector<int32_t> ta;
+  ASSERT_TRUE(m.try_grow(ta, 12));  // 3 blocks, all registered with snapshots
+  PrefixCursor ca;
+  for (int64_t fed : {4, 8, 12}) m.attach_snapshot(m.cache_blocks(a, ta, fed, ca));
+  EXPECT_EQ(m.cached_snapshots(), 3);
+  // A second sequence shares two of them: three references held, one block free.
+  PrefixMatch hit = m.match(std::span(a).first(9));
+  ASSERT_EQ(hit.tokens, 8);
+  std::vector<int32_t> tb;
+  PrefixCursor cb;
+  m.share(hit, tb, cb);
+  EXPECT_EQ(tb, std::vector<int32_t>(ta.begin(), ta.begin() + 2));
+  EXPECT_EQ(cb.blocks, 2);
+  EXPECT_EQ(m.free_blocks(), 1);
+  m.release(ta, -1);  // block 2 nobody holds now: evictable; blocks 0, 1 still held by the second
+  EXPECT_EQ(m.free_blocks(), 2);
+  EXPECT_DOUBLE_EQ(m.usage(), 0.5);
+  EXPECT_EQ(m.match(a).tokens, 12) << "a released cached block stays matchable";
+  // Taking two blocks uses the free one, then evicts block 2 (with its snapshot).
+  std::vector<int32_t> tc;
+  ASSERT_TRUE(m.try_grow(tc, 8));
+  EXPECT_EQ(m.cached_blocks(), 2);
+  EXPECT_EQ(m.cached_snapshots(), 2);
+  EXPECT_EQ(m.match(a).tokens, 8);
+  EXPECT_FALSE(m.try_grow(tc, 12)) << "held blocks are never evicted";
+  m.release(tc, -1);
+  m.release(tb, -1);  // released tail first: block 1 is evicted before block 0
+  std::vector<int32_t> td;
+  ASSERT_TRUE(m.try_grow(td, 12));
+  EXPECT_EQ(m.match(a).tokens, 4);
+  ASSERT_TRUE(m.try_grow(td, 16));
+  EXPECT_EQ(m.match(a).tokens, 0);
+  EXPECT_EQ(m.cached_blocks(), 0);
+  EXPECT_EQ(m.cached_snapshots(), 0);
+  m.release(td, -1);
+  EXPECT_EQ(m.free_blocks(), 4);
+}
+
+TEST(PrefixCache, PlannerEvictsSnapshotsLruAndARegisteredDuplicateFollowsTheCachedBlock) {
+  MemoryPlanner m = prefix_planner(16, 2, 1, 1);  // one snapshot slot
+  const std::vector<int32_t> a = make_prompt(9, 3), b = make_prompt(9, 4);
+  std::vector<int32_t> ta, tb;
+  ASSERT_TRUE(m.try_grow(ta, 8));
+  ASSERT_TRUE(m.try_grow(tb, 8));
+  PrefixCursor ca, cb;
+  m.attach_snapshot(m.cache_blocks(a, ta, 8, ca));
+  EXPECT_EQ(m.match(a).tokens, 8);
+  m.attach_snapshot(m.cache_blocks(b, tb, 8, cb));  // takes the only snapshot slot from a's block
+  EXPECT_EQ(m.match(a).tokens, 0);
+  EXPECT_EQ(m.match(b).tokens, 8);
+  // A second sequence that computed a's blocks itself: its blocks stay private, its cursor follows a's.
+  std::vector<int32_t> ta2;
+  ASSERT_TRUE(m.try_grow(ta2, 8));
+  PrefixCursor ca2;
+  EXPECT_EQ(m.cache_blocks(a, ta2, 8, ca2), ta[1]);
+  EXPECT_EQ(m.cached_blocks(), 4);
+  m.release(ta2, -1);
+  EXPECT_EQ(m.free_blocks(), 16 - 4) << "a private duplicate is freed, not cached";
+}
+
+/// Runs `requests` one after another (each to its end) on `s`; returns each one's drained stream.
+std::vector<RequestStream::Update> run_each(Scheduler& s, std::vector<Request> requests) {
+  std::vector<RequestStream::Update> out;
+  for (Request& r : requests) {
+    auto stream = r.stream;
+    s.submit(std::move(r));
+    run_to_end(s);
+    out.push_back(drain(*stream));
+  }
+  return out;
+}
+
+TEST(PrefixCache, ASecondPromptResumesAtTheDeepestSnapshotOfItsSharedPrefixAndMatchesTheModel) {
+  // Blocks of 4, a snapshot every 2 blocks (S = 8), chunks of C = 13: chunks end at the multiples of 8 and 13.
+  const auto first = make_prompt(40, 7);
+  for (int shared : {0, 1, 3, 4, 7, 8, 9, 16, 39, 40}) {
+    PagedFakeRunner runner;
+    runner.slots = 4;
+    Scheduler s(runner, prefix_planner(200, 4, 8, 2),
+                {.max_num_seqs = 4, .max_num_batched_tokens = 16, .max_model_len = 128});
+    const auto second = concat(std::vector<int32_t>(first.begin(), first.begin() + shared), make_prompt(11, 8));
+    const auto got = run_each(s, {greedy_request("first", first, 6), greedy_request("second", second, 6)});
+    EXPECT_EQ(got[0].tokens, reference_greedy(first, 6)) << shared;
+    EXPECT_EQ(got[1].tokens, reference_greedy(second, 6)) << shared;
+    const int64_t want_hit = shared / 8 * 8;  // the snapshots of the first prompt: 8, 16, 24, 32, 40
+    EXPECT_EQ(got[0].cached_tokens, 0);
+    EXPECT_EQ(got[1].cached_tokens, want_hit) << shared;
+    const SchedulerStats st = s.stats();
+    EXPECT_EQ(st.prefix_cache_queries, int64_t(first.size() + second.size()));
+    EXPECT_EQ(st.prefix_cache_hits, want_hit);
+    EXPECT_EQ(st.prefill_tokens, int64_t(first.size() + second.size()) - want_hit) << shared;
+    EXPECT_EQ(runner.restores, want_hit > 0 ? 1 : 0);
+    EXPECT_EQ(st.kv_blocks_used, 0);
+    EXPECT_EQ(st.slots_used, 0);
+  }
+}
+
+TEST(PrefixCache, TheSamePromptAgainIsCappedSoItsLastTokenIsFed) {
+  PagedFakeRunner runner;
+  runner.slots = 2;
+  Scheduler s(runner, prefix_planner(100, 2, 4, 1),
+              {.max_num_seqs = 2, .max_num_batched_tokens = 16, .max_model_len = 64});
+  const auto prompt = make_prompt(16, 9);  // exactly 4 blocks
+  const auto got = run_each(s, {greedy_request("a", prompt, 4), greedy_request("b", prompt, 4)});
+  EXPECT_EQ(got[1].tokens, reference_greedy(prompt, 4));
+  EXPECT_EQ(got[1].cached_tokens, 12);  // 15 positions at most: the snapshot after block 3 (12)
+  EXPECT_EQ(s.stats().prefill_tokens, 16 + 4);
+}
+
+TEST(PrefixCache, DecodedPositionsAndPromptLogprobRequestsAreNotCached) {
+  PagedFakeRunner runner;
+  runner.slots = 2;
+  Scheduler s(runner, prefix_planner(100, 2, 8, 1),
+              {.max_num_seqs = 2, .max_num_batched_tokens = 16, .max_model_len = 64});
+  const auto prompt = make_prompt(8, 10);
+  const auto got = run_each(s, {greedy_request("a", prompt, 12)});
+  // Only the prompt's two blocks were registered (the 11 decoded positions are not); their two snapshots.
+  EXPECT_EQ(s.stats().prefix_cache_blocks, 2);
+  EXPECT_EQ(s.stats().prefix_cache_snapshots, 2);
+  // The prompt followed by its own output: resumes at 8, not later.
+  const auto next = concat(prompt, got[0].tokens);
+  Request scored = greedy_request("scored", next, 2);
+  scored.prompt_logprobs = 0;
+  const auto again = run_each(s, {greedy_request("b", next, 3), std::move(scored)});
+  EXPECT_EQ(again[0].cached_tokens, 8);
+  EXPECT_EQ(again[0].tokens, reference_greedy(next, 3));
+  EXPECT_EQ(again[1].cached_tokens, 0) << "prompt log-probabilities need every prompt row";
+  EXPECT_EQ(again[1].prompt_logprobs.size(), next.size() - 1);
+}
+
+TEST(PrefixCache, ManyRequestsWithSharedPrefixesUnderEvictionAndPreemptionMatchTheModel) {
+  // 30 blocks of 4 for up to 6 sequences growing to ~50 positions, 3 snapshots: blocks and snapshots are evicted
+  // and sequences preempted while prefixes are shared.
+  PagedFakeRunner runner;
+  runner.slots = 6;
+  Scheduler s(runner, prefix_planner(30, 6, 3, 1),
+              {.max_num_seqs = 6, .max_num_batched_tokens = 32, .max_model_len = 120});
+  const std::vector<std::vector<int32_t>> roots = {make_prompt(24, 11), make_prompt(17, 12), make_prompt(9, 13)};
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 30; ++i) {
+    const auto& root = roots[size_t(i % 3)];
+    prompts.push_back(concat(std::vector<int32_t>(root.begin(), root.begin() + (i * 5) % int(root.size() + 1)),
+                             make_prompt(3 + i % 7, 400 + i)));
+    Request r = greedy_request("m" + std::to_string(i), prompts.back(), 20);
+    streams.push_back(r.stream);
+    s.submit(std::move(r));
+    if (i % 4 == 3) {  // let some finish first, so that later ones find their prefixes cached
+      for (int k = 0; k < 12 && s.step(); ++k) {
+      }
+    }
+  }
+  run_to_end(s);
+  int64_t hits = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto u = drain(*streams[i]);
+    EXPECT_EQ(u.tokens, reference_greedy(prompts[i], 20)) << "request " << i;
+    EXPECT_EQ(u.finish, EndReason::Length);
+    hits += u.cached_tokens;
+  }
+  const SchedulerStats st = s.stats();
+  EXPECT_GT(st.preemptions, 0);
+  EXPECT_GT(runner.restores, 0);
+  EXPECT_GT(hits, 0);
+  EXPECT_GE(st.prefix_cache_hits, hits) << "re-admissions after a preemption count again";
+  EXPECT_GT(runner.saves, 3) << "no snapshot was evicted for a newer one";
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  EXPECT_EQ(st.slots_used, 0);
+  EXPECT_LE(st.prefix_cache_snapshots, 3);
+}
+
+TEST(PrefixCache, ForksShareTheFullBlocksAndCopyTheLastPartialOne) {
+  PagedFakeRunner runner;
+  runner.slots = 4;
+  Scheduler s(runner, prefix_planner(100, 4, 4, 1),
+              {.max_num_seqs = 4, .max_num_batched_tokens = 16, .max_model_len = 128});
+  const auto prompt = make_prompt(30, 9);  // 7 full blocks + 2 positions
+  std::vector<Request> group;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (uint64_t i = 0; i < 3; ++i) {
+    group.push_back(sampled_request("n" + std::to_string(i), prompt, 12, 100 + i));
+    streams.push_back(group.back().stream);
+  }
+  s.submit_group(group);
+  // Step until the forks exist: 3 sequences hold 7 shared full blocks + a partial block each.
+  while (s.stats().running < 3 && s.step()) {
+  }
+  EXPECT_EQ(s.stats().kv_blocks_used, 7 + 3);
+  run_to_end(s);
+  for (uint64_t i = 0; i < 3; ++i)
+    EXPECT_EQ(drain(*streams[i]).tokens, solo_tokens(sampled_request("solo", prompt, 12, 100 + i))) << i;
+  EXPECT_EQ(runner.copies, 2);
+  EXPECT_EQ(s.stats().kv_blocks_used, 0);
 }
 
 }  // namespace

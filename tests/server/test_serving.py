@@ -264,3 +264,57 @@ def test_preemption_under_memory_pressure_keeps_outputs():
         assert m['flashnext_kv_cache_blocks{state="used"}'] == 0
     finally:
         s.stop()
+
+
+def test_prefix_cache_reports_cached_tokens_and_keeps_outputs():
+    """With --enable-prefix-caching (a snapshot every block of 16): a prompt sent again, and one that extends it,
+    resume from the cache (usage.prompt_tokens_details.cached_tokens, the hit counters in /metrics) and return the
+    tokens of the first, uncached run; a chat's second turn finds its first turn's prompt."""
+    s = Server("--max-model-len", "1024", "--max-num-seqs", "4", "--max-num-batched-tokens", "64",
+               "--served-model-name", "tiny", "--enable-prefix-caching", "--prefix-cache-snapshot-interval", "1")
+    try:
+        assert any("prefix caching on: 4 state snapshots" in line and "one every 1 blocks (16 tokens)" in line
+                   for line in s.log), "\n".join(s.log)
+        client = openai.OpenAI(base_url=s.v1, api_key="unused", max_retries=0, timeout=300)
+        prompt = [(13 * k + 5) % 150000 + 200 for k in range(100)]
+
+        def run(p):
+            r = client.completions.create(model="tiny", prompt=p, temperature=0, max_tokens=12, logprobs=0,
+                                          extra_body={"return_tokens_as_token_ids": True})
+            return [int(t.split(":")[1]) for t in r.choices[0].logprobs.tokens], r.usage
+
+        first, u1 = run(prompt)
+        again, u2 = run(prompt)
+        assert u1.prompt_tokens_details.cached_tokens == 0
+        assert u2.prompt_tokens_details.cached_tokens == 96  # 99 positions at most: 6 blocks of 16
+        assert again == first
+        longer, u3 = run(prompt + [777, 778, 779, 780, 781])
+        assert u3.prompt_tokens_details.cached_tokens == 96
+        cold = Server("--max-model-len", "1024", "--max-num-seqs", "4", "--max-num-batched-tokens", "64",
+                      "--served-model-name", "tiny")
+        try:
+            cold_client = openai.OpenAI(base_url=cold.v1, api_key="unused", max_retries=0, timeout=300)
+            r = cold_client.completions.create(model="tiny", prompt=prompt + [777, 778, 779, 780, 781], temperature=0,
+                                               max_tokens=12, logprobs=0,
+                                               extra_body={"return_tokens_as_token_ids": True})
+            assert [int(t.split(":")[1]) for t in r.choices[0].logprobs.tokens] == longer
+            assert r.usage.prompt_tokens_details.cached_tokens == 0
+        finally:
+            cold.stop()
+        m = s.wait_idle()
+        assert m["flashnext_prefix_cache_queries_total"] == 100 + 100 + 105
+        assert m["flashnext_prefix_cache_hits_total"] == 96 + 96
+        assert m['vllm:prefix_cache_hits_total{model_name="tiny",engine="0"}'] == 192
+        assert m['vllm:prefix_cache_queries_total{model_name="tiny",engine="0"}'] == 305
+        assert m["flashnext_prefix_cache_snapshots"] == 4
+        assert m['flashnext_kv_cache_blocks{state="used"}'] == 0
+        messages = [{"role": "user", "content": "tell me about rivers and stones " * 20}]
+        c1 = client.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=8)
+        messages += [{"role": "assistant", "content": c1.choices[0].message.content},
+                     {"role": "user", "content": "and clouds"}]
+        c2 = client.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=8)
+        assert c1.usage.prompt_tokens_details.cached_tokens == 0
+        assert c2.usage.prompt_tokens_details.cached_tokens >= c1.usage.prompt_tokens // 16 * 16 - 16
+        assert c2.usage.prompt_tokens_details.cached_tokens % 16 == 0
+    finally:
+        s.stop()

@@ -313,6 +313,17 @@ void Model::copy_sequence(const SequenceState& from, SequenceState& to) const {
   to.ple_history = from.ple_history;
 }
 
+void Model::copy_state_slot(CachePool& cache, int32_t from, int32_t to) const {
+  FN_CHECK(cache.ranks.size() == ranks_.size() && int64_t(cache.ranks[0].size()) == config_.num_hidden_layers,
+           "copy_state_slot: the cache pool was not made by this model");
+  FN_CHECK(from >= 0 && from < cache.num_slots && to >= 0 && to < cache.num_slots && from != to,
+           "copy_state_slot: slots {} -> {} (the pool has {} slots; they must differ)", from, to, cache.num_slots);
+  for (size_t r = 0; r < ranks_.size(); ++r)
+    for (const LayerCache& lc : cache.ranks[r])
+      for (const Tensor* t : {&lc.conv, &lc.recurrent, &lc.ple_conv})
+        if (t->defined()) ranks_[r]->ops->copy_rows(*t, from, *t, to, 1);
+}
+
 void Model::validate(const SequenceState& seq, std::span<const int32_t> ids) const {
   if (ids.empty()) fail("forward: empty input: at least one token id is required");
   FN_CHECK(seq.cache && seq.cache->ranks.size() == ranks_.size() &&

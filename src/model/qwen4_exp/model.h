@@ -147,6 +147,11 @@ class Model {
   /// than from's, and a block table covering from.length positions (n > 1 samples of one prompt, batched decode
   /// from one prefilled prompt in `bench`). Throws Error when the sequences do not fit.
   void copy_sequence(const SequenceState& from, SequenceState& to) const;
+  /// Copies the per-sequence state tensors of slot `from` into slot `to` of `cache` on every rank: GDN conv and
+  /// recurrent states, PLE conv states (the KV blocks, the PLE n-gram history and the length are not in a slot).
+  /// The prefix cache's snapshot save and restore (engine/scheduler.h); a device copy on every backend
+  /// (Ops::copy_rows). Throws Error for slots outside the pool or equal slots.
+  void copy_state_slot(CachePool& cache, int32_t from, int32_t to) const;
 
   /// Feeds `ids` (the next tokens of the sequence) through the model, updating `seq`, and returns the next-token
   /// logits as a device tensor F32 [T, vocab] (LogitsMode::All) or [1, vocab] (Last).
