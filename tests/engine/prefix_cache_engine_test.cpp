@@ -35,7 +35,9 @@ TEST(PrefixCacheEngine, ASecondRequestSharingAPrefixGivesTheUncachedTokensAndLog
   const auto first = prompt_ids(100, 1);
   for (int64_t shared : {int64_t(0), int64_t(1), kBlock - 1, kBlock, 5 * kBlock, int64_t(100)}) {
     const auto second = concat(std::vector<int32_t>(first.begin(), first.begin() + shared), prompt_ids(20, 2));
-    auto make = [&] { return std::vector<Request>{greedy("first", first, 8), greedy("second", second, 8)}; };
+    auto make = [&] {
+      return std::vector<Request>{greedy_request("first", first, 8), greedy_request("second", second, 8)};
+    };
     BundledEngine plain({.prefix_caching = false});
     BundledEngine cached({.prefix_caching = true});
     const auto want = run_each(plain, make());
@@ -56,8 +58,8 @@ TEST(PrefixCacheEngine, TheSamePromptTwiceResumesBeforeItsLastBlock) {
   const auto prompt = prompt_ids(64, 3);  // 4 full blocks: resumes at 48 (the last token must be fed)
   BundledEngine plain({.prefix_caching = false});
   BundledEngine cached({.prefix_caching = true, .interval_blocks = 1});
-  const auto want = run_each(plain, {greedy("a", prompt, 6), greedy("b", prompt, 6)});
-  const auto got = run_each(cached, {greedy("a", prompt, 6), greedy("b", prompt, 6)});
+  const auto want = run_each(plain, {greedy_request("a", prompt, 6), greedy_request("b", prompt, 6)});
+  const auto got = run_each(cached, {greedy_request("a", prompt, 6), greedy_request("b", prompt, 6)});
   EXPECT_EQ(got[1].cached_tokens, 48);
   EXPECT_EQ(got[1].tokens, want[1].tokens);
   EXPECT_EQ(got[1].tokens, got[0].tokens);
@@ -73,9 +75,9 @@ TEST(PrefixCacheEngine, ChunksCutAtSnapshotsAreExactAgainstTheSameRuleAndMeasure
   BundledEngine warm({.prefix_caching = true, .interval_blocks = 2, .chunk = 40});
   BundledEngine cold({.prefix_caching = true, .interval_blocks = 2, .chunk = 40});
   BundledEngine off({.prefix_caching = false, .chunk = 40});
-  const auto hit = run_each(warm, {greedy("first", first, 8), greedy("second", second, 8)});
-  const auto miss = run_each(cold, {greedy("second", second, 8)});
-  const auto plain = run_each(off, {greedy("second", second, 8)});
+  const auto hit = run_each(warm, {greedy_request("first", first, 8), greedy_request("second", second, 8)});
+  const auto miss = run_each(cold, {greedy_request("second", second, 8)});
+  const auto plain = run_each(off, {greedy_request("second", second, 8)});
   EXPECT_EQ(hit[1].cached_tokens, 64);
   EXPECT_EQ(miss[0].cached_tokens, 0);
   EXPECT_EQ(hit[1].tokens, miss[0].tokens);
@@ -93,15 +95,15 @@ TEST(PrefixCacheEngine, BatchedRequestsSharingAPrefixMatchTheUncachedEngine) {
   auto make = [&] {
     std::vector<Request> rs;
     for (int i = 0; i < 4; ++i)
-      rs.push_back(greedy("b" + std::to_string(i),
-                          concat(std::vector<int32_t>(root.begin(), root.begin() + 20 + 15 * i), prompt_ids(9, 10 + i)),
-                          10));
+      rs.push_back(greedy_request(
+          "b" + std::to_string(i),
+          concat(std::vector<int32_t>(root.begin(), root.begin() + 20 + 15 * i), prompt_ids(9, 10 + i)), 10));
     return rs;
   };
   BundledEngine plain({.prefix_caching = false});
   BundledEngine cached({.prefix_caching = true});
-  run_each(plain, {greedy("warm", root, 2)});
-  run_each(cached, {greedy("warm", root, 2)});
+  run_each(plain, {greedy_request("warm", root, 2)});
+  run_each(cached, {greedy_request("warm", root, 2)});
   const auto want = run_together(plain, make());
   const auto got = run_together(cached, make());
   for (size_t i = 0; i < want.size(); ++i) {
@@ -120,7 +122,7 @@ TEST(PrefixCacheEngine, PreemptedRequestsSharingAPrefixKeepTheirSoloTokens) {
   for (int i = 0; i < 6; ++i) prompts.push_back(concat(root, prompt_ids(10, 51 + i)));
   auto make = [&] {
     std::vector<Request> rs;
-    for (size_t i = 0; i < prompts.size(); ++i) rs.push_back(greedy("p" + std::to_string(i), prompts[i], 40));
+    for (size_t i = 0; i < prompts.size(); ++i) rs.push_back(greedy_request("p" + std::to_string(i), prompts[i], 40));
     return rs;
   };
   std::vector<Outcome> solo;
@@ -129,7 +131,7 @@ TEST(PrefixCacheEngine, PreemptedRequestsSharingAPrefixKeepTheirSoloTokens) {
     solo.push_back(run_each(alone, {std::move(r)})[0]);
   }
   BundledEngine cached({.prefix_caching = true, .blocks = 16});
-  cached.sched->submit(greedy("warm", root, 1));
+  cached.sched->submit(greedy_request("warm", root, 1));
   run_all(*cached.sched);
   const auto got = run_together(cached, make());
   for (size_t i = 0; i < solo.size(); ++i) EXPECT_EQ(got[i].tokens, solo[i].tokens) << i;
@@ -152,7 +154,7 @@ TEST(PrefixCacheEngine, EvictionByASmallPoolKeepsEveryOutputExact) {
         concat(r0, prompt_ids(25, 34)),           concat(head(r1, 70), prompt_ids(25, 35)),
         concat(head(r2, 33), prompt_ids(25, 36)), concat(r2, prompt_ids(25, 37))};
     std::vector<Request> rs;
-    for (size_t i = 0; i < prompts.size(); ++i) rs.push_back(greedy("e" + std::to_string(i), prompts[i], 6));
+    for (size_t i = 0; i < prompts.size(); ++i) rs.push_back(greedy_request("e" + std::to_string(i), prompts[i], 6));
     return rs;
   };
   BundledEngine plain({.prefix_caching = false, .blocks = 24});

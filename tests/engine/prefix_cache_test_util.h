@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/scheduler.h"
+#include "engine/scheduler_test_util.h"
 #include "loader/memory_plan.h"
 #include "model/qwen4_exp/model.h"
 
@@ -79,16 +80,6 @@ struct Engine {
   RecordingRunner runner;
   std::unique_ptr<Scheduler> sched;
 };
-
-inline Request greedy(const std::string& id, std::vector<int32_t> prompt, int64_t max_tokens) {
-  Request r;
-  r.id = id;
-  r.prompt = std::move(prompt);
-  r.sampling.temperature = 0;
-  r.sampling.max_tokens = max_tokens;
-  r.sampling.ignore_eos = true;
-  return r;
-}
 
 inline std::vector<int32_t> prompt_ids(int64_t n, uint64_t salt) {
   std::vector<int32_t> p(static_cast<size_t>(n));

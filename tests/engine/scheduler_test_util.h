@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/scheduler.h"
@@ -13,6 +14,17 @@
 #include "model/qwen4_exp/model.h"
 
 namespace flashnext::test {
+
+/// A greedy request `id` for `prompt` that emits exactly `max_tokens` tokens (EOS ignored).
+inline Request greedy_request(const std::string& id, std::vector<int32_t> prompt, int64_t max_tokens) {
+  Request r;
+  r.id = id;
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  return r;
+}
 
 /// Runs `requests` through a Scheduler over a ModelRunner of `model` (8 sequences at most, steps of at most
 /// `max_num_batched_tokens` tokens, so prefill chunks and decode tokens mix) until no work is left; returns each

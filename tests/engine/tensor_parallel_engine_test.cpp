@@ -71,7 +71,8 @@ TEST_P(EngineTp, PrefixCacheSnapshotsEveryRankAndResumesWithTheUncachedTokens) {
     return ids;
   };
   auto make = [&] {
-    return std::vector<Request>{greedy("first", in_vocab(first), 6), greedy("second", in_vocab(second), 6)};
+    return std::vector<Request>{greedy_request("first", in_vocab(first), 6),
+                                greedy_request("second", in_vocab(second), 6)};
   };
   Engine plain(*model, {.prefix_caching = false});
   Engine cached(*model, {.prefix_caching = true});

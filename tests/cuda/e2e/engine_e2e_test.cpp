@@ -26,16 +26,6 @@ std::vector<std::vector<int32_t>> serve(Model& model, std::vector<Request> reque
   return run_to_end(model, std::move(requests), 64);
 }
 
-Request request(const std::string& id, std::vector<int32_t> prompt, int64_t max_tokens) {
-  Request r;
-  r.id = id;
-  r.prompt = std::move(prompt);
-  r.sampling.temperature = 0;
-  r.sampling.max_tokens = max_tokens;
-  r.sampling.ignore_eos = true;
-  return r;
-}
-
 TEST(EngineOnGpu, GreedyRequestsSampledOnTheGpuGiveTheReferenceIds) {
   auto model = Model::load(source_path(kTinyA), gpu_model_options());
   ASSERT_TRUE(model->ops().samples_on_device());
@@ -43,7 +33,7 @@ TEST(EngineOnGpu, GreedyRequestsSampledOnTheGpuGiveTheReferenceIds) {
   std::vector<Request> requests;
   std::vector<std::vector<int64_t>> want;
   for (const char* p : {"short", "eos_inside", "single", "eos_first"}) {
-    requests.push_back(request(p, ref.ids(p), 16));
+    requests.push_back(greedy_request(p, ref.ids(p), 16));
     want.push_back(ref.i64(std::string(p) + ".greedy_ids"));
   }
   const auto got = serve(*model, std::move(requests));
@@ -56,7 +46,7 @@ TEST(EngineOnGpu, PenalisedRequestSamplesOnTheHostLikeTheCpuEngine) {
   Model& cpu = shared_model(kTinyA);
   Reference ref("tiny-a");
   auto make = [&] {
-    Request r = request("penalised", ref.ids("short"), 16);
+    Request r = greedy_request("penalised", ref.ids("short"), 16);
     r.sampling.repetition_penalty = 1.3;
     std::vector<Request> v;
     v.push_back(std::move(r));

@@ -33,7 +33,9 @@ TEST(PrefixCacheOnGpu, ASecondRequestSharingAPrefixGivesTheUncachedTokens) {
   for (int64_t shared : {int64_t(0), int64_t(1), kBlock - 1, kBlock, 3 * kBlock, int64_t(80)}) {
     const auto second =
         concat(std::vector<int32_t>(first.begin(), first.begin() + shared), in_vocab(prompt_ids(20, 2), vocab));
-    auto make = [&] { return std::vector<Request>{greedy("first", first, 8), greedy("second", second, 8)}; };
+    auto make = [&] {
+      return std::vector<Request>{greedy_request("first", first, 8), greedy_request("second", second, 8)};
+    };
     Engine plain(*model, {.prefix_caching = false});
     Engine cached(*model, {.prefix_caching = true});
     const auto want = run_each(plain, make());
@@ -52,8 +54,8 @@ TEST(PrefixCacheOnGpu, EvictionAndTheSamePromptAgainKeepTheTokens) {
   const int64_t vocab = model->config().vocab_size;
   const auto a = in_vocab(prompt_ids(64, 3), vocab), b = in_vocab(prompt_ids(90, 4), vocab);
   auto make = [&] {
-    return std::vector<Request>{greedy("a", a, 6), greedy("a again", a, 6), greedy("b", b, 6),
-                                greedy("a after b", concat(a, in_vocab(prompt_ids(9, 5), vocab)), 6)};
+    return std::vector<Request>{greedy_request("a", a, 6), greedy_request("a again", a, 6), greedy_request("b", b, 6),
+                                greedy_request("a after b", concat(a, in_vocab(prompt_ids(9, 5), vocab)), 6)};
   };
   Engine plain(*model, {.prefix_caching = false, .blocks = 16});
   Engine cached(*model, {.prefix_caching = true, .snapshots = 4, .blocks = 16});

@@ -142,28 +142,74 @@ TEST_P(QuantGpu, PleTableInGpuMemorySameLogits) {
   EXPECT_LE(max_abs_diff(a.data(), b.data(), a.size()), 1e-5) << fmt;
 }
 
+/// A quantized fixture's checkpoint with the scheme the loader finds in it (what quantized_experts reads).
+struct QuantCheckpoint {
+  explicit QuantCheckpoint(const std::string& dir)
+      : cfg(load_config(dir)),
+        ck(dir),
+        manifest(WeightManifest::build(cfg, ck)),
+        scheme(QuantScheme::build(read_quant_config(dir), cfg, manifest)) {}
+  const ModelConfig cfg;
+  const Checkpoint ck;
+  const WeightManifest manifest;
+  const QuantScheme scheme;
+};
+
+MoeWeights as_moe_weights(const RoutedExperts& r) {
+  MoeWeights w;
+  w.gate = r.gate, w.up = r.up, w.down = r.down, w.packed = r.packed;
+  return w;
+}
+
+/// max |GPU - CPU| and the CPU output's scale of the routed experts `wg` / `wc` over T random tokens, each routed to
+/// k distinct experts of E with random weights summing to 1.
+std::pair<double, double> expert_error(Ops& cpu, const MoeWeights& wc, Ops& gpu, const MoeWeights& wg, int64_t T,
+                                       int64_t H, int64_t E, int64_t k, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> u(size_t(T * H)), w(size_t(T * k));
+  std::vector<int32_t> ids(size_t(T * k));
+  for (float& x : u) x = normal(rng);
+  std::vector<int32_t> perm(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t e = 0; e < E; ++e) perm[size_t(e)] = int32_t(e);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    float sum = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      ids[size_t(t * k + j)] = perm[size_t(j)];
+      sum += w[size_t(t * k + j)] = 0.1f + std::fabs(normal(rng));
+    }
+    for (int64_t j = 0; j < k; ++j) w[size_t(t * k + j)] /= sum;
+  }
+  std::vector<float> want(size_t(T * H)), got(size_t(T * H));
+  for (auto [ops, wts, out] : {std::tuple{&cpu, &wc, &want}, std::tuple{&gpu, &wg, &got}}) {
+    Tensor o = ops->empty({T, H});
+    ops->moe_experts(ops->upload(u.data(), DType::F32, {T, H}), ops->upload(ids.data(), DType::I32, {T, k}),
+                     ops->upload(w.data(), DType::F32, {T, k}), *wts, o);
+    ops->download(o, out->data());
+  }
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    err = std::max(err, double(std::fabs(got[i] - want[i])));
+    scale = std::max(scale, double(std::fabs(want[i])));
+  }
+  return {err, scale};
+}
+
 // The routed experts of layer 3 on the CUDA backend (W4A16 for NVFP4 / int4, FP16 for FP8 block) against the CPU
 // oracle's float32 experts (exact dequantization), for token counts that take the GEMV path (1, 3) and the WMMA
 // GEMM path (16, 200); the packed bytes equal what `flashnext inspect` plans (loader/quant.h w4a16_packed_bytes).
 TEST_P(QuantGpu, RoutedExpertsMatchCpuOracle) {
-  const std::string fmt = GetParam(), dir = quant_dir(fmt) + "/model";
-  const ModelConfig cfg = load_config(dir);
-  const Checkpoint ck(dir);
-  const WeightManifest m = WeightManifest::build(cfg, ck);
-  const QuantScheme scheme = QuantScheme::build(read_quant_config(dir), cfg, m);
+  const std::string fmt = GetParam();
+  const QuantCheckpoint q(quant_dir(fmt) + "/model");
+  const ModelConfig& cfg = q.cfg;
   const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, H = cfg.hidden_size, k = cfg.num_experts_per_tok;
-  const auto qe = quantized_experts(scheme, "layers.3.mlp", E, I, H);
+  const auto qe = quantized_experts(q.scheme, "layers.3.mlp", E, I, H);
   ASSERT_TRUE(qe.has_value()) << fmt;
   auto cpu = make_cpu_ops(2);
   auto gpu = make_cuda_ops(0, CudaOpsOptions{});
-  MoeWeights wc, wg;
-  {
-    RoutedExperts r = cpu->load_quantized_experts(*qe);
-    wc.gate = r.gate, wc.up = r.up, wc.down = r.down;
-    RoutedExperts g = gpu->load_quantized_experts(*qe);
-    wg.gate = g.gate, wg.up = g.up, wg.down = g.down, wg.packed = g.packed;
-  }
-  const QuantFormat qf = scheme.find("layers.3.mlp.experts.0.gate_proj.weight")->format;
+  const MoeWeights wc = as_moe_weights(cpu->load_quantized_experts(*qe)),
+                   wg = as_moe_weights(gpu->load_quantized_experts(*qe));
+  const QuantFormat qf = q.scheme.find("layers.3.mlp.experts.0.gate_proj.weight")->format;
   if (qf == QuantFormat::Fp8Block) {
     EXPECT_EQ(wg.packed, nullptr) << fmt << ": FP8 block experts are FP16 weights";
   } else {
@@ -178,40 +224,8 @@ TEST_P(QuantGpu, RoutedExpertsMatchCpuOracle) {
     EXPECT_EQ(wg.packed->device_bytes(), planned) << fmt;
   }
   std::mt19937 rng(1234);
-  std::normal_distribution<float> normal(0.f, 1.f);
   for (int64_t T : {int64_t(1), int64_t(3), int64_t(16), int64_t(200)}) {
-    std::vector<float> u(size_t(T * H)), w(size_t(T * k));
-    std::vector<int32_t> ids(size_t(T * k));
-    for (float& x : u) x = normal(rng);
-    std::vector<int32_t> perm(static_cast<size_t>(E));
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t e = 0; e < E; ++e) perm[size_t(e)] = int32_t(e);
-      std::shuffle(perm.begin(), perm.end(), rng);
-      float sum = 0;
-      for (int64_t j = 0; j < k; ++j) {
-        ids[size_t(t * k + j)] = perm[size_t(j)];
-        sum += w[size_t(t * k + j)] = 0.1f + std::fabs(normal(rng));
-      }
-      for (int64_t j = 0; j < k; ++j) w[size_t(t * k + j)] /= sum;
-    }
-    std::vector<float> want(size_t(T * H)), got(size_t(T * H));
-    {
-      Tensor out = cpu->empty({T, H});
-      cpu->moe_experts(cpu->upload(u.data(), DType::F32, {T, H}), cpu->upload(ids.data(), DType::I32, {T, k}),
-                       cpu->upload(w.data(), DType::F32, {T, k}), wc, out);
-      cpu->download(out, want.data());
-    }
-    {
-      Tensor out = gpu->empty({T, H});
-      gpu->moe_experts(gpu->upload(u.data(), DType::F32, {T, H}), gpu->upload(ids.data(), DType::I32, {T, k}),
-                       gpu->upload(w.data(), DType::F32, {T, k}), wg, out);
-      gpu->download(out, got.data());
-    }
-    double err = 0, scale = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      err = std::max(err, double(std::fabs(got[i] - want[i])));
-      scale = std::max(scale, double(std::fabs(want[i])));
-    }
+    const auto [err, scale] = expert_error(*cpu, wc, *gpu, wg, T, H, E, k, rng);
     EXPECT_LE(err, kExpertTol * scale) << fmt << " T=" << T;
     const char* path =
         wg.packed
@@ -231,20 +245,17 @@ TEST_P(QuantGpu, RoutedExpertsMatchCpuOracle) {
 // and 4: the W4A16 products match (int4 groups that a slice cuts become smaller groups with the same scales);
 // a slice that cuts NVFP4's 16-input scale blocks (TP 4 of the fixtures' 32-wide intermediate) is refused by name.
 TEST_P(QuantGpu, TensorParallelExpertSlicesMatchCpuOracle) {
-  const std::string fmt = GetParam(), dir = quant_dir(fmt) + "/model";
-  const ModelConfig cfg = load_config(dir);
-  const Checkpoint ck(dir);
-  const WeightManifest m = WeightManifest::build(cfg, ck);
-  const QuantScheme scheme = QuantScheme::build(read_quant_config(dir), cfg, m);
+  const std::string fmt = GetParam();
+  const QuantCheckpoint q(quant_dir(fmt) + "/model");
+  const ModelConfig& cfg = q.cfg;
   const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, H = cfg.hidden_size, k = cfg.num_experts_per_tok;
   auto cpu = make_cpu_ops(2);
   auto gpu = make_cuda_ops(0, CudaOpsOptions{});
   const bool nvfp4 = fmt.find("nvfp4") != std::string::npos;
   std::mt19937 rng(99);
-  std::normal_distribution<float> normal(0.f, 1.f);
   for (int tp : {2, 4}) {
     for (int r = 0; r < tp; ++r) {
-      auto qe = quantized_experts(scheme, "layers.3.mlp", E, I, H);
+      auto qe = quantized_experts(q.scheme, "layers.3.mlp", E, I, H);
       ASSERT_TRUE(qe.has_value()) << fmt;
       qe->inter_begin = I * r / tp;
       qe->inter = I * (r + 1) / tp - qe->inter_begin;
@@ -260,32 +271,11 @@ TEST_P(QuantGpu, TensorParallelExpertSlicesMatchCpuOracle) {
         }
         continue;
       }
-      MoeWeights wc, wg;
-      {
-        RoutedExperts c = cpu->load_quantized_experts(*qe);
-        wc.gate = c.gate, wc.up = c.up, wc.down = c.down;
-        RoutedExperts g = gpu->load_quantized_experts(*qe);
-        wg.gate = g.gate, wg.up = g.up, wg.down = g.down, wg.packed = g.packed;
-      }
+      const MoeWeights wc = as_moe_weights(cpu->load_quantized_experts(*qe)),
+                       wg = as_moe_weights(gpu->load_quantized_experts(*qe));
       if (fmt != "fp8-block") ASSERT_NE(wg.packed, nullptr) << what << ": the slice is packed for W4A16";
       for (int64_t T : {int64_t(1), int64_t(40)}) {
-        std::vector<float> u(size_t(T * H)), w(size_t(T * k), 1.f / float(k));
-        std::vector<int32_t> ids(size_t(T * k));
-        for (float& x : u) x = normal(rng);
-        for (int64_t t = 0; t < T; ++t)
-          for (int64_t j = 0; j < k; ++j) ids[size_t(t * k + j)] = int32_t((t + 3 * j) % E);
-        std::vector<float> want(size_t(T * H)), got(size_t(T * H));
-        for (auto [ops, wts, out] : {std::tuple{cpu.get(), &wc, &want}, std::tuple{gpu.get(), &wg, &got}}) {
-          Tensor o = ops->empty({T, H});
-          ops->moe_experts(ops->upload(u.data(), DType::F32, {T, H}), ops->upload(ids.data(), DType::I32, {T, k}),
-                           ops->upload(w.data(), DType::F32, {T, k}), *wts, o);
-          ops->download(o, out->data());
-        }
-        double err = 0, scale = 0;
-        for (size_t i = 0; i < got.size(); ++i) {
-          err = std::max(err, double(std::fabs(got[i] - want[i])));
-          scale = std::max(scale, double(std::fabs(want[i])));
-        }
+        const auto [err, scale] = expert_error(*cpu, wc, *gpu, wg, T, H, E, k, rng);
         EXPECT_LE(err, kExpertTol * scale) << what << " T=" << T;
         std::printf("E2E-QUANT: %s, T=%lld: max|d| %.3e, oracle scale %.3f, ratio %.2e (limit %.0e)\n", what.c_str(),
                     (long long)T, err, scale, err / scale, kExpertTol);
