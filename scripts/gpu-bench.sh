@@ -15,7 +15,10 @@
 #      FULL=0 skips the released-geometry bench; PTX70=1 (also with --prepare) runs the tests again from binaries
 #      whose device code is compute_70 PTX only (scripts/nvcc-ptx70.py), JIT-compiled by the driver as for a V100;
 #      MEDIUM=1 adds the medium fixture's tests (made with tools/make_fixtures.py into FIXTURE_DIR, default /tmp/fx);
-#      FP16=1 adds the fp16 run; BENCH_ARGS: extra arguments of the full-size run (e.g. "--prompts 1024,4096").
+#      FP16=1 adds the fp16 run; BENCH_ARGS: extra arguments of the full-size run (e.g. "--prompts 1024,4096");
+#      NCU=1 adds per-kernel figures of decode steps (ncu: duration, DRAM throughput, occupancy, registers of every
+#      kernel of NCU_COUNT launches after NCU_SKIP, default 400 / 1200) at the released widths with 4 layers, 512
+#      experts and an 8K context, into ncu-decode.csv (ncu's clock control off: the clocks bench runs at).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/gpu-bundle.sh
@@ -156,6 +159,19 @@ timeout 120 "$G/bin/flashnext" bench --layers 4 --experts 16 --vocab 4096 --ple-
   --decode-context 2100 --decode-tokens 40 --batches 4 --batch-context 300 --batch-steps 6 --repeat 1 --profile \
   --out "$OUT/bench-small.json" >"$OUT/bench-small.txt" 2>&1 || { status=1; tail -n 20 "$OUT/bench-small.txt"; }
 cat "$OUT/bench-small.txt" | grep -v "^bench:" | tee -a "$S"
+if [ "${NCU:-0}" = 1 ]; then
+  if command -v ncu >/dev/null; then
+    echo "gpu-bench: ncu over decode steps (4 layers at the released widths, 512 experts, 8K context)" | tee -a "$S"
+    timeout 200 ncu --clock-control none --launch-skip "${NCU_SKIP:-1200}" --launch-count "${NCU_COUNT:-400}" --csv \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size,launch__block_size \
+      "$G/bin/flashnext" bench --layers 4 --ple-rows 1000000 --prompts 64 --decode-context 8192 --decode-tokens 40 \
+      --batches none --repeat 1 >"$OUT/ncu-decode.csv" 2>"$OUT/ncu-decode.log" ||
+      { echo "gpu-bench: ncu failed" | tee -a "$S"; tail -n 5 "$OUT/ncu-decode.log" | tee -a "$S"; }
+    echo "gpu-bench: ncu-decode.csv $(grep -c gpu__time_duration "$OUT/ncu-decode.csv") kernel launches" | tee -a "$S"
+  else
+    echo "gpu-bench: ncu NOT run (not installed)" | tee -a "$S"
+  fi
+fi
 if [ "$status" = 0 ] && [ "${FULL:-1}" != 0 ]; then
   echo "gpu-bench: released geometry, default precision: flashnext bench --profile ${BENCH_ARGS:-}" | tee -a "$S"
   # shellcheck disable=SC2086

@@ -1,29 +1,38 @@
 #!/usr/bin/env bash
 # Batched steps and serving on the GPU in one repeatable command: the batch tests of the CUDA backend (8 sequences
 # in one step = each alone, tiny-a and the medium fixture), the rest of test_cuda_e2e, then `flashnext serve
-# --device cuda` on the medium fixture driven by tools/bench_serve.py at concurrency 1, 8 and 32.
+# --device cuda` on the medium fixture driven by tools/bench_serve.py at concurrency 1, 8 and 32, and optionally
+# (PREFIX=1) the multi-turn chat benchmark of prefix caching (tools/bench_multiturn.py) with the cache off and on.
 #
 #   bash scripts/gpu-serve.sh --prepare   HERE: builds `flashnext` and `test_cuda_e2e` in $BUILD (default build,
 #                                         which must be configured for the GPU's architecture, e.g. 90) and packs
 #                                         them with the shared libraries the GPU machine lacks into
-#                                         gpu/serve/bundle.tar.xz (gpu/ is git-ignored).
+#                                         gpu/serve/bundle.tar.xz (gpu/ is git-ignored), and cuts the bundled
+#                                         tokenizer to 4096 ids into gpu/serve/tokenizer-4096 (so that the run
+#                                         needs no models/tiny-b-random/tokenizer.json there).
 #   bash scripts/gpu-serve.sh             ON THE GPU MACHINE from the repo root (the `run` tool: carry ["gpu"]).
 # The medium fixture (tools/make_fixtures.py, torch + transformers there) has vocab_size 4096 and no tokenizer: the
 # server gets the bundled Qwen3 tokenizer cut to 4096 ids (tools/truncate_tokenizer.py).
 # Output in $OUT (default gpu/out-serve): e2e.log, e2e-medium.log, fixture.log, serve.log, bench.log, summary.txt
 # (which ends with `NOT RUN:` lines naming each part that did not run and why, or `NOT RUN: nothing`).
 # Env: BUILD, FIXTURE_DIR (default /tmp/fx), E2E=0 to skip the tests, BENCH_ARGS (extra bench_serve.py arguments),
-#      SERVE_ARGS (extra `flashnext serve` arguments, e.g. --sampler host).
+#      SERVE_ARGS (extra `flashnext serve` arguments, e.g. --sampler host), BUNDLE (default gpu/serve/bundle.tar.xz;
+#      gpu-bench.sh's bundle has the same binaries), SERVE_BENCH=0 skips bench_serve.py, PREFIX=1 adds the multi-turn
+#      runs (the cache off, then on with each --prefix-cache-snapshot-interval of PREFIX_INTERVALS, default
+#      "4 16 64"; MULTITURN_ARGS: extra bench_multiturn.py arguments) into $OUT/multiturn.log; MAX_MODEL_LEN
+#      (default 4096) for every server.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/gpu-bundle.sh
 BUILD=${BUILD:-build}
-BUNDLE=gpu/serve/bundle.tar.xz
+BUNDLE=${BUNDLE:-gpu/serve/bundle.tar.xz}
+TOKENIZER=gpu/serve/tokenizer-4096
 
 if [ "${1:-}" = "--prepare" ]; then
   set -e
   cmake --build "$BUILD" --target flashnext test_cuda_e2e --parallel 2
   pack_bundle "$BUNDLE" "$BUILD/flashnext" "$BUILD/tests/test_cuda_e2e"
+  python3 tools/truncate_tokenizer.py models/tiny-b-random "$TOKENIZER" 4096
   echo "gpu-serve: packed $BUNDLE ($(du -h "$BUNDLE" | cut -f1)); run: bash scripts/gpu-serve.sh"
   exit 0
 fi
@@ -56,19 +65,32 @@ if [ "${E2E:-1}" != 0 ]; then
   tail -n 3 "$OUT/e2e-medium.log"
 fi
 
-python3 tools/truncate_tokenizer.py models/tiny-b-random "$FX/medium/model" 4096
+if [ -f "$TOKENIZER/tokenizer.json" ]; then
+  cp "$TOKENIZER"/* "$FX/medium/model/"
+else
+  python3 tools/truncate_tokenizer.py models/tiny-b-random "$FX/medium/model" 4096
+fi
 port=8011
 get() { python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())" "$1"; }
+# start_server LOG ARGS...: `flashnext serve` on the medium fixture in the background (pid in srv); waits for
+# /health, returns 1 if the server does not come up.
+start_server() {
+  local log=$1
+  shift
+  "$G/bin/flashnext" serve --device cuda --model "$FX/medium/model" --port $port --served-model-name medium \
+    --max-model-len "${MAX_MODEL_LEN:-4096}" "$@" >"$log" 2>&1 &
+  srv=$!
+  for _ in $(seq 1 120); do
+    get "http://127.0.0.1:$port/health" >/dev/null 2>&1 && return 0
+    kill -0 $srv 2>/dev/null || break
+    sleep 1
+  done
+  get "http://127.0.0.1:$port/health" >/dev/null 2>&1
+}
+if [ "${SERVE_BENCH:-1}" = 0 ]; then
+  notrun+=("bench_serve.py: SERVE_BENCH=0")
 # shellcheck disable=SC2086
-"$G/bin/flashnext" serve --device cuda --model "$FX/medium/model" --port $port --served-model-name medium \
-  --max-model-len 4096 ${SERVE_ARGS:-} >"$OUT/serve.log" 2>&1 &
-srv=$!
-for _ in $(seq 1 120); do
-  get "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
-  kill -0 $srv 2>/dev/null || break
-  sleep 1
-done
-if get "http://127.0.0.1:$port/health" >/dev/null 2>&1; then
+elif start_server "$OUT/serve.log" ${SERVE_ARGS:-}; then
   echo "\$ flashnext serve --device cuda --model <medium> --port $port --served-model-name medium --max-model-len 4096 ${SERVE_ARGS:-}" \
     >"$OUT/bench.log"
   echo "\$ python3 tools/bench_serve.py --url http://127.0.0.1:$port --concurrency 1 8 32 --num-requests 32 --vocab-size 4096 ${BENCH_ARGS:-}" \
@@ -82,11 +104,36 @@ else
   echo "gpu-serve: the server did not come up:"; tail -n 20 "$OUT/serve.log"; status=1
   notrun+=("serving benchmark: the server did not come up")
 fi
-kill $srv 2>/dev/null; wait $srv 2>/dev/null
-grep -E 'GPU memory|memory [0-9]+ bytes' "$OUT/serve.log" >>"$OUT/bench.log"
+if [ "${SERVE_BENCH:-1}" != 0 ]; then
+  kill $srv 2>/dev/null; wait $srv 2>/dev/null
+  grep -E 'GPU memory|memory [0-9]+ bytes' "$OUT/serve.log" >>"$OUT/bench.log"
+fi
+if [ "${PREFIX:-0}" = 1 ]; then
+  # Multi-turn chat TTFT, prefix cache off and on (issue 19); one server per setting, the same conversations.
+  : >"$OUT/multiturn.log"
+  for n in off ${PREFIX_INTERVALS:-4 16 64}; do
+    args=()
+    [ "$n" != off ] && args=(--enable-prefix-caching --prefix-cache-snapshot-interval "$n")
+    if start_server "$OUT/serve-prefix-$n.log" "${args[@]}"; then
+      # shellcheck disable=SC2086
+      cmd="python3 tools/bench_multiturn.py --url http://127.0.0.1:$port --conversations 4 --turns 8 --user-words 120 --output-len 32 ${MULTITURN_ARGS:-}"
+      { echo "\$ flashnext serve --device cuda --model <medium> --max-model-len ${MAX_MODEL_LEN:-4096} ${args[*]}"; echo "\$ $cmd"; } >>"$OUT/multiturn.log"
+      timeout 300 $cmd >>"$OUT/multiturn.log" 2>&1 || status=1
+      get "http://127.0.0.1:$port/metrics" | grep -E '^flashnext_prefix_cache' >>"$OUT/multiturn.log"
+      grep -E 'GPU memory|memory [0-9]+ bytes|snapshot' "$OUT/serve-prefix-$n.log" >>"$OUT/multiturn.log"
+    else
+      echo "gpu-serve: the server ($n) did not come up:"; tail -n 20 "$OUT/serve-prefix-$n.log"; status=1
+      notrun+=("multi-turn $n: the server did not come up")
+    fi
+    kill $srv 2>/dev/null; wait $srv 2>/dev/null
+  done
+  cat "$OUT/multiturn.log"
+else
+  notrun+=("multi-turn prefix-cache runs: PREFIX=0")
+fi
 {
   grep -h -E '^\[  (PASSED|FAILED) |tests? ran|^E2E:' "$OUT"/e2e.log "$OUT"/e2e-medium.log 2>/dev/null
-  cat "$OUT/bench.log"
+  cat "$OUT/bench.log" "$OUT/multiturn.log" 2>/dev/null
 } >"$OUT/summary.txt"
 if ((${#notrun[@]})); then printf 'NOT RUN: %s\n' "${notrun[@]}"; else echo "NOT RUN: nothing (every part ran)"; fi |
   tee -a "$OUT/summary.txt"

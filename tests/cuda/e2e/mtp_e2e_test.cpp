@@ -1,0 +1,141 @@
+// The MTP layer and speculative decoding on the GPU: the tiny-mtp fixture (tools/make_mtp_fixture.py, the SGLang /
+// vLLM wiring on top of transformers' modules) loaded on the CUDA backend with load_mtp.
+//   - MTP logits over the prompt and the chained drafts against the PyTorch reference, as a ratio to the
+//     reference scale (the largest |logit|), as model_e2e_test.cpp checks the trunk; printed as `E2E-MTP:`.
+//   - Greedy speculative decoding (mtp:K and ngram:K, engine/speculative.h) gives the GPU's plain greedy tokens up to
+//     the first position where the plain run's top-2 gap is a near-tie (the verify forward over K+1 rows and the
+//     one-row decode step round differently in FP16; past a near-tie the two runs may legitimately part).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "engine/speculative.h"
+#include "model/fixture.h"
+#include "ops/cuda/cuda_ops.h"
+
+namespace flashnext::test {
+namespace {
+
+constexpr const char* kMtpModel = "tests/data/fixtures/tiny-mtp/model";
+/// Bound on max |MTP logit - reference| / reference scale (prompt rows and chained drafts). The trunk of this
+/// fixture is tiny-a's geometry, whose GPU bound is 1.5e-5; the MTP layer adds one attention layer, one MoE and the
+/// lm_head on top of the trunk's own FP16 error, so the bound is that of the trunk x 4.
+constexpr double kMtpTol = 6e-5;
+constexpr double kNearTie = 1e-2;  // plain-run top-2 gap below which the runs may part
+
+Model& gpu_mtp_model() {
+  static std::unique_ptr<Model> m = [] {
+    ModelOptions o;
+    o.ops = make_cuda_ops(0);
+    o.load_mtp = true;
+    return Model::load(source_path(kMtpModel), o);
+  }();
+  return *m;
+}
+
+double max_abs(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, double(std::abs(x)));
+  return m;
+}
+
+TEST(MtpOnGpu, LogitsMatchTheReference) {
+  Reference ref("tiny-mtp");
+  Model& model = gpu_mtp_model();
+  ASSERT_TRUE(model.has_mtp());
+  const auto ids = ref.ids("prompt");
+  const auto next64 = ref.i64("prompt.next_ids");
+  const std::vector<int32_t> next(next64.begin(), next64.end());
+  const int64_t T = int64_t(ids.size()), V = model.config().vocab_size;
+  SequenceState seq = model.new_sequence();
+  Tensor wide;
+  const BatchItem item{&seq, ids, LogitsMode::All};
+  const std::vector<float> trunk = model.download(model.forward_batch({&item, 1}, nullptr, {}, &wide));
+  const std::vector<float> trunk_ref = ref.f32("prompt.trunk_logits");
+  const double trunk_ratio = max_abs_diff(trunk.data(), trunk_ref.data(), trunk.size()) / max_abs(trunk_ref);
+
+  Model::MtpOutput out = model.mtp_forward(seq, wide, next, LogitsMode::All);
+  const std::vector<float> got = model.download(out.logits), want = ref.f32("prompt.mtp_logits");
+  ASSERT_EQ(got.size(), size_t(T * V));
+  const double scale = max_abs(want);
+  const double mtp_ratio = max_abs_diff(got.data(), want.data(), got.size()) / scale;
+
+  // Chained drafts from the MTP layer's own state of the last row, fed the reference's draft tokens.
+  const auto drafts64 = ref.i64("draft.ids");
+  const std::vector<int32_t> drafts(drafts64.begin(), drafts64.end());
+  const std::vector<float> draft_logits = ref.f32("draft.logits");
+  double draft_ratio = max_abs_diff(got.data() + (T - 1) * V, draft_logits.data(), size_t(V)) / scale;
+  Tensor state = out.wide.rows(T - 1, T);
+  for (size_t k = 1; k < drafts.size(); ++k) {
+    Model::MtpOutput d = model.mtp_forward(seq, state, {&drafts[k - 1], 1});
+    const std::vector<float> row = model.download(d.logits);
+    const float* want_row = draft_logits.data() + int64_t(k) * V;
+    draft_ratio = std::max(draft_ratio, max_abs_diff(row.data(), want_row, size_t(V)) / scale);
+    if (top2_gap(want_row, V) > kNearTie) EXPECT_EQ(argmax(row.data(), V), drafts[k]) << "draft " << k;
+    state = d.wide;
+  }
+  std::printf("E2E-MTP: trunk %.3g, MTP prompt rows %.3g, chained drafts %.3g (ratios to scale %.3g), bound %.3g\n",
+              trunk_ratio, mtp_ratio, draft_ratio, scale, kMtpTol);
+  EXPECT_LE(mtp_ratio, kMtpTol);
+  EXPECT_LE(draft_ratio, kMtpTol);
+}
+
+/// Plain greedy decoding on the GPU: `n` tokens and the top-2 gap of the logits row each was chosen from.
+std::vector<int32_t> plain_greedy(Model& model, const std::vector<int32_t>& prompt, int n, std::vector<double>& gaps) {
+  SequenceState seq = model.new_sequence();
+  std::vector<float> row = model.forward(seq, prompt, LogitsMode::Last);
+  const int64_t V = model.config().vocab_size;
+  std::vector<int32_t> out;
+  while (int(out.size()) < n) {
+    out.push_back(int32_t(argmax(row.data(), V)));
+    gaps.push_back(top2_gap(row.data(), V));
+    if (int(out.size()) < n) row = model.forward(seq, {&out.back(), 1}, LogitsMode::Last);
+  }
+  return out;
+}
+
+TEST(MtpOnGpu, GreedySpeculativeDecodingGivesThePlainTokens) {
+  Model& model = gpu_mtp_model();
+  const int64_t V = model.config().vocab_size;
+  constexpr int kTokens = 40;
+  for (int salt : {1, 2}) {
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 37; ++i) prompt.push_back(int32_t((i * 131 + salt * 17 + 7) % std::min<int64_t>(V, 400)));
+    std::vector<double> gaps;
+    const std::vector<int32_t> want = plain_greedy(model, prompt, kTokens, gaps);
+    int exact = kTokens;  // tokens that must agree: those before the first near-tie choice
+    for (int i = 0; i < kTokens; ++i)
+      if (gaps[size_t(i)] < kNearTie) {
+        exact = i;
+        break;
+      }
+    for (const char* spec : {"mtp:1", "mtp:3", "ngram:4"}) {
+      SCOPED_TRACE(testing::Message() << "salt " << salt << ", " << spec);
+      SpeculativeDecoder dec(model, SpeculativeConfig::parse(spec));
+      SequenceState seq = model.new_sequence();
+      auto choose = [&](std::span<float> row) { return int32_t(argmax(row.data(), V)); };
+      std::vector<float> first = dec.prefill(seq, prompt);
+      std::vector<int32_t> context = prompt;
+      context.push_back(choose(first));
+      while (int(context.size() - prompt.size()) < kTokens) {
+        for (int32_t t : dec.step(seq, context, choose)) context.push_back(t);
+      }
+      const std::vector<int32_t> got(context.begin() + int64_t(prompt.size()),
+                                     context.begin() + int64_t(prompt.size()) + kTokens);
+      for (int i = 0; i < exact; ++i) ASSERT_EQ(got[size_t(i)], want[size_t(i)]) << "token " << i;
+      EXPECT_GT(dec.stats().steps, 0);
+      std::printf(
+          "E2E-MTP: %s salt %d: %d of %d tokens checked (before the first near-tie), %lld steps, mean "
+          "accepted length %.2f\n",
+          spec, salt, exact, kTokens, (long long)dec.stats().steps, dec.stats().mean_accepted_length());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace flashnext::test
