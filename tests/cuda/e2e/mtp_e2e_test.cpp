@@ -2,9 +2,9 @@
 // vLLM wiring on top of transformers' modules) loaded on the CUDA backend with load_mtp.
 //   - MTP logits over the prompt and the chained drafts against the PyTorch reference, as a ratio to the
 //     reference scale (the largest |logit|), as model_e2e_test.cpp checks the trunk; printed as `E2E-MTP:`.
-//   - Greedy speculative decoding (mtp:K and ngram:K, engine/speculative.h) gives the GPU's plain greedy tokens up to
-//     the first position where the plain run's top-2 gap is a near-tie (the verify forward over K+1 rows and the
-//     one-row decode step round differently in FP16; past a near-tie the two runs may legitimately part).
+//   - Greedy speculative decoding (mtp:K and ngram:K, engine/speculative.h) gives the GPU's plain greedy tokens; where
+//     the two first differ, the plain run's top-2 gap there is a near-tie (the verify forward over K+1 rows and the
+//     one-row decode step round differently; past a near-tie the two runs may legitimately part).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -108,12 +108,6 @@ TEST(MtpOnGpu, GreedySpeculativeDecodingGivesThePlainTokens) {
     for (int i = 0; i < 37; ++i) prompt.push_back(int32_t((i * 131 + salt * 17 + 7) % std::min<int64_t>(V, 400)));
     std::vector<double> gaps;
     const std::vector<int32_t> want = plain_greedy(model, prompt, kTokens, gaps);
-    int exact = kTokens;  // tokens that must agree: those before the first near-tie choice
-    for (int i = 0; i < kTokens; ++i)
-      if (gaps[size_t(i)] < kNearTie) {
-        exact = i;
-        break;
-      }
     for (const char* spec : {"mtp:1", "mtp:3", "ngram:4"}) {
       SCOPED_TRACE(testing::Message() << "salt " << salt << ", " << spec);
       SpeculativeDecoder dec(model, SpeculativeConfig::parse(spec));
@@ -127,12 +121,17 @@ TEST(MtpOnGpu, GreedySpeculativeDecodingGivesThePlainTokens) {
       }
       const std::vector<int32_t> got(context.begin() + int64_t(prompt.size()),
                                      context.begin() + int64_t(prompt.size()) + kTokens);
-      for (int i = 0; i < exact; ++i) ASSERT_EQ(got[size_t(i)], want[size_t(i)]) << "token " << i;
+      // The runs agree up to their first difference, and that one is a near-tie of the plain run.
+      int equal = 0;
+      while (equal < kTokens && got[size_t(equal)] == want[size_t(equal)]) ++equal;
+      if (equal < kTokens)
+        EXPECT_LT(gaps[size_t(equal)], kNearTie)
+            << "token " << equal << ": " << got[size_t(equal)] << " vs plain " << want[size_t(equal)];
       EXPECT_GT(dec.stats().steps, 0);
       std::printf(
-          "E2E-MTP: %s salt %d: %d of %d tokens checked (before the first near-tie), %lld steps, mean "
-          "accepted length %.2f\n",
-          spec, salt, exact, kTokens, (long long)dec.stats().steps, dec.stats().mean_accepted_length());
+          "E2E-MTP: %s salt %d: %d of %d tokens equal to plain decoding, %lld verify steps, mean accepted "
+          "length %.2f\n",
+          spec, salt, equal, kTokens, (long long)dec.stats().steps, dec.stats().mean_accepted_length());
     }
   }
 }
