@@ -58,6 +58,7 @@
 
 #include "core/error.h"
 #include "engine/request.h"
+#include "engine/speculative.h"
 #include "loader/memory_plan.h"
 #include "ops/ops.h"
 
@@ -228,7 +229,13 @@ class Runner {
     /// returned in `token` instead of the logits (`logits` is then left alone).
     const TokenSampling* sampling = nullptr;
     int32_t token = -1;  ///< out: the token sampled on the device
-    std::string error;   ///< out: set when this item failed (its sequence is then unchanged)
+    /// Speculative verify with device sampling (needs `sampling`): [ids.size()] out, the token sampled after every
+    /// id, row r under `sampling` with offset sampling->offset + r (`token` is then the last of them). Empty: only
+    /// the last row is sampled.
+    std::span<int32_t> row_tokens;
+    /// MTP proposer: keep the trunk's pre-mixer wide residual rows of this item in the sequence for propose_mtp.
+    bool keep_hidden = false;
+    std::string error;  ///< out: set when this item failed (its sequence is then unchanged)
   };
 
   virtual ~Runner() = default;
@@ -259,6 +266,35 @@ class Runner {
     (void)snapshot, (void)seq, (void)length;
     fail("restore_snapshot: this runner takes no snapshots");
   }
+  /// Speculative decoding (docs/ENGINE.md "Speculative decoding in serve"): saves the per-sequence recurrent state
+  /// of `seq` (GDN conv + recurrent, PLE conv tails and n-gram history, its lengths) inside it, before a verify
+  /// step, for one rollback(). Returns false when the runner cannot (the scheduler then does not speculate).
+  virtual bool checkpoint(RunnerSequence& seq) {
+    (void)seq;
+    return false;
+  }
+  /// Puts the state saved by checkpoint() back into `seq` (its length goes back to the checkpoint's; KV rows past
+  /// it stay and are overwritten when those positions are fed again; hidden rows kept past it are dropped) and
+  /// forgets the checkpoint. Throws Error when there is none.
+  virtual void rollback(RunnerSequence& seq) {
+    (void)seq;
+    fail("rollback: this runner takes no checkpoints");
+  }
+  /// Forgets the checkpoint of `seq` (all drafts were accepted), if any.
+  virtual void release_checkpoint(RunnerSequence& seq) { (void)seq; }
+  /// Whether propose_mtp works (the model's MTP layer is loaded).
+  virtual bool has_mtp() const { return false; }
+  /// MTP drafts for `seq`: first catches the MTP layer up over the trunk rows kept from its items
+  /// (Item::keep_hidden) at positions mtp_length .. length-1, pairing row p with tokens[p + 1] (`tokens`: the
+  /// sequence's tokens, at least length + 1 of them), then chains the MTP layer greedily for up to `max_drafts`
+  /// draft tokens (fewer at max_position_embeddings). Draft positions' MTP K/V lie in `block_table` (the
+  /// sequence's KV blocks, as for its next step), which must cover length + max_drafts positions. No drafts when no
+  /// rows were kept (a forked sequence before its first decode). Throws Error without an MTP layer.
+  virtual std::vector<int32_t> propose_mtp(RunnerSequence& seq, std::span<const int32_t> block_table,
+                                           std::span<const int32_t> tokens, int max_drafts) {
+    (void)seq, (void)block_table, (void)tokens, (void)max_drafts;
+    fail("propose_mtp: this runner has no MTP layer");
+  }
   /// PLE table rows gathered so far (monotonic; 0 for a model without PLE).
   virtual int64_t ple_rows_fetched() const { return 0; }
   /// Whether items may ask for device sampling (Item::sampling): then only the sampled token comes back.
@@ -283,6 +319,12 @@ class ModelRunner : public Runner {
   void restore_snapshot(int32_t snapshot, RunnerSequence& seq, int64_t length) override;
   int64_t ple_rows_fetched() const override { return ple_rows_; }
   bool samples_on_device() const override;
+  bool checkpoint(RunnerSequence& seq) override;
+  void rollback(RunnerSequence& seq) override;
+  void release_checkpoint(RunnerSequence& seq) override;
+  bool has_mtp() const override;
+  std::vector<int32_t> propose_mtp(RunnerSequence& seq, std::span<const int32_t> block_table,
+                                   std::span<const int32_t> tokens, int max_drafts) override;
 
  private:
   Model& model_;
@@ -317,6 +359,11 @@ struct SchedulerConfig {
   int64_t max_model_len = 0;  ///< most tokens (prompt + output) of a sequence; required, >= 2
   int64_t max_waiting = 256;  ///< most requests waiting for admission; submit() beyond it throws QueueFullError
   SchedulingPolicy policy = SchedulingPolicy::Fcfs;
+  /// Speculative decoding of the running sequences (`serve --speculative mtp:K | ngram:K`; docs/ENGINE.md): each
+  /// decoding sequence that speculates gets a verify item of 1 + up to K tokens. Method::None: off.
+  SpeculativeConfig speculative;
+  /// The drafts of Method::Custom (tests, external draft models): called with the sequence's tokens so far.
+  Proposer proposer;
 };
 
 /// submit() when the waiting queue is full (the server answers 503).
@@ -339,6 +386,12 @@ struct SchedulerStats {
   int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;
   int64_t prefix_cache_blocks = 0, prefix_cache_snapshots = 0;
   int64_t prefix_cache_evictions = 0;  ///< cached blocks evicted for room so far
+  /// Speculative decoding totals (SpeculativeStats' meaning, over every request): verify steps (items with at least
+  /// one draft), draft tokens proposed, drafts accepted, tokens the verify steps emitted (accepted + one each, cut
+  /// by the stop conditions), rollbacks (partial acceptance: state restored, the accepted tokens fed again).
+  int64_t spec_verify_steps = 0, spec_drafted = 0, spec_accepted = 0, spec_emitted = 0, spec_rollbacks = 0;
+  /// Accepted drafts by position in the draft (index 0: the first draft), vLLM's num_accepted_tokens_per_pos.
+  std::vector<int64_t> spec_accepted_per_pos;
 };
 
 /// Continuous-batching scheduler (see the top of this file). Thread-safe: submit() and stats() may be called from
@@ -346,8 +399,9 @@ struct SchedulerStats {
 class Scheduler {
  public:
   /// Throws Error on an invalid config: max_num_seqs < 1, max_num_batched_tokens < max_num_seqs, a chunk size
-  /// above max_num_batched_tokens - max_num_seqs + 1, max_model_len < 2, or a planner that cannot hold one
-  /// sequence of max_model_len tokens.
+  /// above max_num_batched_tokens - max_num_seqs + 1, max_model_len < 2, a planner that cannot hold one
+  /// sequence of max_model_len tokens, speculation with K outside 1..8, Method::Mtp over a runner without an MTP
+  /// layer, or Method::Custom without a proposer (each naming --speculative).
   Scheduler(Runner& runner, MemoryPlanner planner, SchedulerConfig config);
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
@@ -360,7 +414,8 @@ class Scheduler {
 
   /// Checks `r` and queues it. Throws Error (bad request) when the prompt is empty, holds an id outside the
   /// vocabulary, prompt + max_tokens exceeds max_model_len, a sampling value is out of range or top_logprobs is
-  /// outside [-1, 20], prompt_logprobs outside [-1, 20], or a priority other than 0 under FCFS; QueueFullError when
+  /// outside [-1, 20], prompt_logprobs outside [-1, 20], a priority other than 0 under FCFS, or speculative_tokens
+  /// above 0 without speculation or above its K (Request::speculative_tokens); QueueFullError when
   /// `max_waiting` requests already wait. Its stream receives the tokens.
   void submit(Request r);
   /// Submits n >= 1 samples of one prompt (the n choices of an OpenAI request; all `group` prompts must be equal):
@@ -387,6 +442,9 @@ class Scheduler {
   void finish(Seq& s, EndReason reason, std::optional<int32_t> stop_token = {}, std::string error = {});
   void emit(Seq& s, std::span<float> logits, int32_t device_token, Clock::time_point now);
   void fork(Seq& parent, std::span<const float> logits, Clock::time_point now);
+  bool emit_one(Seq& s, std::span<float> logits, int32_t device_token, Clock::time_point now);
+  std::vector<int32_t> propose(Seq& s, int max_drafts);
+  void verify(Seq& s, int64_t drafts, Runner::Item& it, Clock::time_point now);
   void order_by_priority();
   void preempt(Seq& s);
   int64_t next_chunk(const Seq& s) const;
