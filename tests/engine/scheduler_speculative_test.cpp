@@ -94,9 +94,14 @@ std::vector<int32_t> prompt_of(int64_t n, uint64_t salt, int64_t vocab) {
 struct Spec {
   int64_t prompt_len, max_tokens;
   int speculative_tokens;  // -1: the server's K; 0: opted out
+  int biased = 0;          // > 0: logit_bias +40 on this many tokens (see kMixed)
 };
-// Different prompt lengths (chunks of 16: one, several, a partial last), two opted out, one with fewer drafts.
-const std::vector<Spec> kMixed = {{5, 30, -1}, {23, 24, 0}, {40, 32, -1}, {3, 20, 2}, {57, 28, -1}, {17, 36, 0}};
+// Different prompt lengths (chunks of 16: one, several, a partial last), two opted out, one with fewer drafts. The
+// random-weight models seldom repeat themselves, so prompt lookup finds little to draft: two requests bias the
+// choice to 3 and 2 tokens (still the model's argmax among them), whose output then repeats, so that ngram drafts
+// are accepted and rejected.
+const std::vector<Spec> kMixed = {{5, 30, -1},  {23, 24, 0}, {40, 32, -1},    {3, 20, 2},
+                                  {57, 28, -1}, {17, 36, 0}, {12, 40, -1, 3}, {33, 30, -1, 2}};
 
 /// The requests of `specs` for a scheduler that drafts `k` tokens (their speculative_tokens at most k; k = 0: without
 /// speculation, which takes only the opt-out).
@@ -105,6 +110,7 @@ std::vector<Request> mixed_requests(const Model& model, const std::vector<Spec>&
   for (size_t i = 0; i < specs.size(); ++i) {
     Request r = greedy_request("m" + std::to_string(i),
                                prompt_of(specs[i].prompt_len, 100 + i, model.config().vocab_size), specs[i].max_tokens);
+    for (int j = 0; j < specs[i].biased; ++j) r.sampling.logit_bias.emplace_back(int32_t(11 + 29 * j), 40.f);
     const int want = specs[i].speculative_tokens;
     r.speculative_tokens = want <= 0 ? (k > 0 || want == 0 ? want : -1) : (k > 0 ? std::min(want, k) : -1);
     rs.push_back(std::move(r));
@@ -180,6 +186,10 @@ TEST(SchedulerSpeculative, MixedGreedyBatchEqualsDecodingWithoutSpeculation) {
         EXPECT_EQ(tokens_of(together(*spec.sched, mixed_requests(model, kMixed, k))), want);
         const SchedulerStats st = spec.sched->stats();
         expect_consistent(st);
+        if (method == SpeculativeConfig::Method::Ngram) {  // the biased requests repeat themselves
+          EXPECT_GT(st.spec_accepted, 0);
+          EXPECT_GT(st.spec_rollbacks, 0);
+        }
         std::printf("[ spec ] %s %s: %lld verify steps, drafted %lld, accepted %lld, %lld rollbacks, %lld steps\n",
                     c.model, cfg.str().c_str(), (long long)st.spec_verify_steps, (long long)st.spec_drafted,
                     (long long)st.spec_accepted, (long long)st.spec_rollbacks, (long long)st.steps);
