@@ -41,6 +41,13 @@
 // fed by decode steps are not cached (the GDN recurrence of one token rounds differently from a prefill chunk, so
 // a cached decode would not match an uncached prefill of the same prompt bit for bit); requests with prompt
 // log-probabilities neither look up nor register (their prompt rows must be computed).
+// Speculative decoding (SchedulerConfig::speculative; docs/ENGINE.md "Speculative decoding in serve"): once a step
+// is scheduled as above, each decoding sequence that speculates turns its decode into a verify item of 1 + k
+// tokens (its last token and k drafts of the proposer; k bounded by its K, what it may still emit, the budget and
+// the free blocks left, so drafts never preempt nor delay a prefill). Its sampler chooses the token at every row in
+// order, drafts are accepted while they equal those choices; on a mismatch the runner rolls the sequence's state
+// back to the verify's start (Runner::checkpoint / rollback) and the next step re-feeds the accepted tokens and the
+// correction as an ordinary item. Tokens are emitted one by one through the usual stop rules.
 #pragma once
 
 #include <condition_variable>
