@@ -412,6 +412,120 @@ TEST(SchedulerSpeculative, PrefixCachingAndSpeculationTogetherGiveTheSameTokens)
   }
 }
 
+// A runner over a synthetic model (the state is a hash of the tokens fed; the logits, and the "device" draws, a
+// function of it) that samples on the "device", to check what the scheduler asks of a device-sampling runner: every
+// verify row sampled with offset num_output + r, checkpoints and rollbacks, and KV blocks for every position fed.
+constexpr int64_t kFakeVocab = 16;
+uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+struct FakeSeq : RunnerSequence {
+  uint64_t h = 0;
+  int64_t length = 0;
+  std::optional<std::pair<uint64_t, int64_t>> saved;
+};
+class DeviceFakeRunner : public Runner {
+ public:
+  int64_t vocab_size() const override { return kFakeVocab; }
+  std::unique_ptr<RunnerSequence> new_sequence(int32_t) override { return std::make_unique<FakeSeq>(); }
+  bool samples_on_device() const override { return true; }
+  bool checkpoint(RunnerSequence& seq) override {
+    auto& s = static_cast<FakeSeq&>(seq);
+    EXPECT_FALSE(s.saved) << "a checkpoint is still held";
+    s.saved = {s.h, s.length};
+    return true;
+  }
+  void rollback(RunnerSequence& seq) override {
+    auto& s = static_cast<FakeSeq&>(seq);
+    ASSERT_TRUE(s.saved);
+    std::tie(s.h, s.length) = *s.saved;
+    s.saved.reset();
+    ++rollbacks;
+  }
+  void release_checkpoint(RunnerSequence& seq) override { static_cast<FakeSeq&>(seq).saved.reset(); }
+  // Greedy: the largest of a pseudo-random row; sampled: a draw of (seed, offset, state).
+  static int32_t choose(uint64_t h, const TokenSampling& t, uint64_t offset) {
+    if (t.temperature > 0) return int32_t(mix64(t.seed ^ (offset << 20) ^ h) % kFakeVocab);
+    int32_t best = 0;
+    for (int32_t v = 1; v < kFakeVocab; ++v)
+      if (mix64(h ^ uint64_t(v + 1)) > mix64(h ^ uint64_t(best + 1))) best = v;
+    return best;
+  }
+  void forward(std::span<Item> items) override {
+    for (Item& it : items) {
+      auto& s = static_cast<FakeSeq&>(*it.seq);
+      EXPECT_TRUE(it.sampling || it.logits.empty()) << "host logits asked of a device-sampling request";
+      for (size_t j = 0; j < it.ids.size(); ++j) {
+        s.h = mix64(s.h ^ (uint64_t(it.ids[j]) * 0x100000001B3ull));
+        if (!it.row_tokens.empty()) it.row_tokens[j] = choose(s.h, *it.sampling, it.sampling->offset + j);
+      }
+      s.length += int64_t(it.ids.size());
+      EXPECT_LE(s.length, int64_t(it.block_table.size()) * kBlock) << "fed past the KV blocks assigned";
+      if (it.sampling) it.token = choose(s.h, *it.sampling, it.sampling->offset);
+      if (!it.row_tokens.empty()) it.token = it.row_tokens.back();
+      verify_items += !it.row_tokens.empty();
+    }
+  }
+  int64_t verify_items = 0, rollbacks = 0;
+};
+
+TEST(SchedulerSpeculative, DeviceSamplingVerifiesEveryRowWithTheOffsetsOfPlainDecoding) {
+  auto make = [](bool sampled) {
+    std::vector<Request> rs;
+    for (int i = 0; i < 5; ++i) {
+      Request r = greedy_request("d" + std::to_string(i), prompt_of(4 + 9 * i, 40 + i, kFakeVocab), 30 + 3 * i);
+      if (sampled) {
+        r.sampling.temperature = 0.9;
+        r.sampling.seed = 100 + i;
+      }
+      rs.push_back(std::move(r));
+    }
+    return rs;
+  };
+  auto run = [&](bool sampled, const SpeculativeConfig& spec, Proposer proposer, DeviceFakeRunner& runner) {
+    StatePlan plan;
+    plan.kv_bytes_per_token = 4;
+    MemoryPlanner planner(plan, kBlock, 4 * kBlock * 64, 4);
+    Scheduler s(runner, std::move(planner),
+                {.max_num_seqs = 4,
+                 .max_num_batched_tokens = 40,
+                 .prefill_chunk_size = 8,
+                 .max_model_len = 128,
+                 .speculative = spec,
+                 .proposer = std::move(proposer)});
+    auto out = tokens_of(together(s, make(sampled)));
+    EXPECT_EQ(s.stats().kv_blocks_used, 0);
+    return std::make_pair(out, s.stats());
+  };
+  for (bool sampled : {false, true}) {
+    DeviceFakeRunner plain_runner;
+    const auto want = run(sampled, {}, {}, plain_runner).first;
+    EXPECT_EQ(plain_runner.verify_items, 0);
+    for (bool spoil : {false, true}) {
+      SCOPED_TRACE(std::string(sampled ? "sampled" : "greedy") + (spoil ? " spoiled" : " exact"));
+      Oracle oracle;
+      const auto rs = make(sampled);
+      for (size_t i = 0; i < rs.size(); ++i) oracle.truth[rs[i].prompt.size()] = want[i];
+      oracle.k = 4;
+      oracle.spoil = spoil;
+      oracle.vocab = kFakeVocab;
+      DeviceFakeRunner runner;
+      const auto [got, st] = run(sampled, {SpeculativeConfig::Method::Custom, 4}, oracle.proposer(), runner);
+      EXPECT_EQ(got, want);
+      EXPECT_EQ(runner.verify_items, st.spec_verify_steps);
+      EXPECT_EQ(runner.rollbacks, st.spec_rollbacks);
+      EXPECT_EQ(st.spec_rollbacks, spoil ? st.spec_verify_steps -
+                                               int64_t(std::count(oracle.calls.begin(), oracle.calls.end(), 1)) -
+                                               int64_t(std::count(oracle.calls.begin(), oracle.calls.end(), 2))
+                                         : 0);
+      EXPECT_EQ(st.spec_emitted, st.spec_verify_steps + st.spec_accepted);
+    }
+  }
+}
+
 TEST(SchedulerSpeculative, BadSettingsAreErrorsNamingThem) {
   Model& model = model_at(kTinyA, false);
   auto message = [&](auto&& f) {
