@@ -386,6 +386,42 @@ TEST(SchedulerSpeculative, SeededSamplingEqualsSamplingWithoutSpeculation) {
   }
   SpecEngine ngram(model, {.spec = SpeculativeConfig::parse("ngram:3")});
   EXPECT_EQ(tokens_of(together(*ngram.sched, make(true))), want);
+  // n = 3 samples of one prompt (prefilled once, forked), one with log-probabilities (host sampling either way).
+  auto group = [&] {
+    std::vector<Request> g;
+    for (int i = 0; i < 3; ++i) {
+      Request r = greedy_request("g" + std::to_string(i), prompt_of(29, 5, model.config().vocab_size), 25);
+      r.sampling.temperature = 0.9;
+      r.sampling.seed = 50 + i;
+      if (i == 1) r.top_logprobs = 2;
+      g.push_back(std::move(r));
+    }
+    return g;
+  };
+  auto run_group = [&](SpecEngine& e) {
+    std::vector<Request> g = group();
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (auto& r : g) streams.push_back(r.stream);
+    e.sched->submit_group(std::move(g));
+    run_all(*e.sched);
+    std::vector<std::vector<int32_t>> out;
+    for (auto& st : streams) out.push_back(drain(*st).tokens);
+    return out;
+  };
+  SpecEngine plain_group(model, {});
+  const auto want_group = run_group(plain_group);
+  EXPECT_NE(want_group[0], want_group[1]);  // different seeds, different samples
+  // The three share a prompt: the drafts come from the first sample's tokens, right for it, mostly wrong for the
+  // others.
+  SpecEngine spec_group(model, {.spec = {SpeculativeConfig::Method::Custom, 3}, .proposer = [&](auto c, int m) {
+                                  std::vector<int32_t> d;
+                                  const size_t at = c.size() - 29;
+                                  for (int i = 0; i < m; ++i)
+                                    d.push_back(want_group[0][std::min(at + size_t(i), want_group[0].size() - 1)]);
+                                  return d;
+                                }});
+  EXPECT_EQ(run_group(spec_group), want_group);
+  EXPECT_GT(spec_group.sched->stats().spec_accepted, 0);
 }
 
 // Prefix caching and speculation together: requests that share a cached prefix give the tokens of the engine with
