@@ -105,17 +105,33 @@ def test_concurrent_greedy_requests_match_the_server_without_speculation(plain, 
     assert plain.metrics()["flashnext_spec_decode_num_drafts_total"] == 0
 
 
+def late_stop(text: str) -> str:
+    """The substring of 3 to 6 characters (not blank) whose first occurrence in `text` is the latest."""
+    best = (-1, "")
+    for n in range(3, 7):
+        for k in range(len(text) - n):
+            sub = text[k:k + n]
+            if sub.strip() and text.find(sub) == k and k > best[0]:
+                best = (k, sub)
+    return best[1]
+
+
 def test_stop_strings_end_speculative_output_as_without_it(plain, spec):
-    for i in (2, 9):
+    # Biased to three tokens (see above), so that the output repeats and verifies accept drafts before the stop
+    # string, which is chosen to appear late.
+    accepted_before_stop = 0
+    for i in (8, 11, 12, 14):
         prompt = make_prompt(i)
-        _, text, _ = completion(plain, prompt, 40)
-        stop = text[len(text) // 2:len(text) // 2 + 3]
-        if not stop.strip():
-            continue
-        want = completion(plain, prompt, 40, {"stop": [stop]})
-        assert want[2] == "stop"
-        assert completion(spec, prompt, 40, {"stop": [stop]}) == want
-        assert completion(spec, prompt, 40, {"stop": [stop]}, stream=True)[1:] == want[1:]
+        bias = {"logit_bias": {str(100 + 97 * (i + j) % 1000): 40 for j in range(3)}}
+        ids, text, _ = completion(plain, prompt, 40, bias)
+        stop = late_stop(text)
+        want = completion(plain, prompt, 40, {"stop": [stop], **bias})
+        assert want[2] == "stop" and len(want[0]) < len(ids) and stop not in want[1]
+        before = spec.metrics()["flashnext_spec_decode_num_accepted_tokens_total"]
+        assert completion(spec, prompt, 40, {"stop": [stop], **bias}) == want
+        accepted_before_stop += spec.metrics()["flashnext_spec_decode_num_accepted_tokens_total"] > before
+        assert completion(spec, prompt, 40, {"stop": [stop], **bias}, stream=True)[1:] == want[1:]
+    assert accepted_before_stop >= 2
 
 
 def test_chat_with_speculation_equals_chat_without(plain, spec):
