@@ -146,7 +146,8 @@ int run(const ServeArgs& a) {
   prefix.enabled = a.enable_prefix_caching;
   prefix.snapshot_interval_blocks = a.prefix_cache_snapshot_interval;
   prefix.num_snapshots = a.prefix_cache_snapshots ? a.prefix_cache_snapshots : sc.max_num_seqs;
-  MemoryPlanner planner(plan, a.block_size, budget, sc.max_num_seqs, prefix);
+  // With speculation every sequence slot has a checkpoint slot beside it (the state a rejected verify goes back to).
+  MemoryPlanner planner(plan, a.block_size, budget, sc.max_num_seqs, prefix, spec.enabled() ? sc.max_num_seqs : 0);
   ModelRunner runner(*m.model, planner, /*device_sampling=*/a.sampler == "auto");
   Scheduler scheduler(runner, std::move(planner), sc);
 
@@ -188,9 +189,9 @@ int run(const ServeArgs& a) {
                  mp.snapshot_interval());
   if (spec.enabled())
     spdlog::info(
-        "flashnext serve: speculative decoding {}: decoding requests verify up to {} drafts per step "
-        "(request field num_speculative_tokens / speculative: false to opt out)",
-        spec.str(), spec.k);
+        "flashnext serve: speculative decoding {}: decoding requests verify up to {} drafts per step, {} checkpoint "
+        "slots x {} B (request fields num_speculative_tokens, speculative: false to opt out)",
+        spec.str(), spec.k, sc.max_num_seqs, mp.slot_bytes());
   if (a.model.empty()) spdlog::warn("flashnext serve: the bundled test model has RANDOM weights: expect gibberish");
   if (so.cors.enabled())
     spdlog::info("flashnext serve: CORS for origins {} (methods {}, headers {}{})",

@@ -16,8 +16,12 @@ namespace flashnext {
 // ---------------------------------------------------------------------------------------------------------------
 
 MemoryPlanner::MemoryPlanner(const StatePlan& plan, int64_t block_size, int64_t budget_bytes, int64_t num_slots,
-                             PrefixCacheConfig prefix)
+                             PrefixCacheConfig prefix, int64_t checkpoint_slots)
     : block_size_(block_size), budget_bytes_(budget_bytes), prefix_(prefix) {
+  FN_CHECK(checkpoint_slots == 0 || checkpoint_slots == num_slots,
+           "memory planner: speculative checkpoint slots must be 0 or one per sequence slot ({}), got {}", num_slots,
+           checkpoint_slots);
+  checkpoint_slots_ = checkpoint_slots;
   FN_CHECK(block_size >= 1, "memory planner: block size must be >= 1 token, got {}", block_size);
   FN_CHECK(num_slots >= 1, "memory planner: the number of sequence state slots must be >= 1, got {}", num_slots);
   if (!prefix_.enabled) prefix_.num_snapshots = 0;
@@ -31,15 +35,15 @@ MemoryPlanner::MemoryPlanner(const StatePlan& plan, int64_t block_size, int64_t 
   block_bytes_ = (plan.kv_bytes_per_token + plan.indexer_bytes_per_token) * block_size;
   slot_bytes_ =
       plan.gdn_state_bytes_per_sequence + plan.gdn_conv_state_bytes_per_sequence + plan.ple_state_bytes_per_sequence;
-  const int64_t after_slots = budget_bytes - slot_bytes_ * (num_slots + prefix_.num_snapshots);
+  const int64_t after_slots = budget_bytes - slot_bytes_ * (num_slots + prefix_.num_snapshots + checkpoint_slots);
   // A model without QSA layers has no per-token cache: blocks then only count positions (bounded by the id type).
   const int64_t blocks = block_bytes_ > 0 ? after_slots / block_bytes_ : (after_slots >= 0 ? (int64_t(1) << 30) : 0);
   if (blocks < 1)
     fail(
-        "memory planner: a budget of {} bytes cannot hold {} sequence state slots and {} prefix-cache snapshots of "
-        "{} bytes plus one KV block of {} bytes; raise the KV cache memory or lower --max-num-seqs (or "
-        "--prefix-cache-snapshots)",
-        budget_bytes, num_slots, prefix_.num_snapshots, slot_bytes_, block_bytes_);
+        "memory planner: a budget of {} bytes cannot hold {} sequence state slots, {} prefix-cache snapshots and {} "
+        "speculative checkpoints of {} bytes plus one KV block of {} bytes; raise the KV cache memory or lower "
+        "--max-num-seqs (or --prefix-cache-snapshots)",
+        budget_bytes, num_slots, prefix_.num_snapshots, checkpoint_slots, slot_bytes_, block_bytes_);
   FN_CHECK(blocks <= INT32_MAX, "memory planner: {} KV blocks exceed the block id range", blocks);
   all_blocks_ = size_t(blocks);
   all_slots_ = size_t(num_slots);
@@ -284,6 +288,8 @@ ModelRunner::ModelRunner(Model& model, const MemoryPlanner& planner, bool device
       cache_(model.new_cache(planner.total_blocks(), planner.block_size(), planner.pool_slots())),
       device_sampling_(device_sampling),
       snapshots_(size_t(planner.pool_slots())) {
+  for (int32_t slot = 0; slot < int32_t(planner.total_slots()); ++slot)
+    checkpoint_slot_of_.push_back(planner.checkpoint_slot(slot));
   const ModelConfig& c = model.config();
   ple_rows_per_token_ = c.ngram_heads() * int64_t(c.ple_layer_ids.size());
 }
@@ -330,14 +336,33 @@ bool ModelRunner::samples_on_device() const {
 
 bool ModelRunner::checkpoint(RunnerSequence& seq) {
   auto& s = static_cast<ModelSequence&>(seq);
-  s.checkpoint = model_.snapshot_state(s.state);
+  const SequenceState& st = s.state;
+  const int32_t slot =
+      st.slot >= 0 && st.slot < int32_t(checkpoint_slot_of_.size()) ? checkpoint_slot_of_[size_t(st.slot)] : -1;
+  if (slot < 0) {
+    s.checkpoint = model_.snapshot_state(st);
+    return true;
+  }
+  model_.copy_state_slot(*cache_, st.slot, slot);  // the slot's tensors; the rest is host-side
+  Model::StateSnapshot meta;
+  meta.length = st.length;
+  meta.mtp_length = st.mtp_length;
+  meta.ple_history = st.ple_history;
+  s.checkpoint = std::move(meta);  // no tensors: they are in `slot`
   return true;
 }
 
 void ModelRunner::rollback(RunnerSequence& seq) {
   auto& s = static_cast<ModelSequence&>(seq);
   FN_CHECK(s.checkpoint, "rollback: the sequence has no checkpoint");
-  model_.restore_state(s.state, *s.checkpoint);
+  if (s.checkpoint->tensors.empty()) {  // kept in the sequence's checkpoint slot
+    model_.copy_state_slot(*cache_, checkpoint_slot_of_[size_t(s.state.slot)], s.state.slot);
+    s.state.length = s.checkpoint->length;
+    s.state.mtp_length = s.checkpoint->mtp_length;
+    s.state.ple_history = s.checkpoint->ple_history;
+  } else {
+    model_.restore_state(s.state, *s.checkpoint);
+  }
   s.checkpoint.reset();
   // Kept rows of positions the rollback took back are gone (the re-feed keeps them again).
   const int64_t length = s.state.length;

@@ -118,10 +118,12 @@ struct PrefixCursor {
 class MemoryPlanner {
  public:
   /// `plan`: bytes per token and per sequence (loader/memory_plan.h state_plan, at the backend's element sizes).
-  /// Throws Error when block_size < 1, num_slots < 1, the budget cannot hold the slots (and snapshot slots) plus one
-  /// block, or the prefix cache config is invalid (interval < 1, no snapshot slot), naming the serve flag.
+  /// `checkpoint_slots` (speculative decoding: 0 or num_slots): one more state slot per sequence slot, where a
+  /// verify's rollback state is kept (checkpoint_slot()). Throws Error when block_size < 1, num_slots < 1, the budget
+  /// cannot hold the slots (snapshot and checkpoint slots too) plus one block, or the prefix cache config is invalid
+  /// (interval < 1, no snapshot slot), naming the serve flag.
   MemoryPlanner(const StatePlan& plan, int64_t block_size, int64_t budget_bytes, int64_t num_slots,
-                PrefixCacheConfig prefix = {});
+                PrefixCacheConfig prefix = {}, int64_t checkpoint_slots = 0);
 
   int64_t block_size() const { return block_size_; }
   int64_t block_bytes() const { return block_bytes_; }  ///< (KV + indexer bytes per token) * block_size
@@ -139,8 +141,13 @@ class MemoryPlanner {
   bool prefix_caching() const { return prefix_.enabled; }
   /// Positions between two snapshots (snapshot_interval_blocks * block_size); 0 without prefix caching.
   int64_t snapshot_interval() const { return prefix_.enabled ? prefix_.snapshot_interval_blocks * block_size_ : 0; }
-  /// Slots of the cache pool: the sequence slots, then the snapshot slots (ids total_slots() .. pool_slots()-1).
-  int64_t pool_slots() const { return int64_t(all_slots_) + prefix_.num_snapshots; }
+  /// Slots of the cache pool: the sequence slots, the snapshot slots (ids total_slots() ..), then the checkpoint
+  /// slots.
+  int64_t pool_slots() const { return int64_t(all_slots_) + prefix_.num_snapshots + checkpoint_slots_; }
+  /// The pool slot that holds the speculative checkpoint of the sequence in slot `slot`; -1 without checkpoint slots.
+  int32_t checkpoint_slot(int32_t slot) const {
+    return checkpoint_slots_ > 0 ? int32_t(int64_t(all_slots_) + prefix_.num_snapshots + slot) : -1;
+  }
   int64_t cached_blocks() const { return int64_t(by_hash_.size()); }  ///< blocks registered in the prefix cache
   int64_t cached_snapshots() const { return prefix_.num_snapshots - int64_t(free_snapshots_.size()); }
   int64_t evicted_blocks() const { return evicted_blocks_; }  ///< cached blocks evicted for room so far
@@ -193,6 +200,7 @@ class MemoryPlanner {
 
   int64_t block_size_, block_bytes_, slot_bytes_, budget_bytes_;
   size_t all_blocks_ = 0, all_slots_ = 0;
+  int64_t checkpoint_slots_ = 0;
   PrefixCacheConfig prefix_;
   std::vector<int32_t> free_blocks_, free_slots_;  // stacks; lowest id on top
   // Prefix cache (per block id): references, registration, the LRU list of cached blocks nobody holds.
@@ -314,7 +322,9 @@ class Runner {
 /// PLE rows counted: per token fed, (ngram_size - 1) * heads_per_ngram rows in each PLE layer (docs MODEL.md, PLE).
 class ModelRunner : public Runner {
  public:
-  /// Allocates the pool: planner.total_blocks() blocks of planner.block_size() positions, total_slots() slots.
+  /// Allocates the pool: planner.total_blocks() blocks of planner.block_size() positions, pool_slots() slots.
+  /// Speculative checkpoints go to the planner's checkpoint slots when it has them (a device copy into memory of the
+  /// budget), else to a fresh copy of the state per verify (Model::snapshot_state).
   /// `device_sampling`: let plain requests sample on the device when the backend can (Ops::samples_on_device);
   /// false: every request samples on the host (engine/sampling.h, the same seeded draws on every backend).
   ModelRunner(Model& model, const MemoryPlanner& planner, bool device_sampling = true);
@@ -345,6 +355,8 @@ class ModelRunner : public Runner {
     std::vector<std::vector<int64_t>> ple_history;
   };
   std::vector<SnapshotMeta> snapshots_;
+  /// Speculative checkpoints in pool slots (MemoryPlanner::checkpoint_slot) instead of fresh copies; -1: none.
+  std::vector<int32_t> checkpoint_slot_of_;  // per sequence slot
 };
 
 // ------------------------------------------------------------------------------------------------------------------

@@ -44,6 +44,8 @@ struct SpecSetup {
   int64_t max_num_batched_tokens = 64;
   int64_t chunk = 16;
   int64_t max_model_len = 256;
+  /// Rollback states in the planner's checkpoint slots (as serve has them); false: a fresh copy per verify.
+  bool checkpoint_slots = true;
 };
 
 /// A scheduler over a ModelRunner of `model` as serve builds it (float32 caches, host sampling).
@@ -64,8 +66,10 @@ struct SpecEngine {
     MemoryPlanner probe(plan, kBlock, int64_t(1) << 30, e.max_num_seqs);
     const int64_t snapshots = e.prefix_caching ? 16 : 0;
     const int64_t budget = (e.max_num_seqs + snapshots) * probe.slot_bytes() + e.blocks * probe.block_bytes();
-    return MemoryPlanner(plan, kBlock, budget, e.max_num_seqs,
-                         {.enabled = e.prefix_caching, .snapshot_interval_blocks = 1, .num_snapshots = snapshots});
+    const int64_t checkpoints = e.spec.enabled() && e.checkpoint_slots ? e.max_num_seqs : 0;
+    return MemoryPlanner(plan, kBlock, budget + checkpoints * probe.slot_bytes(), e.max_num_seqs,
+                         {.enabled = e.prefix_caching, .snapshot_interval_blocks = 1, .num_snapshots = snapshots},
+                         checkpoints);
   }
   MemoryPlanner planner;
   ModelRunner runner;
@@ -182,7 +186,8 @@ TEST(SchedulerSpeculative, MixedGreedyBatchEqualsDecodingWithoutSpeculation) {
       for (int k : {1, 3, 8}) {
         const SpeculativeConfig cfg{method, k};
         SCOPED_TRACE(std::string(c.model) + " " + cfg.str());
-        SpecEngine spec(model, {.spec = cfg});
+        SpecEngine spec(model, {.spec = cfg, .checkpoint_slots = k != 3});  // K = 3: fresh copies of the state
+        EXPECT_EQ(spec.planner.pool_slots(), 6 + (k != 3 ? 6 : 0));
         EXPECT_EQ(tokens_of(together(*spec.sched, mixed_requests(model, kMixed, k))), want);
         const SchedulerStats st = spec.sched->stats();
         expect_consistent(st);
@@ -584,6 +589,21 @@ TEST(SchedulerSpeculative, BadSettingsAreErrorsNamingThem) {
             std::string::npos);
   r.speculative_tokens = 0;  // opting out is always allowed
   EXPECT_EQ(message([&] { off.sched->submit(r); }), "no error");
+  // Checkpoint slots: one per sequence slot, after the sequence (and snapshot) slots, out of the same budget.
+  StatePlan plan;
+  plan.kv_bytes_per_token = 4;
+  plan.gdn_state_bytes_per_sequence = 1000;
+  const MemoryPlanner with(plan, 16, 6000 + 64 * 10, 3, {}, 3), without(plan, 16, 6000 + 64 * 10, 3);
+  EXPECT_EQ(with.pool_slots(), 6);
+  EXPECT_EQ(with.checkpoint_slot(0), 3);
+  EXPECT_EQ(with.checkpoint_slot(2), 5);
+  EXPECT_EQ(without.checkpoint_slot(2), -1);
+  EXPECT_EQ(with.total_blocks(), 10);  // 3000 bytes of checkpoints fewer for blocks of 64 bytes
+  EXPECT_EQ(without.total_blocks(), 10 + 3000 / 64);
+  EXPECT_NE(message([&] { MemoryPlanner(plan, 16, 1 << 20, 3, {}, 2); }).find("one per sequence slot"),
+            std::string::npos);
+  EXPECT_NE(message([&] { MemoryPlanner(plan, 16, 6000, 3, {}, 3); }).find("3 speculative checkpoints"),
+            std::string::npos);
   SpecEngine on(model, {.spec = SpeculativeConfig::parse("ngram:3")});
   r.speculative_tokens = 4;
   EXPECT_NE(message([&] { on.sched->submit(r); }).find("num_speculative_tokens 4 is more than the server drafts"),
