@@ -453,6 +453,33 @@ TEST(SchedulerSpeculative, PrefixCachingAndSpeculationTogetherGiveTheSameTokens)
   }
 }
 
+// Tensor parallelism (serve --tp 2 and 4 on the CPU): checkpoints and rollbacks copy every rank's state slot; the
+// oracle's half-spoiled drafts give TP N's own tokens without speculation.
+TEST(SchedulerSpeculative, TensorParallelRanksRollBackTogether) {
+  for (int tp : {2, 4}) {
+    ModelOptions o;
+    o.tp = tp;
+    auto model = Model::load(std::string(FLASHNEXT_SOURCE_DIR) + "/" + kTinyA, o);
+    SpecEngine plain(*model, {});
+    const auto want = tokens_of(together(*plain.sched, mixed_requests(*model, kMixed, 0)));
+    for (bool slots : {true, false}) {
+      SCOPED_TRACE("tp " + std::to_string(tp) + (slots ? " checkpoint slots" : " fresh copies"));
+      Oracle oracle;
+      for (size_t i = 0; i < kMixed.size(); ++i) oracle.truth[size_t(kMixed[i].prompt_len)] = want[i];
+      oracle.k = 4;
+      oracle.spoil = true;
+      oracle.vocab = model->config().vocab_size;
+      SpecEngine spec(
+          *model,
+          {.spec = {SpeculativeConfig::Method::Custom, 4}, .proposer = oracle.proposer(), .checkpoint_slots = slots});
+      EXPECT_EQ(tokens_of(together(*spec.sched, mixed_requests(*model, kMixed, 4))), want);
+      const SchedulerStats st = spec.sched->stats();
+      expect_consistent(st);
+      EXPECT_GT(st.spec_rollbacks, 0);
+    }
+  }
+}
+
 // A runner over a synthetic model (the state is a hash of the tokens fed; the logits, and the "device" draws, a
 // function of it) that samples on the "device", to check what the scheduler asks of a device-sampling runner: every
 // verify row sampled with offset num_output + r, checkpoints and rollbacks, and KV blocks for every position fed.
