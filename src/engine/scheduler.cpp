@@ -959,17 +959,17 @@ bool Scheduler::step_impl() {
       std::vector<int32_t> drafts;
       try {
         drafts = propose(s, int(k));
+        if (!drafts.empty() && !runner_.checkpoint(*s.state)) {
+          spdlog::warn("scheduler: the runner takes no checkpoints; request {} decodes without drafts", s.req.id);
+          s.spec_k = 0;
+          continue;
+        }
       } catch (const std::exception& e) {
         spdlog::warn("scheduler: drafting for request {} failed ({}); it decodes without drafts", s.req.id, e.what());
         s.spec_k = 0;
         continue;
       }
       if (drafts.empty()) continue;
-      if (!runner_.checkpoint(*s.state)) {
-        spdlog::warn("scheduler: the runner takes no checkpoints; request {} decodes without drafts", s.req.id);
-        s.spec_k = 0;
-        continue;
-      }
       s.verify.assign(1, s.tokens.back());
       s.verify.insert(s.verify.end(), drafts.begin(), drafts.end());
       b.drafts = int64_t(drafts.size());
@@ -1125,15 +1125,17 @@ void Scheduler::verify(Seq& s, int64_t drafts, Runner::Item& it, Clock::time_poi
     const int32_t device_token = it.row_tokens.empty() ? -1 : it.row_tokens[size_t(i)];
     const std::span<float> row =
         it.all_logits.empty() ? std::span<float>() : it.all_logits.subspan(size_t(i * vocab), size_t(vocab));
+    const int64_t before = s.num_output;
     alive = emit_one(s, row, device_token, now);
-    ++counters_.spec_emitted;
-    if (!alive) break;  // a stop condition cut the step: the request is finished, its state released
-    if (i < drafts && s.tokens.back() == s.verify[size_t(i + 1)]) {
+    const bool emitted = s.num_output > before;  // not after a sampling failure
+    counters_.spec_emitted += emitted;
+    const bool match = emitted && i < drafts && s.tokens.back() == s.verify[size_t(i + 1)];
+    if (match) {  // accepted, also when it is the token that ends the request
       ++accepted;
       ++counters_.spec_accepted_per_pos[size_t(i)];
-      continue;
     }
-    break;
+    if (!alive) break;  // a stop condition cut the step: the request is finished, its state released
+    if (!match) break;
   }
   counters_.spec_accepted += accepted;
   s.verify.clear();

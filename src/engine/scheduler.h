@@ -406,8 +406,9 @@ struct SchedulerStats {
   int64_t prefix_cache_blocks = 0, prefix_cache_snapshots = 0;
   int64_t prefix_cache_evictions = 0;  ///< cached blocks evicted for room so far
   /// Speculative decoding totals (SpeculativeStats' meaning, over every request): verify steps (items with at least
-  /// one draft), draft tokens proposed, drafts accepted, tokens the verify steps emitted (accepted + one each, cut
-  /// by the stop conditions), rollbacks (partial acceptance: state restored, the accepted tokens fed again).
+  /// one draft), draft tokens proposed, drafts accepted (one equal to the token that ends its request included),
+  /// tokens the verify steps emitted (accepted + one each, less what a stop condition cut), rollbacks (partial
+  /// acceptance: state restored, the accepted tokens fed again).
   int64_t spec_verify_steps = 0, spec_drafted = 0, spec_accepted = 0, spec_emitted = 0, spec_rollbacks = 0;
   /// Accepted drafts by position in the draft (index 0: the first draft), vLLM's num_accepted_tokens_per_pos.
   std::vector<int64_t> spec_accepted_per_pos;
