@@ -3,8 +3,9 @@
 // [--served-model-name NAME] [--max-request-bytes B] [--http-threads N] [--max-connections N] [--header-timeout S]
 // [--read-timeout S] [--body-timeout S] [--strict-requests] [--allowed-origins LIST] [--allowed-methods LIST]
 // [--allowed-headers LIST]
-// [--allow-credentials]`: the OpenAI-compatible server (server/server.h) over the continuous-batching scheduler
-// (engine/scheduler.h). Logs one line per request; SIGINT / SIGTERM stop it cleanly.
+// [--allow-credentials] [--enable-prefix-caching ...] [--speculative mtp:K|ngram:K]`: the OpenAI-compatible server
+// (server/server.h) over the continuous-batching scheduler (engine/scheduler.h). Logs one line per request; SIGINT /
+// SIGTERM stop it cleanly.
 #include <fmt/ranges.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -46,6 +47,7 @@ struct ServeArgs {
   bool strict_requests = false, allow_credentials = false;
   std::string allowed_origins, allowed_methods = "*", allowed_headers = "*";  // lists: JSON or comma-separated
   bool enable_prefix_caching = false;
+  std::string speculative;                                                 // --speculative mtp:K | ngram:K
   int64_t prefix_cache_snapshot_interval = 4, prefix_cache_snapshots = 0;  // 0: max_num_seqs
 };
 
@@ -103,11 +105,20 @@ int run(const ServeArgs& a) {
   // kept gigabytes resident across hundreds of HTTP threads.
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
 
+  const SpeculativeConfig spec = SpeculativeConfig::parse(a.speculative);  // before any weight is read
   const std::string dir = resolve_model_dir(a.model);
   ModelOptions mo;
   cli::set_backend(mo, a.device, a.threads, a.tp);
   mo.progress = cli::LoadProgressPrinter();
-  LoadedModel m = LoadedModel::load(dir, mo, /*with_chat_template=*/true);
+  mo.load_mtp = spec.method == SpeculativeConfig::Method::Mtp;
+  LoadedModel m = [&] {
+    try {
+      return LoadedModel::load(dir, mo, /*with_chat_template=*/true);
+    } catch (const Error& e) {
+      if (!mo.load_mtp) throw;
+      fail("--speculative {}: {}", spec.str(), e.what());  // say which flag asked for the MTP layer
+    }
+  }();
   const ModelConfig& cfg = m.model->config();
 
   SchedulerConfig sc;
@@ -117,6 +128,7 @@ int run(const ServeArgs& a) {
   sc.max_model_len = a.max_model_len ? a.max_model_len : cfg.max_position_embeddings;
   sc.max_waiting = a.max_queued_requests;
   sc.policy = a.scheduling_policy == "priority" ? SchedulingPolicy::Priority : SchedulingPolicy::Fcfs;
+  sc.speculative = spec;
   if (sc.max_model_len > cfg.max_position_embeddings)
     fail("--max-model-len {} exceeds the model's max_position_embeddings {} ({})", sc.max_model_len,
          cfg.max_position_embeddings, cfg.source);
@@ -124,12 +136,18 @@ int run(const ServeArgs& a) {
   StatePlan plan = state_plan(cfg, /*tp=*/1, /*kv_bytes=*/4, /*act_bytes=*/4);
   // The engine also caches the indexer's pooled block keys: one key per indexer_compress_ratio positions.
   plan.indexer_bytes_per_token += plan.indexer_bytes_per_token / cfg.indexer_compress_ratio;
+  if (m.model->has_mtp()) {  // the cache pool holds one more QSA layer (the MTP layer's K, V and indexer keys)
+    const int64_t qsa = cfg.num_layers_of(LayerKind::QSA);
+    plan.kv_bytes_per_token += plan.kv_bytes_per_token / qsa;
+    plan.indexer_bytes_per_token += plan.indexer_bytes_per_token / qsa;
+  }
   const int64_t budget = a.device == "cuda" ? gpu_cache_budget(a, cfg, sc) : a.kv_cache_memory_bytes;
   PrefixCacheConfig prefix;
   prefix.enabled = a.enable_prefix_caching;
   prefix.snapshot_interval_blocks = a.prefix_cache_snapshot_interval;
   prefix.num_snapshots = a.prefix_cache_snapshots ? a.prefix_cache_snapshots : sc.max_num_seqs;
-  MemoryPlanner planner(plan, a.block_size, budget, sc.max_num_seqs, prefix);
+  // With speculation every sequence slot has a checkpoint slot beside it (the state a rejected verify goes back to).
+  MemoryPlanner planner(plan, a.block_size, budget, sc.max_num_seqs, prefix, spec.enabled() ? sc.max_num_seqs : 0);
   ModelRunner runner(*m.model, planner, /*device_sampling=*/a.sampler == "auto");
   Scheduler scheduler(runner, std::move(planner), sc);
 
@@ -169,6 +187,11 @@ int run(const ServeArgs& a) {
     spdlog::info("flashnext serve: prefix caching on: {} state snapshots x {} B, one every {} blocks ({} tokens)",
                  mp.prefix_config().num_snapshots, mp.slot_bytes(), mp.prefix_config().snapshot_interval_blocks,
                  mp.snapshot_interval());
+  if (spec.enabled())
+    spdlog::info(
+        "flashnext serve: speculative decoding {}: decoding requests verify up to {} drafts per step, {} checkpoint "
+        "slots x {} B (request fields num_speculative_tokens, speculative: false to opt out)",
+        spec.str(), spec.k, sc.max_num_seqs, mp.slot_bytes());
   if (a.model.empty()) spdlog::warn("flashnext serve: the bundled test model has RANDOM weights: expect gibberish");
   if (so.cors.enabled())
     spdlog::info("flashnext serve: CORS for origins {} (methods {}, headers {}{})",
@@ -241,6 +264,10 @@ FLASHNEXT_SUBCOMMAND(
                      "(default: --max-num-seqs)")
           ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
           ->needs(prefix);
+      sub.add_option("--speculative", a->speculative,
+                     "speculative decoding of the running requests: mtp:K (the checkpoint's MTP layer) or ngram:K "
+                     "(prompt lookup), K drafts per step in 1..8, verified beside the other requests in each step; "
+                     "requests opt out with \"speculative\": false or cap K with \"num_speculative_tokens\"");
       sub.add_option("--api-key", a->api_key, "require \"Authorization: Bearer KEY\" on /v1/* (env FLASHNEXT_API_KEY)")
           ->envname("FLASHNEXT_API_KEY");
       sub.add_option("--served-model-name", a->served_model_names,

@@ -109,6 +109,10 @@ struct Request {
   /// Scheduling priority under SchedulingPolicy::Priority: lower values are admitted first (vLLM's convention);
   /// must be 0 under FCFS.
   int64_t priority = 0;
+  /// Speculative decoding of this request (the server's --speculative): -1 the server's setting; 0 off (opt-out);
+  /// 1..K at most this many drafts per step (K: the server's). Above 0 without speculation, or above K: Error at
+  /// submit.
+  int speculative_tokens = -1;
   std::vector<int64_t> eos_token_ids;  ///< the model's EOS ids (ignored with sampling.ignore_eos)
   Clock::time_point arrival = Clock::now();
   std::shared_ptr<RequestStream> stream = std::make_shared<RequestStream>();

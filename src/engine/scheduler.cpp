@@ -16,8 +16,12 @@ namespace flashnext {
 // ---------------------------------------------------------------------------------------------------------------
 
 MemoryPlanner::MemoryPlanner(const StatePlan& plan, int64_t block_size, int64_t budget_bytes, int64_t num_slots,
-                             PrefixCacheConfig prefix)
+                             PrefixCacheConfig prefix, int64_t checkpoint_slots)
     : block_size_(block_size), budget_bytes_(budget_bytes), prefix_(prefix) {
+  FN_CHECK(checkpoint_slots == 0 || checkpoint_slots == num_slots,
+           "memory planner: speculative checkpoint slots must be 0 or one per sequence slot ({}), got {}", num_slots,
+           checkpoint_slots);
+  checkpoint_slots_ = checkpoint_slots;
   FN_CHECK(block_size >= 1, "memory planner: block size must be >= 1 token, got {}", block_size);
   FN_CHECK(num_slots >= 1, "memory planner: the number of sequence state slots must be >= 1, got {}", num_slots);
   if (!prefix_.enabled) prefix_.num_snapshots = 0;
@@ -31,15 +35,15 @@ MemoryPlanner::MemoryPlanner(const StatePlan& plan, int64_t block_size, int64_t 
   block_bytes_ = (plan.kv_bytes_per_token + plan.indexer_bytes_per_token) * block_size;
   slot_bytes_ =
       plan.gdn_state_bytes_per_sequence + plan.gdn_conv_state_bytes_per_sequence + plan.ple_state_bytes_per_sequence;
-  const int64_t after_slots = budget_bytes - slot_bytes_ * (num_slots + prefix_.num_snapshots);
+  const int64_t after_slots = budget_bytes - slot_bytes_ * (num_slots + prefix_.num_snapshots + checkpoint_slots);
   // A model without QSA layers has no per-token cache: blocks then only count positions (bounded by the id type).
   const int64_t blocks = block_bytes_ > 0 ? after_slots / block_bytes_ : (after_slots >= 0 ? (int64_t(1) << 30) : 0);
   if (blocks < 1)
     fail(
-        "memory planner: a budget of {} bytes cannot hold {} sequence state slots and {} prefix-cache snapshots of "
-        "{} bytes plus one KV block of {} bytes; raise the KV cache memory or lower --max-num-seqs (or "
-        "--prefix-cache-snapshots)",
-        budget_bytes, num_slots, prefix_.num_snapshots, slot_bytes_, block_bytes_);
+        "memory planner: a budget of {} bytes cannot hold {} sequence state slots, {} prefix-cache snapshots and {} "
+        "speculative checkpoints of {} bytes plus one KV block of {} bytes; raise the KV cache memory or lower "
+        "--max-num-seqs (or --prefix-cache-snapshots)",
+        budget_bytes, num_slots, prefix_.num_snapshots, checkpoint_slots, slot_bytes_, block_bytes_);
   FN_CHECK(blocks <= INT32_MAX, "memory planner: {} KV blocks exceed the block id range", blocks);
   all_blocks_ = size_t(blocks);
   all_slots_ = size_t(num_slots);
@@ -263,7 +267,20 @@ void MemoryPlanner::drop_snapshot(int32_t block) {
 namespace {
 struct ModelSequence : RunnerSequence {
   SequenceState state;
+  /// Speculative decoding: the state before the verify in flight (Runner::checkpoint).
+  std::optional<Model::StateSnapshot> checkpoint;
+  /// MTP proposer: trunk pre-mixer rows kept from the items fed (Item::keep_hidden), F32 [n, S*H] each, of
+  /// consecutive positions `first` .. first + n - 1, not yet seen by the MTP layer.
+  struct Rows {
+    Tensor wide;
+    int64_t first = 0;
+  };
+  std::vector<Rows> hidden;
 };
+
+int32_t argmax_row(const std::vector<float>& v) {  // torch.argmax: the first index of the largest value
+  return int32_t(std::max_element(v.begin(), v.end()) - v.begin());
+}
 }  // namespace
 
 ModelRunner::ModelRunner(Model& model, const MemoryPlanner& planner, bool device_sampling)
@@ -271,6 +288,8 @@ ModelRunner::ModelRunner(Model& model, const MemoryPlanner& planner, bool device
       cache_(model.new_cache(planner.total_blocks(), planner.block_size(), planner.pool_slots())),
       device_sampling_(device_sampling),
       snapshots_(size_t(planner.pool_slots())) {
+  for (int32_t slot = 0; slot < int32_t(planner.total_slots()); ++slot)
+    checkpoint_slot_of_.push_back(planner.checkpoint_slot(slot));
   const ModelConfig& c = model.config();
   ple_rows_per_token_ = c.ngram_heads() * int64_t(c.ple_layer_ids.size());
 }
@@ -315,6 +334,89 @@ bool ModelRunner::samples_on_device() const {
   return device_sampling_ && model_.ops().samples_on_device();
 }
 
+bool ModelRunner::checkpoint(RunnerSequence& seq) {
+  auto& s = static_cast<ModelSequence&>(seq);
+  const SequenceState& st = s.state;
+  const int32_t slot =
+      st.slot >= 0 && st.slot < int32_t(checkpoint_slot_of_.size()) ? checkpoint_slot_of_[size_t(st.slot)] : -1;
+  if (slot < 0) {
+    s.checkpoint = model_.snapshot_state(st);
+    return true;
+  }
+  model_.copy_state_slot(*cache_, st.slot, slot);  // the slot's tensors; the rest is host-side
+  Model::StateSnapshot meta;
+  meta.length = st.length;
+  meta.mtp_length = st.mtp_length;
+  meta.ple_history = st.ple_history;
+  s.checkpoint = std::move(meta);  // no tensors: they are in `slot`
+  return true;
+}
+
+void ModelRunner::rollback(RunnerSequence& seq) {
+  auto& s = static_cast<ModelSequence&>(seq);
+  FN_CHECK(s.checkpoint, "rollback: the sequence has no checkpoint");
+  if (s.checkpoint->tensors.empty()) {  // kept in the sequence's checkpoint slot
+    model_.copy_state_slot(*cache_, checkpoint_slot_of_[size_t(s.state.slot)], s.state.slot);
+    s.state.length = s.checkpoint->length;
+    s.state.mtp_length = s.checkpoint->mtp_length;
+    s.state.ple_history = s.checkpoint->ple_history;
+  } else {
+    model_.restore_state(s.state, *s.checkpoint);
+  }
+  s.checkpoint.reset();
+  // Kept rows of positions the rollback took back are gone (the re-feed keeps them again).
+  const int64_t length = s.state.length;
+  std::erase_if(s.hidden, [&](const ModelSequence::Rows& r) { return r.first >= length; });
+  if (!s.hidden.empty()) {
+    ModelSequence::Rows& last = s.hidden.back();
+    if (last.first + last.wide.dim(0) > length) last.wide = last.wide.rows(0, length - last.first);
+  }
+}
+
+void ModelRunner::release_checkpoint(RunnerSequence& seq) {
+  static_cast<ModelSequence&>(seq).checkpoint.reset();
+}
+
+bool ModelRunner::has_mtp() const {
+  return model_.has_mtp();
+}
+
+std::vector<int32_t> ModelRunner::propose_mtp(RunnerSequence& seq, std::span<const int32_t> block_table,
+                                              std::span<const int32_t> tokens, int max_drafts) {
+  auto& s = static_cast<ModelSequence&>(seq);
+  SequenceState& st = s.state;
+  st.block_table.assign(block_table.begin(), block_table.end());
+  FN_CHECK(model_.has_mtp(), "propose_mtp: the model was loaded without its MTP layer");
+  if (s.hidden.empty()) return {};  // nothing fed since it was made (a fork): it decodes one token first
+  FN_CHECK(int64_t(tokens.size()) > st.length, "propose_mtp: {} tokens given for a sequence of length {}",
+           tokens.size(), st.length);
+  // A sequence resumed from a prefix-cache snapshot has no rows of the cached positions: its MTP layer starts at
+  // the first kept row (its K/V of earlier positions are what the shared blocks hold).
+  if (s.hidden.front().first > st.mtp_length) st.mtp_length = s.hidden.front().first;
+  FN_CHECK(s.hidden.front().first == st.mtp_length, "propose_mtp: kept rows start at {}, the MTP layer at {}",
+           s.hidden.front().first, st.mtp_length);
+  // Catch up: row p pairs with token p + 1; the last output gives the first draft.
+  Model::MtpOutput out;
+  for (const ModelSequence::Rows& r : s.hidden) {
+    const int64_t n = r.wide.dim(0);
+    out = model_.mtp_forward(st, r.wide, tokens.subspan(size_t(r.first + 1), size_t(n)), LogitsMode::Last);
+  }
+  s.hidden.clear();
+  const int64_t committed = st.mtp_length;
+  std::vector<int32_t> drafts;
+  if (max_drafts <= 0) return drafts;
+  const int64_t rows = out.wide.dim(0);
+  Tensor wide = out.wide.rows(rows - 1, rows);
+  drafts.push_back(argmax_row(model_.download(out.logits)));
+  while (int(drafts.size()) < max_drafts && st.mtp_length < model_.config().max_position_embeddings) {
+    out = model_.mtp_forward(st, wide, {&drafts.back(), 1}, LogitsMode::Last);
+    wide = out.wide;
+    drafts.push_back(argmax_row(model_.download(out.logits)));
+  }
+  st.mtp_length = committed;  // the draft positions' MTP K/V are overwritten by the next catch-up
+  return drafts;
+}
+
 void ModelRunner::forward(std::span<Item> items) {
   std::vector<BatchItem> batch;
   std::vector<Item*> fed;
@@ -331,9 +433,14 @@ void ModelRunner::forward(std::span<Item> items) {
                "all-logits buffer of {} entries for {} tokens of a vocabulary of {}", item.all_logits.size(),
                item.ids.size(), vocab);
       FN_CHECK(item.all_logits.empty() || !item.sampling, "device sampling of an item that wants all its logits");
+      FN_CHECK(item.row_tokens.empty() || (item.sampling && item.row_tokens.size() == item.ids.size()),
+               "per-row device sampling needs sampling parameters and one token per id ({} for {})",
+               item.row_tokens.size(), item.ids.size());
+      FN_CHECK(!item.keep_hidden || model_.has_mtp(), "hidden rows kept for the MTP layer of a model without one");
       seq.state.block_table.assign(item.block_table.begin(), item.block_table.end());
       model_.validate(seq.state, item.ids);
-      batch.push_back({&seq.state, item.ids, item.all_logits.empty() ? LogitsMode::Last : LogitsMode::All});
+      const bool all = !item.all_logits.empty() || !item.row_tokens.empty();
+      batch.push_back({&seq.state, item.ids, all ? LogitsMode::All : LogitsMode::Last});
       fed.push_back(&item);
     } catch (const std::exception& e) {
       item.error = e.what();
@@ -342,7 +449,20 @@ void ModelRunner::forward(std::span<Item> items) {
   if (batch.empty()) return;
   try {
     std::vector<int64_t> rows;
-    const Tensor logits = model_.forward_batch(batch, &rows);
+    const bool keep = std::any_of(fed.begin(), fed.end(), [](const Item* it) { return it->keep_hidden; });
+    Tensor wide;
+    const Tensor logits = model_.forward_batch(batch, &rows, {}, keep ? &wide : nullptr);
+    if (keep) {  // each item's rows of the step's wide residual: its tokens, in batch order
+      int64_t first_row = 0;
+      for (Item* item : fed) {
+        const int64_t n = int64_t(item->ids.size());
+        if (item->keep_hidden) {
+          auto& seq = static_cast<ModelSequence&>(*item->seq);
+          seq.hidden.push_back({wide.rows(first_row, first_row + n), seq.state.length - n});
+        }
+        first_row += n;
+      }
+    }
     Ops& ops = model_.ops();
     const int64_t vocab = model_.config().vocab_size;
     // The logits rows `idx` as one tensor (the whole output when that is all of it).
@@ -361,6 +481,13 @@ void ModelRunner::forward(std::span<Item> items) {
       if (!item->all_logits.empty()) {  // its rows rows[i] .. rows[i] + T - 1
         for (int64_t r = 0; r < int64_t(item->ids.size()); ++r) host_rows.push_back(int32_t(rows[i] + r));
         on_host.push_back(item);
+      } else if (item->sampling && !item->row_tokens.empty()) {  // a verify: every row, offsets in order
+        for (int64_t r = 0; r < int64_t(item->ids.size()); ++r) {
+          on_device.push_back(item);
+          device_rows.push_back(int32_t(rows[i] + r));
+          params.push_back(*item->sampling);
+          params.back().offset += uint64_t(r);
+        }
       } else if (item->sampling) {
         on_device.push_back(item);
         device_rows.push_back(int32_t(rows[i]));
@@ -372,7 +499,14 @@ void ModelRunner::forward(std::span<Item> items) {
     }
     if (!on_device.empty()) {
       const std::vector<int32_t> tokens = ops.sample_tokens(pick(device_rows), params);
-      for (size_t i = 0; i < on_device.size(); ++i) on_device[i]->token = tokens[i];
+      for (size_t i = 0; i < on_device.size(); ++i) {
+        Item* item = on_device[i];
+        if (!item->row_tokens.empty()) {  // its rows are consecutive entries, the first at i
+          std::copy_n(tokens.begin() + int64_t(i), item->row_tokens.size(), item->row_tokens.begin());
+          i += item->row_tokens.size() - 1;
+        }
+        item->token = tokens[i];
+      }
     }
     if (!on_host.empty()) {
       const std::vector<float> host = model_.download(pick(host_rows));
@@ -416,6 +550,10 @@ struct Scheduler::Seq {
   /// how far its blocks are registered.
   int64_t prefill_end = 0;
   PrefixCursor cursor;
+  /// Speculative decoding: drafts per step (0: this sequence does not speculate), and the tokens of the verify in
+  /// flight: [last token, drafts...].
+  int spec_k = 0;
+  std::vector<int32_t> verify;
 };
 
 namespace {
@@ -450,6 +588,15 @@ Scheduler::Scheduler(Runner& runner, MemoryPlanner planner, SchedulerConfig conf
            max_chunk, c.prefill_chunk_size);
   FN_CHECK(c.max_model_len >= 2, "scheduler: max_model_len must be >= 2, got {}", c.max_model_len);
   FN_CHECK(c.max_waiting >= 0, "scheduler: max_waiting must be >= 0, got {}", c.max_waiting);
+  if (c.speculative.enabled()) {
+    FN_CHECK(c.speculative.k >= 1 && c.speculative.k <= SpeculativeConfig::kMaxDrafts,
+             "--speculative {}: K must be in 1..{}", c.speculative.str(), SpeculativeConfig::kMaxDrafts);
+    FN_CHECK(c.speculative.method != SpeculativeConfig::Method::Mtp || runner_.has_mtp(),
+             "--speculative {}: the model was loaded without its MTP layer (the checkpoint needs mtp.* tensors)",
+             c.speculative.str());
+    FN_CHECK(c.speculative.method != SpeculativeConfig::Method::Custom || bool(c.proposer),
+             "--speculative {}: no proposer given", c.speculative.str());
+  }
   FN_CHECK(planner_.blocks_for(c.max_model_len) <= planner_.total_blocks(),
            "scheduler: one sequence of max_model_len {} tokens needs {} KV blocks but the memory budget holds only "
            "{}; lower --max-model-len or raise the KV cache memory",
@@ -486,6 +633,18 @@ std::unique_ptr<Scheduler::Seq> Scheduler::make_seq(Request r) const {
   if (r.priority != 0 && config_.policy != SchedulingPolicy::Priority)
     fail("request {}: priority {} given, but the scheduling policy is FCFS (serve with --scheduling-policy priority)",
          r.id, r.priority);
+  const SpeculativeConfig& spec = config_.speculative;
+  if (r.speculative_tokens < -1 || r.speculative_tokens > SpeculativeConfig::kMaxDrafts)
+    fail("request {}: num_speculative_tokens must be in [0, {}], got {}", r.id, SpeculativeConfig::kMaxDrafts,
+         r.speculative_tokens);
+  if (r.speculative_tokens > 0 && !spec.enabled())
+    fail(
+        "request {}: num_speculative_tokens {} asks for speculative decoding, but the server runs without it (serve "
+        "with --speculative mtp:K or ngram:K)",
+        r.id, r.speculative_tokens);
+  if (r.speculative_tokens > spec.k)
+    fail("request {}: num_speculative_tokens {} is more than the server drafts (--speculative {})", r.id,
+         r.speculative_tokens, spec.str());
   auto seq = std::make_unique<Seq>();
   try {
     seq->sampler = std::make_unique<Sampler>(r.sampling, vocab, r.prompt,
@@ -494,6 +653,9 @@ std::unique_ptr<Scheduler::Seq> Scheduler::make_seq(Request r) const {
     fail("request {}: {}", r.id, e.what());
   }
   if (runner_.samples_on_device()) seq->device_sampling = device_sampling_of(r);
+  // A request that only scores its prompt never decodes; the others speculate unless they opted out.
+  if (spec.enabled() && r.sampling.max_tokens > 0)
+    seq->spec_k = r.speculative_tokens < 0 ? spec.k : r.speculative_tokens;
   seq->tokens = r.prompt;
   seq->req = std::move(r);
   return seq;
@@ -714,6 +876,7 @@ bool Scheduler::step_impl() {
   struct Scheduled {
     Seq* seq;
     int64_t n;
+    int64_t drafts = 0;  // a verify: n = 1 + drafts tokens, s.verify
   };
   std::vector<Scheduled> batch;
   int64_t budget = config_.max_num_batched_tokens;
@@ -778,6 +941,42 @@ bool Scheduler::step_impl() {
     batch.push_back({&s, n});
     budget -= n;
   }
+  // Speculative decoding: the decodes of speculating sequences become verify items of 1 + drafts tokens, from the
+  // budget and the free blocks left once everything else is scheduled (drafts never preempt nor delay a prefill).
+  if (config_.speculative.enabled()) {
+    for (Scheduled& b : batch) {
+      Seq& s = *b.seq;
+      if (budget <= 0) break;
+      if (s.spec_k <= 0 || s.done || !s.state || b.n != 1 || s.num_output == 0 || !s.forks.empty() ||
+          s.num_computed + 1 != int64_t(s.tokens.size()))
+        continue;
+      // Tokens the request may still emit: a verify emits at most 1 + drafts.
+      const SamplingParams& p = s.sampler->params();
+      const int64_t remaining = std::min(p.max_tokens - s.num_output, config_.max_model_len - int64_t(s.tokens.size()));
+      int64_t k = std::min<int64_t>({int64_t(s.spec_k), remaining - 1, budget});
+      while (k > 0 && !planner_.try_grow(s.blocks, s.num_computed + 1 + k)) --k;  // blocks for 1 + k positions
+      if (k <= 0) continue;
+      std::vector<int32_t> drafts;
+      try {
+        drafts = propose(s, int(k));
+        if (!drafts.empty() && !runner_.checkpoint(*s.state)) {
+          spdlog::warn("scheduler: the runner takes no checkpoints; request {} decodes without drafts", s.req.id);
+          s.spec_k = 0;
+          continue;
+        }
+      } catch (const std::exception& e) {
+        spdlog::warn("scheduler: drafting for request {} failed ({}); it decodes without drafts", s.req.id, e.what());
+        s.spec_k = 0;
+        continue;
+      }
+      if (drafts.empty()) continue;
+      s.verify.assign(1, s.tokens.back());
+      s.verify.insert(s.verify.end(), drafts.begin(), drafts.end());
+      b.drafts = int64_t(drafts.size());
+      b.n = 1 + b.drafts;
+      budget -= b.drafts;
+    }
+  }
   if (batch.empty()) {
     std::erase_if(running_, [](const auto& s) { return s->done; });
     // Cannot happen with a valid config (the first running sequence, or the first waiting one when none runs,
@@ -796,13 +995,30 @@ bool Scheduler::step_impl() {
   std::vector<Runner::Item> items(batch.size());
   std::vector<TokenSampling> sampling(batch.size());
   std::vector<std::vector<float>> all_logits(batch.size());
+  std::vector<std::vector<int32_t>> row_tokens(batch.size());
+  const bool mtp = config_.speculative.method == SpeculativeConfig::Method::Mtp;
   for (size_t k = 0; k < batch.size(); ++k) {
     Seq& s = *batch[k].seq;
     Runner::Item& it = items[k];
     it.seq = s.state.get();
-    it.ids = std::span<const int32_t>(s.tokens).subspan(size_t(s.num_computed), size_t(batch[k].n));
     it.block_table = s.blocks;
     it.slot = s.slot;
+    it.keep_hidden = mtp && s.spec_k > 0;
+    if (batch[k].drafts > 0) {  // a verify: every row's token is chosen in order (see the sample phase)
+      it.ids = s.verify;
+      if (s.device_sampling) {
+        sampling[k] = *s.device_sampling;
+        sampling[k].offset = uint64_t(s.num_output);
+        it.sampling = &sampling[k];
+        row_tokens[k].resize(size_t(batch[k].n));
+        it.row_tokens = row_tokens[k];
+      } else {
+        all_logits[k].resize(size_t(batch[k].n * vocab));
+        it.all_logits = all_logits[k];
+      }
+      continue;
+    }
+    it.ids = std::span<const int32_t>(s.tokens).subspan(size_t(s.num_computed), size_t(batch[k].n));
     // Prompt log-probabilities still to compute: the rows of this chunk that predict prompt tokens not yet scored
     // (row j predicts token num_computed + j + 1; the next one to score is token prompt_lp.size() + 1).
     const int64_t prompt_len = int64_t(s.req.prompt.size());
@@ -833,8 +1049,14 @@ bool Scheduler::step_impl() {
       finish(s, EndReason::Error, {}, it.error);
       continue;
     }
+    if (batch[k].drafts > 0) {
+      verify(s, batch[k].drafts, it, now);
+      continue;
+    }
     const bool wants_token = !it.logits.empty() || it.sampling;
-    const bool decode = batch[k].n == 1 && s.num_output > 0 && wants_token;
+    // A speculating sequence's re-feed after a rollback (accepted tokens + the correction) counts as decode too.
+    const bool decode =
+        wants_token && s.num_output > 0 && (batch[k].n == 1 || (s.spec_k > 0 && s.num_computed >= s.prefill_end));
     (decode ? counters_.decode_tokens : counters_.prefill_tokens) += batch[k].n;
     if (!it.all_logits.empty()) {
       // Row j follows token num_computed + j and predicts token num_computed + j + 1.
@@ -867,12 +1089,77 @@ bool Scheduler::step_impl() {
 }
 
 void Scheduler::emit(Seq& s, std::span<float> logits, int32_t device_token, Clock::time_point now) {
+  emit_one(s, logits, device_token, now);
+}
+
+std::vector<int32_t> Scheduler::propose(Seq& s, int max_drafts) {
+  const SpeculativeConfig& spec = config_.speculative;
+  std::vector<int32_t> d;
+  if (spec.method == SpeculativeConfig::Method::Ngram) {
+    d = ngram_propose(s.tokens, max_drafts);
+  } else if (spec.method == SpeculativeConfig::Method::Mtp) {
+    d = runner_.propose_mtp(*s.state, s.blocks, s.tokens, max_drafts);
+  } else if (spec.method == SpeculativeConfig::Method::Custom) {
+    d = config_.proposer(s.tokens, max_drafts);
+  }
+  if (int64_t(d.size()) > max_drafts) d.resize(size_t(max_drafts));
+  const int64_t vocab = runner_.vocab_size();
+  for (int32_t t : d) FN_CHECK(t >= 0 && t < vocab, "draft token {} is outside the vocabulary [0, {})", t, vocab);
+  return d;
+}
+
+void Scheduler::verify(Seq& s, int64_t drafts, Runner::Item& it, Clock::time_point now) {
+  // The verify fed [t, d1 .. dD] at positions L .. L + D. The request's own sampler chooses the target's token at
+  // each row in order; drafts are accepted while they equal those choices, and the first differing choice (or the
+  // one after dD) ends the step: exactly the tokens and draws of decoding one token per step (speculative.h).
+  const int64_t vocab = runner_.vocab_size();
+  const int64_t start = s.num_computed;
+  counters_.decode_tokens += 1 + drafts;
+  s.num_computed += 1 + drafts;
+  ++counters_.spec_verify_steps;
+  counters_.spec_drafted += drafts;
+  if (int64_t(counters_.spec_accepted_per_pos.size()) < drafts) counters_.spec_accepted_per_pos.resize(size_t(drafts));
+  int64_t accepted = 0;
+  bool alive = true;
+  for (int64_t i = 0; i <= drafts; ++i) {
+    const int32_t device_token = it.row_tokens.empty() ? -1 : it.row_tokens[size_t(i)];
+    const std::span<float> row =
+        it.all_logits.empty() ? std::span<float>() : it.all_logits.subspan(size_t(i * vocab), size_t(vocab));
+    const int64_t before = s.num_output;
+    alive = emit_one(s, row, device_token, now);
+    const bool emitted = s.num_output > before;  // not after a sampling failure
+    counters_.spec_emitted += emitted;
+    const bool match = emitted && i < drafts && s.tokens.back() == s.verify[size_t(i + 1)];
+    if (match) {  // accepted, also when it is the token that ends the request
+      ++accepted;
+      ++counters_.spec_accepted_per_pos[size_t(i)];
+    }
+    if (!alive) break;  // a stop condition cut the step: the request is finished, its state released
+    if (!match) break;
+  }
+  counters_.spec_accepted += accepted;
+  s.verify.clear();
+  if (!alive) return;
+  try {
+    if (accepted < drafts) {  // roll back; the next step feeds the accepted tokens and the correction again
+      ++counters_.spec_rollbacks;
+      runner_.rollback(*s.state);
+      s.num_computed = start;
+    } else {
+      runner_.release_checkpoint(*s.state);
+    }
+  } catch (const std::exception& e) {
+    finish(s, EndReason::Error, {}, fmt::format("speculative rollback failed: {}", e.what()));
+  }
+}
+
+bool Scheduler::emit_one(Seq& s, std::span<float> logits, int32_t device_token, Clock::time_point now) {
   const int64_t vocab = runner_.vocab_size();
   try {
     const SamplingParams& p = s.sampler->params();
     if (p.max_tokens == 0) {  // the prompt was only scored
       finish(s, EndReason::Length);
-      return;
+      return false;
     }
     int32_t tok = device_token;
     std::vector<float> raw;
@@ -897,6 +1184,7 @@ void Scheduler::emit(Seq& s, std::span<float> logits, int32_t device_token, Cloc
   } catch (const std::exception& e) {
     finish(s, EndReason::Error, {}, fmt::format("sampling failed: {}", e.what()));
   }
+  return !s.done;
 }
 
 void Scheduler::fork(Seq& parent, std::span<const float> logits, Clock::time_point now) {

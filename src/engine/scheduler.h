@@ -41,6 +41,13 @@
 // fed by decode steps are not cached (the GDN recurrence of one token rounds differently from a prefill chunk, so
 // a cached decode would not match an uncached prefill of the same prompt bit for bit); requests with prompt
 // log-probabilities neither look up nor register (their prompt rows must be computed).
+// Speculative decoding (SchedulerConfig::speculative; docs/ENGINE.md "Speculative decoding in serve"): once a step
+// is scheduled as above, each decoding sequence that speculates turns its decode into a verify item of 1 + k
+// tokens (its last token and k drafts of the proposer; k bounded by its K, what it may still emit, the budget and
+// the free blocks left, so drafts never preempt nor delay a prefill). Its sampler chooses the token at every row in
+// order, drafts are accepted while they equal those choices; on a mismatch the runner rolls the sequence's state
+// back to the verify's start (Runner::checkpoint / rollback) and the next step re-feeds the accepted tokens and the
+// correction as an ordinary item. Tokens are emitted one by one through the usual stop rules.
 #pragma once
 
 #include <condition_variable>
@@ -58,6 +65,7 @@
 
 #include "core/error.h"
 #include "engine/request.h"
+#include "engine/speculative.h"
 #include "loader/memory_plan.h"
 #include "ops/ops.h"
 
@@ -110,10 +118,12 @@ struct PrefixCursor {
 class MemoryPlanner {
  public:
   /// `plan`: bytes per token and per sequence (loader/memory_plan.h state_plan, at the backend's element sizes).
-  /// Throws Error when block_size < 1, num_slots < 1, the budget cannot hold the slots (and snapshot slots) plus one
-  /// block, or the prefix cache config is invalid (interval < 1, no snapshot slot), naming the serve flag.
+  /// `checkpoint_slots` (speculative decoding: 0 or num_slots): one more state slot per sequence slot, where a
+  /// verify's rollback state is kept (checkpoint_slot()). Throws Error when block_size < 1, num_slots < 1, the budget
+  /// cannot hold the slots (snapshot and checkpoint slots too) plus one block, or the prefix cache config is invalid
+  /// (interval < 1, no snapshot slot), naming the serve flag.
   MemoryPlanner(const StatePlan& plan, int64_t block_size, int64_t budget_bytes, int64_t num_slots,
-                PrefixCacheConfig prefix = {});
+                PrefixCacheConfig prefix = {}, int64_t checkpoint_slots = 0);
 
   int64_t block_size() const { return block_size_; }
   int64_t block_bytes() const { return block_bytes_; }  ///< (KV + indexer bytes per token) * block_size
@@ -131,8 +141,13 @@ class MemoryPlanner {
   bool prefix_caching() const { return prefix_.enabled; }
   /// Positions between two snapshots (snapshot_interval_blocks * block_size); 0 without prefix caching.
   int64_t snapshot_interval() const { return prefix_.enabled ? prefix_.snapshot_interval_blocks * block_size_ : 0; }
-  /// Slots of the cache pool: the sequence slots, then the snapshot slots (ids total_slots() .. pool_slots()-1).
-  int64_t pool_slots() const { return int64_t(all_slots_) + prefix_.num_snapshots; }
+  /// Slots of the cache pool: the sequence slots, the snapshot slots (ids total_slots() ..), then the checkpoint
+  /// slots.
+  int64_t pool_slots() const { return int64_t(all_slots_) + prefix_.num_snapshots + checkpoint_slots_; }
+  /// The pool slot that holds the speculative checkpoint of the sequence in slot `slot`; -1 without checkpoint slots.
+  int32_t checkpoint_slot(int32_t slot) const {
+    return checkpoint_slots_ > 0 ? int32_t(int64_t(all_slots_) + prefix_.num_snapshots + slot) : -1;
+  }
   int64_t cached_blocks() const { return int64_t(by_hash_.size()); }  ///< blocks registered in the prefix cache
   int64_t cached_snapshots() const { return prefix_.num_snapshots - int64_t(free_snapshots_.size()); }
   int64_t evicted_blocks() const { return evicted_blocks_; }  ///< cached blocks evicted for room so far
@@ -185,6 +200,7 @@ class MemoryPlanner {
 
   int64_t block_size_, block_bytes_, slot_bytes_, budget_bytes_;
   size_t all_blocks_ = 0, all_slots_ = 0;
+  int64_t checkpoint_slots_ = 0;
   PrefixCacheConfig prefix_;
   std::vector<int32_t> free_blocks_, free_slots_;  // stacks; lowest id on top
   // Prefix cache (per block id): references, registration, the LRU list of cached blocks nobody holds.
@@ -228,7 +244,13 @@ class Runner {
     /// returned in `token` instead of the logits (`logits` is then left alone).
     const TokenSampling* sampling = nullptr;
     int32_t token = -1;  ///< out: the token sampled on the device
-    std::string error;   ///< out: set when this item failed (its sequence is then unchanged)
+    /// Speculative verify with device sampling (needs `sampling`): [ids.size()] out, the token sampled after every
+    /// id, row r under `sampling` with offset sampling->offset + r (`token` is then the last of them). Empty: only
+    /// the last row is sampled.
+    std::span<int32_t> row_tokens;
+    /// MTP proposer: keep the trunk's pre-mixer wide residual rows of this item in the sequence for propose_mtp.
+    bool keep_hidden = false;
+    std::string error;  ///< out: set when this item failed (its sequence is then unchanged)
   };
 
   virtual ~Runner() = default;
@@ -259,6 +281,35 @@ class Runner {
     (void)snapshot, (void)seq, (void)length;
     fail("restore_snapshot: this runner takes no snapshots");
   }
+  /// Speculative decoding (docs/ENGINE.md "Speculative decoding in serve"): saves the per-sequence recurrent state
+  /// of `seq` (GDN conv + recurrent, PLE conv tails and n-gram history, its lengths) inside it, before a verify
+  /// step, for one rollback(). Returns false when the runner cannot (the scheduler then does not speculate).
+  virtual bool checkpoint(RunnerSequence& seq) {
+    (void)seq;
+    return false;
+  }
+  /// Puts the state saved by checkpoint() back into `seq` (its length goes back to the checkpoint's; KV rows past
+  /// it stay and are overwritten when those positions are fed again; hidden rows kept past it are dropped) and
+  /// forgets the checkpoint. Throws Error when there is none.
+  virtual void rollback(RunnerSequence& seq) {
+    (void)seq;
+    fail("rollback: this runner takes no checkpoints");
+  }
+  /// Forgets the checkpoint of `seq` (all drafts were accepted), if any.
+  virtual void release_checkpoint(RunnerSequence& seq) { (void)seq; }
+  /// Whether propose_mtp works (the model's MTP layer is loaded).
+  virtual bool has_mtp() const { return false; }
+  /// MTP drafts for `seq`: first catches the MTP layer up over the trunk rows kept from its items
+  /// (Item::keep_hidden) at positions mtp_length .. length-1, pairing row p with tokens[p + 1] (`tokens`: the
+  /// sequence's tokens, at least length + 1 of them), then chains the MTP layer greedily for up to `max_drafts`
+  /// draft tokens (fewer at max_position_embeddings). Draft positions' MTP K/V lie in `block_table` (the
+  /// sequence's KV blocks, as for its next step), which must cover length + max_drafts positions. No drafts when no
+  /// rows were kept (a forked sequence before its first decode). Throws Error without an MTP layer.
+  virtual std::vector<int32_t> propose_mtp(RunnerSequence& seq, std::span<const int32_t> block_table,
+                                           std::span<const int32_t> tokens, int max_drafts) {
+    (void)seq, (void)block_table, (void)tokens, (void)max_drafts;
+    fail("propose_mtp: this runner has no MTP layer");
+  }
   /// PLE table rows gathered so far (monotonic; 0 for a model without PLE).
   virtual int64_t ple_rows_fetched() const { return 0; }
   /// Whether items may ask for device sampling (Item::sampling): then only the sampled token comes back.
@@ -271,7 +322,9 @@ class Runner {
 /// PLE rows counted: per token fed, (ngram_size - 1) * heads_per_ngram rows in each PLE layer (docs MODEL.md, PLE).
 class ModelRunner : public Runner {
  public:
-  /// Allocates the pool: planner.total_blocks() blocks of planner.block_size() positions, total_slots() slots.
+  /// Allocates the pool: planner.total_blocks() blocks of planner.block_size() positions, pool_slots() slots.
+  /// Speculative checkpoints go to the planner's checkpoint slots when it has them (a device copy into memory of the
+  /// budget), else to a fresh copy of the state per verify (Model::snapshot_state).
   /// `device_sampling`: let plain requests sample on the device when the backend can (Ops::samples_on_device);
   /// false: every request samples on the host (engine/sampling.h, the same seeded draws on every backend).
   ModelRunner(Model& model, const MemoryPlanner& planner, bool device_sampling = true);
@@ -283,6 +336,12 @@ class ModelRunner : public Runner {
   void restore_snapshot(int32_t snapshot, RunnerSequence& seq, int64_t length) override;
   int64_t ple_rows_fetched() const override { return ple_rows_; }
   bool samples_on_device() const override;
+  bool checkpoint(RunnerSequence& seq) override;
+  void rollback(RunnerSequence& seq) override;
+  void release_checkpoint(RunnerSequence& seq) override;
+  bool has_mtp() const override;
+  std::vector<int32_t> propose_mtp(RunnerSequence& seq, std::span<const int32_t> block_table,
+                                   std::span<const int32_t> tokens, int max_drafts) override;
 
  private:
   Model& model_;
@@ -296,6 +355,8 @@ class ModelRunner : public Runner {
     std::vector<std::vector<int64_t>> ple_history;
   };
   std::vector<SnapshotMeta> snapshots_;
+  /// Speculative checkpoints in pool slots (MemoryPlanner::checkpoint_slot) instead of fresh copies; -1: none.
+  std::vector<int32_t> checkpoint_slot_of_;  // per sequence slot
 };
 
 // ------------------------------------------------------------------------------------------------------------------
@@ -317,6 +378,11 @@ struct SchedulerConfig {
   int64_t max_model_len = 0;  ///< most tokens (prompt + output) of a sequence; required, >= 2
   int64_t max_waiting = 256;  ///< most requests waiting for admission; submit() beyond it throws QueueFullError
   SchedulingPolicy policy = SchedulingPolicy::Fcfs;
+  /// Speculative decoding of the running sequences (`serve --speculative mtp:K | ngram:K`; docs/ENGINE.md): each
+  /// decoding sequence that speculates gets a verify item of 1 + up to K tokens. Method::None: off.
+  SpeculativeConfig speculative;
+  /// The drafts of Method::Custom (tests, external draft models): called with the sequence's tokens so far.
+  Proposer proposer;
 };
 
 /// submit() when the waiting queue is full (the server answers 503).
@@ -339,6 +405,13 @@ struct SchedulerStats {
   int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;
   int64_t prefix_cache_blocks = 0, prefix_cache_snapshots = 0;
   int64_t prefix_cache_evictions = 0;  ///< cached blocks evicted for room so far
+  /// Speculative decoding totals (SpeculativeStats' meaning, over every request): verify steps (items with at least
+  /// one draft), draft tokens proposed, drafts accepted (one equal to the token that ends its request included),
+  /// tokens the verify steps emitted (accepted + one each, less what a stop condition cut), rollbacks (partial
+  /// acceptance: state restored, the accepted tokens fed again).
+  int64_t spec_verify_steps = 0, spec_drafted = 0, spec_accepted = 0, spec_emitted = 0, spec_rollbacks = 0;
+  /// Accepted drafts by position in the draft (index 0: the first draft), vLLM's num_accepted_tokens_per_pos.
+  std::vector<int64_t> spec_accepted_per_pos;
 };
 
 /// Continuous-batching scheduler (see the top of this file). Thread-safe: submit() and stats() may be called from
@@ -346,8 +419,9 @@ struct SchedulerStats {
 class Scheduler {
  public:
   /// Throws Error on an invalid config: max_num_seqs < 1, max_num_batched_tokens < max_num_seqs, a chunk size
-  /// above max_num_batched_tokens - max_num_seqs + 1, max_model_len < 2, or a planner that cannot hold one
-  /// sequence of max_model_len tokens.
+  /// above max_num_batched_tokens - max_num_seqs + 1, max_model_len < 2, a planner that cannot hold one
+  /// sequence of max_model_len tokens, speculation with K outside 1..8, Method::Mtp over a runner without an MTP
+  /// layer, or Method::Custom without a proposer (each naming --speculative).
   Scheduler(Runner& runner, MemoryPlanner planner, SchedulerConfig config);
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
@@ -360,7 +434,8 @@ class Scheduler {
 
   /// Checks `r` and queues it. Throws Error (bad request) when the prompt is empty, holds an id outside the
   /// vocabulary, prompt + max_tokens exceeds max_model_len, a sampling value is out of range or top_logprobs is
-  /// outside [-1, 20], prompt_logprobs outside [-1, 20], or a priority other than 0 under FCFS; QueueFullError when
+  /// outside [-1, 20], prompt_logprobs outside [-1, 20], a priority other than 0 under FCFS, or speculative_tokens
+  /// above 0 without speculation or above its K (Request::speculative_tokens); QueueFullError when
   /// `max_waiting` requests already wait. Its stream receives the tokens.
   void submit(Request r);
   /// Submits n >= 1 samples of one prompt (the n choices of an OpenAI request; all `group` prompts must be equal):
@@ -387,6 +462,9 @@ class Scheduler {
   void finish(Seq& s, EndReason reason, std::optional<int32_t> stop_token = {}, std::string error = {});
   void emit(Seq& s, std::span<float> logits, int32_t device_token, Clock::time_point now);
   void fork(Seq& parent, std::span<const float> logits, Clock::time_point now);
+  bool emit_one(Seq& s, std::span<float> logits, int32_t device_token, Clock::time_point now);
+  std::vector<int32_t> propose(Seq& s, int max_drafts);
+  void verify(Seq& s, int64_t drafts, Runner::Item& it, Clock::time_point now);
   void order_by_priority();
   void preempt(Seq& s);
   int64_t next_chunk(const Seq& s) const;

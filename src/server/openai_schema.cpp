@@ -217,7 +217,9 @@ const std::set<std::string_view> kSamplingFields = {"model",
                                                     "return_tokens_as_token_ids",
                                                     "min_tokens",
                                                     "priority",
-                                                    "prompt_logprobs"};
+                                                    "prompt_logprobs",
+                                                    "speculative",
+                                                    "num_speculative_tokens"};
 
 void parse_sampling(const Fields& f, ApiRequest& r, const SamplingParams& defaults, int64_t vocab_size) {
   r.sampling = defaults;
@@ -251,6 +253,11 @@ void parse_sampling(const Fields& f, ApiRequest& r, const SamplingParams& defaul
   }
   if (auto v = f.integer("min_tokens", 0)) p.min_tokens = *v;
   if (auto v = f.integer("priority")) r.priority = *v;
+  r.speculative = f.boolean("speculative");
+  r.num_speculative_tokens = f.integer("num_speculative_tokens", 0);
+  if (r.speculative && r.num_speculative_tokens && *r.speculative != (*r.num_speculative_tokens > 0))
+    bad_request("num_speculative_tokens", "num_speculative_tokens {} contradicts speculative: {}",
+                *r.num_speculative_tokens, *r.speculative);
   if (auto v = f.integer("prompt_logprobs", 0, kMaxTopLogprobs)) r.prompt_logprobs = int(*v);
   if (auto v = f.boolean("skip_special_tokens"); v && !*v)
     bad_request("skip_special_tokens", "skip_special_tokens=false is not supported by this server");

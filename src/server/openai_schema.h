@@ -3,7 +3,8 @@
 //
 // Fields are those of the OpenAI API plus vLLM's extensions (top_k, min_p, repetition_penalty, stop_token_ids,
 // ignore_eos, include_stop_str_in_output, chat_template_kwargs, add_generation_prompt, continue_final_message,
-// echo, return_tokens_as_token_ids, min_tokens, priority, prompt_logprobs). A null value means "not given". Every
+// echo, return_tokens_as_token_ids, min_tokens, priority, prompt_logprobs) and flashnext's speculative /
+// num_speculative_tokens (per-request speculative decoding). A null value means "not given". Every
 // error is an ApiError(400) naming the field and what was expected: malformed JSON, a top-level field this server does
 // not know (as the OpenAI API does), a field of the wrong type, a value out of range, or an option this server does not
 // implement (non-text content parts, best_of > 1, suffix).
@@ -101,6 +102,12 @@ struct ApiRequest {
   int prompt_logprobs = -1;
   int64_t n = 1;                  ///< choices per prompt, 1..kMaxChoices (independent samples; seeds seed, seed+1, ...)
   int64_t priority = 0;           ///< vLLM's scheduling priority (lower first; needs --scheduling-policy priority)
+  /// Speculative decoding of this request (serve --speculative): `speculative` false opts out, true asks for it
+  /// (400 from the server when it runs without); `num_speculative_tokens` (>= 0) caps the drafts per step (0: off;
+  /// above the server's K: 400). Absent: the server's setting. Resolved by the server into Request::speculative_tokens.
+  std::optional<bool> speculative;
+  std::optional<int64_t> num_speculative_tokens;
+  int speculative_tokens = -1;    ///< resolved (Request::speculative_tokens): -1 the server's, 0 off, 1..K
   bool echo = false;              ///< prepend the prompt to the output (completions; chat: the last message)
   bool tokens_as_ids = false;     ///< return_tokens_as_token_ids (vLLM): logprobs name tokens "token_id:ID"
   std::string user;

@@ -157,6 +157,24 @@ struct Server::Impl {
       metrics.gauge("flashnext_prefix_cache_blocks", "KV blocks registered in the prefix cache (held or evictable).");
   Gauge& m_prefix_snapshots =
       metrics.gauge("flashnext_prefix_cache_snapshots", "GDN/PLE state snapshots held by the prefix cache.");
+  // Speculative decoding (serve --speculative): totals since start; vLLM's spec_decode names (vllm/v1/spec_decode).
+  Gauge& m_spec_drafts = metrics.gauge("flashnext_spec_decode_num_drafts_total",
+                                       "Speculative verify steps: items of one sequence's drafts verified in a step.");
+  Gauge& m_spec_draft_tokens =
+      metrics.gauge("flashnext_spec_decode_num_draft_tokens_total", "Draft tokens proposed for verification.");
+  Gauge& m_spec_accepted =
+      metrics.gauge("flashnext_spec_decode_num_accepted_tokens_total", "Draft tokens accepted by verification.");
+  Gauge& m_spec_emitted = metrics.gauge(
+      "flashnext_spec_decode_num_emitted_tokens_total",
+      "Tokens emitted by verify steps (accepted drafts plus one per step, less what a stop condition cut).");
+  Gauge& m_spec_rollbacks =
+      metrics.gauge("flashnext_spec_decode_num_rollbacks_total",
+                    "Verify steps that rejected a draft (state restored, accepted tokens fed again in a later step).");
+  Gauge& m_spec_mean = metrics.gauge("flashnext_spec_decode_mean_accepted_length",
+                                     "Mean tokens per verify step so far: 1 + accepted drafts / verify steps (0 before "
+                                     "the first).");
+  Gauge& m_spec_per_pos = metrics.gauge("flashnext_spec_decode_num_accepted_tokens_per_pos_total",
+                                        "Accepted drafts by their position in the draft (label position, from 0).");
   Histogram& m_queue =
       metrics.histogram("flashnext_request_queue_time_seconds",
                         "Time from request arrival to its first admission to the running batch.", kTtftBuckets);
@@ -193,6 +211,11 @@ struct Server::Impl {
     metrics.alias("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.",
                   m_prefix_hits, counter);
     metrics.alias("vllm:generation_tokens_total", "Number of generation tokens processed.", m_generation_tokens, l);
+    metrics.alias("vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.", m_spec_drafts, counter);
+    metrics.alias("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.", m_spec_draft_tokens, counter);
+    metrics.alias("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.", m_spec_accepted, counter);
+    metrics.alias("vllm:spec_decode_num_accepted_tokens_per_pos_total", "Accepted tokens per draft position.",
+                  m_spec_per_pos, counter);
     // flashnext_requests_total{endpoint, finish_reason} summed over endpoints; tool_calls is the engine's "stop".
     AliasSpec success = l;
     success.relabel = [](const Labels& in) -> std::optional<Labels> {
@@ -218,6 +241,32 @@ struct Server::Impl {
   }
 
   const std::string& model_name() const { return options.served_model_names.front(); }
+
+  /// The request's speculative decoding (Request::speculative_tokens) under the server's --speculative: -1 the
+  /// server's setting, 0 off, 1..K. Throws ApiError(400) naming the field when the server cannot honour it
+  /// (speculation asked of a server without it, more drafts than the server's K).
+  int speculative_tokens_of(const ApiRequest& ar) const {
+    const SpeculativeConfig& spec = scheduler.config().speculative;
+    if (ar.speculative == false || ar.num_speculative_tokens == int64_t(0)) return 0;
+    if (!spec.enabled()) {
+      if (ar.num_speculative_tokens)
+        bad_request("num_speculative_tokens",
+                    "num_speculative_tokens {} asks for speculative decoding, but this server runs without it (serve "
+                    "with --speculative mtp:K or ngram:K)",
+                    *ar.num_speculative_tokens);
+      if (ar.speculative)
+        bad_request("speculative",
+                    "speculative: true asks for speculative decoding, but this server runs without it (serve with "
+                    "--speculative mtp:K or ngram:K)");
+      return -1;
+    }
+    if (!ar.num_speculative_tokens) return -1;
+    if (*ar.num_speculative_tokens > spec.k)
+      bad_request("num_speculative_tokens",
+                  "num_speculative_tokens {} is more than this server drafts per step (--speculative {}); give 0..{}",
+                  *ar.num_speculative_tokens, spec.str(), spec.k);
+    return int(*ar.num_speculative_tokens);
+  }
 
   // With reject_control_token_text: throws 400 when a string anywhere in `value` contains a special token's text.
   void check_control_tokens(const json& value, const std::string& where) const {
@@ -365,6 +414,7 @@ class Session {
           r.top_logprobs = req_.top_logprobs;
           r.prompt_logprobs = req_.prompt_logprobs;
           r.priority = req_.priority;
+          r.speculative_tokens = req_.speculative_tokens;
           r.eos_token_ids = srv_.generation.eos_token_ids;
           r.arrival = arrival_;
           c->stream = r.stream;
@@ -978,6 +1028,7 @@ HttpResponse Server::Impl::handle_generation(const HttpRequest& req, Endpoint en
       bad_request("priority",
                   "priority {} given, but the server schedules FCFS (serve with --scheduling-policy priority)",
                   ar.priority);
+    ar.speculative_tokens = speculative_tokens_of(ar);
     std::shared_ptr<const TokenConstraint> constraint = structured.constraint_for(ar, starts_in_reasoning);
     stream = ar.stream;
     if (rr) {  // the Response object reports the sampling settings the request runs with
@@ -1049,6 +1100,14 @@ void Server::Impl::install_routes() {
     m_prefix_hits.set(double(s.prefix_cache_hits));
     m_prefix_blocks.set(double(s.prefix_cache_blocks));
     m_prefix_snapshots.set(double(s.prefix_cache_snapshots));
+    m_spec_drafts.set(double(s.spec_verify_steps));
+    m_spec_draft_tokens.set(double(s.spec_drafted));
+    m_spec_accepted.set(double(s.spec_accepted));
+    m_spec_emitted.set(double(s.spec_emitted));
+    m_spec_rollbacks.set(double(s.spec_rollbacks));
+    m_spec_mean.set(s.spec_verify_steps ? 1.0 + double(s.spec_accepted) / double(s.spec_verify_steps) : 0.0);
+    for (size_t i = 0; i < s.spec_accepted_per_pos.size(); ++i)
+      m_spec_per_pos.set(double(s.spec_accepted_per_pos[i]), {{"position", std::to_string(i)}});
     HttpResponse res;
     res.headers.emplace_back("Content-Type", "text/plain; version=0.0.4");
     res.body = metrics.render();

@@ -147,6 +147,14 @@ TEST_F(Cli, BadInputFailsWithAClearMessage) {
   expect_error({"serve", "--port", "0", "--enable-prefix-caching", "--prefix-cache-snapshots", "64",
                 "--kv-cache-memory-bytes", "600000"},
                "--prefix-cache-snapshots");
+  // serve --speculative: parsed as generate parses it; the missing MTP layer is said before the weights load.
+  expect_error({"serve", "--port", "0", "--speculative", "ngram:9"}, "--speculative ngram:9: K must be");
+  expect_error({"serve", "--port", "0", "--speculative", "eagle:2"}, "unknown proposer 'eagle'");
+  CliRun s = run_cli({"serve", "--port", "0", "--speculative", "mtp:2"});
+  EXPECT_EQ(s.status, 1) << s.err;
+  EXPECT_NE(s.err.find("--speculative mtp:2: "), std::string::npos) << s.err;
+  EXPECT_NE(s.err.find("no mtp.* tensors"), std::string::npos) << s.err;
+  EXPECT_EQ(s.err.find("listening on"), std::string::npos) << s.err;
 }
 
 // --speculative: generate reproduces the reference's greedy ids with ngram drafts and prints acceptance figures;

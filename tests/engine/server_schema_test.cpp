@@ -354,6 +354,34 @@ TEST(ServerSchema, StructuredOutputToolChoiceAndSamplingExtensions) {
   EXPECT_EQ(r.prompt_logprobs, 1);
 }
 
+// flashnext's per-request speculative decoding fields: read as given (the server resolves them against its
+// --speculative), contradictions and wrong types are 400 naming the field.
+TEST(ServerSchema, SpeculativeFields) {
+  ApiRequest r = parse_chat(chat());
+  EXPECT_FALSE(r.speculative);
+  EXPECT_FALSE(r.num_speculative_tokens);
+  r = parse_chat(chat({{"speculative", false}}));
+  EXPECT_EQ(r.speculative, false);
+  r = parse_chat(chat({{"num_speculative_tokens", 3}, {"speculative", true}}));
+  EXPECT_EQ(r.num_speculative_tokens, 3);
+  EXPECT_EQ(r.speculative, true);
+  r = parse_completion_request(json{{"prompt", "x"}, {"num_speculative_tokens", 0}, {"speculative", false}}, {},
+                               kVocab);
+  EXPECT_EQ(r.num_speculative_tokens, 0);
+  expect_400(
+      [&] {
+        parse_chat(chat({{"speculative", false}, {"num_speculative_tokens", 2}}));
+      },
+      "num_speculative_tokens", "contradicts speculative: false");
+  expect_400(
+      [&] {
+        parse_chat(chat({{"speculative", true}, {"num_speculative_tokens", 0}}));
+      },
+      "num_speculative_tokens", "contradicts speculative: true");
+  expect_400([&] { parse_chat(chat({{"num_speculative_tokens", -1}})); }, "num_speculative_tokens", ">= 0");
+  expect_400([&] { parse_chat(chat({{"speculative", "no"}})); }, "speculative", "must be a boolean");
+}
+
 TEST(ServerSchema, Completions) {
   SamplingParams d;
   ApiRequest r = parse_completion_request(json{{"prompt", "hello"}}, d, kVocab);

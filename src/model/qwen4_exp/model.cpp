@@ -314,7 +314,7 @@ void Model::copy_sequence(const SequenceState& from, SequenceState& to) const {
 }
 
 void Model::copy_state_slot(CachePool& cache, int32_t from, int32_t to) const {
-  FN_CHECK(cache.ranks.size() == ranks_.size() && int64_t(cache.ranks[0].size()) == config_.num_hidden_layers,
+  FN_CHECK(cache.ranks.size() == ranks_.size() && int64_t(cache.ranks[0].size()) == cache_layers(),
            "copy_state_slot: the cache pool was not made by this model");
   FN_CHECK(from >= 0 && from < cache.num_slots && to >= 0 && to < cache.num_slots && from != to,
            "copy_state_slot: slots {} -> {} (the pool has {} slots; they must differ)", from, to, cache.num_slots);
