@@ -382,7 +382,7 @@ struct SchedulerConfig {
   /// decoding sequence that speculates gets a verify item of 1 + up to K tokens. Method::None: off.
   SpeculativeConfig speculative;
   /// The drafts of Method::Custom (tests, external draft models): called with the sequence's tokens so far.
-  Proposer proposer;
+  Proposer proposer{};
 };
 
 /// submit() when the waiting queue is full (the server answers 503).

@@ -52,14 +52,15 @@ TEST(PrefixCacheOnGpu, EvictionAndTheSamePromptAgainKeepTheTokens) {
   o.ops = make_cuda_ops(0);
   auto model = Model::load(source_path(kTinyA), o);
   const int64_t vocab = model->config().vocab_size;
-  const auto a = in_vocab(prompt_ids(64, 3), vocab), b = in_vocab(prompt_ids(90, 4), vocab);
+  const auto a = in_vocab(prompt_ids(64, 3), vocab), b = in_vocab(prompt_ids(200, 4), vocab);
   auto make = [&] {
     return std::vector<Request>{greedy_request("a", a, 6), greedy_request("a again", a, 6), greedy_request("b", b, 6),
                                 greedy_request("a after b", concat(a, in_vocab(prompt_ids(9, 5), vocab)), 6)};
   };
-  // 8 blocks: b's 6 blocks cannot all come from the 4 that a leaves free, so some of a's cached blocks are evicted.
-  Engine plain(*model, {.prefix_caching = false, .blocks = 8});
-  Engine cached(*model, {.prefix_caching = true, .snapshots = 4, .blocks = 8});
+  // 16 blocks (one sequence of max_model_len 256): a keeps 4 cached, b needs 13 of the 12 left, so a block of a's is
+  // evicted.
+  Engine plain(*model, {.prefix_caching = false, .blocks = 16});
+  Engine cached(*model, {.prefix_caching = true, .snapshots = 4, .blocks = 16});
   const auto want = run_each(plain, make());
   const auto got = run_each(cached, make());
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << i;
