@@ -16,6 +16,7 @@
 #include "engine/prefix_cache_test_util.h"
 #include "engine/scheduler.h"
 #include "engine/speculative.h"
+#include "model/fixture.h"
 #include "model/qwen4_exp/model.h"
 
 namespace flashnext::test {
@@ -24,20 +25,9 @@ namespace {
 const char* const kTinyA = "tests/data/fixtures/tiny-a/model";
 const char* const kTinyMtp = "tests/data/fixtures/tiny-mtp/model";
 
-Model& model_at(const std::string& rel, bool mtp) {
-  static std::map<std::pair<std::string, bool>, std::unique_ptr<Model>> models;
-  auto& m = models[{rel, mtp}];
-  if (!m) {
-    ModelOptions o;
-    o.load_mtp = mtp;
-    m = Model::load(std::string(FLASHNEXT_SOURCE_DIR) + "/" + rel, o);
-  }
-  return *m;
-}
-
 struct SpecSetup {
-  SpeculativeConfig spec;
-  Proposer proposer;
+  SpeculativeConfig spec{};
+  Proposer proposer{};
   int64_t blocks = 256;  ///< KV blocks of kBlock positions
   bool prefix_caching = false;
   int64_t max_num_seqs = 6;
@@ -177,7 +167,7 @@ TEST(SchedulerSpeculative, MixedGreedyBatchEqualsDecodingWithoutSpeculation) {
     bool mtp;
   };
   for (const Case c : {Case{kTinyA, false}, Case{kTinyMtp, true}}) {
-    Model& model = model_at(c.model, c.mtp);
+    Model& model = shared_model(c.model, c.mtp);
     SpecEngine plain(model, {});
     const auto want = tokens_of(together(*plain.sched, mixed_requests(model, kMixed, 0)));
     for (size_t i = 0; i < kMixed.size(); ++i) ASSERT_EQ(int64_t(want[i].size()), kMixed[i].max_tokens);
@@ -234,7 +224,7 @@ struct Oracle {
 // An oracle proposer: every verify accepts exactly min(K/2, drafts) drafts when spoiled from K/2 on (rolling back
 // when it drafted more), all of them otherwise; the output is the plain one either way. Preemption by a small pool.
 TEST(SchedulerSpeculative, OracleDraftsGiveTheAcceptanceTheyImplyAndTheSameTokens) {
-  Model& model = model_at(kTinyA, false);
+  Model& model = shared_model(kTinyA, false);
   const std::vector<Spec> specs = {{5, 30, -1}, {23, 24, -1}, {40, 32, -1}, {3, 20, -1}, {57, 28, -1}, {17, 36, -1}};
   SpecEngine plain(model, {.max_model_len = 96});
   const auto want = tokens_of(together(*plain.sched, mixed_requests(model, specs)));
@@ -267,7 +257,9 @@ TEST(SchedulerSpeculative, OracleDraftsGiveTheAcceptanceTheyImplyAndTheSameToken
         EXPECT_EQ(st.spec_drafted, drafted);
         EXPECT_EQ(st.spec_accepted, accepted);
         EXPECT_EQ(st.spec_rollbacks, rollbacks);
-        if (blocks < 256) EXPECT_GT(st.preemptions, 0);
+        if (blocks < 256) {
+          EXPECT_GT(st.preemptions, 0);
+        }
       }
     }
   }
@@ -276,7 +268,7 @@ TEST(SchedulerSpeculative, OracleDraftsGiveTheAcceptanceTheyImplyAndTheSameToken
 // EOS and stop token ids inside a run of accepted drafts end the output exactly where decoding without speculation
 // ends it (the stop token included, nothing after it).
 TEST(SchedulerSpeculative, StopTokensInsideAcceptedDraftsCutTheOutputExactly) {
-  Model& model = model_at(kTinyA, false);
+  Model& model = shared_model(kTinyA, false);
   const std::vector<Spec> specs = {{9, 40, -1}, {31, 40, -1}};
   SpecEngine plain(model, {});
   const auto full = tokens_of(together(*plain.sched, mixed_requests(model, specs)));
@@ -339,7 +331,7 @@ TEST(SchedulerSpeculative, StopTokensInsideAcceptedDraftsCutTheOutputExactly) {
 // The context length and max_tokens bound the drafts: a request that ends at max_model_len or at max_tokens gives
 // the tokens of plain decoding (and never feeds a position past max_model_len).
 TEST(SchedulerSpeculative, ContextLengthAndMaxTokensEndTheOutputAsWithoutSpeculation) {
-  Model& model = model_at(kTinyA, false);
+  Model& model = shared_model(kTinyA, false);
   const std::vector<Spec> specs = {{40, 24, -1}, {45, 19, -1}, {10, 7, -1}};  // the first two end at 64 tokens
   SpecEngine plain(model, {.max_model_len = 64});
   const auto want = tokens_of(together(*plain.sched, mixed_requests(model, specs)));
@@ -360,7 +352,7 @@ TEST(SchedulerSpeculative, ContextLengthAndMaxTokensEndTheOutputAsWithoutSpecula
 // Seeded sampling: one draw per emitted token in order, so a seeded request gives the tokens it gives without
 // speculation (the rejection rule for point-mass drafts), with drafts that are all right, half wrong, or ngram's.
 TEST(SchedulerSpeculative, SeededSamplingEqualsSamplingWithoutSpeculation) {
-  Model& model = model_at(kTinyA, false);
+  Model& model = shared_model(kTinyA, false);
   auto make = [&](bool spec) {
     std::vector<Request> rs = mixed_requests(model, kMixed, spec ? 3 : 0);
     for (size_t i = 0; i < rs.size(); ++i) {
@@ -387,7 +379,9 @@ TEST(SchedulerSpeculative, SeededSamplingEqualsSamplingWithoutSpeculation) {
     EXPECT_EQ(tokens_of(together(*spec.sched, make(true))), want) << (spoil ? "spoiled" : "exact");
     const SchedulerStats st = spec.sched->stats();
     expect_consistent(st);
-    if (!spoil) EXPECT_EQ(st.spec_accepted, st.spec_drafted);
+    if (!spoil) {
+      EXPECT_EQ(st.spec_accepted, st.spec_drafted);
+    }
   }
   SpecEngine ngram(model, {.spec = SpeculativeConfig::parse("ngram:3")});
   EXPECT_EQ(tokens_of(together(*ngram.sched, make(true))), want);
@@ -433,7 +427,7 @@ TEST(SchedulerSpeculative, SeededSamplingEqualsSamplingWithoutSpeculation) {
 // neither (verify positions lie past the prompt, which alone is cached).
 TEST(SchedulerSpeculative, PrefixCachingAndSpeculationTogetherGiveTheSameTokens) {
   for (bool mtp : {false, true}) {
-    Model& model = model_at(mtp ? kTinyMtp : kTinyA, mtp);
+    Model& model = shared_model(mtp ? kTinyMtp : kTinyA, mtp);
     const auto root = prompt_of(48, 9, model.config().vocab_size);
     auto make = [&] {
       std::vector<Request> rs;
@@ -595,7 +589,7 @@ TEST(SchedulerSpeculative, DeviceSamplingVerifiesEveryRowWithTheOffsetsOfPlainDe
 }
 
 TEST(SchedulerSpeculative, BadSettingsAreErrorsNamingThem) {
-  Model& model = model_at(kTinyA, false);
+  Model& model = shared_model(kTinyA, false);
   auto message = [&](auto&& f) {
     try {
       f();

@@ -16,6 +16,7 @@
 #include "engine/loaded_model.h"
 #include "engine/sampling.h"
 #include "fixture.h"
+#include "model/fixture.h"
 
 namespace flashnext {
 namespace {
@@ -27,17 +28,6 @@ std::string src(const std::string& rel) {
 const char* const kTinyA = "tests/data/fixtures/tiny-a/model";
 const char* const kTinyB = "models/tiny-b-random";
 const char* const kTinyMtp = "tests/data/fixtures/tiny-mtp/model";
-
-Model& model_at(const std::string& rel, bool mtp) {
-  static std::map<std::pair<std::string, bool>, std::unique_ptr<Model>> models;
-  auto& m = models[{rel, mtp}];
-  if (!m) {
-    ModelOptions o;
-    o.load_mtp = mtp;
-    m = Model::load(src(rel), o);
-  }
-  return *m;
-}
 
 int32_t argmax(std::span<const float> row) {
   return int32_t(std::max_element(row.begin(), row.end()) - row.begin());
@@ -126,7 +116,7 @@ TEST(Speculative, GreedyOutputEqualsPlainDecoding) {
     bool mtp;
   };
   for (const Case c : {Case{kTinyA, false}, Case{kTinyB, false}, Case{kTinyMtp, false}, Case{kTinyMtp, true}}) {
-    Model& model = model_at(c.model, c.mtp);
+    Model& model = test::shared_model(c.model, c.mtp);
     for (int salt : {0, 1}) {
       const std::vector<int32_t> prompt = prompt_for(model, 30 + 7 * salt, salt);
       const int n = 40;
@@ -158,7 +148,7 @@ TEST(Speculative, GreedyOutputEqualsPlainDecoding) {
 // accepted and nothing rolls back.
 TEST(Speculative, RollbackAfterRejectingHalfTheDrafts) {
   for (const char* dir : {kTinyA, kTinyMtp}) {
-    Model& model = model_at(dir, false);
+    Model& model = test::shared_model(dir, false);
     const int64_t V = model.config().vocab_size;
     const std::vector<int32_t> prompt = prompt_for(model, 26, 3);
     const int n = 36;
@@ -247,7 +237,7 @@ TEST(Speculative, SeededSamplingEqualsPlainSampling) {
 // committed context. The target here is scripted to accept all drafts, or the first half, so that both the full-
 // acceptance and the rollback paths feed the MTP catch-up (random weights never accept on their own).
 TEST(Speculative, MtpDraftsEqualAFreshRecompute) {
-  Model& model = model_at(kTinyMtp, true);
+  Model& model = test::shared_model(kTinyMtp, true);
   const int64_t V = model.config().vocab_size;
   const std::vector<int32_t> prompt = prompt_for(model, 21, 5);
   // Chained greedy drafts from scratch after `context` (its last token not fed), with the top-2 gap of each.
@@ -317,7 +307,7 @@ TEST(Speculative, MtpDraftsEqualAFreshRecompute) {
 // Seeded sampling through the sampler directly, MTP drafts included (on tiny-mtp, whose drafts the sampled target
 // sometimes takes): the same tokens as plain sampled decoding with the same seed.
 TEST(Speculative, SeededSamplingWithMtpEqualsPlainSampling) {
-  Model& model = model_at(kTinyMtp, true);
+  Model& model = test::shared_model(kTinyMtp, true);
   const int64_t V = model.config().vocab_size;
   const std::vector<int32_t> prompt = prompt_for(model, 19, 7);
   const int n = 48;
@@ -366,7 +356,7 @@ TEST(Speculative, SeededSamplingWithMtpEqualsPlainSampling) {
 // is still the plain one up to the last position.
 TEST(Speculative, DraftsShrinkAtTheContextLength) {
   for (bool mtp : {false, true}) {
-    Model& model = model_at(kTinyMtp, mtp);
+    Model& model = test::shared_model(kTinyMtp, mtp);
     const int64_t max_pos = model.config().max_position_embeddings;
     std::vector<int32_t> prompt = prompt_for(model, int(max_pos - 9), 2);
     const int n = 9;  // prompt + n = max_pos; the last token is never fed
@@ -380,7 +370,7 @@ TEST(Speculative, DraftsShrinkAtTheContextLength) {
 }
 
 TEST(Speculative, MtpWithoutTheLayerFails) {
-  Model& model = model_at(kTinyA, false);
+  Model& model = test::shared_model(kTinyA, false);
   try {
     SpeculativeDecoder sd(model, SpeculativeConfig::parse("mtp:2"));
     ADD_FAILURE() << "accepted";

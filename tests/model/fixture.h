@@ -71,12 +71,23 @@ class Reference {
   SafetensorsFile file_;
 };
 
-/// One model per path for the whole test binary (loading is the slow part).
-inline Model& shared_model(const std::string& rel_dir) {
-  static std::map<std::string, std::unique_ptr<Model>> models;
-  auto& m = models[rel_dir];
-  if (!m) m = Model::load(source_path(rel_dir));
+/// One model per (path, MTP layer loaded) for the whole test binary (loading is the slow part); CPU backend.
+inline Model& shared_model(const std::string& rel_dir, bool load_mtp = false) {
+  static std::map<std::pair<std::string, bool>, std::unique_ptr<Model>> models;
+  auto& m = models[{rel_dir, load_mtp}];
+  if (!m) {
+    ModelOptions o;
+    o.load_mtp = load_mtp;
+    m = Model::load(source_path(rel_dir), o);
+  }
   return *m;
+}
+
+/// Largest |x| of an array.
+inline double max_abs(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, double(std::fabs(x)));
+  return m;
 }
 
 /// Largest |a - b| over two equally long arrays.

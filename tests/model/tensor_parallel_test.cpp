@@ -41,12 +41,6 @@ Model& tp_model(const std::string& dir, int tp) {
   return *m;
 }
 
-double max_abs(const std::vector<float>& v) {
-  double m = 0;
-  for (float x : v) m = std::max(m, double(std::fabs(x)));
-  return m;
-}
-
 // ------------------------------------------------------------------------------------------ collectives
 
 TEST(CpuCommunicator, AllReduceSumsInRankOrderOnEveryRank) {

@@ -38,12 +38,6 @@ Model& gpu_mtp_model() {
   return *m;
 }
 
-double max_abs(const std::vector<float>& v) {
-  double m = 0;
-  for (float x : v) m = std::max(m, double(std::abs(x)));
-  return m;
-}
-
 TEST(MtpOnGpu, LogitsMatchTheReference) {
   Reference ref("tiny-mtp");
   Model& model = gpu_mtp_model();
