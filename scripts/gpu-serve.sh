@@ -20,7 +20,9 @@
 #      gpu-bench.sh's bundle has the same binaries), SERVE_BENCH=0 skips bench_serve.py, PREFIX=1 adds the multi-turn
 #      runs (the cache off, then on with each --prefix-cache-snapshot-interval of PREFIX_INTERVALS, default
 #      "4 16 64"; MULTITURN_ARGS: extra bench_multiturn.py arguments) into $OUT/multiturn.log; MAX_MODEL_LEN
-#      (default 4096) for every server.
+#      (default 4096) for every server; SPEC=1 adds `serve --speculative` against the server without it
+#      (tools/check_spec_serve.py: tiny-a ngram:4, tiny-mtp mtp:3 and ngram:4, with the tokenizers --prepare cut to
+#      their vocabularies in gpu/serve/tok-N) into $OUT/spec.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/gpu-bundle.sh
@@ -33,6 +35,7 @@ if [ "${1:-}" = "--prepare" ]; then
   cmake --build "$BUILD" --target flashnext test_cuda_e2e --parallel 2
   pack_bundle "$BUNDLE" "$BUILD/flashnext" "$BUILD/tests/test_cuda_e2e"
   python3 tools/truncate_tokenizer.py models/tiny-b-random "$TOKENIZER" 4096
+  for n in 512 1024; do python3 tools/truncate_tokenizer.py models/tiny-b-random gpu/serve/tok-$n $n; done
   echo "gpu-serve: packed $BUNDLE ($(du -h "$BUNDLE" | cut -f1)); run: bash scripts/gpu-serve.sh"
   exit 0
 fi
@@ -131,9 +134,23 @@ if [ "${PREFIX:-0}" = 1 ]; then
 else
   notrun+=("multi-turn prefix-cache runs: PREFIX=0")
 fi
+if [ "${SPEC:-0}" = 1 ]; then
+  : >"$OUT/spec.log"
+  for run in "tiny-a 1024 ngram:4" "tiny-mtp 512 mtp:3" "tiny-mtp 512 ngram:4"; do
+    read -r fx n spec <<<"$run"
+    d=$(mktemp -d "/tmp/spec-$fx.XXXX")
+    cp tests/data/fixtures/$fx/model/* "$d/"
+    cp gpu/serve/tok-$n/* "$d/" 2>/dev/null || python3 tools/truncate_tokenizer.py models/tiny-b-random "$d" "$n"
+    echo "\$ python3 tools/check_spec_serve.py flashnext <$fx + tokenizer cut to $n> $spec cuda" >>"$OUT/spec.log"
+    timeout 200 python3 tools/check_spec_serve.py "$G/bin/flashnext" "$d" "$spec" cuda >>"$OUT/spec.log" 2>&1 || status=1
+  done
+  grep -E '^\$|RESULT|spec metrics' "$OUT/spec.log"
+else
+  notrun+=("serve --speculative check: SPEC=0")
+fi
 {
   grep -h -E '^\[  (PASSED|FAILED) |tests? ran|^E2E:' "$OUT"/e2e.log "$OUT"/e2e-medium.log 2>/dev/null
-  cat "$OUT/bench.log" "$OUT/multiturn.log" 2>/dev/null
+  cat "$OUT/bench.log" "$OUT/multiturn.log" "$OUT/spec.log" 2>/dev/null
 } >"$OUT/summary.txt"
 if ((${#notrun[@]})); then printf 'NOT RUN: %s\n' "${notrun[@]}"; else echo "NOT RUN: nothing (every part ran)"; fi |
   tee -a "$OUT/summary.txt"

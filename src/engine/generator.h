@@ -27,7 +27,7 @@ struct GenerationRequest {
   std::vector<TokenId> prompt;
   SamplingParams params;
   /// Speculative decoding (engine/speculative.h); Method::None: one token per forward.
-  SpeculativeConfig speculative;
+  SpeculativeConfig speculative{};
 };
 
 /// Token counts and wall times of one generation. Prefill = the forward over the prompt plus sampling the first

@@ -380,7 +380,7 @@ struct SchedulerConfig {
   SchedulingPolicy policy = SchedulingPolicy::Fcfs;
   /// Speculative decoding of the running sequences (`serve --speculative mtp:K | ngram:K`; docs/ENGINE.md): each
   /// decoding sequence that speculates gets a verify item of 1 + up to K tokens. Method::None: off.
-  SpeculativeConfig speculative;
+  SpeculativeConfig speculative{};
   /// The drafts of Method::Custom (tests, external draft models): called with the sequence's tokens so far.
   Proposer proposer{};
 };
