@@ -278,9 +278,6 @@ struct ModelSequence : RunnerSequence {
   std::vector<Rows> hidden;
 };
 
-int32_t argmax_row(const std::vector<float>& v) {  // torch.argmax: the first index of the largest value
-  return int32_t(std::max_element(v.begin(), v.end()) - v.begin());
-}
 }  // namespace
 
 ModelRunner::ModelRunner(Model& model, const MemoryPlanner& planner, bool device_sampling)
@@ -402,19 +399,7 @@ std::vector<int32_t> ModelRunner::propose_mtp(RunnerSequence& seq, std::span<con
     out = model_.mtp_forward(st, r.wide, tokens.subspan(size_t(r.first + 1), size_t(n)), LogitsMode::Last);
   }
   s.hidden.clear();
-  const int64_t committed = st.mtp_length;
-  std::vector<int32_t> drafts;
-  if (max_drafts <= 0) return drafts;
-  const int64_t rows = out.wide.dim(0);
-  Tensor wide = out.wide.rows(rows - 1, rows);
-  drafts.push_back(argmax_row(model_.download(out.logits)));
-  while (int(drafts.size()) < max_drafts && st.mtp_length < model_.config().max_position_embeddings) {
-    out = model_.mtp_forward(st, wide, {&drafts.back(), 1}, LogitsMode::Last);
-    wide = out.wide;
-    drafts.push_back(argmax_row(model_.download(out.logits)));
-  }
-  st.mtp_length = committed;  // the draft positions' MTP K/V are overwritten by the next catch-up
-  return drafts;
+  return chain_mtp_drafts(model_, st, out, max_drafts);
 }
 
 void ModelRunner::forward(std::span<Item> items) {

@@ -70,6 +70,22 @@ int32_t argmax(const std::vector<float>& v) {
 
 }  // namespace
 
+std::vector<int32_t> chain_mtp_drafts(Model& model, SequenceState& seq, const Model::MtpOutput& out, int max_drafts) {
+  std::vector<int32_t> drafts;
+  if (max_drafts <= 0) return drafts;
+  const int64_t committed = seq.mtp_length;
+  const int64_t rows = out.wide.dim(0);
+  Tensor wide = out.wide.rows(rows - 1, rows);
+  drafts.push_back(argmax(model.download(out.logits)));
+  while (int(drafts.size()) < max_drafts && seq.mtp_length < model.config().max_position_embeddings) {
+    Model::MtpOutput next = model.mtp_forward(seq, wide, {&drafts.back(), 1}, LogitsMode::Last);
+    wide = next.wide;
+    drafts.push_back(argmax(model.download(next.logits)));
+  }
+  seq.mtp_length = committed;
+  return drafts;
+}
+
 SpeculativeDecoder::SpeculativeDecoder(Model& model, SpeculativeConfig config) : model_(model), config_(config) {
   FN_CHECK(config_.enabled(), "SpeculativeDecoder: no proposer given (--speculative)");
   FN_CHECK(config_.k >= 1 && config_.k <= SpeculativeConfig::kMaxDrafts, "--speculative {}: K must be in 1..{}",
@@ -113,19 +129,7 @@ std::vector<int32_t> SpeculativeDecoder::propose(SequenceState& seq, std::span<c
   Model::MtpOutput out = model_.mtp_forward(seq, mtp_hidden_, next, LogitsMode::Last);
   mtp_hidden_ = Tensor();
   mtp_next_.clear();
-  const int64_t committed = seq.mtp_length;
-  std::vector<int32_t> drafts;
-  if (max_drafts <= 0) return drafts;
-  const int64_t rows = out.wide.dim(0);
-  Tensor wide = out.wide.rows(rows - 1, rows);
-  drafts.push_back(argmax(model_.download(out.logits)));
-  while (int(drafts.size()) < max_drafts && seq.mtp_length < model_.config().max_position_embeddings) {
-    out = model_.mtp_forward(seq, wide, {&drafts.back(), 1}, LogitsMode::Last);
-    wide = out.wide;
-    drafts.push_back(argmax(model_.download(out.logits)));
-  }
-  seq.mtp_length = committed;  // the draft positions' MTP K/V are overwritten by the next catch-up
-  return drafts;
+  return chain_mtp_drafts(model_, seq, out, max_drafts);
 }
 
 std::vector<int32_t> SpeculativeDecoder::step(SequenceState& seq, std::span<const int32_t> context,

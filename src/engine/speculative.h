@@ -48,6 +48,13 @@ struct SpeculativeConfig {
 /// match gives the (up to) `k` tokens that followed it. Empty when nothing matches or k <= 0.
 std::vector<int32_t> ngram_propose(std::span<const int32_t> context, int k, int max_n = 3, int min_n = 1);
 
+/// Greedy MTP drafts chained from `out`, the MTP layer's output after its catch-up over the accepted positions (the
+/// last row's logits give the first draft): up to `max_drafts` tokens (none when max_drafts <= 0), each fed back with
+/// the MTP layer's own pre-mixer row of the step before; stops at max_position_embeddings. seq.mtp_length is put back
+/// afterwards: the draft positions' MTP K/V are overwritten by the next catch-up. Used by SpeculativeDecoder and the
+/// scheduler's ModelRunner.
+std::vector<int32_t> chain_mtp_drafts(Model& model, SequenceState& seq, const Model::MtpOutput& out, int max_drafts);
+
 /// Acceptance figures of a run.
 struct SpeculativeStats {
   int64_t steps = 0;     ///< verify steps (each one target forward over 1 + drafts tokens)
