@@ -115,7 +115,7 @@ if [ "${PREFIX:-0}" = 1 ]; then
   # Multi-turn chat TTFT, prefix cache off and on (issue 19); one server per setting, the same conversations.
   : >"$OUT/multiturn.log"
   for n in off ${PREFIX_INTERVALS:-4 16 64}; do
-    args=()
+    args=(--no-enable-prefix-caching)
     [ "$n" != off ] && args=(--enable-prefix-caching --prefix-cache-snapshot-interval "$n")
     if start_server "$OUT/serve-prefix-$n.log" "${args[@]}"; then
       # shellcheck disable=SC2086

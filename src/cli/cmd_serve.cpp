@@ -3,9 +3,9 @@
 // [--served-model-name NAME] [--max-request-bytes B] [--http-threads N] [--max-connections N] [--header-timeout S]
 // [--read-timeout S] [--body-timeout S] [--strict-requests] [--allowed-origins LIST] [--allowed-methods LIST]
 // [--allowed-headers LIST]
-// [--allow-credentials] [--enable-prefix-caching ...] [--speculative mtp:K|ngram:K]`: the OpenAI-compatible server
-// (server/server.h) over the continuous-batching scheduler (engine/scheduler.h). Logs one line per request; SIGINT /
-// SIGTERM stop it cleanly.
+// [--allow-credentials] [--no-enable-prefix-caching] [--prefix-cache-snapshot-interval N] [--speculative
+// mtp:K|ngram:K]`: the OpenAI-compatible server (server/server.h) over the continuous-batching scheduler
+// (engine/scheduler.h). Logs one line per request; SIGINT / SIGTERM stop it cleanly.
 #include <fmt/ranges.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -46,9 +46,10 @@ struct ServeArgs {
   int http_threads = 0, max_connections = 1024, header_timeout = 10, read_timeout = 10, body_timeout = 30;
   bool strict_requests = false, allow_credentials = false;
   std::string allowed_origins, allowed_methods = "*", allowed_headers = "*";  // lists: JSON or comma-separated
-  bool enable_prefix_caching = false;
-  std::string speculative;                                                 // --speculative mtp:K | ngram:K
-  int64_t prefix_cache_snapshot_interval = 4, prefix_cache_snapshots = 0;  // 0: max_num_seqs
+  bool enable_prefix_caching = true, prefix_caching_given = false;  // given: --[no-]enable-prefix-caching was passed
+  std::string speculative;                                          // --speculative mtp:K | ngram:K
+  int64_t prefix_cache_snapshot_interval = PrefixCacheConfig{}.snapshot_interval_blocks;
+  int64_t prefix_cache_snapshots = 0;  // 0: sized from the budget
 };
 
 /// Bytes for KV blocks and state slots on the GPU, as vLLM sizes them: --gpu-memory-utilization (default 0.9) of
@@ -145,7 +146,24 @@ int run(const ServeArgs& a) {
   PrefixCacheConfig prefix;
   prefix.enabled = a.enable_prefix_caching;
   prefix.snapshot_interval_blocks = a.prefix_cache_snapshot_interval;
-  prefix.num_snapshots = a.prefix_cache_snapshots ? a.prefix_cache_snapshots : sc.max_num_seqs;
+  prefix.num_snapshots = a.prefix_cache_snapshots;
+  if (prefix.enabled && prefix.num_snapshots == 0) {
+    // Default: one snapshot per sequence slot, but at most a quarter of the budget (a snapshot is a whole state slot,
+    // about 113 MB at the released geometry); when not even one fits and nobody asked for the cache, it stays off.
+    const int64_t quarter = budget / 4 / std::max<int64_t>(1, MemoryPlanner::state_slot_bytes(plan));
+    prefix.num_snapshots = std::min(sc.max_num_seqs, quarter);
+    if (prefix.num_snapshots < 1) {
+      if (a.prefix_caching_given) {
+        prefix.num_snapshots = 1;  // asked for: the planner says whether one snapshot fits
+      } else {
+        prefix.enabled = false;
+        spdlog::warn(
+            "flashnext serve: prefix caching off: a quarter of the cache budget ({} bytes) holds no state snapshot "
+            "of {} bytes (--enable-prefix-caching --prefix-cache-snapshots N to force it)",
+            budget / 4, MemoryPlanner::state_slot_bytes(plan));
+      }
+    }
+  }
   // With speculation every sequence slot has a checkpoint slot beside it (the state a rejected verify goes back to).
   MemoryPlanner planner(plan, a.block_size, budget, sc.max_num_seqs, prefix, spec.enabled() ? sc.max_num_seqs : 0);
   ModelRunner runner(*m.model, planner, /*device_sampling=*/a.sampler == "auto");
@@ -251,19 +269,23 @@ FLASHNEXT_SUBCOMMAND(
           ->check(CLI::PositiveNumber);
       sub.add_option("--block-size", a->block_size, "tokens per KV cache block (default 16)")
           ->check(CLI::PositiveNumber);
-      CLI::Option* prefix =
-          sub.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", a->enable_prefix_caching,
-                       "reuse the KV blocks and state snapshots of earlier prompts' prefixes (default off; "
-                       "docs/ENGINE.md, Prefix caching)");
-      sub.add_option("--prefix-cache-snapshot-interval", a->prefix_cache_snapshot_interval,
-                     "blocks between two prefix-cache state snapshots; prefill chunks end on them (default 4)")
-          ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
-          ->needs(prefix);
-      sub.add_option("--prefix-cache-snapshots", a->prefix_cache_snapshots,
-                     "state snapshots the prefix cache keeps, each the size of a sequence state slot "
-                     "(default: --max-num-seqs)")
-          ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
-          ->needs(prefix);
+      sub.add_flag_function(
+          "--enable-prefix-caching,!--no-enable-prefix-caching",
+          [a](int64_t n) {
+            a->enable_prefix_caching = n > 0;
+            a->prefix_caching_given = true;
+          },
+          "reuse the KV blocks and state snapshots of earlier prompts' prefixes (default on, as in vLLM; "
+          "docs/ENGINE.md, Prefix caching)");
+      CLI::Option* interval =
+          sub.add_option("--prefix-cache-snapshot-interval", a->prefix_cache_snapshot_interval,
+                         "blocks between two prefix-cache state snapshots; prefill chunks end on them (default 16)")
+              ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+      CLI::Option* snapshots =
+          sub.add_option("--prefix-cache-snapshots", a->prefix_cache_snapshots,
+                         "state snapshots the prefix cache keeps, each the size of a sequence state slot "
+                         "(default: --max-num-seqs, at most a quarter of the cache budget)")
+              ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
       sub.add_option("--speculative", a->speculative,
                      "speculative decoding of the running requests: mtp:K (the checkpoint's MTP layer) or ngram:K "
                      "(prompt lookup), K drafts per step in 1..8, verified beside the other requests in each step; "
@@ -318,5 +340,11 @@ FLASHNEXT_SUBCOMMAND(
       sub.add_option("--tp", a->tp, "tensor-parallel ranks (default 1; threads of this process, docs/ENGINE.md)");
       sub.add_option("--log-level", a->log_level, "trace, debug, info (default), warn, error")
           ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
-      return [a] { return run(*a); };
+      return [a, interval, snapshots] {
+        if (!a->enable_prefix_caching)
+          for (const CLI::Option* o : {interval, snapshots})
+            if (o->count() > 0)
+              fail("{} needs prefix caching, which --no-enable-prefix-caching turned off", o->get_name());
+        return run(*a);
+      };
     });

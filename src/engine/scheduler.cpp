@@ -33,8 +33,7 @@ MemoryPlanner::MemoryPlanner(const StatePlan& plan, int64_t block_size, int64_t 
              prefix_.num_snapshots);
   }
   block_bytes_ = (plan.kv_bytes_per_token + plan.indexer_bytes_per_token) * block_size;
-  slot_bytes_ =
-      plan.gdn_state_bytes_per_sequence + plan.gdn_conv_state_bytes_per_sequence + plan.ple_state_bytes_per_sequence;
+  slot_bytes_ = state_slot_bytes(plan);
   const int64_t after_slots = budget_bytes - slot_bytes_ * (num_slots + prefix_.num_snapshots + checkpoint_slots);
   // A model without QSA layers has no per-token cache: blocks then only count positions (bounded by the id type).
   const int64_t blocks = block_bytes_ > 0 ? after_slots / block_bytes_ : (after_slots >= 0 ? (int64_t(1) << 30) : 0);

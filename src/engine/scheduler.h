@@ -83,7 +83,7 @@ struct PrefixCacheConfig {
   bool enabled = false;
   /// A snapshot of the per-sequence state (GDN conv + recurrent, PLE conv + n-gram history) is taken every
   /// `snapshot_interval_blocks` blocks of prefilled positions; a request resumes only at a snapshot. >= 1.
-  int64_t snapshot_interval_blocks = 4;
+  int64_t snapshot_interval_blocks = 16;  // serve's default (docs/ENGINE.md: measured on the H200)
   /// Snapshot slots, carved out of the budget next to the sequence slots (each slot_bytes()); >= 1 when enabled.
   int64_t num_snapshots = 0;
 };
@@ -128,6 +128,11 @@ class MemoryPlanner {
   int64_t block_size() const { return block_size_; }
   int64_t block_bytes() const { return block_bytes_; }  ///< (KV + indexer bytes per token) * block_size
   int64_t slot_bytes() const { return slot_bytes_; }    ///< GDN + conv + PLE state bytes of one sequence
+  /// Bytes of one sequence's state slot under `plan`: GDN recurrent + GDN conv + PLE state (what slot_bytes() is).
+  static int64_t state_slot_bytes(const StatePlan& plan) {
+    return plan.gdn_state_bytes_per_sequence + plan.gdn_conv_state_bytes_per_sequence +
+           plan.ple_state_bytes_per_sequence;
+  }
   int64_t budget_bytes() const { return budget_bytes_; }
   int64_t total_blocks() const { return int64_t(all_blocks_); }
   /// Blocks a sequence can get: free ones plus cached ones no sequence holds (evictable).

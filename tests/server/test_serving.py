@@ -8,6 +8,7 @@ import concurrent.futures as cf
 import http.client
 import json
 import socket
+import subprocess
 import threading
 import time
 
@@ -15,7 +16,7 @@ import openai
 import pytest
 import requests
 
-from conftest import Server
+from conftest import BIN, BUNDLED, Server
 from test_reference import FIXTURE, read_safetensors
 
 
@@ -291,7 +292,7 @@ def test_prefix_cache_reports_cached_tokens_and_keeps_outputs():
         longer, u3 = run(prompt + [777, 778, 779, 780, 781])
         assert u3.prompt_tokens_details.cached_tokens == 96
         cold = Server("--max-model-len", "1024", "--max-num-seqs", "4", "--max-num-batched-tokens", "64",
-                      "--served-model-name", "tiny")
+                      "--served-model-name", "tiny", "--no-enable-prefix-caching")
         try:
             cold_client = openai.OpenAI(base_url=cold.v1, api_key="unused", max_retries=0, timeout=300)
             r = cold_client.completions.create(model="tiny", prompt=prompt + [777, 778, 779, 780, 781], temperature=0,
@@ -318,3 +319,36 @@ def test_prefix_cache_reports_cached_tokens_and_keeps_outputs():
         assert c2.usage.prompt_tokens_details.cached_tokens % 16 == 0
     finally:
         s.stop()
+
+
+def test_prefix_cache_is_on_by_default_every_16_blocks():
+    """Without flags the server caches prefixes as vLLM does (a snapshot every 16 blocks = 256 tokens): a 300-token
+    prompt sent again resumes at 256 and returns the same tokens; --no-enable-prefix-caching turns it off; the
+    snapshot options without the cache are a startup error that names the flag."""
+    prompt = [(29 * k + 3) % 150000 + 300 for k in range(300)]
+
+    def run(client):
+        r = client.completions.create(model="tiny", prompt=prompt, temperature=0, max_tokens=6, logprobs=0,
+                                      extra_body={"return_tokens_as_token_ids": True})
+        return [int(t.split(":")[1]) for t in r.choices[0].logprobs.tokens], r.usage.prompt_tokens_details.cached_tokens
+
+    outputs = {}
+    for flags in ([], ["--no-enable-prefix-caching"]):
+        s = Server("--max-model-len", "1024", "--max-num-seqs", "4", "--served-model-name", "tiny", *flags)
+        try:
+            on = any("prefix caching on: 4 state snapshots" in line and "one every 16 blocks (256 tokens)" in line
+                     for line in s.log)
+            assert on == (not flags), "\n".join(s.log)
+            client = openai.OpenAI(base_url=s.v1, api_key="unused", max_retries=0, timeout=300)
+            first, cached1 = run(client)
+            again, cached2 = run(client)
+            assert (cached1, cached2) == ((0, 256) if not flags else (0, 0))
+            assert again == first
+            outputs[bool(flags)] = first
+        finally:
+            s.stop()
+    assert outputs[False] == outputs[True]
+    bad = subprocess.run([str(BIN), "serve", "--model", str(BUNDLED), "--port", "0", "--no-enable-prefix-caching",
+                          "--prefix-cache-snapshot-interval", "4"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0
+    assert "--prefix-cache-snapshot-interval needs prefix caching" in bad.stdout + bad.stderr, bad.stdout + bad.stderr
