@@ -120,6 +120,9 @@ void add_hc(std::vector<OpCase>& v) {
       v.push_back(hc_read_case(T, 3, 40, 24, inject));
       v.push_back(hc_read_case(T, 4, 64, 320, inject));  // the released rank
     }
+    v.push_back(hc_read_case(1, 2, 40, 24, inject));   // decode kernels: 16-lane groups, a partial row block
+    v.push_back(hc_read_case(5, 8, 16, 32, inject));   // 8 streams: 4-lane groups
+    v.push_back(hc_read_case(1, kS, kH, kR, inject));  // the released width at one token
     v.push_back(hc_read_case(9, 3, 40, 24, inject));  // past the decode kernels' 8 rows
     v.push_back(hc_read_case(0, 4, 64, 32, inject));
     v.push_back(hc_read_case(2, kS, kH, kR, inject));  // released width
@@ -129,6 +132,8 @@ void add_hc(std::vector<OpCase>& v) {
       v.push_back(hc_inject_read_case(T, 3, 40, 24, inject));
       v.push_back(hc_inject_read_case(T, 4, 64, 320, inject));
     }
+    v.push_back(hc_inject_read_case(1, 2, 40, 24, inject));
+    v.push_back(hc_inject_read_case(4, 8, 16, 32, inject));
     v.push_back(hc_inject_read_case(9, 3, 40, 24, inject));  // past the decode kernels: inject, then read
     v.push_back(hc_inject_read_case(0, 4, 64, 32, inject));
     v.push_back(hc_inject_read_case(2, kS, kH, kR, inject));

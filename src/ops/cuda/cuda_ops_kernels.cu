@@ -203,21 +203,22 @@ __global__ void shared_down_decode_kernel(const float* __restrict__ g, const flo
   }
 }
 
-// Decode hyper-connection read (hc_read for T <= kGemvMaxTokens tokens, float32 throughout), in two launches:
-//   hc_down: per token and stream the ZC-RMSNorm statistics rstd[t][b] (each block recomputes them from X: T rows of
-//            S*H floats from L2, a warp per (token, stream)), then one block per output row r of
-//            [input_mix_weight_down (R rows); block_inject (S rows)], its threads splitting the inputs:
-//            acc = sum_k n[t,k] w[r,k] with
-//            n = X * rstd * (1 + hc_norm); rows < R give d = silu(acc / S), the others inj = 2 sigmoid(acc / S).
-//            Block 0 stores rstd for hc_up.
-//   hc_up:   one warp per (hidden column j, stream b), the S warps of a column in one block: m_b = up[b*H + j] . d[t]
-//            (d staged in shared memory), then u[t, j] = mean_b sigmoid(m_b) * n[t, b*H + j], summed over b in
-//            order.
+// Decode hyper-connection read (hc_read for T <= kGemvMaxTokens tokens, float32 throughout), in two launches. With
+// n = X * rstd * (1 + hc_norm), a row's product splits by stream: w . n[t] = sum_b rstd[t][b] * p[t][b], where
+// p[t][b] = sum over stream b's inputs k of w[k] (1 + hc_norm[k]) X[t, k], so no statistics pass has to come first:
+//   hc_down: block (g, b) for rows g*kHcDownRows .. +kHcDownRows of [input_mix_weight_down (R rows); block_inject
+//            (S rows)] over stream b's H inputs, one thread per 8-wide slice with all of its weight, norm and X loads
+//            in flight at once: the partial dots p[t][r][b] and (blocks g = 0) the stream's square sums ss[t][b].
+//   hc_up:   rstd[t][b] = rsqrt(ss[t][b] / H + eps), d[t][r] = silu(sum_b rstd[t][b] p[t][r][b] / S) into shared
+//            memory (block 0 also writes inj[t][s] = 2 sigmoid(sum_b rstd p / S) of the inject rows), then one warp per
+//            hidden column j, lane group b (32 / S lanes) for stream b: m_b = up[b*H + j] . d[t];
+//            u[t, j] = mean_b sigmoid(m_b) * n[t, b*H + j]. The up weights are loaded before the prologue.
 // With a pending injection (add_out [T, H], add_inj [T, S]; hc_inject_read) both kernels read X' = X + add_inj[t, b] *
-// add_out[t, j] (the expression of hc_inject_kernel) instead of X, and hc_up, whose warps own one X element each,
-// stores X' in place. Needs H, R multiples of 8, S <= kHcMaxStreamsDecode, rows 16-byte aligned. Each thread issues
-// its weight loads gemv_prefetch<T>() slices at a time before using them; sums keep the slice order.
+// add_out[t, j] (the expression of hc_inject_kernel) instead of X, and hc_up, whose lanes own one X element each,
+// stores X' in place. Needs H, R multiples of 8, S a power of two <= kHcMaxStreamsDecode, rows 16-byte aligned.
 constexpr int kHcMaxStreamsDecode = 8;
+constexpr int kHcDownRows = 4;  // rows per hc_down block: they share the block's X and norm loads
+constexpr int kHcUpSlices = 8;  // 8-wide up-row slices per lane in flight
 
 // X'[t, b*H + 4i .. +4) as hc_read_decode reads it: X plus the pending injection, if any.
 __device__ __forceinline__ float4 hc_x4(const float* __restrict__ X, const float* __restrict__ add_out,
@@ -235,143 +236,147 @@ __device__ __forceinline__ float4 hc_x4(const float* __restrict__ X, const float
 }
 
 template <int T>
-__device__ void hc_row_stats(const float* __restrict__ X, const float* __restrict__ add_out,
-                             const float* __restrict__ add_inj, int S, int H, float eps,
-                             float (*rstd)[kHcMaxStreamsDecode]) {
-  // One warp per (token, stream) row of H values (all rows at once, their loads independent), one barrier.
-  __shared__ float part[T * kHcMaxStreamsDecode];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int p = warp; p < T * S; p += kWarps) {
-    const int t = p / S, b = p % S;
-    float ss = 0.f;
-#pragma unroll 4
-    for (int i = lane; i < H / 4; i += 32) {
-      const float4 v = hc_x4(X, add_out, add_inj, t, b, i, S, H);
-      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    }
-    ss = warp_sum(ss);
-    if (lane == 0) part[p] = ss;
+__global__ void __launch_bounds__(1024)
+    hc_down_kernel(const float* __restrict__ X, const float* __restrict__ add_out, const float* __restrict__ add_inj,
+                   const __half* __restrict__ norm_w, const __half* __restrict__ down,
+                   const __half* __restrict__ inject, int S, int H, int R, int rows, float* __restrict__ part,
+                   float* __restrict__ ss_out) {
+  constexpr int RB = kHcDownRows, V = T * (RB + 1);  // per token: RB row dots, then the square sum
+  __shared__ float red[32][V];
+  const int g = int(blockIdx.x), b = int(blockIdx.y), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t W = int64_t(S) * H;
+  const int n8 = H / 8;
+  const uint4* wr[RB];
+#pragma unroll
+  for (int i = 0; i < RB; ++i) {
+    const int r = min(g * RB + i, rows - 1);
+    wr[i] = reinterpret_cast<const uint4*>(r < R ? down + int64_t(r) * W : inject + int64_t(r - R) * W);
   }
-  __syncthreads();
-  if (threadIdx.x < T * S) rstd[threadIdx.x / S][threadIdx.x % S] = rsqrtf(part[threadIdx.x] / float(H) + eps);
-  __syncthreads();
-}
-
-template <int T>
-__global__ void hc_down_kernel(const float* __restrict__ X, const float* __restrict__ add_out,
-                               const float* __restrict__ add_inj, const __half* __restrict__ norm_w,
-                               const __half* __restrict__ down, const __half* __restrict__ inject, int S, int H, int R,
-                               float eps, float* __restrict__ d, float* __restrict__ inj,
-                               float* __restrict__ rstd_out) {
-  // One block per output row; its threads split the row's S*H inputs (a row is long, the rows few).
-  __shared__ float rstd[T][kHcMaxStreamsDecode];
-  __shared__ float part[kWarps][T];
-  const int r = int(blockIdx.x), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int W = S * H, n8 = W / 8;
-  const uint4* wr = reinterpret_cast<const uint4*>(r < R ? down + int64_t(r) * W : inject + int64_t(r - R) * W);
-  const uint4* nw = reinterpret_cast<const uint4*>(norm_w);
-  constexpr int P = gemv_prefetch<T>();
-  // The first weight loads are in flight while the statistics are computed.
-  uint4 wraw[P], nraw[P];
+  float acc[T][RB + 1];
 #pragma unroll
-  for (int u = 0; u < P; ++u) {
-    const int v = threadIdx.x + kThreads * u;
-    if (v < n8) wraw[u] = __ldg(wr + v), nraw[u] = __ldg(nw + v);
-  }
-  hc_row_stats<T>(X, add_out, add_inj, S, H, eps, rstd);
-  if (blockIdx.x == 0 && threadIdx.x < T * S) rstd_out[threadIdx.x] = rstd[threadIdx.x / S][threadIdx.x % S];
-  float acc[T];
+  for (int t = 0; t < T; ++t)
 #pragma unroll
-  for (int t = 0; t < T; ++t) acc[t] = 0.f;
-  for (int v0 = threadIdx.x; v0 < n8; v0 += kThreads * P) {
-    if (v0 != int(threadIdx.x)) {
+    for (int i = 0; i <= RB; ++i) acc[t][i] = 0.f;
+  for (int v = threadIdx.x; v < n8; v += blockDim.x) {
+    const int64_t k8 = int64_t(b) * n8 + v;  // the slice in a row of S*H inputs
+    uint4 wraw[RB];
 #pragma unroll
-      for (int u = 0; u < P; ++u) {
-        const int v = v0 + kThreads * u;
-        if (v < n8) wraw[u] = __ldg(wr + v), nraw[u] = __ldg(nw + v);
+    for (int i = 0; i < RB; ++i) wraw[i] = __ldg(wr[i] + k8);
+    float gf[8];
+    unpack_f16x8(__ldg(reinterpret_cast<const uint4*>(norm_w) + k8), gf);
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      const float4 p = hc_x4(X, add_out, add_inj, t, b, 2 * v, S, H),
+                   q = hc_x4(X, add_out, add_inj, t, b, 2 * v + 1, S, H);
+      float xf[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+      float sq = 0.f;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        sq += xf[k] * xf[k];
+        xf[k] *= 1.f + gf[k];
       }
-    }
+      acc[t][RB] += sq;
 #pragma unroll
-    for (int u = 0; u < P; ++u) {
-      const int v = v0 + kThreads * u;
-      if (v >= n8) break;
-      const __half2* wh = reinterpret_cast<const __half2*>(&wraw[u]);
-      const __half2* nh = reinterpret_cast<const __half2*>(&nraw[u]);
-      float wf[8];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 a = __half22float2(wh[i]), g = __half22float2(nh[i]);
-        wf[2 * i] = a.x * (1.f + g.x);
-        wf[2 * i + 1] = a.y * (1.f + g.y);
-      }
-      const int b = (v * 8) / H, i4 = (v * 8 - b * H) / 4;
-#pragma unroll
-      for (int t = 0; t < T; ++t) {
-        const float4 p = hc_x4(X, add_out, add_inj, t, b, i4, S, H), q = hc_x4(X, add_out, add_inj, t, b, i4 + 1, S, H);
-        acc[t] += rstd[t][b] * (wf[0] * p.x + wf[1] * p.y + wf[2] * p.z + wf[3] * p.w + wf[4] * q.x + wf[5] * q.y +
-                                wf[6] * q.z + wf[7] * q.w);
+      for (int i = 0; i < RB; ++i) {
+        float wf[8];
+        unpack_f16x8(wraw[i], wf);
+        acc[t][i] += wf[0] * xf[0] + wf[1] * xf[1] + wf[2] * xf[2] + wf[3] * xf[3] + wf[4] * xf[4] + wf[5] * xf[5] +
+                     wf[6] * xf[6] + wf[7] * xf[7];
       }
     }
   }
 #pragma unroll
-  for (int t = 0; t < T; ++t) {
-    const float a = warp_sum(acc[t]);
-    if (lane == 0) part[warp][t] = a;
-  }
+  for (int t = 0; t < T; ++t)
+#pragma unroll
+    for (int i = 0; i <= RB; ++i) {
+      const float a = warp_sum(acc[t][i]);
+      if (lane == 0) red[warp][t * (RB + 1) + i] = a;
+    }
   __syncthreads();
-  if (threadIdx.x < T) {
-    const int t = threadIdx.x;
+  const int warps = int(blockDim.x) >> 5;
+  for (int q = threadIdx.x; q < V; q += blockDim.x) {
     float a = 0.f;
-    for (int w = 0; w < kWarps; ++w) a += part[w][t];
-    a /= float(S);
-    if (r < R)
-      d[t * R + r] = siluf_(a);
-    else
-      inj[t * S + (r - R)] = 2.f * sigmoidf_(a);
+    for (int w = 0; w < warps; ++w) a += red[w][q];
+    const int t = q / (RB + 1), i = q % (RB + 1), r = g * RB + i;
+    if (i < RB) {
+      if (r < rows) part[(int64_t(t) * rows + r) * S + b] = a;
+    } else if (g == 0) {
+      ss_out[t * S + b] = a;
+    }
   }
-}
-
-/// Hidden columns per hc_up block: the S warps of each column in one block.
-__host__ __device__ constexpr int hc_up_columns(int S) {
-  return kWarps / S;
 }
 
 template <int T>
 __global__ void hc_up_kernel(float* __restrict__ X, const float* __restrict__ add_out,
                              const float* __restrict__ add_inj, const __half* __restrict__ norm_w,
-                             const __half* __restrict__ up, const float* __restrict__ d, const float* __restrict__ rstd,
-                             int S, int H, int R, float* __restrict__ u) {
+                             const __half* __restrict__ up, const float* __restrict__ part,
+                             const float* __restrict__ ss, int S, int H, int R, int rows, float eps,
+                             float* __restrict__ u, float* __restrict__ inj) {
   extern __shared__ float d_s[];  // [T, R]
-  __shared__ float mixed[kWarps][T];
-  const int cols = hc_up_columns(S), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int col = warp / S, b = warp % S, j = int(blockIdx.x) * cols + col;
-  for (int i = threadIdx.x; i < T * R; i += kThreads) d_s[i] = d[i];
+  __shared__ float rstd[T][kHcMaxStreamsDecode];
+  constexpr int P = kHcUpSlices;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, L = 32 / S, b = lane / L, sub = lane % L;
+  const int j = int(blockIdx.x) * kWarps + warp, r8 = R / 8;
+  const bool active = j < H;  // per warp
+  const uint4* wr = reinterpret_cast<const uint4*>(up + (int64_t(b) * H + (active ? j : 0)) * R);
+  uint4 raw[P];
+#pragma unroll
+  for (int i = 0; i < P; ++i)
+    if (active && sub + i * L < r8) raw[i] = __ldg(wr + sub + i * L);
+  if (threadIdx.x < T * S) {
+    const int t = threadIdx.x / S, bb = threadIdx.x % S;
+    rstd[t][bb] = rsqrtf(ss[t * S + bb] / float(H) + eps);
+  }
   __syncthreads();
-  if (col < cols && j < H) {
-    float acc[T];
+  // Row r's product with n[t]: the stream partials of hc_down, each times its stream's rstd, in stream order.
+  auto mixed_dot = [&](int t, int r) {
+    float a = 0.f;
+    for (int bb = 0; bb < S; ++bb) a += rstd[t][bb] * part[(int64_t(t) * rows + r) * S + bb];
+    return a / float(S);
+  };
+  for (int q = threadIdx.x; q < T * R; q += kThreads) d_s[q] = siluf_(mixed_dot(q / R, q % R));
+  if (blockIdx.x == 0 && inj)
+    for (int q = threadIdx.x; q < T * S; q += kThreads) inj[q] = 2.f * sigmoidf_(mixed_dot(q / S, R + q % S));
+  __syncthreads();
+  if (!active) return;  // the whole warp; no barrier follows
+  float acc[T];
 #pragma unroll
-    for (int t = 0; t < T; ++t) acc[t] = 0.f;
-    lane_dots_f16w<T>(up + (int64_t(b) * H + j) * R, d_s, R, R, lane, acc);
-    const int W = S * H, c = b * H + j;
-    const float g = 1.f + to_f(norm_w[c]);
+  for (int t = 0; t < T; ++t) acc[t] = 0.f;
+  for (int v0 = sub; v0 < r8; v0 += P * L) {
+    if (v0 != sub) {
 #pragma unroll
-    for (int t = 0; t < T; ++t) {
-      const float m = warp_sum(acc[t]);
-      if (lane == 0) {
-        float x = X[int64_t(t) * W + c];
-        if (add_out) X[int64_t(t) * W + c] = x = x + add_inj[t * S + b] * add_out[int64_t(t) * H + j];
-        mixed[warp][t] = sigmoidf_(m) * (x * rstd[t * S + b] * g);
+      for (int i = 0; i < P; ++i)
+        if (v0 + i * L < r8) raw[i] = __ldg(wr + v0 + i * L);
+    }
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      const int v = v0 + i * L;
+      if (v >= r8) break;
+      float wf[8];
+      unpack_f16x8(raw[i], wf);
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        const float4* dp = reinterpret_cast<const float4*>(d_s + t * R + v * 8);
+        const float4 p = dp[0], q = dp[1];
+        acc[t] += wf[0] * p.x + wf[1] * p.y + wf[2] * p.z + wf[3] * p.w + wf[4] * q.x + wf[5] * q.y + wf[6] * q.z +
+                  wf[7] * q.w;
       }
     }
   }
-  __syncthreads();
-  if (threadIdx.x < cols * T) {
-    const int cc = threadIdx.x / T, t = threadIdx.x % T, jj = int(blockIdx.x) * cols + cc;
-    if (jj < H) {
-      float out = 0.f;
-      for (int bb = 0; bb < S; ++bb) out += mixed[cc * S + bb][t];
-      u[int64_t(t) * H + jj] = out / float(S);
+  const int64_t W = int64_t(S) * H, c = int64_t(b) * H + j;
+  const float gn = 1.f + to_f(norm_w[c]);
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    float m = acc[t];
+    for (int o = L / 2; o > 0; o >>= 1) m += __shfl_xor_sync(0xffffffffu, m, o);  // the lane group's sum
+    float term = 0.f;
+    if (sub == 0) {
+      float x = X[t * W + c];
+      if (add_out) X[t * W + c] = x = x + add_inj[t * S + b] * add_out[int64_t(t) * H + j];
+      term = sigmoidf_(m) * (x * rstd[t][b] * gn);
     }
+    for (int o = L; o < 32; o <<= 1) term += __shfl_xor_sync(0xffffffffu, term, o);  // over the streams
+    if (lane == 0) u[int64_t(t) * H + j] = term / float(S);
   }
 }
 
@@ -651,9 +656,9 @@ __global__ void qsa_topk_kernel(Layout lay, const float* __restrict__ scores, in
   template __global__ void shared_down_decode_kernel<TT>(const float*, const float*, const __half*, const float*, int, \
                                                          int, float*);                                                 \
   template __global__ void hc_down_kernel<TT>(const float*, const float*, const float*, const __half*, const __half*,  \
-                                              const __half*, int, int, int, float, float*, float*, float*);            \
+                                              const __half*, int, int, int, int, float*, float*);                      \
   template __global__ void hc_up_kernel<TT>(float*, const float*, const float*, const __half*, const __half*,          \
-                                            const float*, const float*, int, int, int, float*);
+                                            const float*, const float*, int, int, int, int, float, float*, float*);
 FN_DECODE_KERNELS(1)
 FN_DECODE_KERNELS(2)
 FN_DECODE_KERNELS(3)
@@ -941,8 +946,13 @@ cudaError_t launch_shared_down_decode(const float* g, const float* up, const __h
 }
 
 bool hc_read_decode_supported(int tokens, int streams, int hidden, int rank) {
-  return tokens >= 1 && tokens <= kGemvMaxTokens && streams >= 1 && streams <= kHcMaxStreamsDecode && hidden % 8 == 0 &&
-         rank % 8 == 0 && int64_t(tokens) * rank * sizeof(float) <= 48 * 1024;
+  return tokens >= 1 && tokens <= kGemvMaxTokens && streams >= 1 && streams <= kHcMaxStreamsDecode &&
+         (streams & (streams - 1)) == 0 && hidden % 8 == 0 && rank % 8 == 0 &&
+         int64_t(tokens) * rank * sizeof(float) <= 48 * 1024;
+}
+
+int64_t hc_read_decode_scratch(int tokens, int streams, int rank, bool inject) {
+  return int64_t(tokens) * streams * (rank + (inject ? streams : 0) + 1);
 }
 
 cudaError_t launch_hc_read_decode(float* X, const float* add_out, const float* add_inj, const __half* norm_w,
@@ -951,18 +961,20 @@ cudaError_t launch_hc_read_decode(float* X, const float* add_out, const float* a
                                   cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   if (!hc_read_decode_supported(tokens, streams, hidden, rank)) return cudaErrorInvalidValue;
-  float* d = scratch;                           // [tokens, rank]
-  float* rstd = scratch + int64_t(tokens) * rank;  // [tokens, streams]
-  const int rows = rank + (inject ? streams : 0), cols = hc_up_columns(streams);
-  const unsigned down_blocks = unsigned(rows), up_blocks = unsigned((hidden + cols - 1) / cols);
+  const int rows = rank + (inject ? streams : 0);
+  float* part = scratch;                                   // [tokens, rows, streams]
+  float* ss = scratch + int64_t(tokens) * rows * streams;  // [tokens, streams]
+  const dim3 down_grid(unsigned((rows + kHcDownRows - 1) / kHcDownRows), unsigned(streams));
+  const unsigned down_threads = unsigned(std::min(1024, (hidden / 8 + 31) / 32 * 32));
+  const unsigned up_blocks = unsigned((hidden + kWarps - 1) / kWarps);
   const size_t up_smem = size_t(tokens) * rank * sizeof(float);
   switch (tokens) {
-#define FN_HC_CASE(TT)                                                                                            \
-  case TT:                                                                                                        \
-    hc_down_kernel<TT><<<down_blocks, kThreads, 0, stream>>>(X, add_out, add_inj, norm_w, down, inject, streams,  \
-                                                             hidden, rank, eps, d, inj, rstd);                    \
-    hc_up_kernel<TT><<<up_blocks, kThreads, up_smem, stream>>>(X, add_out, add_inj, norm_w, up, d, rstd, streams, \
-                                                               hidden, rank, u);                                  \
+#define FN_HC_CASE(TT)                                                                                             \
+  case TT:                                                                                                         \
+    hc_down_kernel<TT><<<down_grid, down_threads, 0, stream>>>(X, add_out, add_inj, norm_w, down, inject, streams, \
+                                                               hidden, rank, rows, part, ss);                      \
+    hc_up_kernel<TT><<<up_blocks, kThreads, up_smem, stream>>>(X, add_out, add_inj, norm_w, up, part, ss, streams, \
+                                                               hidden, rank, rows, eps, u, inj);                   \
     break;
     FN_HC_CASE(1) FN_HC_CASE(2) FN_HC_CASE(3) FN_HC_CASE(4)
     FN_HC_CASE(5) FN_HC_CASE(6) FN_HC_CASE(7) FN_HC_CASE(8)

@@ -58,13 +58,16 @@ cudaError_t launch_add_bias(float* y, const __half* bias, int64_t rows, int cols
 /// alignment is the caller's check).
 cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, int K, const GemvSegments& seg, int tokens,
                                   cudaStream_t stream);
-/// Whether launch_hc_read_decode takes these sizes: tokens <= kGemvMaxTokens, streams <= 8, hidden and rank
-/// multiples of 8, tokens * rank floats of d within 48 KiB of shared memory.
+/// Whether launch_hc_read_decode takes these sizes: tokens <= kGemvMaxTokens, streams a power of two <= 8, hidden
+/// and rank multiples of 8, tokens * rank floats of d within 48 KiB of shared memory.
 bool hc_read_decode_supported(int tokens, int streams, int hidden, int rank);
+/// Floats of scratch launch_hc_read_decode needs: the per-stream partial dots of the rank (+ inject) rows and the
+/// per-stream square sums, tokens * streams * (rank + (inject ? streams : 0) + 1).
+int64_t hc_read_decode_scratch(int tokens, int streams, int rank, bool inject);
 /// hc_read for tokens <= kGemvMaxTokens in float32, two launches (cuda_ops_kernels.cu "Decode hyper-connection
 /// read"): X [tokens, streams*hidden], norm_w [streams*hidden], down [rank, streams*hidden], up [streams*hidden, rank],
 /// inject [streams, streams*hidden] or null; u [tokens, hidden], inj [tokens, streams] (unused without inject);
-/// scratch: tokens * (rank + streams) floats. With add_out [tokens, hidden] and add_inj [tokens, streams] (both or
+/// scratch: hc_read_decode_scratch floats. With add_out [tokens, hidden] and add_inj [tokens, streams] (both or
 /// neither) the pending injection X += add_inj (x) add_out is read into the product and stored into X
 /// (hc_inject_read). cudaErrorInvalidValue outside hc_read_decode_supported; every row must be 16-byte aligned (the
 /// caller's check).

@@ -10,7 +10,8 @@
 
 namespace flashnext::cuda {
 
-// The decode read: float32 throughout, two launches (norm statistics + down and inject rows; up rows + mix).
+// The decode read: float32 throughout, two launches (per-stream partial dots of the down and inject rows; the
+// statistics, the up rows and the mix).
 bool CudaOps::hc_read_decode(const Tensor& X, const Tensor& out, const Tensor& inj_prev, const HcWeights& hc,
                              double eps, const Tensor& u, const Tensor& inj) {
   const int64_t T = X.dim(0), H = u.dim(1), S = X.dim(1) / H, R = hc.down.dim(0);
@@ -20,7 +21,8 @@ bool CudaOps::hc_read_decode(const Tensor& X, const Tensor& out, const Tensor& i
       !aligned16(hc.norm) || !aligned16(hc.down) || !aligned16(hc.up) || (with_inject && !aligned16(hc.inject)) ||
       (out.defined() && !aligned16(out)))
     return false;
-  Tensor scratch = alloc({T * (R + S)}, DType::F32, "hc_read scratch");
+  Tensor scratch =
+      alloc({detail::hc_read_decode_scratch(int(T), int(S), int(R), with_inject)}, DType::F32, "hc_read scratch");
   FN_CUDA_CHECK(detail::launch_hc_read_decode(
                     dp<float>(X), out.defined() ? dp<const float>(out) : nullptr,
                     out.defined() ? dp<const float>(inj_prev) : nullptr, dp<__half>(hc.norm), dp<__half>(hc.down),
