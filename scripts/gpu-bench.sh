@@ -16,9 +16,10 @@
 #      whose device code is compute_70 PTX only (scripts/nvcc-ptx70.py), JIT-compiled by the driver as for a V100;
 #      MEDIUM=1 adds the medium fixture's tests (made with tools/make_fixtures.py into FIXTURE_DIR, default /tmp/fx);
 #      FP16=1 adds the fp16 run; BENCH_ARGS: extra arguments of the full-size run (e.g. "--prompts 1024,4096");
-#      NCU=1 adds per-kernel figures of decode steps (ncu: duration, DRAM throughput, occupancy, registers of every
-#      kernel of NCU_COUNT launches after NCU_SKIP, default 400 / 1200) at the released widths with 4 layers, 512
-#      experts and an 8K context, into ncu-decode.csv (ncu's clock control off: the clocks bench runs at).
+#      NCU=1 adds per-kernel figures of decode steps (ncu: duration, DRAM throughput, occupancy, instructions and
+#      issue activity, registers of every kernel of NCU_COUNT launches after NCU_SKIP, default 400 / 1200) at the
+#      released widths with 4 layers, 512 experts and an 8K context, into ncu-decode.csv (ncu's clock control off:
+#      the clocks bench runs at), and their medians per kernel into ncu-summary.txt (tools/ncu_summary.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/gpu-bundle.sh
@@ -162,12 +163,13 @@ cat "$OUT/bench-small.txt" | grep -v "^bench:" | tee -a "$S"
 if [ "${NCU:-0}" = 1 ]; then
   if command -v ncu >/dev/null; then
     echo "gpu-bench: ncu over decode steps (4 layers at the released widths, 512 experts, 8K context)" | tee -a "$S"
-    timeout 200 ncu --clock-control none --launch-skip "${NCU_SKIP:-1200}" --launch-count "${NCU_COUNT:-400}" --csv \
-      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size,launch__block_size \
+    timeout 200 ncu --clock-control none --print-units base --launch-skip "${NCU_SKIP:-1200}" --launch-count "${NCU_COUNT:-400}" --csv \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,sm__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size,launch__block_size \
       "$G/bin/flashnext" bench --layers 4 --ple-rows 1000000 --prompts 64 --decode-context 8192 --decode-tokens 40 \
       --batches none --repeat 1 >"$OUT/ncu-decode.csv" 2>"$OUT/ncu-decode.log" ||
       { echo "gpu-bench: ncu failed" | tee -a "$S"; tail -n 5 "$OUT/ncu-decode.log" | tee -a "$S"; }
     echo "gpu-bench: ncu-decode.csv $(grep -c gpu__time_duration "$OUT/ncu-decode.csv") kernel launches" | tee -a "$S"
+    python3 tools/ncu_summary.py "$OUT/ncu-decode.csv" >"$OUT/ncu-summary.txt" 2>&1 && cat "$OUT/ncu-summary.txt" | tee -a "$S"
   else
     echo "gpu-bench: ncu NOT run (not installed)" | tee -a "$S"
   fi

@@ -212,12 +212,14 @@ __global__ void shared_down_decode_kernel(const float* __restrict__ g, const flo
 //   hc_up:   rstd[t][b] = rsqrt(ss[t][b] / H + eps), d[t][r] = silu(sum_b rstd[t][b] p[t][r][b] / S) into shared
 //            memory (block 0 also writes inj[t][s] = 2 sigmoid(sum_b rstd p / S) of the inject rows), then one warp per
 //            hidden column j, lane group b (32 / S lanes) for stream b: m_b = up[b*H + j] . d[t];
-//            u[t, j] = mean_b sigmoid(m_b) * n[t, b*H + j]. The up weights are loaded before the prologue.
+//            u[t, j] = mean_b sigmoid(m_b) * n[t, b*H + j]. The up weights and the X' elements are loaded before the
+//            prologue.
 // With a pending injection (add_out [T, H], add_inj [T, S]; hc_inject_read) both kernels read X' = X + add_inj[t, b] *
 // add_out[t, j] (the expression of hc_inject_kernel) instead of X, and hc_up, whose lanes own one X element each,
 // stores X' in place. Needs H, R multiples of 8, S a power of two <= kHcMaxStreamsDecode, rows 16-byte aligned.
 constexpr int kHcMaxStreamsDecode = 8;
 constexpr int kHcDownRows = 4;  // rows per hc_down block: they share the block's X and norm loads
+constexpr int kHcDownThreads = 512;
 constexpr int kHcUpSlices = 8;  // 8-wide up-row slices per lane in flight
 
 // X'[t, b*H + 4i .. +4) as hc_read_decode reads it: X plus the pending injection, if any.
@@ -235,14 +237,16 @@ __device__ __forceinline__ float4 hc_x4(const float* __restrict__ X, const float
   return v;
 }
 
+// At most kHcDownThreads threads (one per 8-wide slice of a stream, looping beyond): 128 registers per thread, so the
+// T * (kHcDownRows + 1) accumulators of 8 tokens stay in registers.
 template <int T>
-__global__ void __launch_bounds__(1024)
+__global__ void __launch_bounds__(kHcDownThreads)
     hc_down_kernel(const float* __restrict__ X, const float* __restrict__ add_out, const float* __restrict__ add_inj,
                    const __half* __restrict__ norm_w, const __half* __restrict__ down,
                    const __half* __restrict__ inject, int S, int H, int R, int rows, float* __restrict__ part,
                    float* __restrict__ ss_out) {
   constexpr int RB = kHcDownRows, V = T * (RB + 1);  // per token: RB row dots, then the square sum
-  __shared__ float red[32][V];
+  __shared__ float red[kHcDownThreads / 32][V];
   const int g = int(blockIdx.x), b = int(blockIdx.y), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t W = int64_t(S) * H;
   const int n8 = H / 8;
@@ -323,18 +327,44 @@ __global__ void hc_up_kernel(float* __restrict__ X, const float* __restrict__ ad
 #pragma unroll
   for (int i = 0; i < P; ++i)
     if (active && sub + i * L < r8) raw[i] = __ldg(wr + sub + i * L);
+  // The X' element this lane group mixes (its first lane), with the pending injection stored in place.
+  const int64_t W = int64_t(S) * H, c = int64_t(b) * H + j;
+  const float gn = active ? 1.f + to_f(norm_w[c]) : 0.f;
+  float xv[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    xv[t] = 0.f;
+    if (active && sub == 0) {
+      xv[t] = X[t * W + c];
+      if (add_out) X[t * W + c] = xv[t] = xv[t] + add_inj[t * S + b] * add_out[int64_t(t) * H + j];
+    }
+  }
   if (threadIdx.x < T * S) {
     const int t = threadIdx.x / S, bb = threadIdx.x % S;
     rstd[t][bb] = rsqrtf(ss[t * S + bb] / float(H) + eps);
   }
   __syncthreads();
-  // Row r's product with n[t]: the stream partials of hc_down, each times its stream's rstd, in stream order.
+  // Row r's product with n[t]: the stream partials of hc_down (contiguous per (t, r)), each times its stream's rstd,
+  // in stream order; the loop over streams unrolled so that the loads of several rows are in flight together.
   auto mixed_dot = [&](int t, int r) {
+    const float* p = part + (int64_t(t) * rows + r) * S;
     float a = 0.f;
-    for (int bb = 0; bb < S; ++bb) a += rstd[t][bb] * part[(int64_t(t) * rows + r) * S + bb];
+#pragma unroll
+    for (int bb = 0; bb < kHcMaxStreamsDecode; ++bb)
+      if (bb < S) a += rstd[t][bb] * p[bb];
     return a / float(S);
   };
-  for (int q = threadIdx.x; q < T * R; q += kThreads) d_s[q] = siluf_(mixed_dot(q / R, q % R));
+  for (int q0 = threadIdx.x; q0 < T * R; q0 += 4 * kThreads) {
+    float a[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int q = q0 + i * kThreads;
+      a[i] = q < T * R ? mixed_dot(q / R, q % R) : 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      if (q0 + i * kThreads < T * R) d_s[q0 + i * kThreads] = siluf_(a[i]);
+  }
   if (blockIdx.x == 0 && inj)
     for (int q = threadIdx.x; q < T * S; q += kThreads) inj[q] = 2.f * sigmoidf_(mixed_dot(q / S, R + q % S));
   __syncthreads();
@@ -363,18 +393,11 @@ __global__ void hc_up_kernel(float* __restrict__ X, const float* __restrict__ ad
       }
     }
   }
-  const int64_t W = int64_t(S) * H, c = int64_t(b) * H + j;
-  const float gn = 1.f + to_f(norm_w[c]);
 #pragma unroll
   for (int t = 0; t < T; ++t) {
     float m = acc[t];
     for (int o = L / 2; o > 0; o >>= 1) m += __shfl_xor_sync(0xffffffffu, m, o);  // the lane group's sum
-    float term = 0.f;
-    if (sub == 0) {
-      float x = X[t * W + c];
-      if (add_out) X[t * W + c] = x = x + add_inj[t * S + b] * add_out[int64_t(t) * H + j];
-      term = sigmoidf_(m) * (x * rstd[t][b] * gn);
-    }
+    float term = sub == 0 ? sigmoidf_(m) * (xv[t] * rstd[t][b] * gn) : 0.f;
     for (int o = L; o < 32; o <<= 1) term += __shfl_xor_sync(0xffffffffu, term, o);  // over the streams
     if (lane == 0) u[int64_t(t) * H + j] = term / float(S);
   }
@@ -965,7 +988,7 @@ cudaError_t launch_hc_read_decode(float* X, const float* add_out, const float* a
   float* part = scratch;                                   // [tokens, rows, streams]
   float* ss = scratch + int64_t(tokens) * rows * streams;  // [tokens, streams]
   const dim3 down_grid(unsigned((rows + kHcDownRows - 1) / kHcDownRows), unsigned(streams));
-  const unsigned down_threads = unsigned(std::min(1024, (hidden / 8 + 31) / 32 * 32));
+  const unsigned down_threads = unsigned(std::min(kHcDownThreads, (hidden / 8 + 31) / 32 * 32));
   const unsigned up_blocks = unsigned((hidden + kWarps - 1) / kWarps);
   const size_t up_smem = size_t(tokens) * rank * sizeof(float);
   switch (tokens) {
