@@ -24,7 +24,7 @@ flags=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
 # HTTP target the request reader and the header policies.
 common=(src/server/openai_schema.cpp src/engine/sampling.cpp)
 declare -A sources=(
-  [request_parser_fuzz]="tests/fuzz/request_parser_fuzz.cpp"
+  [request_parser_fuzz]="tests/fuzz/request_parser_fuzz.cpp src/server/responses_api.cpp"
   [http_request_fuzz]="tests/fuzz/http_request_fuzz.cpp src/server/http_request_reader.cpp src/server/http_policy.cpp"
 )
 declare -A corpus=([request_parser_fuzz]=tests/fuzz/corpus [http_request_fuzz]=tests/fuzz/http_corpus)

@@ -32,7 +32,7 @@ MemoryPlanner::MemoryPlanner(const StatePlan& plan, int64_t block_size, int64_t 
     FN_CHECK(prefix_.num_snapshots >= 1, "memory planner: --prefix-cache-snapshots must be >= 1, got {}",
              prefix_.num_snapshots);
   }
-  block_bytes_ = (plan.kv_bytes_per_token + plan.indexer_bytes_per_token) * block_size;
+  block_bytes_ = kv_block_bytes(plan, block_size);
   slot_bytes_ = state_slot_bytes(plan);
   const int64_t after_slots = budget_bytes - slot_bytes_ * (num_slots + prefix_.num_snapshots + checkpoint_slots);
   // A model without QSA layers has no per-token cache: blocks then only count positions (bounded by the id type).

@@ -133,6 +133,10 @@ class MemoryPlanner {
     return plan.gdn_state_bytes_per_sequence + plan.gdn_conv_state_bytes_per_sequence +
            plan.ple_state_bytes_per_sequence;
   }
+  /// Bytes of one KV block of `block_size` tokens under `plan`: K, V and indexer keys (what block_bytes() is).
+  static int64_t kv_block_bytes(const StatePlan& plan, int64_t block_size) {
+    return (plan.kv_bytes_per_token + plan.indexer_bytes_per_token) * block_size;
+  }
   int64_t budget_bytes() const { return budget_bytes_; }
   int64_t total_blocks() const { return int64_t(all_blocks_); }
   /// Blocks a sequence can get: free ones plus cached ones no sequence holds (evictable).

@@ -1118,6 +1118,7 @@ void Server::Impl::install_routes() {
     check_model(tr.model);
     const std::string text =
         tr.prompt ? *tr.prompt : render_chat(tr.messages, tr.tools, tr.add_generation_prompt, tr.template_vars, false);
+    check_prompt_bytes(text, tr.prompt ? "prompt" : "messages");  // before the tokenizer spends time on it
     const std::vector<int32_t> ids = tokenizer.encode(text, /*parse_special=*/true);
     json out = {{"count", ids.size()}, {"max_model_len", scheduler.config().max_model_len}, {"tokens", ids}};
     if (tr.return_token_strs) {

@@ -139,8 +139,8 @@ TEST_F(Cli, BadInputFailsWithAClearMessage) {
     EXPECT_NE(r.status, 0) << r.err;  // CLI11's exit codes
     EXPECT_NE(r.err.find(text), std::string::npos) << r.err;
   };
-  expect_parse_error({"serve", "--port", "0", "--prefix-cache-snapshots", "8"},
-                     "--prefix-cache-snapshots requires --enable-prefix-caching");
+  expect_error({"serve", "--port", "0", "--no-enable-prefix-caching", "--prefix-cache-snapshots", "8"},
+               "--prefix-cache-snapshots needs prefix caching, which --no-enable-prefix-caching turned off");
   expect_parse_error({"serve", "--port", "0", "--enable-prefix-caching", "--prefix-cache-snapshot-interval", "0"},
                      "--prefix-cache-snapshot-interval: Value 0 not in range 1 to 1048576");
   // The snapshots come out of the KV budget: 64 of 10,000 B do not fit in 600,000 B.

@@ -1,13 +1,14 @@
 // libFuzzer target for the request parser of `flashnext serve` (server/openai_schema.h): any byte string given as
-// a body to each endpoint's parser must either parse or be refused with ApiError(400) with a bounded message;
-// anything else (a crash, another exception, a sanitizer report, a message quoting unbounded input) is a bug.
-// Built and run by scripts/fuzz.sh (clang, -fsanitize=fuzzer,address,undefined).
+// a body to each endpoint's parser (the Responses API's translation included) must either parse or be refused with
+// ApiError(400) with a bounded message; anything else (a crash, another exception, a sanitizer report, a message
+// quoting unbounded input) is a bug. Built and run by scripts/fuzz.sh (clang, -fsanitize=fuzzer,address,undefined).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
 
 #include "server/openai_schema.h"
+#include "server/responses_api.h"
 
 namespace {
 
@@ -48,5 +49,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   expect_parse_or_400([&] { parse_completion_request(doc, defaults, kVocab); });
   expect_parse_or_400([&] { parse_tokenize_request(doc); });
   expect_parse_or_400([&] { parse_detokenize_request(doc, kVocab); });
+  // /v1/responses: the translation, then the chat parse of what it made, its errors renamed as the server does.
+  expect_parse_or_400([&] {
+    const ResponsesRequest rr = translate_responses_request(doc);
+    try {
+      parse_chat_request(rr.chat, defaults, kVocab);
+    } catch (const ApiError& e) {
+      check_bounded(rr.remap(e));
+    }
+  });
   return 0;
 }

@@ -9,6 +9,7 @@ All traffic is on 127.0.0.1; every socket has a timeout and every loop a bound i
 from __future__ import annotations
 
 import json
+import re
 import select
 import socket
 import threading
@@ -191,14 +192,43 @@ def test_nesting_at_and_past_the_limit_in_every_field(hs, reference):
     assert_healthy(hs, reference)
 
 
+def test_prompts_too_long_in_bytes_are_refused_before_tokenizing():
+    """A text of more bytes than max_model_len tokens can hold (here 64 tokens, a body limit of 4 MB) gets the byte
+    check's 400 on every route that tokenizes text, before the tokenizer spends time on it; the server still serves."""
+    s = Server("--max-model-len", "64", "--max-num-seqs", "1", "--served-model-name", "tiny",
+               "--max-request-bytes", "4000000")
+    try:
+        long_text = "word " * 600_000  # 3 MB
+        for path, body in (("/v1/completions", {"prompt": long_text, "max_tokens": 1}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": long_text}]}),
+                           ("/tokenize", {"prompt": long_text}),
+                           ("/tokenize", {"messages": [{"role": "user", "content": long_text}]})):
+            err = assert_error(requests.post(s.url + path, json={"model": "tiny", **body}, timeout=60), 400,
+                               "maximum context length")
+            assert re.search(r"the prompt is \d+ bytes, more than 64 tokens", err["message"]), (path, err)
+        assert requests.get(s.url + "/health", timeout=5).status_code == 200
+        r = requests.post(s.url + "/tokenize", json={"model": "tiny", "prompt": "word " * 10}, timeout=30)
+        assert r.status_code == 200 and r.json()["count"] > 0
+    finally:
+        s.stop()
+
+
 @pytest.mark.parametrize("field", ["temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                                    "repetition_penalty", "max_tokens", "top_k", "seed", "n", "logprobs"])
 def test_overflowing_numbers(hs, reference, field):
-    base = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
-    for text in ("1e309", "-1e309", "1" * 400):
-        r = post_raw(hs, "/v1/completions", body_text({k: v for k, v in base.items() if k != field}, field, text))
-        assert r.status_code == 400, (field, text, r.text)
-        assert r.json()["error"]["type"] == "invalid_request_error"
+    # The same fields through the three generation APIs (the Responses API names two of them differently and has
+    # no n, logprobs or min_p-style extras under other names: those go as they are, and must get 400 as well).
+    responses_name = {"max_tokens": "max_output_tokens", "logprobs": "top_logprobs"}
+    bases = (("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 2}, field),
+             ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                                       "max_tokens": 2}, field),
+             ("/v1/responses", {"model": "tiny", "input": "hi", "max_output_tokens": 16},
+              responses_name.get(field, field)))
+    for path, base, name in bases:
+        for text in ("1e309", "-1e309", "1" * 400):
+            r = post_raw(hs, path, body_text({k: v for k, v in base.items() if k != name}, name, text))
+            assert r.status_code == 400, (path, name, text, r.text)
+            assert r.json()["error"]["type"] == "invalid_request_error", (path, name, r.text)
     assert_healthy(hs, reference)
 
 
@@ -376,9 +406,16 @@ def test_keep_alive_serves_sequential_requests(hs, reference):
             s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
             status, headers, _ = read_response(s, 5)
             assert status == 200 and headers.get("connection") != "close"
+        # A client's "Connection: close" is honoured: answered, then closed.
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        status, headers, _ = read_response(s, 5)
+        assert status == 200 and headers.get("connection") == "close"
+        s.settimeout(5)
+        assert s.recv(1) == b""
+    assert_healthy(hs, reference)
 
 
-def test_pipelined_requests_are_answered_in_order(hs):
+def test_pipelined_requests_are_answered_in_order(hs, reference):
     body = json.dumps({"prompt": "pipelined"}).encode()
     post = (b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
             % (len(body), body))
@@ -404,6 +441,7 @@ def test_pipelined_requests_are_answered_in_order(hs):
             assert not pending
             s.sendall(health)  # the connection still serves
             assert read_response(s, 10)[0] == 200
+    assert_healthy(hs, reference)
 
 
 def _wait(cond, timeout=20.0, what=lambda: ""):

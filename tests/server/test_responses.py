@@ -273,6 +273,14 @@ def test_options_the_chat_path_decides(server):
 def test_hostile_fields_and_metrics(server):
     """Every field nested to the JSON depth limit gets a short 400, past it the parser's 400; huge values are quoted
     as excerpts only; finished requests are counted under endpoint="responses"."""
+    def greedy():
+        r = requests.post(server.v1 + "/responses", timeout=30,
+                          json={"model": "tiny", "input": "the same words", "max_output_tokens": 16, "temperature": 0})
+        assert r.status_code == 200, r.text
+        # the texts of the output items (their ids differ from response to response)
+        return [[c.get("text") for c in item.get("content") or []] for item in r.json()["output"]]
+
+    before = greedy()
     fields = ["model", "input", "instructions", "tools", "tool_choice", "max_output_tokens", "temperature", "top_p",
               "text", "reasoning", "stream", "stream_options", "store", "previous_response_id", "conversation",
               "metadata", "user", "parallel_tool_calls", "truncation", "include", "top_logprobs", "max_tool_calls",
@@ -284,6 +292,7 @@ def test_hostile_fields_and_metrics(server):
             r = requests.post(server.v1 + "/responses", data=text, headers={"Content-Type": "application/json"},
                               timeout=30)
             assert r.status_code == 400, (field, depth, r.text)
+            assert r.json()["error"]["type"] == "invalid_request_error", (field, depth, r.text)
             assert len(r.json()["error"]["message"]) < 400
             if needle:
                 assert needle in r.json()["error"]["message"]
@@ -292,6 +301,9 @@ def test_hostile_fields_and_metrics(server):
                  {"input": "hi", "tools": [{"type": big}]}):
         r = requests.post(server.v1 + "/responses", json={"model": "tiny", **body}, timeout=30)
         assert r.status_code == 400 and len(r.content) < 1000
+        assert r.json()["error"]["type"] == "invalid_request_error"
+    assert requests.get(server.url + "/health", timeout=5).status_code == 200
+    assert greedy() == before  # the same output as before the attack
     # A huge unknown field name is ignored (lenient policy); its log line quotes a clipped name.
     r = requests.post(server.v1 + "/responses", json={"model": "tiny", "input": "hi", "max_output_tokens": 1, big: 1},
                       timeout=30)
