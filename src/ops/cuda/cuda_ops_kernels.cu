@@ -700,24 +700,50 @@ template __global__ void qsa_block_scores_f32_kernel<PagedIndex>(PagedIndex, con
 template __global__ void qsa_expand_selection_kernel<PagedIndex>(PagedIndex, const int32_t*, int, int, int, int32_t*,
                                                                  int64_t);
 
-// One warp per row: stream compaction of the non-negative entries with a ballot per 32 entries.
+// One block per row: stream compaction of the entries in [0, rows), in order. Each thread takes kCompactPer
+// consecutive entries of a round of kThreads * kCompactPer (all of a round's loads in flight at once: a decode row of
+// 2,048 selected tokens is one round) and a block-wide exclusive scan of the threads' counts places them.
+constexpr int kCompactPer = 8;
 __global__ void compact_selection_kernel(const int32_t* __restrict__ selected, int tokens, int n_sel, int64_t rows,
                                          int32_t* __restrict__ compact, int32_t* __restrict__ counts, int32_t* status) {
-  const int t = (blockIdx.x * kThreads + threadIdx.x) >> 5, lane = threadIdx.x & 31;
-  if (t >= tokens) return;
+  __shared__ int warp_total[kWarps];
+  const int t = int(blockIdx.x), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int32_t* in = selected + int64_t(t) * n_sel;
   int32_t* out = compact + int64_t(t) * n_sel;
   int base = 0;
-  for (int i0 = 0; i0 < n_sel; i0 += 32) {
-    const int i = i0 + lane;
-    const int32_t v = i < n_sel ? in[i] : -1;
-    const bool keep = v >= 0 && v < rows;
-    if (v >= rows && status) atomicOr(status, 1);
-    const unsigned mask = __ballot_sync(0xffffffffu, keep);
-    if (keep) out[base + __popc(mask & ((1u << lane) - 1u))] = v;
-    base += __popc(mask);
+  for (int r0 = 0; r0 < n_sel; r0 += kThreads * kCompactPer) {
+    const int i0 = r0 + int(threadIdx.x) * kCompactPer;
+    int32_t v[kCompactPer];
+#pragma unroll
+    for (int u = 0; u < kCompactPer; ++u) v[u] = i0 + u < n_sel ? in[i0 + u] : -1;
+    int count = 0;
+#pragma unroll
+    for (int u = 0; u < kCompactPer; ++u) {
+      if (v[u] >= rows && status) atomicOr(status, 1);
+      count += v[u] >= 0 && v[u] < rows;
+    }
+    int incl = count;  // inclusive scan over the warp, then over the warps' totals
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int n = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += n;
+    }
+    if (lane == 31) warp_total[warp] = incl;
+    __syncthreads();
+    int before = 0, total = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      before += w < warp ? warp_total[w] : 0;
+      total += warp_total[w];
+    }
+    int pos = base + before + incl - count;
+#pragma unroll
+    for (int u = 0; u < kCompactPer; ++u)
+      if (v[u] >= 0 && v[u] < rows) out[pos++] = v[u];
+    base += total;
+    __syncthreads();  // warp_total is rewritten by the next round
   }
-  if (lane == 0) counts[t] = base;
+  if (threadIdx.x == 0) counts[t] = base;
 }
 
 __device__ __forceinline__ void split_store(float x, __half* hi, __half* lo) {
@@ -1095,8 +1121,7 @@ cudaError_t launch_qsa_topk_paged(const QsaPagedIndex& pi, const float* scores, 
 cudaError_t launch_compact_selection(const int32_t* selected, int tokens, int n_sel, int64_t rows, int32_t* compact,
                                      int32_t* counts, int32_t* status, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  compact_selection_kernel<<<(tokens + kWarps - 1) / kWarps, kThreads, 0, stream>>>(selected, tokens, n_sel, rows,
-                                                                                    compact, counts, status);
+  compact_selection_kernel<<<tokens, kThreads, 0, stream>>>(selected, tokens, n_sel, rows, compact, counts, status);
   return cudaGetLastError();
 }
 
