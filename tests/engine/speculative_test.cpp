@@ -1,7 +1,8 @@
 // Speculative decoding (engine/speculative.h): greedy output equals decoding without speculation for K = 1..8 with
 // both proposers on every fixture model, rollback after partial acceptance (an oracle proposer whose drafts go wrong
-// half way), prompt-lookup drafts, the generator path against the reference's greedy tokens, seeded sampling, and
-// the errors of --speculative.
+// half way), prompt-lookup drafts, the generator path against the reference's greedy tokens, seeded sampling, the
+// distribution of sampled speculation (acceptance rate and emitted tokens against the exact target distribution),
+// and the errors of --speculative.
 #include "engine/speculative.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +11,8 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <numeric>
+#include <string>
 
 #include "core/error.h"
 #include "engine/generator.h"
@@ -349,6 +352,187 @@ TEST(Speculative, SeededSamplingWithMtpEqualsPlainSampling) {
         std::printf("[ spec ] tiny-mtp sampled T=1.5 top-k 4 %s seed %llu: drafted %lld, accepted %lld\n", spec,
                     (unsigned long long)seed, (long long)sd.stats().drafted, (long long)sd.stats().accepted);
     }
+  }
+}
+
+/// softmax(logits / T) in double, by the sampler's rule (sampling.cpp draw_row: weights exp((l - max) * float(1 / T))
+/// over the whole row when no filter is on).
+std::vector<double> target_probs(std::span<const float> logits, double temperature) {
+  const float inv_t = float(1.0 / temperature);
+  const double lmax = double(*std::max_element(logits.begin(), logits.end()));
+  std::vector<double> p(logits.size());
+  double z = 0;
+  for (size_t i = 0; i < p.size(); ++i) z += p[i] = std::exp((double(logits[i]) - lmax) * double(inv_t));
+  for (double& x : p) x /= z;
+  return p;
+}
+
+/// The upper-`alpha` quantile of the standard normal: bisection on Q(z) = erfc(z / sqrt 2) / 2.
+double normal_upper_quantile(double alpha) {
+  double lo = 0, hi = 40;
+  for (int i = 0; i < 200; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (0.5 * std::erfc(mid / std::sqrt(2.0)) > alpha ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+/// The upper-`alpha` quantile of chi-square with `df` degrees of freedom, by the Wilson-Hilferty approximation
+/// (E. B. Wilson, M. M. Hilferty, "The distribution of chi-square", PNAS 17 (1931) 684-688; Abramowitz & Stegun
+/// 26.4.17): (X / df)^(1/3) is nearly normal with mean 1 - 2 / (9 df) and variance 2 / (9 df), so the quantile is
+/// df (1 - 2 / (9 df) + z sqrt(2 / (9 df)))^3 with z the normal's upper-alpha quantile. At alpha = 1e-4 it is above
+/// the exact quantile by 7% at df = 1, 1.1% at df = 10, 0.07% at df = 100 (a slightly looser threshold).
+double chi_square_upper_quantile(double alpha, int df) {
+  const double z = normal_upper_quantile(alpha), v = 2.0 / (9.0 * df);
+  return df * std::pow(1.0 - v + z * std::sqrt(v), 3.0);
+}
+
+struct ChiSquare {
+  double stat = 0;      ///< Pearson's sum of (observed - expected)^2 / expected over the bins
+  int df = 0;           ///< bins - 1
+  double critical = 0;  ///< the 1e-4 upper tail of chi-square with df degrees of freedom
+};
+
+/// Pearson's goodness-of-fit test of the token counts `counts` against `probs` (summing to 1): one bin per token
+/// whose expected count is >= 5, the others pooled into one bin (merged into the smallest bin when the pool's
+/// expected count is below 5).
+ChiSquare chi_square(const std::vector<int64_t>& counts, const std::vector<double>& probs) {
+  const int64_t n = std::accumulate(counts.begin(), counts.end(), int64_t(0));
+  std::vector<std::pair<double, int64_t>> bins;  // (expected, observed)
+  double pool_e = 0;
+  int64_t pool_o = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    const double e = double(n) * probs[i];
+    if (e >= 5) {
+      bins.emplace_back(e, counts[i]);
+    } else {
+      pool_e += e;
+      pool_o += counts[i];
+    }
+  }
+  if (pool_e >= 5 || bins.empty()) {
+    bins.emplace_back(pool_e, pool_o);
+  } else {
+    auto& smallest = *std::min_element(bins.begin(), bins.end());
+    smallest.first += pool_e;
+    smallest.second += pool_o;
+  }
+  ChiSquare c;
+  for (const auto& [e, o] : bins) {
+    if (e > 0) c.stat += (double(o) - e) * (double(o) - e) / e;
+    if (e == 0 && o > 0) c.stat = INFINITY;  // a token the distribution never gives
+  }
+  c.df = int(bins.size()) - 1;
+  c.critical = c.df > 0 ? chi_square_upper_quantile(1e-4, c.df) : 0.0;
+  return c;
+}
+
+/// N draws at one position against the target distribution `p`: the share that took the draft `d` (`took`: accepted
+/// by the verify, or for plain sampling the token equals d) is p(d) within 4.5 binomial standard errors; the tokens
+/// follow p; the tokens of the draws that did not take d follow p without d, normalised. Both histograms by
+/// chi_square, below its 1e-4 tail.
+void expect_target_distribution(const std::string& what, const std::vector<int32_t>& tokens,
+                                const std::vector<bool>& took, const std::vector<double>& p, int32_t d) {
+  SCOPED_TRACE(what);
+  const int64_t n = int64_t(tokens.size());
+  const int64_t hits = std::count(took.begin(), took.end(), true);
+  const double pd = p[size_t(d)], rate = double(hits) / double(n), se = std::sqrt(pd * (1 - pd) / double(n));
+  EXPECT_LE(std::fabs(rate - pd), 4.5 * se) << "took the draft " << hits << " of " << n << " times (" << rate
+                                            << "), expected p(d) = " << pd << " within 4.5 x " << se;
+  std::vector<int64_t> all(p.size()), rejected(p.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    ++all[size_t(tokens[i])];
+    if (!took[i]) ++rejected[size_t(tokens[i])];
+  }
+  std::vector<double> residual = p;  // max(p - q, 0) normalised for the point mass q at d
+  residual[size_t(d)] = 0;
+  for (double& x : residual) x /= 1 - pd;
+  const ChiSquare c_all = chi_square(all, p), c_rej = chi_square(rejected, residual);
+  EXPECT_GE(c_all.df, 1) << "too few draws for a chi-square test: " << n;
+  EXPECT_LT(c_all.stat, c_all.critical) << "emitted tokens against p: chi-square " << c_all.stat << " with " << c_all.df
+                                        << " degrees of freedom, the 1e-4 tail is " << c_all.critical;
+  EXPECT_GE(c_rej.df, 1) << "too few rejections for a chi-square test: " << n - hits;
+  EXPECT_LT(c_rej.stat, c_rej.critical) << "tokens after a rejection against p without d: chi-square " << c_rej.stat
+                                        << " with " << c_rej.df << " degrees of freedom, the 1e-4 tail is "
+                                        << c_rej.critical;
+  std::printf(
+      "[ spec ] %s: took d %lld of %lld = %.4f (p(d) %.4f, 4.5 se %.4f); chi-square %.1f (df %d, 1e-4 tail %.1f), "
+      "after rejection %.1f (df %d, tail %.1f)\n",
+      what.c_str(), (long long)hits, (long long)n, rate, pd, 4.5 * se, c_all.stat, c_all.df, c_all.critical, c_rej.stat,
+      c_rej.df, c_rej.critical);
+}
+
+// Sampled speculation keeps the target distribution (as vLLM's rejection-sampler tests check it): at the first
+// generated position, with a proposer that always drafts the same token d (K = 1), N seeded requests accept d with
+// probability p(d) (binomial, 4.5 standard errors), emit tokens distributed as p, and after a rejection as p without
+// d normalised, the residual max(p - q, 0) of the rejection rule for the point mass q at d (Leviathan et al., "Fast
+// Inference from Transformers via Speculative Decoding", 2023, Theorem 1; Chen et al., "Accelerating Large Language
+// Model Decoding with Speculative Sampling", 2023). p is computed from the model's logits with the request's
+// temperature; histograms by Pearson's chi-square below its 1e-4 tail. Two cases: d the argmax at T = 0.1 (random
+// weights are flat: at T = 1 the argmax has p < 0.01), and an unlikely d (the median token) at T = 1. Plain
+// sampling of the same position (other seeds) passes the same checks, so that a broken sampler fails the control
+// rather than hiding behind it.
+TEST(Speculative, SampledSpeculationKeepsTheTargetDistribution) {
+  Model& model = test::shared_model(kTinyMtp, false);
+  const int64_t V = model.config().vocab_size;
+  const std::vector<int32_t> prompt = prompt_for(model, 8, 4);
+  const std::span<const int32_t> head(prompt.data(), prompt.size() - 1);  // the prefill; prompt.back() is verified
+  const int n = 4000;
+  std::vector<float> row;
+  {
+    SequenceState seq = model.new_sequence();
+    row = model.forward(seq, prompt, LogitsMode::Last);
+  }
+  struct Case {
+    const char* name;
+    double temperature;
+    bool unlikely;  // d = the median token, else the argmax
+  };
+  for (const Case c : {Case{"argmax draft, T = 0.1", 0.1, false}, Case{"median draft, T = 1", 1.0, true}}) {
+    SCOPED_TRACE(c.name);
+    const std::vector<double> p = target_probs(row, c.temperature);
+    std::vector<int32_t> order(static_cast<size_t>(V));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[size_t(a)] > p[size_t(b)]; });
+    const int32_t d = order[c.unlikely ? size_t(V / 2) : 0];
+    if (!c.unlikely) {
+      ASSERT_GT(p[size_t(d)], 0.1) << "the fixture's argmax is too unlikely for a sizeable p(d)";
+    }
+    SamplingParams sp;
+    sp.temperature = c.temperature;
+
+    std::vector<int32_t> tokens, plain_tokens;
+    std::vector<bool> took, plain_took;
+    int64_t mismatched = 0;  // requests whose first token is d but the draft was rejected, or the reverse
+    for (int i = 0; i < n; ++i) {
+      sp.seed = uint64_t(i) + 1;
+      Sampler smp(sp, V, prompt);
+      SpeculativeDecoder sd(model, 1, [d](std::span<const int32_t>, int) { return std::vector<int32_t>{d}; });
+      SequenceState seq = model.new_sequence();
+      sd.prefill(seq, head);
+      const std::vector<int32_t> out = sd.step(seq, prompt, [&](std::span<float> logits) {
+        const int32_t t = smp.sample(logits);
+        smp.accept(t);
+        return t;
+      });
+      const bool accepted = sd.stats().accepted == 1;
+      ASSERT_EQ(sd.stats().drafted, 1);
+      ASSERT_EQ(out.size(), accepted ? 2u : 1u) << "seed " << *sp.seed;
+      mismatched += (out[0] == d) != accepted;
+      tokens.push_back(out[0]);
+      took.push_back(accepted);
+    }
+    EXPECT_EQ(mismatched, 0) << "of " << n << " requests, draft " << d;
+    for (int i = 0; i < n; ++i) {  // the control: plain sampling, other seeds
+      sp.seed = uint64_t(n + i) + 1;
+      Sampler smp(sp, V, prompt);
+      SequenceState seq = model.new_sequence();
+      std::vector<float> logits = model.forward(seq, prompt, LogitsMode::Last);
+      plain_tokens.push_back(smp.sample(logits));
+      plain_took.push_back(plain_tokens.back() == d);
+    }
+    expect_target_distribution(std::string("tiny-mtp ") + c.name + " speculative", tokens, took, p, d);
+    expect_target_distribution(std::string("tiny-mtp ") + c.name + " plain", plain_tokens, plain_took, p, d);
   }
 }
 
