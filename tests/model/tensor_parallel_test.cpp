@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "fixture.h"
 #include "loader/sharding.h"
+#include "model/qwen4_exp/cost.h"
 #include "model/qwen4_exp/weights.h"
 #include "parallel/communicator.h"
 #include "parallel/rank_threads.h"
@@ -394,6 +395,35 @@ std::vector<float> values(const Tensor& t) {
 // Model::random over 2 and 4 ranks (`bench --tp`): rank 0 holds its shard's shapes, the replicated weights (router,
 // hyper-connections, norms, PLE projections) are the values TP 1 makes from the same seed (so every rank, drawing
 // the same seeds, holds them alike and routes alike), and the model runs: finite logits, the same on a second build.
+// bench's per-GPU roofline (issue 15): under TP 2 step_cost counts what rank 0 moves. On tiny-a (2 KV heads, 6 GDN
+// value heads, both split in two): the PLE rows a rank gathers are half of all of them; its weights and FLOPs are
+// fewer (sharded projections, experts and lm_head; the hyper-connections and norms replicated); its caches lie
+// strictly between half and all (K/V and GDN states split, the pooled indexer keys and the PLE conv state
+// replicated). Of the growth of the caches with the context, the K/V share halves while the pooled-key share stays:
+// a decode token at position 2 reads 3 K/V rows and 0 pooled keys, at position 6 (block 0 complete, the indexer
+// budget of 8 tokens not reached: every earlier token selected) 7 rows and 1 pooled key.
+TEST(TpStepCost, CountsOneRanksShare) {
+  Model& one = tp_model(kTinyA, 1);
+  Model& two = tp_model(kTinyA, 2);
+  const ModelConfig& c = one.config();
+  ASSERT_EQ(c.indexer_budget, 8);
+  ASSERT_EQ(c.indexer_compress_ratio, 4);
+  const StepWork w1{1, 2}, w2{1, 6};
+  const StepCost a1 = step_cost(one, {&w1, 1}, 1), b1 = step_cost(two, {&w1, 1}, 1);
+  const StepCost a2 = step_cost(one, {&w2, 1}, 1), b2 = step_cost(two, {&w2, 1}, 1);
+  EXPECT_GT(a1.host_bytes, 0);
+  EXPECT_DOUBLE_EQ(b1.host_bytes, a1.host_bytes / 2);
+  EXPECT_LT(b1.weight_bytes, a1.weight_bytes);
+  EXPECT_LT(b1.flops, a1.flops);
+  EXPECT_LT(b1.cache_bytes, a1.cache_bytes);
+  EXPECT_GT(b1.cache_bytes, a1.cache_bytes / 2);
+  const double qsa = double(c.num_layers_of(LayerKind::QSA));
+  const double kv = qsa * 4.0 * 2.0 * double(c.num_key_value_heads) * double(c.head_dim) * 4.0;  // 4 more rows
+  const double pooled = qsa * 1.0 * double(c.indexer_head_dim) * 4.0;                            // 1 more key
+  EXPECT_DOUBLE_EQ(a2.cache_bytes - a1.cache_bytes, kv + pooled);
+  EXPECT_DOUBLE_EQ(b2.cache_bytes - b1.cache_bytes, kv / 2 + pooled);
+}
+
 TEST(TpRandomModel, ShardShapesReplicatedWeightsAndAStep) {
   const ModelConfig cfg = load_config(source_path(kTinyA));
   ModelOptions one;

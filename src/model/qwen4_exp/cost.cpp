@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "loader/sharding.h"
 #include "model/qwen4_exp/model.h"
 #include "model/qwen4_exp/weights.h"
 
@@ -32,7 +33,10 @@ struct Dense {
 }  // namespace
 
 StepCost step_cost(const Model& model, std::span<const StepWork> work, int64_t logit_rows, double experts_hit) {
-  const ModelConfig& c = model.config();
+  // Under tensor parallelism: what rank 0 (GPU 0) moves and computes: its weights (Model::weights) and its geometry
+  // (its GDN / QSA heads and expert widths, TpPlan::rank_config); the indexer and the PLE conv state are replicated.
+  const int tp = model.tp();
+  const ModelConfig c = tp > 1 ? TpPlan::make(model.config(), tp).rank_config(0) : model.config();
   const ModelWeights& w = model.weights();
   StepCost cost;
   int64_t T = 0;
@@ -71,8 +75,9 @@ StepCost step_cost(const Model& model, std::span<const StepWork> work, int64_t l
       const PleLayerWeights& p = *lw.ple;
       for (const Tensor* t : {&p.key_proj, &p.value_proj, &p.norm_key, &p.norm_query, &p.norm_conv, &p.conv1d})
         dense.add(*t);
+      // Under tensor parallelism each rank gathers the rows of its share of the table: 1/tp of them on average.
       cost.host_bytes += double(T) * double(p.hash.heads()) * double(p.table.head_dim) *
-                         (p.table.shards.empty() ? 0.0 : double(dtype_size(p.table.shards[0].dtype())));
+                         (p.table.shards.empty() ? 0.0 : double(dtype_size(p.table.shards[0].dtype()))) / double(tp);
     }
   }
   const double embed_row = w.embed_tokens.defined() ? bytes(w.embed_tokens) / double(c.vocab_size) : 0.0;

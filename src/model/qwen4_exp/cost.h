@@ -39,7 +39,9 @@ struct StepCost {
 };
 
 /// The cost of feeding `work` to `model` in one step, with `logit_rows` rows through lm_head. `experts_hit` > 0: the
-/// measured mean of distinct experts per MoE layer (RouterObserver), used instead of the uniform expectation.
+/// measured mean of distinct experts per MoE layer (RouterObserver), used instead of the uniform expectation. Under
+/// tensor parallelism the cost of one rank (rank 0, the GPU whose time bench reports): its weight shards, its
+/// heads' caches and states, its share of the PLE rows, its FLOPs — the numerator of a per-GPU roofline.
 StepCost step_cost(const Model& model, std::span<const StepWork> work, int64_t logit_rows, double experts_hit = 0);
 
 }  // namespace flashnext
