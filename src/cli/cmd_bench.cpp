@@ -679,7 +679,15 @@ int run(BenchArgs a) {
                                                {"source", ceil.source}}
                                         : json()},
               {"sanity", sanity},
-              {"settings", {{"chunk", a.chunk}, {"block_size", bs}, {"repeat", a.repeat}, {"profile", a.profile}}},
+              {"settings",
+               {{"chunk", a.chunk},
+                {"block_size", bs},
+                {"repeat", a.repeat},
+                {"profile", a.profile},
+                {"decode_context", a.decode_context},
+                {"decode_tokens", a.decode_tokens},
+                {"batch_context", a.batch_context},
+                {"batch_steps", a.batch_steps}}},
               {"prefill", prefill_runs},
               {"decode", decode},
               {"batch_decode", batch_runs},
@@ -781,21 +789,56 @@ FLASHNEXT_SUBCOMMAND(
       sub.add_option("--vocab", a->vocab, "vocabulary size");
       sub.add_option("--ple-rows", a->ple_rows, "about N rows in the PLE table (for hosts with less memory)");
       sub.add_option("--seed", a->seed, "seed of the random weights and token ids (default 1)");
-      sub.add_option("--prompts", *prompts, "prefill prompt lengths, comma-separated, or 'none' (default 1024,4096,8192,32768)");
-      sub.add_option("--chunk", a->chunk, "prefill chunk size in tokens (default 8192)");
+      // The defaults measure a GPU at the released geometry; on the CPU (float32 oracle) they would run for hours, so
+      // there the flags a user does not give take the small values beside them (said on stderr).
+      std::vector<std::pair<CLI::Option*, const char*>> cpu_defaults;
+      auto scaled = [&](CLI::Option* o, const char* cpu_value) { cpu_defaults.emplace_back(o, cpu_value); };
+      scaled(sub.add_option("--prompts", *prompts,
+                            "prefill prompt lengths, comma-separated, or 'none' (default 1024,4096,8192,32768; "
+                            "--device cpu: 64,256)"),
+             "64,256");
+      scaled(sub.add_option("--chunk", a->chunk, "prefill chunk size in tokens (default 8192; --device cpu: 256)"),
+             "256");
       sub.add_option("--block-size", a->block_size, "KV cache block size in positions (default 16, as serve)");
-      sub.add_option("--decode-context", a->decode_context, "prompt tokens before the batch-1 decode (default 8192)");
-      sub.add_option("--decode-tokens", a->decode_tokens, "tokens emitted by the batch-1 decode, 0 = none (default 512)");
-      sub.add_option("--decode-skip", a->decode_skip, "emitted tokens not timed (default 32: tokens 33-512 are timed)");
-      sub.add_option("--batches", *batches, "batched-decode sizes, comma-separated, or 'none' (default 8,32,64)");
-      sub.add_option("--batch-context", a->batch_context, "context of every sequence of a batched decode (default 8192)");
-      sub.add_option("--batch-steps", a->batch_steps, "steps per batch size, the first 2 untimed (default 32)");
-      sub.add_option("--repeat", a->repeat,
-                     "runs per prefill length, the median reported; prompts over 16K run once (default 3)");
+      scaled(sub.add_option("--decode-context", a->decode_context,
+                            "prompt tokens before the batch-1 decode (default 8192; --device cpu: 256)"),
+             "256");
+      scaled(sub.add_option("--decode-tokens", a->decode_tokens,
+                            "tokens emitted by the batch-1 decode, 0 = none (default 512; --device cpu: 40)"),
+             "40");
+      scaled(sub.add_option("--decode-skip", a->decode_skip,
+                            "emitted tokens not timed (default 32: tokens 33-512 are timed; --device cpu: 8)"),
+             "8");
+      scaled(sub.add_option("--batches", *batches,
+                            "batched-decode sizes, comma-separated, or 'none' (default 8,32,64; --device cpu: 2,4)"),
+             "2,4");
+      scaled(sub.add_option("--batch-context", a->batch_context,
+                            "context of every sequence of a batched decode (default 8192; --device cpu: 256)"),
+             "256");
+      scaled(sub.add_option("--batch-steps", a->batch_steps,
+                            "steps per batch size, the first 2 untimed (default 32; --device cpu: 6)"),
+             "6");
+      scaled(sub.add_option("--repeat", a->repeat,
+                            "runs per prefill length, the median reported; prompts over 16K run once (default 3; "
+                            "--device cpu: 1)"),
+             "1");
       sub.add_flag("--profile", a->profile, "per-phase device time of a prefill run and of decode steps");
       sub.add_flag("--json", a->json, "print one JSON object (docs/BENCH.md) instead of the table");
       sub.add_option("--out", a->out, "also write the JSON report to this file");
-      return [a, prompts, batches] {
+      return [a, prompts, batches, cpu_defaults] {
+        if (a->device == "cpu") {
+          std::vector<std::string> applied;
+          for (const auto& [o, value] : cpu_defaults)
+            if (o->count() == 0) {
+              o->clear();
+              o->add_result(std::string(value));
+              o->run_callback();
+              applied.push_back(fmt::format("{} {}", o->get_name(), value));
+            }
+          if (!applied.empty())
+            fmt::print(stderr, "bench: --device cpu: small defaults {} (give a flag to change it)\n",
+                       fmt::join(applied, ", "));
+        }
         a->prompts = parse_list(*prompts, "--prompts");
         a->batches = parse_list(*batches, "--batches");
         return run(*a);
