@@ -277,14 +277,22 @@ FLASHNEXT_SUBCOMMAND(
           ->check(CLI::PositiveNumber);
       sub.add_option("--block-size", a->block_size, "tokens per KV cache block (default 16)")
           ->check(CLI::PositiveNumber);
-      sub.add_flag_function(
-          "--enable-prefix-caching,!--no-enable-prefix-caching",
-          [a](int64_t n) {
-            a->enable_prefix_caching = n > 0;
+      CLI::Option* enable = sub.add_flag_function(
+          "--enable-prefix-caching",
+          [a](int64_t) {
+            a->enable_prefix_caching = true;
             a->prefix_caching_given = true;
           },
-          "reuse the KV blocks and state snapshots of earlier prompts' prefixes (default on, as in vLLM; "
+          "reuse the KV blocks and state snapshots of earlier prompts' prefixes (the default, as in vLLM; "
           "docs/ENGINE.md, Prefix caching)");
+      sub.add_flag_function(
+             "--no-enable-prefix-caching",
+             [a](int64_t) {
+               a->enable_prefix_caching = false;
+               a->prefix_caching_given = true;
+             },
+             "turn prefix caching off")
+          ->excludes(enable);
       CLI::Option* interval =
           sub.add_option("--prefix-cache-snapshot-interval", a->prefix_cache_snapshot_interval,
                          "blocks between two prefix-cache state snapshots; prefill chunks end on them (default 16)")
