@@ -801,8 +801,8 @@ FLASHNEXT_SUBCOMMAND(
              "256");
       sub.add_option("--block-size", a->block_size, "KV cache block size in positions (default 16, as serve)");
       scaled(sub.add_option("--decode-context", a->decode_context,
-                            "prompt tokens before the batch-1 decode (default 8192; --device cpu: 256)"),
-             "256");
+                            "prompt tokens before the batch-1 decode (default 8192; --device cpu: 128)"),
+             "128");
       scaled(sub.add_option("--decode-tokens", a->decode_tokens,
                             "tokens emitted by the batch-1 decode, 0 = none (default 512; --device cpu: 40)"),
              "40");
@@ -813,8 +813,8 @@ FLASHNEXT_SUBCOMMAND(
                             "batched-decode sizes, comma-separated, or 'none' (default 8,32,64; --device cpu: 2,4)"),
              "2,4");
       scaled(sub.add_option("--batch-context", a->batch_context,
-                            "context of every sequence of a batched decode (default 8192; --device cpu: 256)"),
-             "256");
+                            "context of every sequence of a batched decode (default 8192; --device cpu: 64)"),
+             "64");
       scaled(sub.add_option("--batch-steps", a->batch_steps,
                             "steps per batch size, the first 2 untimed (default 32; --device cpu: 6)"),
              "6");

@@ -11,6 +11,7 @@
 
 using namespace flashnext::testing;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using json = nlohmann::json;
 
 namespace {
@@ -112,6 +113,24 @@ TEST(BenchCli, CpuTensorParallelJson) {
   EXPECT_GT(j["decode"]["tokens_per_s"].get<double>(), 0);
   EXPECT_GT(j["sanity"]["warmup_logit_rms"].get<double>(), 0);
   ASSERT_EQ(j["batch_decode"].size(), 1u);
+}
+
+// On the CPU the flags not given take the small CPU defaults (the GPU ones would run for hours), said on stderr and
+// listed in the JSON's settings; a flag given keeps its value.
+TEST(BenchCli, CpuDefaultsAreSmall) {
+  CliRun r = run_flashnext(
+      "bench --device cpu --threads 2 --layers 4 --experts 16 --vocab 4096 --ple-rows 100000 --prompts none "
+      "--batches none --decode-tokens 0 --chunk 8 --json",
+      /*merge_stderr=*/false);
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("bench: --device cpu: small defaults --decode-context 128"));
+  EXPECT_THAT(r.err, Not(HasSubstr("--chunk 256")));
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["settings"]["decode_context"], 128);
+  EXPECT_EQ(j["settings"]["batch_context"], 64);
+  EXPECT_EQ(j["settings"]["batch_steps"], 6);
+  EXPECT_EQ(j["settings"]["repeat"], 1);
+  EXPECT_EQ(j["settings"]["chunk"], 8);  // given
 }
 
 TEST(BenchCli, TableOutput) {
