@@ -144,8 +144,9 @@ Counter& MetricsRegistry::counter(const std::string& name, const std::string& he
   return *e.counter;
 }
 
-Gauge& MetricsRegistry::gauge(const std::string& name, const std::string& help) {
-  Entry& e = add(name, help, Kind::Gauge);
+Gauge& MetricsRegistry::gauge(const std::string& name, const std::string& help, MetricType type) {
+  FN_CHECK(type != Kind::Histogram, "metrics: gauge \"{}\" cannot be rendered as a histogram", name);
+  Entry& e = add(name, help, type);
   e.gauge = std::make_unique<Gauge>();
   return *e.gauge;
 }

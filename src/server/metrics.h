@@ -88,7 +88,9 @@ struct AliasSpec {
 class MetricsRegistry {
  public:
   Counter& counter(const std::string& name, const std::string& help);
-  Gauge& gauge(const std::string& name, const std::string& help);
+  /// `type` Counter: a cumulative total that the owner sets from its own count (say the scheduler's statistics),
+  /// rendered with # TYPE counter, as its _total name promises.
+  Gauge& gauge(const std::string& name, const std::string& help, MetricType type = MetricType::Gauge);
   Histogram& histogram(const std::string& name, const std::string& help, std::vector<double> bounds);
 
   /// Renders `source` (created by this registry) again as `name`, as `spec` says, from the same values. Names are

@@ -146,35 +146,43 @@ struct Server::Impl {
   Gauge& m_kv_usage = metrics.gauge("flashnext_kv_cache_usage_perc", "Fraction of KV cache blocks in use (0 to 1).");
   Gauge& m_kv_blocks = metrics.gauge("flashnext_kv_cache_blocks", "KV cache blocks, by state (used, total).");
   Gauge& m_slots = metrics.gauge("flashnext_state_slots", "GDN/PLE sequence state slots, by state (used, total).");
-  Gauge& m_preemptions = metrics.gauge("flashnext_num_preemptions_total", "Sequences preempted so far.");
-  Gauge& m_ple_rows = metrics.gauge("flashnext_ple_rows_fetched_total", "PLE table rows gathered so far.");
-  Gauge& m_steps = metrics.gauge("flashnext_engine_steps_total", "Engine steps run so far.");
-  Gauge& m_prefix_queries = metrics.gauge("flashnext_prefix_cache_queries_total",
-                                          "Prompt tokens looked up in the prefix cache at admission so far.");
-  Gauge& m_prefix_hits = metrics.gauge("flashnext_prefix_cache_hits_total",
-                                       "Of the prompt tokens looked up, those found in the prefix cache.");
+  Gauge& m_preemptions =
+      metrics.gauge("flashnext_num_preemptions_total", "Sequences preempted so far.", MetricType::Counter);
+  Gauge& m_ple_rows =
+      metrics.gauge("flashnext_ple_rows_fetched_total", "PLE table rows gathered so far.", MetricType::Counter);
+  Gauge& m_steps = metrics.gauge("flashnext_engine_steps_total", "Engine steps run so far.", MetricType::Counter);
+  Gauge& m_prefix_queries =
+      metrics.gauge("flashnext_prefix_cache_queries_total",
+                    "Prompt tokens looked up in the prefix cache at admission so far.", MetricType::Counter);
+  Gauge& m_prefix_hits =
+      metrics.gauge("flashnext_prefix_cache_hits_total",
+                    "Of the prompt tokens looked up, those found in the prefix cache.", MetricType::Counter);
   Gauge& m_prefix_blocks =
       metrics.gauge("flashnext_prefix_cache_blocks", "KV blocks registered in the prefix cache (held or evictable).");
   Gauge& m_prefix_snapshots =
       metrics.gauge("flashnext_prefix_cache_snapshots", "GDN/PLE state snapshots held by the prefix cache.");
   // Speculative decoding (serve --speculative): totals since start; vLLM's spec_decode names (vllm/v1/spec_decode).
   Gauge& m_spec_drafts = metrics.gauge("flashnext_spec_decode_num_drafts_total",
-                                       "Speculative verify steps: items of one sequence's drafts verified in a step.");
-  Gauge& m_spec_draft_tokens =
-      metrics.gauge("flashnext_spec_decode_num_draft_tokens_total", "Draft tokens proposed for verification.");
-  Gauge& m_spec_accepted =
-      metrics.gauge("flashnext_spec_decode_num_accepted_tokens_total", "Draft tokens accepted by verification.");
+                                       "Speculative verify steps: items of one sequence's drafts verified in a step.",
+                                       MetricType::Counter);
+  Gauge& m_spec_draft_tokens = metrics.gauge("flashnext_spec_decode_num_draft_tokens_total",
+                                             "Draft tokens proposed for verification.", MetricType::Counter);
+  Gauge& m_spec_accepted = metrics.gauge("flashnext_spec_decode_num_accepted_tokens_total",
+                                         "Draft tokens accepted by verification.", MetricType::Counter);
   Gauge& m_spec_emitted = metrics.gauge(
       "flashnext_spec_decode_num_emitted_tokens_total",
-      "Tokens emitted by verify steps (accepted drafts plus one per step, less what a stop condition cut).");
+      "Tokens emitted by verify steps (accepted drafts plus one per step, less what a stop condition cut).",
+      MetricType::Counter);
   Gauge& m_spec_rollbacks =
       metrics.gauge("flashnext_spec_decode_num_rollbacks_total",
-                    "Verify steps that rejected a draft (state restored, accepted tokens fed again in a later step).");
+                    "Verify steps that rejected a draft (state restored, accepted tokens fed again in a later step).",
+                    MetricType::Counter);
   Gauge& m_spec_mean = metrics.gauge("flashnext_spec_decode_mean_accepted_length",
                                      "Mean tokens per verify step so far: 1 + accepted drafts / verify steps (0 before "
                                      "the first).");
-  Gauge& m_spec_per_pos = metrics.gauge("flashnext_spec_decode_num_accepted_tokens_per_pos_total",
-                                        "Accepted drafts by their position in the draft (label position, from 0).");
+  Gauge& m_spec_per_pos =
+      metrics.gauge("flashnext_spec_decode_num_accepted_tokens_per_pos_total",
+                    "Accepted drafts by their position in the draft (label position, from 0).", MetricType::Counter);
   Histogram& m_queue =
       metrics.histogram("flashnext_request_queue_time_seconds",
                         "Time from request arrival to its first admission to the running batch.", kTtftBuckets);
@@ -202,7 +210,7 @@ struct Server::Impl {
     metrics.alias("vllm:num_requests_waiting", "Number of requests waiting to be processed.", m_waiting, l);
     metrics.alias("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", m_kv_usage, l);
     AliasSpec counter = l;
-    counter.type = MetricType::Counter;  // flashnext's is a gauge set from the scheduler's running total
+    counter.type = MetricType::Counter;  // as its source: a gauge set from the scheduler's running total, typed counter
     metrics.alias("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", m_preemptions,
                   counter);
     metrics.alias("vllm:prompt_tokens_total", "Number of prefill tokens processed.", m_prompt_tokens, l);

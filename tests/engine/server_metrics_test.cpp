@@ -46,6 +46,15 @@ TEST(Metrics, RendersCountersGaugesAndHistograms) {
   EXPECT_EQ(r.render(), expected);
 }
 
+// A running total that its owner sets (the scheduler's statistics) is a gauge in code and a counter to Prometheus.
+TEST(Metrics, AGaugeSetFromARunningTotalRendersAsACounter) {
+  MetricsRegistry r;
+  Gauge& g = r.gauge("z_hits_total", "Z.", MetricType::Counter);
+  g.set(7);
+  EXPECT_EQ(r.render(), "# HELP z_hits_total Z.\n# TYPE z_hits_total counter\nz_hits_total 7\n");
+  EXPECT_THROW(r.gauge("z_h", "no", MetricType::Histogram), Error);
+}
+
 TEST(Metrics, UnsetSeriesRenderAsZeroAndNamesAreChecked) {
   MetricsRegistry r;
   r.counter("y_total", "Y.");

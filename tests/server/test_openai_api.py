@@ -242,4 +242,8 @@ def test_metrics(server, client):
     assert m["flashnext_ple_rows_fetched_total"] > 0  # the bundled model has a PLE layer
     text = requests.get(server.url + "/metrics", timeout=10).text
     assert "# TYPE flashnext_time_to_first_token_seconds histogram" in text
+    # running totals are counters, whatever the code keeps them in
+    for name in ("flashnext_num_preemptions_total", "flashnext_prefix_cache_hits_total",
+                 "flashnext_spec_decode_num_drafts_total", "flashnext_engine_steps_total"):
+        assert f"# TYPE {name} counter" in text, name
     assert 'flashnext_inter_token_latency_seconds_bucket{le="+Inf"}' in text
