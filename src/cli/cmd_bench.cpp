@@ -792,35 +792,34 @@ FLASHNEXT_SUBCOMMAND(
       // The defaults measure a GPU at the released geometry; on the CPU (float32 oracle) they would run for hours, so
       // there the flags a user does not give take the small values beside them (said on stderr).
       std::vector<std::pair<CLI::Option*, const char*>> cpu_defaults;
-      auto scaled = [&](CLI::Option* o, const char* cpu_value) { cpu_defaults.emplace_back(o, cpu_value); };
+      auto scaled = [&](CLI::Option* o, const char* cpu_value) {
+        o->description(fmt::format("{} (--device cpu: {})", o->get_description(), cpu_value));
+        cpu_defaults.emplace_back(o, cpu_value);
+      };
       scaled(sub.add_option("--prompts", *prompts,
-                            "prefill prompt lengths, comma-separated, or 'none' (default 1024,4096,8192,32768; "
-                            "--device cpu: 64,256)"),
+                            "prefill prompt lengths, comma-separated, or 'none' (default 1024,4096,8192,32768)"),
              "64,256");
-      scaled(sub.add_option("--chunk", a->chunk, "prefill chunk size in tokens (default 8192; --device cpu: 256)"),
-             "256");
+      scaled(sub.add_option("--chunk", a->chunk, "prefill chunk size in tokens (default 8192)"), "256");
       sub.add_option("--block-size", a->block_size, "KV cache block size in positions (default 16, as serve)");
       scaled(sub.add_option("--decode-context", a->decode_context,
-                            "prompt tokens before the batch-1 decode (default 8192; --device cpu: 128)"),
+                            "prompt tokens before the batch-1 decode (default 8192)"),
              "128");
       scaled(sub.add_option("--decode-tokens", a->decode_tokens,
-                            "tokens emitted by the batch-1 decode, 0 = none (default 512; --device cpu: 40)"),
+                            "tokens emitted by the batch-1 decode, 0 = none (default 512)"),
              "40");
       scaled(sub.add_option("--decode-skip", a->decode_skip,
-                            "emitted tokens not timed (default 32: tokens 33-512 are timed; --device cpu: 8)"),
+                            "emitted tokens not timed (default 32: tokens 33-512 are timed)"),
              "8");
-      scaled(sub.add_option("--batches", *batches,
-                            "batched-decode sizes, comma-separated, or 'none' (default 8,32,64; --device cpu: 2,4)"),
-             "2,4");
+      scaled(
+          sub.add_option("--batches", *batches, "batched-decode sizes, comma-separated, or 'none' (default 8,32,64)"),
+          "2,4");
       scaled(sub.add_option("--batch-context", a->batch_context,
-                            "context of every sequence of a batched decode (default 8192; --device cpu: 64)"),
+                            "context of every sequence of a batched decode (default 8192)"),
              "64");
-      scaled(sub.add_option("--batch-steps", a->batch_steps,
-                            "steps per batch size, the first 2 untimed (default 32; --device cpu: 6)"),
+      scaled(sub.add_option("--batch-steps", a->batch_steps, "steps per batch size, the first 2 untimed (default 32)"),
              "6");
       scaled(sub.add_option("--repeat", a->repeat,
-                            "runs per prefill length, the median reported; prompts over 16K run once (default 3; "
-                            "--device cpu: 1)"),
+                            "runs per prefill length, the median reported; prompts over 16K run once (default 3)"),
              "1");
       sub.add_flag("--profile", a->profile, "per-phase device time of a prefill run and of decode steps");
       sub.add_flag("--json", a->json, "print one JSON object (docs/BENCH.md) instead of the table");
