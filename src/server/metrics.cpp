@@ -170,12 +170,14 @@ void MetricsRegistry::alias(const std::string& name, const std::string& help, co
 }
 
 void MetricsRegistry::alias(const std::string& name, const std::string& help, const Gauge& source, AliasSpec spec) {
+  Kind kind = Kind::Gauge;  // the source's # TYPE (a gauge may be rendered as a counter), unless spec says otherwise
   {
     std::lock_guard lock(mutex_);
-    FN_CHECK(std::any_of(entries_.begin(), entries_.end(), [&](auto& e) { return e->gauge.get() == &source; }),
-             "metrics: alias \"{}\" of a gauge of another registry", name);
+    const auto it = std::find_if(entries_.begin(), entries_.end(), [&](auto& e) { return e->gauge.get() == &source; });
+    FN_CHECK(it != entries_.end(), "metrics: alias \"{}\" of a gauge of another registry", name);
+    kind = (*it)->kind;
   }
-  Entry& e = add(name, help, spec.type.value_or(Kind::Gauge));
+  Entry& e = add(name, help, spec.type.value_or(kind));
   e.src_gauge = &source;
   e.spec = std::move(spec);
 }

@@ -209,21 +209,18 @@ struct Server::Impl {
     metrics.alias("vllm:num_requests_running", "Number of requests in model execution batches.", m_running, l);
     metrics.alias("vllm:num_requests_waiting", "Number of requests waiting to be processed.", m_waiting, l);
     metrics.alias("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", m_kv_usage, l);
-    AliasSpec counter = l;
-    counter.type = MetricType::Counter;  // as its source: a gauge set from the scheduler's running total, typed counter
-    metrics.alias("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", m_preemptions,
-                  counter);
+    metrics.alias("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", m_preemptions, l);
     metrics.alias("vllm:prompt_tokens_total", "Number of prefill tokens processed.", m_prompt_tokens, l);
     metrics.alias("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.",
-                  m_prefix_queries, counter);
+                  m_prefix_queries, l);
     metrics.alias("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.",
-                  m_prefix_hits, counter);
+                  m_prefix_hits, l);
     metrics.alias("vllm:generation_tokens_total", "Number of generation tokens processed.", m_generation_tokens, l);
-    metrics.alias("vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.", m_spec_drafts, counter);
-    metrics.alias("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.", m_spec_draft_tokens, counter);
-    metrics.alias("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.", m_spec_accepted, counter);
+    metrics.alias("vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.", m_spec_drafts, l);
+    metrics.alias("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.", m_spec_draft_tokens, l);
+    metrics.alias("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.", m_spec_accepted, l);
     metrics.alias("vllm:spec_decode_num_accepted_tokens_per_pos_total", "Accepted tokens per draft position.",
-                  m_spec_per_pos, counter);
+                  m_spec_per_pos, l);
     // flashnext_requests_total{endpoint, finish_reason} summed over endpoints; tool_calls is the engine's "stop".
     AliasSpec success = l;
     success.relabel = [](const Labels& in) -> std::optional<Labels> {

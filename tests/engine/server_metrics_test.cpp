@@ -52,6 +52,10 @@ TEST(Metrics, AGaugeSetFromARunningTotalRendersAsACounter) {
   Gauge& g = r.gauge("z_hits_total", "Z.", MetricType::Counter);
   g.set(7);
   EXPECT_EQ(r.render(), "# HELP z_hits_total Z.\n# TYPE z_hits_total counter\nz_hits_total 7\n");
+  r.alias("v:hits_total", "V.", g);  // an alias keeps its source's type unless told otherwise
+  EXPECT_EQ(r.render(),
+            "# HELP z_hits_total Z.\n# TYPE z_hits_total counter\nz_hits_total 7\n"
+            "# HELP v:hits_total V.\n# TYPE v:hits_total counter\nv:hits_total 7\n");
   EXPECT_THROW(r.gauge("z_h", "no", MetricType::Histogram), Error);
 }
 
