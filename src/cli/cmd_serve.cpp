@@ -147,18 +147,11 @@ int run(const ServeArgs& a) {
   prefix.enabled = a.enable_prefix_caching;
   prefix.snapshot_interval_blocks = a.prefix_cache_snapshot_interval;
   prefix.num_snapshots = a.prefix_cache_snapshots;
+  // With speculation every sequence slot has a checkpoint slot beside it (the state a rejected verify goes back to).
+  const int64_t checkpoints = spec.enabled() ? sc.max_num_seqs : 0;
   if (prefix.enabled && prefix.num_snapshots == 0) {
-    // Default: one snapshot per sequence slot, taking at most a quarter of the budget (a snapshot is a whole state
-    // slot, about 113 MB at the released geometry) and never what the sequence slots, their speculative checkpoints
-    // and the blocks of one max_model_len sequence need, so that turning the cache on by default cannot make a
-    // configuration fail that would start without it. When not even one fits and nobody asked for the cache, it
-    // stays off.
-    const int64_t slot = std::max<int64_t>(1, MemoryPlanner::state_slot_bytes(plan));
-    const int64_t seq_blocks = (sc.max_model_len + a.block_size - 1) / a.block_size;
-    const int64_t needed = slot * sc.max_num_seqs * (spec.enabled() ? 2 : 1) +
-                           MemoryPlanner::kv_block_bytes(plan, a.block_size) * seq_blocks;
-    const int64_t spare = std::min(budget / 4, budget - needed);
-    prefix.num_snapshots = std::min(sc.max_num_seqs, std::max<int64_t>(0, spare) / slot);
+    prefix.num_snapshots =
+        MemoryPlanner::default_snapshots(plan, a.block_size, budget, sc.max_num_seqs, checkpoints, sc.max_model_len);
     if (prefix.num_snapshots < 1) {
       if (a.prefix_caching_given) {
         prefix.num_snapshots = 1;  // asked for: the planner says whether one snapshot fits
@@ -168,12 +161,11 @@ int run(const ServeArgs& a) {
             "flashnext serve: prefix caching off: the cache budget ({} bytes) has no room for a state snapshot of {} "
             "bytes beside {} sequence slots and one sequence of --max-model-len {} (--enable-prefix-caching "
             "--prefix-cache-snapshots N to force it)",
-            budget, slot, sc.max_num_seqs, sc.max_model_len);
+            budget, MemoryPlanner::state_slot_bytes(plan), sc.max_num_seqs, sc.max_model_len);
       }
     }
   }
-  // With speculation every sequence slot has a checkpoint slot beside it (the state a rejected verify goes back to).
-  MemoryPlanner planner(plan, a.block_size, budget, sc.max_num_seqs, prefix, spec.enabled() ? sc.max_num_seqs : 0);
+  MemoryPlanner planner(plan, a.block_size, budget, sc.max_num_seqs, prefix, checkpoints);
   ModelRunner runner(*m.model, planner, /*device_sampling=*/a.sampler == "auto");
   Scheduler scheduler(runner, std::move(planner), sc);
 

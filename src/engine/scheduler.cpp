@@ -15,6 +15,15 @@ namespace flashnext {
 // MemoryPlanner
 // ---------------------------------------------------------------------------------------------------------------
 
+int64_t MemoryPlanner::default_snapshots(const StatePlan& plan, int64_t block_size, int64_t budget_bytes,
+                                         int64_t num_slots, int64_t checkpoint_slots, int64_t max_model_len) {
+  const int64_t slot = std::max<int64_t>(1, state_slot_bytes(plan));
+  const int64_t seq_blocks = (max_model_len + block_size - 1) / std::max<int64_t>(1, block_size);
+  const int64_t needed = slot * (num_slots + checkpoint_slots) + kv_block_bytes(plan, block_size) * seq_blocks;
+  const int64_t spare = std::min(budget_bytes / 4, budget_bytes - needed);
+  return std::min(num_slots, std::max<int64_t>(0, spare) / slot);
+}
+
 MemoryPlanner::MemoryPlanner(const StatePlan& plan, int64_t block_size, int64_t budget_bytes, int64_t num_slots,
                              PrefixCacheConfig prefix, int64_t checkpoint_slots)
     : block_size_(block_size), budget_bytes_(budget_bytes), prefix_(prefix) {

@@ -137,6 +137,12 @@ class MemoryPlanner {
   static int64_t kv_block_bytes(const StatePlan& plan, int64_t block_size) {
     return (plan.kv_bytes_per_token + plan.indexer_bytes_per_token) * block_size;
   }
+  /// The default --prefix-cache-snapshots: one per sequence slot, but snapshots take at most a quarter of
+  /// `budget_bytes` and never what the constructor's other reservations need — the `num_slots` sequence slots, the
+  /// `checkpoint_slots` and the blocks of one `max_model_len` sequence — so that the cache on by default cannot make a
+  /// configuration fail that starts without it. 0 when not even one fits.
+  static int64_t default_snapshots(const StatePlan& plan, int64_t block_size, int64_t budget_bytes, int64_t num_slots,
+                                   int64_t checkpoint_slots, int64_t max_model_len);
   int64_t budget_bytes() const { return budget_bytes_; }
   int64_t total_blocks() const { return int64_t(all_blocks_); }
   /// Blocks a sequence can get: free ones plus cached ones no sequence holds (evictable).

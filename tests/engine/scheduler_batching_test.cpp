@@ -223,6 +223,20 @@ TEST(MemoryPlanner, CarvesSlotsThenBlocks) {
   (void)s2;
 }
 
+// The default snapshot count (serve's prefix cache): slots of 100 B, blocks of 4 tokens x 16 B = 64 B; 3 sequence
+// slots and one sequence of 40 tokens (10 blocks, 640 B) need 300 + 640 = 940 B before any snapshot.
+TEST(MemoryPlanner, DefaultSnapshotsLeaveRoomForTheSlotsAndOneLongSequence) {
+  const StatePlan p = test_plan();
+  EXPECT_EQ(MemoryPlanner::default_snapshots(p, 4, 940, 3, 0, 40), 0);   // nothing spare
+  EXPECT_EQ(MemoryPlanner::default_snapshots(p, 4, 1140, 3, 0, 40), 2);  // 200 B spare, a quarter is 285
+  EXPECT_EQ(MemoryPlanner::default_snapshots(p, 4, 1240, 3, 1, 40), 2);  // a checkpoint slot takes 100 more
+  EXPECT_EQ(MemoryPlanner::default_snapshots(p, 4, 2000, 3, 0, 40), 3);  // a quarter (500 B): 5, at most 3 (slots)
+  EXPECT_EQ(MemoryPlanner::default_snapshots(p, 4, 1600, 8, 0, 40), 1);  // 800 + 640 needed: 160 spare, quarter 400
+  // The count it gives always fits the planner with the slots and a max_model_len sequence left.
+  MemoryPlanner m(p, 4, 1140, 3, {.enabled = true, .snapshot_interval_blocks = 1, .num_snapshots = 2});
+  EXPECT_GE(m.total_blocks(), 10);
+}
+
 TEST(MemoryPlanner, RejectsBudgetWithoutRoom) {
   EXPECT_THROW(MemoryPlanner(test_plan(), 4, 300 + 63, 3), Error);  // slots fit, not one block
   EXPECT_THROW(MemoryPlanner(test_plan(), 0, 10000, 3), Error);
