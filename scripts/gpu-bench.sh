@@ -12,6 +12,7 @@
 # (+ bench-full-fp16.json), their logs, and summary.txt, which says what was run and what was not.
 # Env: BUILD; E2E=0 skips the tests (the end-to-end tests, the op-case registry against the CPU oracle in both
 #      precisions, and the W4A16 kernel tests); OPS_PERF=1 adds the per-op table (bench_ops, both precisions);
+#      OPS_FILTER (a regex of case names) and OPS_PRECISIONS (default "fp16x2 fp16") narrow that table;
 #      FULL=0 skips the released-geometry bench; PTX70=1 (also with --prepare) runs the tests again from binaries
 #      whose device code is compute_70 PTX only (scripts/nvcc-ptx70.py), JIT-compiled by the driver as for a V100;
 #      MEDIUM=1 adds the medium fixture's tests (made with tools/make_fixtures.py into FIXTURE_DIR, default /tmp/fx);
@@ -148,9 +149,10 @@ else
   echo "gpu-bench: the medium fixture tests NOT run (MEDIUM=0; scripts/gpu-e2e.sh runs them)" | tee -a "$S"
 fi
 if [ "${OPS_PERF:-0}" = 1 ]; then
-  for prec in fp16x2 fp16; do
-    echo "gpu-bench: bench_ops --backend cuda --precision $prec" | tee -a "$S"
-    timeout 300 "$G/bin/bench_ops" --backend cuda --precision $prec --json "$OUT/ops-perf-$prec.json" \
+  for prec in ${OPS_PRECISIONS:-fp16x2 fp16}; do
+    echo "gpu-bench: bench_ops --backend cuda --precision $prec ${OPS_FILTER:+--filter $OPS_FILTER}" | tee -a "$S"
+    timeout 300 "$G/bin/bench_ops" --backend cuda --precision $prec ${OPS_FILTER:+--filter "$OPS_FILTER"} \
+      --json "$OUT/ops-perf-$prec.json" \
       >"$OUT/ops-perf-$prec.txt" 2>&1 || { echo "gpu-bench: bench_ops failed" | tee -a "$S"; tail -n 5 "$OUT/ops-perf-$prec.txt"; }
     cat "$OUT/ops-perf-$prec.txt" | tee -a "$S"
   done

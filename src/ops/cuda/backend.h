@@ -292,8 +292,11 @@ class CudaOps final : public Ops {
   // ------------------------------------------------ dense_ops.cpp
 
   /// y [T, out] F32 = x [T, in] F32 · w [out, in]^T (+ bias [out]) on the tensor cores: x as FP16x2 rows (one GEMM
-  /// of 2T rows, halves summed) or rounded to FP16, per the activation precision. Shapes checked by the caller.
-  void product(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& bias, const char* what);
+  /// of 2T rows, halves summed) or rounded to FP16, per the activation precision; `float32_inputs` takes FP16x2
+  /// whatever the precision (products whose results feed discrete choices: the router). Shapes checked by the
+  /// caller.
+  void product(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& bias, const char* what,
+               bool float32_inputs = false);
   /// y[i] = x w[i]^T (+ bias[i]) as one decode GEMV launch when x has at most kGemvMaxTokens rows, K % 8 == 0 and
   /// every pointer is 16-byte aligned; returns false (nothing done) otherwise. Shapes checked by the caller.
   bool gemv_group(const Tensor& x, std::span<const Tensor> w, std::span<const Tensor> y, std::span<const Tensor> bias,

@@ -40,14 +40,15 @@ void CudaOps::zc_rms_norm(const Tensor& x, const Tensor& w, int64_t group, doubl
                 op);
 }
 
-void CudaOps::product(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& bias, const char* what) {
+void CudaOps::product(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& bias, const char* what,
+                      bool float32_inputs) {
   const int64_t T = x.dim(0);
   const int in = to_int(x.dim(1), what, "in"), out = to_int(w.dim(0), what, "out");
   const __half* b = bias.defined() ? dp<__half>(bias) : nullptr;
   if (T == 0) return;
   // Decode-sized products: one float32 GEMV launch over the FP16 weights (as exact as FP16x2, read once).
   if (gemv_group(x, {&w, 1}, {&y, 1}, {&bias, 1}, what)) return;
-  if (split()) {
+  if (split() || float32_inputs) {
     const int m = to_int(2 * T, what, "rows");
     Tensor x2 = alloc({2 * T, in}, DType::F16, "fp16x2 activations"), y2 = alloc({2 * T, out}, DType::F32, "product");
     FN_CUDA_CHECK(detail::launch_split_f16x2(dp<const float>(x), dp<__half>(x2), T, in, stream()), what);

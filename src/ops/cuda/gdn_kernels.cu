@@ -1,9 +1,12 @@
 // Gated DeltaNet kernels (MODEL.md "Gated DeltaNet (linear attention) layer"; reference Qwen4ExpTextGatedDeltaNet,
 // causal_conv1d_fn / causal_conv1d_update, torch_recurrent_gated_delta_rule, torch_chunk_gated_delta_rule).
 // The gated delta rule: the recurrence (decode) and the chunked form (prefill), FP32 activations and arithmetic,
-// FP32 recurrent state [slot, nv, dk, dv] (the kernels are templated on the activation type; the ops interface
-// instantiates FP32). The causal conv of the ops interface is in cuda_ops_kernels.cu. Only SM70 instructions
+// FP32 recurrent state [slot, nv, dk, dv]. The causal conv of the ops interface is in cuda_ops_kernels.cu. Only SM70 instructions
 // (CUDA cores, shuffles, shared memory).
+#ifndef __CUDACC_RTC__
+#include <algorithm>
+#endif
+
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/gdn_kernels.h"
 
@@ -92,171 +95,408 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Chunked prefill (WY form, chunks of kGdnChunk tokens), equal to the recurrence. Block = (sequence, value head,
-// slice of 32 value columns); the block walks its sequence's chunks in order with the state slice S [dk, 32] in
-// shared memory. Per chunk with cumulative log-decay G (all exponents below are <= 0):
-//   A[r,c] = beta_r (k_r·k_c) e^{G_r-G_c} (c<r);  U = (I+A)^-1 (beta v);  W = (I+A)^-1 (beta k e^{G})
-//   v_new = U - W S;  o_r = e^{G_r} q_r S + sum_{c<=r} (q_r·k_c) e^{G_r-G_c} v_new_c
-//   S = e^{G_L} S + sum_c e^{G_L-G_c} k_c ⊗ v_new_c
-struct ChunkSmem {
-  static constexpr int C = kGdnChunk;
-  int ld;  // padded row length of Kc/Qc/Wc (dk + 1: conflict-free column reads)
-  float *K, *Q, *W, *S, *A, *M, *U, *G, *beta, *eG, *eL;
-  __device__ ChunkSmem(float* base, int dk) {
-    ld = dk + 1;
-    K = base;
-    Q = K + C * ld;
-    W = Q + C * ld;
-    S = W + C * ld;
-    A = S + dk * 32;
-    M = A + C * (C + 1);
-    U = M + C * (C + 1);
-    G = U + C * 32;
-    beta = G + C;
-    eG = beta + C;
-    eL = eG + C;
+// Chunked prefill (WY form, chunks of C = kGdnChunk tokens), equal to the recurrence; the reference's
+// torch_chunk_gated_delta_rule computes the same quantities. Per chunk of L rows with cumulative log-decay G (every
+// exponent below is <= 0), normalised q (times dk^-1/2) and k:
+//   A[r,c] = beta_r (k_r·k_c) e^{G_r-G_c} (c<r);  T = (I+A)^-1;  U = T (beta v);  W = T (beta k e^{G})
+//   M[r,c] = (q_r·k_c) e^{G_r-G_c} (c<=r)
+//   v_new = U - W S;  o_r = e^{G_r} q_r S + sum_{c<=r} M[r,c] v_new_c
+//   S' = e^{G_{L-1}} S + sum_c e^{G_{L-1}-G_c} k_c ⊗ v_new_c
+// Three kernels: gdn_chunk_prep (every chunk of every sequence at once: A, T, W, U, M and the decayed q and k),
+// gdn_chunk_state (per sequence, value head and 32 value columns, the chunks in order: v_new and the state before
+// each chunk), gdn_chunk_output (every chunk at once: o). Their intermediates live in a scratch of
+// gdn_chunk_scratch_floats() floats; the chunk of sequence s with index ci has slot s + cu[s] / C + ci there.
+constexpr int kChunk = kGdnChunk;
+constexpr int kSlice = 32;  // value columns per gdn_chunk_state block
+
+// Per (slot, head) arrays of the scratch: W, Kl (= k e^{G_{L-1}-G}), Qg (= q e^{G}) [C, dk]; U (then v_new) [C, dv];
+// M [C, C]; Sc (the state before the chunk) [dk, dv]; eL (e^{G_{L-1}}).
+struct ChunkScratch {
+  float *W, *Kl, *Qg, *U, *M, *Sc, *eL;
+  int heads;  // heads of this pass: the arrays are indexed by slot * heads + (head - first head)
+  __device__ int64_t pair(int slot, int h) const { return int64_t(slot) * heads + h; }
+};
+
+__device__ __forceinline__ int chunk_slot_base(const int32_t* cu, int s) { return s + cu[s] / kChunk; }
+
+// The (sequence, chunk index) of a scratch slot: the largest s with chunk_slot_base(s) <= slot; false when no chunk
+// has that slot (slots are unique: a sequence of n rows from row a has at most floor((a+n)/C) - floor(a/C) + 1 chunks).
+__device__ bool slot_chunk(const int32_t* cu, int num_seqs, int slot, int* seq, int* ci) {
+  int lo = 0, hi = num_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (chunk_slot_base(cu, mid) <= slot)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
-  static size_t bytes(int dk) {
-    return sizeof(float) * (size_t(3) * C * (dk + 1) + dk * 32 + 2 * C * (C + 1) + C * 32 + 4 * C);
+  const int c = slot - chunk_slot_base(cu, lo);
+  if (c < 0 || int64_t(c) * kChunk >= cu[lo + 1] - cu[lo]) return false;
+  *seq = lo;
+  *ci = c;
+  return true;
+}
+
+// Block = (slot, head of the pass). Shared: Kn, Qn [C][dk+1] (Qn reused for T [C][C+1]), A [C][C+1], beta, G, eG, eL.
+__global__ void __launch_bounds__(kThreads)
+    gdn_chunk_prep_kernel(const float* __restrict__ qkv, int64_t ld_qkv, const float* __restrict__ a,
+                          const float* __restrict__ bb, int64_t ld_ab, const float* __restrict__ a_log,
+                          const float* __restrict__ dt_bias, const int32_t* __restrict__ cu, int num_seqs, GdnHeads d,
+                          int head0, ChunkScratch sc) {
+  extern __shared__ float smem_raw[];
+  constexpr int C = kChunk;
+  const int ldk = d.dk + 1;
+  float* Kn = smem_raw;
+  float* Qn = Kn + C * ldk;
+  float* Tm = Qn;  // after the products that read Qn
+  float* A = Qn + C * ldk;
+  float* beta = A + C * (C + 1);
+  float* G = beta + C;
+  float* eG = G + C;
+  float* eLv = eG + C;
+  int seq, ci;
+  if (!slot_chunk(cu, num_seqs, blockIdx.x, &seq, &ci)) return;
+  const int head = head0 + blockIdx.y, kh = head / (d.nv / d.nk);
+  const int c0 = cu[seq] + ci * C, L = min(C, cu[seq + 1] - c0);
+  const int64_t P = sc.pair(blockIdx.x, blockIdx.y);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  constexpr int kWarps = kThreads / 32;
+  // (a) q, k l2-normalised (q times dk^-1/2), gates; rows past L are zero. One warp per row.
+  const float qscale = rsqrtf(float(d.dk));
+  for (int r = warp; r < C; r += kWarps) {
+    const int64_t t = c0 + r;
+    float sq = 0.f, sk = 0.f;
+    if (r < L) {
+      const float* row = qkv + t * ld_qkv;
+      for (int i = lane; i < d.dk; i += 32) {
+        const float q = row[int64_t(kh) * d.dk + i], k = row[int64_t(d.nk + kh) * d.dk + i];
+        Qn[r * ldk + i] = q;
+        Kn[r * ldk + i] = k;
+        sq += q * q;
+        sk += k * k;
+      }
+    }
+    sq = warp_sum(sq);
+    sk = warp_sum(sk);
+    const float rq = rsqrtf(sq + 1e-6f) * qscale, rk = rsqrtf(sk + 1e-6f);
+    for (int i = lane; i < d.dk; i += 32) {
+      Qn[r * ldk + i] = r < L ? Qn[r * ldk + i] * rq : 0.f;
+      Kn[r * ldk + i] = r < L ? Kn[r * ldk + i] * rk : 0.f;
+    }
+    if (lane == 0) {
+      float bt = 0.f, g = 0.f;
+      if (r < L) gdn_gates(a + t * ld_ab + head, bb + t * ld_ab + head, a_log, dt_bias, head, &bt, &g);
+      beta[r] = bt;
+      G[r] = g;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {  // cumulative log-decay, summed in order as torch.cumsum
+    for (int r = 1; r < C; ++r) G[r] += G[r - 1];
+    sc.eL[P] = expf(G[L - 1]);
+  }
+  __syncthreads();
+  if (threadIdx.x < C) {
+    const int r = threadIdx.x;
+    eG[r] = expf(G[r]);
+    eLv[r] = r < L ? expf(G[L - 1] - G[r]) : 0.f;
+  }
+  __syncthreads();
+  // The decayed q and k for the state and output kernels.
+  for (int e = threadIdx.x; e < C * d.dk; e += kThreads) {
+    const int r = e / d.dk, i = e % d.dk;
+    sc.Qg[P * C * d.dk + e] = Qn[r * ldk + i] * eG[r];
+    sc.Kl[P * C * d.dk + e] = Kn[r * ldk + i] * eLv[r];
+  }
+  // (b) A and M, a 4x4 tile of (r, c) per thread; tiles wholly above the diagonal are zero.
+  {
+    const int r0 = 4 * (threadIdx.x / 16), cc0 = 4 * (threadIdx.x % 16);
+    float kk[4][4] = {}, qk[4][4] = {};
+    if (cc0 <= r0 + 3 && r0 < L) {
+      for (int i = 0; i < d.dk; ++i) {
+        float kr[4], qr[4], kc[4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          kr[m] = Kn[(r0 + m) * ldk + i];
+          qr[m] = Qn[(r0 + m) * ldk + i];
+          kc[m] = Kn[(cc0 + m) * ldk + i];
+        }
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+#pragma unroll
+          for (int n = 0; n < 4; ++n) {
+            kk[m][n] += kr[m] * kc[n];
+            qk[m][n] += qr[m] * kc[n];
+          }
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        const int r = r0 + m, c = cc0 + n;
+        const bool lower = c <= r && r < L;
+        const float dec = lower ? expf(G[r] - G[c]) : 0.f;
+        A[r * (C + 1) + c] = (lower && c < r) ? beta[r] * kk[m][n] * dec : 0.f;
+        sc.M[P * C * C + r * C + c] = lower ? qk[m][n] * dec : 0.f;
+      }
+  }
+  __syncthreads();
+  // (c) T = (I + A)^-1 (unit lower triangular) by forward substitution, one thread per column, into Tm (over Qn).
+  if (threadIdx.x < C) {
+    const int j = threadIdx.x;
+    for (int r = 0; r < C; ++r) {
+      float v = r == j ? 1.f : 0.f;
+      if (r > j) {
+        float acc0 = 0.f, acc1 = 0.f;
+        int c = j;
+        for (; c + 1 < r; c += 2) {
+          acc0 -= A[r * (C + 1) + c] * Tm[c * (C + 1) + j];
+          acc1 -= A[r * (C + 1) + c + 1] * Tm[(c + 1) * (C + 1) + j];
+        }
+        if (c < r) acc0 -= A[r * (C + 1) + c] * Tm[c * (C + 1) + j];
+        v = acc0 + acc1;
+      }
+      Tm[r * (C + 1) + j] = v;
+    }
+  }
+  __syncthreads();
+  // (d) W = T (beta e^G k) and U = T (beta v): rows 4ty.., columns tx + 16n of a 128-column block per thread.
+  const int ty = threadIdx.x / 16, tx = threadIdx.x % 16, r0 = 4 * ty;
+  const int cmax = min(r0 + 3, L - 1);  // T[r][c] = 0 for c > r; rows of beta k, beta v past L are zero
+  {
+    float acc[4][8] = {};
+    for (int c = 0; c <= cmax; ++c) {
+      const float bc = beta[c] * eG[c];
+      float tr[4];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) tr[m] = Tm[(r0 + m) * (C + 1) + c];
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        const int i = tx + 16 * n;
+        const float kv = i < d.dk ? Kn[c * ldk + i] * bc : 0.f;
+#pragma unroll
+        for (int m = 0; m < 4; ++m) acc[m][n] += tr[m] * kv;
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        const int i = tx + 16 * n;
+        if (i < d.dk) sc.W[P * C * d.dk + (r0 + m) * d.dk + i] = acc[m][n];
+      }
+  }
+  float* Vb = Kn;  // beta v, a block of up to min(dk + 1, 128) columns at a time (Kn is free now)
+  const int vcols = min(d.dv, min(ldk, 128));
+  for (int j0 = 0; j0 < d.dv; j0 += vcols) {
+    __syncthreads();
+    for (int e = threadIdx.x; e < C * vcols; e += kThreads) {
+      const int r = e / vcols, j = e % vcols;
+      Vb[r * ldk + j] = (r < L && j0 + j < d.dv)
+                            ? beta[r] * qkv[(c0 + r) * ld_qkv + int64_t(2 * d.nk * d.dk) + int64_t(head) * d.dv + j0 + j]
+                            : 0.f;
+    }
+    __syncthreads();
+    float acc[4][8] = {};
+    for (int c = 0; c <= cmax; ++c) {
+      float tr[4];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) tr[m] = Tm[(r0 + m) * (C + 1) + c];
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        const int j = tx + 16 * n;
+        const float vv = j < vcols ? Vb[c * ldk + j] : 0.f;
+#pragma unroll
+        for (int m = 0; m < 4; ++m) acc[m][n] += tr[m] * vv;
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        const int j = tx + 16 * n;
+        if (j < vcols && j0 + j < d.dv) sc.U[P * C * d.dv + (r0 + m) * d.dv + j0 + j] = acc[m][n];
+      }
+  }
+}
+
+struct StateSmem {
+  static size_t floats(int dk) {
+    return size_t(dk) * kSlice + size_t(kChunk) * (dk + 4) + size_t(kChunk) * dk + size_t(kChunk) * kSlice;
   }
 };
 
-template <class T>
+// Block = (sequence, head of the pass, slice of 32 value columns); walks the sequence's chunks in order. Thread
+// (ty, tx) holds the state rows 4ty..4ty+3 and columns 4tx..4tx+3 of the slice in registers; the shared copy S
+// [dk][32], W [C][dk+4], Kl [C][dk] and v_new [C][32] serve the products. Writes v_new over U and the state before
+// each chunk to Sc; the final state to the pool.
 __global__ void __launch_bounds__(kThreads)
-    gdn_chunked_kernel(const T* __restrict__ qkv, int64_t ld_qkv, const T* __restrict__ a, const T* __restrict__ bb,
-                       int64_t ld_ab, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
-                       float* __restrict__ state, const int32_t* __restrict__ slots, const int32_t* __restrict__ cu,
-                       GdnHeads d, T* __restrict__ out, int64_t ld_out) {
+    gdn_chunk_state_kernel(float* __restrict__ state, const int32_t* __restrict__ slots,
+                           const int32_t* __restrict__ cu, GdnHeads d, int head0, ChunkScratch sc) {
   extern __shared__ float smem_raw[];
-  constexpr int C = kGdnChunk;
-  ChunkSmem sm(smem_raw, d.dk);
-  const int slices = (d.dv + 31) / 32;
-  const int seq = blockIdx.x / (d.nv * slices);
-  const int head = (blockIdx.x / slices) % d.nv;
-  const int slice = blockIdx.x % slices;
-  const int kh = head / (d.nv / d.nk);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  constexpr int kWarps = kThreads / 32;
-  const int j0 = slice * 32;
-  const int start = cu[seq], end = cu[seq + 1];
+  constexpr int C = kChunk;
+  const int ldw = d.dk + 4;
+  float* S = smem_raw;
+  float* Ws = S + d.dk * kSlice;
+  float* Ks = Ws + C * ldw;
+  float* Vn = Ks + C * d.dk;
+  const int seq = blockIdx.x, hp = blockIdx.y, head = head0 + hp, j0 = blockIdx.z * kSlice;
+  const int start = cu[seq], len = cu[seq + 1] - start;
+  if (len <= 0) return;
+  const int base = chunk_slot_base(cu, seq);
+  const int tx = threadIdx.x % 8, ty = threadIdx.x / 8;
+  const int i0 = 4 * ty, jj0 = 4 * tx;
   float* Sg = state + (int64_t(slots[seq]) * d.nv + head) * d.dk * d.dv;
-  for (int e = threadIdx.x; e < d.dk * 32; e += kThreads) {
-    const int i = e / 32, jj = e % 32;
-    sm.S[e] = (j0 + jj < d.dv) ? Sg[int64_t(i) * d.dv + j0 + jj] : 0.f;
-  }
-  const float qscale = rsqrtf(float(d.dk));
-  for (int c0 = start; c0 < end; c0 += C) {
-    const int L = min(C, end - c0);
-    // (a) load and l2-normalise q, k; v * beta; gates. One warp per row.
-    for (int r = warp; r < C; r += kWarps) {
-      const int64_t t = c0 + r;
-      float sq = 0.f, sk = 0.f;
-      if (r < L) {
-        const T* row = qkv + t * ld_qkv;
-        for (int i = lane; i < d.dk; i += 32) {
-          const float q = to_f(row[int64_t(kh) * d.dk + i]), k = to_f(row[int64_t(d.nk + kh) * d.dk + i]);
-          sm.Q[r * sm.ld + i] = q;
-          sm.K[r * sm.ld + i] = k;
-          sq += q * q;
-          sk += k * k;
+  float s[4][4];
+#pragma unroll
+  for (int m = 0; m < 4; ++m)
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      const int i = i0 + m, j = j0 + jj0 + n;
+      s[m][n] = (i < d.dk && j < d.dv) ? Sg[int64_t(i) * d.dv + j] : 0.f;
+    }
+  for (int ci = 0; ci * C < len; ++ci) {
+    const int64_t P = sc.pair(base + ci, hp);
+    const int L = min(C, len - ci * C);
+    float* Sc = sc.Sc + P * d.dk * d.dv;
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        const int i = i0 + m, j = j0 + jj0 + n;
+        if (i < d.dk) {
+          S[i * kSlice + jj0 + n] = s[m][n];
+          if (j < d.dv) Sc[int64_t(i) * d.dv + j] = s[m][n];
         }
       }
-      sq = warp_sum(sq);
-      sk = warp_sum(sk);
-      float beta = 0.f, g = 0.f;
-      if (r < L) gdn_gates(a + t * ld_ab + head, bb + t * ld_ab + head, a_log, dt_bias, head, &beta, &g);
-      const float rq = rsqrtf(sq + 1e-6f) * qscale, rk = rsqrtf(sk + 1e-6f);
-      for (int i = lane; i < d.dk; i += 32) {
-        sm.Q[r * sm.ld + i] = r < L ? sm.Q[r * sm.ld + i] * rq : 0.f;
-        sm.K[r * sm.ld + i] = r < L ? sm.K[r * sm.ld + i] * rk : 0.f;
-      }
-      const int j = j0 + lane;
-      sm.U[r * 32 + lane] = (r < L && j < d.dv)
-                                ? beta * to_f(qkv[t * ld_qkv + int64_t(2 * d.nk * d.dk) + int64_t(head) * d.dv + j])
-                                : 0.f;
-      if (lane == 0) {
-        sm.beta[r] = beta;
-        sm.G[r] = g;
-      }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0)
-      for (int r = 1; r < C; ++r) sm.G[r] += sm.G[r - 1];
-    __syncthreads();
-    if (threadIdx.x < C) {  // e^{G_r} and e^{G_L - G_r} (zero past the chunk's end)
-      sm.eG[threadIdx.x] = expf(sm.G[threadIdx.x]);
-      sm.eL[threadIdx.x] = threadIdx.x < L ? expf(sm.G[L - 1] - sm.G[threadIdx.x]) : 0.f;
-    }
-    __syncthreads();
-    // (c) A (strictly lower), M (lower incl. diagonal), W right-hand side.
-    for (int p = threadIdx.x; p < C * C; p += kThreads) {
-      const int r = p / C, c = p % C;
-      float kk = 0.f, qk = 0.f;
-      if (c <= r && r < L) {
-        for (int i = 0; i < d.dk; ++i) {
-          const float kc = sm.K[c * sm.ld + i];
-          kk += sm.K[r * sm.ld + i] * kc;
-          qk += sm.Q[r * sm.ld + i] * kc;
-        }
-      }
-      const float dec = (c <= r && r < L) ? expf(sm.G[r] - sm.G[c]) : 0.f;
-      sm.A[r * (C + 1) + c] = c < r ? sm.beta[r] * kk * dec : 0.f;
-      sm.M[r * (C + 1) + c] = qk * dec;
-    }
-    for (int e = threadIdx.x; e < C * d.dk; e += kThreads) {
+    const float* Wg = sc.W + P * C * d.dk;
+    const float* Kg = sc.Kl + P * C * d.dk;
+    for (int e = threadIdx.x; e < L * d.dk; e += kThreads) {
       const int r = e / d.dk, i = e % d.dk;
-      sm.W[r * sm.ld + i] = sm.K[r * sm.ld + i] * sm.beta[r] * sm.eG[r];
+      Ws[r * ldw + i] = Wg[e];
+      Ks[e] = Kg[e];
     }
     __syncthreads();
-    // (d) forward substitution with (I + A): each thread owns one column of [W | U].
-    for (int col = threadIdx.x; col < d.dk + 32; col += kThreads) {
-      float* X = col < d.dk ? sm.W + col : sm.U + (col - d.dk);
-      const int ldx = col < d.dk ? sm.ld : 32;
-      for (int r = 1; r < L; ++r) {
-        float acc = X[r * ldx];
-        for (int c = 0; c < r; ++c) acc -= sm.A[r * (C + 1) + c] * X[c * ldx];
-        X[r * ldx] = acc;
+    // v_new = U - W S: rows 2ty, 2ty + 1, columns jj0..jj0+3.
+    const int r0 = 2 * ty;
+    float acc[2][4] = {};
+    if (r0 < L) {
+      const int r1 = min(r0 + 1, L - 1);  // a row past L repeats the last (its result is not kept)
+      for (int i = 0; i < d.dk; i += 4) {
+        const float4 w0 = *reinterpret_cast<const float4*>(Ws + r0 * ldw + i);
+        const float4 w1 = *reinterpret_cast<const float4*>(Ws + r1 * ldw + i);
+        const float wa[4] = {w0.x, w0.y, w0.z, w0.w}, wb[4] = {w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float4 sv = *reinterpret_cast<const float4*>(S + (i + k) * kSlice + jj0);
+          const float sa[4] = {sv.x, sv.y, sv.z, sv.w};
+#pragma unroll
+          for (int n = 0; n < 4; ++n) {
+            acc[0][n] += wa[k] * sa[n];
+            acc[1][n] += wb[k] * sa[n];
+          }
+        }
+      }
+    }
+    float* Ug = sc.U + P * C * d.dv;
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        const int r = r0 + m, j = j0 + jj0 + n;
+        float v = 0.f;
+        if (r < L && j < d.dv) {
+          v = Ug[r * d.dv + j] - acc[m][n];
+          Ug[r * d.dv + j] = v;
+        }
+        Vn[r * kSlice + jj0 + n] = v;
+      }
+    __syncthreads();
+    // S' = e^{G_{L-1}} S + Kl^T v_new.
+    const float el = sc.eL[P];
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+      for (int n = 0; n < 4; ++n) s[m][n] *= el;
+    if (i0 < d.dk) {
+      for (int r = 0; r < L; ++r) {
+        const float4 kv = *reinterpret_cast<const float4*>(Ks + r * d.dk + i0);
+        const float4 vv = *reinterpret_cast<const float4*>(Vn + r * kSlice + jj0);
+        const float ka[4] = {kv.x, kv.y, kv.z, kv.w}, va[4] = {vv.x, vv.y, vv.z, vv.w};
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+#pragma unroll
+          for (int n = 0; n < 4; ++n) s[m][n] += ka[m] * va[n];
       }
     }
     __syncthreads();
-    // (e) v_new = U - W S  (in U).
-    for (int r = warp; r < L; r += kWarps) {
-      float acc = sm.U[r * 32 + lane];
-      for (int i = 0; i < d.dk; ++i) acc -= sm.W[r * sm.ld + i] * sm.S[i * 32 + lane];
-      sm.U[r * 32 + lane] = acc;
-    }
-    __syncthreads();
-    // (f) outputs.
-    for (int r = warp; r < L; r += kWarps) {
-      float acc = 0.f;
-      for (int i = 0; i < d.dk; ++i) acc += sm.Q[r * sm.ld + i] * sm.S[i * 32 + lane];
-      acc *= sm.eG[r];
-      for (int c = 0; c <= r; ++c) acc += sm.M[r * (C + 1) + c] * sm.U[c * 32 + lane];
-      if (j0 + lane < d.dv) out[int64_t(c0 + r) * ld_out + int64_t(head) * d.dv + j0 + lane] = from_f<T>(acc);
-    }
-    __syncthreads();
-    // (g) state update.
-    const float el = sm.eG[L - 1];
-    for (int i = warp; i < d.dk; i += kWarps) {
-      float acc = sm.S[i * 32 + lane] * el;
-      for (int c = 0; c < L; ++c) acc += sm.K[c * sm.ld + i] * sm.eL[c] * sm.U[c * 32 + lane];
-      sm.S[i * 32 + lane] = acc;
-    }
-    __syncthreads();
   }
-  for (int e = threadIdx.x; e < d.dk * 32; e += kThreads) {
-    const int i = e / 32, jj = e % 32;
-    if (j0 + jj < d.dv) Sg[int64_t(i) * d.dv + j0 + jj] = sm.S[e];
+#pragma unroll
+  for (int m = 0; m < 4; ++m)
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      const int i = i0 + m, j = j0 + jj0 + n;
+      if (i < d.dk && j < d.dv) Sg[int64_t(i) * d.dv + j] = s[m][n];
+    }
+}
+
+// Block = (slot, head of the pass, 64 value columns): o = Qg Sc + M v_new for the chunk's rows, a 4x4 tile per
+// thread, both products staged through shared tiles of 32 along the reduced dimension.
+__global__ void __launch_bounds__(kThreads)
+    gdn_chunk_output_kernel(const int32_t* __restrict__ cu, int num_seqs, GdnHeads d, int head0, ChunkScratch sc,
+                            float* __restrict__ out, int64_t ld_out) {
+  constexpr int C = kChunk, KT = 32, NT = 64;
+  __shared__ __align__(16) float As[KT][C + 4];
+  __shared__ __align__(16) float Bs[KT][NT + 4];
+  int seq, ci;
+  if (!slot_chunk(cu, num_seqs, blockIdx.x, &seq, &ci)) return;
+  const int hp = blockIdx.y, head = head0 + hp, j0 = blockIdx.z * NT;
+  const int c0 = cu[seq] + ci * C, L = min(C, cu[seq + 1] - c0);
+  const int64_t P = sc.pair(blockIdx.x, hp);
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  float acc[4][4] = {};
+  for (int phase = 0; phase < 2; ++phase) {
+    const int K = phase == 0 ? d.dk : C;
+    const float* Am = phase == 0 ? sc.Qg + P * C * d.dk : sc.M + P * C * C;  // [C][K]
+    const float* Bm = phase == 0 ? sc.Sc + P * d.dk * d.dv : sc.U + P * C * d.dv;  // [K][dv]
+    const int kend = phase == 0 ? K : L;  // M's columns past L are zero
+    for (int k0 = 0; k0 < kend; k0 += KT) {
+      for (int e = threadIdx.x; e < C * KT; e += kThreads) {
+        const int r = e / KT, k = e % KT;
+        As[k][r] = (r < L && k0 + k < K) ? Am[r * K + k0 + k] : 0.f;
+      }
+      for (int e = threadIdx.x; e < KT * NT; e += kThreads) {
+        const int k = e / NT, c = e % NT;
+        Bs[k][c] = (k0 + k < K && j0 + c < d.dv) ? Bm[int64_t(k0 + k) * d.dv + j0 + c] : 0.f;
+      }
+      __syncthreads();
+#pragma unroll 8
+      for (int k = 0; k < KT; ++k) {
+        const float4 av = *reinterpret_cast<const float4*>(&As[k][4 * ty]);
+        const float4 bv = *reinterpret_cast<const float4*>(&Bs[k][4 * tx]);
+        const float aa[4] = {av.x, av.y, av.z, av.w}, ba[4] = {bv.x, bv.y, bv.z, bv.w};
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+#pragma unroll
+          for (int n = 0; n < 4; ++n) acc[m][n] += aa[m] * ba[n];
+      }
+      __syncthreads();
+    }
   }
+#pragma unroll
+  for (int m = 0; m < 4; ++m)
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      const int r = 4 * ty + m, j = j0 + 4 * tx + n;
+      if (r < L && j < d.dv) out[int64_t(c0 + r) * ld_out + int64_t(head) * d.dv + j] = acc[m][n];
+    }
 }
 
 // Both activation types are compiled in every build (NVRTC included, for the SM70 check).
 #define FN_GDN_INSTANTIATE(T)                                                                                       \
   template __global__ void gdn_recurrent_kernel<T>(const T*, int64_t, const T*, const T*, int64_t, const float*,    \
-                                                   const float*, float*, const int32_t*, GdnHeads, T*, int64_t);     \
-  template __global__ void gdn_chunked_kernel<T>(const T*, int64_t, const T*, const T*, int64_t, const float*,      \
-                                                 const float*, float*, const int32_t*, const int32_t*, GdnHeads, T*, \
-                                                 int64_t);
+                                                   const float*, float*, const int32_t*, GdnHeads, T*, int64_t);
 FN_GDN_INSTANTIATE(float)
 #undef FN_GDN_INSTANTIATE
 
@@ -276,19 +516,6 @@ cudaError_t gdn_recurrent_launch(const T* qkv, int64_t ld_qkv, const T* a, const
   return cudaGetLastError();
 }
 
-template <class T>
-cudaError_t gdn_chunked_launch(const T* qkv, int64_t ld_qkv, const T* a, const T* b, int64_t ld_ab, const float* a_log,
-                               const float* dt_bias, float* state, const int32_t* slots, const int32_t* cu,
-                               int num_seqs, GdnHeads dims, T* out, int64_t ld_out, cudaStream_t stream) {
-  if (num_seqs == 0) return cudaSuccess;
-  const size_t smem = ChunkSmem::bytes(dims.dk);
-  cudaError_t err = cudaFuncSetAttribute(gdn_chunked_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-  if (err != cudaSuccess) return err;
-  const unsigned blocks = unsigned(num_seqs) * dims.nv * ((dims.dv + 31) / 32);
-  gdn_chunked_kernel<T><<<blocks, kThreads, smem, stream>>>(qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots, cu,
-                                                            dims, out, ld_out);
-  return cudaGetLastError();
-}
 }  // namespace
 
 cudaError_t launch_gdn_recurrent_step(const float* qkv, int64_t ld_qkv, const float* a, const float* b, int64_t ld_ab,
@@ -297,12 +524,60 @@ cudaError_t launch_gdn_recurrent_step(const float* qkv, int64_t ld_qkv, const fl
   return gdn_recurrent_launch(qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots, batch, dims, out, ld_out, stream);
 }
 
+namespace {
+// Scratch floats per (slot, head): W, Kl, Qg, U, M, Sc, eL (ChunkScratch).
+int64_t chunk_pair_floats(GdnHeads d) {
+  return int64_t(kChunk) * (3 * d.dk + d.dv) + int64_t(kChunk) * kChunk + int64_t(d.dk) * d.dv + 1;
+}
+int64_t chunk_slots(int num_seqs, int64_t rows) { return num_seqs + rows / kChunk + 1; }
+}  // namespace
+
+int gdn_chunked_heads_per_pass(int num_seqs, int64_t rows, GdnHeads dims, int64_t max_scratch_floats) {
+  const int64_t per_head = chunk_slots(num_seqs, rows) * chunk_pair_floats(dims);
+  return int(std::max<int64_t>(1, std::min<int64_t>(dims.nv, max_scratch_floats / per_head)));
+}
+
+int64_t gdn_chunked_scratch_floats(int num_seqs, int64_t rows, GdnHeads dims, int heads_per_pass) {
+  return chunk_slots(num_seqs, rows) * chunk_pair_floats(dims) * heads_per_pass;
+}
+
 cudaError_t launch_gdn_chunked_prefill(const float* qkv, int64_t ld_qkv, const float* a, const float* b, int64_t ld_ab,
                                        const float* a_log, const float* dt_bias, float* state, const int32_t* slots,
-                                       const int32_t* cu, int num_seqs, GdnHeads dims, float* out, int64_t ld_out,
+                                       const int32_t* cu, int num_seqs, int64_t rows, GdnHeads dims,
+                                       int heads_per_pass, float* scratch, float* out, int64_t ld_out,
                                        cudaStream_t stream) {
-  return gdn_chunked_launch(qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots, cu, num_seqs, dims, out, ld_out,
-                            stream);
+  if (num_seqs == 0 || rows == 0) return cudaSuccess;
+  const int64_t nslots = chunk_slots(num_seqs, rows);
+  const int hp = heads_per_pass;
+  ChunkScratch sc;
+  sc.heads = hp;
+  const int64_t pairs = nslots * hp;
+  float* p = scratch;
+  sc.W = p, p += pairs * kChunk * dims.dk;
+  sc.Kl = p, p += pairs * kChunk * dims.dk;
+  sc.Qg = p, p += pairs * kChunk * dims.dk;
+  sc.U = p, p += pairs * kChunk * dims.dv;
+  sc.M = p, p += pairs * kChunk * kChunk;
+  sc.Sc = p, p += pairs * dims.dk * dims.dv;
+  sc.eL = p;
+  const size_t prep_smem = sizeof(float) * (size_t(2) * kChunk * (dims.dk + 1) + kChunk * (kChunk + 1) + 4 * kChunk);
+  const size_t state_smem = sizeof(float) * StateSmem::floats(dims.dk);
+  cudaError_t err =
+      cudaFuncSetAttribute(gdn_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prep_smem));
+  if (err == cudaSuccess)
+    err = cudaFuncSetAttribute(gdn_chunk_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(state_smem));
+  if (err != cudaSuccess) return err;
+  for (int h0 = 0; h0 < dims.nv; h0 += hp) {
+    sc.heads = std::min(hp, dims.nv - h0);
+    gdn_chunk_prep_kernel<<<dim3(unsigned(nslots), unsigned(sc.heads)), kThreads, prep_smem, stream>>>(
+        qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, cu, num_seqs, dims, h0, sc);
+    gdn_chunk_state_kernel<<<dim3(unsigned(num_seqs), unsigned(sc.heads), unsigned((dims.dv + kSlice - 1) / kSlice)),
+                             kThreads, state_smem, stream>>>(state, slots, cu, dims, h0, sc);
+    gdn_chunk_output_kernel<<<dim3(unsigned(nslots), unsigned(sc.heads), unsigned((dims.dv + 63) / 64)), kThreads, 0,
+                              stream>>>(cu, num_seqs, dims, h0, sc, out, ld_out);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 #endif
 

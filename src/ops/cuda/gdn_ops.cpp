@@ -55,11 +55,18 @@ void CudaOps::gdn_rule_batch(const Tensor& qkv, const Tensor& a, const Tensor& b
                   op);
     return;
   }
-  // A step with prefill chunks: every sequence's rows (cu_seqlens), state in slot slots[s].
+  // A step with prefill chunks: every sequence's rows (cu_seqlens), state in slot slots[s]. The chunk kernels'
+  // intermediates take about 850 bytes per row and value head; passes over the heads keep them within 1 GiB.
+  FN_CHECK(d.k_head_dim % 4 == 0, "{}: key head dim {} is not a multiple of 4 (the chunked kernels' vector loads)", op,
+           d.k_head_dim);
+  const int num_seqs = int(batch.num_seqs);
+  const int per_pass = detail::gdn_chunked_heads_per_pass(num_seqs, T, heads, int64_t(1) << 28);
+  Tensor scratch =
+      alloc({detail::gdn_chunked_scratch_floats(num_seqs, T, heads, per_pass)}, DType::F32, "gdn chunk scratch");
   FN_CUDA_CHECK(detail::launch_gdn_chunked_prefill(dp<const float>(qkv), C, dp<const float>(a), dp<const float>(b), nv,
                                                    a_log, dt_bias, dp<float>(state_pool), dp<int32_t>(batch.slots),
-                                                   dp<int32_t>(batch.seq_starts), int(batch.num_seqs), heads,
-                                                   dp<float>(o), ld_o, stream()),
+                                                   dp<int32_t>(batch.seq_starts), num_seqs, T, heads, per_pass,
+                                                   dp<float>(scratch), dp<float>(o), ld_o, stream()),
                 op);
 }
 

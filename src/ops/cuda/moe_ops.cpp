@@ -22,10 +22,9 @@ void CudaOps::moe_router_topk(const Tensor& u, const Tensor& router, bool norm_t
   if (T == 0) return;
   Tensor logits = alloc({T, E}, DType::F32, "router logits");
   const Tensor rw[] = {router}, rl[] = {logits};
-  if (!gemv_group(u, rw, rl, {}, "moe_router_topk logits"))  // float32 either way
-    FN_CUDA_CHECK(detail::launch_linear_f32_narrow(dp<const float>(u), dp<__half>(router), dp<float>(logits),
-                                                   to_int(T, op, "tokens"), to_int(H, op, "hidden"), int(E), stream()),
-                  "moe_router_topk logits");
+  // Float32-accurate either way: the decode GEMV, or the FP16x2 tensor-core product for more rows.
+  if (!gemv_group(u, rw, rl, {}, "moe_router_topk logits"))
+    product(u, router, logits, {}, "moe_router_topk logits", /*float32_inputs=*/true);
   FN_CUDA_CHECK(detail::launch_moe_router_topk(dp<const float>(logits), E, int(T), int(E), int(k), norm_topk_prob,
                                                dp<int32_t>(ids), dp<float>(weights), stream()),
                 op);

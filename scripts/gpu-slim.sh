@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The device tool copies at most 64 MiB of working tree; the tracked tree is larger. This moves what no GPU script
+# reads (the server and fuzz suites, the tokenizer and chat-template data, the bundled model's tokenizer, the sources
+# baked into the bundles, docs, the largest quantized fixture) to $ASIDE and back.
+#   bash scripts/gpu-slim.sh            moves them aside and prints the bytes that will travel
+#   bash scripts/gpu-slim.sh --restore  puts them back (run it before committing)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ASIDE=${ASIDE:-/tmp/flashnext-aside}
+PATHS=(src docs tests/server tests/fuzz tests/data/tokenizer tests/data/chat tests/data/quant/awq-int4-g128
+       models/tiny-b-random/tokenizer.json)
+if [ "${1:-}" = "--restore" ]; then
+  for p in "${PATHS[@]}"; do
+    if [ -e "$ASIDE/$p" ]; then mkdir -p "$(dirname "$p")" && mv "$ASIDE/$p" "$p"; fi
+  done
+  git status --short | head -n 5
+  exit 0
+fi
+for p in "${PATHS[@]}"; do
+  [ -e "$p" ] || continue
+  mkdir -p "$ASIDE/$(dirname "$p")"
+  mv "$p" "$ASIDE/$p"
+done
+bytes=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 -r stat -c %s 2>/dev/null | awk '{s+=$1} END {print s}')
+echo "gpu-slim: $bytes bytes of working tree travel (plus what carry names; limit 67108864)"
