@@ -21,5 +21,5 @@ for p in "${PATHS[@]}"; do
   mkdir -p "$ASIDE/$(dirname "$p")"
   mv "$p" "$ASIDE/$p"
 done
-bytes=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 -r stat -c %s 2>/dev/null | awk '{s+=$1} END {print s}')
+bytes=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } | { xargs -0 -r stat -c %s 2>/dev/null || true; } | awk '{s+=$1} END {print s}')
 echo "gpu-slim: $bytes bytes of working tree travel (plus what carry names; limit 67108864)"
