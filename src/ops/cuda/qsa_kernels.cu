@@ -2,6 +2,8 @@
 // reference Qwen4ExpTextAttention. Paged caches, logical positions everywhere, FP32 scores and softmax (the
 // indexer's kernels are in cuda_ops_kernels.cu). Every cache index
 // goes through the block table and is bounds-checked: a bad one sets a bit in the status word and is skipped.
+#include <mma.h>
+
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/qsa_kernels.h"
 
@@ -10,7 +12,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kTile = 64;  // selected tokens per attention tile; pooled blocks per scores block
+constexpr int kTile = 32;  // selected tokens per attention tile (the kernel's WMMA tiles and softmax lanes assume 32)
 
 __device__ __forceinline__ void flag(int32_t* status, int32_t bit) {
   if (status) atomicOr(status, bit);
@@ -35,22 +37,91 @@ __device__ __forceinline__ int64_t phys_token(const QsaPaging& pg, int seq, int 
   return int64_t(page) * pg.page_size + pos % pg.page_size;
 }
 
-// Sparse attention over the selected tokens. Block = (query token, KV head g, split of the selected list); the
-// group's G = heads/kv_heads query heads share each K/V row read. Online softmax over tiles of kTile tokens.
-// splits == 1: writes o * sigmoid(gate) as T; otherwise (m, l, acc[dim]) partials for qsa_combine_kernel.
-// T: the type of q, the caches, the gate and the output (FP16, or FP32 for the ops interface).
-template <class T>
+// FP16x2 halves of a float: x = hi + lo up to about 2^-22 relative (products of the halves on the tensor cores,
+// hi·hi + hi·lo + lo·hi, keep float32 accuracy).
+__device__ __forceinline__ void split_f16x2(float x, __half* hi, __half* lo) {
+  const __half h = __float2half_rn(x);
+  *hi = h;
+  *lo = __float2half_rn(x - __half2float(h));
+}
+
+// Shared memory of qsa_attention_kernel for head dim padded to D16 (a multiple of 16); every region a multiple of
+// 32 bytes (WMMA's pointer alignment).
+struct AttnSmem {
+  int D16, ldh, ldp;
+  __half *Qh, *Ql, *Kh, *Kl, *Ph, *Pl;
+  float *Sp, *S, *O, *m, *l, *corr;
+  int64_t* rows;
+  static constexpr int kRows = 16;  // query heads of a KV group, padded to the WMMA tile
+  __device__ AttnSmem(unsigned char* base, int dim) {
+    D16 = (dim + 15) & ~15;
+    ldh = D16 + 8;
+    ldp = kTile + 8;
+    Qh = reinterpret_cast<__half*>(base);
+    Ql = Qh + kRows * ldh;
+    Kh = Ql + kRows * ldh;
+    Kl = Kh + kTile * ldh;
+    Ph = Kl + kTile * ldh;
+    Pl = Ph + kRows * ldp;
+    Sp = reinterpret_cast<float*>(Pl + kRows * ldp);
+    S = Sp + sp_floats(D16);
+    O = S + kRows * kTile;
+    m = O + kRows * D16;
+    l = m + kRows;
+    corr = l + kRows;
+    rows = reinterpret_cast<int64_t*>(corr + 2 * kRows);  // 8-byte aligned (corr + 32 floats)
+  }
+  __host__ __device__ static int sp_floats(int D16) { return D16 * kRows > 8 * 256 ? D16 * kRows : 8 * 256; }
+  static size_t bytes(int dim) {
+    const int D16 = (dim + 15) & ~15, ldh = D16 + 8, ldp = kTile + 8;
+    return sizeof(__half) * (size_t(2) * kRows * ldh + size_t(2) * kTile * ldh + size_t(2) * kRows * ldp) +
+           sizeof(float) * (size_t(sp_floats(D16)) + kRows * kTile + size_t(kRows) * D16 + 4 * kRows) +
+           sizeof(int64_t) * kTile;
+  }
+};
+
+// One tile of kTile cache rows (rows[i] < 0: zeros) of KV head g as FP16x2 halves into hi/lo [kTile][ldh], the
+// columns from dim to D16 zero.
+__device__ __forceinline__ void load_tile_f16x2(const float* __restrict__ cache, int64_t kvw, int g, int dim,
+                                                const AttnSmem& sm, __half* hi, __half* lo, bool vec4) {
+  if (vec4) {
+    const int q4 = sm.D16 / 4;
+    for (int e = threadIdx.x; e < kTile * q4; e += kThreads) {
+      const int i = e / q4, d = 4 * (e % q4);
+      const int64_t row = sm.rows[i];
+      float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (row >= 0 && d < dim) x = *reinterpret_cast<const float4*>(cache + row * kvw + int64_t(g) * dim + d);
+      const float xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+      for (int c = 0; c < 4; ++c) split_f16x2(xs[c], hi + i * sm.ldh + d + c, lo + i * sm.ldh + d + c);
+    }
+  } else {
+    for (int e = threadIdx.x; e < kTile * sm.D16; e += kThreads) {
+      const int i = e / sm.D16, d = e % sm.D16;
+      const int64_t row = sm.rows[i];
+      const float x = (row >= 0 && d < dim) ? cache[row * kvw + int64_t(g) * dim + d] : 0.f;
+      split_f16x2(x, hi + i * sm.ldh + d, lo + i * sm.ldh + d);
+    }
+  }
+}
+
+// Sparse attention over the selected tokens on the tensor cores (WMMA m16n16k16, SM70 and later). Block = (query
+// token, KV head g, split of the selected list); the group's G = heads/kv_heads query heads (padded to 16 rows) share
+// each K/V tile of kTile selected rows. Scores S = Q K^T and the tile's P V are products of FP16x2 halves
+// (hi·hi + hi·lo + lo·hi, float32 accumulation), about float32-accurate; online softmax in float32 over the tiles.
+// splits == 1: writes o * sigmoid(gate); otherwise (m, l, acc[dim]) partials for qsa_combine_kernel.
 __global__ void __launch_bounds__(kThreads)
-    qsa_attention_kernel(const T* __restrict__ q, int64_t ldq, const int32_t* __restrict__ tok_seq,
+    qsa_attention_kernel(const float* __restrict__ q, int64_t ldq, const int32_t* __restrict__ tok_seq,
                          const int32_t* __restrict__ tok_pos, const int32_t* __restrict__ selected, int64_t ld_sel,
-                         const int32_t* __restrict__ counts, QsaPaging pg, const T* __restrict__ k_cache,
-                         const T* __restrict__ v_cache, int heads, int kv_heads, int dim, int splits, int split_len,
-                         const T* __restrict__ gate, int64_t ld_gate, int64_t gate_hs, float* __restrict__ partial,
-                         T* __restrict__ out, int64_t ldo, int32_t* status) {
-  __shared__ float qs[kQsaMaxGroup * kQsaMaxDim];
-  __shared__ float s[kQsaMaxGroup][kTile];
-  __shared__ int64_t rows[kTile];
-  __shared__ float m_s[kQsaMaxGroup], l_s[kQsaMaxGroup], corr_s[kQsaMaxGroup];
+                         const int32_t* __restrict__ counts, QsaPaging pg, const float* __restrict__ k_cache,
+                         const float* __restrict__ v_cache, int heads, int kv_heads, int dim, int splits,
+                         int split_len, const float* __restrict__ gate, int64_t ld_gate, int64_t gate_hs,
+                         float* __restrict__ partial, float* __restrict__ out, int64_t ldo, int32_t* status,
+                         bool vec4) {
+  namespace wmma = nvcuda::wmma;
+  extern __shared__ __align__(32) unsigned char smem_raw[];
+  const AttnSmem sm(smem_raw, dim);
+  constexpr int R = AttnSmem::kRows;
   const int t = blockIdx.x, g = blockIdx.y, split = blockIdx.z;
   const int G = heads / kv_heads;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -60,97 +131,118 @@ __global__ void __launch_bounds__(kThreads)
   if (split == splits - 1 && g == 0 && threadIdx.x == 0 && cnt > splits * split_len) flag(status, kQsaCountOverflow);
   const float scale = rsqrtf(float(dim));
   const float neg_inf = -__int_as_float(0x7f800000);
-  for (int e = threadIdx.x; e < G * dim; e += kThreads)
-    qs[e] = to_f(q[int64_t(t) * ldq + int64_t(g) * G * dim + e]) * scale;
-  if (threadIdx.x < G) {
-    m_s[threadIdx.x] = neg_inf;
-    l_s[threadIdx.x] = 0.f;
-  }
-  float acc[kQsaMaxGroup];
-#pragma unroll
-  for (int h = 0; h < kQsaMaxGroup; ++h) acc[h] = 0.f;
-  const int dd = threadIdx.x;
   const int64_t kvw = int64_t(kv_heads) * dim;
-  __syncthreads();
+  const int ksteps = sm.D16 / 16;
+  for (int e = threadIdx.x; e < R * sm.D16; e += kThreads) {
+    const int h = e / sm.D16, d = e % sm.D16;
+    const float x = (h < G && d < dim) ? q[int64_t(t) * ldq + int64_t(g * G + h) * dim + d] * scale : 0.f;
+    split_f16x2(x, sm.Qh + h * sm.ldh + d, sm.Ql + h * sm.ldh + d);
+    sm.O[e] = 0.f;
+  }
+  for (int e = threadIdx.x; e < R * sm.ldp; e += kThreads) sm.Ph[e] = sm.Pl[e] = __float2half_rn(0.f);
+  if (threadIdx.x < R) {
+    sm.m[threadIdx.x] = neg_inf;
+    sm.l[threadIdx.x] = 0.f;
+    sm.corr[threadIdx.x] = 1.f;
+  }
   for (int tb = begin; tb < end; tb += kTile) {
     const int n = min(kTile, end - tb);
-    for (int i = threadIdx.x; i < n; i += kThreads) {
-      const int pos = selected[int64_t(t) * ld_sel + tb + i];
+    if (threadIdx.x < kTile) {
       int64_t row = -1;
-      if (pos > p)
-        flag(status, kQsaBadPosition);  // a selected key after the query: never follow it
-      else
-        row = phys_token(pg, seq, pos, status);
-      rows[i] = row;
+      if (int(threadIdx.x) < n) {
+        const int pos = selected[int64_t(t) * ld_sel + tb + threadIdx.x];
+        if (pos > p)
+          flag(status, kQsaBadPosition);  // a selected key after the query: never follow it
+        else
+          row = phys_token(pg, seq, pos, status);
+      }
+      sm.rows[threadIdx.x] = row;
     }
     __syncthreads();
-    for (int i = warp; i < n; i += kWarps) {
-      const int64_t row = rows[i];
-      float kreg[kQsaMaxDim / 32];
-#pragma unroll
-      for (int m = 0; m < kQsaMaxDim / 32; ++m) {
-        const int d = lane + 32 * m;
-        kreg[m] = (row >= 0 && d < dim) ? to_f(k_cache[row * kvw + int64_t(g) * dim + d]) : 0.f;
+    load_tile_f16x2(k_cache, kvw, g, dim, sm, sm.Kh, sm.Kl, vec4);
+    __syncthreads();
+    {  // score partials: warp = (16-column block nt, quarter kg of the head dim)
+      const int nt = warp & 1, kg = warp >> 1;
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+      wmma::fill_fragment(c, 0.f);
+      for (int ks = kg; ks < ksteps; ks += 4) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> ah, al;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> bh, bl;
+        wmma::load_matrix_sync(ah, sm.Qh + ks * 16, sm.ldh);
+        wmma::load_matrix_sync(al, sm.Ql + ks * 16, sm.ldh);
+        wmma::load_matrix_sync(bh, sm.Kh + nt * 16 * sm.ldh + ks * 16, sm.ldh);
+        wmma::load_matrix_sync(bl, sm.Kl + nt * 16 * sm.ldh + ks * 16, sm.ldh);
+        wmma::mma_sync(c, ah, bh, c);
+        wmma::mma_sync(c, ah, bl, c);
+        wmma::mma_sync(c, al, bh, c);
       }
-      for (int h = 0; h < G; ++h) {
-        float dot = 0.f;
-#pragma unroll
-        for (int m = 0; m < kQsaMaxDim / 32; ++m) {
-          const int d = lane + 32 * m;
-          if (d < dim) dot += qs[h * dim + d] * kreg[m];
-        }
-        dot = warp_sum(dot);
-        if (lane == 0) s[h][i] = row >= 0 ? dot : neg_inf;
-      }
+      wmma::store_matrix_sync(sm.Sp + warp * 256, c, 16, wmma::mem_row_major);
     }
     __syncthreads();
-    for (int h = warp; h < G; h += kWarps) {
-      float mx = neg_inf;
-      for (int i = lane; i < n; i += 32) mx = fmaxf(mx, s[h][i]);
-      mx = warp_max(mx);
-      const float m_old = m_s[h];
-      const float m_new = fmaxf(m_old, mx);
-      float sum = 0.f;
-      for (int i = lane; i < n; i += 32) {
-        const float e = m_new == neg_inf ? 0.f : expf(s[h][i] - m_new);
-        s[h][i] = e;
-        sum += e;
-      }
-      sum = warp_sum(sum);
+    for (int e = threadIdx.x; e < R * kTile; e += kThreads) {
+      const int h = e / kTile, c = e % kTile, nt = c / 16, cc = c % 16;
+      float v = 0.f;
+#pragma unroll
+      for (int kg = 0; kg < 4; ++kg) v += sm.Sp[((kg << 1) | nt) * 256 + h * 16 + cc];
+      sm.S[e] = (c < n && sm.rows[c] >= 0) ? v : neg_inf;
+    }
+    __syncthreads();
+    load_tile_f16x2(v_cache, kvw, g, dim, sm, sm.Kh, sm.Kl, vec4);  // V over K (K is no longer read)
+    for (int h = warp; h < G; h += kWarps) {  // online softmax, a warp per query head, a lane per tile column
+      const float sv = sm.S[h * kTile + lane];
+      const float m_old = sm.m[h];
+      const float m_new = fmaxf(m_old, warp_max(sv));
+      const float e = m_new == neg_inf ? 0.f : expf(sv - m_new);
+      const float sum = warp_sum(e);
+      split_f16x2(e, sm.Ph + h * sm.ldp + lane, sm.Pl + h * sm.ldp + lane);
       if (lane == 0) {
         const float corr = m_old == neg_inf ? (m_new == neg_inf ? 1.f : 0.f) : expf(m_old - m_new);
-        corr_s[h] = corr;
-        l_s[h] = l_s[h] * corr + sum;
-        m_s[h] = m_new;
+        sm.corr[h] = corr;
+        sm.l[h] = sm.l[h] * corr + sum;
+        sm.m[h] = m_new;
       }
     }
     __syncthreads();
-    if (dd < dim) {
-      for (int h = 0; h < G; ++h) acc[h] *= corr_s[h];
-      for (int i = 0; i < n; ++i) {
-        const int64_t row = rows[i];
-        const float v = row >= 0 ? to_f(v_cache[row * kvw + int64_t(g) * dim + dd]) : 0.f;
+    for (int nt = warp; nt < ksteps; nt += kWarps) {  // O = O corr + P V, a warp per 16 output columns
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+      wmma::fill_fragment(c, 0.f);
 #pragma unroll
-        for (int h = 0; h < kQsaMaxGroup; ++h)
-          if (h < G) acc[h] += s[h][i] * v;
+      for (int ks = 0; ks < kTile / 16; ++ks) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> ah, al;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> bh, bl;
+        wmma::load_matrix_sync(ah, sm.Ph + ks * 16, sm.ldp);
+        wmma::load_matrix_sync(al, sm.Pl + ks * 16, sm.ldp);
+        wmma::load_matrix_sync(bh, sm.Kh + ks * 16 * sm.ldh + nt * 16, sm.ldh);
+        wmma::load_matrix_sync(bl, sm.Kl + ks * 16 * sm.ldh + nt * 16, sm.ldh);
+        wmma::mma_sync(c, ah, bh, c);
+        wmma::mma_sync(c, ah, bl, c);
+        wmma::mma_sync(c, al, bh, c);
+      }
+      wmma::store_matrix_sync(sm.Sp + nt * 16, c, sm.D16, wmma::mem_row_major);
+      __syncwarp();
+      for (int e = lane; e < R * 16; e += 32) {
+        const int h = e / 16, d = nt * 16 + e % 16;
+        sm.O[h * sm.D16 + d] = sm.O[h * sm.D16 + d] * sm.corr[h] + sm.Sp[h * sm.D16 + d];
       }
     }
     __syncthreads();
   }
-  if (dd >= dim) return;
-  for (int h = 0; h < G; ++h) {
+  __syncthreads();
+  for (int e = threadIdx.x; e < G * dim; e += kThreads) {
+    const int h = e / dim, dd = e % dim;
     const int hq = g * G + h;
+    const float acc = sm.O[h * sm.D16 + dd];
     if (splits == 1) {
-      float o = l_s[h] > 0.f ? acc[h] / l_s[h] : 0.f;
-      if (gate) o *= sigmoidf_(to_f(gate[int64_t(t) * ld_gate + int64_t(hq) * gate_hs + dd]));
-      out[int64_t(t) * ldo + int64_t(hq) * dim + dd] = from_f<T>(o);
+      float o = sm.l[h] > 0.f ? acc / sm.l[h] : 0.f;
+      if (gate) o *= sigmoidf_(gate[int64_t(t) * ld_gate + int64_t(hq) * gate_hs + dd]);
+      out[int64_t(t) * ldo + int64_t(hq) * dim + dd] = o;
     } else {
       float* pp = partial + ((int64_t(t) * heads + hq) * splits + split) * (dim + 2);
       if (dd == 0) {
-        pp[0] = m_s[h];
-        pp[1] = l_s[h];
+        pp[0] = sm.m[h];
+        pp[1] = sm.l[h];
       }
-      pp[2 + dd] = acc[h];
+      pp[2 + dd] = acc;
     }
   }
 }
@@ -181,45 +273,33 @@ __global__ void qsa_combine_kernel(const float* __restrict__ partial, int heads,
 }
 
 // The float32 activations of the ops interface (compiled by NVRTC too, for the SM70 check).
-#define FN_QSA_INSTANTIATE(T)                                                                                          \
-  template __global__ void qsa_attention_kernel<T>(                                                                    \
-      const T*, int64_t, const int32_t*, const int32_t*, const int32_t*, int64_t, const int32_t*, QsaPaging, const T*, \
-      const T*, int, int, int, int, int, const T*, int64_t, int64_t, float*, T*, int64_t, int32_t*);                   \
-  template __global__ void qsa_combine_kernel<T>(const float*, int, int, int, const T*, int64_t, int64_t, T*, int64_t);
-FN_QSA_INSTANTIATE(float)
-#undef FN_QSA_INSTANTIATE
+template __global__ void qsa_combine_kernel<float>(const float*, int, int, int, const float*, int64_t, int64_t, float*,
+                                                   int64_t);
 
 }  // namespace
 
 #ifndef __CUDACC_RTC__  // host launchers (NVRTC, used by the SM70 check, compiles device code only)
-namespace {
-template <class T>
-cudaError_t qsa_attention_launch(const T* q, int64_t ldq, const int32_t* tok_seq, const int32_t* tok_pos,
-                                 const int32_t* selected, int64_t ld_sel, const int32_t* counts, int tokens,
-                                 QsaPaging pg, const T* k_cache, const T* v_cache, int heads, int kv_heads, int dim,
-                                 int splits, int split_len, const T* gate, int64_t ld_gate, int64_t gate_head_stride,
-                                 float* partial, T* out, int64_t ldo, int32_t* status, cudaStream_t stream) {
-  if (tokens == 0) return cudaSuccess;
-  dim3 grid(tokens, kv_heads, splits);
-  qsa_attention_kernel<T><<<grid, kThreads, 0, stream>>>(q, ldq, tok_seq, tok_pos, selected, ld_sel, counts, pg,
-                                                         k_cache, v_cache, heads, kv_heads, dim, splits, split_len,
-                                                         gate, ld_gate, gate_head_stride, partial, out, ldo, status);
-  if (splits > 1)
-    qsa_combine_kernel<T><<<tokens * heads, kThreads, 0, stream>>>(partial, heads, dim, splits, gate, ld_gate,
-                                                                   gate_head_stride, out, ldo);
-  return cudaGetLastError();
-}
-}  // namespace
-
 cudaError_t launch_qsa_attention(const float* q, int64_t ldq, const int32_t* tok_seq, const int32_t* tok_pos,
                                  const int32_t* selected, int64_t ld_sel, const int32_t* counts, int tokens,
                                  QsaPaging pg, const float* k_cache, const float* v_cache, int heads, int kv_heads,
                                  int dim, int splits, int split_len, const float* gate, int64_t ld_gate,
                                  int64_t gate_head_stride, float* partial, float* out, int64_t ldo, int32_t* status,
                                  cudaStream_t stream) {
-  return qsa_attention_launch(q, ldq, tok_seq, tok_pos, selected, ld_sel, counts, tokens, pg, k_cache, v_cache, heads,
-                              kv_heads, dim, splits, split_len, gate, ld_gate, gate_head_stride, partial, out, ldo,
-                              status, stream);
+  if (tokens == 0) return cudaSuccess;
+  const size_t smem = AttnSmem::bytes(dim);
+  cudaError_t err = cudaFuncSetAttribute(qsa_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (err != cudaSuccess) return err;
+  const bool vec4 = dim % 4 == 0 && reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;
+  dim3 grid(tokens, kv_heads, splits);
+  qsa_attention_kernel<<<grid, kThreads, smem, stream>>>(q, ldq, tok_seq, tok_pos, selected, ld_sel, counts, pg,
+                                                         k_cache, v_cache, heads, kv_heads, dim, splits, split_len,
+                                                         gate, ld_gate, gate_head_stride, partial, out, ldo, status,
+                                                         vec4);
+  if (splits > 1)
+    qsa_combine_kernel<float><<<tokens * heads, kThreads, 0, stream>>>(partial, heads, dim, splits, gate, ld_gate,
+                                                                       gate_head_stride, out, ldo);
+  return cudaGetLastError();
 }
 #endif
 
