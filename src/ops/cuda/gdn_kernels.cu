@@ -372,10 +372,11 @@ __global__ void __launch_bounds__(kThreads)
       }
     const float* Wg = sc.W + P * C * d.dk;
     const float* Kg = sc.Kl + P * C * d.dk;
-    for (int e = threadIdx.x; e < L * d.dk; e += kThreads) {
-      const int r = e / d.dk, i = e % d.dk;
-      Ws[r * ldw + i] = Wg[e];
-      Ks[e] = Kg[e];
+    const int q4 = d.dk / 4;
+    for (int e = threadIdx.x; e < L * q4; e += kThreads) {
+      const int r = e / q4, i = 4 * (e % q4);
+      *reinterpret_cast<float4*>(Ws + r * ldw + i) = *reinterpret_cast<const float4*>(Wg + 4 * e);
+      *reinterpret_cast<float4*>(Ks + 4 * e) = *reinterpret_cast<const float4*>(Kg + 4 * e);
     }
     __syncthreads();
     // v_new = U - W S: rows 2ty, 2ty + 1, columns jj0..jj0+3.
