@@ -137,19 +137,29 @@ __device__ bool slot_chunk(const int32_t* cu, int num_seqs, int slot, int* seq, 
   return true;
 }
 
-// Block = (slot, head of the pass). Shared: Kn, Qn [C][dk+1] (Qn reused for T [C][C+1]), A [C][C+1], beta, G, eG, eL.
+// Floats of the prep kernel's Qn region, which T [C][C+1] reuses (larger than Qn [C][dk+1] when dk < C), and of its
+// whole shared memory.
+__host__ __device__ inline int prep_qn_floats(int dk) {
+  return kChunk * (dk + 1) > kChunk * (kChunk + 1) ? kChunk * (dk + 1) : kChunk * (kChunk + 1);
+}
+__host__ __device__ inline int prep_smem_floats(int dk) {
+  return kChunk * (dk + 1) + prep_qn_floats(dk) + kChunk * (kChunk + 1) + 4 * kChunk;
+}
+
+// Block = (slot, head of the pass). Shared: Kn [C][dk+1], Qn [C][dk+1] (reused for T [C][C+1]), A [C][C+1], beta, G,
+// eG, eL.
 __global__ void __launch_bounds__(kThreads)
     gdn_chunk_prep_kernel(const float* __restrict__ qkv, int64_t ld_qkv, const float* __restrict__ a,
                           const float* __restrict__ bb, int64_t ld_ab, const float* __restrict__ a_log,
                           const float* __restrict__ dt_bias, const int32_t* __restrict__ cu, int num_seqs, GdnHeads d,
                           int head0, ChunkScratch sc) {
-  extern __shared__ float smem_raw[];
+  extern __shared__ __align__(16) float smem_raw[];
   constexpr int C = kChunk;
   const int ldk = d.dk + 1;
   float* Kn = smem_raw;
   float* Qn = Kn + C * ldk;
-  float* Tm = Qn;  // after the products that read Qn
-  float* A = Qn + C * ldk;
+  float* Tm = Qn;  // after the products that read Qn; the region holds the larger of the two
+  float* A = Qn + prep_qn_floats(d.dk);
   float* beta = A + C * (C + 1);
   float* G = beta + C;
   float* eG = G + C;
@@ -334,7 +344,7 @@ struct StateSmem {
 __global__ void __launch_bounds__(kThreads)
     gdn_chunk_state_kernel(float* __restrict__ state, const int32_t* __restrict__ slots,
                            const int32_t* __restrict__ cu, GdnHeads d, int head0, ChunkScratch sc) {
-  extern __shared__ float smem_raw[];
+  extern __shared__ __align__(16) float smem_raw[];
   constexpr int C = kChunk;
   const int ldw = d.dk + 4;
   float* S = smem_raw;
@@ -561,7 +571,7 @@ cudaError_t launch_gdn_chunked_prefill(const float* qkv, int64_t ld_qkv, const f
   sc.M = p, p += pairs * kChunk * kChunk;
   sc.Sc = p, p += pairs * dims.dk * dims.dv;
   sc.eL = p;
-  const size_t prep_smem = sizeof(float) * (size_t(2) * kChunk * (dims.dk + 1) + kChunk * (kChunk + 1) + 4 * kChunk);
+  const size_t prep_smem = sizeof(float) * size_t(prep_smem_floats(dims.dk));
   const size_t state_smem = sizeof(float) * StateSmem::floats(dims.dk);
   cudaError_t err =
       cudaFuncSetAttribute(gdn_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prep_smem));
