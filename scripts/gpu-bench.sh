@@ -20,7 +20,9 @@
 #      NCU=1 adds per-kernel figures of decode steps (ncu: duration, DRAM throughput, occupancy, instructions and
 #      issue activity, registers of every kernel of NCU_COUNT launches after NCU_SKIP, default 400 / 1200) at the
 #      released widths with 4 layers, 512 experts and an 8K context, into ncu-decode.csv (ncu's clock control off:
-#      the clocks bench runs at), and their medians per kernel into ncu-summary.txt (tools/ncu_summary.py).
+#      the clocks bench runs at), and their medians per kernel into ncu-summary.txt (tools/ncu_summary.py);
+#      NCU_OPS=REGEX: ncu over the kernels matching REGEX in the bench_ops cases OPS_FILTER selects (ncu-ops.csv,
+#      ncu-ops-summary.txt), e.g. NCU_OPS='gdn_chunk' OPS_FILTER='gdn_rule_batch/.*steps=4096'.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/gpu-bundle.sh
@@ -156,6 +158,18 @@ if [ "${OPS_PERF:-0}" = 1 ]; then
       >"$OUT/ops-perf-$prec.txt" 2>&1 || { echo "gpu-bench: bench_ops failed" | tee -a "$S"; tail -n 5 "$OUT/ops-perf-$prec.txt"; }
     cat "$OUT/ops-perf-$prec.txt" | tee -a "$S"
   done
+fi
+if [ -n "${NCU_OPS:-}" ]; then
+  # Per-kernel figures of the op cases OPS_FILTER selects (bench_ops, one timed run each), for the kernels whose
+  # names match the regex NCU_OPS: duration, DRAM and L2 throughput, occupancy, issue activity, shared-memory bank
+  # conflicts; medians per kernel in ncu-ops-summary.txt.
+  echo "gpu-bench: ncu over bench_ops --filter '${OPS_FILTER:-}' kernels /${NCU_OPS}/" | tee -a "$S"
+  timeout 300 ncu --clock-control none --print-units base --kernel-name "regex:${NCU_OPS}" \
+    --launch-count "${NCU_COUNT:-40}" --csv \
+    --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_bytes.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__inst_executed.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,launch__registers_per_thread,launch__grid_size \
+    "$G/bin/bench_ops" --backend cuda --filter "${OPS_FILTER:-.}" --repeat 1 >"$OUT/ncu-ops.csv" 2>"$OUT/ncu-ops.log" ||
+    { echo "gpu-bench: ncu failed" | tee -a "$S"; tail -n 5 "$OUT/ncu-ops.log" | tee -a "$S"; }
+  python3 tools/ncu_summary.py "$OUT/ncu-ops.csv" >"$OUT/ncu-ops-summary.txt" 2>&1 && cat "$OUT/ncu-ops-summary.txt" | tee -a "$S"
 fi
 echo "gpu-bench: small geometry (4 layers, 16 experts, vocab 4096)" | tee -a "$S"
 timeout 120 "$G/bin/flashnext" bench --layers 4 --experts 16 --vocab 4096 --ple-rows 1000000 --prompts 256,2100 \
