@@ -341,7 +341,7 @@ struct StateSmem {
 // (ty, tx) holds the state rows 4ty..4ty+3 and columns 4tx..4tx+3 of the slice in registers; the shared copy S
 // [dk][32], W [C][dk+4], Kl [C][dk] and v_new [C][32] serve the products. Writes v_new over U and the state before
 // each chunk to Sc; the final state to the pool.
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     gdn_chunk_state_kernel(float* __restrict__ state, const int32_t* __restrict__ slots,
                            const int32_t* __restrict__ cu, GdnHeads d, int head0, ChunkScratch sc) {
   extern __shared__ __align__(16) float smem_raw[];
@@ -366,6 +366,37 @@ __global__ void __launch_bounds__(kThreads)
       const int i = i0 + m, j = j0 + jj0 + n;
       s[m][n] = (i < d.dk && j < d.dv) ? Sg[int64_t(i) * d.dv + j] : 0.f;
     }
+  // The next chunk's W and Kl rows and this thread's U entries are loaded into registers while the current chunk
+  // computes (SM70 has no cp.async): every load of a chunk in flight at once, its latency hidden behind a chunk.
+  constexpr int kLoads = kChunk * kGdnMaxDk / 4 / kThreads;  // float4 of W (and of Kl) per thread and chunk
+  static_assert(kChunk * kGdnMaxDk / 4 == kLoads * kThreads, "whole float4 loads per thread");
+  const int q4 = d.dk / 4, r0 = 2 * ty;
+  float4 wn[kLoads], kn[kLoads];
+  float un[2][4], eln = 0.f;
+  auto fetch = [&](int ci) {
+    const int64_t P = sc.pair(base + ci, hp);
+    const int L = min(C, len - ci * C);
+    const float4* Wg = reinterpret_cast<const float4*>(sc.W + P * C * d.dk);
+    const float4* Kg = reinterpret_cast<const float4*>(sc.Kl + P * C * d.dk);
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int e = threadIdx.x + u * kThreads;
+      if (e < L * q4) {
+        wn[u] = Wg[e];
+        kn[u] = Kg[e];
+      }
+    }
+    const float* Ug = sc.U + P * C * d.dv;
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        const int r = r0 + m, j = j0 + jj0 + n;
+        un[m][n] = (r < L && j < d.dv) ? Ug[r * d.dv + j] : 0.f;
+      }
+    eln = sc.eL[P];
+  };
+  fetch(0);
   for (int ci = 0; ci * C < len; ++ci) {
     const int64_t P = sc.pair(base + ci, hp);
     const int L = min(C, len - ci * C);
@@ -380,17 +411,24 @@ __global__ void __launch_bounds__(kThreads)
           if (j < d.dv) Sc[int64_t(i) * d.dv + j] = s[m][n];
         }
       }
-    const float* Wg = sc.W + P * C * d.dk;
-    const float* Kg = sc.Kl + P * C * d.dk;
-    const int q4 = d.dk / 4;
-    for (int e = threadIdx.x; e < L * q4; e += kThreads) {
-      const int r = e / q4, i = 4 * (e % q4);
-      *reinterpret_cast<float4*>(Ws + r * ldw + i) = *reinterpret_cast<const float4*>(Wg + 4 * e);
-      *reinterpret_cast<float4*>(Ks + 4 * e) = *reinterpret_cast<const float4*>(Kg + 4 * e);
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int e = threadIdx.x + u * kThreads;
+      if (e < L * q4) {
+        const int r = e / q4, i = 4 * (e % q4);
+        *reinterpret_cast<float4*>(Ws + r * ldw + i) = wn[u];
+        *reinterpret_cast<float4*>(Ks + 4 * e) = kn[u];
+      }
     }
+    float ucur[2][4];
+    const float el = eln;
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int n = 0; n < 4; ++n) ucur[m][n] = un[m][n];
     __syncthreads();
+    if ((ci + 1) * C < len) fetch(ci + 1);
     // v_new = U - W S: rows 2ty, 2ty + 1, columns jj0..jj0+3.
-    const int r0 = 2 * ty;
     float acc[2][4] = {};
     if (r0 < L) {
       const int r1 = min(r0 + 1, L - 1);  // a row past L repeats the last (its result is not kept)
@@ -418,14 +456,13 @@ __global__ void __launch_bounds__(kThreads)
         const int r = r0 + m, j = j0 + jj0 + n;
         float v = 0.f;
         if (r < L && j < d.dv) {
-          v = Ug[r * d.dv + j] - acc[m][n];
+          v = ucur[m][n] - acc[m][n];
           Ug[r * d.dv + j] = v;
         }
         Vn[r * kSlice + jj0 + n] = v;
       }
     __syncthreads();
     // S' = e^{G_{L-1}} S + Kl^T v_new.
-    const float el = sc.eL[P];
 #pragma unroll
     for (int m = 0; m < 4; ++m)
 #pragma unroll

@@ -85,15 +85,28 @@ struct AttnSmem {
 __device__ __forceinline__ void load_tile_f16x2(const float* __restrict__ cache, int64_t kvw, int g, int dim,
                                                 const AttnSmem& sm, __half* hi, __half* lo, bool vec4) {
   if (vec4) {
-    const int q4 = sm.D16 / 4;
-    for (int e = threadIdx.x; e < kTile * q4; e += kThreads) {
-      const int i = e / q4, d = 4 * (e % q4);
-      const int64_t row = sm.rows[i];
-      float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (row >= 0 && d < dim) x = *reinterpret_cast<const float4*>(cache + row * kvw + int64_t(g) * dim + d);
-      const float xs[4] = {x.x, x.y, x.z, x.w};
+    // kBatch float4 loads in flight per thread before any is converted (a tile is at most 8 per thread).
+    constexpr int kBatch = 4;
+    const int q4 = sm.D16 / 4, n4 = kTile * q4;
+    for (int e0 = threadIdx.x; e0 < n4; e0 += kBatch * kThreads) {
+      float4 x[kBatch];
 #pragma unroll
-      for (int c = 0; c < 4; ++c) split_f16x2(xs[c], hi + i * sm.ldh + d + c, lo + i * sm.ldh + d + c);
+      for (int u = 0; u < kBatch; ++u) {
+        const int e = e0 + u * kThreads, i = e / q4, d = 4 * (e % q4);
+        x[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (e < n4) {
+          const int64_t row = sm.rows[i];
+          if (row >= 0 && d < dim) x[u] = *reinterpret_cast<const float4*>(cache + row * kvw + int64_t(g) * dim + d);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int e = e0 + u * kThreads, i = e / q4, d = 4 * (e % q4);
+        if (e >= n4) continue;
+        const float xs[4] = {x[u].x, x[u].y, x[u].z, x[u].w};
+#pragma unroll
+        for (int c = 0; c < 4; ++c) split_f16x2(xs[c], hi + i * sm.ldh + d + c, lo + i * sm.ldh + d + c);
+      }
     }
   } else {
     for (int e = threadIdx.x; e < kTile * sm.D16; e += kThreads) {
@@ -110,7 +123,7 @@ __device__ __forceinline__ void load_tile_f16x2(const float* __restrict__ cache,
 // each K/V tile of kTile selected rows. Scores S = Q K^T and the tile's P V are products of FP16x2 halves
 // (hi·hi + hi·lo + lo·hi, float32 accumulation), about float32-accurate; online softmax in float32 over the tiles.
 // splits == 1: writes o * sigmoid(gate); otherwise (m, l, acc[dim]) partials for qsa_combine_kernel.
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     qsa_attention_kernel(const float* __restrict__ q, int64_t ldq, const int32_t* __restrict__ tok_seq,
                          const int32_t* __restrict__ tok_pos, const int32_t* __restrict__ selected, int64_t ld_sel,
                          const int32_t* __restrict__ counts, QsaPaging pg, const float* __restrict__ k_cache,
