@@ -80,7 +80,7 @@ fi
 run_tests() {
   local bin=$1 label=$2 prec absent=""
   # A quantized fixture left behind by scripts/gpu-slim.sh (the copy's 64 MiB) is named and its cases skipped.
-  if [ ! -d tests/data/quant/awq-int4-g128 ]; then
+  if [ ! -f tests/data/quant/awq-int4-g128/reference.safetensors ]; then
     absent=':*awq_int4_g128*'
     echo "gpu-bench: [$label] tests/data/quant/awq-int4-g128 absent: its cases NOT run" | tee -a "$S"
   fi

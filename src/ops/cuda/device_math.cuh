@@ -30,6 +30,11 @@ __device__ __forceinline__ __half from_f<__half>(float x) {
   return __float2half_rn(x);
 }
 
+/// The 32 bits of a half2 (low half in bits 0..15), for packed stores.
+__device__ __forceinline__ uint32_t h2_bits(__half2 h) {
+  return uint32_t(__half_as_ushort(__low2half(h))) | (uint32_t(__half_as_ushort(__high2half(h))) << 16);
+}
+
 __device__ __forceinline__ float sigmoidf_(float x) {
   return 1.f / (1.f + expf(-x));
 }

@@ -142,12 +142,14 @@ __device__ bool slot_chunk(const int32_t* cu, int num_seqs, int slot, int* seq, 
 __host__ __device__ inline int prep_qn_floats(int dk) {
   return kChunk * (dk + 1) > kChunk * (kChunk + 1) ? kChunk * (dk + 1) : kChunk * (kChunk + 1);
 }
+constexpr int kTBlock = 16;  // block size of T's inversion
 __host__ __device__ inline int prep_smem_floats(int dk) {
-  return kChunk * (dk + 1) + prep_qn_floats(dk) + kChunk * (kChunk + 1) + 4 * kChunk;
+  return kChunk * (dk + 1) + prep_qn_floats(dk) + kChunk * (kChunk + 1) + 4 * kChunk +
+         (kChunk / kTBlock - 1) * kTBlock * kTBlock;
 }
 
 // Block = (slot, head of the pass). Shared: Kn [C][dk+1], Qn [C][dk+1] (reused for T [C][C+1]), A [C][C+1], beta, G,
-// eG, eL.
+// eG, eL, and the block products of T's inversion.
 __global__ void __launch_bounds__(kThreads)
     gdn_chunk_prep_kernel(const float* __restrict__ qkv, int64_t ld_qkv, const float* __restrict__ a,
                           const float* __restrict__ bb, int64_t ld_ab, const float* __restrict__ a_log,
@@ -164,6 +166,7 @@ __global__ void __launch_bounds__(kThreads)
   float* G = beta + C;
   float* eG = G + C;
   float* eLv = eG + C;
+  float* Pm = eLv + C;  // [C/16 - 1][16][16] block products of T's inversion
   int seq, ci;
   if (!slot_chunk(cu, num_seqs, blockIdx.x, &seq, &ci)) return;
   const int head = head0 + blockIdx.y, kh = head / (d.nv / d.nk);
@@ -252,25 +255,45 @@ __global__ void __launch_bounds__(kThreads)
       }
   }
   __syncthreads();
-  // (c) T = (I + A)^-1 (unit lower triangular) by forward substitution, one thread per column, into Tm (over Qn).
-  if (threadIdx.x < C) {
-    const int j = threadIdx.x;
-    for (int r = 0; r < C; ++r) {
-      float v = r == j ? 1.f : 0.f;
-      if (r > j) {
-        float acc0 = 0.f, acc1 = 0.f;
-        int c = j;
-        for (; c + 1 < r; c += 2) {
-          acc0 -= A[r * (C + 1) + c] * Tm[c * (C + 1) + j];
-          acc1 -= A[r * (C + 1) + c + 1] * Tm[(c + 1) * (C + 1) + j];
-        }
-        if (c < r) acc0 -= A[r * (C + 1) + c] * Tm[c * (C + 1) + j];
-        v = acc0 + acc1;
+  // (c) T = (I + A)^-1 (unit lower triangular) into Tm (over Qn), in 16 x 16 blocks: the diagonal blocks are the
+  // inverses of A's (forward substitution, a thread per column), then block row i = 1, 2, 3 from
+  // (I + A_ii) T_ij + sum_{k=j}^{i-1} A_ik T_kj = 0:  P_j = sum_k A_ik T_kj,  T_ij = -T_ii P_j (every thread).
+  {
+    constexpr int B = kTBlock, NB = C / B;
+    constexpr int ldt = C + 1;
+    for (int e = threadIdx.x; e < C * ldt; e += kThreads) Tm[e] = 0.f;
+    __syncthreads();
+    if (threadIdx.x < C) {
+      const int q = threadIdx.x / B, j = threadIdx.x % B, J = q * B + j;
+      Tm[J * ldt + J] = 1.f;
+      for (int r = j + 1; r < B; ++r) {
+        const int R = q * B + r;
+        float acc = 0.f;
+        for (int c = j; c < r; ++c) acc -= A[R * ldt + q * B + c] * Tm[(q * B + c) * ldt + J];
+        Tm[R * ldt + J] = acc;
       }
-      Tm[r * (C + 1) + j] = v;
+    }
+    __syncthreads();
+    for (int i = 1; i < NB; ++i) {
+      for (int o = threadIdx.x; o < i * B * B; o += kThreads) {
+        const int jb = o / (B * B), r = (o / B) % B, c = o % B;
+        float acc = 0.f;
+        for (int k = jb; k < i; ++k)
+#pragma unroll
+          for (int m = 0; m < B; ++m) acc += A[(i * B + r) * ldt + k * B + m] * Tm[(k * B + m) * ldt + jb * B + c];
+        Pm[o] = acc;
+      }
+      __syncthreads();
+      for (int o = threadIdx.x; o < i * B * B; o += kThreads) {
+        const int jb = o / (B * B), r = (o / B) % B, c = o % B;
+        float acc = 0.f;
+#pragma unroll
+        for (int m = 0; m < B; ++m) acc -= Tm[(i * B + r) * ldt + i * B + m] * Pm[jb * B * B + m * B + c];
+        Tm[(i * B + r) * ldt + jb * B + c] = acc;
+      }
+      __syncthreads();
     }
   }
-  __syncthreads();
   // (d) W = T (beta e^G k) and U = T (beta v): rows 4ty.., columns tx + 16n of a 128-column block per thread.
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16, r0 = 4 * ty;
   const int cmax = min(r0 + 3, L - 1);  // T[r][c] = 0 for c > r; rows of beta k, beta v past L are zero

@@ -24,9 +24,6 @@ __device__ __forceinline__ __half2 bits_h2(uint32_t v) {
   return __halves2half2(__ushort_as_half(uint16_t(v & 0xffffu)), __ushort_as_half(uint16_t(v >> 16)));
 }
 
-__device__ __forceinline__ uint32_t h2_bits(__half2 h) {
-  return uint32_t(__half_as_ushort(__low2half(h))) | (uint32_t(__half_as_ushort(__high2half(h))) << 16);
-}
 
 // The 8 values of one code word as 4 half2 pairs (k0,k1) (k2,k3) (k4,k5) (k6,k7), exact: E2M1 values (NVFP4) or
 // q - z (int4, z in 0..16).

@@ -104,8 +104,14 @@ __device__ __forceinline__ void load_tile_f16x2(const float* __restrict__ cache,
         const int e = e0 + u * kThreads, i = e / q4, d = 4 * (e % q4);
         if (e >= n4) continue;
         const float xs[4] = {x[u].x, x[u].y, x[u].z, x[u].w};
+        __half h[4], l[4];
 #pragma unroll
-        for (int c = 0; c < 4; ++c) split_f16x2(xs[c], hi + i * sm.ldh + d + c, lo + i * sm.ldh + d + c);
+        for (int c = 0; c < 4; ++c) split_f16x2(xs[c], &h[c], &l[c]);
+        // 8-byte stores (d is a multiple of 4, rows a multiple of 8 halves): one per half of the pair.
+        *reinterpret_cast<uint2*>(hi + i * sm.ldh + d) =
+            make_uint2(h2_bits(__halves2half2(h[0], h[1])), h2_bits(__halves2half2(h[2], h[3])));
+        *reinterpret_cast<uint2*>(lo + i * sm.ldh + d) =
+            make_uint2(h2_bits(__halves2half2(l[0], l[1])), h2_bits(__halves2half2(l[2], l[3])));
       }
     }
   } else {
