@@ -117,6 +117,15 @@ struct ChunkScratch {
   __device__ int64_t pair(int slot, int h) const { return int64_t(slot) * heads + h; }
 };
 
+// acc[m][n] += a_m b_n: the 4 x 4 outer product of a thread's register tile.
+__device__ __forceinline__ void outer4_add(float (&acc)[4][4], float4 a, float4 b) {
+  const float aa[4] = {a.x, a.y, a.z, a.w}, ba[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int m = 0; m < 4; ++m)
+#pragma unroll
+    for (int n = 0; n < 4; ++n) acc[m][n] += aa[m] * ba[n];
+}
+
 __device__ __forceinline__ int chunk_slot_base(const int32_t* cu, int s) { return s + cu[s] / kChunk; }
 
 // The (sequence, chunk index) of a scratch slot: the largest s with chunk_slot_base(s) <= slot; false when no chunk
@@ -492,13 +501,8 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int n = 0; n < 4; ++n) s[m][n] *= el;
     if (i0 < d.dk) {
       for (int r = 0; r < L; ++r) {
-        const float4 kv = *reinterpret_cast<const float4*>(Ks + r * d.dk + i0);
-        const float4 vv = *reinterpret_cast<const float4*>(Vn + r * kSlice + jj0);
-        const float ka[4] = {kv.x, kv.y, kv.z, kv.w}, va[4] = {vv.x, vv.y, vv.z, vv.w};
-#pragma unroll
-        for (int m = 0; m < 4; ++m)
-#pragma unroll
-          for (int n = 0; n < 4; ++n) s[m][n] += ka[m] * va[n];
+        outer4_add(s, *reinterpret_cast<const float4*>(Ks + r * d.dk + i0),
+                   *reinterpret_cast<const float4*>(Vn + r * kSlice + jj0));
       }
     }
     __syncthreads();
@@ -544,13 +548,8 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();
 #pragma unroll 8
       for (int k = 0; k < KT; ++k) {
-        const float4 av = *reinterpret_cast<const float4*>(&As[k][4 * ty]);
-        const float4 bv = *reinterpret_cast<const float4*>(&Bs[k][4 * tx]);
-        const float aa[4] = {av.x, av.y, av.z, av.w}, ba[4] = {bv.x, bv.y, bv.z, bv.w};
-#pragma unroll
-        for (int m = 0; m < 4; ++m)
-#pragma unroll
-          for (int n = 0; n < 4; ++n) acc[m][n] += aa[m] * ba[n];
+        outer4_add(acc, *reinterpret_cast<const float4*>(&As[k][4 * ty]),
+                   *reinterpret_cast<const float4*>(&Bs[k][4 * tx]));
       }
       __syncthreads();
     }

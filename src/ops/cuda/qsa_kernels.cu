@@ -45,6 +45,25 @@ __device__ __forceinline__ void split_f16x2(float x, __half* hi, __half* lo) {
   *lo = __float2half_rn(x - __half2float(h));
 }
 
+namespace wmma = nvcuda::wmma;
+
+// c += (a_hi + a_lo)(b_hi + b_lo) less the lo·lo term: one 16x16x16 step of an FP16x2 product on the tensor cores
+// (A row-major, B in layout BL; pointers 32-byte aligned, leading dimensions multiples of 8 halves).
+template <class BL>
+__device__ __forceinline__ void mma_f16x2(wmma::fragment<wmma::accumulator, 16, 16, 16, float>& c, const __half* a_hi,
+                                          const __half* a_lo, int lda, const __half* b_hi, const __half* b_lo,
+                                          int ldb) {
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> ah, al;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, BL> bh, bl;
+  wmma::load_matrix_sync(ah, a_hi, lda);
+  wmma::load_matrix_sync(al, a_lo, lda);
+  wmma::load_matrix_sync(bh, b_hi, ldb);
+  wmma::load_matrix_sync(bl, b_lo, ldb);
+  wmma::mma_sync(c, ah, bh, c);
+  wmma::mma_sync(c, ah, bl, c);
+  wmma::mma_sync(c, al, bh, c);
+}
+
 // Shared memory of qsa_attention_kernel for head dim padded to D16 (a multiple of 16); every region a multiple of
 // 32 bytes (WMMA's pointer alignment).
 struct AttnSmem {
@@ -137,7 +156,6 @@ __global__ void __launch_bounds__(kThreads, 2)
                          int split_len, const float* __restrict__ gate, int64_t ld_gate, int64_t gate_hs,
                          float* __restrict__ partial, float* __restrict__ out, int64_t ldo, int32_t* status,
                          bool vec4) {
-  namespace wmma = nvcuda::wmma;
   extern __shared__ __align__(32) unsigned char smem_raw[];
   const AttnSmem sm(smem_raw, dim);
   constexpr int R = AttnSmem::kRows;
@@ -184,17 +202,9 @@ __global__ void __launch_bounds__(kThreads, 2)
       const int nt = warp & 1, kg = warp >> 1;
       wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
       wmma::fill_fragment(c, 0.f);
-      for (int ks = kg; ks < ksteps; ks += 4) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> ah, al;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> bh, bl;
-        wmma::load_matrix_sync(ah, sm.Qh + ks * 16, sm.ldh);
-        wmma::load_matrix_sync(al, sm.Ql + ks * 16, sm.ldh);
-        wmma::load_matrix_sync(bh, sm.Kh + nt * 16 * sm.ldh + ks * 16, sm.ldh);
-        wmma::load_matrix_sync(bl, sm.Kl + nt * 16 * sm.ldh + ks * 16, sm.ldh);
-        wmma::mma_sync(c, ah, bh, c);
-        wmma::mma_sync(c, ah, bl, c);
-        wmma::mma_sync(c, al, bh, c);
-      }
+      for (int ks = kg; ks < ksteps; ks += 4)  // K^T: K's rows read as B columns
+        mma_f16x2<wmma::col_major>(c, sm.Qh + ks * 16, sm.Ql + ks * 16, sm.ldh, sm.Kh + nt * 16 * sm.ldh + ks * 16,
+                                   sm.Kl + nt * 16 * sm.ldh + ks * 16, sm.ldh);
       wmma::store_matrix_sync(sm.Sp + warp * 256, c, 16, wmma::mem_row_major);
     }
     __syncthreads();
@@ -226,17 +236,9 @@ __global__ void __launch_bounds__(kThreads, 2)
       wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
       wmma::fill_fragment(c, 0.f);
 #pragma unroll
-      for (int ks = 0; ks < kTile / 16; ++ks) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> ah, al;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> bh, bl;
-        wmma::load_matrix_sync(ah, sm.Ph + ks * 16, sm.ldp);
-        wmma::load_matrix_sync(al, sm.Pl + ks * 16, sm.ldp);
-        wmma::load_matrix_sync(bh, sm.Kh + ks * 16 * sm.ldh + nt * 16, sm.ldh);
-        wmma::load_matrix_sync(bl, sm.Kl + ks * 16 * sm.ldh + nt * 16, sm.ldh);
-        wmma::mma_sync(c, ah, bh, c);
-        wmma::mma_sync(c, ah, bl, c);
-        wmma::mma_sync(c, al, bh, c);
-      }
+      for (int ks = 0; ks < kTile / 16; ++ks)
+        mma_f16x2<wmma::row_major>(c, sm.Ph + ks * 16, sm.Pl + ks * 16, sm.ldp, sm.Kh + ks * 16 * sm.ldh + nt * 16,
+                                   sm.Kl + ks * 16 * sm.ldh + nt * 16, sm.ldh);
       wmma::store_matrix_sync(sm.Sp + nt * 16, c, sm.D16, wmma::mem_row_major);
       __syncwarp();
       for (int e = lane; e < R * 16; e += 32) {
