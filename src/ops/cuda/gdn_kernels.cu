@@ -1,8 +1,8 @@
 // Gated DeltaNet kernels (MODEL.md "Gated DeltaNet (linear attention) layer"; reference Qwen4ExpTextGatedDeltaNet,
 // causal_conv1d_fn / causal_conv1d_update, torch_recurrent_gated_delta_rule, torch_chunk_gated_delta_rule).
 // The gated delta rule: the recurrence (decode) and the chunked form (prefill), FP32 activations and arithmetic,
-// FP32 recurrent state [slot, nv, dk, dv]. The causal conv of the ops interface is in cuda_ops_kernels.cu. Only SM70 instructions
-// (CUDA cores, shuffles, shared memory).
+// FP32 recurrent state [slot, nv, dk, dv]. The causal conv of the ops interface is in cuda_ops_kernels.cu. Only SM70
+// instructions (CUDA cores, shuffles, shared memory).
 #ifndef __CUDACC_RTC__
 #include <algorithm>
 #endif
