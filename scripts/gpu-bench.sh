@@ -11,7 +11,8 @@
 # Output in $OUT (default gpu/out-bench): sm90-*.log (and ptx70-*.log), bench-small.json, bench-full.json
 # (+ bench-full-fp16.json), their logs, and summary.txt, which says what was run and what was not.
 # Env: BUILD; E2E=0 skips the tests (the end-to-end tests, the op-case registry against the CPU oracle in both
-#      precisions, and the W4A16 kernel tests); E2E_NCCL=0 skips their second pass through NCCL; OPS_PERF=1 adds the per-op table (bench_ops, both precisions);
+#      precisions, and the W4A16 kernel tests); E2E_NCCL=0 skips their second pass through NCCL;
+#      OPS_PERF=1 adds the per-op table (bench_ops, both precisions);
 #      OPS_FILTER (a regex of case names) and OPS_PRECISIONS (default "fp16x2 fp16") narrow that table;
 #      FULL=0 skips the released-geometry bench; PTX70=1 (also with --prepare) runs the tests again from binaries
 #      whose device code is compute_70 PTX only (scripts/nvcc-ptx70.py), JIT-compiled by the driver as for a V100;

@@ -335,9 +335,8 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     for (int e = threadIdx.x; e < C * vcols; e += kThreads) {
       const int r = e / vcols, j = e % vcols;
-      Vb[r * ldk + j] = (r < L && j0 + j < d.dv)
-                            ? beta[r] * qkv[(c0 + r) * ld_qkv + int64_t(2 * d.nk * d.dk) + int64_t(head) * d.dv + j0 + j]
-                            : 0.f;
+      const float* vrow = qkv + (c0 + r) * ld_qkv + int64_t(2 * d.nk * d.dk) + int64_t(head) * d.dv;
+      Vb[r * ldk + j] = (r < L && j0 + j < d.dv) ? beta[r] * vrow[j0 + j] : 0.f;
     }
     __syncthreads();
     float acc[4][8] = {};
