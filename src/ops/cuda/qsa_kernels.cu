@@ -1,7 +1,8 @@
 // QSA sparse attention (gated attention over the indexer-selected tokens): MODEL.md "QSA attention layer";
-// reference Qwen4ExpTextAttention. Paged caches, logical positions everywhere, FP32 scores and softmax (the
-// indexer's kernels are in cuda_ops_kernels.cu). Every cache index
-// goes through the block table and is bounds-checked: a bad one sets a bit in the status word and is skipped.
+// reference Qwen4ExpTextAttention. Paged float32 caches, logical positions everywhere; scores and P·V on the tensor
+// cores as FP16x2 products (float32-accurate), softmax in float32 (the indexer's kernels are in cuda_ops_kernels.cu).
+// Every cache index goes through the block table and is bounds-checked: a bad one sets a bit in the status word and
+// is skipped.
 #include <mma.h>
 
 #include "ops/cuda/device_math.cuh"
@@ -13,6 +14,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTile = 32;  // selected tokens per attention tile (the kernel's WMMA tiles and softmax lanes assume 32)
+static_assert(kTile == 32, "qsa_attention_kernel: a softmax lane per tile column, two 16-column WMMA tiles");
 
 __device__ __forceinline__ void flag(int32_t* status, int32_t bit) {
   if (status) atomicOr(status, bit);
