@@ -271,6 +271,10 @@ __global__ void __launch_bounds__(kThreads)
     constexpr int B = kTBlock, NB = C / B;
     constexpr int ldt = C + 1;
     for (int e = threadIdx.x; e < C * ldt; e += kThreads) Tm[e] = 0.f;
+    for (int e = threadIdx.x; e < C * d.dk; e += kThreads) {  // Kn becomes beta e^G k, W's right-hand side
+      const int r = e / d.dk, i = e % d.dk;
+      Kn[r * ldk + i] *= beta[r] * eG[r];
+    }
     __syncthreads();
     if (threadIdx.x < C) {
       const int q = threadIdx.x / B, j = threadIdx.x % B, J = q * B + j;
@@ -303,62 +307,46 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();
     }
   }
-  // (d) W = T (beta e^G k) and U = T (beta v): rows 4ty.., columns tx + 16n of a 128-column block per thread.
+  // (d) W = T (beta e^G k) and U = T (beta v): rows 4ty.., columns tx + 16n of a block of at most 128 columns per
+  // thread. T[r][c] = 0 for c > r, and the right-hand sides' rows past L are zero.
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16, r0 = 4 * ty;
-  const int cmax = min(r0 + 3, L - 1);  // T[r][c] = 0 for c > r; rows of beta k, beta v past L are zero
-  {
+  const int cmax = min(r0 + 3, L - 1);
+  // dst[r][col0 + j] = sum_c T[r][c] src[c][j] for the `cols` columns of src (row stride ldk), dst row length ld.
+  auto t_times = [&](const float* src, int cols, float* dst, int ld, int col0) {
     float acc[4][8] = {};
     for (int c = 0; c <= cmax; ++c) {
-      const float bc = beta[c] * eG[c];
       float tr[4];
 #pragma unroll
       for (int m = 0; m < 4; ++m) tr[m] = Tm[(r0 + m) * (C + 1) + c];
 #pragma unroll
       for (int n = 0; n < 8; ++n) {
-        const int i = tx + 16 * n;
-        const float kv = i < d.dk ? Kn[c * ldk + i] * bc : 0.f;
+        const int j = tx + 16 * n;
+        const float x = j < cols ? src[c * ldk + j] : 0.f;
 #pragma unroll
-        for (int m = 0; m < 4; ++m) acc[m][n] += tr[m] * kv;
+        for (int m = 0; m < 4; ++m) acc[m][n] += tr[m] * x;
       }
     }
 #pragma unroll
     for (int m = 0; m < 4; ++m)
 #pragma unroll
       for (int n = 0; n < 8; ++n) {
-        const int i = tx + 16 * n;
-        if (i < d.dk) sc.W[P * C * d.dk + (r0 + m) * d.dk + i] = acc[m][n];
+        const int j = tx + 16 * n;
+        if (j < cols) dst[(r0 + m) * ld + col0 + j] = acc[m][n];
       }
-  }
+  };
+  t_times(Kn, d.dk, sc.W + P * C * d.dk, d.dk, 0);
   float* Vb = Kn;  // beta v, a block of up to min(dk + 1, 128) columns at a time (Kn is free now)
   const int vcols = min(d.dv, min(ldk, 128));
   for (int j0 = 0; j0 < d.dv; j0 += vcols) {
+    const int cols = min(vcols, d.dv - j0);
     __syncthreads();
-    for (int e = threadIdx.x; e < C * vcols; e += kThreads) {
-      const int r = e / vcols, j = e % vcols;
+    for (int e = threadIdx.x; e < C * cols; e += kThreads) {
+      const int r = e / cols, j = e % cols;
       const float* vrow = qkv + (c0 + r) * ld_qkv + int64_t(2 * d.nk * d.dk) + int64_t(head) * d.dv;
-      Vb[r * ldk + j] = (r < L && j0 + j < d.dv) ? beta[r] * vrow[j0 + j] : 0.f;
+      Vb[r * ldk + j] = r < L ? beta[r] * vrow[j0 + j] : 0.f;
     }
     __syncthreads();
-    float acc[4][8] = {};
-    for (int c = 0; c <= cmax; ++c) {
-      float tr[4];
-#pragma unroll
-      for (int m = 0; m < 4; ++m) tr[m] = Tm[(r0 + m) * (C + 1) + c];
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        const int j = tx + 16 * n;
-        const float vv = j < vcols ? Vb[c * ldk + j] : 0.f;
-#pragma unroll
-        for (int m = 0; m < 4; ++m) acc[m][n] += tr[m] * vv;
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < 4; ++m)
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        const int j = tx + 16 * n;
-        if (j < vcols && j0 + j < d.dv) sc.U[P * C * d.dv + (r0 + m) * d.dv + j0 + j] = acc[m][n];
-      }
+    t_times(Vb, cols, sc.U + P * C * d.dv, d.dv, j0);
   }
 }
 
