@@ -5,6 +5,8 @@
 // instructions (CUDA cores, shuffles, shared memory).
 #ifndef __CUDACC_RTC__
 #include <algorithm>
+
+#include "ops/cuda/kernel_attributes.h"
 #endif
 
 #include "ops/cuda/device_math.cuh"
@@ -619,10 +621,8 @@ cudaError_t launch_gdn_chunked_prefill(const float* qkv, int64_t ld_qkv, const f
   sc.eL = p;
   const size_t prep_smem = sizeof(float) * size_t(prep_smem_floats(dims.dk));
   const size_t state_smem = sizeof(float) * StateSmem::floats(dims.dk);
-  cudaError_t err =
-      cudaFuncSetAttribute(gdn_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prep_smem));
-  if (err == cudaSuccess)
-    err = cudaFuncSetAttribute(gdn_chunk_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(state_smem));
+  cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(gdn_chunk_prep_kernel), prep_smem);
+  if (err == cudaSuccess) err = ensure_dynamic_smem(reinterpret_cast<const void*>(gdn_chunk_state_kernel), state_smem);
   if (err != cudaSuccess) return err;
   for (int h0 = 0; h0 < dims.nv; h0 += hp) {
     sc.heads = std::min(hp, dims.nv - h0);

@@ -4,6 +4,9 @@
 // Every cache index goes through the block table and is bounds-checked: a bad one sets a bit in the status word and
 // is skipped.
 #include <mma.h>
+#ifndef __CUDACC_RTC__
+#include "ops/cuda/kernel_attributes.h"
+#endif
 
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/qsa_kernels.h"
@@ -310,7 +313,7 @@ cudaError_t launch_qsa_attention(const float* q, int64_t ldq, const int32_t* tok
                                  cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   const size_t smem = AttnSmem::bytes(dim);
-  cudaError_t err = cudaFuncSetAttribute(qsa_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  const cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(qsa_attention_kernel), smem);
   if (err != cudaSuccess) return err;
   const bool vec4 = dim % 4 == 0 && reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;
