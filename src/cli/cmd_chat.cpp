@@ -20,6 +20,7 @@ struct ChatArgs {
 
 int run(const ChatArgs& a) {
   LoadedModel m = cli::load_for_generation(a.gen, /*with_chat_template=*/true);
+  if (cli::follow_leader(*m.model, a.gen.nodes)) return 0;
   const json vars = cli::template_vars(a.gen);
   const SamplingParams params = cli::sampling_params(a.gen, m.generation);
   const bool interactive = isatty(fileno(stdin));

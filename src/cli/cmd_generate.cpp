@@ -65,6 +65,7 @@ int run(const GenerateArgs& a) {
       fail("--speculative {}: {}", spec.str(), e.what());  // say which flag asked for the MTP layer
     }
   }();
+  if (cli::follow_leader(*m.model, a.gen.nodes)) return 0;
   std::vector<TokenId> prompt;
   if (a.raw) {
     prompt = m.raw_prompt(*a.prompt);

@@ -29,6 +29,7 @@ struct LogitsArgs {
   int64_t chunk = 0;
   int greedy = 0;
   int threads = 0, tp = 1;
+  cli::NodeArgs nodes;
   std::string device = "cpu";
   std::string speculative;
   bool warmup = false;
@@ -71,7 +72,7 @@ int run(const LogitsArgs& a) {
     fail("--speculative {} applies to --greedy N decoding: give --greedy", spec.str());
   ModelOptions options;
   options.load_mtp = spec.method == SpeculativeConfig::Method::Mtp;
-  cli::set_backend(options, a.device, a.threads, a.tp);
+  cli::set_backend(options, a.device, a.threads, a.tp, a.nodes, a.model);
   options.progress = cli::LoadProgressPrinter();
   auto model = [&] {
     try {
@@ -81,6 +82,7 @@ int run(const LogitsArgs& a) {
       fail("--speculative {}: {}", spec.str(), e.what());  // say which flag asked for the MTP layer
     }
   }();
+  if (cli::follow_leader(*model, a.nodes)) return 0;
   const int64_t T = int64_t(ids.size()), V = model->config().vocab_size;
   const int64_t chunk = a.chunk > 0 ? a.chunk : T;
 
@@ -162,6 +164,7 @@ FLASHNEXT_SUBCOMMAND(logits, "logits", "Write the float32 next-token logits of a
                        sub.add_option("--threads", a->threads, "CPU threads (default: all cores)");
                        sub.add_option("--tp", a->tp,
                                       "tensor-parallel ranks (default 1; threads of this process, docs/ENGINE.md)");
+                       cli::add_node_options(sub, a->nodes);
                        sub.add_option("--device", a->device, "cpu (default: the float32 oracle) or cuda")
                            ->check(CLI::IsMember({"cpu", "cuda"}));
                        sub.add_option("--speculative", a->speculative,

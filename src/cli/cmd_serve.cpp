@@ -35,6 +35,7 @@ struct ServeArgs {
   std::string model, device = "cpu", host = "127.0.0.1", api_key, log_level = "info", reasoning_parser = "qwen3";
   std::vector<std::string> served_model_names;
   int port = 8000, threads = 0, tp = 1;
+  cli::NodeArgs nodes;
   int64_t max_model_len = 0, max_num_seqs = 64, max_num_batched_tokens = 2048, prefill_chunk_size = 0,
           max_queued_requests = 256, block_size = 16;
   int64_t kv_cache_memory_bytes = int64_t(4) << 30;  // vLLM's CPU default (VLLM_CPU_KVCACHE_SPACE=4 GiB)
@@ -109,7 +110,7 @@ int run(const ServeArgs& a) {
   const SpeculativeConfig spec = SpeculativeConfig::parse(a.speculative);  // before any weight is read
   const std::string dir = resolve_model_dir(a.model);
   ModelOptions mo;
-  cli::set_backend(mo, a.device, a.threads, a.tp);
+  cli::set_backend(mo, a.device, a.threads, a.tp, a.nodes, dir);
   mo.progress = cli::LoadProgressPrinter();
   mo.load_mtp = spec.method == SpeculativeConfig::Method::Mtp;
   LoadedModel m = [&] {
@@ -120,6 +121,10 @@ int run(const ServeArgs& a) {
       fail("--speculative {}: {}", spec.str(), e.what());  // say which flag asked for the MTP layer
     }
   }();
+  if (!m.model->leads()) {  // a follower node serves nothing: Ctrl-C and SIGTERM end it as any process
+    pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
+    return cli::follow_leader(*m.model, a.nodes) ? 0 : 1;
+  }
   const ModelConfig& cfg = m.model->config();
 
   SchedulerConfig sc;
@@ -346,6 +351,7 @@ FLASHNEXT_SUBCOMMAND(
                    "CORS: allow credentials (Access-Control-Allow-Credentials: true)");
       sub.add_option("--threads", a->threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
       sub.add_option("--tp", a->tp, "tensor-parallel ranks (default 1; threads of this process, docs/ENGINE.md)");
+      cli::add_node_options(sub, a->nodes);
       sub.add_option("--log-level", a->log_level, "trace, debug, info (default), warn, error")
           ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
       return [a, interval, snapshots] {

@@ -1,14 +1,19 @@
-// The `--device`, `--threads` and `--tp` options of the CLI: which ops backend runs the model, over how many
-// tensor-parallel ranks.
+// The `--device`, `--threads`, `--tp` and node options of the CLI: which ops backend runs the model, over how many
+// tensor-parallel ranks, in how many processes.
 #pragma once
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include <cstdlib>
 #include <memory>
 #include <string>
 
 #include "core/error.h"
+#include "loader/config.h"
 #include "model/qwen4_exp/model.h"
 #include "ops/ops.h"
+#include "parallel/node_group.h"
 #include "parallel/staged_communicator.h"
 #ifdef FLASHNEXT_HAVE_CUDA
 #include "ops/cuda/cuda_ops.h"
@@ -50,15 +55,86 @@ inline ModelOptions::CommunicatorFactory tp_communicators_from_env() {
 }
 #endif
 
+/// `--nnodes N --node-rank R --master-addr A --master-port P` (torchrun's names): tensor parallelism over N processes,
+/// on one machine or several (parallel/node_group.h). FLASHNEXT_RENDEZVOUS_TIMEOUT: seconds the rendezvous waits.
+struct NodeArgs {
+  int nnodes = 1, node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+};
+
+inline void add_node_options(CLI::App& sub, NodeArgs& a) {
+  sub.add_option("--nnodes", a.nnodes,
+                 "processes (nodes) the --tp ranks are spread over, --tp/--nnodes each (default 1); start the same "
+                 "command on every node with its --node-rank; node 0 runs the command, the others follow it")
+      ->check(CLI::PositiveNumber);
+  sub.add_option("--node-rank", a.node_rank, "this process's node, 0 .. nnodes-1 (default 0)")
+      ->check(CLI::NonNegativeNumber);
+  sub.add_option("--master-addr", a.master_addr, "host name or address of node 0 (default 127.0.0.1)");
+  sub.add_option("--master-port", a.master_port, "port node 0 listens on for the other nodes (default 29500)");
+}
+
+/// Seconds the rendezvous waits for the other nodes: FLASHNEXT_RENDEZVOUS_TIMEOUT, default 300. Throws Error for a
+/// value that is not a number > 0.
+inline double rendezvous_timeout_from_env() {
+  const char* t = std::getenv("FLASHNEXT_RENDEZVOUS_TIMEOUT");
+  if (!t || !*t) return 300;
+  char* end = nullptr;
+  const double s = std::strtod(t, &end);
+  FN_CHECK(end && *end == '\0' && s > 0, "FLASHNEXT_RENDEZVOUS_TIMEOUT must be a number of seconds > 0, got '{}'", t);
+  return s;
+}
+
 /// Sets the backend fields of `options` for `--device D --threads N --tp K`. tp 1: one backend (make_backend).
 /// tp > 1 on the CPU: K ranks, each a float32 CPU backend with max(1, N / K) threads (N = 0: all cores), in one
 /// process with a thread per rank. tp > 1 on cuda: rank r on GPU r, collectives by
 /// tp_communicators_from_env (NCCL by default). Throws Error for tp < 1, for more ranks than GPUs ("--tp 4 needs 4
 /// GPUs, ...") and when the communicator cannot be had.
-inline void set_backend(ModelOptions& options, const std::string& device, int threads, int tp) {
+/// With `nodes.nnodes` > 1 this process runs K / nnodes ranks (on cuda its GPUs 0 .. K/nnodes - 1, NCCL made from a
+/// unique id node 0 hands out; on the CPU the node communicators of parallel/node_group.h), after the rendezvous
+/// with the other nodes, which must have been started with the same --tp, --nnodes and --device and a model of the
+/// same geometry (`model_config`, the config.json of the model folder or the bench config; its fields are compared).
+/// Throws Error for bad node options and when the rendezvous fails (parallel/node_group.h rendezvous).
+inline void set_backend(ModelOptions& options, const std::string& device, int threads, int tp,
+                        const NodeArgs& nodes = {}, const std::string& model_config = {}) {
   FN_CHECK(tp >= 1, "--tp must be >= 1, got {}", tp);
   options.threads = threads;
   options.tp = tp;
+  if (nodes.nnodes > 1) {
+    NodeOptions no{nodes.nnodes, nodes.node_rank, nodes.master_addr, nodes.master_port, rendezvous_timeout_from_env()};
+    check_node_options(no, tp);
+    FN_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, got '{}'", device);
+    std::string fingerprint = fmt::format("--tp {} --nnodes {} --device {}", tp, nodes.nnodes, device);
+    if (!model_config.empty()) {
+      const ModelConfig c = load_config(model_config);
+      fingerprint += fmt::format(", model: {} layers, hidden {}, vocab {}, {} experts of {}, {} PLE layers",
+                                 c.num_hidden_layers, c.hidden_size, c.vocab_size, c.num_experts,
+                                 c.moe_intermediate_size, c.ple_layer_ids.size());
+    }
+    std::vector<uint8_t> payload;
+    if (device == "cuda") {
+#ifdef FLASHNEXT_HAVE_CUDA
+      const int per_node = tp / nodes.nnodes, gpus = cuda_device_count();
+      FN_CHECK(per_node <= gpus, "--tp {} --nnodes {} runs {} ranks on each node (one GPU each), this one has {} GPUs",
+               tp, nodes.nnodes, per_node, gpus);
+      std::string why;
+      FN_CHECK(nccl_available(&why), "--nnodes on cuda: {}", why);
+      if (nodes.node_rank == 0) payload = nccl_unique_id();
+      auto group = rendezvous(no, tp, fingerprint, std::move(payload));
+      options.nodes = group;
+      options.rank_ops = [per_node](int rank) { return make_cuda_ops(rank % per_node); };
+      options.communicators = [group](const std::vector<std::shared_ptr<Ops>>& ops) {
+        return make_nccl_communicators(ops, group->payload(), group->world(), group->first_rank());
+      };
+      return;
+#else
+      fail("--device cuda: the CUDA backend is not available in this build (configured without CUDA); use --device "
+           "cpu");
+#endif
+    }
+    options.nodes = rendezvous(no, tp, fingerprint);
+    return;  // Model::load makes the node's CPU backends and the node communicators
+  }
   if (const char* t = std::getenv("FLASHNEXT_TP_TIMEOUT"); t && *t) {
     char* end = nullptr;
     const double s = std::strtod(t, &end);
@@ -85,6 +161,21 @@ inline void set_backend(ModelOptions& options, const std::string& device, int th
 #endif
   }
   fail("--device must be cpu or cuda, got '{}'", device);
+}
+
+/// On a follower node (--node-rank > 0, after the model loaded its ranks): says so on stderr, runs node 0's calls
+/// until node 0's model ends (Model::follow; an Error when the group fails) and returns true: the command then ends
+/// with status 0 without doing its own work. False on node 0 and without --nnodes.
+inline bool follow_leader(Model& model, const NodeArgs& nodes) {
+  if (model.leads()) return false;
+  const int per_node = model.tp() / nodes.nnodes, first = nodes.node_rank * per_node;
+  fmt::print(stderr, "flashnext: node {} of {}: {} of --tp {} loaded; following node 0 at {}:{}\n", nodes.node_rank,
+             nodes.nnodes,
+             per_node == 1 ? fmt::format("rank {}", first) : fmt::format("ranks {}-{}", first, first + per_node - 1),
+             model.tp(), nodes.master_addr, nodes.master_port);
+  model.follow();
+  fmt::print(stderr, "flashnext: node {}: node 0 ended the group\n", nodes.node_rank);
+  return true;
 }
 
 }  // namespace flashnext::cli

@@ -26,6 +26,7 @@ namespace flashnext::cli {
 struct GenerationArgs {
   std::string model, device = "cpu";
   int threads = 0, tp = 1;
+  NodeArgs nodes;
   std::optional<int64_t> max_tokens, top_k;
   std::optional<double> temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
   std::optional<uint64_t> seed;
@@ -40,6 +41,7 @@ inline void add_generation_options(CLI::App& sub, GenerationArgs& a) {
   sub.add_option("--device", a.device, "cpu (default) or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   sub.add_option("--threads", a.threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
   sub.add_option("--tp", a.tp, "tensor-parallel ranks (default 1; threads of this process, docs/ENGINE.md)");
+  add_node_options(sub, a.nodes);
   sub.add_option("--max-tokens", a.max_tokens, "most tokens to generate (default 256, or the model's max_new_tokens)");
   sub.add_option("--temperature", a.temperature, "sampling temperature; 0 = greedy (default: the model's, else 1)");
   sub.add_option("--top-p", a.top_p, "nucleus sampling mass in (0, 1] (default: the model's, else 1)");
@@ -92,10 +94,10 @@ inline nlohmann::ordered_json template_vars(const GenerationArgs& a) {
 /// Checks the device, finds the model folder and loads it; says on stderr what was loaded and how long it took.
 inline LoadedModel load_for_generation(const GenerationArgs& a, bool with_chat_template) {
   ModelOptions options;
-  set_backend(options, a.device, a.threads, a.tp);
+  const std::string dir = resolve_model_dir(a.model);
+  set_backend(options, a.device, a.threads, a.tp, a.nodes, dir);
   options.progress = LoadProgressPrinter();
   options.load_mtp = a.load_mtp;
-  const std::string dir = resolve_model_dir(a.model);
   const auto t0 = std::chrono::steady_clock::now();
   LoadedModel m = LoadedModel::load(dir, options, with_chat_template);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

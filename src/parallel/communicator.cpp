@@ -33,19 +33,32 @@ class SingleCommunicator final : public Communicator {
 /// What the ranks of one CPU group share: the tensors each rank passed to the collective in progress and a reusable
 /// barrier that an abort breaks.
 struct CpuGroup {
-  explicit CpuGroup(int n) : world(n), slots(size_t(n), nullptr) {}
+  CpuGroup(int n, const CpuGroupOptions& o) : world(n), options(o), slots(size_t(n), nullptr) {}
   const int world;
+  const CpuGroupOptions options;
   std::mutex mu;
   std::condition_variable cv;
   int arrived = 0;
   uint64_t generation = 0;
   bool aborted = false;
+  std::string reason;                ///< why it was aborted (empty: not said)
   std::vector<const Tensor*> slots;  ///< per rank: its tensor of the collective in progress
+
+  [[noreturn]] void throw_aborted() const {
+    throw Error(reason.empty() ? std::string("tensor parallel: another rank of the group failed (the step was abandoned)")
+                               : "tensor parallel: " + reason);
+  }
+  void abort(const std::string& why) {
+    std::lock_guard lock(mu);
+    aborted = true;
+    if (reason.empty()) reason = why;
+    cv.notify_all();
+  }
 
   /// Blocks until every rank arrived (or the group is aborted: throws Error).
   void barrier() {
     std::unique_lock lock(mu);
-    if (aborted) throw Error("tensor parallel: another rank of the group failed (the step was abandoned)");
+    if (aborted) throw_aborted();
     const uint64_t gen = generation;
     if (++arrived == world) {
       arrived = 0;
@@ -54,7 +67,7 @@ struct CpuGroup {
       return;
     }
     cv.wait(lock, [&] { return generation != gen || aborted; });
-    if (generation == gen) throw Error("tensor parallel: another rank of the group failed (the step was abandoned)");
+    if (generation == gen) throw_aborted();
   }
 };
 
@@ -115,14 +128,13 @@ class CpuCommunicator final : public Communicator {
     g.barrier();  // the inputs stay untouched until every rank copied them
   }
 
-  void abort() override {
-    std::lock_guard lock(group_->mu);
-    group_->aborted = true;
-    group_->cv.notify_all();
-  }
+  void abort() override { group_->abort(""); }
+  void abort(const std::string& reason) override { group_->abort(reason); }
   void reset() override {
     std::lock_guard lock(group_->mu);
+    if (group_->options.final_failures) return;
     group_->aborted = false;
+    group_->reason.clear();
     group_->arrived = 0;
   }
 
@@ -138,8 +150,12 @@ std::shared_ptr<Communicator> make_single_communicator() {
 }
 
 std::vector<std::shared_ptr<Communicator>> make_cpu_communicators(int world) {
+  return make_cpu_communicators(world, CpuGroupOptions{});
+}
+
+std::vector<std::shared_ptr<Communicator>> make_cpu_communicators(int world, const CpuGroupOptions& options) {
   FN_CHECK(world >= 1, "tensor parallel: a group needs at least one rank, got {}", world);
-  auto group = std::make_shared<CpuGroup>(world);
+  auto group = std::make_shared<CpuGroup>(world, options);
   std::vector<std::shared_ptr<Communicator>> out;
   for (int r = 0; r < world; ++r) out.push_back(std::make_shared<CpuCommunicator>(group, r));
   return out;

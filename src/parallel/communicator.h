@@ -11,12 +11,14 @@
 //   values in rank order 0, 1, ..., N-1 for every element, so the result does not depend on thread timing and is the
 //   same on every rank.
 // - NCCL (ops/cuda, a CUDA build): one communicator per GPU, collectives enqueued on the rank's CUDA stream.
-// - Several processes (multi-node) are a later step: a Communicator whose ranks live in other processes (an NCCL
-//   communicator built from a unique id exchanged at a rendezvous) fits this interface unchanged; the group that
-//   drives the ranks (parallel/rank_threads.h) would then run only the local ranks.
+// - Several processes (nodes; parallel/node_group.h): each process drives only its own ranks. Over host tensors the
+//   CPU group of the first node stands for every rank, the ranks of the other nodes played by proxy threads that
+//   carry their tensors over TCP (the same rank-order sums as in one process); CUDA ranks use an NCCL communicator
+//   made from a unique id handed out at the rendezvous.
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "ops/tensor.h"
@@ -46,6 +48,12 @@ class Communicator {
   /// Wakes every rank blocked in (or later entering) a collective of this group with an Error: called by a rank whose
   /// step failed, so that the others do not wait for it forever. The group stays failed until reset().
   virtual void abort() {}
+  /// abort() saying why: the Error that the other ranks' collectives throw carries `reason` where the implementation
+  /// can pass it on (the CPU group; the first reason wins).
+  virtual void abort(const std::string& reason) {
+    (void)reason;
+    abort();
+  }
   /// Clears a failure (called once no rank is inside a collective, after the failed step was abandoned).
   virtual void reset() {}
 };
@@ -57,5 +65,15 @@ std::shared_ptr<Communicator> make_single_communicator();
 /// parallelism). Element i of all_reduce_sum is ((t_0[i] + t_1[i]) + t_2[i]) + ... in float32, the same on every
 /// rank whatever the threads' timing. Throws Error for world < 1.
 std::vector<std::shared_ptr<Communicator>> make_cpu_communicators(int world);
+
+/// Options of a CPU group whose ranks are not all threads of this process (parallel/node_group.h).
+struct CpuGroupOptions {
+  /// A failure is final: once aborted, every collective throws Error (with the abort's reason) and reset() does not
+  /// clear it (a step abandoned across processes cannot be resumed by the ranks of one of them).
+  bool final_failures = false;
+};
+
+/// make_cpu_communicators with `options`.
+std::vector<std::shared_ptr<Communicator>> make_cpu_communicators(int world, const CpuGroupOptions& options);
 
 }  // namespace flashnext

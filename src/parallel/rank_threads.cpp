@@ -9,10 +9,13 @@
 namespace flashnext {
 
 RankThreads::RankThreads(int world, std::vector<std::shared_ptr<Communicator>> comms, double timeout_s)
-    : world_(world), comms_(std::move(comms)), timeout_s_(timeout_s) {
+    : world_(world),
+      comms_(std::move(comms)),
+      timeout_s_(timeout_s),
+      group_(world > 1 || (!comms_.empty() && comms_[0]->world() > 1)) {
   FN_CHECK(world >= 1, "tensor parallel: a group needs at least one rank, got {}", world);
   for (int r = 1; r < world; ++r) threads_.emplace_back([this, r] { worker(r); });
-  if (world > 1 && timeout_s > 0) watchdog_ = std::thread([this] { watchdog(); });
+  if (group_ && timeout_s > 0) watchdog_ = std::thread([this] { watchdog(); });
 }
 
 RankThreads::~RankThreads() {
@@ -32,8 +35,15 @@ void RankThreads::fail_run(std::exception_ptr error) {
     std::lock_guard lock(mu_);
     if (!first_error_) first_error_ = std::move(error), first = true;
   }
-  if (first)
-    for (auto& c : comms_) c->abort();
+  if (!first) return;
+  std::string reason = "a rank failed";
+  try {
+    std::rethrow_exception(first_error_);
+  } catch (const std::exception& e) {
+    reason = e.what();
+  } catch (...) {
+  }
+  for (auto& c : comms_) c->abort(reason);
 }
 
 void RankThreads::run_rank(int rank) {
@@ -60,11 +70,12 @@ void RankThreads::watchdog() {
     // Timed out, the same run still in progress: fail it and abort, under the lock, so that neither can reach the
     // next run (run() resets the communicators only after it has read the failure).
     if (!first_error_) {
-      first_error_ = std::make_exception_ptr(Error(fmt::format(
+      const std::string why = fmt::format(
           "tensor parallel: a step of the {} ranks did not finish within {:g} s (FLASHNEXT_TP_TIMEOUT); the group was "
           "aborted (a rank hung or never reached a collective the others wait in)",
-          world_, timeout_s_)));
-      for (auto& c : comms_) c->abort();
+          comms_.empty() ? world_ : comms_[0]->world(), timeout_s_);
+      first_error_ = std::make_exception_ptr(Error(why));
+      for (auto& c : comms_) c->abort(why);
     }
     watch_.wait(lock, [&] { return stop_ || !in_run_ || generation_ != gen; });
   }
@@ -86,7 +97,7 @@ void RankThreads::worker(int rank) {
 }
 
 void RankThreads::run(const std::function<void(int rank)>& job) {
-  if (world_ == 1) {
+  if (!group_) {
     job(0);
     return;
   }

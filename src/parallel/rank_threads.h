@@ -18,7 +18,8 @@ namespace flashnext {
 class RankThreads {
  public:
   /// Starts world - 1 worker threads. `comms` (one per rank, or empty) are aborted when a rank's job throws, so that
-  /// the other ranks leave their collectives, and reset once every rank returned. `timeout_s` > 0 (world > 1): a
+  /// the other ranks leave their collectives, and reset once every rank returned. `timeout_s` > 0 (world > 1, or
+  /// communicators of a larger group whose other ranks live in other processes): a
   /// watchdog thread aborts them too when a run has not finished after that many seconds (a rank that hangs, or
   /// never reaches a collective the others wait in), and the run then throws Error saying so once every rank
   /// returned. A rank stuck outside any collective (in its own host code) is not interrupted: the run waits for it.
@@ -44,6 +45,8 @@ class RankThreads {
   const int world_;
   std::vector<std::shared_ptr<Communicator>> comms_;
   const double timeout_s_;
+  /// The ranks have peers (here or in other processes): runs are watched and failures abort the communicators.
+  const bool group_;
   std::vector<std::thread> threads_;
   std::thread watchdog_;
   std::condition_variable watch_;

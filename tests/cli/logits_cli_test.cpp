@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -97,6 +98,47 @@ TEST(LogitsCli, TensorParallelWritesReferenceLogitsAndGreedyIds) {
                 tp, max_diff, kLogitTol);
     EXPECT_LE(max_diff, kLogitTol) << "tp " << tp;
   }
+}
+
+// Two processes (`--tp 2 --nnodes 2`, node 1 started in the background, both on this machine over loopback): node 0
+// writes the bits of --tp 2 in one process and the reference's greedy ids; node 1 ends with status 0 when node 0 is
+// done. A node 0 whose other node never comes fails after FLASHNEXT_RENDEZVOUS_TIMEOUT naming it.
+TEST(LogitsCli, TwoProcessesWriteTheLogitsOfOne) {
+  const SafetensorsFile ref(src("tests/data/fixtures/tiny-a/reference.safetensors"));
+  const std::string P = "long";
+  const auto ids = i64(ref, P + ".input_ids");
+  const auto greedy = i64(ref, P + ".greedy_ids");
+  const std::string dir = ::testing::TempDir(), model = src("tests/data/fixtures/tiny-a/model");
+  const int port = 20000 + int(::getpid() % 20000);
+  const std::string common = fmt::format("logits --model '{}' --ids {} --chunk 5 --tp 2", model, fmt::join(ids, ","));
+  int status = -1;
+  const std::string one = run(fmt::format("'{}' {} --out '{}/tp2.npy' --greedy {}", flashnext_bin(), common, dir,
+                                          greedy.size()),
+                              &status);
+  ASSERT_EQ(status, 0);
+  const std::string cmd = fmt::format(
+      "( timeout 120 '{0}' {1} --out '{2}/node1.npy' --nnodes 2 --node-rank 1 --master-port {3} 2>'{2}/node1.err'; "
+      "echo $? > '{2}/node1.status' ) & timeout 120 '{0}' {1} --out '{2}/node0.npy' --greedy {4} --nnodes 2 "
+      "--node-rank 0 --master-port {3}; s=$?; wait; exit $s",
+      flashnext_bin(), common, dir, port, greedy.size());
+  const std::string printed = run(cmd, &status);
+  ASSERT_EQ(status, 0) << cmd;
+  EXPECT_EQ(printed, one);
+  EXPECT_EQ(printed, fmt::format("greedy: {}\n", fmt::join(greedy, ",")));
+  EXPECT_EQ(run(fmt::format("cat '{}/node1.status'", dir), &status), "0\n");
+  EXPECT_NE(run(fmt::format("cat '{}/node1.err'", dir), &status).find("node 1 of 2: rank 1 of --tp 2 loaded"),
+            std::string::npos);
+  const NpyArray a = read_npy(dir + "/node0.npy"), b = read_npy(dir + "/tp2.npy");
+  ASSERT_EQ(a.shape, b.shape);
+  EXPECT_EQ(std::memcmp(a.f32(), b.f32(), size_t(a.numel()) * 4), 0) << "two processes differ from one";
+
+  const std::string alone = run(fmt::format("FLASHNEXT_RENDEZVOUS_TIMEOUT=0.5 '{}' {} --out '{}/x.npy' --nnodes 2 "
+                                            "--master-port {} 2>&1",
+                                            flashnext_bin(), common, dir, port),
+                                &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(alone.find("these nodes did not connect (all of their links): node 1 (rank 1)"), std::string::npos)
+      << alone;
 }
 
 TEST(LogitsCli, BadInputFailsWithAMessage) {

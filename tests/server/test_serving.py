@@ -353,3 +353,52 @@ def test_prefix_cache_is_on_by_default_every_16_blocks():
                           "--prefix-cache-snapshot-interval", "4"], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0
     assert "--prefix-cache-snapshot-interval needs prefix caching" in bad.stdout + bad.stderr, bad.stdout + bad.stderr
+
+
+def test_two_nodes_serve_the_reference_tokens_and_end_together():
+    """`serve --tp 2 --nnodes 2` (issue 15): node 1 started first, node 0 serving; concurrent greedy requests give the
+    tiny-b reference's ids (and the same ids as one process would); node 1 ends with status 0 when node 0 stops, and
+    a request after node 1 is gone gets a 500 that names it instead of hanging."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    nodes = ["--tp", "2", "--nnodes", "2", "--master-port", port]
+    follower = subprocess.Popen([str(BIN), "serve", "--model", str(BUNDLED), *nodes, "--node-rank", "1"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    leader = Server("--max-model-len", "512", "--max-num-batched-tokens", "128", "--served-model-name", "tiny", *nodes)
+    try:
+        client = openai.OpenAI(base_url=leader.v1, api_key="unused", max_retries=0, timeout=300)
+        ref = read_safetensors(FIXTURE / "reference.safetensors")
+        names = ["chat0", "chat2", "code"]
+        want = [[int(v) for v in ref[n + ".greedy_ids"][1]] for n in names]
+        prompts = [[int(v) for v in ref[n + ".input_ids"][1]] for n in names]
+        with cf.ThreadPoolExecutor(6) as pool:
+            got = list(pool.map(lambda i: greedy_ids(client, prompts[i % 3], len(want[i % 3])), range(6)))
+        for i in range(6):
+            assert got[i] == want[i % 3], f"request {i} ({names[i % 3]})"
+        follower.kill()
+        follower.wait(20)
+        r = requests.post(leader.url + "/v1/completions", timeout=60,
+                          json={"model": "tiny", "prompt": prompts[0], "max_tokens": 4, "temperature": 0})
+        # A non-streaming response's status line goes out before the engine runs the request (whitespace keeps the
+        # connection checked while it waits), so an engine failure comes as an error body with code 500.
+        assert r.json()["error"]["code"] == 500, r.text
+        assert "node 1 (rank 1) of the group is gone" in r.json()["error"]["message"], r.text
+    finally:
+        leader.stop()
+        if follower.poll() is None:
+            follower.kill()
+        follower.wait(20)
+
+    # A fresh pair: node 1 ends on its own, with status 0, once node 0 stops.
+    follower = subprocess.Popen([str(BIN), "serve", "--model", str(BUNDLED), *nodes, "--node-rank", "1"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    leader = Server("--max-model-len", "512", *nodes)
+    leader.stop()
+    try:
+        out, _ = follower.communicate(timeout=30)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    assert follower.returncode == 0, out
+    assert "node 0 ended the group" in out, out

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -15,6 +16,7 @@
 #include "model/qwen4_exp/qsa.h"
 #include "model/qwen4_exp/weights.h"
 #include "parallel/communicator.h"
+#include "parallel/node_group.h"
 #include "parallel/rank_threads.h"
 
 namespace flashnext {
@@ -28,8 +30,195 @@ struct Model::Rank {
   std::unique_ptr<ModelWeights> weights;
 };
 
+// Several nodes (ModelOptions::nodes): the leader sends each public call that touches the ranks to the other nodes
+// before running it; a follower runs the same public method on its ranks (Model::follow). Both make the same cache
+// pools in the same order, so pools are named by CachePool::id; a sequence travels as its host fields.
+enum class NodeCall : uint8_t {
+  NewCache = 1,     // num_blocks, block_size, num_slots
+  NewSequence,      // pool id, slot
+  NewPrivate,       // (new_sequence())
+  CloneSequence,    // sequence
+  CopySequence,     // from, to
+  CopyStateSlot,    // pool id, from slot, to slot
+  ForwardBatch,     // items: sequence, ids, mode
+  End,              // the leader's model is gone
+};
+
+struct Model::Nodes {
+  std::shared_ptr<NodeGroup> group;
+  /// Leader: ids of the pools it let go of since the last call, told to the others with the next one. Shared with
+  /// the pools' deleters, which may run after the model is gone.
+  struct Released {
+    std::mutex mu;
+    std::vector<uint64_t> ids;
+  };
+  std::shared_ptr<Released> released = std::make_shared<Released>();
+  /// Follower: the pools the leader still holds, by id.
+  std::map<uint64_t, std::shared_ptr<CachePool>> pools;
+};
+
+namespace {
+/// Counts the public calls in progress: only the outermost one is sent to the other nodes.
+struct CallScope {
+  explicit CallScope(int& depth) : depth(depth) { ++depth; }
+  ~CallScope() { --depth; }
+  int& depth;
+};
+
+void put_sequence(WireWriter& w, const SequenceState& s) {
+  w.put(s.cache ? s.cache->id : uint64_t(0)).put(s.length).put(s.slot).put(s.block_table);
+  w.put(uint8_t(s.private_cache)).put(s.mtp_length).put<uint64_t>(s.ple_history.size());
+  for (const auto& h : s.ple_history) w.put(h);
+}
+
+SequenceState get_sequence(WireReader& r, const std::map<uint64_t, std::shared_ptr<CachePool>>& pools) {
+  SequenceState s;
+  const uint64_t id = r.get<uint64_t>();
+  const auto it = pools.find(id);
+  FN_CHECK(it != pools.end(), "node call: the leader names cache pool {}, which this node does not hold", id);
+  s.cache = it->second;
+  s.length = r.get<int64_t>();
+  s.slot = r.get<int32_t>();
+  s.block_table = r.get_vector<int32_t>();
+  s.private_cache = r.get<uint8_t>() != 0;
+  s.mtp_length = r.get<int64_t>();
+  s.ple_history.resize(size_t(r.get<uint64_t>()));
+  for (auto& h : s.ple_history) h = r.get_vector<int64_t>();
+  return s;
+}
+
+WireWriter call_message(NodeCall call) {
+  WireWriter w;
+  w.put(uint8_t(call));
+  return w;
+}
+}  // namespace
+
 Model::Model() = default;
-Model::~Model() = default;
+
+Model::~Model() {
+  const CallScope scope(call_depth_);
+  if (!sends_calls()) return;
+  try {
+    send_call(call_message(NodeCall::End).bytes());
+  } catch (const Error&) {  // a follower already gone: nothing to end
+  }
+}
+
+bool Model::leads() const {
+  return !nodes_ || nodes_->group->leader();
+}
+
+bool Model::sends_calls() const {
+  return nodes_ && nodes_->group->leader() && call_depth_ == 1;
+}
+
+void Model::send_call(const std::vector<uint8_t>& message) const {
+  if (!sends_calls()) return;
+  std::vector<uint64_t> released;
+  {
+    std::lock_guard lock(nodes_->released->mu);
+    released.swap(nodes_->released->ids);
+  }
+  WireWriter head;
+  head.put(released);
+  for (int n = 1; n < nodes_->group->nnodes(); ++n) {
+    try {
+      Link& link = nodes_->group->control(n);
+      link.send(head.bytes());
+      link.send(message);
+    } catch (const Error& e) {
+      fail("tensor parallel: {} of the group is gone ({}); restart every node", nodes_->group->describe(n), e.what());
+    }
+  }
+}
+
+void Model::follow() {
+  FN_CHECK(nodes_ && !nodes_->group->leader(),
+           "Model::follow: only a follower node of a group over several processes follows (--node-rank > 0)");
+  Link& link = nodes_->group->control(0);
+  const std::string from = fmt::format("node {}: a call from node 0", nodes_->group->node_rank());
+  auto& pools = nodes_->pools;
+  auto receive = [&] {
+    try {
+      return link.recv();
+    } catch (const Error& e) {
+      fail("node {}: node 0 is gone without ending the group ({}); restart every node", nodes_->group->node_rank(),
+           e.what());
+    }
+  };
+  for (;;) {
+    const std::vector<uint8_t> head = receive();
+    WireReader h(head, from);
+    for (uint64_t id : h.get_vector<uint64_t>()) pools.erase(id);
+    h.finish();
+    const std::vector<uint8_t> message = receive();
+    WireReader r(message, from);
+    switch (NodeCall(r.get<uint8_t>())) {
+      case NodeCall::NewCache: {
+        const int64_t blocks = r.get<int64_t>(), block_size = r.get<int64_t>(), slots = r.get<int64_t>();
+        r.finish();
+        new_cache(blocks, block_size, slots);
+        break;
+      }
+      case NodeCall::NewSequence: {
+        const uint64_t id = r.get<uint64_t>();
+        const int32_t slot = r.get<int32_t>();
+        r.finish();
+        const auto it = pools.find(id);
+        FN_CHECK(it != pools.end(), "{}: cache pool {} is not held here", from, id);
+        new_sequence(it->second, slot);
+        break;
+      }
+      case NodeCall::NewPrivate:
+        r.finish();
+        new_sequence();
+        break;
+      case NodeCall::CloneSequence: {
+        const SequenceState seq = get_sequence(r, pools);
+        r.finish();
+        clone_sequence(seq);
+        break;
+      }
+      case NodeCall::CopySequence: {
+        const SequenceState from_seq = get_sequence(r, pools);
+        SequenceState to_seq = get_sequence(r, pools);
+        r.finish();
+        copy_sequence(from_seq, to_seq);
+        break;
+      }
+      case NodeCall::CopyStateSlot: {
+        const uint64_t id = r.get<uint64_t>();
+        const int32_t a = r.get<int32_t>(), b = r.get<int32_t>();
+        r.finish();
+        const auto it = pools.find(id);
+        FN_CHECK(it != pools.end(), "{}: cache pool {} is not held here", from, id);
+        copy_state_slot(*it->second, a, b);
+        break;
+      }
+      case NodeCall::ForwardBatch: {
+        const uint64_t n = r.get<uint64_t>();
+        FN_CHECK(n >= 1 && n <= (uint64_t(1) << 20), "{}: a step of {} items", from, n);
+        std::vector<SequenceState> seqs(static_cast<size_t>(n));
+        std::vector<std::vector<int32_t>> ids(static_cast<size_t>(n));
+        std::vector<BatchItem> items(static_cast<size_t>(n));
+        for (size_t i = 0; i < items.size(); ++i) {
+          seqs[i] = get_sequence(r, pools);
+          ids[i] = r.get_vector<int32_t>();
+          items[i] = {&seqs[i], ids[i], LogitsMode(r.get<uint8_t>())};
+        }
+        r.finish();
+        forward_batch(items);
+        break;
+      }
+      case NodeCall::End:
+        r.finish();
+        return;
+      default:
+        fail("{}: unknown call (another version of flashnext on node 0?)", from);
+    }
+  }
+}
 
 const ModelWeights& Model::weights() const {
   return *ranks_[0]->weights;
@@ -43,8 +232,21 @@ std::string Model::communicator_kind() const {
 
 void Model::make_ranks(const TpPlan& plan, const ModelOptions& options) {
   const int tp = plan.world();
+  tp_ = tp;
   std::vector<std::shared_ptr<Ops>> ops;
   std::vector<std::shared_ptr<Communicator>> comms;
+  int first = 0, local = tp;  // this process's ranks
+  const bool several_nodes = options.nodes && options.nodes->nnodes() > 1;
+  const std::string flag = several_nodes ? fmt::format("--tp {} --nnodes {}", tp, options.nodes->nnodes())
+                                         : fmt::format("--tp {}", tp);
+  if (several_nodes) {
+    const NodeGroup& g = *options.nodes;
+    FN_CHECK(g.world() == tp, "{}: the node group has {} ranks", flag, g.world());
+    FN_CHECK(!options.load_mtp, "the MTP layer (speculative decoding) does not run over several nodes yet ({})", flag);
+    first = g.first_rank(), local = g.ranks_per_node();
+    nodes_ = std::make_unique<Nodes>();
+    nodes_->group = options.nodes;
+  }
   if (tp == 1) {
     ops.push_back(options.ops ? options.ops : options.rank_ops ? options.rank_ops(0) : make_cpu_ops(options.threads));
     // A group of one through a real communicator when one is given (the NCCL path tested on one GPU).
@@ -52,31 +254,32 @@ void Model::make_ranks(const TpPlan& plan, const ModelOptions& options) {
                                   : std::vector<std::shared_ptr<Communicator>>{make_single_communicator()};
     FN_CHECK(comms.size() == 1, "--tp 1: the communicator factory made {} communicators", comms.size());
   } else {
-    FN_CHECK(!options.ops, "--tp {}: ModelOptions::ops is one backend; give one per rank (rank_ops)", tp);
+    FN_CHECK(!options.ops, "{}: ModelOptions::ops is one backend; give one per rank (rank_ops)", flag);
     const int threads = options.threads > 0 ? options.threads : int(std::max(1u, std::thread::hardware_concurrency()));
-    for (int r = 0; r < tp; ++r)
-      ops.push_back(options.rank_ops ? options.rank_ops(r) : make_cpu_ops(std::max(1, threads / tp)));
+    for (int r = first; r < first + local; ++r)
+      ops.push_back(options.rank_ops ? options.rank_ops(r) : make_cpu_ops(std::max(1, threads / local)));
     if (options.communicators) {
       comms = options.communicators(ops);
-      FN_CHECK(int(comms.size()) == tp, "--tp {}: the communicator factory made {} communicators", tp, comms.size());
+      FN_CHECK(int(comms.size()) == local, "{}: the communicator factory made {} communicators for {} ranks", flag,
+               comms.size(), local);
     } else {
       for (const auto& o : ops)
         FN_CHECK(o->device() == Device::CPU,
-                 "--tp {}: tensor parallelism over {} needs that backend's communicator (NCCL in a CUDA build)", tp,
+                 "{}: tensor parallelism over {} needs that backend's communicator (NCCL in a CUDA build)", flag,
                  device_name(o->device()));
-      comms = make_cpu_communicators(tp);
+      comms = several_nodes ? make_node_communicators(options.nodes) : make_cpu_communicators(tp);
     }
   }
-  for (int r = 0; r < tp; ++r) {
+  for (int i = 0; i < local; ++i) {
     auto rank = std::make_unique<Rank>();
-    rank->index = r;
-    rank->config = plan.rank_config(r);
-    rank->shard = plan.rank(r);
-    rank->ops = ops[size_t(r)];
-    rank->comm = comms[size_t(r)];
+    rank->index = first + i;
+    rank->config = plan.rank_config(rank->index);
+    rank->shard = plan.rank(rank->index);
+    rank->ops = ops[size_t(i)];
+    rank->comm = comms[size_t(i)];
     ranks_.push_back(std::move(rank));
   }
-  threads_ = std::make_unique<RankThreads>(tp, comms, options.tp_timeout_s);
+  threads_ = std::make_unique<RankThreads>(local, comms, options.tp_timeout_s);
 }
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& options) {
@@ -102,7 +305,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   }
   // The ranks load their parts in parallel; progress is the sum of theirs, reported once every rank has started.
   std::mutex progress_mu;
-  std::vector<int64_t> done(size_t(plan.world()), -1), total(size_t(plan.world()), 0);
+  std::vector<int64_t> done(m->ranks_.size(), -1), total(m->ranks_.size(), 0);
   m->threads_->run([&](int r) {
     LoadProgress progress;
     if (options.progress)
@@ -115,8 +318,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
         options.progress(sd, st);
       };
     Rank& rk = *m->ranks_[size_t(r)];
-    rk.weights =
-        std::make_unique<ModelWeights>(load_weights(m->config_, manifest, checkpoint, *rk.ops, progress, &plan, r));
+    rk.weights = std::make_unique<ModelWeights>(
+        load_weights(m->config_, manifest, checkpoint, *rk.ops, progress, &plan, rk.index));
   });
   return m;
 }
@@ -133,11 +336,11 @@ std::unique_ptr<Model> Model::random(const ModelConfig& config, const ModelOptio
     return m;
   }
   // The ranks make their parts in parallel; the report is rank 0's with the PLE bytes of all ranks.
-  std::vector<RandomWeightsReport> reports(size_t(plan.world()));
+  std::vector<RandomWeightsReport> reports(m->ranks_.size());
   m->threads_->run([&](int r) {
     Rank& rk = *m->ranks_[size_t(r)];
-    rk.weights =
-        std::make_unique<ModelWeights>(random_weights(m->config_, *rk.ops, seed, &reports[size_t(r)], &plan, r));
+    rk.weights = std::make_unique<ModelWeights>(
+        random_weights(m->config_, *rk.ops, seed, &reports[size_t(r)], &plan, rk.index));
   });
   if (report) {
     *report = reports[0];
@@ -158,7 +361,20 @@ std::shared_ptr<CachePool> Model::allocate_cache(int64_t num_blocks, int64_t blo
            "cache pool: {} blocks of {} positions and {} slots (need slots >= 1 and a block size that is a multiple "
            "of the indexer block, indexer_compress_ratio = {})",
            num_blocks, block_size, num_slots, mc.indexer_compress_ratio);
-  auto pool = std::make_shared<CachePool>();
+  std::shared_ptr<CachePool> pool;
+  if (nodes_ && nodes_->group->leader()) {  // the other nodes hold theirs until the leader lets go of it
+    pool = std::shared_ptr<CachePool>(new CachePool, [released = nodes_->released](CachePool* p) {
+      {
+        std::lock_guard lock(released->mu);
+        released->ids.push_back(p->id);
+      }
+      delete p;
+    });
+  } else {
+    pool = std::make_shared<CachePool>();
+  }
+  pool->id = next_pool_id_++;
+  if (nodes_ && !nodes_->group->leader()) nodes_->pools[pool->id] = pool;
   pool->block_size = block_size;
   pool->num_blocks = num_blocks;
   pool->num_slots = num_slots;
@@ -192,15 +408,20 @@ std::shared_ptr<CachePool> Model::allocate_cache(int64_t num_blocks, int64_t blo
 }
 
 std::shared_ptr<CachePool> Model::new_cache(int64_t num_blocks, int64_t block_size, int64_t num_slots) const {
+  const CallScope scope(call_depth_);
   FN_CHECK(num_blocks >= 1, "cache pool: {} KV blocks requested, at least 1 is needed", num_blocks);
+  if (sends_calls())
+    send_call(call_message(NodeCall::NewCache).put(num_blocks).put(block_size).put(num_slots).bytes());
   return allocate_cache(num_blocks, block_size, num_slots, /*with_states=*/true);
 }
 
 SequenceState Model::new_sequence(std::shared_ptr<CachePool> cache, int32_t slot) const {
+  const CallScope scope(call_depth_);
   FN_CHECK(cache && cache->ranks.size() == ranks_.size() && int64_t(cache->ranks[0].size()) == cache_layers(),
            "new_sequence: the cache pool was not made by this model (Model::new_cache)");
   FN_CHECK(slot >= 0 && slot < cache->num_slots, "new_sequence: slot {} is outside the pool's {} slots", slot,
            cache->num_slots);
+  if (sends_calls()) send_call(call_message(NodeCall::NewSequence).put(cache->id).put(slot).bytes());
   SequenceState s;
   for (size_t r = 0; r < ranks_.size(); ++r)
     for (LayerCache& lc : cache->ranks[r]) {
@@ -217,6 +438,8 @@ SequenceState Model::new_sequence(std::shared_ptr<CachePool> cache, int32_t slot
 }
 
 SequenceState Model::new_sequence() const {
+  const CallScope scope(call_depth_);
+  if (sends_calls()) send_call(call_message(NodeCall::NewPrivate).bytes());
   SequenceState s =
       new_sequence(allocate_cache(0, kPrivateBlockIndexerBlocks * config_.indexer_compress_ratio, 1, true), 0);
   s.private_cache = true;
@@ -253,6 +476,12 @@ void Model::reserve_private(SequenceState& seq, int64_t length) const {
 }
 
 SequenceState Model::clone_sequence(const SequenceState& seq) const {
+  const CallScope scope(call_depth_);
+  if (sends_calls()) {
+    WireWriter w = call_message(NodeCall::CloneSequence);
+    put_sequence(w, seq);
+    send_call(w.bytes());
+  }
   SequenceState s = new_sequence();
   reserve_private(s, seq.length);
   copy_sequence(seq, s);
@@ -260,6 +489,7 @@ SequenceState Model::clone_sequence(const SequenceState& seq) const {
 }
 
 void Model::copy_sequence(const SequenceState& from, SequenceState& to) const {
+  const CallScope scope(call_depth_);
   FN_CHECK(from.cache && to.cache && from.cache->ranks.size() == ranks_.size() &&
                to.cache->ranks.size() == ranks_.size() && int64_t(from.cache->ranks[0].size()) == cache_layers() &&
                int64_t(to.cache->ranks[0].size()) == cache_layers(),
@@ -270,6 +500,12 @@ void Model::copy_sequence(const SequenceState& from, SequenceState& to) const {
   FN_CHECK(int64_t(to.block_table.size()) * dst.block_size >= from.length,
            "copy_sequence: the destination's block table covers {} blocks of {}, the source has {} positions",
            to.block_table.size(), dst.block_size, from.length);
+  if (sends_calls()) {
+    WireWriter w = call_message(NodeCall::CopySequence);
+    put_sequence(w, from);
+    put_sequence(w, to);
+    send_call(w.bytes());
+  }
   const int64_t n = from.length, c = config_.indexer_compress_ratio, nb = n / c;
   auto row = [](const SequenceState& s, int64_t p) {
     const int64_t bs = s.cache->block_size;
@@ -314,10 +550,12 @@ void Model::copy_sequence(const SequenceState& from, SequenceState& to) const {
 }
 
 void Model::copy_state_slot(CachePool& cache, int32_t from, int32_t to) const {
+  const CallScope scope(call_depth_);
   FN_CHECK(cache.ranks.size() == ranks_.size() && int64_t(cache.ranks[0].size()) == cache_layers(),
            "copy_state_slot: the cache pool was not made by this model");
   FN_CHECK(from >= 0 && from < cache.num_slots && to >= 0 && to < cache.num_slots && from != to,
            "copy_state_slot: slots {} -> {} (the pool has {} slots; they must differ)", from, to, cache.num_slots);
+  if (sends_calls()) send_call(call_message(NodeCall::CopyStateSlot).put(cache.id).put(from).put(to).bytes());
   for (size_t r = 0; r < ranks_.size(); ++r)
     for (const LayerCache& lc : cache.ranks[r])
       for (const Tensor* t : {&lc.conv, &lc.recurrent, &lc.ple_conv})
@@ -362,6 +600,7 @@ Tensor Model::forward_tensor(SequenceState& seq, std::span<const int32_t> ids, L
 
 Tensor Model::forward_batch(std::span<const BatchItem> items, std::vector<int64_t>* row_offsets, const HiddenHook& hook,
                             Tensor* wide_residual) {
+  const CallScope scope(call_depth_);
   FN_CHECK(!items.empty(), "forward_batch: no sequences");
   for (size_t i = 0; i < items.size(); ++i) {
     const BatchItem& it = items[i];
@@ -378,6 +617,15 @@ Tensor Model::forward_batch(std::span<const BatchItem> items, std::vector<int64_
              "forward_batch: item {} has a private cache (Model::new_sequence()): feed it alone or use new_cache", i);
     for (size_t j = 0; j < i; ++j)
       FN_CHECK(items[j].seq != it.seq, "forward_batch: items {} and {} are the same sequence", j, i);
+  }
+  if (sends_calls()) {  // the other nodes run the same step (before the private cache grows: they grow theirs)
+    WireWriter w = call_message(NodeCall::ForwardBatch);
+    w.put<uint64_t>(items.size());
+    for (const BatchItem& it : items) {
+      put_sequence(w, *it.seq);
+      w.put(it.ids).put(uint8_t(it.mode));
+    }
+    send_call(w.bytes());
   }
   if (items[0].seq->private_cache) reserve_private(*items[0].seq, items[0].seq->length + int64_t(items[0].ids.size()));
 
@@ -411,7 +659,7 @@ Tensor Model::forward_batch(std::span<const BatchItem> items, std::vector<int64_
   Tensor logits;
   threads_->run([&](int r) {
     Tensor t = forward_rank(r, items, parts, all_ids, ple_rows, keep, hook, r == 0 ? wide_residual : nullptr);
-    if (r == 0) logits = std::move(t);
+    if (r == 0) logits = std::move(t);  // rank 0's on the leader (every rank holds the same logits)
   });
   for (size_t i = 0; i < items.size(); ++i) {
     items[i].seq->length += int64_t(items[i].ids.size());
@@ -424,7 +672,7 @@ Tensor Model::forward_batch(std::span<const BatchItem> items, std::vector<int64_
 Tensor Model::forward_rank(int rank, std::span<const BatchItem> items, std::span<const StepSequence> parts,
                            std::span<const int32_t> all_ids, const std::vector<std::vector<int64_t>>& ple_host_rows,
                            const std::vector<int32_t>& keep, const HiddenHook& hook, Tensor* wide_residual) {
-  Rank& rk = *ranks_[size_t(rank)];
+  Rank& rk = *ranks_[size_t(rank)];  // `rank` indexes this process's ranks
   Ops& ops = *rk.ops;
   Communicator& comm = *rk.comm;
   const StepScope step(ops, int64_t(all_ids.size()));  // activations and op scratch from here on are step memory
@@ -433,7 +681,7 @@ Tensor Model::forward_rank(int rank, std::span<const BatchItem> items, std::span
   CachePool& cache = *items[0].seq->cache;
   const int64_t H = c.hidden_size, L = c.num_hidden_layers;
   const double eps = c.rms_norm_eps;
-  const bool rank0 = rank == 0;
+  const bool rank0 = rk.index == 0;
   const HiddenHook no_hook;
   const HiddenHook& on_hidden = rank0 ? hook : no_hook;  // rank 0 reports (every rank holds the same X)
 
@@ -614,6 +862,7 @@ Model::MtpOutput Model::mtp_forward(SequenceState& seq, const Tensor& hidden, st
 }
 
 Model::StateSnapshot Model::snapshot_state(const SequenceState& seq) const {
+  FN_CHECK(!nodes_, "state snapshots (speculative decoding's rollback) do not work over several nodes yet (--nnodes)");
   FN_CHECK(
       seq.cache && seq.cache->ranks.size() == ranks_.size() && int64_t(seq.cache->ranks[0].size()) == cache_layers(),
       "snapshot_state: the sequence state was not made by this model");
@@ -638,6 +887,7 @@ Model::StateSnapshot Model::snapshot_state(const SequenceState& seq) const {
 }
 
 void Model::restore_state(SequenceState& seq, const StateSnapshot& snap) const {
+  FN_CHECK(!nodes_, "state snapshots (speculative decoding's rollback) do not work over several nodes yet (--nnodes)");
   FN_CHECK(seq.cache && seq.cache->ranks.size() == ranks_.size() && snap.tensors.size() == ranks_.size() &&
                int64_t(seq.cache->ranks[0].size()) == cache_layers() &&
                snap.ple_history.size() == seq.ple_history.size(),

@@ -39,6 +39,7 @@ namespace flashnext {
 
 struct ModelWeights;
 class Communicator;
+class NodeGroup;
 class RankThreads;
 class TpPlan;
 
@@ -76,6 +77,13 @@ struct ModelOptions {
   /// QSA layer for it. Off: the mtp.* tensors are skipped and cost nothing. Throws Error (before the trunk loads)
   /// when the checkpoint has no mtp.* tensors or the config no MTP layer, and with tp > 1 (not implemented).
   bool load_mtp = false;
+  /// Tensor parallelism over several processes (parallel/node_group.h, from rendezvous with world = tp): this process
+  /// makes, loads and drives only its node's ranks (nodes->first_rank() onwards; rank_ops and the communicator
+  /// factory get those ranks only, rank_ops with their global rank). The leader's model (node 0) sends each of its
+  /// calls that touch the ranks to the other nodes before it runs them; the other nodes' models run Model::follow.
+  /// Null (or one node): every rank is in this process. Throws Error when the group's world is not tp, and with
+  /// load_mtp.
+  std::shared_ptr<NodeGroup> nodes;
 };
 
 struct RandomWeightsReport;
@@ -122,8 +130,17 @@ class Model {
   const ModelWeights& weights() const;
   /// The backend (rank 0's under tensor parallelism: the one that holds the logits forward returns).
   Ops& ops() const;
-  /// Tensor-parallel degree (1: none).
-  int tp() const { return int(ranks_.size()); }
+  /// Tensor-parallel degree (1: none), the ranks of every node.
+  int tp() const { return tp_; }
+  /// Whether this process runs the model's calls itself: true unless it is a follower node of a group over several
+  /// processes (ModelOptions::nodes), which runs follow() instead.
+  bool leads() const;
+  /// A follower node's loop: receives the leader's calls (cache pools made and released, sequences made and copied,
+  /// batched steps) and runs them on this node's ranks, in lock step with the other nodes through their collectives,
+  /// until the leader's model is destroyed (returns) or the connection to it breaks (throws Error naming it). Throws
+  /// Error at once on the leader and without a node group. A call that fails here (a backend error, a collective
+  /// that another node ended) throws its Error: the group has failed and every node must be restarted.
+  void follow();
   /// What the ranks' collectives go through (Communicator::kind: "single", "cpu threads", "nccl", ...).
   std::string communicator_kind() const;
   /// Calls `observer` with every MoE block's router choice of the steps that follow (empty: none); a measurement
@@ -206,6 +223,7 @@ class Model {
     std::vector<std::vector<int64_t>> ple_history;
     std::vector<std::vector<Tensor>> tensors;  ///< per rank: conv, recurrent, ple_conv of every layer, [1, ...] each
   };
+  /// Not across several processes yet (Error naming --nnodes).
   StateSnapshot snapshot_state(const SequenceState& seq) const;
   /// Puts `snap` (from snapshot_state of the same sequence) back into `seq`'s state slot. Throws Error when it does
   /// not belong to a sequence of this model's layout.
@@ -221,7 +239,13 @@ class Model {
 
  private:
   struct Rank;  // one tensor-parallel rank: its geometry, backend, weights and communicator (model.cpp)
+  struct Nodes;  // the other processes of a group over several nodes: calls sent or received, pools by id (model.cpp)
   Model();
+  /// On the leader of a group over several nodes, when this is the outermost call of the public method being run
+  /// (not one it makes itself): sends the call `message` to the other nodes. Elsewhere nothing.
+  void send_call(const std::vector<uint8_t>& message) const;
+  /// Whether the public method now being run sends its call (leader, outermost call); see CallScope in model.cpp.
+  bool sends_calls() const;
   /// Makes the ranks of `plan` (their backends and communicators; weights not yet loaded).
   void make_ranks(const TpPlan& plan, const ModelOptions& options);
   /// A pool of `num_blocks` KV blocks (0 allowed: a private cache before its first forward) and, with_states,
@@ -239,7 +263,13 @@ class Model {
   int64_t cache_layers() const;
 
   ModelConfig config_;
+  int tp_ = 1;
+  /// This process's ranks (all of them unless ModelOptions::nodes splits them over processes); ranks_[i] is global
+  /// rank ranks_[i]->index, and a cache pool's ranks[i] is ranks_[i]'s part.
   std::vector<std::unique_ptr<Rank>> ranks_;
+  std::unique_ptr<Nodes> nodes_;
+  mutable int call_depth_ = 0;        ///< public calls in progress (CallScope)
+  mutable uint64_t next_pool_id_ = 1;  ///< the id of the next cache pool (the same sequence on every node)
   std::unique_ptr<RankThreads> threads_;
   RouterObserver router_observer_;
 };

@@ -34,6 +34,9 @@ struct LayerCache {
 
 /// KV blocks and state slots shared by a set of sequences.
 struct CachePool {
+  /// The model's number for the pool, in order of creation: every node of a group over several processes makes the
+  /// same pools in the same order, so the leader names a pool to the others by it.
+  uint64_t id = 0;
   int64_t block_size = 0;  ///< positions per KV block
   int64_t num_blocks = 0;  ///< KV blocks (block ids 0 .. num_blocks-1)
   int64_t num_slots = 0;   ///< state slots (slot ids 0 .. num_slots-1)

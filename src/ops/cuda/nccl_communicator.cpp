@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 
@@ -30,6 +31,8 @@ struct NcclApi {
   ncclResult_t (*GetVersion)(int*);
   const char* (*GetErrorString)(ncclResult_t);
   ncclResult_t (*CommInitAll)(ncclComm_t*, int, const int*);
+  ncclResult_t (*GetUniqueId)(ncclUniqueId*);
+  ncclResult_t (*CommInitRank)(ncclComm_t*, int, ncclUniqueId, int);
   ncclResult_t (*CommDestroy)(ncclComm_t);
   ncclResult_t (*CommAbort)(ncclComm_t);
   ncclResult_t (*AllReduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
@@ -76,7 +79,8 @@ const NcclLibrary& nccl_library() {
     NcclApi& a = l.api;
     std::string& e = l.error;
     (void)(resolve(h, "ncclGetVersion", a.GetVersion, e) && resolve(h, "ncclGetErrorString", a.GetErrorString, e) &&
-           resolve(h, "ncclCommInitAll", a.CommInitAll, e) && resolve(h, "ncclCommDestroy", a.CommDestroy, e) &&
+           resolve(h, "ncclCommInitAll", a.CommInitAll, e) && resolve(h, "ncclGetUniqueId", a.GetUniqueId, e) &&
+           resolve(h, "ncclCommInitRank", a.CommInitRank, e) && resolve(h, "ncclCommDestroy", a.CommDestroy, e) &&
            resolve(h, "ncclCommAbort", a.CommAbort, e) && resolve(h, "ncclAllReduce", a.AllReduce, e) &&
            resolve(h, "ncclAllGather", a.AllGather, e) && resolve(h, "ncclBroadcast", a.Broadcast, e) &&
            resolve(h, "ncclGroupStart", a.GroupStart, e) && resolve(h, "ncclGroupEnd", a.GroupEnd, e));
@@ -95,10 +99,15 @@ void nccl_check(ncclResult_t r, const char* what) {
   if (r != ncclSuccess) fail("tensor parallel: NCCL error in {}: {}", what, nccl().GetErrorString(r));
 }
 
-/// What the ranks of one group share: their communicators (one per GPU, made together) and whether the group was
-/// aborted.
+/// What this process's ranks of one group share: their communicators (one per GPU, made together) and whether the
+/// group was aborted. A group over several processes (`unique_id` set) has `world` ranks, this process's from
+/// `first_rank` on; its failure is final (the other processes would have to make the group anew at the same time).
 struct NcclGroup {
-  explicit NcclGroup(std::vector<int> gpus) : devices(std::move(gpus)), comms(devices.size()) { init(); }
+  NcclGroup(std::vector<int> gpus, int world_size, int first, std::vector<uint8_t> id)
+      : devices(std::move(gpus)), world(world_size), first_rank(first), unique_id(std::move(id)),
+        comms(devices.size()) {
+    init();
+  }
   ~NcclGroup() {
     // At process exit the CUDA runtime may be gone before this (a model kept in a static): then leave the
     // communicators to the process's end.
@@ -106,7 +115,22 @@ struct NcclGroup {
     for (ncclComm_t c : comms)
       if (c) nccl().CommDestroy(c);
   }
-  void init() { nccl_check(nccl().CommInitAll(comms.data(), int(comms.size()), devices.data()), "ncclCommInitAll"); }
+  void init() {
+    if (unique_id.empty()) {
+      nccl_check(nccl().CommInitAll(comms.data(), int(comms.size()), devices.data()), "ncclCommInitAll");
+      return;
+    }
+    ncclUniqueId id;
+    std::memcpy(&id, unique_id.data(), sizeof id);
+    nccl_check(nccl().GroupStart(), "ncclGroupStart");
+    ncclResult_t r = ncclSuccess;
+    for (size_t i = 0; i < comms.size() && r == ncclSuccess; ++i) {
+      FN_CUDA_CHECK(cudaSetDevice(devices[i]), "tensor parallel (cudaSetDevice)");
+      r = nccl().CommInitRank(&comms[i], world, id, first_rank + int(i));
+    }
+    nccl_check(nccl().GroupEnd(), "ncclCommInitRank (ncclGroupEnd)");
+    nccl_check(r, "ncclCommInitRank");
+  }
   void abort_all() {
     std::lock_guard lock(mu);
     if (aborted.exchange(true)) return;
@@ -117,12 +141,15 @@ struct NcclGroup {
   }
   void reset() {
     std::lock_guard lock(mu);
-    if (!aborted) return;
+    if (!aborted || !unique_id.empty()) return;
     init();
     aborted = false;
   }
 
   const std::vector<int> devices;
+  const int world;
+  const int first_rank;
+  const std::vector<uint8_t> unique_id;  ///< empty: every rank is in this process
   std::vector<ncclComm_t> comms;
   std::mutex mu;
   std::atomic<bool> aborted{false};
@@ -135,15 +162,16 @@ void check_device_f32(const char* op, const Tensor& t, const char* what) {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(std::shared_ptr<NcclGroup> group, int rank, std::shared_ptr<Ops> ops)
-      : group_(std::move(group)), rank_(rank), ops_(std::move(ops)) {
+  /// `local`: the index of the rank among this process's ranks of the group.
+  NcclCommunicator(std::shared_ptr<NcclGroup> group, int local, std::shared_ptr<Ops> ops)
+      : group_(std::move(group)), local_(local), ops_(std::move(ops)) {
     const auto& backend = dynamic_cast<const cuda::CudaOps&>(*ops_);
     device_ = backend.gpu();
     stream_ = backend.work_stream();
     widths_buf_ = ops_->empty({int64_t(world()) + 1}, DType::I64);
   }
-  int rank() const override { return rank_; }
-  int world() const override { return int(group_->devices.size()); }
+  int rank() const override { return group_->first_rank + local_; }
+  int world() const override { return group_->world; }
   const char* kind() const override { return "nccl"; }
 
   void all_reduce_sum(const Tensor& t) override {
@@ -207,9 +235,10 @@ class NcclCommunicator final : public Communicator {
  private:
   /// This rank's communicator with its GPU current; throws Error once the group was aborted.
   ncclComm_t comm(const char* op) {
-    FN_CHECK(!group_->aborted, "tensor parallel: {}: another rank of the group failed (the step was abandoned)", op);
+    FN_CHECK(!group_->aborted, "tensor parallel: {}: another rank of the group failed (the step was abandoned){}", op,
+             group_->unique_id.empty() ? "" : "; a group over several nodes is not made anew: restart every node");
     FN_CUDA_CHECK(cudaSetDevice(device_), "tensor parallel (cudaSetDevice)");
-    return group_->comms[size_t(rank_)];
+    return group_->comms[size_t(local_)];
   }
 
   /// Every rank's width for an all_gather_columns into an output `out_width` wide: exchanged the first time (every
@@ -233,14 +262,14 @@ class NcclCommunicator final : public Communicator {
                sum, out_width);
       it = widths_.emplace(out_width, std::move(all)).first;
     }
-    FN_CHECK(it->second[size_t(rank_)] == mine,
-             "tensor parallel: all_gather_columns: rank {} gives {} columns of a {}-wide output, {} before", rank_,
-             mine, out_width, it->second[size_t(rank_)]);
+    FN_CHECK(it->second[size_t(rank())] == mine,
+             "tensor parallel: all_gather_columns: rank {} gives {} columns of a {}-wide output, {} before", rank(),
+             mine, out_width, it->second[size_t(rank())]);
     return it->second;
   }
 
   std::shared_ptr<NcclGroup> group_;
-  int rank_;
+  int local_;
   std::shared_ptr<Ops> ops_;
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
@@ -263,8 +292,27 @@ std::string nccl_version() {
   return fmt::format("{}.{}.{}", v / 10000, v / 100 % 100, v % 100);
 }
 
+std::vector<uint8_t> nccl_unique_id() {
+  ncclUniqueId id;
+  nccl_check(nccl().GetUniqueId(&id), "ncclGetUniqueId");
+  const auto* p = reinterpret_cast<const uint8_t*>(&id);
+  return std::vector<uint8_t>(p, p + sizeof id);
+}
+
 std::vector<std::shared_ptr<Communicator>> make_nccl_communicators(const std::vector<std::shared_ptr<Ops>>& ops) {
+  return make_nccl_communicators(ops, {}, int(ops.size()), 0);
+}
+
+std::vector<std::shared_ptr<Communicator>> make_nccl_communicators(const std::vector<std::shared_ptr<Ops>>& ops,
+                                                                   const std::vector<uint8_t>& unique_id, int world,
+                                                                   int first_rank) {
   FN_CHECK(!ops.empty(), "tensor parallel: an NCCL group needs at least one rank");
+  FN_CHECK(unique_id.empty() ? world == int(ops.size()) && first_rank == 0
+                             : unique_id.size() == sizeof(ncclUniqueId) && first_rank >= 0 &&
+                                   first_rank + int(ops.size()) <= world,
+           "tensor parallel: an NCCL group of {} ranks with {} of them here from rank {} and a unique id of {} bytes "
+           "(ncclGetUniqueId makes {})",
+           world, ops.size(), first_rank, unique_id.size(), sizeof(ncclUniqueId));
   std::vector<int> gpus;
   for (size_t r = 0; r < ops.size(); ++r) {
     const auto* backend = dynamic_cast<const cuda::CudaOps*>(ops[r].get());
@@ -278,7 +326,7 @@ std::vector<std::shared_ptr<Communicator>> make_nccl_communicators(const std::ve
     gpus.push_back(backend->gpu());
   }
   nccl();  // a clear error before anything is made when NCCL is missing
-  auto group = std::make_shared<NcclGroup>(gpus);
+  auto group = std::make_shared<NcclGroup>(gpus, world, first_rank, unique_id);
   std::vector<std::shared_ptr<Communicator>> out;
   for (size_t r = 0; r < ops.size(); ++r) out.push_back(std::make_shared<NcclCommunicator>(group, int(r), ops[r]));
   return out;
@@ -294,6 +342,13 @@ std::string nccl_version() {
   fail("tensor parallel: this build has no NCCL support (nccl.h was not found when it was compiled)");
 }
 std::vector<std::shared_ptr<Communicator>> make_nccl_communicators(const std::vector<std::shared_ptr<Ops>>&) {
+  fail("tensor parallel: this build has no NCCL support (nccl.h was not found when it was compiled)");
+}
+std::vector<uint8_t> nccl_unique_id() {
+  fail("tensor parallel: this build has no NCCL support (nccl.h was not found when it was compiled)");
+}
+std::vector<std::shared_ptr<Communicator>> make_nccl_communicators(const std::vector<std::shared_ptr<Ops>>&,
+                                                                   const std::vector<uint8_t>&, int, int) {
   fail("tensor parallel: this build has no NCCL support (nccl.h was not found when it was compiled)");
 }
 

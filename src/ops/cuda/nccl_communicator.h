@@ -17,6 +17,7 @@
 // other ranks' GPUs wait in; reset() makes the group anew (ncclCommInitAll).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,5 +39,18 @@ std::string nccl_version();
 /// parallel/staged_communicator.h), NCCL that cannot be loaded (naming the file and FLASHNEXT_NCCL_LIBRARY), and an
 /// NCCL error (its message).
 std::vector<std::shared_ptr<Communicator>> make_nccl_communicators(const std::vector<std::shared_ptr<Ops>>& ops);
+
+/// A new NCCL unique id (ncclGetUniqueId, its bytes) for a group over several processes: node 0 makes it and hands
+/// it to the other nodes at the rendezvous (parallel/node_group.h). Throws Error as make_nccl_communicators does.
+std::vector<uint8_t> nccl_unique_id();
+
+/// This process's communicators of a group of `world` ranks spread over several processes: ops[i] (its own GPU) is
+/// rank first_rank + i, made with ncclCommInitRank from `unique_id` (every process of the group calls this with the
+/// same id; the call returns once all of them did). A failure of such a group is final (reset() does not make it
+/// anew; later collectives throw Error). An empty `unique_id` with world = ops.size() and first_rank 0 is the group of
+/// one process above. Throws Error as that one does, and for an id of the wrong size or ranks outside the world.
+std::vector<std::shared_ptr<Communicator>> make_nccl_communicators(const std::vector<std::shared_ptr<Ops>>& ops,
+                                                                   const std::vector<uint8_t>& unique_id, int world,
+                                                                   int first_rank);
 
 }  // namespace flashnext
