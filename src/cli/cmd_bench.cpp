@@ -50,6 +50,7 @@ using Clock = std::chrono::steady_clock;
 struct BenchArgs {
   std::string model, config, device = "cuda", out;
   int threads = 0, tp = 1;
+  cli::NodeArgs nodes;
   std::optional<int64_t> layers, experts, experts_per_token, vocab, ple_rows;  // unset: as the config says
   uint64_t seed = 1;
   std::vector<int64_t> prompts{1024, 4096, 8192, 32768};
@@ -316,12 +317,13 @@ int run(BenchArgs a) {
 
   // The model.
   ModelOptions model_options;
-  cli::set_backend(model_options, a.device, a.threads, a.tp);
+  cli::set_backend(model_options, a.device, a.threads, a.tp, a.nodes, config_path);
   if (!random_model) model_options.progress = cli::LoadProgressPrinter();
   const auto t_build = Clock::now();
   RandomWeightsReport built;
   std::unique_ptr<Model> model =
       random_model ? Model::random(cfg, model_options, a.seed, &built) : Model::load(a.model, model_options);
+  if (cli::follow_leader(*model, a.nodes)) return 0;
   // Under tensor parallelism: rank 0's backend (GPU 0): its profile, memory and launches are reported; the others
   // run the same kernels on their shards in lock step.
   Ops* ops = &model->ops();
@@ -783,6 +785,7 @@ FLASHNEXT_SUBCOMMAND(
       sub.add_option("--threads", a->threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
       sub.add_option("--tp", a->tp, "tensor-parallel ranks (rank r on GPU r; on the CPU threads of this process)")
           ->check(CLI::PositiveNumber);
+      cli::add_node_options(sub, a->nodes);
       sub.add_option("--layers", a->layers, "first N layers of the config's layer_types (PLE layers beyond N dropped)");
       sub.add_option("--experts", a->experts, "routed experts per MoE layer");
       sub.add_option("--experts-per-token", a->experts_per_token, "routed experts per token (top-k)");

@@ -38,16 +38,21 @@ inline std::shared_ptr<Ops> make_backend(const std::string& device, int threads)
 }
 
 #ifdef FLASHNEXT_HAVE_CUDA
+/// How CUDA ranks communicate, FLASHNEXT_TP_COMM: "nccl" (the default) or "staged". Throws Error for another value.
+inline std::string tp_comm_kind_from_env() {
+  const char* env = std::getenv("FLASHNEXT_TP_COMM");
+  const std::string kind = env && *env ? env : "nccl";
+  FN_CHECK(kind == "nccl" || kind == "staged", "FLASHNEXT_TP_COMM must be nccl or staged, got '{}'", kind);
+  return kind;
+}
+
 /// The communicators of CUDA ranks, by FLASHNEXT_TP_COMM: "nccl" (the default; parallel/communicator.h through
 /// ops/cuda/nccl_communicator.h) or "staged" (through host memory, parallel/staged_communicator.h: slow, for a
 /// machine without NCCL). Throws Error for another value and, for nccl, when NCCL cannot be loaded (naming the file
 /// tried, FLASHNEXT_NCCL_LIBRARY and FLASHNEXT_TP_COMM=staged).
 inline ModelOptions::CommunicatorFactory tp_communicators_from_env() {
-  const char* env = std::getenv("FLASHNEXT_TP_COMM");
-  const std::string kind = env && *env ? env : "nccl";
-  if (kind == "staged")
+  if (tp_comm_kind_from_env() == "staged")
     return [](const std::vector<std::shared_ptr<Ops>>& ops) { return make_staged_communicators(ops); };
-  FN_CHECK(kind == "nccl", "FLASHNEXT_TP_COMM must be nccl or staged, got '{}'", kind);
   std::string why;
   FN_CHECK(nccl_available(&why),
            "--tp on cuda: {} (or set FLASHNEXT_TP_COMM=staged: collectives through host memory, slow)", why);
@@ -117,15 +122,25 @@ inline void set_backend(ModelOptions& options, const std::string& device, int th
       const int per_node = tp / nodes.nnodes, gpus = cuda_device_count();
       FN_CHECK(per_node <= gpus, "--tp {} --nnodes {} runs {} ranks on each node (one GPU each), this one has {} GPUs",
                tp, nodes.nnodes, per_node, gpus);
-      std::string why;
-      FN_CHECK(nccl_available(&why), "--nnodes on cuda: {}", why);
-      if (nodes.node_rank == 0) payload = nccl_unique_id();
+      // FLASHNEXT_TP_COMM=staged: through host memory and the node links (several processes may then share a GPU).
+      const std::string comm = tp_comm_kind_from_env();
+      fingerprint += ", collectives " + comm;
+      if (comm == "nccl") {
+        std::string why;
+        FN_CHECK(nccl_available(&why), "--nnodes on cuda: {} (or set FLASHNEXT_TP_COMM=staged on every node)", why);
+        if (nodes.node_rank == 0) payload = nccl_unique_id();
+      }
       auto group = rendezvous(no, tp, fingerprint, std::move(payload));
       options.nodes = group;
       options.rank_ops = [per_node](int rank) { return make_cuda_ops(rank % per_node); };
-      options.communicators = [group](const std::vector<std::shared_ptr<Ops>>& ops) {
-        return make_nccl_communicators(ops, group->payload(), group->world(), group->first_rank());
-      };
+      if (comm == "staged")
+        options.communicators = [group](const std::vector<std::shared_ptr<Ops>>& ops) {
+          return make_staged_communicators(ops, make_node_communicators(group));
+        };
+      else
+        options.communicators = [group](const std::vector<std::shared_ptr<Ops>>& ops) {
+          return make_nccl_communicators(ops, group->payload(), group->world(), group->first_rank());
+        };
       return;
 #else
       fail("--device cuda: the CUDA backend is not available in this build (configured without CUDA); use --device "

@@ -40,6 +40,7 @@ class StagedCommunicator final : public Communicator {
   }
 
   void abort() override { host_->abort(); }
+  void abort(const std::string& reason) override { host_->abort(reason); }
   void reset() override { host_->reset(); }
 
  private:
@@ -63,7 +64,15 @@ class StagedCommunicator final : public Communicator {
 
 std::vector<std::shared_ptr<Communicator>> make_staged_communicators(const std::vector<std::shared_ptr<Ops>>& ops) {
   FN_CHECK(!ops.empty(), "tensor parallel: a staged communicator group needs at least one rank");
-  std::vector<std::shared_ptr<Communicator>> host = make_cpu_communicators(int(ops.size())), out;
+  return make_staged_communicators(ops, make_cpu_communicators(int(ops.size())));
+}
+
+std::vector<std::shared_ptr<Communicator>> make_staged_communicators(const std::vector<std::shared_ptr<Ops>>& ops,
+                                                                     std::vector<std::shared_ptr<Communicator>> host) {
+  FN_CHECK(!ops.empty() && ops.size() == host.size(),
+           "tensor parallel: a staged communicator group of {} backends over {} host communicators", ops.size(),
+           host.size());
+  std::vector<std::shared_ptr<Communicator>> out;
   for (size_t r = 0; r < ops.size(); ++r) {
     FN_CHECK(ops[r] != nullptr, "tensor parallel: rank {} has no backend", r);
     out.push_back(std::make_shared<StagedCommunicator>(host[r], ops[r]));

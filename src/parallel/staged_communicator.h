@@ -19,4 +19,10 @@ namespace flashnext {
 /// dtypes, a failed rank).
 std::vector<std::shared_ptr<Communicator>> make_staged_communicators(const std::vector<std::shared_ptr<Ops>>& ops);
 
+/// The same over given host communicators (host[r] for ops[r]): the node communicators of a group over several
+/// processes (parallel/node_group.h), so that ranks on one GPU in several processes can work together. Throws Error
+/// when the lists differ in length or are empty.
+std::vector<std::shared_ptr<Communicator>> make_staged_communicators(const std::vector<std::shared_ptr<Ops>>& ops,
+                                                                     std::vector<std::shared_ptr<Communicator>> host);
+
 }  // namespace flashnext

@@ -1,5 +1,7 @@
 // The NCCL communicator: the collectives of a tensor-parallel group whose ranks are CUDA backends on distinct GPUs of
-// this process (parallel/communicator.h has the contract; docs/ENGINE.md "Tensor parallelism" the design).
+// this process, or of several processes (a group made with ncclCommInitRank from a unique id handed out at the
+// rendezvous, parallel/node_group.h) (parallel/communicator.h has the contract; docs/ENGINE.md "Tensor parallelism"
+// the design).
 //
 // Each collective is enqueued on the rank's work stream (CudaOps::work_stream), after the ops that made its input
 // and before those that read its output, and returns without waiting: the host of a rank runs ahead as it does
