@@ -11,7 +11,8 @@
 # Output in $OUT (default gpu/out-bench): sm90-*.log (and ptx70-*.log), bench-small.json, bench-full.json
 # (+ bench-full-fp16.json), their logs, and summary.txt, which says what was run and what was not.
 # Env: BUILD; E2E=0 skips the tests (the end-to-end tests, the op-case registry against the CPU oracle in both
-#      precisions, and the W4A16 kernel tests); E2E_NCCL=0 skips their second pass through NCCL;
+#      precisions, and the W4A16 kernel tests); E2E_NCCL=0 skips their second pass through NCCL and the check of
+#      tensor parallelism over two processes (run_nodes below);
 #      OPS_PERF=1 adds the per-op table (bench_ops, both precisions);
 #      OPS_FILTER (a regex of case names) and OPS_PRECISIONS (default "fp16x2 fp16") narrow that table;
 #      FULL=0 skips the released-geometry bench; PTX70=1 (also with --prepare) runs the tests again from binaries
@@ -76,6 +77,35 @@ if [ "${MEDIUM:-0}" = 1 ] && [ ! -f "$FX/medium/reference.safetensors" ]; then
   (PYTHONUNBUFFERED=1 python3 tools/make_fixtures.py "$FX" medium >"$OUT/fixture.log" 2>&1) &
   fx_pid=$!
 fi
+# run_nodes BIN LABEL GPUS: tensor parallelism over two processes of this machine (--nnodes 2, docs/ENGINE.md
+# "Several processes"): tiny-a's long prompt through `logits --tp 2 --nnodes 2 --device cuda`, its greedy ids against
+# --tp 1 on one GPU and the largest logit difference printed; staged collectives with both processes on GPU 0, and with
+# two GPUs NCCL across the processes (one GPU each by CUDA_VISIBLE_DEVICES). Sets status=1 on a failure.
+run_nodes() {
+  local bin=$1 label=$2 gpus=$3 comm port=29561 ids
+  ids=$(python3 -c "from safetensors.numpy import load_file as l; print(','.join(map(str, l('tests/data/fixtures/tiny-a/reference.safetensors')['long.input_ids'])))")
+  local common=(logits --model tests/data/fixtures/tiny-a/model --ids "$ids" --chunk 7 --greedy 8 --device cuda)
+  "$bin/flashnext" "${common[@]}" --out "$OUT/nodes-tp1.npy" >"$OUT/nodes-tp1.txt" 2>>"$OUT/$label-nodes.log" || status=1
+  for comm in staged nccl; do
+    local vis0="" vis1=""
+    if [ "$comm" = nccl ]; then
+      [ "$gpus" -ge 2 ] || { echo "gpu-bench: [$label] --nnodes 2 over NCCL NOT run ($gpus GPU)" | tee -a "$S"; continue; }
+      vis0=0 vis1=1
+    fi
+    port=$((port + 1))
+    (CUDA_VISIBLE_DEVICES=${vis1:-${CUDA_VISIBLE_DEVICES:-0}} FLASHNEXT_TP_COMM=$comm timeout 120 "$bin/flashnext"       "${common[@]}" --out "$OUT/nodes-$comm-1.npy" --tp 2 --nnodes 2 --node-rank 1 --master-port $port       >>"$OUT/$label-nodes.log" 2>&1) &
+    CUDA_VISIBLE_DEVICES=${vis0:-${CUDA_VISIBLE_DEVICES:-0}} FLASHNEXT_TP_COMM=$comm timeout 120 "$bin/flashnext"       "${common[@]}" --out "$OUT/nodes-$comm.npy" --tp 2 --nnodes 2 --master-port $port >"$OUT/nodes-$comm.txt"       2>>"$OUT/$label-nodes.log" || status=1
+    wait
+    if cmp -s "$OUT/nodes-$comm.txt" "$OUT/nodes-tp1.txt"; then
+      echo "gpu-bench: [$label] --tp 2 --nnodes 2 ($comm): greedy ids equal --tp 1's: $(cat "$OUT/nodes-tp1.txt")" | tee -a "$S"
+    else
+      echo "gpu-bench: [$label] --tp 2 --nnodes 2 ($comm): greedy ids DIFFER from --tp 1's" | tee -a "$S"
+      status=1
+    fi
+    python3 -c "import numpy as n; a=n.load('$OUT/nodes-$comm.npy'); b=n.load('$OUT/nodes-tp1.npy'); print(f'gpu-bench: [$label] --nnodes 2 ($comm): max |logits - tp1| / max|tp1| = {abs(a-b).max()/abs(b).max():.3g}')" 2>&1 | tee -a "$S"
+  done
+}
+
 # run_tests BIN LABEL: the end-to-end tests on the tiny fixtures, the op-case registry against the CPU oracle in both
 # precisions and the W4A16 kernel tests, from the binaries in BIN; logs in $OUT/LABEL*.log; sets status=1 on failure.
 run_tests() {
@@ -108,6 +138,7 @@ run_tests() {
     else
       echo "gpu-bench: [$label] tensor parallelism across GPUs NOT run ($gpus GPU)" | tee -a "$S"
     fi
+    run_nodes "$bin" "$label" "$gpus"
   fi
   for prec in fp16x2 fp16; do
     echo "gpu-bench: [$label] test_ops (op-case registry vs the CPU oracle), FLASHNEXT_TEST_PRECISION=$prec" | tee -a "$S"
