@@ -70,7 +70,9 @@ TEST(MtpOnGpu, LogitsMatchTheReference) {
     const std::vector<float> row = model.download(d.logits);
     const float* want_row = draft_logits.data() + int64_t(k) * V;
     draft_ratio = std::max(draft_ratio, max_abs_diff(row.data(), want_row, size_t(V)) / scale);
-    if (top2_gap(want_row, V) > kNearTie) EXPECT_EQ(argmax(row.data(), V), drafts[k]) << "draft " << k;
+    if (top2_gap(want_row, V) > kNearTie) {
+      EXPECT_EQ(argmax(row.data(), V), drafts[k]) << "draft " << k;
+    }
     state = d.wide;
   }
   std::printf("E2E-MTP: trunk %.3g, MTP prompt rows %.3g, chained drafts %.3g (ratios to scale %.3g), bound %.3g\n",
@@ -118,9 +120,10 @@ TEST(MtpOnGpu, GreedySpeculativeDecodingGivesThePlainTokens) {
       // The runs agree up to their first difference, and that one is a near-tie of the plain run.
       int equal = 0;
       while (equal < kTokens && got[size_t(equal)] == want[size_t(equal)]) ++equal;
-      if (equal < kTokens)
+      if (equal < kTokens) {
         EXPECT_LT(gaps[size_t(equal)], kNearTie)
             << "token " << equal << ": " << got[size_t(equal)] << " vs plain " << want[size_t(equal)];
+      }
       EXPECT_GT(dec.stats().steps, 0);
       std::printf(
           "E2E-MTP: %s salt %d: %d of %d tokens equal to plain decoding, %lld verify steps, mean accepted "

@@ -273,7 +273,9 @@ TEST_P(QuantGpu, TensorParallelExpertSlicesMatchCpuOracle) {
       }
       const MoeWeights wc = as_moe_weights(cpu->load_quantized_experts(*qe)),
                        wg = as_moe_weights(gpu->load_quantized_experts(*qe));
-      if (fmt != "fp8-block") ASSERT_NE(wg.packed, nullptr) << what << ": the slice is packed for W4A16";
+      if (fmt != "fp8-block") {
+        ASSERT_NE(wg.packed, nullptr) << what << ": the slice is packed for W4A16";
+      }
       for (int64_t T : {int64_t(1), int64_t(40)}) {
         const auto [err, scale] = expert_error(*cpu, wc, *gpu, wg, T, H, E, k, rng);
         EXPECT_LE(err, kExpertTol * scale) << what << " T=" << T;
