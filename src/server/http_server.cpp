@@ -303,7 +303,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return;
     }
     const bool chunked = version >= 11;
-    bool ok = write_head(res, version, close);
+    bool ok = true, head_sent = false;
+    auto send_head = [&] {  // before the first bytes: the status may still change until then
+      head_sent = true;
+      if (res.status_before_head) res.status = res.status_before_head();
+      return write_head(res, version, close);
+    };
     std::string out;
     for (bool more = true; ok && more;) {
       if (srv_.stopping) {  // the server stops: the body ends where it is (the handler cancels its work)
@@ -315,12 +320,22 @@ class Connection : public std::enable_shared_from_this<Connection> {
         more = res.stream(out);
       } catch (const std::exception& e) {  // the body cannot be finished: the client sees it cut off
         spdlog::error("http: a streamed response failed: {}", e.what());
+        if (!head_sent) {  // nothing sent yet: an error response instead
+          if (res.on_end) res.on_end(false);
+          HttpResponse error = srv_.handlers.error(500, fmt::format("internal error: {}", e.what()), &req);
+          net::post(strand(), [self = shared_from_this(), error = std::move(error), version]() mutable {
+            self->send(std::move(error), version, /*close=*/true, /*head=*/false);
+          });
+          return;
+        }
         ok = false;
         break;
       }
       if (out.empty()) continue;
+      if (!head_sent && !(ok = send_head())) break;
       ok = chunked ? write_blocking(http::make_chunk(net::buffer(out))) : write_blocking(net::buffer(out));
     }
+    if (ok && !head_sent) ok = send_head();
     if (ok && chunked) ok = write_blocking(http::make_chunk_last());
     if (res.on_end) res.on_end(ok);
     net::post(strand(), [self = shared_from_this(), ok, again = ok && chunked && !close] {

@@ -63,6 +63,10 @@ struct HttpResponse {
   /// (possibly nothing) and returns false once the body is complete. It should not block for long (a few tens of
   /// milliseconds), and it is not called again after a write failed.
   std::function<bool(std::string& out)> stream;
+  /// For a streamed body: the head is written when the body first has bytes to send (or ends), not before, and this
+  /// (if set) is called just then: its result replaces `status` (a request that failed before anything was sent
+  /// answers with its error status instead of 200).
+  std::function<int()> status_before_head;
   /// Called once when the response has ended (on the thread that wrote its last byte): `complete` false when it
   /// could not be sent whole (the client went away, a write timed out, the server stopped).
   std::function<void(bool complete)> on_end;
