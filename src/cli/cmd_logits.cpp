@@ -72,7 +72,7 @@ int run(const LogitsArgs& a) {
     fail("--speculative {} applies to --greedy N decoding: give --greedy", spec.str());
   ModelOptions options;
   options.load_mtp = spec.method == SpeculativeConfig::Method::Mtp;
-  cli::set_backend(options, a.device, a.threads, a.tp, a.nodes, a.model);
+  cli::set_backend(options, a.device, a.threads, a.tp, a.nodes, cli::node_fingerprint(a.nodes, a.model));
   options.progress = cli::LoadProgressPrinter();
   auto model = [&] {
     try {

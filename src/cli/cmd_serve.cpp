@@ -110,7 +110,7 @@ int run(const ServeArgs& a) {
   const SpeculativeConfig spec = SpeculativeConfig::parse(a.speculative);  // before any weight is read
   const std::string dir = resolve_model_dir(a.model);
   ModelOptions mo;
-  cli::set_backend(mo, a.device, a.threads, a.tp, a.nodes, dir);
+  cli::set_backend(mo, a.device, a.threads, a.tp, a.nodes, cli::node_fingerprint(a.nodes, dir));
   mo.progress = cli::LoadProgressPrinter();
   mo.load_mtp = spec.method == SpeculativeConfig::Method::Mtp;
   LoadedModel m = [&] {
@@ -193,6 +193,7 @@ int run(const ServeArgs& a) {
   so.strict_requests = a.strict_requests;
   so.cors = cors;
   so.version = FLASHNEXT_GIT_DESCRIBE;
+  so.failure = [model = m.model.get()] { return model->failure(); };
   const auto& mp = scheduler.planner();
   server::Server srv(scheduler, m.tokenizer, m.chat_template ? &*m.chat_template : nullptr, m.generation, so);
   const int port = srv.bind();

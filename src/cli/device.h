@@ -2,9 +2,9 @@
 // tensor-parallel ranks, in how many processes.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -90,6 +90,18 @@ inline double rendezvous_timeout_from_env() {
   return s;
 }
 
+/// What the nodes of a group compare of the model (the rendezvous refuses a node whose model differs): its geometry.
+inline std::string node_fingerprint(const ModelConfig& c) {
+  return fmt::format("model: {} layers, hidden {}, vocab {}, {} experts of {} (top {}), {} PLE layers of {} rows",
+                     c.num_hidden_layers, c.hidden_size, c.vocab_size, c.num_experts, c.moe_intermediate_size,
+                     c.num_experts_per_tok, c.ple_layer_ids.size(), c.ngram_vocab_size_base);
+}
+
+/// node_fingerprint of the model folder `dir` when `nodes` spans several processes; "" otherwise (nothing read).
+inline std::string node_fingerprint(const NodeArgs& nodes, const std::string& dir) {
+  return nodes.nnodes > 1 ? node_fingerprint(load_config(dir)) : std::string();
+}
+
 /// Sets the backend fields of `options` for `--device D --threads N --tp K`. tp 1: one backend (make_backend).
 /// tp > 1 on the CPU: K ranks, each a float32 CPU backend with max(1, N / K) threads (N = 0: all cores), in one
 /// process with a thread per rank. tp > 1 on cuda: rank r on GPU r, collectives by
@@ -98,24 +110,29 @@ inline double rendezvous_timeout_from_env() {
 /// With `nodes.nnodes` > 1 this process runs K / nnodes ranks (on cuda its GPUs 0 .. K/nnodes - 1, NCCL made from a
 /// unique id node 0 hands out; on the CPU the node communicators of parallel/node_group.h), after the rendezvous
 /// with the other nodes, which must have been started with the same --tp, --nnodes and --device and a model of the
-/// same geometry (`model_config`, the config.json of the model folder or the bench config; its fields are compared).
+/// same model (`model_fingerprint`: node_fingerprint of its config, and whatever else the command needs to be equal).
+/// node_fingerprint(load_config(dir)) for a model folder.
 /// Throws Error for bad node options and when the rendezvous fails (parallel/node_group.h rendezvous).
 inline void set_backend(ModelOptions& options, const std::string& device, int threads, int tp,
-                        const NodeArgs& nodes = {}, const std::string& model_config = {}) {
+                        const NodeArgs& nodes = {}, const std::string& model_fingerprint = {}) {
   FN_CHECK(tp >= 1, "--tp must be >= 1, got {}", tp);
   options.threads = threads;
   options.tp = tp;
+  if (const char* t = std::getenv("FLASHNEXT_TP_TIMEOUT"); t && *t) {
+    char* end = nullptr;
+    const double s = std::strtod(t, &end);
+    FN_CHECK(end && *end == '\0' && s >= 0,
+             "FLASHNEXT_TP_TIMEOUT must be a number of seconds >= 0 (0: no timeout), "
+             "got '{}'",
+             t);
+    options.tp_timeout_s = s;
+  }
   if (nodes.nnodes > 1) {
     NodeOptions no{nodes.nnodes, nodes.node_rank, nodes.master_addr, nodes.master_port, rendezvous_timeout_from_env()};
     check_node_options(no, tp);
     FN_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, got '{}'", device);
     std::string fingerprint = fmt::format("--tp {} --nnodes {} --device {}", tp, nodes.nnodes, device);
-    if (!model_config.empty()) {
-      const ModelConfig c = load_config(model_config);
-      fingerprint += fmt::format(", model: {} layers, hidden {}, vocab {}, {} experts of {}, {} PLE layers",
-                                 c.num_hidden_layers, c.hidden_size, c.vocab_size, c.num_experts,
-                                 c.moe_intermediate_size, c.ple_layer_ids.size());
-    }
+    if (!model_fingerprint.empty()) fingerprint += ", " + model_fingerprint;
     std::vector<uint8_t> payload;
     if (device == "cuda") {
 #ifdef FLASHNEXT_HAVE_CUDA
@@ -143,21 +160,13 @@ inline void set_backend(ModelOptions& options, const std::string& device, int th
         };
       return;
 #else
-      fail("--device cuda: the CUDA backend is not available in this build (configured without CUDA); use --device "
-           "cpu");
+      fail(
+          "--device cuda: the CUDA backend is not available in this build (configured without CUDA); use --device "
+          "cpu");
 #endif
     }
     options.nodes = rendezvous(no, tp, fingerprint);
     return;  // Model::load makes the node's CPU backends and the node communicators
-  }
-  if (const char* t = std::getenv("FLASHNEXT_TP_TIMEOUT"); t && *t) {
-    char* end = nullptr;
-    const double s = std::strtod(t, &end);
-    FN_CHECK(end && *end == '\0' && s >= 0,
-             "FLASHNEXT_TP_TIMEOUT must be a number of seconds >= 0 (0: no timeout), "
-             "got '{}'",
-             t);
-    options.tp_timeout_s = s;
   }
   if (tp == 1) {
     options.ops = make_backend(device, threads);

@@ -45,8 +45,9 @@ struct CpuGroup {
   std::vector<const Tensor*> slots;  ///< per rank: its tensor of the collective in progress
 
   [[noreturn]] void throw_aborted() const {
-    throw Error(reason.empty() ? std::string("tensor parallel: another rank of the group failed (the step was abandoned)")
-                               : "tensor parallel: " + reason);
+    throw Error(reason.empty()
+                    ? std::string("tensor parallel: another rank of the group failed (the step was abandoned)")
+                    : "tensor parallel: " + reason);
   }
   void abort(const std::string& why) {
     std::lock_guard lock(mu);

@@ -1,6 +1,8 @@
 #include "parallel/node_group.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
@@ -20,6 +22,8 @@ enum class Channel : uint8_t { Control = 1, Rank = 2 };
 // Collective frames between a remote rank and its proxy on the leader.
 enum class Op : uint8_t { AllReduceSum = 1, AllGatherColumns = 2 };
 enum class Status : uint8_t { Ok = 0, Failed = 1 };
+/// The most floats a collective may carry (16 GiB): a frame announcing more is refused before anything is allocated.
+constexpr int64_t kMaxCollectiveFloats = int64_t(1) << 32;
 
 std::span<uint8_t> bytes_of(const Tensor& t) {
   return {static_cast<uint8_t*>(t.data()), size_t(t.nbytes())};
@@ -104,7 +108,9 @@ std::shared_ptr<NodeGroup> rendezvous(const NodeOptions& o, int world, const std
       g->rank_links_[size_t(r)] = Link::connect(o.master_addr, o.master_port, o.timeout_s, what);
       g->rank_links_[size_t(r)]->send(hello(Channel::Rank, r));
     }
-    const std::vector<uint8_t> answer = g->control_[0]->recv();
+    FN_CHECK(g->control_[0]->wait_readable(o.timeout_s),
+             "{}: node 0 did not answer within {} s (are all {} nodes started?)", what, o.timeout_s, o.nnodes);
+    const std::vector<uint8_t> answer = g->control_[0]->recv(1 << 20);
     WireReader rd(answer, what);
     const uint8_t ok = rd.get<uint8_t>();
     const std::string error = rd.get_string();
@@ -119,16 +125,19 @@ std::shared_ptr<NodeGroup> rendezvous(const NodeOptions& o, int world, const std
   g->control_.resize(size_t(o.nnodes));
   Listener listener(o.master_port);
   const int expected = (o.nnodes - 1) * (1 + per_node);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.timeout_s);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.timeout_s);
   std::string error;  // the first problem found; every node is told
   std::vector<std::unique_ptr<Link>> strays;
   for (int got = 0; got < expected;) {
+    if (!error.empty())  // a misconfigured node: the links on their way still come (and are told), then the answer
+      deadline = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::duration<double>(2.0));
     const double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
     std::unique_ptr<Link> link;
     try {
       if (left <= 0) throw Error("timeout");
       link = listener.accept(left, me);
     } catch (const Error&) {
+      if (!error.empty()) break;
       std::string missing;
       for (int n = 1; n < o.nnodes; ++n) {
         bool complete = g->control_[size_t(n)] != nullptr;
@@ -136,27 +145,34 @@ std::shared_ptr<NodeGroup> rendezvous(const NodeOptions& o, int world, const std
         if (!complete) missing += (missing.empty() ? "" : ", ") + g->describe(n);
       }
       g->shutdown();
-      fail("{}: rendezvous on port {}: within {} s these nodes did not connect (all of their links): {}; start them "
-           "with --nnodes {} --node-rank R --master-addr <this host> --master-port {}",
-           me, o.master_port, o.timeout_s, missing, o.nnodes, o.master_port);
+      fail(
+          "{}: rendezvous on port {}: within {} s these nodes did not connect (all of their links): {}; start them "
+          "with --nnodes {} --node-rank R --master-addr <this host> --master-port {}",
+          me, o.master_port, o.timeout_s, missing, o.nnodes, o.master_port);
     }
+    // What a connection says first: a node's hello, within a few seconds (a port probe that says nothing or
+    // something else is dropped, not counted: a real node may still come).
     const std::string from = fmt::format("{}: rendezvous: connection from {}", me, link->peer());
-    const std::vector<uint8_t> hello = link->recv(1 << 20);
-    WireReader rd(hello, from);
-    uint32_t magic = 0, protocol = 0;
-    uint16_t order = 0;
-    if (hello.size() >= 10) magic = rd.get<uint32_t>(), protocol = rd.get<uint32_t>(), order = rd.get<uint16_t>();
-    if (magic != kMagic || protocol != kProtocol || order != kByteOrder) {
-      error = fmt::format("{} is not a flashnext node of this version (protocol {}, byte order mark {:#x})", from,
-                          protocol, order);
-      strays.push_back(std::move(link));
-      continue;  // not counted: a real node may still come
+    Channel channel{};
+    int node = -1, rank = -1;
+    std::string theirs;
+    try {
+      FN_CHECK(link->wait_readable(std::min(5.0, std::max(0.1, left))), "{}: said nothing", from);
+      const std::vector<uint8_t> hello = link->recv(1 << 20);
+      WireReader rd(hello, from);
+      const uint32_t magic = rd.get<uint32_t>(), protocol = rd.get<uint32_t>();
+      const uint16_t order = rd.get<uint16_t>();
+      FN_CHECK(magic == kMagic && protocol == kProtocol && order == kByteOrder,
+               "{} is not a flashnext node of this version (protocol {}, byte order mark {:#x})", from, protocol,
+               order);
+      channel = Channel(rd.get<uint8_t>());
+      node = rd.get<int32_t>(), rank = rd.get<int32_t>();
+      theirs = rd.get_string();
+      rd.finish();
+    } catch (const Error& e) {
+      spdlog::warn("{} (ignored)", e.what());
+      continue;
     }
-    const auto channel = Channel(rd.get<uint8_t>());
-    const int node = rd.get<int32_t>(), rank = rd.get<int32_t>();
-    const std::string theirs = rd.get_string();
-    rd.finish();
-    ++got;
     if (node < 1 || node >= o.nnodes) {
       if (error.empty())
         error = fmt::format("a node started with --node-rank {} connected ({}); --nnodes {} allows 1..{}", node,
@@ -180,6 +196,7 @@ std::shared_ptr<NodeGroup> rendezvous(const NodeOptions& o, int world, const std
       continue;
     }
     *slot = std::move(link);
+    ++got;
   }
   for (int n = 1; n < o.nnodes; ++n) {
     WireWriter w;
@@ -207,16 +224,20 @@ namespace {
 class Proxies {
  public:
   Proxies(std::shared_ptr<NodeGroup> group, std::vector<std::shared_ptr<Communicator>> comms)
-      : group_(std::move(group)) {
+      : group_(std::move(group)), comms_(std::move(comms)) {
     const int per_node = group_->ranks_per_node();
     for (int r = per_node; r < group_->world(); ++r) {
       links_.push_back(group_->take_rank_link(r));
-      threads_.emplace_back([this, r, comm = comms[size_t(r)], link = links_.back().get()] { run(r, *comm, *link); });
+      threads_.emplace_back([this, r, link = links_.back().get()] { run(r, *comms_[size_t(r)], *link); });
     }
   }
   ~Proxies() {
-    for (auto& l : links_) l->shutdown();
+    // A proxy waits either on its link or in the group's barrier (its rank's node ran a step that node 0 did not):
+    // both are ended, and the one in the barrier still tells its rank why before the links close.
+    for (auto& c : comms_) c->abort("node 0 closed the group");
+    for (auto& l : links_) l->stop_reading();
     for (auto& t : threads_) t.join();
+    for (auto& l : links_) l->shutdown();
   }
 
  private:
@@ -234,13 +255,24 @@ class Proxies {
         rd.finish();
         FN_CHECK((op == Op::AllReduceSum || op == Op::AllGatherColumns) && shape.size() <= 8,
                  "tensor parallel: {} sent an unknown collective", who);
+        // Sizes a step can have (at most kMaxCollectiveFloats floats in and out), before anything is allocated.
+        int64_t n = 1;
+        for (int64_t d : shape) {
+          FN_CHECK(d >= 0 && (d == 0 || n <= kMaxCollectiveFloats / d), "tensor parallel: {} sent a collective of {}",
+                   who, fmt::join(shape, " x "));
+          n *= d;
+        }
+        FN_CHECK(
+            out_width >= 0 && (op == Op::AllReduceSum ||
+                               (shape.size() == 2 && (shape[0] == 0 || out_width <= kMaxCollectiveFloats / shape[0]))),
+            "tensor parallel: {} sent a gather of {} into {} columns", who, fmt::join(shape, " x "), out_width);
         in = host_f32(Shape(shape.begin(), shape.end()));
         link.recv_into(bytes_of(in));
         if (op == Op::AllGatherColumns) {
           FN_CHECK(in.rank() == 2, "tensor parallel: {}: all_gather_columns of {}", who, in.str());
           out = host_f32({in.dim(0), out_width});
         }
-      } catch (const Error& e) {  // the rank's node failed or left: the group fails with that reason
+      } catch (const std::exception& e) {  // the rank's node failed or left (or sent nonsense): the group fails
         comm.abort(fmt::format("{} left the group ({})", who, e.what()));
         return;
       }
@@ -251,7 +283,7 @@ class Proxies {
         } else {
           comm.all_gather_columns(in, out);
         }
-      } catch (const Error& e) {  // the group failed: tell the rank why, and stop
+      } catch (const std::exception& e) {  // the group failed: tell the rank why, and stop
         try {
           WireWriter w;
           w.put(uint8_t(Status::Failed)).put(std::string(e.what()));
@@ -273,6 +305,7 @@ class Proxies {
   }
 
   std::shared_ptr<NodeGroup> group_;
+  std::vector<std::shared_ptr<Communicator>> comms_;  ///< the whole CPU group, every rank's
   std::vector<std::unique_ptr<Link>> links_;
   std::vector<std::thread> threads_;
 };

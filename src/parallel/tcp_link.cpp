@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <boost/asio/connect.hpp>
@@ -33,7 +34,7 @@ std::string endpoint_str(const tcp::endpoint& e) {
 struct Link::Impl {
   explicit Impl(tcp::socket s) : socket(std::move(s)) {}
   tcp::socket socket;
-  std::atomic<bool> down{false};
+  std::atomic<bool> read_down{false}, write_down{false};  ///< ended by shutdown() / stop_reading()
 };
 
 Link::Link(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
@@ -72,15 +73,15 @@ void Link::send(std::span<const uint8_t> bytes) {
   std::array<asio::const_buffer, 2> bufs{asio::buffer(&n, sizeof n), asio::buffer(bytes.data(), bytes.size())};
   boost::system::error_code ec;
   asio::write(impl_->socket, bufs, ec);
-  if (ec || impl_->down)
-    fail("connection to {}: {}", peer_, impl_->down ? std::string("shut down") : "send failed: " + ec.message());
+  if (ec || impl_->write_down)
+    fail("connection to {}: {}", peer_, impl_->write_down ? std::string("shut down") : "send failed: " + ec.message());
 }
 
 uint64_t Link::recv_length() {
   uint64_t n = 0;
   boost::system::error_code ec;
   asio::read(impl_->socket, asio::buffer(&n, sizeof n), ec);
-  if (impl_->down) fail("connection to {}: shut down", peer_);
+  if (impl_->read_down) fail("connection to {}: shut down", peer_);
   if (ec == asio::error::eof) fail("connection to {}: the other end closed it", peer_);
   if (ec) fail("connection to {}: receive failed: {}", peer_, ec.message());
   return n;
@@ -88,13 +89,13 @@ uint64_t Link::recv_length() {
 
 std::vector<uint8_t> Link::recv(uint64_t max_bytes) {
   const uint64_t n = recv_length();
-  FN_CHECK(n <= max_bytes, "connection to {}: a frame of {} bytes announced, at most {} expected", peer_, n,
-           max_bytes);
+  FN_CHECK(n <= max_bytes, "connection to {}: a frame of {} bytes announced, at most {} expected", peer_, n, max_bytes);
   std::vector<uint8_t> out(static_cast<size_t>(n));
   boost::system::error_code ec;
   asio::read(impl_->socket, asio::buffer(out), ec);
-  if (ec || impl_->down)
-    fail("connection to {}: {}", peer_, impl_->down ? std::string("shut down") : "receive failed: " + ec.message());
+  if (ec || impl_->read_down)
+    fail("connection to {}: {}", peer_,
+         impl_->read_down ? std::string("shut down") : "receive failed: " + ec.message());
   return out;
 }
 
@@ -103,12 +104,24 @@ void Link::recv_into(std::span<uint8_t> out) {
   FN_CHECK(n == out.size(), "connection to {}: a frame of {} bytes arrived, {} expected", peer_, n, out.size());
   boost::system::error_code ec;
   asio::read(impl_->socket, asio::buffer(out.data(), out.size()), ec);
-  if (ec || impl_->down)
-    fail("connection to {}: {}", peer_, impl_->down ? std::string("shut down") : "receive failed: " + ec.message());
+  if (ec || impl_->read_down)
+    fail("connection to {}: {}", peer_,
+         impl_->read_down ? std::string("shut down") : "receive failed: " + ec.message());
+}
+
+void Link::stop_reading() {
+  impl_->read_down = true;
+  ::shutdown(impl_->socket.native_handle(), SHUT_RD);
+}
+
+bool Link::wait_readable(double timeout_s) {
+  pollfd p{impl_->socket.native_handle(), POLLIN, 0};
+  return ::poll(&p, 1, int(std::clamp(timeout_s * 1000.0, 0.0, 2.0e9))) > 0;
 }
 
 void Link::shutdown() {
-  impl_->down = true;
+  impl_->read_down = true;
+  impl_->write_down = true;
   // The system call, not the socket object's: it may run while another thread is blocked in a read on the socket.
   ::shutdown(impl_->socket.native_handle(), SHUT_RDWR);
 }

@@ -33,9 +33,14 @@ class Link {
   std::vector<uint8_t> recv(uint64_t max_bytes = uint64_t(1) << 36);
   /// Receives one frame into `out` (its size must be the frame's: an Error otherwise).
   void recv_into(std::span<uint8_t> out);
+  /// Waits up to `timeout_s` seconds for bytes to read (or the end of the connection). False when none came.
+  bool wait_readable(double timeout_s);
   /// Ends the connection in both directions: a send or recv blocked in another thread returns with an Error, the
   /// peer's reads end. Safe to call from any thread, more than once.
   void shutdown();
+  /// Ends the reading direction only: a recv blocked in another thread returns with an Error; sends still work (a
+  /// last message can still go out). Safe from any thread.
+  void stop_reading();
   /// "address:port" of the other end.
   const std::string& peer() const { return peer_; }
 

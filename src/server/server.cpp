@@ -506,6 +506,9 @@ class Session {
     return !finished;
   }
 
+  /// The HTTP status of the response as it stands: 200, or the error's once the request has failed.
+  int status() const { return error_.empty() ? 200 : error_status_; }
+
   /// Called when the response has ended (HttpResponse::on_end); `sent` false: the client went away or a write
   /// failed, and the request is cancelled (its sequences leave the engine and free their memory).
   void ended(bool sent) {
@@ -1062,6 +1065,9 @@ HttpResponse Server::Impl::handle_generation(const HttpRequest& req, Endpoint en
   res.headers = {{"Content-Type", stream ? "text/event-stream" : "application/json"}, {"Cache-Control", "no-cache"}};
   res.stream = [session](std::string& out) { return session->pump(out); };
   res.on_end = [session](bool sent) { session->ended(sent); };
+  // A non-streaming request that failed before its first heartbeat answers with its error status (as vLLM does);
+  // a stream has said 200 with its first event and reports errors in the stream.
+  if (!stream) res.status_before_head = [session] { return session->status(); };
   return res;
 }
 
@@ -1087,7 +1093,11 @@ void Server::Impl::install_routes() {
     }
     return json_response(200, {{"object", "list"}, {"data", data}});
   };
-  get_routes["/health"] = [](HttpRequest&) { return HttpResponse{}; };
+  get_routes["/health"] = [this](HttpRequest&) {
+    if (const std::string why = options.failure ? options.failure() : std::string(); !why.empty())
+      return json_response(503, error_body(503, "the engine cannot serve: " + why));
+    return HttpResponse{};
+  };
   get_routes["/version"] = [this](HttpRequest&) { return json_response(200, {{"version", options.version}}); };
   get_routes["/metrics"] = [this](HttpRequest&) {
     const SchedulerStats s = scheduler.stats();

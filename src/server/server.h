@@ -43,6 +43,7 @@
 // with status "failed" and its `error`).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -97,6 +98,10 @@ struct ServerOptions {
   bool strict_requests = false;
   CorsOptions cors;     ///< no allowed origin (default): no CORS headers, no preflights
   std::string version;  ///< GET /version's "version" (`flashnext serve`: git describe of the build)
+  /// Why the engine cannot serve any more (empty: it can), asked by GET /health, which then answers 503 with it
+  /// (vLLM's /health when the engine is dead): a tensor-parallel group over several nodes that failed
+  /// (Model::failure). Unset: always healthy.
+  std::function<std::string()> failure;
 };
 
 /// The default body limit: 1 MiB plus 32 bytes per token of the context, enough for a prompt of max_model_len tokens

@@ -3,6 +3,8 @@
 // process (the links are real TCP connections over loopback). The leader's CPU group sums every rank's values in
 // rank order, so TP N over nodes gives the same bits as TP N in one process; a node that fails or leaves fails the
 // group with an Error on every node, never a hang.
+#include "parallel/node_group.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,7 +14,6 @@
 #include "batched_greedy.h"
 #include "core/error.h"
 #include "fixture.h"
-#include "parallel/node_group.h"
 #include "parallel/rank_threads.h"
 
 namespace flashnext::test {
@@ -177,7 +178,81 @@ TEST(NodeCommunicator, TheLeadersFailureReachesTheFollowerWithItsReason) {
   EXPECT_TRUE(contains(errors[1], "the leader broke")) << errors[1];
 }
 
+// Node 0's communicators go away while node 1's rank waits in a collective (node 1 ran a step node 0 did not): the
+// proxy leaves the group's barrier, node 1's collective fails with the reason, and nothing hangs.
+TEST(NodeCommunicator, NodeZeroLeavingEndsAFollowersCollective) {
+  auto groups = make_groups(2, 2);
+  auto leader = make_node_communicators(groups[0]);
+  auto follower = make_node_communicators(groups[1]);
+  std::string error;
+  std::thread t([&] {
+    auto ops = make_cpu_ops(1);
+    Tensor x = ops->zeros({16});
+    try {
+      follower[0]->all_reduce_sum(x);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // node 1's tensor reaches its proxy
+  leader.clear();                                               // node 0's ranks and proxies go away
+  t.join();
+  EXPECT_TRUE(contains(error, "node 0 closed the group")) << error;
+}
+
+// A collective header that announces an impossible size fails the group with an Error naming the rank (nothing is
+// allocated for it, no crash).
+TEST(NodeCommunicator, ANonsenseHeaderFailsTheGroupNamingTheRank) {
+  auto groups = make_groups(2, 2);
+  auto leader = make_node_communicators(groups[0]);
+  std::unique_ptr<Link> link = groups[1]->take_rank_link(1);  // node 1's rank link, written by hand
+  WireWriter w;
+  w.put(uint8_t(1)).put(std::vector<int64_t>{-1}).put(int64_t(0));
+  link->send(w.bytes());
+  auto ops = make_cpu_ops(1);
+  Tensor x = ops->zeros({4});
+  try {
+    leader[0]->all_reduce_sum(x);
+    FAIL() << "a collective with a nonsense peer returned";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "rank 1 on node 1 (rank 1) left the group") && contains(e.what(), "-1")) << e.what();
+  }
+}
+
 // ------------------------------------------------------------------------------------------ rendezvous
+
+// Connections that are not nodes (a port probe that says nothing, one that sends junk and closes) are dropped; the
+// group is made with the real node.
+TEST(Rendezvous, PortProbesAreIgnored) {
+  const int port = free_port();
+  std::shared_ptr<NodeGroup> g0, g1;
+  std::string e0, e1;
+  std::thread leader([&] {
+    try {
+      g0 = rendezvous({2, 0, "127.0.0.1", port, 30}, 2, "x");
+    } catch (const Error& e) {
+      e0 = e.what();
+    }
+  });
+  auto silent = Link::connect("127.0.0.1", port, 10, "probe");
+  {
+    auto junk = Link::connect("127.0.0.1", port, 10, "probe");
+    const std::vector<uint8_t> bytes{1, 2, 3};
+    junk->send(bytes);
+  }
+  std::thread follower([&] {
+    try {
+      g1 = rendezvous({2, 1, "127.0.0.1", port, 30}, 2, "x");
+    } catch (const Error& e) {
+      e1 = e.what();
+    }
+  });
+  leader.join();
+  follower.join();
+  EXPECT_EQ(e0, "");
+  EXPECT_EQ(e1, "");
+  EXPECT_TRUE(g0 && g1);
+}
 
 TEST(Rendezvous, OtherSettingsOnANodeFailBothEndsNamingBoth) {
   const int port = free_port();
@@ -333,8 +408,7 @@ TEST_P(TpOverNodes, GivesTheBitsOfOneProcess) {
   for (const auto& e : nodes.errors) EXPECT_EQ(e, "");
 }
 
-INSTANTIATE_TEST_SUITE_P(Degrees, TpOverNodes,
-                         ::testing::Values(std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 4}),
+INSTANTIATE_TEST_SUITE_P(Degrees, TpOverNodes, ::testing::Values(std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 4}),
                          [](const auto& info) {
                            return "tp" + std::to_string(info.param.first) + "_nodes" +
                                   std::to_string(info.param.second);

@@ -34,14 +34,14 @@ struct Model::Rank {
 // before running it; a follower runs the same public method on its ranks (Model::follow). Both make the same cache
 // pools in the same order, so pools are named by CachePool::id; a sequence travels as its host fields.
 enum class NodeCall : uint8_t {
-  NewCache = 1,     // num_blocks, block_size, num_slots
-  NewSequence,      // pool id, slot
-  NewPrivate,       // (new_sequence())
-  CloneSequence,    // sequence
-  CopySequence,     // from, to
-  CopyStateSlot,    // pool id, from slot, to slot
-  ForwardBatch,     // items: sequence, ids, mode
-  End,              // the leader's model is gone
+  NewCache = 1,   // num_blocks, block_size, num_slots
+  NewSequence,    // pool id, slot
+  NewPrivate,     // (new_sequence())
+  CloneSequence,  // sequence
+  CopySequence,   // from, to
+  CopyStateSlot,  // pool id, from slot, to slot
+  ForwardBatch,   // items: sequence, ids, mode
+  End,            // the leader's model is gone
 };
 
 struct Model::Nodes {
@@ -105,6 +105,16 @@ Model::~Model() {
   }
 }
 
+std::string Model::failure() const {
+  std::lock_guard lock(failure_mu_);
+  return failure_;
+}
+
+void Model::set_failure(const std::string& why) const {
+  std::lock_guard lock(failure_mu_);
+  if (failure_.empty()) failure_ = why;
+}
+
 bool Model::leads() const {
   return !nodes_ || nodes_->group->leader();
 }
@@ -128,7 +138,10 @@ void Model::send_call(const std::vector<uint8_t>& message) const {
       link.send(head.bytes());
       link.send(message);
     } catch (const Error& e) {
-      fail("tensor parallel: {} of the group is gone ({}); restart every node", nodes_->group->describe(n), e.what());
+      const std::string why = fmt::format("tensor parallel: {} of the group is gone ({}); restart every node",
+                                          nodes_->group->describe(n), e.what());
+      set_failure(why);
+      throw Error(why);
     }
   }
 }
@@ -237,8 +250,8 @@ void Model::make_ranks(const TpPlan& plan, const ModelOptions& options) {
   std::vector<std::shared_ptr<Communicator>> comms;
   int first = 0, local = tp;  // this process's ranks
   const bool several_nodes = options.nodes && options.nodes->nnodes() > 1;
-  const std::string flag = several_nodes ? fmt::format("--tp {} --nnodes {}", tp, options.nodes->nnodes())
-                                         : fmt::format("--tp {}", tp);
+  const std::string flag =
+      several_nodes ? fmt::format("--tp {} --nnodes {}", tp, options.nodes->nnodes()) : fmt::format("--tp {}", tp);
   if (several_nodes) {
     const NodeGroup& g = *options.nodes;
     FN_CHECK(g.world() == tp, "{}: the node group has {} ranks", flag, g.world());
@@ -339,8 +352,8 @@ std::unique_ptr<Model> Model::random(const ModelConfig& config, const ModelOptio
   std::vector<RandomWeightsReport> reports(m->ranks_.size());
   m->threads_->run([&](int r) {
     Rank& rk = *m->ranks_[size_t(r)];
-    rk.weights = std::make_unique<ModelWeights>(
-        random_weights(m->config_, *rk.ops, seed, &reports[size_t(r)], &plan, rk.index));
+    rk.weights =
+        std::make_unique<ModelWeights>(random_weights(m->config_, *rk.ops, seed, &reports[size_t(r)], &plan, rk.index));
   });
   if (report) {
     *report = reports[0];
@@ -354,13 +367,19 @@ namespace {
 constexpr int64_t kPrivateBlockIndexerBlocks = 16;
 }  // namespace
 
-std::shared_ptr<CachePool> Model::allocate_cache(int64_t num_blocks, int64_t block_size, int64_t num_slots,
-                                                 bool with_states) const {
-  const ModelConfig& mc = config_;
-  FN_CHECK(num_blocks >= 0 && block_size >= 1 && num_slots >= 1 && block_size % mc.indexer_compress_ratio == 0,
+void Model::check_cache_shape(int64_t num_blocks, int64_t block_size, int64_t num_slots) const {
+  FN_CHECK(num_blocks >= 0 && block_size >= 1 && num_slots >= 1 && block_size % config_.indexer_compress_ratio == 0,
            "cache pool: {} blocks of {} positions and {} slots (need slots >= 1 and a block size that is a multiple "
            "of the indexer block, indexer_compress_ratio = {})",
-           num_blocks, block_size, num_slots, mc.indexer_compress_ratio);
+           num_blocks, block_size, num_slots, config_.indexer_compress_ratio);
+  FN_CHECK(num_blocks <= std::numeric_limits<int32_t>::max() / block_size,
+           "cache pool: {} blocks of {} positions = {} rows, more than the int32 row ids of the kernels allow",
+           num_blocks, block_size, num_blocks * block_size);
+}
+
+std::shared_ptr<CachePool> Model::allocate_cache(int64_t num_blocks, int64_t block_size, int64_t num_slots,
+                                                 bool with_states) const {
+  check_cache_shape(num_blocks, block_size, num_slots);
   std::shared_ptr<CachePool> pool;
   if (nodes_ && nodes_->group->leader()) {  // the other nodes hold theirs until the leader lets go of it
     pool = std::shared_ptr<CachePool>(new CachePool, [released = nodes_->released](CachePool* p) {
@@ -379,9 +398,6 @@ std::shared_ptr<CachePool> Model::allocate_cache(int64_t num_blocks, int64_t blo
   pool->num_blocks = num_blocks;
   pool->num_slots = num_slots;
   const int64_t rows = num_blocks * block_size;
-  FN_CHECK(rows <= std::numeric_limits<int32_t>::max(),
-           "cache pool: {} blocks of {} positions = {} rows, more than the int32 row ids of the kernels allow",
-           num_blocks, block_size, rows);
   for (const auto& rank : ranks_) {
     const ModelConfig& c = rank->config;  // the rank's heads
     Ops& ops = *rank->ops;
@@ -410,8 +426,8 @@ std::shared_ptr<CachePool> Model::allocate_cache(int64_t num_blocks, int64_t blo
 std::shared_ptr<CachePool> Model::new_cache(int64_t num_blocks, int64_t block_size, int64_t num_slots) const {
   const CallScope scope(call_depth_);
   FN_CHECK(num_blocks >= 1, "cache pool: {} KV blocks requested, at least 1 is needed", num_blocks);
-  if (sends_calls())
-    send_call(call_message(NodeCall::NewCache).put(num_blocks).put(block_size).put(num_slots).bytes());
+  check_cache_shape(num_blocks, block_size, num_slots);  // here, so that a bad size is not sent to the other nodes
+  if (sends_calls()) send_call(call_message(NodeCall::NewCache).put(num_blocks).put(block_size).put(num_slots).bytes());
   return allocate_cache(num_blocks, block_size, num_slots, /*with_states=*/true);
 }
 
@@ -477,6 +493,9 @@ void Model::reserve_private(SequenceState& seq, int64_t length) const {
 
 SequenceState Model::clone_sequence(const SequenceState& seq) const {
   const CallScope scope(call_depth_);
+  FN_CHECK(
+      seq.cache && seq.cache->ranks.size() == ranks_.size() && int64_t(seq.cache->ranks[0].size()) == cache_layers(),
+      "clone_sequence: the sequence was not made by this model");
   if (sends_calls()) {
     WireWriter w = call_message(NodeCall::CloneSequence);
     put_sequence(w, seq);
@@ -627,6 +646,20 @@ Tensor Model::forward_batch(std::span<const BatchItem> items, std::vector<int64_
     }
     send_call(w.bytes());
   }
+  if (!nodes_) return run_step(items, row_offsets, hook, wide_residual);
+  try {
+    return run_step(items, row_offsets, hook, wide_residual);
+  } catch (const std::exception& e) {
+    // The other nodes run (or ran) this step: the group fails for good, so that no collective waits for this node's
+    // ranks and no later step meets a stale one (docs/ENGINE.md "Several processes").
+    set_failure(e.what());
+    for (auto& rk : ranks_) rk->comm->abort(e.what());
+    throw;
+  }
+}
+
+Tensor Model::run_step(std::span<const BatchItem> items, std::vector<int64_t>* row_offsets, const HiddenHook& hook,
+                       Tensor* wide_residual) {
   if (items[0].seq->private_cache) reserve_private(*items[0].seq, items[0].seq->length + int64_t(items[0].ids.size()));
 
   // The step's layout (rows, positions, block tables, slots), the same for every rank.

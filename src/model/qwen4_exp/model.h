@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -141,6 +142,9 @@ class Model {
   /// Error at once on the leader and without a node group. A call that fails here (a backend error, a collective
   /// that another node ended) throws its Error: the group has failed and every node must be restarted.
   void follow();
+  /// Why this model cannot run steps any more (empty: it can): set when a tensor-parallel group over several nodes
+  /// failed (a step that failed on any node, a node that is gone), which is final. Thread-safe.
+  std::string failure() const;
   /// What the ranks' collectives go through (Communicator::kind: "single", "cpu threads", "nccl", ...).
   std::string communicator_kind() const;
   /// Calls `observer` with every MoE block's router choice of the steps that follow (empty: none); a measurement
@@ -238,7 +242,7 @@ class Model {
   std::vector<float> download(const Tensor& t) const;
 
  private:
-  struct Rank;  // one tensor-parallel rank: its geometry, backend, weights and communicator (model.cpp)
+  struct Rank;   // one tensor-parallel rank: its geometry, backend, weights and communicator (model.cpp)
   struct Nodes;  // the other processes of a group over several nodes: calls sent or received, pools by id (model.cpp)
   Model();
   /// On the leader of a group over several nodes, when this is the outermost call of the public method being run
@@ -252,8 +256,14 @@ class Model {
   /// `num_slots` zeroed state slots (without: the caller moves existing state tensors in); every rank's part.
   std::shared_ptr<CachePool> allocate_cache(int64_t num_blocks, int64_t block_size, int64_t num_slots,
                                             bool with_states) const;
+  /// Throws Error for a cache pool's sizes that allocate_cache cannot make (naming them).
+  void check_cache_shape(int64_t num_blocks, int64_t block_size, int64_t num_slots) const;
   /// Grows a private cache so that `seq` has blocks for `length` positions.
   void reserve_private(SequenceState& seq, int64_t length) const;
+  /// A validated step (forward_batch after its checks and the call sent to the other nodes): the host work, then
+  /// every rank of this process.
+  Tensor run_step(std::span<const BatchItem> items, std::vector<int64_t>* row_offsets, const HiddenHook& hook,
+                  Tensor* wide_residual);
   /// Rank `rank`'s part of a validated step (forward_batch): the layers over its shards, the collectives with the
   /// other ranks; returns the full logits [rows(keep), vocab] on its device.
   Tensor forward_rank(int rank, std::span<const BatchItem> items, std::span<const StepSequence> parts,
@@ -268,8 +278,12 @@ class Model {
   /// rank ranks_[i]->index, and a cache pool's ranks[i] is ranks_[i]'s part.
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::unique_ptr<Nodes> nodes_;
-  mutable int call_depth_ = 0;        ///< public calls in progress (CallScope)
+  mutable int call_depth_ = 0;         ///< public calls in progress (CallScope)
   mutable uint64_t next_pool_id_ = 1;  ///< the id of the next cache pool (the same sequence on every node)
+  /// Model::failure (a group over several nodes that failed); guarded by failure_mu_.
+  mutable std::string failure_;
+  mutable std::mutex failure_mu_;
+  void set_failure(const std::string& why) const;
   std::unique_ptr<RankThreads> threads_;
   RouterObserver router_observer_;
 };

@@ -104,7 +104,10 @@ void nccl_check(ncclResult_t r, const char* what) {
 /// `first_rank` on; its failure is final (the other processes would have to make the group anew at the same time).
 struct NcclGroup {
   NcclGroup(std::vector<int> gpus, int world_size, int first, std::vector<uint8_t> id)
-      : devices(std::move(gpus)), world(world_size), first_rank(first), unique_id(std::move(id)),
+      : devices(std::move(gpus)),
+        world(world_size),
+        first_rank(first),
+        unique_id(std::move(id)),
         comms(devices.size()) {
     init();
   }
@@ -122,14 +125,19 @@ struct NcclGroup {
     }
     ncclUniqueId id;
     std::memcpy(&id, unique_id.data(), sizeof id);
+    // Every process's ranks call ncclCommInitRank with the same id; it returns once all of them did (NCCL's
+    // bootstrap: a node that never comes leaves the others waiting here, see docs/ENGINE.md).
     nccl_check(nccl().GroupStart(), "ncclGroupStart");
     ncclResult_t r = ncclSuccess;
-    for (size_t i = 0; i < comms.size() && r == ncclSuccess; ++i) {
-      FN_CUDA_CHECK(cudaSetDevice(devices[i]), "tensor parallel (cudaSetDevice)");
-      r = nccl().CommInitRank(&comms[i], world, id, first_rank + int(i));
+    cudaError_t device_error = cudaSuccess;
+    for (size_t i = 0; i < comms.size() && r == ncclSuccess && device_error == cudaSuccess; ++i) {
+      device_error = cudaSetDevice(devices[i]);
+      if (device_error == cudaSuccess) r = nccl().CommInitRank(&comms[i], world, id, first_rank + int(i));
     }
-    nccl_check(nccl().GroupEnd(), "ncclCommInitRank (ncclGroupEnd)");
+    const ncclResult_t end = nccl().GroupEnd();  // the group is ended whatever failed inside it
+    FN_CUDA_CHECK(device_error, "tensor parallel (cudaSetDevice)");
     nccl_check(r, "ncclCommInitRank");
+    nccl_check(end, "ncclCommInitRank (ncclGroupEnd)");
   }
   void abort_all() {
     std::lock_guard lock(mu);
@@ -307,9 +315,9 @@ std::vector<std::shared_ptr<Communicator>> make_nccl_communicators(const std::ve
                                                                    const std::vector<uint8_t>& unique_id, int world,
                                                                    int first_rank) {
   FN_CHECK(!ops.empty(), "tensor parallel: an NCCL group needs at least one rank");
-  FN_CHECK(unique_id.empty() ? world == int(ops.size()) && first_rank == 0
-                             : unique_id.size() == sizeof(ncclUniqueId) && first_rank >= 0 &&
-                                   first_rank + int(ops.size()) <= world,
+  FN_CHECK(unique_id.empty()
+               ? world == int(ops.size()) && first_rank == 0
+               : unique_id.size() == sizeof(ncclUniqueId) && first_rank >= 0 && first_rank + int(ops.size()) <= world,
            "tensor parallel: an NCCL group of {} ranks with {} of them here from rank {} and a unique id of {} bytes "
            "(ncclGetUniqueId makes {})",
            world, ops.size(), first_rank, unique_id.size(), sizeof(ncclUniqueId));
