@@ -14,6 +14,10 @@ echo "test: OpenAI server through the openai Python client (pytest)" >&2
 # The soak test (tests/server/test_soak.py) runs 20 s by default; CI gives it three minutes (issue 18).
 if [ -n "${CI:-}" ]; then export FLASHNEXT_SOAK_SECONDS=${FLASHNEXT_SOAK_SECONDS:-180}; fi
 bash tests/server/run.sh
+echo "test: the serving tests again with the model split over two tensor-parallel ranks (serve --tp 2)" >&2
+FLASHNEXT_TEST_SERVE_ARGS="--tp 2" FLASHNEXT_BIN="${FLASHNEXT_BIN:-$PWD/${BUILD_DIR:-build}/flashnext}" \
+  .venv/bin/python -m pytest -q -p no:cacheprovider tests/server/test_serving.py tests/server/test_openai_api.py \
+  tests/server/test_reference.py
 
 echo "test: request fuzzing (libFuzzer, ASan + UBSan, ${FUZZ_SECONDS:-60} s per target)" >&2
 bash scripts/fuzz.sh

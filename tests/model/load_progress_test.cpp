@@ -47,7 +47,9 @@ TEST(LoadProgress, GrowsToTheBytesOfTheLanguageModelTensors) {
                        tensor_bytes(dir + "/model-00002-of-00002.safetensors");
   for (size_t i = 0; i < calls.size(); ++i) {
     EXPECT_EQ(calls[i].second, want) << "call " << i;
-    if (i) EXPECT_GE(calls[i].first, calls[i - 1].first) << "call " << i;
+    if (i) {
+      EXPECT_GE(calls[i].first, calls[i - 1].first) << "call " << i;
+    }
   }
   EXPECT_EQ(calls.back().first, want);
   // Before the last call, the tensors loaded one by one account for nearly everything (only the PLE hash buffers,

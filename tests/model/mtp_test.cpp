@@ -68,7 +68,9 @@ TEST(Mtp, LogitsMatchTheReference) {
     const std::vector<float> row = model.download(d.logits);
     const float* want_row = draft_logits.data() + int64_t(k) * V;
     draft_err = std::max(draft_err, max_abs_diff(row.data(), want_row, size_t(V)));
-    if (top2_gap(want_row, V) > 2 * kMtpLogitTol) EXPECT_EQ(argmax(row.data(), V), drafts[k]) << "draft " << k;
+    if (top2_gap(want_row, V) > 2 * kMtpLogitTol) {
+      EXPECT_EQ(argmax(row.data(), V), drafts[k]) << "draft " << k;
+    }
     state = d.wide;
   }
   EXPECT_LE(draft_err, kMtpLogitTol);

@@ -182,7 +182,9 @@ TEST(TpPlan, ReleasedGeometryIsPartitionedExactly) {
         EXPECT_TRUE(i / v_per_k >= s.gdn.groups.begin && i / v_per_k < s.gdn.groups.end);
       for (int64_t h = s.attn.heads.begin; h < s.attn.heads.end; ++h)
         EXPECT_TRUE(h / q_per_kv >= s.attn.groups.begin && h / q_per_kv < s.attn.groups.end);
-      if (world > cfg.num_key_value_heads) EXPECT_EQ(s.attn.groups.size(), 1);  // replicated KV head
+      if (world > cfg.num_key_value_heads) {
+        EXPECT_EQ(s.attn.groups.size(), 1);  // replicated KV head
+      }
       const ModelConfig rc = plan.rank_config(r);
       EXPECT_EQ(rc.linear_num_value_heads * world, cfg.linear_num_value_heads);
       EXPECT_EQ(rc.num_attention_heads * world, cfg.num_attention_heads);

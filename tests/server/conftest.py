@@ -3,12 +3,15 @@ until it answers /health, give its base URL, and stop it (SIGTERM, then SIGKILL)
 
 The binary is $FLASHNEXT_BIN (default: build/flashnext of the source tree). The model is the bundled
 models/tiny-b-random (random weights: the text is gibberish, but greedy output is deterministic).
+$FLASHNEXT_TEST_SERVE_ARGS (e.g. "--tp 2") is added to every server's options, except where a test sets --tp itself:
+scripts/test.sh runs the serving tests again with the model split over two tensor-parallel ranks.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -32,7 +35,10 @@ class Server:
     def __init__(self, *args: str, model: Path = BUNDLED, env: dict | None = None):
         if not BIN.exists():
             pytest.fail(f"{BIN} does not exist: build the flashnext target or set FLASHNEXT_BIN")
-        cmd = [str(BIN), "serve", "--model", str(model), "--host", "127.0.0.1", "--port", "0", *args]
+        extra = shlex.split(os.environ.get("FLASHNEXT_TEST_SERVE_ARGS", ""))
+        if "--tp" in args:
+            extra = []
+        cmd = [str(BIN), "serve", "--model", str(model), "--host", "127.0.0.1", "--port", "0", *args, *extra]
         self.log: list[str] = []
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, **(env or {})})
