@@ -146,6 +146,29 @@ TEST(Speculative, GreedyOutputEqualsPlainDecoding) {
   }
 }
 
+// MTP drafts under tensor parallelism (the MTP layer split over the ranks like a trunk layer): greedy output equal to
+// plain decoding of the same model for K = 1, 3, 8, and drafts accepted at the rate TP 1 accepts them.
+TEST(Speculative, MtpUnderTensorParallelismEqualsPlainDecoding) {
+  Model& one = test::shared_model(kTinyMtp, true);
+  const std::vector<int32_t> prompt = prompt_for(one, 30, 0);
+  const int n = 40;
+  for (int tp : {2, 4}) {
+    ModelOptions o;
+    o.load_mtp = true;
+    o.tp = tp;
+    std::unique_ptr<Model> model = Model::load(test::source_path(kTinyMtp), o);
+    const std::vector<int32_t> plain = plain_greedy(*model, prompt, n);
+    EXPECT_EQ(plain, plain_greedy(one, prompt, n)) << "tp " << tp;
+    for (int k : {1, 3, 8}) {
+      const SpeculativeConfig cfg{SpeculativeConfig::Method::Mtp, k};
+      SpeculativeDecoder sd(*model, cfg), sd1(one, cfg);
+      EXPECT_EQ(spec_greedy(sd, *model, prompt, n), plain) << "tp " << tp << " " << cfg.str();
+      (void)spec_greedy(sd1, one, prompt, n);
+      EXPECT_EQ(sd.stats().accepted, sd1.stats().accepted) << "tp " << tp << " " << cfg.str();
+    }
+  }
+}
+
 // An oracle proposer that knows the greedy continuation and spoils every draft from index K/2 on: each verify
 // accepts exactly K/2 drafts, rolls back, and the output is still the plain one; without spoiling every draft is
 // accepted and nothing rolls back.

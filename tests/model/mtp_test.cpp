@@ -133,8 +133,57 @@ TEST(Mtp, BadUseFailsClearly) {
   ModelOptions o;
   o.load_mtp = true;
   expect_error([&] { Model::load(source_path("tests/data/fixtures/tiny-a/model"), o); }, "no mtp.* tensors");
-  o.tp = 2;
-  expect_error([&] { Model::load(source_path(kMtpModel), o); }, "does not run tensor-parallel");
+}
+
+// The MTP layer over 2 and 4 tensor-parallel ranks (its attention heads and every expert's intermediate split as a
+// trunk layer's, the hidden rows handed to every rank): TP 1's MTP logits up to the order of the row-parallel sums
+// (the TP bound of the trunk, 1e-5 of the largest logit), the reference's within kMtpLogitTol, and the same chained
+// drafts.
+TEST(Mtp, TensorParallelMatchesTp1AndTheReference) {
+  Reference ref("tiny-mtp");
+  Model& one = mtp_model();
+  const auto ids = ref.ids("prompt");
+  const auto next = as_i32(ref.i64("prompt.next_ids"));
+  const int64_t V = one.config().vocab_size;
+  auto mtp_logits = [&](Model& model, std::vector<int32_t>* drafts) {
+    SequenceState seq = model.new_sequence();
+    Tensor wide;
+    const BatchItem item{&seq, ids, LogitsMode::All};
+    model.forward_batch({&item, 1}, nullptr, {}, &wide);
+    Model::MtpOutput out = model.mtp_forward(seq, wide, next, LogitsMode::All);
+    std::vector<float> logits = model.download(out.logits);
+    // Three greedy drafts chained from the last row.
+    Tensor state = out.wide.rows(int64_t(ids.size()) - 1, int64_t(ids.size()));
+    int32_t d = int32_t(argmax(logits.data() + (int64_t(ids.size()) - 1) * V, V));
+    for (int k = 0; k < 3; ++k) {
+      drafts->push_back(d);
+      Model::MtpOutput o = model.mtp_forward(seq, state, {&d, 1});
+      const std::vector<float> row = model.download(o.logits);
+      logits.insert(logits.end(), row.begin(), row.end());
+      d = int32_t(argmax(row.data(), V));
+      state = o.wide;
+    }
+    return logits;
+  };
+  std::vector<int32_t> want_drafts;
+  const std::vector<float> want = mtp_logits(one, &want_drafts);
+  for (int tp : {2, 4}) {
+    ModelOptions o;
+    o.load_mtp = true;
+    o.tp = tp;
+    std::unique_ptr<Model> model = Model::load(source_path(kMtpModel), o);
+    ASSERT_TRUE(model->has_mtp());
+    std::vector<int32_t> drafts;
+    const std::vector<float> got = mtp_logits(*model, &drafts);
+    ASSERT_EQ(got.size(), want.size());
+    const double rel = max_abs_diff(got.data(), want.data(), got.size()) / max_abs(want);
+    const double ref_err = max_abs_diff(got.data(), ref.f32("prompt.mtp_logits").data(), ids.size() * size_t(V));
+    std::printf("[ mtp ] tp %d: |MTP - TP1| / max|TP1| %.3g, prompt rows against the reference %.3g\n", tp, rel,
+                ref_err);
+    EXPECT_LE(rel, 1e-5) << "tp " << tp;
+    EXPECT_LE(ref_err, kMtpLogitTol) << "tp " << tp;
+    EXPECT_EQ(drafts, want_drafts) << "tp " << tp;
+  }
 }
 
 // Snapshot, a detour of other tokens, restore, then the real tokens: the same logits, bit for bit, as feeding the

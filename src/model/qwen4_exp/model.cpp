@@ -303,8 +303,6 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   auto checkpoint = std::make_shared<const Checkpoint>(dir);
   const WeightManifest manifest = WeightManifest::build(m->config_, *checkpoint);
   if (options.load_mtp) {  // what can be told before the trunk loads
-    FN_CHECK(plan.world() == 1, "the MTP layer (speculative decoding) does not run tensor-parallel yet (--tp {})",
-             plan.world());
     FN_CHECK(has_mtp_tensors(manifest), "{}: the checkpoint has no mtp.* tensors: no MTP layer to draft with", dir);
     FN_CHECK(m->config_.mtp_num_hidden_layers >= 1,
              "{}: the checkpoint has mtp.* tensors but the config says mtp_num_hidden_layers = {}", m->config_.source,
@@ -333,6 +331,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
     Rank& rk = *m->ranks_[size_t(r)];
     rk.weights = std::make_unique<ModelWeights>(
         load_weights(m->config_, manifest, checkpoint, *rk.ops, progress, &plan, rk.index));
+    if (options.load_mtp) rk.weights->mtp = load_mtp_weights(m->config_, manifest, *rk.ops, &plan, rk.index);
   });
   return m;
 }
@@ -746,16 +745,7 @@ Tensor Model::forward_rank(int rank, std::span<const BatchItem> items, std::span
   // the ids of its vocabulary rows and the zero row after them for the others; the sum over ranks is the embedding.
   ops.profile_phase("embedding");
   Tensor X = ops.empty({T, c.hc_width()});
-  if (tp() == 1) {
-    ops.embedding(w.embed_tokens, ops.upload(all_ids.data(), DType::I32, {T}), X);
-  } else {
-    const IndexRange v = rk.shard.vocab;
-    std::vector<int32_t> local(all_ids.size());
-    for (size_t i = 0; i < local.size(); ++i)
-      local[i] = all_ids[i] >= v.begin && all_ids[i] < v.end ? int32_t(all_ids[i] - v.begin) : int32_t(v.size());
-    ops.embedding(w.embed_tokens, ops.upload(local.data(), DType::I32, {T}), X);
-    comm.all_reduce_sum(X);
-  }
+  embed(rk, all_ids, X);
   if (on_hidden) on_hidden(0, X);
 
   // Each sublayer's injection X += inj ⊗ out is handed to the next read (one op: Ops::hc_inject_read), and made on
@@ -809,15 +799,37 @@ Tensor Model::forward_rank(int rank, std::span<const BatchItem> items, std::span
     h = picked;
   }
   ops.profile_phase("lm_head");
-  Tensor logits = ops.empty({h.dim(0), c.vocab_size});
-  if (tp() == 1) {
-    ops.linear(h, w.lm_head, logits);
-  } else {  // the rank's vocabulary columns, gathered side by side in rank order
-    Tensor part = ops.empty({h.dim(0), w.lm_head.dim(0)});
-    ops.linear(h, w.lm_head, part);
-    comm.all_gather_columns(part, logits);
-  }
+  Tensor logits = lm_head(rk, h);
   ops.profile_phase(nullptr);
+  return logits;
+}
+
+void Model::embed(Rank& rk, std::span<const int32_t> ids, const Tensor& out) const {
+  Ops& ops = *rk.ops;
+  const int64_t T = int64_t(ids.size());
+  if (tp() == 1) {
+    ops.embedding(rk.weights->embed_tokens, ops.upload(ids.data(), DType::I32, {T}), out);
+    return;
+  }
+  // The rank's vocabulary rows, and the zero row after them for the others' ids; the sum over ranks is the lookup.
+  const IndexRange v = rk.shard.vocab;
+  std::vector<int32_t> local(ids.size());
+  for (size_t i = 0; i < local.size(); ++i)
+    local[i] = ids[i] >= v.begin && ids[i] < v.end ? int32_t(ids[i] - v.begin) : int32_t(v.size());
+  ops.embedding(rk.weights->embed_tokens, ops.upload(local.data(), DType::I32, {T}), out);
+  rk.comm->all_reduce_sum(out);
+}
+
+Tensor Model::lm_head(Rank& rk, const Tensor& h) const {
+  Ops& ops = *rk.ops;
+  Tensor logits = ops.empty({h.dim(0), config_.vocab_size});
+  if (tp() == 1) {
+    ops.linear(h, rk.weights->lm_head, logits);
+  } else {  // the rank's vocabulary columns, gathered side by side in rank order
+    Tensor part = ops.empty({h.dim(0), rk.weights->lm_head.dim(0)});
+    ops.linear(h, rk.weights->lm_head, part);
+    rk.comm->all_gather_columns(part, logits);
+  }
   return logits;
 }
 
@@ -856,42 +868,68 @@ Model::MtpOutput Model::mtp_forward(SequenceState& seq, const Tensor& hidden, st
              "mtp_forward: the sequence reaches MTP position {} but its block table covers {} blocks of {}", end - 1,
              seq.block_table.size(), bs);
   }
-  Rank& rk = *ranks_[0];
-  Ops& ops = *rk.ops;
-  const StepScope step(ops, T);
-  const MtpWeights& mw = *rk.weights->mtp;
-  const double eps = c.rms_norm_eps;
-  const StepSequence part{T, seq.mtp_length, seq.slot, seq.block_table};
-  const StepBatch batch = make_step_batch(ops, {&part, 1}, seq.cache->block_size);
-  LayerCache& lc = seq.cache->ranks[0][size_t(c.num_hidden_layers)];
+  // Every rank runs the layer over its shards (its query heads, its slice of every expert), in lock step through
+  // the collectives, as a trunk layer; callers see rank 0's outputs.
+  MtpOutput result;
+  threads_->run([&](int r) {
+    Rank& rk = *ranks_[size_t(r)];
+    Ops& ops = *rk.ops;
+    Communicator& comm = *rk.comm;
+    const ModelConfig& rc = rk.config;  // the rank's heads and intermediate widths
+    const StepScope step(ops, T);
+    const MtpWeights& mw = *rk.weights->mtp;
+    const double eps = c.rms_norm_eps;
+    const StepSequence part{T, seq.mtp_length, seq.slot, seq.block_table};
+    const StepBatch batch = make_step_batch(ops, {&part, 1}, seq.cache->block_size);
+    LayerCache& lc = seq.cache->ranks[size_t(r)][size_t(c.num_hidden_layers)];
 
-  ops.profile_phase("mtp");
-  // e = fc_embedding(ZC-RMSNorm(embed_tokens[next]))  [T, H]
-  Tensor e = ops.empty({T, H}), e_fc = ops.empty({T, H});
-  ops.embedding(rk.weights->embed_tokens, ops.upload(next_ids.data(), DType::I32, {T}), e);
-  ops.zc_rms_norm(e, mw.pre_fc_norm_embedding, H, eps, e);
-  ops.linear(e, mw.fc_embedding, e_fc);
-  // X_b = fc_hidden(ZC-RMSNorm over the full S*H width of hidden)_b, then + e on every stream (inject weight 1).
-  Tensor hn = ops.empty({T, W}), X = ops.empty({T, W});
-  ops.zc_rms_norm(hidden, mw.pre_fc_norm_hidden, W, eps, hn);
-  ops.linear(hn.view({T * S, H}), mw.fc_hidden, X.view({T * S, H}));
-  const std::vector<float> ones(size_t(T * S), 1.0f);
-  ops.hc_inject(X, e_fc, ops.upload(ones.data(), DType::F32, {T, S}));
-  // One QSA decoder layer with its own hyper-connections and MoE.
-  const LayerWeights& lw = mw.layer;
-  HcRead r = gated_residual_read(ops, X, lw.attn_hc, H, eps);
-  Tensor out = qsa_attention(ops, c, lw.qsa, lc, batch, r.u);
-  PendingInject pending{out, r.inj};
-  r = gated_residual_read(ops, X, pending, lw.mlp_hc, H, eps);
-  Tensor moe_out = moe_block(ops, c, lw.moe, r.u);
-  pending = {moe_out, r.inj};
-  Tensor h = hyper_connection_mixer(ops, X, pending, mw.mixer, H, eps);  // X: the MTP layer's pre-mixer wide state
-  if (mode == LogitsMode::Last && T > 1) h = h.rows(T - 1, T);
-  Tensor logits = ops.empty({h.dim(0), c.vocab_size});
-  ops.linear(h, rk.weights->lm_head, logits);
-  ops.profile_phase(nullptr);
+    ops.profile_phase("mtp");
+    // `hidden` is rank 0's; the other ranks receive it as the sum of it and their zeros (exact).
+    Tensor hid = hidden;
+    if (tp() > 1) {
+      hid = ops.empty({T, W});
+      if (rk.index == 0) {
+        ops.copy_rows(hidden, 0, hid, 0, T);
+      } else {
+        ops.fill_zero(hid);
+      }
+      comm.all_reduce_sum(hid);
+    }
+    // e = fc_embedding(ZC-RMSNorm(embed_tokens[next]))  [T, H]
+    Tensor e = ops.empty({T, H}), e_fc = ops.empty({T, H});
+    embed(rk, next_ids, e);
+    ops.zc_rms_norm(e, mw.pre_fc_norm_embedding, H, eps, e);
+    ops.linear(e, mw.fc_embedding, e_fc);
+    // X_b = fc_hidden(ZC-RMSNorm over the full S*H width of hidden)_b, then + e on every stream (inject weight 1).
+    Tensor hn = ops.empty({T, W}), X = ops.empty({T, W});
+    ops.zc_rms_norm(hid, mw.pre_fc_norm_hidden, W, eps, hn);
+    ops.linear(hn.view({T * S, H}), mw.fc_hidden, X.view({T * S, H}));
+    const std::vector<float> ones(size_t(T * S), 1.0f);
+    ops.hc_inject(X, e_fc, ops.upload(ones.data(), DType::F32, {T, S}));
+    // One QSA decoder layer with its own hyper-connections and MoE; a rank that sits QSA out adds zeros.
+    const LayerWeights& lw = mw.layer;
+    HcRead rd = gated_residual_read(ops, X, lw.attn_hc, H, eps);
+    Tensor out;
+    if (rc.num_attention_heads > 0) {
+      out = qsa_attention(ops, rc, lw.qsa, lc, batch, rd.u);
+    } else {
+      out = ops.empty({T, H});
+      ops.fill_zero(out);
+    }
+    comm.all_reduce_sum(out);
+    PendingInject pending{out, rd.inj};
+    rd = gated_residual_read(ops, X, pending, lw.mlp_hc, H, eps);
+    Tensor moe_out = moe_block(ops, rc, lw.moe, rd.u);
+    comm.all_reduce_sum(moe_out);
+    pending = {moe_out, rd.inj};
+    Tensor h = hyper_connection_mixer(ops, X, pending, mw.mixer, H, eps);  // X: the MTP layer's pre-mixer state
+    if (mode == LogitsMode::Last && T > 1) h = h.rows(T - 1, T);
+    Tensor logits = lm_head(rk, h);
+    ops.profile_phase(nullptr);
+    if (r == 0) result = {logits, X};
+  });
   seq.mtp_length = end;
-  return {logits, X};
+  return result;
 }
 
 Model::StateSnapshot Model::snapshot_state(const SequenceState& seq) const {

@@ -76,7 +76,8 @@ struct ModelOptions {
   double tp_timeout_s = 600;
   /// Also load the MTP layer (mtp.*, docs MODEL.md "MTP") for Model::mtp_forward, and give every cache pool one more
   /// QSA layer for it. Off: the mtp.* tensors are skipped and cost nothing. Throws Error (before the trunk loads)
-  /// when the checkpoint has no mtp.* tensors or the config no MTP layer, and with tp > 1 (not implemented).
+  /// when the checkpoint has no mtp.* tensors or the config no MTP layer, and over several nodes (not implemented).
+  /// Under tensor parallelism every rank holds its part of the layer (load_mtp_weights with the plan).
   bool load_mtp = false;
   /// Tensor parallelism over several processes (parallel/node_group.h, from rendezvous with world = tp): this process
   /// makes, loads and drives only its node's ranks (nodes->first_rank() onwards; rank_ops and the communicator
@@ -269,6 +270,11 @@ class Model {
   Tensor forward_rank(int rank, std::span<const BatchItem> items, std::span<const StepSequence> parts,
                       std::span<const int32_t> ids, const std::vector<std::vector<int64_t>>& ple_rows,
                       const std::vector<int32_t>& keep, const HiddenHook& hook, Tensor* wide_residual);
+  /// out = embed_tokens[ids] (F32 [T, H] or its S streams [T, S*H]) on rank `rk`: under tensor parallelism its
+  /// vocabulary rows, summed over the ranks (a collective).
+  void embed(Rank& rk, std::span<const int32_t> ids, const Tensor& out) const;
+  /// lm_head(h) F32 [rows, vocab] on rank `rk`: under tensor parallelism its vocabulary columns, gathered.
+  Tensor lm_head(Rank& rk, const Tensor& h) const;
   /// Layers of a cache pool: the decoder layers, plus one for the MTP layer when it is loaded.
   int64_t cache_layers() const;
 

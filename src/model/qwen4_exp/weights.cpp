@@ -253,7 +253,9 @@ bool has_mtp_tensors(const WeightManifest& manifest) {
   return false;
 }
 
-MtpWeights load_mtp_weights(const ModelConfig& cfg, const WeightManifest& manifest, Ops& ops) {
+MtpWeights load_mtp_weights(const ModelConfig& cfg, const WeightManifest& manifest, Ops& ops, const TpPlan* plan,
+                            int rank) {
+  if (plan && plan->world() == 1) plan = nullptr;
   std::map<std::string, const TensorView*> views;
   for (const ManifestEntry& e : manifest.extra())
     if (e.component == Component::Mtp) views[mtp_logical(e.name)] = &e.view;
@@ -276,9 +278,15 @@ MtpWeights load_mtp_weights(const ModelConfig& cfg, const WeightManifest& manife
     FN_CHECK(v.shape == e.shape, "{}: MTP tensor '{}' has shape {}, expected [{}] from the config {}", v.file, v.name,
              v.shape_str(), fmt::join(e.shape, ", "), cfg.source);
   }
-  auto get = [&](const std::string& name, Shape shape = {}) {
+  // The rank's part of an mtp.* tensor (the whole of it without a plan); undefined where the rank holds none.
+  auto get = [&](const std::string& name) {
     const TensorView& v = *views.at(name);
-    return ops.load_weight(v.data, v.dtype, shape.empty() ? Shape(v.shape) : shape);
+    const TensorSplit sp = plan ? plan->split(rank, name, v.shape) : TensorSplit{};
+    if (sp.split == Split::None) return Tensor();
+    if (sp.split == Split::Replicated) return ops.load_weight(v.data, v.dtype, Shape(v.shape));
+    std::vector<uint8_t> part;
+    Loader::slice(v.data, dtype_size(v.dtype), v.shape, sp, part);
+    return ops.load_weight(part.data(), v.dtype, sp.shape(v.shape));
   };
   auto hc = [&](const std::string& p, bool inject) {
     HcWeights w{get(p + ".hc_norm.weight"), get(p + ".input_mix_weight_down.weight"),
@@ -312,26 +320,36 @@ MtpWeights load_mtp_weights(const ModelConfig& cfg, const WeightManifest& manife
   q.q_norm = get(a + ".q_norm.weight");
   q.k_norm = get(a + ".k_norm.weight");
   const int64_t qi_rows = cfg.indexer_n_heads * cfg.indexer_head_dim;
-  const Tensor qk = get(a + ".indexer.index_qk_proj.weight");
-  q.index_q_proj = qk.rows(0, qi_rows);
-  q.index_k_proj = qk.rows(qi_rows, qi_rows + cfg.indexer_head_dim);
+  if (const Tensor qk = get(a + ".indexer.index_qk_proj.weight"); qk.defined()) {  // undefined: the rank sits it out
+    q.index_q_proj = qk.rows(0, qi_rows);
+    q.index_k_proj = qk.rows(qi_rows, qi_rows + cfg.indexer_head_dim);
+  }
   q.index_q_norm = get(a + ".indexer.q_layernorm.weight");
   q.index_k_norm = get(a + ".indexer.k_layernorm.weight");
   const std::string mp = p + ".mlp";
   const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, H = cfg.hidden_size;
+  // The rank's columns of every expert's intermediate (all of them without a plan).
+  const IndexRange inter = plan ? plan->rank(rank).moe_inter : IndexRange{0, I};
+  const int64_t Ir = inter.size();
   lw.moe.router = get(mp + ".gate.weight");
   {  // fused gate_up [E, 2I, H]: rows 0..I-1 of each expert are gate_proj, I..2I-1 up_proj (as the manifest slices)
     const TensorView& v = *views.at(mp + ".experts.gate_up_proj");
-    const size_t es = dtype_size(v.dtype), half = size_t(I * H) * es;
-    std::vector<uint8_t> gate(size_t(E) * half), up(size_t(E) * half);
+    const size_t es = dtype_size(v.dtype), row = size_t(H) * es, part = size_t(Ir) * row;
+    std::vector<uint8_t> gate(size_t(E) * part), up(size_t(E) * part);
     for (int64_t e = 0; e < E; ++e) {
-      std::memcpy(gate.data() + size_t(e) * half, v.data + size_t(e) * 2 * half, half);
-      std::memcpy(up.data() + size_t(e) * half, v.data + size_t(e) * 2 * half + half, half);
+      const uint8_t* expert = v.data + size_t(e) * 2 * size_t(I) * row;
+      std::memcpy(gate.data() + size_t(e) * part, expert + size_t(inter.begin) * row, part);
+      std::memcpy(up.data() + size_t(e) * part, expert + size_t(I + inter.begin) * row, part);
     }
-    lw.moe.gate = ops.load_weight(gate.data(), v.dtype, {E, I, H});
-    lw.moe.up = ops.load_weight(up.data(), v.dtype, {E, I, H});
+    lw.moe.gate = ops.load_weight(gate.data(), v.dtype, {E, Ir, H});
+    lw.moe.up = ops.load_weight(up.data(), v.dtype, {E, Ir, H});
   }
-  lw.moe.down = get(mp + ".experts.down_proj");
+  {  // fused down [E, H, I]: the rank's columns
+    const TensorView& v = *views.at(mp + ".experts.down_proj");
+    std::vector<uint8_t> down;
+    Loader::slice(v.data, dtype_size(v.dtype), v.shape, TensorSplit{Split::Columns, {inter}}, down);
+    lw.moe.down = ops.load_weight(down.data(), v.dtype, {E, H, Ir});
+  }
   lw.moe.shared_gate_proj = get(mp + ".shared_expert.gate_proj.weight");
   lw.moe.shared_up_proj = get(mp + ".shared_expert.up_proj.weight");
   lw.moe.shared_down_proj = get(mp + ".shared_expert.down_proj.weight");

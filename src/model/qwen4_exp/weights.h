@@ -144,7 +144,11 @@ ModelWeights random_weights(const ModelConfig& cfg, Ops& ops, uint64_t seed, Ran
 /// routed experts (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]) split into gate / up / down.
 /// Throws Error naming the tensor for a missing, mis-shaped or non-float one, and naming mtp_num_hidden_layers when
 /// the config has no MTP layer (or more than the one implemented).
-MtpWeights load_mtp_weights(const ModelConfig& cfg, const WeightManifest& manifest, Ops& ops);
+/// `plan` (optional, with `rank`): rank `rank`'s part, split as the trunk's QSA layer and MoE block are
+/// (TpPlan::split of the mtp.* names; the fused experts along the rank's slice of the intermediate); fc_embedding,
+/// fc_hidden, the norms and hyper-connections replicated.
+MtpWeights load_mtp_weights(const ModelConfig& cfg, const WeightManifest& manifest, Ops& ops,
+                            const TpPlan* plan = nullptr, int rank = 0);
 
 /// True when the checkpoint behind `manifest` holds mtp.* tensors.
 bool has_mtp_tensors(const WeightManifest& manifest);
