@@ -127,9 +127,16 @@ inline void set_backend(ModelOptions& options, const std::string& device, int th
              t);
     options.tp_timeout_s = s;
   }
+  FN_CHECK(nodes.nnodes > 1 || nodes.node_rank == 0,
+           "--node-rank {} without --nnodes: give the number of nodes (--nnodes M) on every node", nodes.node_rank);
   if (nodes.nnodes > 1) {
     NodeOptions no{nodes.nnodes, nodes.node_rank, nodes.master_addr, nodes.master_port, rendezvous_timeout_from_env()};
     check_node_options(no, tp);
+    fmt::print(stderr, "flashnext: node {} of {}: {} (up to {:g} s, FLASHNEXT_RENDEZVOUS_TIMEOUT)\n", nodes.node_rank,
+               nodes.nnodes,
+               nodes.node_rank == 0 ? fmt::format("waiting for the other nodes on port {}", nodes.master_port)
+                                    : fmt::format("joining node 0 at {}:{}", nodes.master_addr, nodes.master_port),
+               no.timeout_s);
     FN_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, got '{}'", device);
     std::string fingerprint = fmt::format("--tp {} --nnodes {} --device {}", tp, nodes.nnodes, device);
     if (!model_fingerprint.empty()) fingerprint += ", " + model_fingerprint;

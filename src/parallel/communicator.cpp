@@ -45,9 +45,8 @@ struct CpuGroup {
   std::vector<const Tensor*> slots;  ///< per rank: its tensor of the collective in progress
 
   [[noreturn]] void throw_aborted() const {
-    throw Error(reason.empty()
-                    ? std::string("tensor parallel: another rank of the group failed (the step was abandoned)")
-                    : "tensor parallel: " + reason);
+    if (reason.empty()) throw Error("tensor parallel: another rank of the group failed (the step was abandoned)");
+    throw Error(reason.starts_with("tensor parallel: ") ? reason : "tensor parallel: " + reason);
   }
   void abort(const std::string& why) {
     std::lock_guard lock(mu);

@@ -102,20 +102,31 @@ std::shared_ptr<NodeGroup> rendezvous(const NodeOptions& o, int world, const std
       w.put(fingerprint);
       return w.bytes();
     };
-    g->control_.push_back(Link::connect(o.master_addr, o.master_port, o.timeout_s, what));
-    g->control_[0]->send(hello(Channel::Control, -1));
-    for (int r = g->first_rank(); r < g->first_rank() + per_node; ++r) {
-      g->rank_links_[size_t(r)] = Link::connect(o.master_addr, o.master_port, o.timeout_s, what);
-      g->rank_links_[size_t(r)]->send(hello(Channel::Rank, r));
+    // Node 0 listens until every node came: a refused connection after it started means it is gone or complete
+    // (another process with this --node-rank took the place).
+    const std::string hint = fmt::format(
+        "is node 0 running with --nnodes {} --master-port {}, and no other process started with --node-rank {}?",
+        o.nnodes, o.master_port, o.node_rank);
+    std::uint8_t ok = 0;
+    std::string error;
+    try {
+      g->control_.push_back(Link::connect(o.master_addr, o.master_port, o.timeout_s, what));
+      g->control_[0]->send(hello(Channel::Control, -1));
+      for (int r = g->first_rank(); r < g->first_rank() + per_node; ++r) {
+        g->rank_links_[size_t(r)] = Link::connect(o.master_addr, o.master_port, o.timeout_s, what);
+        g->rank_links_[size_t(r)]->send(hello(Channel::Rank, r));
+      }
+      FN_CHECK(g->control_[0]->wait_readable(o.timeout_s), "{}: node 0 did not answer within {} s", what, o.timeout_s);
+      const std::vector<uint8_t> answer = g->control_[0]->recv(1 << 20);
+      WireReader rd(answer, what);
+      ok = rd.get<uint8_t>();
+      error = rd.get_string();
+      g->payload_ = rd.get_vector<uint8_t>();
+      rd.finish();
+    } catch (const Error& e) {  // no flashnext node 0 there, or it went away: say what to check
+      g->shutdown();
+      fail("{} ({})", e.what(), hint);
     }
-    FN_CHECK(g->control_[0]->wait_readable(o.timeout_s),
-             "{}: node 0 did not answer within {} s (are all {} nodes started?)", what, o.timeout_s, o.nnodes);
-    const std::vector<uint8_t> answer = g->control_[0]->recv(1 << 20);
-    WireReader rd(answer, what);
-    const uint8_t ok = rd.get<uint8_t>();
-    const std::string error = rd.get_string();
-    g->payload_ = rd.get_vector<uint8_t>();
-    rd.finish();
     if (!ok) fail("{}: node 0 refused this node: {}", me, error);
     return g;
   }
@@ -242,7 +253,7 @@ class Proxies {
 
  private:
   void run(int rank, Communicator& comm, Link& link) {
-    const std::string who = fmt::format("rank {} on {}", rank, group_->describe(rank / group_->ranks_per_node()));
+    const std::string who = fmt::format("rank {} (node {})", rank, rank / group_->ranks_per_node());
     for (;;) {
       Tensor in, out;
       Op op{};

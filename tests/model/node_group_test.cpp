@@ -153,7 +153,7 @@ TEST(NodeCommunicator, AFollowerThatFailsFailsTheLeaderAndTheGroupStaysFailed) {
     }
     follower.join();
     EXPECT_EQ(follower_error, "node 1 broke");
-    EXPECT_TRUE(contains(leader_error, "rank 1 on node 1 (rank 1) left the group")) << leader_error;
+    EXPECT_TRUE(contains(leader_error, "rank 1 (node 1) left the group")) << leader_error;
     const auto t0 = std::chrono::steady_clock::now();
     try {
       rt.run([&](int) { comms[0][0]->all_reduce_sum(t); });
@@ -215,7 +215,7 @@ TEST(NodeCommunicator, ANonsenseHeaderFailsTheGroupNamingTheRank) {
     leader[0]->all_reduce_sum(x);
     FAIL() << "a collective with a nonsense peer returned";
   } catch (const Error& e) {
-    EXPECT_TRUE(contains(e.what(), "rank 1 on node 1 (rank 1) left the group") && contains(e.what(), "-1")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "rank 1 (node 1) left the group") && contains(e.what(), "-1")) << e.what();
   }
 }
 
@@ -315,7 +315,7 @@ TEST(Rendezvous, BadOptionsNameTheFlag) {
 struct NodeModels {
   NodeModels(const std::string& dir, int tp, int nnodes) {
     groups = make_groups(tp, nnodes);
-    errors.resize(size_t(nnodes));
+    errors->resize(size_t(nnodes));
     for (int n = 1; n < nnodes; ++n)
       threads.emplace_back([this, dir, tp, n] {
         try {
@@ -327,7 +327,7 @@ struct NodeModels {
           EXPECT_FALSE(m->leads());
           m->follow();
         } catch (const Error& e) {
-          errors[size_t(n)] = e.what();
+          (*errors)[size_t(n)] = e.what();
         }
       });
     ModelOptions o;
@@ -348,7 +348,8 @@ struct NodeModels {
   std::vector<std::shared_ptr<NodeGroup>> groups;
   std::unique_ptr<Model> leader;
   std::vector<std::thread> threads;
-  std::vector<std::string> errors;
+  /// Per node: the Error its follow() ended with ("" when it ended normally); outlives the group.
+  std::shared_ptr<std::vector<std::string>> errors = std::make_shared<std::vector<std::string>>();
 };
 
 /// A model of this process over `tp` ranks (threads).
@@ -405,7 +406,7 @@ TEST_P(TpOverNodes, GivesTheBitsOfOneProcess) {
   EXPECT_EQ(model.forward(u, std::span<const int32_t>(&next, 1), LogitsMode::Last), ls);
 
   nodes.end();
-  for (const auto& e : nodes.errors) EXPECT_EQ(e, "");
+  for (const auto& e : *nodes.errors) EXPECT_EQ(e, "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Degrees, TpOverNodes, ::testing::Values(std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 4}),
@@ -425,8 +426,10 @@ TEST(TpOverNodesFailure, ALostFollowerFailsTheLeadersCallsNamingIt) {
   nodes.groups[1]->shutdown();
   nodes.threads[0].join();
   nodes.threads.clear();
-  EXPECT_TRUE(contains(nodes.errors[1], "node 1: node 0 is gone") || contains(nodes.errors[1], "shut down"))
-      << nodes.errors[1];
+  EXPECT_TRUE(contains((*nodes.errors)[1], "node 1: node 0 is gone") || contains((*nodes.errors)[1], "shut down"))
+      << (*nodes.errors)[1];
+  // The leader sees it before its next call (serve's /health asks Model::failure).
+  EXPECT_TRUE(contains(model.failure(), "node 1 (rank 1) of the group is gone")) << model.failure();
   for (int attempt = 0; attempt < 2; ++attempt) {
     const auto t0 = std::chrono::steady_clock::now();
     try {
@@ -438,6 +441,23 @@ TEST(TpOverNodesFailure, ALostFollowerFailsTheLeadersCallsNamingIt) {
     }
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
   }
+}
+
+// Node 0's command fails (an error goes up while its model ends): the followers end with an Error saying so, not as
+// if the group had ended normally.
+TEST(TpOverNodesFailure, AnErrorOnNodeZeroEndsTheFollowersWithAnError) {
+  std::shared_ptr<std::vector<std::string>> errors;
+  try {
+    NodeModels nodes(kTinyA, 2, 2);
+    errors = nodes.errors;
+    SequenceState s = nodes.leader->new_sequence();
+    nodes.leader->forward(s, std::vector<int32_t>{1, 2, 3}, LogitsMode::Last);
+    throw Error("node 0's command failed");
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "node 0's command failed");
+  }
+  ASSERT_TRUE(errors);
+  EXPECT_TRUE(contains((*errors)[1], "node 1: node 0 ended with an error")) << (*errors)[1];
 }
 
 // What does not run over nodes yet says so.

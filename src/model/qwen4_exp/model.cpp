@@ -42,6 +42,7 @@ enum class NodeCall : uint8_t {
   CopyStateSlot,  // pool id, from slot, to slot
   ForwardBatch,   // items: sequence, ids, mode
   End,            // the leader's model is gone
+  Abort,          // ... while an error went up node 0's command (its followers end with an error too)
 };
 
 struct Model::Nodes {
@@ -100,12 +101,19 @@ Model::~Model() {
   const CallScope scope(call_depth_);
   if (!sends_calls()) return;
   try {
-    send_call(call_message(NodeCall::End).bytes());
+    send_call(call_message(std::uncaught_exceptions() > 0 ? NodeCall::Abort : NodeCall::End).bytes());
   } catch (const Error&) {  // a follower already gone: nothing to end
   }
 }
 
 std::string Model::failure() const {
+  if (nodes_ && nodes_->group->leader()) {
+    // The other nodes never write on their control links: a link with something to read has closed (a node gone).
+    for (int n = 1; n < nodes_->group->nnodes(); ++n)
+      if (nodes_->group->control(n).wait_readable(0))
+        set_failure(fmt::format("tensor parallel: {} of the group is gone (its connection closed); restart every node",
+                                nodes_->group->describe(n)));
+  }
   std::lock_guard lock(failure_mu_);
   return failure_;
 }
@@ -149,6 +157,16 @@ void Model::send_call(const std::vector<uint8_t>& message) const {
 void Model::follow() {
   FN_CHECK(nodes_ && !nodes_->group->leader(),
            "Model::follow: only a follower node of a group over several processes follows (--node-rank > 0)");
+  try {
+    follow_calls();
+  } catch (const Error& e) {  // a call that failed here (a backend error, a collective that node 0 ended, ...)
+    const std::string what = e.what();
+    if (what.find("restart every node") != std::string::npos) throw;
+    fail("node {}: {}; the group has ended: restart every node", nodes_->group->node_rank(), what);
+  }
+}
+
+void Model::follow_calls() {
   Link& link = nodes_->group->control(0);
   const std::string from = fmt::format("node {}: a call from node 0", nodes_->group->node_rank());
   auto& pools = nodes_->pools;
@@ -227,6 +245,9 @@ void Model::follow() {
       case NodeCall::End:
         r.finish();
         return;
+      case NodeCall::Abort:
+        fail("node {}: node 0 ended with an error (its output says which); restart every node",
+             nodes_->group->node_rank());
       default:
         fail("{}: unknown call (another version of flashnext on node 0?)", from);
     }

@@ -137,6 +137,8 @@ class Model {
   /// Whether this process runs the model's calls itself: true unless it is a follower node of a group over several
   /// processes (ModelOptions::nodes), which runs follow() instead.
   bool leads() const;
+  /// Whether the ranks are spread over several processes (ModelOptions::nodes with more than one node).
+  bool spans_nodes() const { return nodes_ != nullptr; }
   /// A follower node's loop: receives the leader's calls (cache pools made and released, sequences made and copied,
   /// batched steps) and runs them on this node's ranks, in lock step with the other nodes through their collectives,
   /// until the leader's model is destroyed (returns) or the connection to it breaks (throws Error naming it). Throws
@@ -249,6 +251,8 @@ class Model {
   /// On the leader of a group over several nodes, when this is the outermost call of the public method being run
   /// (not one it makes itself): sends the call `message` to the other nodes. Elsewhere nothing.
   void send_call(const std::vector<uint8_t>& message) const;
+  /// follow()'s loop.
+  void follow_calls();
   /// Whether the public method now being run sends its call (leader, outermost call); see CallScope in model.cpp.
   bool sends_calls() const;
   /// Makes the ranks of `plan` (their backends and communicators; weights not yet loaded).
