@@ -33,6 +33,7 @@
 #include "core/error.h"
 #include "engine/model_dir.h"
 #include "engine/sampling.h"
+#include "engine/speculative.h"
 #include "loader/config.h"
 #include "loader/sharding.h"
 #include "model/qwen4_exp/cost.h"
@@ -60,6 +61,9 @@ struct BenchArgs {
   int64_t batch_context = 8192, batch_steps = 32;
   int repeat = 3;
   bool profile = false, json = false;
+  std::string speculative;                    ///< "mtp:K" / "ngram:K": speculative decoding at forced acceptance
+  std::vector<double> acceptance{0, 0.5, 1};  ///< fractions of the K drafts accepted in every step
+  int64_t spec_steps = 24;                    ///< verify steps per acceptance rate (the first 4 untimed)
 };
 
 double seconds(Clock::time_point a, Clock::time_point b) {
@@ -260,6 +264,121 @@ std::pair<double, StepCost> prefill(Model& m, SequenceState& seq, const std::vec
   return {seconds(t0, Clock::now()), total};
 }
 
+/// Batch-1 speculative decoding at forced acceptance rates (`--speculative mtp:K | ngram:K --acceptance ...`): per
+/// rate f, a fresh sequence of --decode-context random tokens (the MTP layer caught up over it), then --spec-steps
+/// steps as serve runs them for one sequence, with j = round(f K) of the K drafts accepted by construction (the
+/// drafts are the MTP layer's greedy chain, or random tokens for ngram, whose host lookup costs nothing here):
+/// drafting (K - 1 chained MTP calls after the first draft), the verify step of 1 + K tokens with the state saved in
+/// a spare pool slot before it, and when j < K the rollback (the slot copied back, 1 + j tokens fed again); then the
+/// MTP layer catches up over the 1 + j accepted rows. Emitted tokens per step: 1 + j. Phases are timed between
+/// device synchronisations (pool slot 1 is the checkpoint slot; slot 0 the sequence).
+json speculative_decode(Model& m, const BenchArgs& a, const SpeculativeConfig& spec, PoolSeqs& pool, int64_t base,
+                        const std::function<void(const std::string&)>& log) {
+  const int K = spec.k;
+  const bool mtp = spec.method == SpeculativeConfig::Method::Mtp;
+  const int64_t V = m.config().vocab_size, P = a.decode_context;
+  Ops& ops = m.ops();
+  json runs = json::array();
+  for (double f : a.acceptance) {
+    const int j = int(std::lround(f * K));  // drafts accepted in every step
+    pool.next_block = base;
+    SequenceState s = pool.take(0, P + (a.spec_steps + 1) * (K + 1) + 1);
+    const std::vector<int32_t> prompt = random_ids(P, V, a.seed + 5);
+    Tensor wide, last_state;
+    int32_t tok = 0, first_draft = 0;
+    for (int64_t off = 0; off < P; off += a.chunk) {  // the prompt, and the MTP layer over its rows
+      const int64_t n = std::min<int64_t>(a.chunk, P - off);
+      const BatchItem it{&s, std::span<const int32_t>(prompt).subspan(size_t(off), size_t(n)), LogitsMode::Last};
+      const Tensor logits = m.forward_batch({&it, 1}, nullptr, {}, &wide);
+      if (off + n == P) tok = sample(m, logits, 0.f, 0, 0)[0];
+      if (!mtp) continue;
+      std::vector<int32_t> next(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) next[size_t(i)] = off + i + 1 < P ? prompt[size_t(off + i + 1)] : tok;
+      const Model::MtpOutput o = m.mtp_forward(s, wide, next, LogitsMode::Last);
+      first_draft = sample(m, o.logits, 0.f, 0, 0)[0];
+      last_state = o.wide.rows(n - 1, n);
+    }
+    std::vector<double> step_ms, draft_ms, verify_ms, rollback_ms, catchup_ms;
+    const auto ms_since = [&](Clock::time_point& t) {
+      ops.synchronize();
+      const auto now = Clock::now();
+      const double d = 1e3 * seconds(t, now);
+      t = now;
+      return d;
+    };
+    for (int64_t step = 0; step < a.spec_steps; ++step) {
+      const auto t0 = Clock::now();
+      auto t = t0;
+      std::vector<int32_t> feed{tok};  // the last emitted token, then the drafts
+      if (mtp) {
+        int32_t d = first_draft;
+        Tensor state = last_state;
+        const int64_t caught_up = s.mtp_length;
+        feed.push_back(d);
+        for (int k = 1; k < K; ++k) {
+          const Model::MtpOutput o = m.mtp_forward(s, state, {&d, 1}, LogitsMode::Last);
+          d = sample(m, o.logits, 0.f, 0, 0)[0];
+          feed.push_back(d);
+          state = o.wide;
+        }
+        s.mtp_length = caught_up;  // the draft positions' MTP entries are overwritten later
+      } else {
+        const std::vector<int32_t> drafts = random_ids(K, V, a.seed + 1000 + uint64_t(step));
+        feed.insert(feed.end(), drafts.begin(), drafts.end());
+      }
+      const double draft = ms_since(t);
+      // Verify with the state saved in the spare slot (a device copy, as serve's checkpoints).
+      const int64_t length = s.length;
+      const auto history = s.ple_history;
+      m.copy_state_slot(*s.cache, s.slot, 1);
+      const BatchItem verify{&s, feed, LogitsMode::All};
+      const Tensor logits = m.forward_batch({&verify, 1}, nullptr, {}, &wide);
+      const int32_t bonus = sample(m, logits.rows(j, j + 1), 0.f, 0, 0)[0];
+      const double verify_t = ms_since(t);
+      double rollback = 0;
+      if (j < K) {  // the rejected drafts leave: the state comes back and the accepted tokens are fed again
+        m.copy_state_slot(*s.cache, 1, s.slot);
+        s.length = length;
+        s.ple_history = history;
+        const BatchItem again{&s, std::span<const int32_t>(feed).first(size_t(j) + 1), LogitsMode::Last};
+        (void)m.forward_batch({&again, 1}, nullptr, {}, &wide);
+        rollback = ms_since(t);
+      }
+      double catchup = 0;
+      if (mtp) {  // the MTP layer over the accepted rows, paired with the tokens after them; its last row drafts next
+        std::vector<int32_t> next(feed.begin() + 1, feed.begin() + 1 + j);
+        next.push_back(bonus);
+        const Model::MtpOutput o = m.mtp_forward(s, wide.rows(0, j + 1), next, LogitsMode::Last);
+        first_draft = sample(m, o.logits, 0.f, 0, 0)[0];
+        last_state = o.wide.rows(j, j + 1);
+        catchup = ms_since(t);
+      }
+      tok = bonus;
+      if (step < 4) continue;  // warm-up steps
+      step_ms.push_back(1e3 * seconds(t0, Clock::now()));
+      draft_ms.push_back(draft);
+      verify_ms.push_back(verify_t);
+      rollback_ms.push_back(rollback);
+      catchup_ms.push_back(catchup);
+    }
+    const double step = median(step_ms), tps = 1e3 * double(j + 1) / step;
+    runs.push_back(json{{"acceptance", f},
+                        {"accepted_per_step", j},
+                        {"emitted_per_step", j + 1},
+                        {"tokens_per_s", tps},
+                        {"step_ms_median", step},
+                        {"draft_ms_median", median(draft_ms)},
+                        {"verify_ms_median", median(verify_ms)},
+                        {"rollback_ms_median", median(rollback_ms)},
+                        {"mtp_catchup_ms_median", median(catchup_ms)}});
+    log(fmt::format("speculative {} at {} in, acceptance {:.2f} ({} of {} drafts): {:.1f} tokens/s, step {:.2f} ms "
+                    "(draft {:.2f}, verify {:.2f}, rollback {:.2f}, MTP catch-up {:.2f})",
+                    spec.str(), P, f, j, K, tps, step, median(draft_ms), median(verify_ms), median(rollback_ms),
+                    median(catchup_ms)));
+  }
+  return json{{"method", spec.str()}, {"context_tokens", P}, {"steps_timed", a.spec_steps - 4}, {"runs", runs}};
+}
+
 std::string fmt_ratio(double r) {
   return r > 0 ? fmt::format("{:.1f}%", 100 * r) : "-";
 }
@@ -286,6 +405,10 @@ int run(BenchArgs a) {
   for (int64_t p : a.prompts) FN_CHECK(p >= 1, "--prompts: every prompt length must be >= 1, got {}", p);
   for (int64_t b : a.batches) FN_CHECK(b >= 1, "--batches: every batch size must be >= 1, got {}", b);
   FN_CHECK(a.decode_context >= 1 && a.batch_context >= 1, "--decode-context and --batch-context must be >= 1");
+  const SpeculativeConfig spec = SpeculativeConfig::parse(a.speculative);
+  FN_CHECK(!spec.enabled() || a.spec_steps >= 5, "--spec-steps must be >= 5 (4 untimed), got {}", a.spec_steps);
+  for (double f : a.acceptance)
+    FN_CHECK(f >= 0 && f <= 1, "--acceptance: every rate must be in [0, 1] (a fraction of the drafts), got {}", f);
 
   std::string config_path;
   ModelConfig cfg;
@@ -296,8 +419,10 @@ int run(BenchArgs a) {
     cfg = load_config(a.model);
     config_path = cfg.source;
   }
-  const int64_t longest = std::max({a.prompts.empty() ? 0 : *std::max_element(a.prompts.begin(), a.prompts.end()),
-                                    a.decode_context + a.decode_tokens, a.batch_context + a.batch_steps});
+  const int64_t spec_positions = spec.enabled() ? a.decode_context + (a.spec_steps + 1) * (spec.k + 1) + 1 : 0;
+  const int64_t longest =
+      std::max({a.prompts.empty() ? 0 : *std::max_element(a.prompts.begin(), a.prompts.end()),
+                a.decode_context + a.decode_tokens, a.batch_context + a.batch_steps, spec_positions});
   FN_CHECK(longest <= cfg.max_position_embeddings,
            "the longest sequence of this run ({} positions) exceeds max_position_embeddings = {}", longest,
            cfg.max_position_embeddings);
@@ -321,6 +446,7 @@ int run(BenchArgs a) {
   cli::set_backend(model_options, a.device, a.threads, a.tp, a.nodes,
                    a.nodes.nnodes > 1 ? cli::node_fingerprint(cfg) + fmt::format(", seed {}", a.seed) : "");
   if (!random_model) model_options.progress = cli::LoadProgressPrinter();
+  model_options.load_mtp = spec.method == SpeculativeConfig::Method::Mtp;  // a random model makes a random MTP layer
   const auto t_build = Clock::now();
   RandomWeightsReport built;
   std::unique_ptr<Model> model =
@@ -370,7 +496,7 @@ int run(BenchArgs a) {
   log(fmt::format("model built in {:.1f} s ({}); {}", build_s, random_model ? "random weights" : a.model, ops->name()));
 
   // Prefill and batch-1 decode share one pool of two slots (slot 0 measured, slot 1 the warm-up).
-  json prefill_runs = json::array(), decode = nullptr, sanity = nullptr;
+  json prefill_runs = json::array(), decode = nullptr, sanity = nullptr, speculative = nullptr;
   {
     const int64_t positions = std::max<int64_t>(longest + 16, 600);
     PoolSeqs pool{m, m.new_cache(2 * ((positions + bs - 1) / bs + 1), bs, 2)};
@@ -506,6 +632,7 @@ int run(BenchArgs a) {
                       a.decode_context, a.decode_tokens, tps, skip + 1, a.decode_tokens, 1e3 * median(steps),
                       c.device_bytes() / 1e9, fmt_ratio(ratio)));
     }
+    if (spec.enabled()) speculative = speculative_decode(m, a, spec, pool, base, log);
   }
 
   // Batched decode: one prompt of batch_context tokens prefilled once, copied into every sequence of the batch;
@@ -694,6 +821,7 @@ int run(BenchArgs a) {
                 {"batch_steps", a.batch_steps}}},
               {"prefill", prefill_runs},
               {"decode", decode},
+              {"speculative", speculative},
               {"batch_decode", batch_runs},
               {"v100_projection", v100}};
   const std::string text = report.dump(2) + "\n";
@@ -826,6 +954,13 @@ FLASHNEXT_SUBCOMMAND(
       scaled(sub.add_option("--repeat", a->repeat,
                             "runs per prefill length, the median reported; prompts over 16K run once (default 3)"),
              "1");
+      sub.add_option("--speculative", a->speculative,
+                     "also batch-1 speculative decoding, mtp:K (a random MTP layer) or ngram:K, at forced acceptance "
+                     "rates (docs/BENCH.md)");
+      sub.add_option("--acceptance", a->acceptance,
+                     "with --speculative: fractions of the drafts accepted per step (default 0,0.5,1)")
+          ->delimiter(',');
+      sub.add_option("--spec-steps", a->spec_steps, "with --speculative: verify steps per rate, 4 untimed (default 24)");
       sub.add_flag("--profile", a->profile, "per-phase device time of a prefill run and of decode steps");
       sub.add_flag("--json", a->json, "print one JSON object (docs/BENCH.md) instead of the table");
       sub.add_option("--out", a->out, "also write the JSON report to this file");

@@ -117,6 +117,41 @@ TEST(BenchCli, CpuTensorParallelJson) {
 
 // On the CPU the flags not given take the small CPU defaults (the GPU ones would run for hours), said on stderr and
 // listed in the JSON's settings; a flag given keeps its value.
+// bench --speculative mtp:2 (a random MTP layer) at forced acceptance 0.5 and 1: per rate the accepted drafts
+// j = round(f K), 1 + j emitted per step, tokens/s = emitted / step time, a rollback only when drafts are rejected,
+// the phases within the step; an acceptance outside [0, 1] is refused.
+TEST(BenchCli, SpeculativeAtForcedAcceptance) {
+  CliRun r = run_flashnext(kSmall + " --prompts none --batches none --decode-tokens 0 --speculative mtp:2 "
+                                    "--acceptance 0.5,1 --spec-steps 5 --json",
+                           /*merge_stderr=*/false);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const json j = json::parse(r.out);
+  const json& s = j["speculative"];
+  EXPECT_EQ(s["method"], "mtp:2");
+  EXPECT_EQ(s["context_tokens"], 6);
+  ASSERT_EQ(s["runs"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const json& run = s["runs"][i];
+    const int accepted = run["accepted_per_step"];
+    EXPECT_EQ(accepted, int(i) + 1);  // round(0.5 * 2), round(1 * 2)
+    EXPECT_EQ(run["emitted_per_step"], accepted + 1);
+    const double step = run["step_ms_median"];
+    EXPECT_GT(step, 0);
+    EXPECT_NEAR(run["tokens_per_s"].get<double>(), 1e3 * (accepted + 1) / step, 1e-6 * (accepted + 1) / step * 1e3);
+    EXPECT_GT(run["verify_ms_median"].get<double>(), 0);
+    EXPECT_GT(run["draft_ms_median"].get<double>(), 0);
+    EXPECT_GT(run["mtp_catchup_ms_median"].get<double>(), 0);
+    if (accepted == 2) {
+      EXPECT_EQ(run["rollback_ms_median"].get<double>(), 0);
+    } else {
+      EXPECT_GT(run["rollback_ms_median"].get<double>(), 0);
+    }
+  }
+  r = run_flashnext(kSmall + " --speculative mtp:2 --acceptance 1.5");
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.out + r.err, HasSubstr("--acceptance: every rate must be in [0, 1]"));
+}
+
 TEST(BenchCli, CpuDefaultsAreSmall) {
   CliRun r = run_flashnext(
       "bench --device cpu --threads 2 --layers 4 --experts 16 --vocab 4096 --ple-rows 100000 --prompts none "

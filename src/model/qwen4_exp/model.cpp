@@ -365,7 +365,8 @@ std::unique_ptr<Model> Model::random(const ModelConfig& config, const ModelOptio
   m->make_ranks(plan, options);
   if (plan.world() == 1) {
     m->ranks_[0]->weights =
-        std::make_unique<ModelWeights>(random_weights(m->config_, *m->ranks_[0]->ops, seed, report));
+        std::make_unique<ModelWeights>(random_weights(m->config_, *m->ranks_[0]->ops, seed, report, nullptr, 0,
+                                                      options.load_mtp));
     return m;
   }
   // The ranks make their parts in parallel; the report is rank 0's with the PLE bytes of all ranks.
@@ -373,7 +374,8 @@ std::unique_ptr<Model> Model::random(const ModelConfig& config, const ModelOptio
   m->threads_->run([&](int r) {
     Rank& rk = *m->ranks_[size_t(r)];
     rk.weights =
-        std::make_unique<ModelWeights>(random_weights(m->config_, *rk.ops, seed, &reports[size_t(r)], &plan, rk.index));
+        std::make_unique<ModelWeights>(
+            random_weights(m->config_, *rk.ops, seed, &reports[size_t(r)], &plan, rk.index, options.load_mtp));
   });
   if (report) {
     *report = reports[0];

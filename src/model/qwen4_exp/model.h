@@ -121,8 +121,9 @@ class Model {
   /// `flashnext bench` without a checkpoint. Deterministic in `seed`. `report` (optional) receives the build times
   /// (under tensor parallelism rank 0's, with every rank's PLE bytes). With options.tp > 1 each rank makes its own
   /// part in parallel (random_weights with the plan: replicated weights equal on every rank, sharded ones random
-  /// tensors of the shard's shape, so the model is one for timing, not TP 1's model split). Throws Error when the
-  /// backend cannot hold the weights and when options.tp does not fit the config (TpPlan::make).
+  /// tensors of the shard's shape, so the model is one for timing, not TP 1's model split). options.load_mtp: with a
+  /// random MTP layer too (`bench --speculative mtp:K`). Throws Error when the backend cannot hold the weights and
+  /// when options.tp does not fit the config (TpPlan::make).
   static std::unique_ptr<Model> random(const ModelConfig& config, const ModelOptions& options, uint64_t seed,
                                        RandomWeightsReport* report = nullptr);
   ~Model();

@@ -63,7 +63,7 @@ void fill_fp8_table(uint8_t* p, int64_t bytes, uint64_t seed, int threads) {
 }  // namespace
 
 ModelWeights random_weights(const ModelConfig& cfg, Ops& ops, uint64_t seed, RandomWeightsReport* report,
-                            const TpPlan* plan, int rank) {
+                            const TpPlan* plan, int rank, bool with_mtp) {
   const auto t0 = std::chrono::steady_clock::now();
   RandomWeightsReport rep;
   const bool tp = plan && plan->world() > 1;
@@ -129,11 +129,12 @@ ModelWeights random_weights(const ModelConfig& cfg, Ops& ops, uint64_t seed, Ran
                 dv = cfg.linear_value_head_dim;
   const int64_t nh = rc.num_attention_heads, nkv = rc.num_key_value_heads, D = cfg.head_dim;
   const int64_t E = cfg.num_experts, I = rc.moe_intermediate_size, Is = rc.shared_expert_intermediate_size;
-  for (int64_t l = 0; l < L; ++l) {
+  // Layer l's mixer, hyper-connections and MoE block (l = L: the MTP layer, a QSA layer).
+  auto make_layer = [&](int64_t l, LayerKind kind) {
     const uint64_t layer_seed = seed + 1000 * uint64_t(l + 1);
     g.seed = layer_seed;
     LayerWeights lw;
-    lw.kind = cfg.layer_types[size_t(l)];
+    lw.kind = kind;
     lw.attn_hc = g.hc(S, H, R, true);
     lw.mlp_hc = g.hc(S, H, R, true);
     if (lw.kind == LayerKind::GatedDeltaNet && nv == 0) {
@@ -182,7 +183,11 @@ ModelWeights random_weights(const ModelConfig& cfg, Ops& ops, uint64_t seed, Ran
     lw.moe.shared_gate_proj = g.linear(Is, H);
     lw.moe.shared_up_proj = g.linear(Is, H);
     lw.moe.shared_down_proj = g.linear(H, Is);
-    g.seed = layer_seed + 200;
+    return lw;
+  };
+  for (int64_t l = 0; l < L; ++l) {
+    LayerWeights lw = make_layer(l, cfg.layer_types[size_t(l)]);
+    g.seed = seed + 1000 * uint64_t(l + 1) + 200;
     if (cfg.ple_index_of_layer(l) >= 0) {
       PleLayerWeights p;
       const int64_t ped = cfg.ple_embed_dim;
@@ -195,6 +200,17 @@ ModelWeights random_weights(const ModelConfig& cfg, Ops& ops, uint64_t seed, Ran
       lw.ple = std::move(p);
     }
     w.layers.push_back(std::move(lw));
+  }
+  if (with_mtp) {  // the MTP layer (weights.h MtpWeights): its own norms, fc projections, mixer and QSA layer
+    MtpWeights m;
+    m.layer = make_layer(L, LayerKind::QSA);
+    g.seed = seed + 1000 * uint64_t(L + 1) + 300;
+    m.pre_fc_norm_embedding = g.zc_norm(H);
+    m.pre_fc_norm_hidden = g.zc_norm(W);
+    m.fc_embedding = g.linear(H, H);
+    m.fc_hidden = g.linear(H, H);
+    m.mixer = g.hc(S, H, R, false);
+    w.mtp = std::move(m);
   }
   ops.synchronize();
   rep.weights_s = seconds_since(t0);

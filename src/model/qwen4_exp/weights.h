@@ -123,9 +123,11 @@ struct RandomWeightsReport {
 /// 1000 (l + 1), the MoE block and the PLE layer at fixed offsets in it), so the replicated weights (hyper-
 /// connections, router, norms, the PLE projections) are the same on every rank and every rank routes alike; the
 /// sharded ones are random tensors of the shard's shape, not slices of the TP 1 model (for timing, not exactness).
+/// `with_mtp`: also an MTP layer (ModelWeights::mtp; seeds from the base of layer index L), its routed experts in
+/// the backend's random_experts format like the trunk's (the releases keep them BF16: a model for timing).
 /// Throws Error for a backend failure (naming the tensor's shape and the memory asked for when it runs out).
 ModelWeights random_weights(const ModelConfig& cfg, Ops& ops, uint64_t seed, RandomWeightsReport* report = nullptr,
-                            const TpPlan* plan = nullptr, int rank = 0);
+                            const TpPlan* plan = nullptr, int rank = 0, bool with_mtp = false);
 
 /// Fills the weights of `cfg` from `manifest` (built over `checkpoint`, which the PLE tables keep alive).
 /// Quantized weights (the quantization_config / hf_quant_config.json of checkpoint->dir(), loader/quant.h) are
