@@ -1,6 +1,7 @@
 #include "parallel/communicator.h"
 
 #include <condition_variable>
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 
@@ -8,13 +9,18 @@
 
 namespace flashnext {
 
-namespace {
+Tensor host_f32(const Shape& shape) {
+  std::shared_ptr<float[]> data(new float[size_t(std::max<int64_t>(1, shape_numel(shape)))]);
+  return Tensor(std::shared_ptr<void>(data, data.get()), data.get(), DType::F32, shape, Device::CPU);
+}
 
 void check_host_f32(const char* op, const Tensor& t, const char* what) {
   FN_CHECK(t.device() == Device::CPU && t.dtype() == DType::F32,
-           "tensor parallel: {}: {} {} must be an F32 CPU tensor (the CPU communicator reads host memory)", op, what,
+           "tensor parallel: {}: {} {} must be an F32 CPU tensor (the host collectives read host memory)", op, what,
            t.str());
 }
+
+namespace {
 
 class SingleCommunicator final : public Communicator {
  public:

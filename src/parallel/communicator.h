@@ -73,6 +73,12 @@ struct CpuGroupOptions {
   bool final_failures = false;
 };
 
+/// A host F32 tensor of `shape` that owns its memory (uninitialised): the staging buffers of the collectives.
+Tensor host_f32(const Shape& shape);
+
+/// Throws Error unless `t` is an F32 CPU tensor (what the host collectives read and write), naming `op` and `what`.
+void check_host_f32(const char* op, const Tensor& t, const char* what);
+
 /// make_cpu_communicators with `options`.
 std::vector<std::shared_ptr<Communicator>> make_cpu_communicators(int world, const CpuGroupOptions& options);
 

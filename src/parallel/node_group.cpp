@@ -29,15 +29,6 @@ std::span<uint8_t> bytes_of(const Tensor& t) {
   return {static_cast<uint8_t*>(t.data()), size_t(t.nbytes())};
 }
 
-void check_host_f32(const char* op, const Tensor& t) {
-  FN_CHECK(t.device() == Device::CPU && t.dtype() == DType::F32, "tensor parallel: {}: {} must be an F32 CPU tensor",
-           op, t.str());
-}
-
-Tensor host_f32(Shape shape) {
-  std::shared_ptr<float[]> data(new float[size_t(std::max<int64_t>(1, shape_numel(shape)))]);
-  return Tensor(std::shared_ptr<void>(data, data.get()), data.get(), DType::F32, std::move(shape), Device::CPU);
-}
 
 }  // namespace
 
@@ -351,12 +342,12 @@ class RemoteCommunicator final : public Communicator {
   const char* kind() const override { return "cpu nodes"; }
 
   void all_reduce_sum(const Tensor& t) override {
-    check_host_f32("all_reduce_sum", t);
+    check_host_f32("all_reduce_sum", t, "tensor");
     exchange(Op::AllReduceSum, t, 0, t);
   }
   void all_gather_columns(const Tensor& in, const Tensor& out) override {
-    check_host_f32("all_gather_columns", in);
-    check_host_f32("all_gather_columns", out);
+    check_host_f32("all_gather_columns", in, "input");
+    check_host_f32("all_gather_columns", out, "output");
     FN_CHECK(in.rank() == 2 && out.rank() == 2 && in.dim(0) == out.dim(0),
              "tensor parallel: all_gather_columns: input {} and output {} must be [rows, width] with equal rows",
              in.str(), out.str());

@@ -5,16 +5,6 @@
 namespace flashnext {
 namespace {
 
-/// A host F32 tensor of `shape` (owned by the returned Tensor).
-Tensor host_f32(const Shape& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  auto owner = std::shared_ptr<void>(new float[size_t(std::max<int64_t>(n, 1))],
-                                     [](void* p) { delete[] static_cast<float*>(p); });
-  void* data = owner.get();
-  return Tensor(std::move(owner), data, DType::F32, shape, Device::CPU);
-}
-
 class StagedCommunicator final : public Communicator {
  public:
   StagedCommunicator(std::shared_ptr<Communicator> host, std::shared_ptr<Ops> ops)
