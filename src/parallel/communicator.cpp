@@ -1,7 +1,7 @@
 #include "parallel/communicator.h"
 
-#include <condition_variable>
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
 

@@ -29,7 +29,6 @@ std::span<uint8_t> bytes_of(const Tensor& t) {
   return {static_cast<uint8_t*>(t.data()), size_t(t.nbytes())};
 }
 
-
 }  // namespace
 
 Link& NodeGroup::control(int node) {
