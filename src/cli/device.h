@@ -22,6 +22,11 @@
 
 namespace flashnext::cli {
 
+/// The Error of `--device cuda` in a build without the CUDA backend.
+[[noreturn]] inline void fail_without_cuda() {
+  fail("--device cuda: the CUDA backend is not available in this build (configured without CUDA); use --device cpu");
+}
+
 /// The backend for `--device NAME`: "cpu" (the float32 CPU backend with `threads` threads, 0 = all cores) or "cuda"
 /// (GPU 0; FLASHNEXT_PLE_TABLE=host|device places the PLE tables). Throws Error for another name, for "cuda" in a
 /// build without the CUDA backend, and, from make_cuda_ops, "no CUDA device found (...)" on a machine without a GPU.
@@ -31,7 +36,7 @@ inline std::shared_ptr<Ops> make_backend(const std::string& device, int threads)
 #ifdef FLASHNEXT_HAVE_CUDA
     return make_cuda_ops(0);
 #else
-    fail("--device cuda: the CUDA backend is not available in this build (configured without CUDA); use --device cpu");
+    fail_without_cuda();
 #endif
   }
   fail("--device must be cpu or cuda, got '{}'", device);
@@ -167,9 +172,7 @@ inline void set_backend(ModelOptions& options, const std::string& device, int th
         };
       return;
 #else
-      fail(
-          "--device cuda: the CUDA backend is not available in this build (configured without CUDA); use --device "
-          "cpu");
+      fail_without_cuda();
 #endif
     }
     options.nodes = rendezvous(no, tp, fingerprint);
@@ -188,7 +191,7 @@ inline void set_backend(ModelOptions& options, const std::string& device, int th
     options.communicators = tp_communicators_from_env();
     return;
 #else
-    fail("--device cuda: the CUDA backend is not available in this build (configured without CUDA); use --device cpu");
+    fail_without_cuda();
 #endif
   }
   fail("--device must be cpu or cuda, got '{}'", device);

@@ -20,6 +20,14 @@ void check_host_f32(const char* op, const Tensor& t, const char* what) {
            t.str());
 }
 
+void check_host_gather(const Tensor& in, const Tensor& out) {
+  check_host_f32("all_gather_columns", in, "input");
+  check_host_f32("all_gather_columns", out, "output");
+  FN_CHECK(in.rank() == 2 && out.rank() == 2 && in.dim(0) == out.dim(0),
+           "tensor parallel: all_gather_columns: input {} and output {} must be [rows, width] with equal rows",
+           in.str(), out.str());
+}
+
 namespace {
 
 class SingleCommunicator final : public Communicator {
@@ -105,11 +113,7 @@ class CpuCommunicator final : public Communicator {
   }
 
   void all_gather_columns(const Tensor& in, const Tensor& out) override {
-    check_host_f32("all_gather_columns", in, "input");
-    check_host_f32("all_gather_columns", out, "output");
-    FN_CHECK(in.rank() == 2 && out.rank() == 2 && in.dim(0) == out.dim(0),
-             "tensor parallel: all_gather_columns: input {} and output {} must be [rows, width] with equal rows",
-             in.str(), out.str());
+    check_host_gather(in, out);
     CpuGroup& g = *group_;
     g.slots[size_t(rank_)] = &in;
     g.barrier();

@@ -79,6 +79,10 @@ Tensor host_f32(const Shape& shape);
 /// Throws Error unless `t` is an F32 CPU tensor (what the host collectives read and write), naming `op` and `what`.
 void check_host_f32(const char* op, const Tensor& t, const char* what);
 
+/// The checks of a host all_gather_columns: `in` and `out` F32 CPU tensors, both [rows, width] with equal rows.
+/// Throws Error naming them.
+void check_host_gather(const Tensor& in, const Tensor& out);
+
 /// make_cpu_communicators with `options`.
 std::vector<std::shared_ptr<Communicator>> make_cpu_communicators(int world, const CpuGroupOptions& options);
 

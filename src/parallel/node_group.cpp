@@ -345,11 +345,7 @@ class RemoteCommunicator final : public Communicator {
     exchange(Op::AllReduceSum, t, 0, t);
   }
   void all_gather_columns(const Tensor& in, const Tensor& out) override {
-    check_host_f32("all_gather_columns", in, "input");
-    check_host_f32("all_gather_columns", out, "output");
-    FN_CHECK(in.rank() == 2 && out.rank() == 2 && in.dim(0) == out.dim(0),
-             "tensor parallel: all_gather_columns: input {} and output {} must be [rows, width] with equal rows",
-             in.str(), out.str());
+    check_host_gather(in, out);
     exchange(Op::AllGatherColumns, in, out.dim(1), out);
   }
   void abort() override {

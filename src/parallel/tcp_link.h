@@ -76,22 +76,17 @@ class WireWriter {
   template <class T>
     requires std::is_arithmetic_v<T>
   WireWriter& put(T v) {
-    const auto* p = reinterpret_cast<const uint8_t*>(&v);
-    bytes_.insert(bytes_.end(), p, p + sizeof(T));
-    return *this;
+    return append(&v, sizeof(T));
   }
   WireWriter& put(const std::string& s) {
     put<uint64_t>(s.size());
-    bytes_.insert(bytes_.end(), s.begin(), s.end());
-    return *this;
+    return append(s.data(), s.size());
   }
   template <class T>
     requires std::is_arithmetic_v<T>
   WireWriter& put(std::span<const T> v) {
     put<uint64_t>(v.size());
-    const auto* p = reinterpret_cast<const uint8_t*>(v.data());
-    bytes_.insert(bytes_.end(), p, p + v.size_bytes());
-    return *this;
+    return append(v.data(), v.size_bytes());
   }
   template <class T>
     requires std::is_arithmetic_v<T>
@@ -101,6 +96,13 @@ class WireWriter {
   const std::vector<uint8_t>& bytes() const { return bytes_; }
 
  private:
+  WireWriter& append(const void* p, size_t n) {
+    if (n == 0) return *this;
+    const size_t at = bytes_.size();
+    bytes_.resize(at + n);
+    std::memcpy(bytes_.data() + at, p, n);
+    return *this;
+  }
   std::vector<uint8_t> bytes_;
 };
 

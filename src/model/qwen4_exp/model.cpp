@@ -72,12 +72,17 @@ void put_sequence(WireWriter& w, const SequenceState& s) {
   for (const auto& h : s.ple_history) w.put(h);
 }
 
-SequenceState get_sequence(WireReader& r, const std::map<uint64_t, std::shared_ptr<CachePool>>& pools) {
-  SequenceState s;
+/// The pool the leader names next in `r` (a follower holds every pool the leader holds).
+const std::shared_ptr<CachePool>& get_pool(WireReader& r, const std::map<uint64_t, std::shared_ptr<CachePool>>& pools) {
   const uint64_t id = r.get<uint64_t>();
   const auto it = pools.find(id);
   FN_CHECK(it != pools.end(), "node call: the leader names cache pool {}, which this node does not hold", id);
-  s.cache = it->second;
+  return it->second;
+}
+
+SequenceState get_sequence(WireReader& r, const std::map<uint64_t, std::shared_ptr<CachePool>>& pools) {
+  SequenceState s;
+  s.cache = get_pool(r, pools);
   s.length = r.get<int64_t>();
   s.slot = r.get<int32_t>();
   s.block_table = r.get_vector<int32_t>();
@@ -193,12 +198,10 @@ void Model::follow_calls() {
         break;
       }
       case NodeCall::NewSequence: {
-        const uint64_t id = r.get<uint64_t>();
+        const std::shared_ptr<CachePool> pool = get_pool(r, pools);
         const int32_t slot = r.get<int32_t>();
         r.finish();
-        const auto it = pools.find(id);
-        FN_CHECK(it != pools.end(), "{}: cache pool {} is not held here", from, id);
-        new_sequence(it->second, slot);
+        new_sequence(pool, slot);
         break;
       }
       case NodeCall::NewPrivate:
@@ -219,12 +222,10 @@ void Model::follow_calls() {
         break;
       }
       case NodeCall::CopyStateSlot: {
-        const uint64_t id = r.get<uint64_t>();
+        const std::shared_ptr<CachePool> pool = get_pool(r, pools);
         const int32_t a = r.get<int32_t>(), b = r.get<int32_t>();
         r.finish();
-        const auto it = pools.find(id);
-        FN_CHECK(it != pools.end(), "{}: cache pool {} is not held here", from, id);
-        copy_state_slot(*it->second, a, b);
+        copy_state_slot(*pool, a, b);
         break;
       }
       case NodeCall::ForwardBatch: {
@@ -364,18 +365,16 @@ std::unique_ptr<Model> Model::random(const ModelConfig& config, const ModelOptio
   const TpPlan plan = TpPlan::make(config, options.tp);
   m->make_ranks(plan, options);
   if (plan.world() == 1) {
-    m->ranks_[0]->weights =
-        std::make_unique<ModelWeights>(random_weights(m->config_, *m->ranks_[0]->ops, seed, report, nullptr, 0,
-                                                      options.load_mtp));
+    m->ranks_[0]->weights = std::make_unique<ModelWeights>(
+        random_weights(m->config_, *m->ranks_[0]->ops, seed, report, nullptr, 0, options.load_mtp));
     return m;
   }
   // The ranks make their parts in parallel; the report is rank 0's with the PLE bytes of all ranks.
   std::vector<RandomWeightsReport> reports(m->ranks_.size());
   m->threads_->run([&](int r) {
     Rank& rk = *m->ranks_[size_t(r)];
-    rk.weights =
-        std::make_unique<ModelWeights>(
-            random_weights(m->config_, *rk.ops, seed, &reports[size_t(r)], &plan, rk.index, options.load_mtp));
+    rk.weights = std::make_unique<ModelWeights>(
+        random_weights(m->config_, *rk.ops, seed, &reports[size_t(r)], &plan, rk.index, options.load_mtp));
   });
   if (report) {
     *report = reports[0];
