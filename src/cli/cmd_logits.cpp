@@ -8,13 +8,13 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <memory>
 
 #include "cli/cli.h"
 #include "cli/device.h"
 #include "cli/load_progress.h"
+#include "cli/token_ids.h"
 #include "core/error.h"
 #include "core/npy.h"
 #include "engine/speculative.h"
@@ -35,41 +35,19 @@ struct LogitsArgs {
   bool warmup = false;
 };
 
-// "1,2, 3" -> {1, 2, 3}; anything else is an error naming the bad entry.
-std::vector<int32_t> parse_ids(const std::string& text) {
-  std::vector<int32_t> ids;
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    size_t end = text.find(',', pos);
-    if (end == std::string::npos) end = text.size();
-    std::string item = text.substr(pos, end - pos);
-    item.erase(0, item.find_first_not_of(" \t"));
-    item.erase(item.find_last_not_of(" \t") + 1);
-    if (!item.empty() || end < text.size()) {
-      int64_t v = 0;
-      auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
-      if (item.empty() || ec != std::errc() || p != item.data() + item.size() || v < INT32_MIN || v > INT32_MAX) {
-        fail("--ids: '{}' is not a token id (expected comma-separated integers, e.g. 1,2,3)", item);
-      }
-      ids.push_back(int32_t(v));
-    }
-    pos = end + 1;
-  }
-  return ids;
-}
-
 int64_t argmax(const float* row, int64_t n) {
   return std::max_element(row, row + n) - row;  // first maximum, like torch.argmax
 }
 
 int run(const LogitsArgs& a) {
-  const std::vector<int32_t> ids = parse_ids(a.ids);
+  const std::vector<int32_t> ids = cli::parse_token_ids(a.ids, "--ids");
   if (ids.empty()) fail("--ids: the prompt is empty: give at least one token id");
   if (a.chunk < 0) fail("--chunk must be >= 1 (or 0 for the whole prompt), got {}", a.chunk);
   if (a.greedy < 0) fail("--greedy must be >= 0, got {}", a.greedy);
   const SpeculativeConfig spec = SpeculativeConfig::parse(a.speculative);  // before any weight is read
   FN_CHECK(!spec.enabled() || a.nodes.nnodes == 1,
-           "--speculative {}: not over several nodes (--nnodes) yet (serve --speculative works over nodes)", spec.str());
+           "--speculative {}: not over several nodes (--nnodes) yet (serve --speculative works over nodes)",
+           spec.str());
   if (spec.enabled() && a.greedy == 0)
     fail("--speculative {} applies to --greedy N decoding: give --greedy", spec.str());
   ModelOptions options;
