@@ -125,9 +125,9 @@ for name in ("fp16x2", "fp16", "cpu"):
           f"argmax differences {int((got.argmax(-1) != ref.argmax(-1)).sum())} of {ref.shape[0]}")
 PY
   fi
-  gen=("$G/bin/flashnext" generate --device cuda --raw --prompt "The quick brown fox jumps over the lazy dog."
+  gen=("$G/bin/flashnext" generate --model models/tiny-b-random --device cuda --raw --prompt "The quick brown fox jumps over the lazy dog."
     --max-tokens 128 --temperature 0 --ignore-eos)
-  echo "\$ flashnext generate --device cuda --raw --prompt 'The quick brown fox jumps over the lazy dog.' --max-tokens 128 --temperature 0 --ignore-eos   (bundled models/tiny-b-random)" >>"$OUT/bench.log"
+  echo "\$ flashnext generate --model models/tiny-b-random --device cuda --raw --prompt 'The quick brown fox jumps over the lazy dog.' --max-tokens 128 --temperature 0 --ignore-eos" >>"$OUT/bench.log"
   timeout 60 "${gen[@]}" >/dev/null 2>>"$OUT/bench.log" || status=1
   cat "$OUT/bench.log"
 else

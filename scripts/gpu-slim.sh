@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ASIDE=${ASIDE:-/tmp/flashnext-aside}
 PATHS=(src docs tests/server tests/fuzz tests/data/tokenizer tests/data/chat tests/data/quant/awq-int4-g128
-       models/tiny-b-random/tokenizer.json)
+       models/tiny-b-random/tokenizer.json models/tiny-fortunes)
 if [ "${1:-}" = "--restore" ]; then
   for p in "${PATHS[@]}"; do
     if [ -e "$ASIDE/$p" ]; then mkdir -p "$(dirname "$p")" && mv "$ASIDE/$p" "$p"; fi

@@ -7,7 +7,11 @@ ids after the 256 byte tokens follow the merge order, so these are the first N -
 tokens above N, and copies tokenizer_config.json without added_tokens_decoder entries at or above N. The result
 tokenizes any text (the byte tokens cover every input) with ids < N.
 
-  python3 tools/truncate_tokenizer.py models/tiny-b-random OUT_DIR 4096
+With --keep-added, the added tokens (<|im_start|>, <|im_end|>, <think>, ...) are kept instead, renumbered in their
+order to the top ids [N - k, N), and the vocabulary keeps ids < N - k: a small vocabulary that still renders and
+parses the chat template (the trained bundled model, tools/train_tiny.py).
+
+  python3 tools/truncate_tokenizer.py models/tiny-b-random OUT_DIR 4096 [--keep-added]
 """
 import json
 import os
@@ -15,16 +19,26 @@ import sys
 
 
 def main() -> int:
-    if len(sys.argv) != 4:
+    args = [a for a in sys.argv[1:] if a != "--keep-added"]
+    keep_added = len(args) != len(sys.argv) - 1
+    if len(args) != 3:
         print(__doc__, file=sys.stderr)
         return 2
-    src, out, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    src, out, n = args[0], args[1], int(args[2])
     with open(os.path.join(src, "tokenizer.json"), encoding="utf-8") as f:
         tok = json.load(f)
     model = tok["model"]
     if model.get("type") != "BPE":
         raise SystemExit(f"{src}/tokenizer.json: model type {model.get('type')}, expected BPE")
-    vocab = {s: i for s, i in model["vocab"].items() if i < n}
+    renumber = {}  # old id -> new id of the kept added tokens
+    if keep_added:
+        added = sorted(tok.get("added_tokens", []), key=lambda t: t["id"])
+        renumber = {t["id"]: n - len(added) + i for i, t in enumerate(added)}
+        for t in added:
+            t["id"] = renumber[t["id"]]
+        tok["added_tokens"] = added
+    limit = n - len(renumber)
+    vocab = {s: i for s, i in model["vocab"].items() if i < limit}
     merges = []
     for m in model["merges"]:
         a, b = m if isinstance(m, list) else m.split(" ", 1)
@@ -32,7 +46,8 @@ def main() -> int:
             merges.append(m)
     model["vocab"] = vocab
     model["merges"] = merges
-    tok["added_tokens"] = [t for t in tok.get("added_tokens", []) if t["id"] < n]
+    if not keep_added:
+        tok["added_tokens"] = [t for t in tok.get("added_tokens", []) if t["id"] < n]
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "tokenizer.json"), "w", encoding="utf-8") as f:
         json.dump(tok, f, ensure_ascii=False)
@@ -41,7 +56,11 @@ def main() -> int:
         with open(cfg_path, encoding="utf-8") as f:
             cfg = json.load(f)
         if "added_tokens_decoder" in cfg:
-            cfg["added_tokens_decoder"] = {k: v for k, v in cfg["added_tokens_decoder"].items() if int(k) < n}
+            dec = cfg["added_tokens_decoder"]
+            if keep_added:
+                cfg["added_tokens_decoder"] = {str(renumber[int(k)]): v for k, v in dec.items() if int(k) in renumber}
+            else:
+                cfg["added_tokens_decoder"] = {k: v for k, v in dec.items() if int(k) < n}
         with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
             json.dump(cfg, f, ensure_ascii=False, indent=1)
     print(f"truncate_tokenizer: {len(vocab)} ids, {len(merges)} merges, {len(tok['added_tokens'])} added tokens -> {out}")

@@ -216,7 +216,7 @@ int run(const ServeArgs& a) {
         "flashnext serve: speculative decoding {}: decoding requests verify up to {} drafts per step, {} checkpoint "
         "slots x {} B (request fields num_speculative_tokens, speculative: false to opt out)",
         spec.str(), spec.k, sc.max_num_seqs, mp.slot_bytes());
-  if (a.model.empty()) spdlog::warn("flashnext serve: the bundled test model has RANDOM weights: expect gibberish");
+  if (a.model.empty()) spdlog::warn("flashnext serve: {}", kBundledModelNote);
   if (so.cors.enabled())
     spdlog::info("flashnext serve: CORS for origins {} (methods {}, headers {}{})",
                  fmt::join(so.cors.allowed_origins, ","), fmt::join(so.cors.allowed_methods, ","),
@@ -245,8 +245,7 @@ FLASHNEXT_SUBCOMMAND(
     [](CLI::App& sub) -> std::function<int()> {
       auto a = std::make_shared<ServeArgs>();
       sub.add_option("--model", a->model,
-                     "model folder (Hugging Face layout); default: the bundled models/tiny-b-random "
-                     "(random weights)");
+                     fmt::format("model folder (Hugging Face layout); default: the bundled {}", kBundledModel));
       sub.add_option("--device", a->device, "cpu (default) or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
       sub.add_option("--host", a->host, "address to listen on (default 127.0.0.1; 0.0.0.0 = all)");
       sub.add_option("--port", a->port, "TCP port (default 8000; 0 = any free port)")->check(CLI::Range(0, 65535));

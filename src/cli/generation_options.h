@@ -37,7 +37,7 @@ struct GenerationArgs {
 
 inline void add_generation_options(CLI::App& sub, GenerationArgs& a) {
   sub.add_option("--model", a.model,
-                 "model folder (Hugging Face layout); default: the bundled models/tiny-b-random (random weights)");
+                 fmt::format("model folder (Hugging Face layout); default: the bundled {}", kBundledModel));
   sub.add_option("--device", a.device, "cpu (default) or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   sub.add_option("--threads", a.threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
   sub.add_option("--tp", a.tp, "tensor-parallel ranks (default 1; threads of this process, docs/ENGINE.md)");
@@ -103,7 +103,7 @@ inline LoadedModel load_for_generation(const GenerationArgs& a, bool with_chat_t
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   fmt::print(stderr, "flashnext: loaded {} in {:.2f} s ({}{}){}\n", dir, s, m.model->ops().name(),
              m.model->tp() > 1 ? fmt::format(", tensor-parallel over {} ranks", m.model->tp()) : "",
-             a.model.empty() ? "; this bundled test model has RANDOM weights: expect gibberish" : "");
+             a.model.empty() ? fmt::format("; {}", kBundledModelNote) : std::string());
   return m;
 }
 

@@ -1,5 +1,6 @@
-// Where the model folder is when the user names none: the bundled `models/tiny-b-random` (random weights, real
-// Qwen3 tokenizer), so that a fresh clone's first command runs without a download.
+// Where the model folder is when the user names none: the bundled `models/tiny-fortunes` (a 10.8 M-parameter qwen4_exp
+// trained on fortune cookies by tools/train_tiny.py, with an MTP layer), so that a fresh clone's first command runs
+// without a download and prints English.
 #pragma once
 
 #include <string>
@@ -7,7 +8,11 @@
 namespace flashnext {
 
 /// Folder name of the bundled model, relative to the source tree.
-inline constexpr const char* kBundledModel = "models/tiny-b-random";
+inline constexpr const char* kBundledModel = "models/tiny-fortunes";
+
+/// What the CLI says when it runs the bundled model (no --model given).
+inline constexpr const char* kBundledModelNote =
+    "the bundled tiny model (10.8 M parameters, trained on fortune cookies): expect jokes and quotes, not answers";
 
 /// Returns `requested` when it is non-empty. Otherwise looks for the bundled model in the folder of the running
 /// executable and its parents (up to four levels: `build/flashnext`, `build/tests/test_engine`, ...), then in the

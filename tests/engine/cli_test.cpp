@@ -1,4 +1,5 @@
-// The real CLI path: runs the built `flashnext` binary (generate and chat) on the bundled tiny-b model and checks
+// The real CLI path: runs the built `flashnext` binary (generate and chat) on the tiny-b model (models/tiny-b-random,
+// named with --model: the bundled default is the trained models/tiny-fortunes, tests/cli/tiny_fortunes_test) and checks
 // the reference: the prompt ids flashnext renders and tokenizes from the fixture's messages equal P.input_ids and
 // greedy decoding reproduces P.greedy_ids (tests/data/fixtures/tiny-b). Bad input exits with status 1 and a clear
 // message.
@@ -17,8 +18,8 @@ namespace flashnext {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::CliRun;
 using testing::cli_scratch;
+using testing::CliRun;
 using testing::run_cli;
 using testing::slurp;
 using json = nlohmann::ordered_json;
@@ -63,9 +64,8 @@ TEST_F(Cli, GenerateFromMessagesReproducesTheReference) {
     const fs::path file = cli_scratch() / (std::string(cp.name) + ".json");
     std::ofstream(file) << test::tokenizer_cases()["chat"][size_t(cp.chat_case)]["messages"].dump();
     const auto greedy = test::reference_ids(std::string(cp.name) + ".greedy_ids");
-    // No --model: the bundled model is found relative to the executable.
-    CliRun r = run_cli({"generate", "--messages", file.string(), "--temperature", "0", "--max-tokens",
-                             std::to_string(greedy.size()), "--show-ids"});
+    CliRun r = run_cli({"generate", "--model", test::kModelDir, "--messages", file.string(), "--temperature", "0",
+                        "--max-tokens", std::to_string(greedy.size()), "--show-ids"});
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_EQ(ids_after(r.err, "prompt ids: "), test::reference_ids(std::string(cp.name) + ".input_ids"));
     EXPECT_EQ(ids_after(r.err, "output ids: "), greedy);
@@ -79,7 +79,7 @@ TEST_F(Cli, GeneratePromptUsesTheChatTemplateAndRawDoesNot) {
   // chat case 0 is one user message "What is 2+2?": --prompt with that text renders the chat0 prompt.
   const std::string question = test::tokenizer_cases()["chat"][0]["messages"][0]["content"];
   CliRun r = run_cli({"generate", "--model", test::kModelDir, "--prompt", question, "--temperature", "0",
-                           "--max-tokens", "3", "--show-ids"});
+                      "--max-tokens", "3", "--show-ids"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(ids_after(r.err, "prompt ids: "), test::reference_ids("chat0.input_ids"));
   auto greedy = test::reference_ids("chat0.greedy_ids");
@@ -87,7 +87,8 @@ TEST_F(Cli, GeneratePromptUsesTheChatTemplateAndRawDoesNot) {
   EXPECT_EQ(ids_after(r.err, "output ids: "), greedy);
 
   const std::string code = test::tokenizer_cases()["encode"][test::kCodeEncodeCase]["text"];
-  r = run_cli({"generate", "--prompt", code, "--raw", "--temperature", "0", "--max-tokens", "16", "--show-ids"});
+  r = run_cli({"generate", "--model", test::kModelDir, "--prompt", code, "--raw", "--temperature", "0", "--max-tokens",
+               "16", "--show-ids"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(ids_after(r.err, "prompt ids: "), test::reference_ids("code.input_ids"));
   EXPECT_EQ(ids_after(r.err, "output ids: "), test::reference_ids("code.greedy_ids"));
@@ -96,7 +97,8 @@ TEST_F(Cli, GeneratePromptUsesTheChatTemplateAndRawDoesNot) {
 TEST_F(Cli, ChatAnswersEachLineThenExits) {
   // First turn = chat case 0's conversation, so its reply starts with chat0's greedy tokens.
   const std::string question = test::tokenizer_cases()["chat"][0]["messages"][0]["content"];
-  CliRun r = run_cli({"chat", "--temperature", "0", "--max-tokens", "4"}, question + "\nAnd 3+3?\n/exit\n");
+  CliRun r = run_cli({"chat", "--model", test::kModelDir, "--temperature", "0", "--max-tokens", "4"},
+                     question + "\nAnd 3+3?\n/exit\n");
   ASSERT_EQ(r.status, 0) << r.err;
   auto greedy = test::reference_ids("chat0.greedy_ids");
   greedy.resize(4);
@@ -113,19 +115,24 @@ TEST_F(Cli, BadInputFailsWithAClearMessage) {
     EXPECT_EQ(r.status, 1) << r.err;
     EXPECT_NE(r.err.find(text), std::string::npos) << r.err;
   };
-  expect_error({"generate", "--prompt", ""}, "the prompt is empty");
-  expect_error({"generate", "--max-tokens", "4"}, "give exactly one of --prompt TEXT and --messages FILE.json");
-  expect_error({"generate", "--messages", (cli_scratch() / "missing.json").string()}, "cannot open");
-  expect_error({"generate", "--prompt", "hi", "--top-p", "0"}, "top_p must be in (0, 1]");
+  expect_error({"generate", "--model", test::kModelDir, "--prompt", ""}, "the prompt is empty");
+  expect_error({"generate", "--model", test::kModelDir, "--max-tokens", "4"},
+               "give exactly one of --prompt TEXT and --messages FILE.json");
+  expect_error({"generate", "--model", test::kModelDir, "--messages", (cli_scratch() / "missing.json").string()},
+               "cannot open");
+  expect_error({"generate", "--model", test::kModelDir, "--prompt", "hi", "--top-p", "0"}, "top_p must be in (0, 1]");
   expect_error({"generate", "--prompt", "hi", "--model", (cli_scratch() / "no-model").string()}, "no-model");
   std::string long_prompt;
   for (int i = 0; i < 9000; ++i) long_prompt += " a";  // > 8192 tokens (max_position_embeddings of tiny-b)
-  expect_error({"generate", "--raw", "--prompt", long_prompt}, "max_position_embeddings");
-  expect_error({"generate", "--prompt", "hi", "--speculative", "mtp:9"}, "--speculative mtp:9: K must be");
-  expect_error({"generate", "--prompt", "hi", "--speculative", "ngram:0"}, "--speculative ngram:0: K must be");
-  expect_error({"generate", "--prompt", "hi", "--speculative", "eagle:2"}, "unknown proposer 'eagle'");
+  expect_error({"generate", "--model", test::kModelDir, "--raw", "--prompt", long_prompt}, "max_position_embeddings");
+  expect_error({"generate", "--model", test::kModelDir, "--prompt", "hi", "--speculative", "mtp:9"},
+               "--speculative mtp:9: K must be");
+  expect_error({"generate", "--model", test::kModelDir, "--prompt", "hi", "--speculative", "ngram:0"},
+               "--speculative ngram:0: K must be");
+  expect_error({"generate", "--model", test::kModelDir, "--prompt", "hi", "--speculative", "eagle:2"},
+               "unknown proposer 'eagle'");
   // The bundled model has no MTP layer: said before the trunk's weights load (no "loaded" line).
-  CliRun r = run_cli({"generate", "--prompt", "hi", "--speculative", "mtp:2"});
+  CliRun r = run_cli({"generate", "--model", test::kModelDir, "--prompt", "hi", "--speculative", "mtp:2"});
   EXPECT_EQ(r.status, 1) << r.err;
   EXPECT_NE(r.err.find("--speculative mtp:2: "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("no mtp.* tensors"), std::string::npos) << r.err;
@@ -139,18 +146,22 @@ TEST_F(Cli, BadInputFailsWithAClearMessage) {
     EXPECT_NE(r.status, 0) << r.err;  // CLI11's exit codes
     EXPECT_NE(r.err.find(text), std::string::npos) << r.err;
   };
-  expect_error({"serve", "--port", "0", "--no-enable-prefix-caching", "--prefix-cache-snapshots", "8"},
+  expect_error({"serve", "--model", test::kModelDir, "--port", "0", "--no-enable-prefix-caching",
+                "--prefix-cache-snapshots", "8"},
                "--prefix-cache-snapshots needs prefix caching, which --no-enable-prefix-caching turned off");
-  expect_parse_error({"serve", "--port", "0", "--enable-prefix-caching", "--prefix-cache-snapshot-interval", "0"},
+  expect_parse_error({"serve", "--model", test::kModelDir, "--port", "0", "--enable-prefix-caching",
+                      "--prefix-cache-snapshot-interval", "0"},
                      "--prefix-cache-snapshot-interval: Value 0 not in range 1 to 1048576");
   // The snapshots come out of the KV budget: 64 of 10,000 B do not fit in 600,000 B.
-  expect_error({"serve", "--port", "0", "--enable-prefix-caching", "--prefix-cache-snapshots", "64",
-                "--kv-cache-memory-bytes", "600000"},
+  expect_error({"serve", "--model", test::kModelDir, "--port", "0", "--enable-prefix-caching",
+                "--prefix-cache-snapshots", "64", "--kv-cache-memory-bytes", "600000"},
                "--prefix-cache-snapshots");
   // serve --speculative: parsed as generate parses it; the missing MTP layer is said before the weights load.
-  expect_error({"serve", "--port", "0", "--speculative", "ngram:9"}, "--speculative ngram:9: K must be");
-  expect_error({"serve", "--port", "0", "--speculative", "eagle:2"}, "unknown proposer 'eagle'");
-  CliRun s = run_cli({"serve", "--port", "0", "--speculative", "mtp:2"});
+  expect_error({"serve", "--model", test::kModelDir, "--port", "0", "--speculative", "ngram:9"},
+               "--speculative ngram:9: K must be");
+  expect_error({"serve", "--model", test::kModelDir, "--port", "0", "--speculative", "eagle:2"},
+               "unknown proposer 'eagle'");
+  CliRun s = run_cli({"serve", "--model", test::kModelDir, "--port", "0", "--speculative", "mtp:2"});
   EXPECT_EQ(s.status, 1) << s.err;
   EXPECT_NE(s.err.find("--speculative mtp:2: "), std::string::npos) << s.err;
   EXPECT_NE(s.err.find("no mtp.* tensors"), std::string::npos) << s.err;
@@ -162,8 +173,8 @@ TEST_F(Cli, BadInputFailsWithAClearMessage) {
 TEST_F(Cli, SpeculativeDecodingKeepsTheGreedyOutput) {
   const auto greedy = test::reference_ids("code.greedy_ids");
   const std::string code = test::tokenizer_cases()["encode"][test::kCodeEncodeCase]["text"];
-  CliRun r = run_cli({"generate", "--prompt", code, "--raw", "--temperature", "0", "--max-tokens",
-                      std::to_string(greedy.size()), "--show-ids", "--speculative", "ngram:4"});
+  CliRun r = run_cli({"generate", "--model", test::kModelDir, "--prompt", code, "--raw", "--temperature", "0",
+                      "--max-tokens", std::to_string(greedy.size()), "--show-ids", "--speculative", "ngram:4"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(ids_after(r.err, "output ids: "), greedy);
   EXPECT_NE(r.err.find("speculative ngram:4: "), std::string::npos) << r.err;
@@ -195,9 +206,10 @@ TEST_F(Cli, SpeculativeDecodingKeepsTheGreedyOutput) {
 // tiny-b, docs/BENCHMARKS.md) and serve refuses a KV budget that leaves nothing (so it exits instead of serving).
 TEST_F(Cli, DeviceCudaFollowsTheBuildAndTheMachine) {
   const std::string question = test::tokenizer_cases()["chat"][0]["messages"][0]["content"];
-  CliRun gen = run_cli(
-      {"generate", "--prompt", question, "--device", "cuda", "--temperature", "0", "--max-tokens", "3", "--show-ids"});
-  CliRun serve = run_cli({"serve", "--device", "cuda", "--port", "0", "--gpu-memory-utilization", "0.0001"});
+  CliRun gen = run_cli({"generate", "--model", test::kModelDir, "--prompt", question, "--device", "cuda",
+                        "--temperature", "0", "--max-tokens", "3", "--show-ids"});
+  CliRun serve = run_cli(
+      {"serve", "--model", test::kModelDir, "--device", "cuda", "--port", "0", "--gpu-memory-utilization", "0.0001"});
   SCOPED_TRACE(std::string("CUDA build: ") + (kCudaBuild ? "yes" : "no") + ", GPU: " + (gpu_present() ? "yes" : "no"));
   if (!kCudaBuild) {
     EXPECT_EQ(gen.status, 1) << gen.err;

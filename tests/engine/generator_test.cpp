@@ -111,7 +111,8 @@ TEST(ModelDir, BundledModelIsFoundFromTheTestBinary) {
   // The test binary sits in <build>/tests/; the bundled model is found by walking up from it.
   const std::string dir = resolve_model_dir("");
   EXPECT_TRUE(std::filesystem::is_regular_file(std::filesystem::path(dir) / "config.json"));
-  EXPECT_EQ(std::filesystem::canonical(dir), std::filesystem::canonical(test::kModelDir));
+  EXPECT_EQ(std::filesystem::canonical(dir),
+            std::filesystem::canonical(std::filesystem::path(FLASHNEXT_SOURCE_DIR) / kBundledModel));
   EXPECT_EQ(resolve_model_dir("/some/dir"), "/some/dir");
 }
 
