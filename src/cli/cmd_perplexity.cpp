@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -29,7 +30,7 @@ using namespace flashnext;
 
 struct PerplexityArgs {
   std::string model, file, ids, device = "cpu";
-  int64_t ctx = 512, chunk = 0, max_tokens = 0;
+  int64_t ctx = 512, chunk = 256, max_tokens = 0;
   int threads = 0, tp = 1;
   bool json = false;
 };
@@ -50,6 +51,8 @@ int run(const PerplexityArgs& a) {
   if (a.max_tokens < 0) fail("--max-tokens must be >= 0 (0 = the whole text), got {}", a.max_tokens);
   std::string text;
   if (!a.file.empty()) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(a.file, ec)) fail("--file {}: not a readable file", a.file);
     std::ifstream in(a.file, std::ios::binary);
     if (!in) fail("--file {}: cannot open it", a.file);
     std::ostringstream ss;
@@ -81,7 +84,8 @@ int run(const PerplexityArgs& a) {
         fail("--ids: token id {} at index {} is outside the vocabulary [0, {})", ids[i], i, V);
   }
   if (a.max_tokens > 0 && int64_t(ids.size()) > a.max_tokens) ids.resize(size_t(a.max_tokens));
-  if (ids.size() < 2) fail("the text is {} token(s): perplexity needs at least 2", ids.size());
+  if (ids.size() < 2)
+    fail("perplexity needs at least 2 tokens, got {}{}", ids.size(), a.max_tokens > 0 ? " (after --max-tokens)" : "");
 
   const int64_t T = int64_t(ids.size());
   double total = 0;
@@ -135,7 +139,9 @@ FLASHNEXT_SUBCOMMAND(perplexity, "perplexity", "Perplexity of a text under the m
                        sub.add_option("--file", a->file, "text file, tokenized as is (no chat template)");
                        sub.add_option("--ids", a->ids, "token ids instead of a text, comma-separated");
                        sub.add_option("--ctx", a->ctx, "window length in tokens (default 512)");
-                       sub.add_option("--chunk", a->chunk, "prefill chunk size within a window (default: whole)");
+                       sub.add_option("--chunk", a->chunk,
+                                      "prefill chunk size within a window: the logits of this many rows at a time "
+                                      "(default 256; 0: whole windows)");
                        sub.add_option("--max-tokens", a->max_tokens, "score only the first N tokens (0 = all)");
                        sub.add_option("--device", a->device, "cpu (default: the float32 oracle) or cuda")
                            ->check(CLI::IsMember({"cpu", "cuda"}));

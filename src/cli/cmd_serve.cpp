@@ -110,9 +110,13 @@ int run(const ServeArgs& a) {
   const SpeculativeConfig spec = SpeculativeConfig::parse(a.speculative);  // before any weight is read
   const std::string dir = resolve_model_dir(a.model);
   ModelOptions mo;
-  cli::set_backend(mo, a.device, a.threads, a.tp, a.nodes, cli::node_fingerprint(a.nodes, dir));
+  // Every node loads the MTP layer or none does (the follower runs the layer's steps too).
+  const bool mtp = spec.method == SpeculativeConfig::Method::Mtp;
+  const std::string fingerprint = cli::node_fingerprint(a.nodes, dir);
+  cli::set_backend(mo, a.device, a.threads, a.tp, a.nodes,
+                   fingerprint.empty() ? fingerprint : fingerprint + (mtp ? ", MTP layer" : ", no MTP layer"));
   mo.progress = cli::LoadProgressPrinter();
-  mo.load_mtp = spec.method == SpeculativeConfig::Method::Mtp;
+  mo.load_mtp = mtp;
   LoadedModel m = [&] {
     try {
       return LoadedModel::load(dir, mo, /*with_chat_template=*/true);

@@ -75,6 +75,7 @@ TEST(PerplexityCli, OneWindowEqualsTheReferencePerplexity) {
 TEST(PerplexityCli, WindowsAreIndependentRunsAndChunkingKeepsTheFigure) {
   const SafetensorsFile ref(src("tests/data/fixtures/tiny-a/reference.safetensors"));
   const auto ids = i64(ref, "long.input_ids");
+  ASSERT_EQ(ids.size(), 300u);
   const nlohmann::json all =
       run_json(fmt::format("perplexity --model {} --ids {} --ctx 100", kModel, fmt::join(ids, ",")));
   ASSERT_TRUE(all.contains("mean_nll"));
@@ -96,6 +97,19 @@ TEST(PerplexityCli, WindowsAreIndependentRunsAndChunkingKeepsTheFigure) {
       run_json(fmt::format("perplexity --model {} --ids {} --ctx 100 --max-tokens 100", kModel, fmt::join(ids, ",")));
   ASSERT_TRUE(first.contains("scored_tokens"));
   EXPECT_EQ(first["scored_tokens"].get<int64_t>(), 99);
+  // A last window of one token scores nothing and is no window: 201 tokens in windows of 100 are two.
+  const nlohmann::json tail =
+      run_json(fmt::format("perplexity --model {} --ids {} --ctx 100 --max-tokens 201", kModel, fmt::join(ids, ",")));
+  ASSERT_TRUE(tail.contains("scored_tokens"));
+  EXPECT_EQ(tail["scored_tokens"].get<int64_t>(), 198);
+  EXPECT_EQ(tail["windows"].get<int64_t>(), 2);
+  // Whole windows (--chunk 0) and chunks longer than a window give the default's figure.
+  for (const char* chunk : {"0", "1000"}) {
+    const nlohmann::json j = run_json(
+        fmt::format("perplexity --model {} --ids {} --ctx 100 --chunk {}", kModel, fmt::join(ids, ","), chunk));
+    ASSERT_TRUE(j.contains("mean_nll"));
+    EXPECT_NEAR(j["mean_nll"].get<double>(), all["mean_nll"].get<double>(), 1e-5) << "--chunk " << chunk;
+  }
 }
 
 TEST(PerplexityCli, BadInputIsNamed) {
@@ -105,12 +119,16 @@ TEST(PerplexityCli, BadInputIsNamed) {
   const std::vector<Case> cases = {
       {"perplexity --model " + kModel, "exactly one of --file"},
       {"perplexity --model " + kModel + " --ids 1,2 --file /nonexistent", "exactly one of --file"},
-      {"perplexity --model " + kModel + " --file /nonexistent/text.txt", "--file /nonexistent/text.txt: cannot open"},
+      {"perplexity --model " + kModel + " --file /nonexistent/text.txt", "--file /nonexistent/text.txt: not a readable file"},
       {"perplexity --model " + kModel + " --ids 1,2,3 --ctx 1", "--ctx must be >= 2"},
       {"perplexity --model " + kModel + " --ids 1,2,x", "--ids: 'x' is not a token id"},
       {"perplexity --model " + kModel + " --ids 1,5000",
        "token id 5000 at index 1 is outside the vocabulary [0, 1024)"},
-      {"perplexity --model " + kModel + " --ids 7", "needs at least 2"},
+      {"perplexity --model " + kModel + " --ids 7", "needs at least 2 tokens, got 1"},
+      {"perplexity --model " + kModel + " --ids 7,8,9 --max-tokens 1", "got 1 (after --max-tokens)"},
+      {"perplexity --model " + kModel + " --ids 7,8,9 --max-tokens -2", "--max-tokens must be >= 0"},
+      {"perplexity --model " + kModel + " --ids 1,2,", "--ids: '' is not a token id"},
+      {"perplexity --model " + kModel + " --file /tmp", "--file /tmp: not a readable file"},
       {"perplexity --model " + kModel + " --ids 1,2 --chunk -1", "--chunk must be >= 1"},
   };
   for (const Case& c : cases) {

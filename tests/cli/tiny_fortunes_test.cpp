@@ -37,7 +37,7 @@ std::vector<int64_t> ids_after(const std::string& text, const std::string& label
   return ids;
 }
 
-// The bound is 1%; the CPU oracle is much closer: 1.2e-7 relative on the bundled model (2026-12-05; the
+// The bound is 1%; the CPU oracle is much closer: 7.2e-8 relative on the bundled model (2026-12-05; the
 // CUDA backend's default precision 3.6e-6 on an H100, docs/BENCHMARKS.md), the float32 sums of two implementations
 // over ~2,000 tokens. Bound 1e-5.
 TEST(TinyFortunes, HeldOutPerplexityEqualsTransformers) {

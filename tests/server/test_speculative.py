@@ -171,3 +171,62 @@ def test_request_settings_the_server_cannot_honour_are_400(plain, spec):
     r = client.completions.create(model="tiny", prompt="hi", max_tokens=3, temperature=0,
                                   extra_body={"speculative": False})
     assert r.usage.completion_tokens <= 3
+
+
+def test_mtp_drafts_over_two_nodes_keep_the_greedy_ids_and_acceptance():
+    """`serve --speculative mtp:2 --tp 2 --nnodes 2` on the bundled trained model (its MTP layer drafts; issue 21):
+    the greedy token ids of a server in one process without speculation, and the drafted and accepted counts of one
+    process with it (the drafts are the same bits), for requests one after another."""
+    import socket
+    import subprocess
+
+    from conftest import BIN, ROOT
+
+    model = ROOT / "models" / "tiny-fortunes"
+    prompts = ["Tell me a joke about GPUs.", "Say something wise.", "Tell me something about love."]
+
+    def run(server):
+        ids = []
+        for p in prompts:
+            body = {"model": "tiny", "messages": [{"role": "user", "content": p}], "temperature": 0,
+                    "max_tokens": 40, "logprobs": True, "return_tokens_as_token_ids": True}
+            r = requests.post(server.v1 + "/chat/completions", json=body, timeout=300)
+            assert r.status_code == 200, r.text
+            ids.append([int(t["token"].split(":")[1]) for t in r.json()["choices"][0]["logprobs"]["content"]])
+        m = server.metrics()
+        return ids, (m.get("flashnext_spec_decode_num_draft_tokens_total", 0),
+                     m.get("flashnext_spec_decode_num_accepted_tokens_total", 0))
+
+    args = ("--max-model-len", "512", "--served-model-name", "tiny")
+    plain = Server(*args, model=model)
+    try:
+        want, _ = run(plain)
+    finally:
+        plain.stop()
+    one = Server(*args, "--tp", "2", "--speculative", "mtp:2", model=model)
+    try:
+        got_one, counts_one = run(one)
+    finally:
+        one.stop()
+    assert got_one == want
+    assert counts_one[1] > 0, counts_one  # the trained MTP layer's drafts are accepted
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    nodes = ["--tp", "2", "--nnodes", "2", "--master-port", port, "--speculative", "mtp:2"]
+    follower = subprocess.Popen([str(BIN), "serve", "--model", str(model), *nodes, "--node-rank", "1"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        leader = Server(*args, *nodes, model=model)
+        try:
+            got, counts = run(leader)
+        finally:
+            leader.stop()
+        assert got == want
+        assert counts == counts_one
+        out, _ = follower.communicate(timeout=30)
+        assert follower.returncode == 0, out
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait(20)

@@ -41,6 +41,7 @@ enum class NodeCall : uint8_t {
   CopySequence,   // from, to
   CopyStateSlot,  // pool id, from slot, to slot
   ForwardBatch,   // items: sequence, ids, mode
+  MtpForward,     // sequence, next ids, mode (the hidden rows are rank 0's: the others add zeros)
   End,            // the leader's model is gone
   Abort,          // ... while an error went up node 0's command (its followers end with an error too)
 };
@@ -243,6 +244,17 @@ void Model::follow_calls() {
         forward_batch(items);
         break;
       }
+      case NodeCall::MtpForward: {
+        SequenceState seq = get_sequence(r, pools);
+        const std::vector<int32_t> next = r.get_vector<int32_t>();
+        const LogitsMode mode = LogitsMode(r.get<uint8_t>());
+        r.finish();
+        FN_CHECK(!next.empty(), "{}: an MTP step without tokens", from);
+        // The hidden rows live on rank 0 (node 0); this node's ranks add zeros, so a tensor of the shape will do.
+        const Tensor unused = ranks_[0]->ops->empty({int64_t(next.size()), config_.hc_width()});
+        mtp_forward(seq, unused, next, mode);
+        break;
+      }
       case NodeCall::End:
         r.finish();
         return;
@@ -277,7 +289,6 @@ void Model::make_ranks(const TpPlan& plan, const ModelOptions& options) {
   if (several_nodes) {
     const NodeGroup& g = *options.nodes;
     FN_CHECK(g.world() == tp, "{}: the node group has {} ranks", flag, g.world());
-    FN_CHECK(!options.load_mtp, "the MTP layer (speculative decoding) does not run over several nodes yet ({})", flag);
     first = g.first_rank(), local = g.ranks_per_node();
     nodes_ = std::make_unique<Nodes>();
     nodes_->group = options.nodes;
@@ -865,9 +876,10 @@ int64_t Model::cache_layers() const {
 
 Model::MtpOutput Model::mtp_forward(SequenceState& seq, const Tensor& hidden, std::span<const int32_t> next_ids,
                                     LogitsMode mode) {
+  const CallScope scope(call_depth_);
   FN_CHECK(has_mtp(), "mtp_forward: the MTP layer is not loaded (ModelOptions::load_mtp)");
   const ModelConfig& c = config_;
-  const int64_t T = int64_t(next_ids.size()), H = c.hidden_size, S = c.hc_count, W = c.hc_width();
+  const int64_t T = int64_t(next_ids.size()), W = c.hc_width();
   FN_CHECK(T >= 1, "mtp_forward: empty input: at least one next token id is required");
   const Shape want_hidden{T, W};
   FN_CHECK(hidden.defined() && hidden.dtype() == DType::F32 && hidden.shape() == want_hidden,
@@ -882,14 +894,34 @@ Model::MtpOutput Model::mtp_forward(SequenceState& seq, const Tensor& hidden, st
   const int64_t end = seq.mtp_length + T;
   FN_CHECK(end <= c.max_position_embeddings, "mtp_forward: position {} would pass max_position_embeddings = {}",
            end - 1, c.max_position_embeddings);
-  if (seq.private_cache) {
-    reserve_private(seq, end);
-  } else {
+  if (!seq.private_cache) {
     const int64_t bs = seq.cache->block_size, need = (end + bs - 1) / bs;
     FN_CHECK(int64_t(seq.block_table.size()) >= need,
              "mtp_forward: the sequence reaches MTP position {} but its block table covers {} blocks of {}", end - 1,
              seq.block_table.size(), bs);
   }
+  if (sends_calls()) {  // the other nodes run the layer too (before the private cache grows: they grow theirs)
+    WireWriter w = call_message(NodeCall::MtpForward);
+    put_sequence(w, seq);
+    w.put(std::vector<int32_t>(next_ids.begin(), next_ids.end())).put(uint8_t(mode));
+    send_call(w.bytes());
+  }
+  if (!nodes_) return run_mtp(seq, hidden, next_ids, mode);
+  try {
+    return run_mtp(seq, hidden, next_ids, mode);
+  } catch (const std::exception& e) {  // as forward_batch: the group fails for good
+    set_failure(e.what());
+    for (auto& rk : ranks_) rk->comm->abort(e.what());
+    throw;
+  }
+}
+
+Model::MtpOutput Model::run_mtp(SequenceState& seq, const Tensor& hidden, std::span<const int32_t> next_ids,
+                                LogitsMode mode) {
+  const ModelConfig& c = config_;
+  const int64_t T = int64_t(next_ids.size()), H = c.hidden_size, S = c.hc_count, W = c.hc_width();
+  const int64_t end = seq.mtp_length + T;
+  if (seq.private_cache) reserve_private(seq, end);
   // Every rank runs the layer over its shards (its query heads, its slice of every expert), in lock step through
   // the collectives, as a trunk layer; callers see rank 0's outputs.
   MtpOutput result;

@@ -218,7 +218,8 @@ class Model {
   /// Advances seq.mtp_length by T (the caller sets it back to discard draft positions: KV beyond it is overwritten).
   /// Throws Error (leaving `seq` unchanged) when the MTP layer is not loaded, `hidden` is not F32 [T, S*H] with
   /// T = next_ids.size() >= 1, an id is outside the vocabulary, the positions pass max_position_embeddings, or (in a
-  /// shared pool) the block table does not cover them.
+  /// shared pool) the block table does not cover them. Over several nodes the leader sends the call to the other
+  /// nodes first (their ranks add zeros for `hidden`), as forward_batch does.
   MtpOutput mtp_forward(SequenceState& seq, const Tensor& hidden, std::span<const int32_t> next_ids,
                         LogitsMode mode = LogitsMode::All);
 
@@ -266,6 +267,8 @@ class Model {
   void check_cache_shape(int64_t num_blocks, int64_t block_size, int64_t num_slots) const;
   /// Grows a private cache so that `seq` has blocks for `length` positions.
   void reserve_private(SequenceState& seq, int64_t length) const;
+  /// A validated MTP step (mtp_forward after its checks and the call sent to the other nodes).
+  MtpOutput run_mtp(SequenceState& seq, const Tensor& hidden, std::span<const int32_t> next_ids, LogitsMode mode);
   /// A validated step (forward_batch after its checks and the call sent to the other nodes): the host work, then
   /// every rank of this process.
   Tensor run_step(std::span<const BatchItem> items, std::vector<int64_t>* row_offsets, const HiddenHook& hook,
