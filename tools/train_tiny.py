@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Trains the bundled tiny qwen4_exp (models/tiny-fortunes) on the English text of Debian's `fortunes` packages.
 
-The real architecture at a small size: 4 layers (3 Gated DeltaNet + 1 QSA with its block indexer, PLE at layer
-index 1 as released), 4-stream hyper-connections, 16 routed experts top-4 plus a shared expert, and an MTP layer
+The real architecture at a small size: 4 layers (3 Gated DeltaNet + 1 QSA with its block indexer, PLE read by
+layer index 1 as in the released model: ple_layer_ids [2], one-indexed), 4-stream hyper-connections, 16 routed experts top-4 plus a shared expert, and an MTP layer
 trained with the next-next-token loss; a 4,096-id vocabulary cut from the Qwen tokenizer with its added tokens
 (tools/truncate_tokenizer.py --keep-added), so the chat template works. The trunk is transformers' own
 `Qwen4ExpForConditionalGeneration`; the MTP layer is tools/make_mtp_fixture.py's `Mtp` (transformers 5.17 does not
@@ -10,18 +10,21 @@ build one). The QSA indexer gets no gradient (its top-k selects; the reference t
 keeps its initial weights, as do the vision stub's.
 
 Data: the fortune cookies of the `fortunes` and `fortunes-min` Debian packages (BSD licence; the files of
-/usr/share/games/fortunes, without the ASCII-art files and a few topics), one in 20 held out. Each cookie is trained
+/usr/share/games/fortunes, without the ASCII-art files and a few topics; a cookie two files share kept once), one in
+20 held out: half of them judge early stopping, the other half is the test text (heldout.txt). Each cookie is trained
 on as raw text and as a chat answer to a request about its file's topic ("Tell me a joke about computers."), so that
 `flashnext generate --prompt "..."` answers with a cookie-like text.
 
     python3 tools/train_tiny.py --text DIR --tokenizer TOKDIR --out OUT [--minutes 6] [--device cuda]
 
 writes OUT/ (config.json, model*.safetensors with mtp.* in its own shard, tokenizer files, generation_config.json,
-heldout.txt, perplexity.json: transformers' perplexity of the first --eval-tokens held-out tokens in windows of
---eval-ctx, from the saved bf16 weights in float32, and a greedy sample) and OUT/train_log.json.
+heldout.txt, perplexity.json: transformers' perplexity of the first --eval-tokens tokens of heldout.txt in windows of
+--eval-ctx, from the saved bf16 weights in float32 on the CPU, and a greedy sample) and OUT/train_log.json.
+--reference-only writes OUT/perplexity.json again from OUT's weights and heldout.txt (the models/tiny-fortunes of
+2026-12-05 came from the first version of this script: PLE at layer 0, no deduplication, held-out cookies joined by
+newlines only, no early stopping).
 """
 import argparse
-import copy
 import json
 import math
 import os
@@ -48,12 +51,13 @@ TEXT = dict(vocab_size=VOCAB, hidden_size=256, num_hidden_layers=4, num_attentio
             linear_conv_kernel_dim=4, linear_key_head_dim=64, linear_value_head_dim=64,
             linear_num_key_heads=2, linear_num_value_heads=4,
             moe_intermediate_size=64, shared_expert_intermediate_size=256, num_experts=16, num_experts_per_tok=4,
-            hc_count=4, hc_lowrank=32, ple_layer_ids=[1], ple_embed_dim=64, ple_conv_kernel_size=4,
+            hc_count=4, hc_lowrank=32, ple_layer_ids=[2], ple_embed_dim=64, ple_conv_kernel_size=4,
             ngram_size=3, heads_per_ngram=8, ngram_vocab_size_base=20000, make_ngram_vocab_size_divisible_by=128,
             seed=1234, split_ngram_parts=8,
             indexer_n_heads=4, indexer_kv_heads=1, indexer_head_dim=32, indexer_budget=256,
             indexer_compress_ratio=4, max_position_embeddings=4096, bos_token_id=None, rms_norm_eps=1e-6,
             tie_word_embeddings=False, layer_types=["linear_attention"] * 3 + ["qwen_sparse_attention"])
+MAX_COOKIE = 1200
 SKIP_FILES = {"art", "ascii-art", "translate-me", "ethnic", "drugs", "men-women", "politics", "debian", "perl"}
 TOPICS = {  # file -> topics a request may name
     "computers": ["computers", "programming", "GPUs", "software", "hackers"], "linux": ["Linux", "computers"],
@@ -71,18 +75,36 @@ ABOUT = ["Tell me a joke about {}.", "Say something about {}.", "Tell me somethi
 
 
 def read_cookies(text_dir):
-    """(file, cookie) pairs of every fortune file in text_dir, in name order, skipping SKIP_FILES and .dat files."""
-    out = []
+    """(file, cookie) pairs of every fortune file in text_dir, in name order, skipping SKIP_FILES and .dat files, and
+    cookies longer than MAX_COOKIE characters; a cookie that two files share (or that differs only in case and
+    spacing) is kept once, in its first file, so that no held-out cookie is also trained on."""
+    out, seen, long = [], set(), 0
     for name in sorted(os.listdir(text_dir)):
         path = os.path.join(text_dir, name)
         if name in SKIP_FILES or "." in name or not os.path.isfile(path):
             continue
         with open(path, encoding="utf-8", errors="replace") as f:
-            for c in f.read().split("\n%\n"):
-                c = c.strip("\n%").replace("\t", "    ").rstrip()
-                if 0 < len(c) <= 1200:
-                    out.append((name, c))
+            text = f.read()
+        if text.endswith("\n%\n"):
+            text = text[:-2]
+        for c in text.split("\n%\n"):
+            c = c.strip("\n").replace("\t", "    ").rstrip()
+            key = " ".join(c.lower().split())
+            if not c or key in seen:
+                continue
+            if len(c) > MAX_COOKIE:
+                long += 1
+                continue
+            seen.add(key)
+            out.append((name, c))
+    print(f"train_tiny: {long} cookies longer than {MAX_COOKIE} characters left out", flush=True)
     return out
+
+
+def held_out_text(cookies):
+    """The text of held-out cookies as the raw training documents are: each followed by a newline and
+    <|endoftext|> (both tokenizers read the special token's text as its id)."""
+    return "".join(c + "\n<|endoftext|>" for _, c in cookies)
 
 
 def encode_documents(tok, cookies, rng):
@@ -185,12 +207,12 @@ def greedy(model, ids, steps, eos, device):
 def write_reference(out, tok, held, train, im_end, args):
     """perplexity.json of the model folder `out`: transformers' figures from the saved weights as flashnext reads them
     (bf16 -> float32), with the reference's own indexer, on the CPU (float32 throughout: no TF32 in a GPU's matmuls
-    and convolutions)."""
+    and convolutions), over the first --eval-tokens tokens of out/heldout.txt."""
     dev = torch.device("cpu")
     ref = Qwen4ExpForConditionalGeneration.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
     ref.to(dev).eval()
-    held_text = "".join(c + "\n" for _, c in held)
-    held_ids = tok.encode(held_text).ids[: args.eval_tokens]
+    with open(os.path.join(out, "heldout.txt"), encoding="utf-8") as f:
+        held_ids = tok.encode(f.read()).ids[: args.eval_tokens]
     ppl, scored = perplexity(ref, held_ids, args.eval_ctx, dev)
     train_ids = tok.encode("".join(c + "\n" for _, c in train[:200])).ids[: args.eval_tokens]
     train_ppl, _ = perplexity(ref, train_ids, args.eval_ctx, dev)
@@ -235,7 +257,10 @@ def main():
     im_end, endoftext = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
     assert im_end is not None and endoftext is not None and tok.get_vocab_size() <= VOCAB, "tokenizer"
     cookies = read_cookies(args.text)
-    held = [c for i, c in enumerate(cookies) if i % 20 == 0]
+    # One cookie in 20 held out: the even ones judge early stopping (validation), the odd ones are the test text
+    # (heldout.txt, perplexity.json), seen by neither the training nor the choice of the weights.
+    valid = [c for i, c in enumerate(cookies) if i % 40 == 0]
+    held = [c for i, c in enumerate(cookies) if i % 40 == 20]
     train = [c for i, c in enumerate(cookies) if i % 20 != 0]
     if args.reference_only:
         ppl, scored, train_ppl, text = write_reference(args.out, tok, held, train, im_end, args)
@@ -270,7 +295,7 @@ def main():
 
     # Early stopping: the held-out loss of the first windows (as long as a training sequence, so the fast indexer path)
     # every --eval-every steps; the best weights are kept on the host and saved.
-    held_eval = tok.encode("".join(c + "\n" for _, c in held)).ids[: 8 * args.seq_len]
+    held_eval = tok.encode(held_out_text(valid)).ids[: 8 * args.seq_len]
     held_eval = torch.tensor(held_eval[: len(held_eval) // args.seq_len * args.seq_len]).view(-1, args.seq_len)
 
     @torch.no_grad()
@@ -290,8 +315,14 @@ def main():
     warmup = 100
     for ids in batches(docs, args.seq_len, args.batch, rng):
         elapsed = time.time() - t0
-        frac = elapsed / budget
-        if frac >= 1.0 or (args.max_steps and step >= args.max_steps):
+        frac = max(elapsed / budget, step / args.max_steps if args.max_steps else 0.0)
+        if frac >= 1.0:
+            if args.eval_every and best[1] != step:  # the last weights are a candidate too
+                h = held_loss()
+                log.append(dict(step=step, heldout_loss=h))
+                if h < best[0]:
+                    best = (h, step, ({k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+                                      {k: v.detach().cpu().clone() for k, v in mtp.state_dict().items()}))
             break
         lr = args.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
         for g in opt.param_groups:
@@ -343,12 +374,11 @@ def main():
     json.dump(conf, open(conf_path, "w"), indent=2)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(args.tokenizer, f), os.path.join(out, f))
-    gen = {"eos_token_id": im_end, "pad_token_id": endoftext, "temperature": 0.7, "top_p": 0.9, "top_k": 40,
+    gen = {"eos_token_id": [im_end, endoftext], "pad_token_id": endoftext, "temperature": 0.7, "top_p": 0.9, "top_k": 40,
            "do_sample": True, "max_new_tokens": 128}
     json.dump(gen, open(os.path.join(out, "generation_config.json"), "w"), indent=2)
-    held_text = "".join(c + "\n" for _, c in held)
     with open(os.path.join(out, "heldout.txt"), "w", encoding="utf-8") as f:
-        f.write(held_text)
+        f.write(held_out_text(held))
 
     indexer.forward = reference_indexer
     ppl, scored, train_ppl, greedy_text = write_reference(out, tok, held, train, im_end, args)

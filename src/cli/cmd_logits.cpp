@@ -98,15 +98,20 @@ int run(const LogitsArgs& a) {
     auto choose = [&](std::span<float> r) { return int32_t(argmax(r.data(), V)); };
     out.push_back(choose(row));
     context.push_back(out.back());
+    size_t used = 0;  // tokens of the last step within --greedy N
     while (int64_t(out.size()) < a.greedy) {
+      used = 0;
       for (int32_t t : sd.step(sseq, context, choose)) {
-        if (int64_t(out.size()) < a.greedy) out.push_back(t);
+        if (int64_t(out.size()) < a.greedy) {
+          out.push_back(t);
+          ++used;
+        }
         context.push_back(t);
       }
     }
     const double decode_s = std::chrono::duration<double>(clock::now() - t0).count();
     fmt::print("greedy: {}\n", fmt::join(out, ","));
-    const SpeculativeStats& st = sd.stats();
+    const SpeculativeStats st = sd.stats_using(used);
     fmt::print(stderr,
                "speculative {}: {} verify steps, drafted {}, accepted {} ({:.1f}%), mean accepted length {:.2f}, "
                "{} rollbacks; prefill + decode {:.3f} s\n",

@@ -87,7 +87,10 @@ int run(const PerplexityArgs& a) {
   if (ids.size() < 2)
     fail("perplexity needs at least 2 tokens, got {}{}", ids.size(), a.max_tokens > 0 ? " (after --max-tokens)" : "");
 
-  const int64_t T = int64_t(ids.size());
+  const int64_t T = int64_t(ids.size()), longest = std::min(a.ctx, T);
+  if (longest > model.config().max_position_embeddings)
+    fail("--ctx {}: a window of {} tokens passes the model's max_position_embeddings = {}; give --ctx <= {}", a.ctx,
+         longest, model.config().max_position_embeddings, model.config().max_position_embeddings);
   double total = 0;
   int64_t scored = 0, windows = 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -121,7 +124,8 @@ int run(const PerplexityArgs& a) {
                              {"device", model.ops().name()}};
     fmt::print("{}\n", j.dump());
   } else {
-    fmt::print("perplexity: {:.4f} over {} tokens ({} windows of up to {})\n", ppl, scored, windows, a.ctx);
+    fmt::print("perplexity: {:.4f} over {} tokens ({} window{} of up to {})\n", ppl, scored, windows,
+               windows == 1 ? "" : "s", a.ctx);
     fmt::print(stderr, "{} tokens in {:.2f} s ({:.1f} tokens/s, {})\n", T, seconds, double(T) / seconds,
                model.ops().name());
   }

@@ -57,7 +57,9 @@ class Generator {
   /// (the calls after the verify run no forward). Throws Error when called after the output finished.
   TokenDelta step();
   /// Acceptance figures of speculative decoding (zeros without it).
-  SpeculativeStats speculative_stats() const { return spec_ ? spec_->stats() : SpeculativeStats{}; }
+  /// Drafted, accepted and emitted tokens of the verify steps, counted up to the last token returned (the tokens a
+  /// stop condition cut off the last step do not count, as in the server's metrics).
+  SpeculativeStats speculative_stats() const { return spec_ ? spec_->stats_using(queued_at_) : SpeculativeStats{}; }
 
   bool finished() const { return output_.finished(); }
   FinishReason finish_reason() const { return output_.finish_reason(); }

@@ -170,6 +170,8 @@ std::vector<int32_t> SpeculativeDecoder::step(SequenceState& seq, std::span<cons
   stats_.drafted += int64_t(drafts.size());
   stats_.accepted += int64_t(accepted);
   stats_.emitted += int64_t(out.size());
+  last_out_ = out.size();
+  last_accepted_ = accepted;
 
   if (accepted < drafts.size()) {  // rollback: restore the state, feed the accepted tokens again
     ++stats_.refeeds;
@@ -182,6 +184,14 @@ std::vector<int32_t> SpeculativeDecoder::step(SequenceState& seq, std::span<cons
     mtp_next_.assign(drafts.begin(), drafts.begin() + int64_t(accepted));
   }
   return out;
+}
+
+SpeculativeStats SpeculativeDecoder::stats_using(size_t used) const {
+  SpeculativeStats st = stats_;
+  if (used >= last_out_) return st;
+  st.emitted -= int64_t(last_out_ - used);
+  st.accepted -= int64_t(last_accepted_ - std::min(last_accepted_, used));
+  return st;
 }
 
 }  // namespace flashnext

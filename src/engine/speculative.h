@@ -103,6 +103,10 @@ class SpeculativeDecoder {
   std::vector<int32_t> propose(SequenceState& seq, std::span<const int32_t> context, int max_drafts);
 
   const SpeculativeStats& stats() const { return stats_; }
+  /// The stats as if the last step had produced only its first `used` tokens (a stop condition cut it; the server
+  /// counts the same way): emitted less the unused ones, accepted drafts only up to the last used token (a draft that
+  /// ends the request counts as accepted).
+  SpeculativeStats stats_using(size_t used) const;
   /// The drafts of the last step (valid from its propose on, e.g. inside `choose`).
   const std::vector<int32_t>& last_drafts() const { return drafts_; }
   const SpeculativeConfig& config() const { return config_; }
@@ -113,6 +117,7 @@ class SpeculativeDecoder {
   SpeculativeStats stats_;
   Proposer custom_;
   std::vector<int32_t> drafts_;
+  size_t last_out_ = 0, last_accepted_ = 0;  ///< tokens and accepted drafts of the last step
   // MTP: trunk pre-mixer rows not yet seen by the MTP layer (positions seq.mtp_length ..), and the tokens after
   // each of them but the last (whose successor is the context's last token, known at the next propose).
   Tensor mtp_hidden_;

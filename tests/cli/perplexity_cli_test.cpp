@@ -119,7 +119,8 @@ TEST(PerplexityCli, BadInputIsNamed) {
   const std::vector<Case> cases = {
       {"perplexity --model " + kModel, "exactly one of --file"},
       {"perplexity --model " + kModel + " --ids 1,2 --file /nonexistent", "exactly one of --file"},
-      {"perplexity --model " + kModel + " --file /nonexistent/text.txt", "--file /nonexistent/text.txt: not a readable file"},
+      {"perplexity --model " + kModel + " --file /nonexistent/text.txt",
+       "--file /nonexistent/text.txt: not a readable file"},
       {"perplexity --model " + kModel + " --ids 1,2,3 --ctx 1", "--ctx must be >= 2"},
       {"perplexity --model " + kModel + " --ids 1,2,x", "--ids: 'x' is not a token id"},
       {"perplexity --model " + kModel + " --ids 1,5000",
@@ -128,6 +129,9 @@ TEST(PerplexityCli, BadInputIsNamed) {
       {"perplexity --model " + kModel + " --ids 7,8,9 --max-tokens 1", "got 1 (after --max-tokens)"},
       {"perplexity --model " + kModel + " --ids 7,8,9 --max-tokens -2", "--max-tokens must be >= 0"},
       {"perplexity --model " + kModel + " --ids 1,2,", "--ids: '' is not a token id"},
+      {"perplexity --model " + kModel + " --ctx 5000 --ids " +
+           fmt::format("{}", fmt::join(std::vector<int>(4100, 1), ",")),
+       "--ctx 5000: a window of 4100 tokens passes the model's max_position_embeddings = 4096"},
       {"perplexity --model " + kModel + " --file /tmp", "--file /tmp: not a readable file"},
       {"perplexity --model " + kModel + " --ids 1,2 --chunk -1", "--chunk must be >= 1"},
   };

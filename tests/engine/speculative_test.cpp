@@ -217,6 +217,35 @@ TEST(Speculative, RollbackAfterRejectingHalfTheDrafts) {
   }
 }
 
+// stats_using: a step of K exact drafts makes K + 1 tokens; when only some are used (a stop condition cut it), the
+// emitted count drops by the unused ones and the accepted count to the drafts among the used ones.
+TEST(Speculative, StatsCountOnlyTheUsedTokensOfTheLastStep) {
+  Model& model = test::shared_model(kTinyA, false);
+  const std::vector<int32_t> prompt = prompt_for(model, 12, 5);
+  const std::vector<int32_t> truth = plain_greedy(model, prompt, 8);
+  const int k = 4;
+  SpeculativeDecoder sd(model, k, [&](std::span<const int32_t> context, int max_drafts) {
+    const size_t at = context.size() - prompt.size();
+    return std::vector<int32_t>(truth.begin() + long(at), truth.begin() + long(at) + max_drafts);
+  });
+  SequenceState seq = model.new_sequence();
+  std::vector<int32_t> context = prompt;
+  std::vector<float> row = sd.prefill(seq, prompt);
+  context.push_back(truth[0]);
+  auto choose = [](std::span<float> r) { return int32_t(std::max_element(r.begin(), r.end()) - r.begin()); };
+  const std::vector<int32_t> out = sd.step(seq, context, choose);
+  ASSERT_EQ(out.size(), size_t(k + 1));
+  EXPECT_EQ(sd.stats().emitted, k + 1);
+  EXPECT_EQ(sd.stats().accepted, k);
+  for (size_t used = 0; used <= out.size(); ++used) {
+    const SpeculativeStats st = sd.stats_using(used);
+    EXPECT_EQ(st.emitted, int64_t(used)) << used;
+    EXPECT_EQ(st.accepted, int64_t(std::min<size_t>(used, k))) << used;
+    EXPECT_EQ(st.drafted, k);
+    EXPECT_EQ(st.steps, 1);
+  }
+}
+
 // The generator with ngram drafts reproduces transformers' greedy tokens of the tiny-b fixture prompts.
 TEST(Speculative, GeneratorReproducesTheReferenceGreedyTokens) {
   static LoadedModel m = LoadedModel::load(src(kTinyB));
@@ -232,6 +261,8 @@ TEST(Speculative, GeneratorReproducesTheReferenceGreedyTokens) {
       EXPECT_EQ(gen.output_ids(), expect);
       EXPECT_EQ(gen.stats().output_tokens, int64_t(expect.size()));
       EXPECT_GT(gen.speculative_stats().steps, 0);
+      // The prefill made the first token, the verify steps the others: tokens a stop cut off are not counted.
+      EXPECT_EQ(gen.speculative_stats().emitted, int64_t(expect.size()) - 1);
     }
   }
 }
