@@ -90,21 +90,12 @@ class Mtp(nn.Module):
         return x, self.hyper_connection_mixer(x)
 
 
-def main():
-    out = sys.argv[1]
-    torch.manual_seed(0)
-    cfg = Qwen4ExpConfig(text_config=TEXT, vision_config=vision_stub(TEXT["hidden_size"]), tie_word_embeddings=False)
-    model = Qwen4ExpForConditionalGeneration(cfg)
-    perturb(model, seed=zlib.crc32(b"tiny-mtp"))
-    text_cfg = model.config.text_config
-    mtp = Mtp(text_cfg)
-    for p in mtp.parameters():  # the modules' own init may leave zeros; give everything a random value first
-        nn.init.normal_(p)
-    perturb(mtp, seed=zlib.crc32(b"tiny-mtp.mtp"))
-    mdir = os.path.join(out, "model")
-    model.to(torch.bfloat16).save_pretrained(mdir, max_shard_size="20MB")
-    # mtp.* in its own shard (top-level names, fused experts, bf16, as the released checkpoints store it).
-    mtp_sd = {f"mtp.{k}": v.to(torch.bfloat16).contiguous() for k, v in mtp.state_dict().items()}
+def save_mtp_shard(mdir, mtp):
+    """Adds the MTP layer `mtp` to the checkpoint in `mdir` (saved by save_pretrained) as the released checkpoints
+    store it: mtp.* with top-level names and fused experts, bf16, in its own shard model-mtp.safetensors, listed in
+    model.safetensors.index.json (made when save_pretrained wrote one file: that file becomes model-trunk), and
+    text_config.mtp_num_hidden_layers = 1. Returns the tensors written."""
+    mtp_sd = {f"mtp.{k}": v.to(torch.bfloat16).contiguous().cpu() for k, v in mtp.state_dict().items()}
     mtp_file = "model-mtp.safetensors"
     save_file(mtp_sd, os.path.join(mdir, mtp_file), metadata={"format": "pt"})
     index_path = os.path.join(mdir, "model.safetensors.index.json")
@@ -120,13 +111,30 @@ def main():
     conf = json.load(open(conf_path))
     conf["text_config"]["mtp_num_hidden_layers"] = 1
     json.dump(conf, open(conf_path, "w"), indent=2)
+    return mtp_sd
+
+
+def main():
+    out = sys.argv[1]
+    torch.manual_seed(0)
+    cfg = Qwen4ExpConfig(text_config=TEXT, vision_config=vision_stub(TEXT["hidden_size"]), tie_word_embeddings=False)
+    model = Qwen4ExpForConditionalGeneration(cfg)
+    perturb(model, seed=zlib.crc32(b"tiny-mtp"))
+    text_cfg = model.config.text_config
+    mtp = Mtp(text_cfg)
+    for p in mtp.parameters():  # the modules' own init may leave zeros; give everything a random value first
+        nn.init.normal_(p)
+    perturb(mtp, seed=zlib.crc32(b"tiny-mtp.mtp"))
+    mdir = os.path.join(out, "model")
+    model.to(torch.bfloat16).save_pretrained(mdir, max_shard_size="20MB")
+    mtp_sd = save_mtp_shard(mdir, mtp)
     print("mtp tensors:", len(mtp_sd))
 
     # Reload the bf16 weights in float32: the numbers describe the checkpoint exactly.
     ref = Qwen4ExpForConditionalGeneration.from_pretrained(mdir, dtype=torch.float32, attn_implementation="eager")
     ref.eval()
     mtp_ref = Mtp(ref.config.text_config)
-    mtp_ref.load_state_dict({k[4:]: v.float() for k, v in load_file(os.path.join(mdir, mtp_file)).items()})
+    mtp_ref.load_state_dict({k[4:]: v.float() for k, v in load_file(os.path.join(mdir, "model-mtp.safetensors")).items()})
     mtp_ref.eval()
     lm = ref.model.language_model
 

@@ -43,7 +43,7 @@ from transformers.models.qwen4_exp import modeling_qwen4_exp as M
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_fixtures import rope, vision_stub  # noqa: E402
-from make_mtp_fixture import Mtp  # noqa: E402
+from make_mtp_fixture import Mtp, save_mtp_shard  # noqa: E402
 
 VOCAB = 4096
 TEXT = dict(vocab_size=VOCAB, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1,
@@ -356,22 +356,7 @@ def main():
     out = args.out
     os.makedirs(out, exist_ok=True)
     model.to(torch.bfloat16).save_pretrained(out, max_shard_size="20MB")
-    mtp_sd = {f"mtp.{k}": v.to(torch.bfloat16).contiguous().cpu() for k, v in mtp.state_dict().items()}
-    mtp_file = "model-mtp.safetensors"
-    save_file(mtp_sd, os.path.join(out, mtp_file), metadata={"format": "pt"})
-    index_path = os.path.join(out, "model.safetensors.index.json")
-    if os.path.exists(index_path):
-        index = json.load(open(index_path))
-    else:
-        single = "model-trunk.safetensors"
-        os.rename(os.path.join(out, "model.safetensors"), os.path.join(out, single))
-        index = {"metadata": {}, "weight_map": {k: single for k in load_file(os.path.join(out, single))}}
-    index["weight_map"].update({k: mtp_file for k in mtp_sd})
-    json.dump(index, open(index_path, "w"), indent=2)
-    conf_path = os.path.join(out, "config.json")
-    conf = json.load(open(conf_path))
-    conf["text_config"]["mtp_num_hidden_layers"] = 1
-    json.dump(conf, open(conf_path, "w"), indent=2)
+    save_mtp_shard(out, mtp)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(args.tokenizer, f), os.path.join(out, f))
     gen = {"eos_token_id": [im_end, endoftext], "pad_token_id": endoftext, "temperature": 0.7, "top_p": 0.9, "top_k": 40,

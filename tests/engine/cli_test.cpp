@@ -131,7 +131,7 @@ TEST_F(Cli, BadInputFailsWithAClearMessage) {
                "--speculative ngram:0: K must be");
   expect_error({"generate", "--model", test::kModelDir, "--prompt", "hi", "--speculative", "eagle:2"},
                "unknown proposer 'eagle'");
-  // The bundled model has no MTP layer: said before the trunk's weights load (no "loaded" line).
+  // tiny-b has no MTP layer: said before the trunk's weights load (no "loaded" line).
   CliRun r = run_cli({"generate", "--model", test::kModelDir, "--prompt", "hi", "--speculative", "mtp:2"});
   EXPECT_EQ(r.status, 1) << r.err;
   EXPECT_NE(r.err.find("--speculative mtp:2: "), std::string::npos) << r.err;
