@@ -55,8 +55,6 @@ int run(const GenerateArgs& a) {
   if (a.raw && have_messages) fail("--raw applies to --prompt only (--messages always uses the chat template)");
 
   const SpeculativeConfig spec = SpeculativeConfig::parse(a.speculative);  // before any weight is read
-  FN_CHECK(!spec.enabled() || a.gen.nodes.nnodes == 1,
-           "--speculative {}: not over several nodes (--nnodes) yet (serve --speculative works over nodes)", spec.str());
   cli::GenerationArgs gen_args = a.gen;
   gen_args.load_mtp = spec.method == SpeculativeConfig::Method::Mtp;
   LoadedModel m = [&] {

@@ -45,14 +45,12 @@ int run(const LogitsArgs& a) {
   if (a.chunk < 0) fail("--chunk must be >= 1 (or 0 for the whole prompt), got {}", a.chunk);
   if (a.greedy < 0) fail("--greedy must be >= 0, got {}", a.greedy);
   const SpeculativeConfig spec = SpeculativeConfig::parse(a.speculative);  // before any weight is read
-  FN_CHECK(!spec.enabled() || a.nodes.nnodes == 1,
-           "--speculative {}: not over several nodes (--nnodes) yet (serve --speculative works over nodes)",
-           spec.str());
   if (spec.enabled() && a.greedy == 0)
     fail("--speculative {} applies to --greedy N decoding: give --greedy", spec.str());
   ModelOptions options;
   options.load_mtp = spec.method == SpeculativeConfig::Method::Mtp;
-  cli::set_backend(options, a.device, a.threads, a.tp, a.nodes, cli::node_fingerprint(a.nodes, a.model));
+  cli::set_backend(options, a.device, a.threads, a.tp, a.nodes,
+                   cli::node_fingerprint(a.nodes, a.model, options.load_mtp));
   options.progress = cli::LoadProgressPrinter();
   auto model = [&] {
     try {

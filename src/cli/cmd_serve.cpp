@@ -110,11 +110,8 @@ int run(const ServeArgs& a) {
   const SpeculativeConfig spec = SpeculativeConfig::parse(a.speculative);  // before any weight is read
   const std::string dir = resolve_model_dir(a.model);
   ModelOptions mo;
-  // Every node loads the MTP layer or none does (the follower runs the layer's steps too).
   const bool mtp = spec.method == SpeculativeConfig::Method::Mtp;
-  const std::string fingerprint = cli::node_fingerprint(a.nodes, dir);
-  cli::set_backend(mo, a.device, a.threads, a.tp, a.nodes,
-                   fingerprint.empty() ? fingerprint : fingerprint + (mtp ? ", MTP layer" : ", no MTP layer"));
+  cli::set_backend(mo, a.device, a.threads, a.tp, a.nodes, cli::node_fingerprint(a.nodes, dir, mtp));
   mo.progress = cli::LoadProgressPrinter();
   mo.load_mtp = mtp;
   LoadedModel m = [&] {

@@ -102,9 +102,11 @@ inline std::string node_fingerprint(const ModelConfig& c) {
                      c.num_experts_per_tok, c.ple_layer_ids.size(), c.ngram_vocab_size_base);
 }
 
-/// node_fingerprint of the model folder `dir` when `nodes` spans several processes; "" otherwise (nothing read).
-inline std::string node_fingerprint(const NodeArgs& nodes, const std::string& dir) {
-  return nodes.nnodes > 1 ? node_fingerprint(load_config(dir)) : std::string();
+/// node_fingerprint of the model folder `dir` and whether the node loads the MTP layer (every node runs its steps,
+/// so all load it or none does) when `nodes` spans several processes; "" otherwise (nothing read).
+inline std::string node_fingerprint(const NodeArgs& nodes, const std::string& dir, bool load_mtp) {
+  if (nodes.nnodes <= 1) return {};
+  return node_fingerprint(load_config(dir)) + (load_mtp ? ", MTP layer" : ", no MTP layer");
 }
 
 /// Sets the backend fields of `options` for `--device D --threads N --tp K`. tp 1: one backend (make_backend).

@@ -95,7 +95,7 @@ inline nlohmann::ordered_json template_vars(const GenerationArgs& a) {
 inline LoadedModel load_for_generation(const GenerationArgs& a, bool with_chat_template) {
   ModelOptions options;
   const std::string dir = resolve_model_dir(a.model);
-  set_backend(options, a.device, a.threads, a.tp, a.nodes, node_fingerprint(a.nodes, dir));
+  set_backend(options, a.device, a.threads, a.tp, a.nodes, node_fingerprint(a.nodes, dir, a.load_mtp));
   options.progress = LoadProgressPrinter();
   options.load_mtp = a.load_mtp;
   const auto t0 = std::chrono::steady_clock::now();

@@ -93,10 +93,6 @@ SpeculativeDecoder::SpeculativeDecoder(Model& model, SpeculativeConfig config) :
   FN_CHECK(config_.method != SpeculativeConfig::Method::Mtp || model_.has_mtp(),
            "--speculative {}: the model was loaded without its MTP layer (the checkpoint needs mtp.* tensors)",
            config_.str());
-  FN_CHECK(!model_.spans_nodes(),
-           "--speculative {}: not over several nodes (--nnodes) yet: its rollback copies state snapshots (serve "
-           "--speculative works over nodes)",
-           config_.str());
 }
 
 SpeculativeDecoder::SpeculativeDecoder(Model& model, int k, Proposer proposer)

@@ -63,7 +63,10 @@ inline CliRun run_cli_line(const std::string& args, const std::string& input = "
 /// run_cli_line with every argument quoted.
 inline CliRun run_cli(const std::vector<std::string>& args, const std::string& input = "", int deadline_s = 300) {
   std::string line;
-  for (const auto& a : args) line += (line.empty() ? "" : " ") + quoted(a);
+  for (const auto& a : args) {
+    if (!line.empty()) line += ' ';
+    line += quoted(a);
+  }
   return run_cli_line(line, input, deadline_s);
 }
 

@@ -100,6 +100,36 @@ TEST(LogitsCli, TensorParallelWritesReferenceLogitsAndGreedyIds) {
   }
 }
 
+// Speculative greedy decoding over two processes (`--speculative mtp:3 --tp 2 --nnodes 2`, the same command on both
+// nodes): the MTP drafts, the verify steps and their rollbacks (state snapshots on both nodes) give the greedy ids of
+// plain decoding in one process. A node started without the MTP layer is refused at the rendezvous.
+TEST(LogitsCli, TwoProcessesDecodeSpeculativelyAsOne) {
+  const std::string dir = ::testing::TempDir(), model = src("tests/data/fixtures/tiny-mtp/model");
+  const int port = 20000 + int((::getpid() + 7919) % 20000);
+  const std::string common =
+      fmt::format("logits --model '{}' --ids 5,17,300,42,5,17,300 --greedy 24 --tp 2 --out '{}/spec.npy'", model, dir);
+  int status = -1;
+  const std::string plain = run(fmt::format("'{}' {}", flashnext_bin(), common), &status);
+  ASSERT_EQ(status, 0);
+  ASSERT_NE(plain.find("greedy: "), std::string::npos) << plain;
+  auto pair = [&](const std::string& node0, const std::string& node1, int p) {
+    return fmt::format(
+        "( timeout 120 '{0}' {1} {2} --nnodes 2 --node-rank 1 --master-port {4} >/dev/null 2>'{5}/n1.err'; "
+        "echo $? > '{5}/n1.status' ) & timeout 120 '{0}' {1} {3} --nnodes 2 --node-rank 0 --master-port {4} "
+        "2>'{5}/n0.err'; s=$?; wait; exit $s",
+        flashnext_bin(), common, node1, node0, p, dir);
+  };
+  const std::string spec = run(pair("--speculative mtp:3", "--speculative mtp:3", port), &status);
+  ASSERT_EQ(status, 0) << run(fmt::format("cat '{}/n0.err' '{}/n1.err'", dir, dir), &status);
+  EXPECT_EQ(spec, plain);
+  EXPECT_EQ(run(fmt::format("cat '{}/n1.status'", dir), &status), "0\n");
+  EXPECT_NE(run(fmt::format("cat '{}/n0.err'", dir), &status).find("speculative mtp:3: "), std::string::npos);
+  run(pair("--speculative mtp:3", "", port + 1), &status);
+  EXPECT_NE(status, 0);
+  const std::string errors = run(fmt::format("cat '{}/n0.err' '{}/n1.err'", dir, dir), &status);
+  EXPECT_NE(errors.find("MTP layer"), std::string::npos) << errors;
+}
+
 // Two processes (`--tp 2 --nnodes 2`, node 1 started in the background, both on this machine over loopback): node 0
 // writes the bits of --tp 2 in one process and the reference's greedy ids; node 1 ends with status 0 when node 0 is
 // done. A node 0 whose other node never comes fails after FLASHNEXT_RENDEZVOUS_TIMEOUT naming it.
@@ -112,9 +142,8 @@ TEST(LogitsCli, TwoProcessesWriteTheLogitsOfOne) {
   const int port = 20000 + int(::getpid() % 20000);
   const std::string common = fmt::format("logits --model '{}' --ids {} --chunk 5 --tp 2", model, fmt::join(ids, ","));
   int status = -1;
-  const std::string one = run(fmt::format("'{}' {} --out '{}/tp2.npy' --greedy {}", flashnext_bin(), common, dir,
-                                          greedy.size()),
-                              &status);
+  const std::string one =
+      run(fmt::format("'{}' {} --out '{}/tp2.npy' --greedy {}", flashnext_bin(), common, dir, greedy.size()), &status);
   ASSERT_EQ(status, 0);
   const std::string cmd = fmt::format(
       "( timeout 120 '{0}' {1} --out '{2}/node1.npy' --nnodes 2 --node-rank 1 --master-port {3} 2>'{2}/node1.err'; "

@@ -15,6 +15,7 @@
 
 #include "batched_greedy.h"
 #include "core/error.h"
+#include "engine/speculative.h"
 #include "fixture.h"
 #include "parallel/rank_threads.h"
 
@@ -512,18 +513,62 @@ TEST(TpOverNodesFailure, AnErrorOnNodeZeroEndsTheFollowersWithAnError) {
   EXPECT_TRUE(contains((*errors)[1], "node 1: node 0 ended with an error")) << (*errors)[1];
 }
 
-// What does not run over nodes yet says so: state snapshots (generate's and logits' speculative rollback; serve
-// rolls back through checkpoint slots, which do).
-TEST(TpOverNodesFailure, SnapshotsAreRefusedNamingTheFlag) {
-  NodeModels nodes(kTinyA, 2, 2);
-  SequenceState s = nodes.leader->new_sequence();
-  try {
-    nodes.leader->snapshot_state(s);
-    ADD_FAILURE() << "snapshot_state over nodes returned";
-  } catch (const Error& e) {
-    EXPECT_TRUE(contains(e.what(), "--nnodes")) << e.what();
+// State snapshots over nodes (generate's and logits' speculative rollback): snapshot, a detour of other tokens,
+// restore, then the real tokens give the logits of feeding the real tokens directly and of one process, on every
+// node's ranks; a snapshot that is dropped is let go of on the other nodes with the next call. Then speculative
+// decoding with the MTP layer (mtp:3, rollbacks included) over nodes gives plain greedy decoding's tokens and one
+// process's acceptance figures.
+TEST(TpOverNodesSpeculative, SnapshotsAndDraftsGiveTheBitsOfOneProcess) {
+  const std::string dir = "tests/data/fixtures/tiny-mtp/model";
+  std::vector<int32_t> prompt(23);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 37 + 11) % 400);
+  const std::vector<int32_t> real{5, 77, 300, 12, 9, 41}, detour{100, 101, 102, 103, 104, 105, 106};
+  auto rollback = [&](Model& model) {
+    SequenceState a = model.new_sequence();
+    model.forward(a, prompt, LogitsMode::Last);
+    Model::StateSnapshot snap = model.snapshot_state(a);
+    { const Model::StateSnapshot dropped = model.snapshot_state(a); }  // released with the next call
+    model.forward(a, detour, LogitsMode::Last);
+    model.restore_state(a, snap);
+    return model.forward(a, real);
+  };
+  auto speculate = [&](Model& model, SpeculativeStats* stats) {
+    SpeculativeDecoder sd(model, SpeculativeConfig::parse("mtp:3"));
+    SequenceState seq = model.new_sequence();
+    std::vector<int32_t> context = prompt, out;
+    auto choose = [](std::span<float> r) { return int32_t(std::max_element(r.begin(), r.end()) - r.begin()); };
+    std::vector<float> first = sd.prefill(seq, prompt);
+    out.push_back(choose(first));
+    context.push_back(out.back());
+    while (out.size() < 24)
+      for (int32_t t : sd.step(seq, context, choose)) out.push_back(t), context.push_back(t);
+    out.resize(24);
+    *stats = sd.stats();
+    return out;
+  };
+  NodeModels nodes(dir, 2, 2, /*load_mtp=*/true);
+  auto here = one_process(dir, 2, /*load_mtp=*/true);
+  EXPECT_TRUE(rollback(*nodes.leader) == rollback(*here));
+  SequenceState direct = here->new_sequence();
+  here->forward(direct, prompt, LogitsMode::Last);
+  EXPECT_TRUE(rollback(*nodes.leader) == here->forward(direct, real));
+  SpeculativeStats got, want;
+  EXPECT_EQ(speculate(*nodes.leader, &got), speculate(*here, &want));
+  EXPECT_EQ(got.accepted, want.accepted);
+  EXPECT_EQ(got.refeeds, want.refeeds);
+  EXPECT_GT(got.refeeds, 0);  // the rollback ran over the nodes
+  std::vector<int32_t> plain = prompt;
+  SequenceState p = here->new_sequence();
+  std::vector<float> row = here->forward(p, prompt, LogitsMode::Last);
+  std::vector<int32_t> greedy;
+  while (greedy.size() < 24) {
+    greedy.push_back(int32_t(std::max_element(row.begin(), row.end()) - row.begin()));
+    row = here->forward(p, std::span<const int32_t>(&greedy.back(), 1), LogitsMode::Last);
   }
+  SpeculativeStats unused;
+  EXPECT_EQ(speculate(*nodes.leader, &unused), greedy);
   nodes.end();
+  for (const auto& e : *nodes.errors) EXPECT_EQ(e, "");
 }
 
 }  // namespace

@@ -42,6 +42,8 @@ enum class NodeCall : uint8_t {
   CopyStateSlot,  // pool id, from slot, to slot
   ForwardBatch,   // items: sequence, ids, mode
   MtpForward,     // sequence, next ids, mode (the hidden rows are rank 0's: the others add zeros)
+  SnapshotState,  // snapshot id, sequence
+  RestoreState,   // snapshot id, sequence
   End,            // the leader's model is gone
   Abort,          // ... while an error went up node 0's command (its followers end with an error too)
 };
@@ -52,11 +54,14 @@ struct Model::Nodes {
   /// the pools' deleters, which may run after the model is gone.
   struct Released {
     std::mutex mu;
-    std::vector<uint64_t> ids;
+    std::vector<uint64_t> ids, snapshots;
   };
   std::shared_ptr<Released> released = std::make_shared<Released>();
-  /// Follower: the pools the leader still holds, by id.
+  /// Leader: the id of the next state snapshot.
+  uint64_t next_snapshot = 1;
+  /// Follower: the pools and state snapshots the leader still holds, by id.
   std::map<uint64_t, std::shared_ptr<CachePool>> pools;
+  std::map<uint64_t, StateSnapshot> snapshots;
 };
 
 namespace {
@@ -139,13 +144,14 @@ bool Model::sends_calls() const {
 
 void Model::send_call(const std::vector<uint8_t>& message) const {
   if (!sends_calls()) return;
-  std::vector<uint64_t> released;
+  std::vector<uint64_t> released, snapshots;
   {
     std::lock_guard lock(nodes_->released->mu);
     released.swap(nodes_->released->ids);
+    snapshots.swap(nodes_->released->snapshots);
   }
   WireWriter head;
-  head.put(released);
+  head.put(released).put(snapshots);
   for (int n = 1; n < nodes_->group->nnodes(); ++n) {
     try {
       Link& link = nodes_->group->control(n);
@@ -188,6 +194,7 @@ void Model::follow_calls() {
     const std::vector<uint8_t> head = receive();
     WireReader h(head, from);
     for (uint64_t id : h.get_vector<uint64_t>()) pools.erase(id);
+    for (uint64_t id : h.get_vector<uint64_t>()) nodes_->snapshots.erase(id);
     h.finish();
     const std::vector<uint8_t> message = receive();
     WireReader r(message, from);
@@ -253,6 +260,23 @@ void Model::follow_calls() {
         // The hidden rows live on rank 0 (node 0); this node's ranks add zeros, so a tensor of the shape will do.
         const Tensor unused = ranks_[0]->ops->empty({int64_t(next.size()), config_.hc_width()});
         mtp_forward(seq, unused, next, mode);
+        break;
+      }
+      case NodeCall::SnapshotState: {
+        const uint64_t id = r.get<uint64_t>();
+        const SequenceState seq = get_sequence(r, pools);
+        r.finish();
+        nodes_->snapshots[id] = snapshot_state(seq);
+        break;
+      }
+      case NodeCall::RestoreState: {
+        const uint64_t id = r.get<uint64_t>();
+        SequenceState seq = get_sequence(r, pools);
+        r.finish();
+        const auto it = nodes_->snapshots.find(id);
+        FN_CHECK(it != nodes_->snapshots.end(), "{}: the leader names state snapshot {}, which this node does not hold",
+                 from, id);
+        restore_state(seq, it->second);
         break;
       }
       case NodeCall::End:
@@ -987,11 +1011,25 @@ Model::MtpOutput Model::run_mtp(SequenceState& seq, const Tensor& hidden, std::s
 }
 
 Model::StateSnapshot Model::snapshot_state(const SequenceState& seq) const {
-  FN_CHECK(!nodes_, "state snapshots (speculative decoding's rollback) do not work over several nodes yet (--nnodes)");
+  const CallScope scope(call_depth_);
   FN_CHECK(
       seq.cache && seq.cache->ranks.size() == ranks_.size() && int64_t(seq.cache->ranks[0].size()) == cache_layers(),
       "snapshot_state: the sequence state was not made by this model");
   StateSnapshot snap;
+  if (sends_calls()) {  // the other nodes copy their ranks' state under this id until the snapshot is gone
+    const uint64_t id = nodes_->next_snapshot++;
+    WireWriter w = call_message(NodeCall::SnapshotState);
+    w.put(id);
+    put_sequence(w, seq);
+    send_call(w.bytes());
+    snap.remote = std::shared_ptr<const uint64_t>(new uint64_t(id), [released = nodes_->released](const uint64_t* p) {
+      {
+        std::lock_guard lock(released->mu);
+        released->snapshots.push_back(*p);
+      }
+      delete p;
+    });
+  }
   snap.length = seq.length;
   snap.mtp_length = seq.mtp_length;
   snap.ple_history = seq.ple_history;
@@ -1012,11 +1050,18 @@ Model::StateSnapshot Model::snapshot_state(const SequenceState& seq) const {
 }
 
 void Model::restore_state(SequenceState& seq, const StateSnapshot& snap) const {
-  FN_CHECK(!nodes_, "state snapshots (speculative decoding's rollback) do not work over several nodes yet (--nnodes)");
+  const CallScope scope(call_depth_);
   FN_CHECK(seq.cache && seq.cache->ranks.size() == ranks_.size() && snap.tensors.size() == ranks_.size() &&
                int64_t(seq.cache->ranks[0].size()) == cache_layers() &&
                snap.ple_history.size() == seq.ple_history.size(),
            "restore_state: the snapshot does not belong to a sequence of this model");
+  if (sends_calls()) {
+    FN_CHECK(snap.remote, "restore_state: the snapshot was not made over this model's nodes");
+    WireWriter w = call_message(NodeCall::RestoreState);
+    w.put(*snap.remote);
+    put_sequence(w, seq);
+    send_call(w.bytes());
+  }
   for (size_t r = 0; r < ranks_.size(); ++r) {
     Ops& ops = *ranks_[r]->ops;
     size_t i = 0;

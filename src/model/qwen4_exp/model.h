@@ -230,12 +230,16 @@ class Model {
   struct StateSnapshot {
     int64_t length = 0, mtp_length = 0;
     std::vector<std::vector<int64_t>> ple_history;
-    std::vector<std::vector<Tensor>> tensors;  ///< per rank: conv, recurrent, ple_conv of every layer, [1, ...] each
+    std::vector<std::vector<Tensor>> tensors;  ///< per rank of this process: conv, recurrent, ple_conv of every
+                                               ///< layer, [1, ...] each
+    /// Over several nodes: the id under which the other nodes keep their ranks' part, told to let go of it with
+    /// the leader's next call once the last copy of this snapshot is gone.
+    std::shared_ptr<const uint64_t> remote;
   };
-  /// Not across several processes yet (Error naming --nnodes).
+  /// Over several nodes the leader sends the call first: every node copies its ranks' state.
   StateSnapshot snapshot_state(const SequenceState& seq) const;
-  /// Puts `snap` (from snapshot_state of the same sequence) back into `seq`'s state slot. Throws Error when it does
-  /// not belong to a sequence of this model's layout.
+  /// Puts `snap` (from snapshot_state of the same sequence) back into `seq`'s state slot (on every node). Throws
+  /// Error when it does not belong to a sequence of this model's layout.
   void restore_state(SequenceState& seq, const StateSnapshot& snap) const;
 
   /// Checks that `ids` can be fed to `seq`: non-empty, every id in [0, vocab_size), the new length within
