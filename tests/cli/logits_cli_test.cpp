@@ -127,6 +127,7 @@ TEST(LogitsCli, TwoProcessesDecodeSpeculativelyAsOne) {
   run(pair("--speculative mtp:3", "", port + 1), &status);
   EXPECT_NE(status, 0);
   const std::string errors = run(fmt::format("cat '{}/n0.err' '{}/n1.err'", dir, dir), &status);
+  EXPECT_NE(errors.find("was started with other settings than node 0"), std::string::npos) << errors;
   EXPECT_NE(errors.find("MTP layer"), std::string::npos) << errors;
 }
 

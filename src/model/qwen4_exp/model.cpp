@@ -144,6 +144,8 @@ bool Model::sends_calls() const {
 
 void Model::send_call(const std::vector<uint8_t>& message) const {
   if (!sends_calls()) return;
+  // A follower that failed in an earlier call (one node 0 did not wait on, e.g. a snapshot) closed its link.
+  if (const std::string why = failure(); !why.empty()) throw Error(why);
   std::vector<uint64_t> released, snapshots;
   {
     std::lock_guard lock(nodes_->released->mu);
@@ -173,6 +175,8 @@ void Model::follow() {
     follow_calls();
   } catch (const Error& e) {  // a call that failed here (a backend error, a collective that node 0 ended, ...)
     const std::string what = e.what();
+    // Fail the group at once: node 0 may be past this call already (a snapshot) and waiting in its next collective.
+    for (auto& rk : ranks_) rk->comm->abort(what);
     if (what.find("restart every node") != std::string::npos) throw;
     fail("node {}: {}; the group has ended: restart every node", nodes_->group->node_rank(), what);
   }
@@ -1055,6 +1059,14 @@ void Model::restore_state(SequenceState& seq, const StateSnapshot& snap) const {
                int64_t(seq.cache->ranks[0].size()) == cache_layers() &&
                snap.ple_history.size() == seq.ple_history.size(),
            "restore_state: the snapshot does not belong to a sequence of this model");
+  for (size_t r = 0; r < ranks_.size(); ++r) {  // checked before the other nodes restore theirs
+    size_t n = 0;
+    for (const LayerCache& lc : seq.cache->ranks[r])
+      for (const Tensor* t : {&lc.conv, &lc.recurrent, &lc.ple_conv}) n += t->defined() ? 1 : 0;
+    FN_CHECK(n == snap.tensors[r].size(),
+             "restore_state: the snapshot holds {} state tensors for rank {}, the sequence {}", snap.tensors[r].size(),
+             r, n);
+  }
   if (sends_calls()) {
     FN_CHECK(snap.remote, "restore_state: the snapshot was not made over this model's nodes");
     WireWriter w = call_message(NodeCall::RestoreState);
