@@ -445,9 +445,9 @@ int run(BenchArgs a) {
   // Every node must build the same model: its geometry after the flags, and the seed of its random weights.
   model_options.load_mtp = spec.method == SpeculativeConfig::Method::Mtp;  // a random model makes a random MTP layer
   cli::set_backend(model_options, a.device, a.threads, a.tp, a.nodes,
-                   a.nodes.nnodes > 1 ? cli::node_fingerprint(cfg) + fmt::format(", seed {}", a.seed) +
-                                            (model_options.load_mtp ? ", MTP layer" : ", no MTP layer")
-                                      : "");
+                   a.nodes.nnodes > 1
+                       ? cli::node_fingerprint(cfg, model_options.load_mtp) + fmt::format(", seed {}", a.seed)
+                       : "");
   if (!random_model) model_options.progress = cli::LoadProgressPrinter();
   const auto t_build = Clock::now();
   RandomWeightsReport built;

@@ -95,18 +95,18 @@ inline double rendezvous_timeout_from_env() {
   return s;
 }
 
-/// What the nodes of a group compare of the model (the rendezvous refuses a node whose model differs): its geometry.
-inline std::string node_fingerprint(const ModelConfig& c) {
-  return fmt::format("model: {} layers, hidden {}, vocab {}, {} experts of {} (top {}), {} PLE layers of {} rows",
+/// What the nodes of a group compare of the model (the rendezvous refuses a node whose model differs): its geometry,
+/// and whether the node loads the MTP layer (every node runs its steps, so all load it or none does).
+inline std::string node_fingerprint(const ModelConfig& c, bool load_mtp) {
+  return fmt::format("model: {} layers, hidden {}, vocab {}, {} experts of {} (top {}), {} PLE layers of {} rows, {}",
                      c.num_hidden_layers, c.hidden_size, c.vocab_size, c.num_experts, c.moe_intermediate_size,
-                     c.num_experts_per_tok, c.ple_layer_ids.size(), c.ngram_vocab_size_base);
+                     c.num_experts_per_tok, c.ple_layer_ids.size(), c.ngram_vocab_size_base,
+                     load_mtp ? "MTP layer" : "no MTP layer");
 }
 
-/// node_fingerprint of the model folder `dir` and whether the node loads the MTP layer (every node runs its steps,
-/// so all load it or none does) when `nodes` spans several processes; "" otherwise (nothing read).
+/// node_fingerprint of the model folder `dir` when `nodes` spans several processes; "" otherwise (nothing read).
 inline std::string node_fingerprint(const NodeArgs& nodes, const std::string& dir, bool load_mtp) {
-  if (nodes.nnodes <= 1) return {};
-  return node_fingerprint(load_config(dir)) + (load_mtp ? ", MTP layer" : ", no MTP layer");
+  return nodes.nnodes > 1 ? node_fingerprint(load_config(dir), load_mtp) : std::string();
 }
 
 /// Sets the backend fields of `options` for `--device D --threads N --tp K`. tp 1: one backend (make_backend).

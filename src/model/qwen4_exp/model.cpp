@@ -99,6 +99,16 @@ SequenceState get_sequence(WireReader& r, const std::map<uint64_t, std::shared_p
   return s;
 }
 
+/// The per-sequence state tensors of one rank's layer caches that exist (GDN conv and recurrent state, PLE conv
+/// tails), layer by layer: what a state slot holds, in the order snapshots keep them.
+std::vector<const Tensor*> slot_tensors(const std::vector<LayerCache>& layers) {
+  std::vector<const Tensor*> out;
+  for (const LayerCache& lc : layers)
+    for (const Tensor* t : {&lc.conv, &lc.recurrent, &lc.ple_conv})
+      if (t->defined()) out.push_back(t);
+  return out;
+}
+
 WireWriter call_message(NodeCall call) {
   WireWriter w;
   w.put(uint8_t(call));
@@ -132,6 +142,11 @@ std::string Model::failure() const {
 void Model::set_failure(const std::string& why) const {
   std::lock_guard lock(failure_mu_);
   if (failure_.empty()) failure_ = why;
+}
+
+void Model::fail_group(const std::string& why) const {
+  set_failure(why);
+  for (auto& rk : ranks_) rk->comm->abort(why);
 }
 
 bool Model::leads() const {
@@ -176,7 +191,7 @@ void Model::follow() {
   } catch (const Error& e) {  // a call that failed here (a backend error, a collective that node 0 ended, ...)
     const std::string what = e.what();
     // Fail the group at once: node 0 may be past this call already (a snapshot) and waiting in its next collective.
-    for (auto& rk : ranks_) rk->comm->abort(what);
+    fail_group(what);
     if (what.find("restart every node") != std::string::npos) throw;
     fail("node {}: {}; the group has ended: restart every node", nodes_->group->node_rank(), what);
   }
@@ -500,10 +515,7 @@ SequenceState Model::new_sequence(std::shared_ptr<CachePool> cache, int32_t slot
   if (sends_calls()) send_call(call_message(NodeCall::NewSequence).put(cache->id).put(slot).bytes());
   SequenceState s;
   for (size_t r = 0; r < ranks_.size(); ++r)
-    for (LayerCache& lc : cache->ranks[r]) {
-      for (const Tensor* t : {&lc.conv, &lc.recurrent, &lc.ple_conv})
-        if (t->defined()) ranks_[r]->ops->fill_zero(t->rows(slot, slot + 1));
-    }
+    for (const Tensor* t : slot_tensors(cache->ranks[r])) ranks_[r]->ops->fill_zero(t->rows(slot, slot + 1));
   s.cache = std::move(cache);
   s.slot = slot;
   s.ple_history.resize(size_t(config_.num_hidden_layers));
@@ -636,9 +648,7 @@ void Model::copy_state_slot(CachePool& cache, int32_t from, int32_t to) const {
            "copy_state_slot: slots {} -> {} (the pool has {} slots; they must differ)", from, to, cache.num_slots);
   if (sends_calls()) send_call(call_message(NodeCall::CopyStateSlot).put(cache.id).put(from).put(to).bytes());
   for (size_t r = 0; r < ranks_.size(); ++r)
-    for (const LayerCache& lc : cache.ranks[r])
-      for (const Tensor* t : {&lc.conv, &lc.recurrent, &lc.ple_conv})
-        if (t->defined()) ranks_[r]->ops->copy_rows(*t, from, *t, to, 1);
+    for (const Tensor* t : slot_tensors(cache.ranks[r])) ranks_[r]->ops->copy_rows(*t, from, *t, to, 1);
 }
 
 void Model::validate(const SequenceState& seq, std::span<const int32_t> ids) const {
@@ -710,10 +720,7 @@ Tensor Model::forward_batch(std::span<const BatchItem> items, std::vector<int64_
   try {
     return run_step(items, row_offsets, hook, wide_residual);
   } catch (const std::exception& e) {
-    // The other nodes run (or ran) this step: the group fails for good, so that no collective waits for this node's
-    // ranks and no later step meets a stale one (docs/ENGINE.md "Several processes").
-    set_failure(e.what());
-    for (auto& rk : ranks_) rk->comm->abort(e.what());
+    fail_group(e.what());
     throw;
   }
 }
@@ -937,9 +944,8 @@ Model::MtpOutput Model::mtp_forward(SequenceState& seq, const Tensor& hidden, st
   if (!nodes_) return run_mtp(seq, hidden, next_ids, mode);
   try {
     return run_mtp(seq, hidden, next_ids, mode);
-  } catch (const std::exception& e) {  // as forward_batch: the group fails for good
-    set_failure(e.what());
-    for (auto& rk : ranks_) rk->comm->abort(e.what());
+  } catch (const std::exception& e) {
+    fail_group(e.what());
     throw;
   }
 }
@@ -1040,15 +1046,13 @@ Model::StateSnapshot Model::snapshot_state(const SequenceState& seq) const {
   for (size_t r = 0; r < ranks_.size(); ++r) {
     Ops& ops = *ranks_[r]->ops;
     std::vector<Tensor>& out = snap.tensors.emplace_back();
-    for (const LayerCache& lc : seq.cache->ranks[r])
-      for (const Tensor* t : {&lc.conv, &lc.recurrent, &lc.ple_conv}) {
-        if (!t->defined()) continue;
-        Shape shape = t->shape();
-        shape[0] = 1;
-        Tensor copy = ops.empty(shape, t->dtype());
-        ops.copy_rows(*t, seq.slot, copy, 0, 1);
-        out.push_back(std::move(copy));
-      }
+    for (const Tensor* t : slot_tensors(seq.cache->ranks[r])) {
+      Shape shape = t->shape();
+      shape[0] = 1;
+      Tensor copy = ops.empty(shape, t->dtype());
+      ops.copy_rows(*t, seq.slot, copy, 0, 1);
+      out.push_back(std::move(copy));
+    }
   }
   return snap;
 }
@@ -1059,13 +1063,12 @@ void Model::restore_state(SequenceState& seq, const StateSnapshot& snap) const {
                int64_t(seq.cache->ranks[0].size()) == cache_layers() &&
                snap.ple_history.size() == seq.ple_history.size(),
            "restore_state: the snapshot does not belong to a sequence of this model");
+  std::vector<std::vector<const Tensor*>> state(ranks_.size());
   for (size_t r = 0; r < ranks_.size(); ++r) {  // checked before the other nodes restore theirs
-    size_t n = 0;
-    for (const LayerCache& lc : seq.cache->ranks[r])
-      for (const Tensor* t : {&lc.conv, &lc.recurrent, &lc.ple_conv}) n += t->defined() ? 1 : 0;
-    FN_CHECK(n == snap.tensors[r].size(),
+    state[r] = slot_tensors(seq.cache->ranks[r]);
+    FN_CHECK(state[r].size() == snap.tensors[r].size(),
              "restore_state: the snapshot holds {} state tensors for rank {}, the sequence {}", snap.tensors[r].size(),
-             r, n);
+             r, state[r].size());
   }
   if (sends_calls()) {
     FN_CHECK(snap.remote, "restore_state: the snapshot was not made over this model's nodes");
@@ -1074,17 +1077,9 @@ void Model::restore_state(SequenceState& seq, const StateSnapshot& snap) const {
     put_sequence(w, seq);
     send_call(w.bytes());
   }
-  for (size_t r = 0; r < ranks_.size(); ++r) {
-    Ops& ops = *ranks_[r]->ops;
-    size_t i = 0;
-    for (const LayerCache& lc : seq.cache->ranks[r])
-      for (const Tensor* t : {&lc.conv, &lc.recurrent, &lc.ple_conv}) {
-        if (!t->defined()) continue;
-        FN_CHECK(i < snap.tensors[r].size(), "restore_state: the snapshot holds fewer state tensors than the sequence");
-        ops.copy_rows(snap.tensors[r][i++], 0, *t, seq.slot, 1);
-      }
-    FN_CHECK(i == snap.tensors[r].size(), "restore_state: the snapshot holds more state tensors than the sequence");
-  }
+  for (size_t r = 0; r < ranks_.size(); ++r)
+    for (size_t i = 0; i < state[r].size(); ++i)
+      ranks_[r]->ops->copy_rows(snap.tensors[r][i], 0, *state[r][i], seq.slot, 1);
   seq.length = snap.length;
   seq.mtp_length = snap.mtp_length;
   seq.ple_history = snap.ple_history;

@@ -302,6 +302,10 @@ class Model {
   mutable std::string failure_;
   mutable std::mutex failure_mu_;
   void set_failure(const std::string& why) const;
+  /// A step that ran (or runs) on the other nodes failed here: the group fails for good (set_failure, and every rank's
+  /// collectives aborted), so that no collective waits for this node's ranks and no later step meets a stale one
+  /// (docs/ENGINE.md "Several processes").
+  void fail_group(const std::string& why) const;
   std::unique_ptr<RankThreads> threads_;
   RouterObserver router_observer_;
 };
