@@ -18,6 +18,7 @@ and in the same float32 operation order, so both give the same bits:
   GPTQ int4 (v1)          (q - (qzero + 1)) * scales[k/g, n]         (F16 scales)
   AutoAWQ GEMM int4       (q - qzero) * scales[k/g, n]               (F16 scales; q, qzero 0..15)
   PLE FP8 table           e4m3(row) * weight_scale                   (one BF16 scalar)
+  PLE int8 table          q[r, c] * weight_scale[r, c/g]             (per shard F16 group scales, symmetric)
 
 Usage: python3 tools/make_quant_fixtures.py [OUT_DIR] [FORMAT ...]
 OUT_DIR defaults to tests/data/quant; with no FORMAT every one of FORMATS is written.
@@ -212,6 +213,22 @@ def q_ple_fp8(shards):
     return q, scale, [x.float() * scale.float() for x in q]
 
 
+def q_ple_int8(shards, group):
+    """int8 table shards with F16 group scales per shard, row and group of `group` columns (W8A16, symmetric):
+    scale = max(|w| over the group, 1e-8) / 127 in F16, q = clamp(round(w / scale), -127, 127); value = q * scale.
+    Stored as `shard_K.weight` I8 [rows, D] and `shard_K.weight_scale` F16 [rows, D / group]."""
+    q, scales, d = [], [], []
+    for s in shards:
+        r, c = s.shape
+        g = s.float().reshape(r, c // group, group)
+        sc = (g.abs().amax(-1).clamp(min=1e-8) / 127.0).to(torch.float16)  # [rows, groups]
+        qi = torch.round(g / sc.float().unsqueeze(-1)).clamp(-127, 127).to(torch.int8)
+        q.append(qi.reshape(r, c).contiguous())
+        scales.append(sc.contiguous())
+        d.append((qi.float() * sc.float().unsqueeze(-1)).reshape(r, c))
+    return q, scales, d
+
+
 # ------------------------------------------------------------------------------------------------ formats
 RADIXARK_IGNORE = ["model.embed_tokens", "mtp.*", "model.mtp.*", "*.self_attn.*", "*.linear_attn.*", "*.mlp.gate*",
                    "*.mlp.shared_expert.*", "*.mlp.shared_expert_gate*", "*hyper_connection*", "*.ple.*",
@@ -337,6 +354,12 @@ FORMATS = {
     "awq-int4-g32": dict(experts=lambda w: q_awq(w, 32), dense=lambda w: q_awq(w, 32), dense_of=shared_expert_linears,
                          ple_fp8=False, naming="standard", quantization_config=lambda c: awq_config(32),
                          hf_quant=None, text_extra={}, greedy=8),
+    # The V100 production layout (issue 22): AutoAWQ g32 experts with the PLE table baked to int8 with group scales
+    # (W8A16; group 32 in the release, 8 here: tiny-a's table rows have 16 columns).
+    "awq-int4-g32-ple-int8": dict(experts=lambda w: q_awq(w, 32), dense=lambda w: q_awq(w, 32),
+                                  dense_of=shared_expert_linears, ple_fp8=False, ple_int8=8, naming="standard",
+                                  quantization_config=lambda c: awq_config(32), hf_quant=None, text_extra={},
+                                  greedy=8),
     "awq-int4-g128": dict(experts=lambda w: q_awq(w, 128), dense=lambda w: q_awq(w, 128),
                           dense_of=shared_expert_linears, ple_fp8=False, naming="standard",
                           quantization_config=lambda c: awq_config(128), hf_quant=None, text_extra={},
@@ -484,6 +507,16 @@ def build(name, spec, out_root, base, ref_in, base_dir=BASE):
                 deq[k] = dv
             tensors[p + "weight_scale"] = scale
             ple_tables[lid - 1] = torch.cat(d, 0)
+    if spec.get("ple_int8"):
+        for lid in t["ple_layer_ids"]:
+            p = f"{TP}layers.{lid - 1}.ple.ple_embedding.ngram_embedding."
+            keys = [p + f"shard_{k}.weight" for k in range(t["split_ngram_parts"])]
+            q, scales, d = q_ple_int8([base[k] for k in keys], spec["ple_int8"])
+            for k, v, sc, dv in zip(keys, q, scales, d):
+                tensors[k] = v
+                tensors[k + "_scale"] = sc  # shard_K.weight_scale
+                deq[k] = dv
+            ple_tables[lid - 1] = torch.cat(d, 0)
 
     out = os.path.join(out_root, name)
     shutil.rmtree(out, ignore_errors=True)
@@ -522,7 +555,8 @@ def build(name, spec, out_root, base, ref_in, base_dir=BASE):
                      "quantization_config": cfg_q["quantization_config"],
                      "quantized": sorted({"routed experts" if ".mlp.experts." in k else
                                           "shared experts" if ".mlp.shared_expert." in k else
-                                          "PLE table (FP8)" if ".ngram_embedding." in k else k for k in deq})}
+                                          ("PLE table (int8)" if spec.get("ple_int8") else "PLE table (FP8)")
+                                          if ".ngram_embedding." in k else k for k in deq})}
     for p in PROMPTS:
         ids = ref_in[f"{p}.input_ids"]
         lg = logits_of(model, ids)
@@ -542,7 +576,7 @@ def build(name, spec, out_root, base, ref_in, base_dir=BASE):
     picks = [f"{TP}layers.0.mlp.experts.0.gate_proj.weight", f"{TP}layers.0.mlp.experts.1.down_proj.weight",
              f"{TP}layers.7.mlp.experts.7.up_proj.weight", "lm_head.weight",
              f"{TP}layers.3.mlp.shared_expert.down_proj.weight"]
-    if spec["ple_fp8"]:
+    if spec["ple_fp8"] or spec.get("ple_int8"):
         picks.append(f"{TP}layers.{t['ple_layer_ids'][0] - 1}.ple.ple_embedding.ngram_embedding.shard_0.weight")
     for k in picks:
         if k in deq:

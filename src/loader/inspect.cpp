@@ -314,8 +314,16 @@ json inspect_model(const std::string& path, const InspectOptions& opt) {
             fmt::format("fp16 (dequantized from {} at load)", quant_format_name(w.format)));
       }
     }
-    if (scheme.summary().count("ple_table")) {
-      q_cuda_form["ple_table"].insert("fp8 e4m3 kept as stored (pinned host or GPU), rows converted in the gather");
+    const auto formats = scheme.summary();
+    if (auto pt = formats.find("ple_table"); pt != formats.end()) {
+      for (const auto& [form, n] : pt->second) {
+        q_cuda_form["ple_table"].insert(
+            form == "fp8-scalar"
+                ? "fp8 e4m3 kept as stored (pinned host or GPU), rows converted in the gather"
+                : fmt::format("{} kept as stored with its group scales (pinned host or GPU), rows converted in the "
+                              "gather",
+                              form));
+      }
     }
     // MTP and vision as stored (the vision tower geometry of a folder is the one its tensors have).
     params[int(Component::Mtp)] = elements[int(Component::Mtp)];

@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "loader/quant.h"
 #include "loader/tensor_plan.h"
 #include "ple/ngram_hash.h"
 
@@ -83,9 +84,10 @@ bool split_layer(const std::string& name, int* layer, std::string* rest) {
   return true;
 }
 
-// ".ple.ple_embedding.ngram_embedding.shard_K.weight" -> K.
-bool parse_shard(const std::string& rest, int64_t* k) {
-  static const std::string head = ".ple.ple_embedding.ngram_embedding.shard_", tail = ".weight";
+// ".ple.ple_embedding.ngram_embedding.shard_K" + tail -> K (tail ".weight": a row shard, ".weight_scale": its
+// int8 group scales).
+bool parse_shard(const std::string& rest, const std::string& tail, int64_t* k) {
+  static const std::string head = ".ple.ple_embedding.ngram_embedding.shard_";
   if (rest.size() <= head.size() + tail.size() || rest.compare(0, head.size(), head) != 0 ||
       rest.compare(rest.size() - tail.size(), tail.size(), tail) != 0) {
     return false;
@@ -160,6 +162,7 @@ WeightManifest WeightManifest::build(const ModelConfig& cfg, const Checkpoint& c
     m.entries_.emplace(logical, ManifestEntry{logical, source, c, layer, std::move(view)});
   };
   std::map<int, std::map<int64_t, std::string>> shards;  // layer -> shard number -> logical name
+  std::map<int, std::map<int64_t, std::string>> shard_scales;  // layer -> shard number -> checkpoint name (int8)
 
   for (const auto& [name, tp] : ckpt.tensors()) {
     const TensorView& t = *tp;
@@ -235,9 +238,14 @@ WeightManifest WeightManifest::build(const ModelConfig& cfg, const Checkpoint& c
     }
     // PLE table row shards, placed by number.
     int64_t k = -1;
-    if (in_layer && cfg.ple_index_of_layer(layer) >= 0 && parse_shard(rest, &k)) {
+    if (in_layer && cfg.ple_index_of_layer(layer) >= 0 && parse_shard(rest, ".weight", &k)) {
       add(logical, name, Component::PleTable, layer, t);
       shards[layer][k] = logical;
+      continue;
+    }
+    if (in_layer && cfg.ple_index_of_layer(layer) >= 0 && parse_shard(rest, ".weight_scale", &k)) {
+      add(logical, name, Component::PleTable, layer, t);  // an int8 shard's group scales, checked with the shards
+      shard_scales[layer][k] = name;
       continue;
     }
     if (in_layer && cfg.ple_index_of_layer(layer) >= 0 && rest == ".ple.ple_embedding.ngram_embedding.weight_scale") {
@@ -355,17 +363,38 @@ WeightManifest WeightManifest::build(const ModelConfig& cfg, const Checkpoint& c
       const TensorView& t = m.entries_.at(logical).view;
       if (k != next) fail("{}: PLE table shard {} of layer {} is missing (found shard {})", ckpt.dir(), next, layer, k);
       ++next;
-      const bool fp8 = t.dtype == DType::F8_E4M3 || t.dtype == DType::F8_E5M2;
-      if (!is_float(t.dtype) && !(fp8 && scaled_table)) {
-        fail("{}: tensor '{}' is {}: PLE table shards must be BF16, F16, F32, or FP8 with '{}'", t.file,
-             ckpt_name(logical), dtype_name(t.dtype), ckpt_name(table + ".weight_scale"));
+      const bool fp8 = t.dtype == DType::F8_E4M3 || t.dtype == DType::F8_E5M2, int8 = t.dtype == DType::I8;
+      const std::string group_scales = fmt::format("{}.shard_{}.weight_scale", table, k);
+      if (!is_float(t.dtype) && !(fp8 && scaled_table) && !(int8 && has(group_scales))) {
+        fail(
+            "{}: tensor '{}' is {}: PLE table shards must be BF16, F16, F32, FP8 with '{}', or I8 with group scales "
+            "'{}'",
+            t.file, ckpt_name(logical), dtype_name(t.dtype), ckpt_name(table + ".weight_scale"),
+            ckpt_name(group_scales));
       }
-      if (fp8) m.quantized_ = true;
+      if (has(group_scales) && !int8) {
+        fail("{}: tensor '{}' is {}: group scales '{}' go only with an I8 shard", t.file, ckpt_name(logical),
+             dtype_name(t.dtype), ckpt_name(group_scales));
+      }
+      if (int8 && scaled_table) {
+        fail("{}: '{}' is an I8 shard with group scales; the table-wide FP8 multiplier '{}' does not go with it",
+             t.file, ckpt_name(logical), ckpt_name(table + ".weight_scale"));
+      }
+      if (int8) {
+        ple_int8_group(t, m.entries_.at(group_scales).view);  // throws naming both tensors
+      }
+      if (fp8 || int8) m.quantized_ = true;
       if (t.shape.size() != 2 || t.shape[1] != cfg.ple_head_dim()) {
         fail("{}: tensor '{}' has shape {}, expected [rows, {}] (ple_embed_dim / n-gram heads)", t.file,
              ckpt_name(logical), t.shape_str(), cfg.ple_head_dim());
       }
       rows += t.shape[0];
+    }
+    for (const auto& [k, name] : shard_scales[layer]) {
+      if (!sit->second.count(k)) {
+        fail("{}: tensor '{}' holds group scales of PLE table shard {} of layer {}, which the checkpoint lacks",
+             ckpt.dir(), name, k, layer);
+      }
     }
     if (rows != hp.rows) {
       fail(
@@ -416,6 +445,10 @@ std::vector<const ManifestEntry*> WeightManifest::ple_table_shards(int layer) co
     if (!e) return out;
     out.push_back(e);
   }
+}
+
+const ManifestEntry* WeightManifest::ple_table_shard_scales(int layer, int64_t k) const {
+  return find(fmt::format("layers.{}.ple.ple_embedding.ngram_embedding.shard_{}.weight_scale", layer, k));
 }
 
 }  // namespace flashnext

@@ -14,6 +14,7 @@
 //   layers.L.mlp.experts.E.{gate_proj,up_proj,down_proj}.weight   (fused 3-D checkpoints are sliced, zero-copy)
 //   layers.L.ple.{key_proj,value_proj,norm_key,norm_query,norm_conv,conv1d}.weight
 //   layers.L.ple.ple_embedding.ngram_embedding.shard_K.weight      (placed by K, not by name order)
+//   layers.L.ple.ple_embedding.ngram_embedding.shard_K.weight_scale (int8 shards: group scales)
 // Checkpoint prefixes `model.language_model.` (qwen4_exp) and `model.` (qwen4_exp_text) are stripped. Quantized
 // companions keep their suffix on the same logical stem (`....gate_proj.weight_scale`, `.weight_scale_2`,
 // `.input_scale`, `.weight_scale_inv`, `.weight_packed`, `.weight_zero_point`, `.weight_global_scale`, ...).
@@ -63,7 +64,8 @@ class WeightManifest {
   /// buffers that disagree with the values derived from the config (ngram_hash_params). Float weights must be BF16,
   /// F16 or F32; a weight of another dtype needs a scale companion and the packed shape of its format (FP8/I8: the
   /// logical shape, U8: [N, K/2], I32: [N, K/8]). The PLE table shards must be numbered 0..n-1, [rows_k,
-  /// ple_head_dim] each, rows summing to the padded table height; FP8 shards need `ngram_embedding.weight_scale`.
+  /// ple_head_dim] each, rows summing to the padded table height; FP8 shards need `ngram_embedding.weight_scale`,
+  /// I8 shards their group scales `ngram_embedding.shard_K.weight_scale` (loader/quant.h ple_int8_group).
   /// The three hash buffers are optional (derivable), checked when present.
   static WeightManifest build(const ModelConfig& cfg, const Checkpoint& ckpt);
 
@@ -77,6 +79,8 @@ class WeightManifest {
   /// The PLE n-gram table row shards of decoder layer `layer` in row order (by shard number K, not name order);
   /// concatenated they are the [rows, ple_head_dim] table. Empty when the layer has no PLE.
   std::vector<const ManifestEntry*> ple_table_shards(int layer) const;
+  /// The group scales of int8 shard `k` of layer `layer`'s table (`shard_K.weight_scale`), or nullptr.
+  const ManifestEntry* ple_table_shard_scales(int layer, int64_t k) const;
   /// True when some language-model weight is stored quantized (a non-float weight with its scale companions).
   bool quantized() const { return quantized_; }
 

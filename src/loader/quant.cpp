@@ -597,6 +597,41 @@ int64_t w4a16_packed_bytes(int64_t rows, int64_t cols, int64_t group, bool zeros
   return rows * (wpr * 4 + groups * (2 + (zeros ? 1 : 0)) + 4);
 }
 
+int64_t ple_int8_group(const TensorView& shard, const TensorView& scales) {
+  if (shard.dtype != DType::I8) {
+    fail("{}: PLE table shard '{}' is {}, expected I8 to go with the group scales '{}'", shard.file, shard.name,
+         dtype_name(shard.dtype), scales.name);
+  }
+  if (shard.shape.size() != 2 || scales.shape.size() != 2 || !is_float(scales.dtype) ||
+      scales.shape[0] != shard.shape[0] || scales.shape[1] < 1 || shard.shape[1] % scales.shape[1] != 0) {
+    fail(
+        "{}: tensor '{}' is {} {}, expected BF16, F16 or F32 [{}, {} / g] (one scale per row and group of g "
+        "columns of the I8 shard '{}' {}, g dividing {})",
+        scales.file, scales.name, dtype_name(scales.dtype), scales.shape_str(),
+        shard.shape.empty() ? 0 : shard.shape[0], shard.shape.size() == 2 ? shard.shape[1] : 0, shard.name,
+        shard.shape_str(), shard.shape.size() == 2 ? shard.shape[1] : 0);
+  }
+  const std::vector<float> s = to_float(scales);
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (!std::isfinite(s[i])) {
+      fail("{}: tensor '{}' element {} is {}, expected finite group scales", scales.file, scales.name, i, s[i]);
+    }
+  }
+  return shard.shape[1] / scales.shape[1];
+}
+
+std::vector<float> dequantize_ple_shard_int8(const TensorView& shard, const TensorView& scales) {
+  const int64_t g = ple_int8_group(shard, scales);
+  const std::vector<float> s = to_float(scales);
+  std::vector<float> out(size_t(shard.numel()));
+  convert_to_float(shard.dtype, shard.data, out.data(), out.size());
+  const int64_t cols = shard.shape[1], groups = scales.shape[1];
+  for (int64_t r = 0; r < shard.shape[0]; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      out[size_t(r * cols + c)] *= s[size_t(r * groups + c / g)];  // exact for 16-bit scales (quant.h)
+  return out;
+}
+
 std::vector<float> dequantize_ple_shard(const TensorView& shard, const TensorView& weight_scale) {
   const float s = ple_table_scale(shard, weight_scale);
   std::vector<float> out(size_t(shard.numel()));
@@ -664,6 +699,10 @@ QuantScheme QuantScheme::build(const QuantConfig& cfg, const ModelConfig& model,
   for (const auto& [name, e] : m.entries()) {
     if (e.component == Component::PleTable) {
       if (e.view.dtype == DType::F8_E4M3 || e.view.dtype == DType::F8_E5M2) ++s.summary_["ple_table"]["fp8-scalar"];
+      if (e.view.dtype == DType::I8) {
+        const ManifestEntry* sc = m.find(name + "_scale");  // shard_K.weight -> shard_K.weight_scale
+        if (sc) ++s.summary_["ple_table"][fmt::format("int8-g{}", ple_int8_group(e.view, sc->view))];
+      }
       continue;
     }
     if (e.component == Component::PleHashBuffers) continue;

@@ -32,6 +32,10 @@
 //                     WQLinear_GEMM.from_linear (packing) and awq/utils/packing_utils.py dequantize_gemm (unpacking).
 //   PLE table, FP8    `ngram_embedding.shard_K.weight` F8_E4M3 rows, one BF16 `ngram_embedding.weight_scale` [1]:
 //                     row value = e4m3 * weight_scale.
+//   PLE table, int8   `ngram_embedding.shard_K.weight` I8 [rows_K, D] with `ngram_embedding.shard_K.weight_scale`
+//                     BF16/F16/F32 [rows_K, D/g] (symmetric, g = 32 in the W8A16 g32 tables of the V100 AWQ release;
+//                     the layout of the FP8 table with the scale made per shard, row and group):
+//                     value = q * weight_scale[r, c/g].
 // Every product above is exact in float32 except the final multiply by weight_scale_2 (one rounding) and the
 // compressed-tensors NVFP4 division (one rounding). (compressed-tensors' own decompressor rounds int4 products to
 // the scale's dtype; transformers' Fp8Dequantize derives the block from the scale grid, which differs from
@@ -143,6 +147,15 @@ std::vector<float> dequantize(const QuantizedWeight& w);
 /// as row-major float32. Throws Error naming the tensors for a non-FP8 shard or a scale that is not one element.
 std::vector<float> dequantize_ple_shard(const TensorView& shard, const TensorView& weight_scale);
 
+/// An int8 PLE table shard `shard` I8 [rows, dim] with its group scales `scales` (`shard_K.weight_scale`, BF16 /
+/// F16 / F32 [rows, dim / g]): checks both and returns g, the columns per scale. Throws Error naming the tensors for a
+/// shard that is not I8, scales of another dtype or height, a column count g does not divide, or a non-finite scale.
+int64_t ple_int8_group(const TensorView& shard, const TensorView& scales);
+
+/// The int8 PLE shard's float32 values, row-major: q[r, c] * scales[r, c / g], one float32 multiply (exact for BF16
+/// and F16 scales: 8 by at most 11 significant bits; F32 scales round once). Checks as ple_int8_group.
+std::vector<float> dequantize_ple_shard_int8(const TensorView& shard, const TensorView& scales);
+
 /// The FP8 PLE table's multiplier: `weight_scale` as float32 (exact), after the checks of dequantize_ple_shard on
 /// `shard` (FP8) and the scale (one BF16/F16/F32 element); also a finite value. Backends keep the FP8 shards and
 /// multiply each converted row by it (ops/ops.h PleTable::scale), which gives dequantize_ple_shard's values.
@@ -175,7 +188,8 @@ class QuantScheme {
   const QuantizedWeight* find(const std::string& name) const;
   const std::map<std::string, QuantizedWeight>& weights() const { return weights_; }
   /// Number of quantized weights by component and format, e.g. {routed_experts: {nvfp4-modelopt: 192}}; the PLE
-  /// table is listed as `fp8-scalar` per shard when stored in FP8.
+  /// table is listed as `fp8-scalar` per shard when stored in FP8 and as `int8-gG` per shard when stored in int8
+  /// with group scales of G columns.
   std::map<std::string, std::map<std::string, int64_t>> summary() const { return summary_; }
 
  private:

@@ -95,15 +95,21 @@ struct MoeWeights {
 
 /// The hashed n-gram table of one PLE layer: the logical table [rows, head_dim] stored as row shards in shard order
 /// (shard k holds rows [sum of earlier shard heights, + its height)). Shards keep their checkpoint dtype
-/// (BF16/F16/F32, or F8_E4M3 for the FP8 tables of quantized releases) and may live in host memory (see
-/// `map_host_table`). Row value = float(stored element) * scale.
+/// (BF16/F16/F32, F8_E4M3 for the FP8 tables of quantized releases, I8 with group scales for int8 ones) and may
+/// live in host memory (see `map_host_table`). Row value = float(stored element) * scale (* the group scale).
 struct PleTable {
-  std::vector<Tensor> shards;  ///< each [rows_k, head_dim], all of one dtype
+  std::vector<Tensor> shards;  ///< each [rows_k, head_dim], all of one dtype (float, FP8, or I8 with group_scales)
   int64_t rows = 0;            ///< sum of shard heights
   int64_t head_dim = 0;
   /// Multiplies every value: the FP8 table's `ngram_embedding.weight_scale` (a BF16 scalar, converted exactly);
-  /// 1 for float tables. The product float(e4m3) * scale is exact in float32 (4 by 8 significant bits).
+  /// 1 for float and int8 tables. The product float(e4m3) * scale is exact in float32 (4 by 8 significant bits).
   float scale = 1.f;
+  /// I8 tables only (W8A16, loader/quant.h "PLE table, int8"): per shard k its scales [rows_k, head_dim / group]
+  /// (BF16, F16 or F32, one dtype), value[r, c] = q[r, c] * group_scales[k][r, c / group] (one float32 multiply,
+  /// exact for 16-bit scales).
+  /// Empty otherwise.
+  std::vector<Tensor> group_scales;
+  int64_t group = 0;  ///< columns per group scale (I8 tables), else 0
 };
 
 /// A checkpoint array in host memory (borrowed: the mapped checkpoint outlives the load). Elements may be unaligned.
@@ -199,7 +205,8 @@ class Ops {
   /// weight format (CPU: F32). Throws Error for other dtypes.
   virtual Tensor load_weight(const void* host, DType dtype, const Shape& shape) = 0;
   /// A read-only table that ops may read in place from host memory (the PLE n-gram table: too large to convert),
-  /// BF16 / F16 / F32 or FP8 (F8_E4M3; the CPU also takes F8_E5M2), kept in that dtype.
+  /// BF16 / F16 / F32, FP8 (F8_E4M3; the CPU also takes F8_E5M2) or I8 (int8 tables, and F32/F16/BF16 group
+  /// scales beside them), kept in that dtype.
   /// `keepalive` owns the memory (e.g. the mapped checkpoint). CPU: wraps the pointer without a copy.
   virtual Tensor map_host_table(const void* host, DType dtype, const Shape& shape,
                                 std::shared_ptr<const void> keepalive) = 0;

@@ -894,6 +894,8 @@ const char* quant_kind_name(QuantFormat k) {
       return "ct-int4-g32";
     case QuantFormat::Gptq:
       return "gptq-int4-g32";
+    case QuantFormat::Awq:
+      return "awq-int4";
     case QuantFormat::None:
       return "none";
   }
@@ -967,13 +969,15 @@ OpCase moe_shared_expert_case(int64_t T, int64_t H, int64_t Is, Weights wk) {
 // ---------------------------------------------------------------- PLE
 
 OpCase ple_gather_case(int64_t T, int64_t heads, int64_t hd, int64_t rows, DType dtype, int64_t shards,
-                       TableSource source, bool ahead) {
+                       TableSource source, bool ahead, int64_t group, DType scales_dtype) {
   OpCase c;
   c.name =
-      fmt::format("ple_gather/T={}/heads={}/hd={}/rows={}/{}/shards={}/{}{}", T, heads, hd, rows, dtype_name(dtype),
-                  shards, source == TableSource::MapHost ? "map_host_table" : "host_table", ahead ? "/ahead" : "");
+      fmt::format("ple_gather/T={}/heads={}/hd={}/rows={}/{}{}/shards={}/{}{}", T, heads, hd, rows, dtype_name(dtype),
+                  group > 0 ? fmt::format("-g{}-{}-scales", group, dtype_name(scales_dtype)) : std::string(), shards,
+                  source == TableSource::MapHost ? "map_host_table" : "host_table", ahead ? "/ahead" : "");
   c.family = OpFamily::Ple;
-  c.bytes = double(T * heads * hd) * (double(dtype_size(dtype)) + kF) + 8.0 * double(T * heads);
+  c.bytes = double(T * heads * hd) * (double(dtype_size(dtype)) + kF) + 8.0 * double(T * heads) +
+            (group > 0 ? double(T * heads * (hd / group) * int64_t(dtype_size(scales_dtype))) : 0.0);
   c.build = [=](Ops& ops, uint64_t seed) {
     Gen g(ops, seed, Weights::HostFp16);
     const size_t es = dtype_size(dtype);
@@ -983,9 +987,10 @@ OpCase ple_gather_case(int64_t T, int64_t heads, int64_t hd, int64_t rows, DType
       const std::vector<float> v = g.values(rows * hd, 1.f);
       for (size_t i = 0; i < v.size(); ++i) {
         uint8_t* p = bytes->data() + i * es;
-        if (dtype == DType::F32) {  // FP16-representable: backends may keep float tables in FP16 (the CUDA one does)
-          const float f = f16_to_float(float_to_f16(v[i]));
-          std::memcpy(p, &f, 4);
+        if (dtype == DType::F32) {
+          std::memcpy(p, &v[i], 4);
+        } else if (dtype == DType::I8) {
+          *p = uint8_t(int8_t(std::lround(v[i] * 127.f)));  // v in [-1, 1]: every code, -127..127
         } else if (dtype == DType::BF16 || dtype == DType::F16) {
           const uint16_t h = dtype == DType::BF16 ? float_to_bf16(v[i]) : float_to_f16(v[i]);
           std::memcpy(p, &h, 2);
@@ -996,13 +1001,34 @@ OpCase ple_gather_case(int64_t T, int64_t heads, int64_t hd, int64_t rows, DType
         }
       }
     }
+    // I8 tables: group scales of both signs and many magnitudes, stored in scales_dtype.
+    const int64_t groups = group > 0 ? hd / group : 0;
+    const size_t ss = dtype_size(scales_dtype);
+    auto scale_bytes = std::make_shared<std::vector<uint8_t>>(size_t(rows * groups) * ss);
+    {
+      const std::vector<float> v = g.values(rows * groups, 1.f);
+      for (size_t i = 0; i < v.size(); ++i) {
+        const float f = v[i] * std::ldexp(1.f, int(i % 13) - 6);
+        uint8_t* p = scale_bytes->data() + i * ss;
+        if (scales_dtype == DType::F32) {
+          std::memcpy(p, &f, 4);
+        } else {
+          const uint16_t h = scales_dtype == DType::BF16 ? float_to_bf16(f) : float_to_f16(f);
+          std::memcpy(p, &h, 2);
+        }
+      }
+    }
     PleTable table;
     table.rows = rows;
     table.head_dim = hd;
     table.scale = dtype == DType::F8_E4M3 ? 0.5f : 1.f;
+    table.group = group;
     for (int64_t k = 0; k < shards; ++k) {
       const int64_t r0 = rows * k / shards, r1 = rows * (k + 1) / shards;
       const uint8_t* src = bytes->data() + size_t(r0 * hd) * es;
+      if (group > 0)
+        table.group_scales.push_back(ops.map_host_table(scale_bytes->data() + size_t(r0 * groups) * ss, scales_dtype,
+                                                        {r1 - r0, groups}, scale_bytes));
       if (source == TableSource::MapHost) {
         table.shards.push_back(ops.map_host_table(src, dtype, {r1 - r0, hd}, bytes));
       } else {

@@ -86,11 +86,11 @@ OpCase moe_shared_expert_case(int64_t T, int64_t H, int64_t Is, Weights wk = Wei
 // ---------------------------------------------------------------- PLE
 /// Where a ple_gather case's table lives.
 enum class TableSource : uint8_t { MapHost, HostTable };
-/// ple_gather from a table of `rows` x `hd` in `dtype` (BF16, F16, F32 or F8_E4M3, the latter with scale 0.5) split
-/// into `shards` row shards. `ahead`: begun with ple_gather_start, a linear enqueued, then ple_gather_wait (the
-/// model's order).
+/// ple_gather from a table of `rows` x `hd` in `dtype` (BF16, F16, F32, F8_E4M3 with scale 0.5, or I8 with
+/// `scales_dtype` group scales of `group` columns) split into `shards` row shards. `ahead`: begun with
+/// ple_gather_start, a linear enqueued, then ple_gather_wait (the model's order).
 OpCase ple_gather_case(int64_t T, int64_t heads, int64_t hd, int64_t rows, DType dtype, int64_t shards,
-                       TableSource source, bool ahead = false);
+                       TableSource source, bool ahead = false, int64_t group = 0, DType scales_dtype = DType::F16);
 OpCase ple_gate_case(int64_t T, int64_t S, int64_t H, Weights wk = Weights::HostFp16);
 OpCase ple_conv_add_batch_case(int64_t S, int64_t H, int64_t K, int64_t dilation, const StepPlan& plan,
                                Weights wk = Weights::HostFp16);

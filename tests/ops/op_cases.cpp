@@ -204,6 +204,12 @@ void add_ple(std::vector<OpCase>& v) {
   v.push_back(ple_gather_case(9, 4, 16, 90, DType::F16, 1, TableSource::MapHost));
   v.push_back(ple_gather_case(5, 3, 16, 40, DType::F32, 1, TableSource::MapHost));
   v.push_back(ple_gather_case(5, 3, 16, 40, DType::F8_E4M3, 2, TableSource::MapHost));
+  // int8 tables with group scales (W8A16 PLE): equal and uneven shards (the CUDA backend merges the latter), the
+  // three scale dtypes, group = head_dim and the released head_dim 160 with group 32.
+  v.push_back(ple_gather_case(9, 4, 16, 90, DType::I8, 2, TableSource::MapHost, false, 8, DType::F16));
+  v.push_back(ple_gather_case(5, 3, 16, 40, DType::I8, 3, TableSource::MapHost, false, 4, DType::BF16));
+  v.push_back(ple_gather_case(5, 3, 16, 40, DType::I8, 1, TableSource::MapHost, true, 16, DType::F32));
+  v.push_back(ple_gather_case(7, 16, 160, 300, DType::I8, 2, TableSource::MapHost, false, 32, DType::F16));
   v.push_back(ple_gather_case(5, 3, 16, 40, DType::F8_E4M3, 1, TableSource::HostTable));
   v.push_back(ple_gather_case(5, 3, 16, 40, DType::BF16, 3, TableSource::HostTable));
   v.push_back(ple_gather_case(0, 4, 16, 90, DType::BF16, 1, TableSource::MapHost));

@@ -32,9 +32,9 @@ namespace fs = std::filesystem;
 // and both prompts (2.38e-6, nvfp4 short; 1.19e-6 .. 2.09e-6 for the others; 2026-12-01). Before: 1e-3, which is
 // within 100x of what quantization itself moves the logits (0.10 .. 0.27, reference.json).
 constexpr double kTol = 2.5e-5;
-const std::vector<std::string> kFormats = {"nvfp4-radixark",  "nvfp4-nvidia",     "fp8-block",
-                                           "ct-int4-sym-g32", "ct-int4-asym-g32", "ct-nvfp4",
-                                           "gptq-int4-g32",   "awq-int4-g32",     "awq-int4-g128"};
+const std::vector<std::string> kFormats = {"nvfp4-radixark",        "nvfp4-nvidia", "fp8-block",     "ct-int4-sym-g32",
+                                           "ct-int4-asym-g32",      "ct-nvfp4",     "gptq-int4-g32", "awq-int4-g32",
+                                           "awq-int4-g32-ple-int8", "awq-int4-g128"};
 
 std::string fixture(const std::string& fmt) {
   return testing::source_path("tests/data/quant/" + fmt);
@@ -132,7 +132,8 @@ TEST_P(QuantFixture, DequantizedWeightsEqualTheScriptsBitForBit) {
     std::vector<float> got;
     if (name.find(".ngram_embedding.shard_") != std::string::npos) {
       const std::string table = name.substr(0, name.find(".shard_"));
-      got = dequantize_ple_shard(m.get(name), m.get(table + ".weight_scale"));
+      got = m.get(name).dtype == DType::I8 ? dequantize_ple_shard_int8(m.get(name), m.get(name + "_scale"))
+                                           : dequantize_ple_shard(m.get(name), m.get(table + ".weight_scale"));
     } else {
       const QuantizedWeight* q = scheme.find(name);
       ASSERT_NE(q, nullptr) << fmt << ": " << name << " is not quantized";
@@ -180,12 +181,16 @@ TEST(QuantScheme, FindsTheFormatOfEveryQuantizedComponent) {
   EXPECT_EQ(summary("awq-int4-g32"),
             (Summary{{"routed_experts", {{"int4-awq", 192}}}, {"shared_expert", {{"int4-awq", 24}}}}));
   EXPECT_EQ(summary("awq-int4-g128"), summary("awq-int4-g32"));
+  // The V100 production layout: the same experts, the table's 8 shards int8 with group scales of 8 columns.
+  EXPECT_EQ(summary("awq-int4-g32-ple-int8"), (Summary{{"routed_experts", {{"int4-awq", 192}}},
+                                                       {"shared_expert", {{"int4-awq", 24}}},
+                                                       {"ple_table", {{"int8-g8", 8}}}}));
 }
 
 // Greedy ids (prefill, then single-token decode steps) equal those of transformers' own cached decode on the
 // dequantized weights.
 TEST(QuantAwq, GreedyIdsMatchReference) {
-  for (const std::string fmt : {"awq-int4-g32", "awq-int4-g128"}) {
+  for (const std::string fmt : {"awq-int4-g32", "awq-int4-g32-ple-int8", "awq-int4-g128"}) {
     test::Reference ref(test::Reference::AtPath{fixture(fmt) + "/reference.safetensors"});
     const auto model = Model::load(fixture(fmt) + "/model");
     for (const std::string p : {"short", "eos_inside"}) {
@@ -252,6 +257,13 @@ TEST(QuantInspect, CudaMemoryPlan) {
   EXPECT_EQ(aw["quantization"]["cuda_storage"]["routed_experts"][0],
             "w4a16 from int4-awq (4-bit codes, FP16 group scales, uint8 zero points, F32 row scales)");
   EXPECT_EQ(aw["quantization"]["cuda_storage"]["shared_expert"][0], "fp16 (dequantized from int4-awq at load)");
+  // The int8 table stays as stored, its group scales included: 2 tables of 4,160 rows (4 shards) x 16 columns, I8
+  // codes and 2 F16 scales a row.
+  const nlohmann::json p8 = plan("awq-int4-g32-ple-int8");
+  EXPECT_EQ(p8["memory_cuda"]["ple_table_bytes"], p8["stored"]["bytes_by_component"]["ple_table"]);
+  EXPECT_EQ(p8["stored"]["bytes_by_component"]["ple_table"], 2 * 4160 * (16 + 2 * 2));
+  EXPECT_EQ(p8["quantization"]["cuda_storage"]["ple_table"][0],
+            "int8-g8 kept as stored with its group scales (pinned host or GPU), rows converted in the gather");
   // FP8 block: FP16, 3 * 32 * 64 elements per expert.
   const nlohmann::json f8 = plan("fp8-block");
   EXPECT_EQ(f8["memory_cuda"]["routed_expert_bytes"], experts * 3 * 32 * 64 * 2);
@@ -314,6 +326,65 @@ TEST(QuantPleFp8, CpuGatherEqualsDequantizedRows) {
     }
     EXPECT_EQ(tables, 2) << fmt;
   }
+}
+
+// The int8 PLE table stays I8 with its group scales (PleTable::group_scales), as the model loads it: the CPU gather
+// gives exactly the rows of the dequantized shards (dequantize_ple_shard_int8) for every row of both PLE layers,
+// also as one rank of a TP 2 group (its half of the rows, the rest read as the zero row).
+TEST(QuantPleInt8, GatherOfTheLoadedTableEqualsDequantizedRows) {
+  const std::string dir = fixture("awq-int4-g32-ple-int8") + "/model";
+  const ModelConfig cfg = load_config(dir);
+  const auto ck = std::make_shared<const Checkpoint>(dir);
+  const WeightManifest m = WeightManifest::build(cfg, *ck);
+  auto ops = make_cpu_ops(1);
+  int tables = 0;
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    const auto shards = m.ple_table_shards(int(l));
+    if (shards.empty()) continue;
+    std::vector<float> want;
+    for (size_t k = 0; k < shards.size(); ++k) {
+      const ManifestEntry* sc = m.ple_table_shard_scales(int(l), int64_t(k));
+      ASSERT_NE(sc, nullptr);
+      EXPECT_EQ(ple_int8_group(shards[k]->view, sc->view), 8);
+      const std::vector<float> d = dequantize_ple_shard_int8(shards[k]->view, sc->view);
+      want.insert(want.end(), d.begin(), d.end());
+    }
+    ++tables;
+    const int64_t hd = cfg.ple_head_dim(), rows = int64_t(want.size()) / hd;
+    for (int tp : {1, 2}) {
+      for (int rank = 0; rank < tp; ++rank) {
+        const TpPlan plan = TpPlan::make(cfg, tp);
+        const ModelWeights w = load_weights(cfg, m, ck, *ops, {}, tp == 1 ? nullptr : &plan, rank);
+        const PleTable& table = w.layers[size_t(l)].ple->table;
+        EXPECT_EQ(table.group, 8);
+        ASSERT_EQ(table.group_scales.size(), table.shards.size());
+        const IndexRange held = w.layers[size_t(l)].ple->rows_held;
+        // Every held row (and, under TP, the zero row after them), scrambled, two heads per token.
+        std::vector<int64_t> ids;
+        for (int64_t i = 0; i < held.size(); ++i) ids.push_back((i * 7919) % held.size());
+        if (tp > 1) ids.push_back(held.size());
+        if (ids.size() & 1) ids.push_back(0);
+        const int64_t T = int64_t(ids.size()) / 2;
+        Tensor r = ops->upload(ids.data(), DType::I64, {T, 2});
+        Tensor e = ops->empty({T, 2 * hd});
+        ops->ple_gather(table, r, e);
+        std::vector<float> got(size_t(e.numel()));
+        ops->download(e, got.data());
+        size_t mismatches = 0;
+        for (size_t i = 0; i < ids.size(); ++i) {
+          if (ids[i] == held.size()) {  // the zero row
+            for (int64_t j = 0; j < hd; ++j) mismatches += got[i * size_t(hd) + size_t(j)] != 0.f;
+            continue;
+          }
+          mismatches +=
+              std::memcmp(&got[i * size_t(hd)], &want[size_t((held.begin + ids[i]) * hd)], size_t(hd) * 4) != 0;
+        }
+        EXPECT_EQ(mismatches, 0u) << "layer " << l << " TP " << tp << " rank " << rank;
+        EXPECT_LT(held.size(), tp == 1 ? rows + 1 : rows) << "a rank of TP 2 holds a part";
+      }
+    }
+  }
+  EXPECT_EQ(tables, 2);
 }
 
 // Ops::load_quantized_experts' default (the CPU backend's): the stacked experts are the exact dequantized matrices.
@@ -450,6 +521,44 @@ TEST(QuantBadInput, MixedFormatsTheCodeDoesNotKnow) {
   cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["symmetric"] = false;
   testing::write_json(a.path / "config.json", cfg);
   EXPECT_THAT(load_error(a.path), HasSubstr("but config group 'group_0' is asymmetric"));
+}
+
+TEST(QuantBadInput, PleInt8GroupScales) {
+  const std::string shard = "model.language_model.layers.1.ple.ple_embedding.ngram_embedding.shard_2.";
+  TempDir d;  // an I8 shard without its group scales
+  broken_copy("awq-int4-g32-ple-int8", d.path, [&](auto& t) { t.erase(shard + "weight_scale"); });
+  EXPECT_THAT(load_error(d.path), HasSubstr("tensor '" + shard +
+                                            "weight' is I8: PLE table shards must be BF16, F16, "
+                                            "F32, FP8 with"));
+  EXPECT_THAT(load_error(d.path), HasSubstr("or I8 with group scales '" + shard + "weight_scale'"));
+  TempDir g;  // 3 scales a row: 3 does not divide the 16 columns
+  broken_copy("awq-int4-g32-ple-int8", g.path, [&](auto& t) {
+    RawTensor& s = t.at(shard + "weight_scale");
+    s.shape = {s.shape[0] * 2 / 3, 3};
+    s.bytes.resize(size_t(s.shape[0] * 3 * 2));
+  });
+  EXPECT_THAT(load_error(g.path), HasSubstr("tensor '" + shard + "weight_scale' is F16 ["));
+  EXPECT_THAT(load_error(g.path),
+              HasSubstr("(one scale per row and group of g columns of the I8 shard '" + shard + "weight'"));
+  TempDir f;  // group scales beside a float shard
+  broken_copy("awq-int4-g32", f.path, [&](auto& t) {
+    t.emplace(shard + "weight_scale", RawTensor{shard + "weight_scale", "F16", {1, 1}, {0, 0x3c}});
+  });
+  EXPECT_THAT(load_error(f.path), HasSubstr("group scales '" + shard + "weight_scale' go only with an I8 shard"));
+  TempDir o;  // scales of a shard that does not exist
+  const std::string extra = "model.language_model.layers.1.ple.ple_embedding.ngram_embedding.shard_9.weight_scale";
+  broken_copy("awq-int4-g32-ple-int8", o.path, [&](auto& t) {
+    t.emplace(extra, RawTensor{extra, "F16", {1, 2}, {0, 0x3c, 0, 0x3c}});
+  });
+  EXPECT_THAT(load_error(o.path), HasSubstr("tensor '" + extra +
+                                            "' holds group scales of PLE table shard 9 of layer "
+                                            "1, which the checkpoint lacks"));
+  TempDir n;  // a non-finite scale
+  broken_copy("awq-int4-g32-ple-int8", n.path, [&](auto& t) {
+    RawTensor& s = t.at(shard + "weight_scale");
+    s.bytes[2] = 0x00, s.bytes[3] = 0x7c;  // element 1: +inf in F16
+  });
+  EXPECT_THAT(load_error(n.path), HasSubstr("tensor '" + shard + "weight_scale' element 1 is inf, expected finite"));
 }
 
 TEST(QuantBadInput, GptqActOrderPermutation) {

@@ -449,10 +449,11 @@ ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest
       // The rank's rows (all of them without tensor parallelism), cut out of the shards they fall in, in place.
       pw.rows_held = tp ? plan->ple_rows(rank, table_rows) : IndexRange{0, table_rows};
       const ManifestEntry* scale = manifest.find(e + ".ple_embedding.ngram_embedding.weight_scale");
-      DType table_dtype = DType::BF16;
+      DType table_dtype = DType::BF16, scales_dtype = DType::F16;
       int64_t at = 0;
-      for (const ManifestEntry* s : shards) {
-        const TensorView& v = s->view;
+      for (size_t k = 0; k < shards.size(); ++k) {
+        const TensorView& v = shards[k]->view;
+        const ManifestEntry* group_scales = manifest.ple_table_shard_scales(int(l), int64_t(k));
         const int64_t b = std::max(at, pw.rows_held.begin), t = std::min(at + v.shape[0], pw.rows_held.end);
         table_dtype = v.dtype;
         if (b < t) {
@@ -463,8 +464,17 @@ ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest
             pw.table.shards.push_back(
                 ops.map_host_table(v.data + size_t(b - at) * row_bytes, v.dtype, {t - b, v.shape[1]}, checkpoint));
             ld.consumed(size_t(t - b) * row_bytes);
+            if (group_scales) {  // int8 table: the shards stay I8, the gather multiplies by each row's group scales
+              const TensorView& sv = group_scales->view;
+              pw.table.group = ple_int8_group(v, sv);
+              scales_dtype = sv.dtype;
+              const size_t scale_row_bytes = size_t(sv.shape[1]) * dtype_size(sv.dtype);
+              pw.table.group_scales.push_back(ops.map_host_table(sv.data + size_t(b - at) * scale_row_bytes, sv.dtype,
+                                                                 {t - b, sv.shape[1]}, checkpoint));
+              ld.consumed(size_t(t - b) * scale_row_bytes);
+            }
           } catch (const Error& e) {
-            fail("{}: PLE shard '{}': {}", v.file, s->source, e.what());
+            fail("{}: PLE shard '{}': {}", v.file, shards[k]->source, e.what());
           }
           pw.table.rows += t - b;
         }
@@ -473,6 +483,11 @@ ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest
       if (pw.rows_held.size() < table_rows) {  // the zero row that the rows of other ranks read
         auto zero = std::make_shared<std::vector<uint8_t>>(size_t(pw.table.head_dim) * dtype_size(table_dtype), 0);
         pw.table.shards.push_back(ops.map_host_table(zero->data(), table_dtype, {1, pw.table.head_dim}, zero));
+        if (pw.table.group > 0) {  // its scales: zeros as well
+          const int64_t groups = pw.table.head_dim / pw.table.group;
+          auto zs = std::make_shared<std::vector<uint8_t>>(size_t(groups) * dtype_size(scales_dtype), 0);
+          pw.table.group_scales.push_back(ops.map_host_table(zs->data(), scales_dtype, {1, groups}, zs));
+        }
         pw.table.rows += 1;
       }
       pw.key_proj = ld.get(e + ".key_proj.weight");

@@ -133,8 +133,8 @@ ModelWeights random_weights(const ModelConfig& cfg, Ops& ops, uint64_t seed, Ran
 /// Quantized weights (the quantization_config / hf_quant_config.json of checkpoint->dir(), loader/quant.h) are
 /// dequantized exactly to float32 at load, except routed experts quantized in one format, which go to
 /// `Ops::load_quantized_experts` (the backend decides: CPU dequantizes, CUDA keeps NVFP4 / int4 as W4A16). FP8 PLE
-/// tables stay FP8 with their scale (PleTable::scale). Throws Error for tensors the backend cannot use and for
-/// every quantization error of QuantScheme::build.
+/// tables stay FP8 with their scale (PleTable::scale), int8 ones I8 with their group scales (PleTable::group_scales).
+/// Throws Error for tensors the backend cannot use and for every quantization error of QuantScheme::build.
 /// `progress` (optional) is called after each tensor with the checkpoint bytes consumed and the bytes of every
 /// manifest tensor but the vision and MTP ones (the last call: done == total).
 /// `plan` (optional, with `rank`): load only rank `rank`'s part of every tensor (loader/sharding.h), read from the

@@ -24,6 +24,25 @@ GatherDims ple_gather(const Backend& b, const PleTable& table, const Tensor& row
     total += s.dim(0);
   }
   FN_CHECK(std::isfinite(table.scale), "{}: table scale {}", op, table.scale);
+  if (dt != DType::I8) {
+    FN_CHECK(table.group_scales.empty() && table.group == 0, "{}: group scales given with a {} table", op,
+             dtype_name(dt));
+  } else {
+    FN_CHECK(table.group > 0 && hd % table.group == 0 && table.group_scales.size() == table.shards.size(),
+             "{}: an I8 table needs a group dividing head_dim {} (got {}) and group scales for each of its {} shards "
+             "(got {})",
+             op, hd, table.group, table.shards.size(), table.group_scales.size());
+    const DType st = table.group_scales[0].dtype();
+    for (size_t i = 0; i < table.group_scales.size(); ++i) {
+      const Tensor& g = table.group_scales[i];
+      on_device(b, g, op, "group scales");
+      FN_CHECK(g.rank() == 2 && g.dim(0) == table.shards[i].dim(0) && g.dim(1) == hd / table.group && g.dtype() == st &&
+                   (st == DType::BF16 || st == DType::F16 || st == DType::F32) && dtype_ok(st),
+               "{}: group scales {} of shard {} {}: expected [{}, {}] of a float dtype this backend reads, like those "
+               "of shard 0 ({})",
+               op, g.str(), i, table.shards[i].str(), table.shards[i].dim(0), hd / table.group, dtype_name(st));
+    }
+  }
   return {T, heads, hd, total};
 }
 

@@ -10,8 +10,9 @@
 namespace flashnext::contract {
 
 /// ple_gather(table, rows, e): rows [T, heads] I64, e [T, heads*hd] F32, a table of at least one shard, every
-/// shard [rows_k, hd] on the backend's device with shard 0's dtype (which `dtypes_ok` accepts), a finite scale.
-/// Row ids are the backend's to check.
+/// shard [rows_k, hd] on the backend's device with shard 0's dtype (which `dtype_ok` accepts), a finite scale. An I8
+/// table has a group dividing hd and per shard group scales [rows_k, hd / group] on the device, all of one dtype
+/// that `dtype_ok` accepts as a float dtype; other tables have none. Row ids are the backend's to check.
 struct GatherDims {
   int64_t tokens, heads, head_dim, rows;
 };

@@ -78,8 +78,8 @@ Tensor CpuOps::load_weight(const void* host, DType dtype, const Shape& shape) {
 Tensor CpuOps::map_host_table(const void* host, DType dtype, const Shape& shape,
                               std::shared_ptr<const void> keepalive) {
   FN_CHECK(dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::F32 || dtype == DType::F8_E4M3 ||
-               dtype == DType::F8_E5M2,
-           "map_host_table: table must be BF16, F16, F32 or FP8 (E4M3 / E5M2), got {}", dtype_name(dtype));
+               dtype == DType::F8_E5M2 || dtype == DType::I8,
+           "map_host_table: table must be BF16, F16, F32, FP8 (E4M3 / E5M2) or I8, got {}", dtype_name(dtype));
   std::shared_ptr<void> owner(std::const_pointer_cast<void>(std::move(keepalive)));
   return Tensor(std::move(owner), const_cast<void*>(host), dtype, shape, Device::CPU);
 }

@@ -12,8 +12,11 @@ namespace flashnext::cpu {
 void CpuOps::ple_gather(const PleTable& table, const Tensor& rows, const Tensor& e) {
   const char* op = "ple_gather";
   const auto [T, heads, hd, total] = contract::ple_gather(kCpu, table, rows, e, [](DType dt) {
-    return dt == DType::BF16 || dt == DType::F16 || dt == DType::F32 || dt == DType::F8_E4M3 || dt == DType::F8_E5M2;
+    return dt == DType::BF16 || dt == DType::F16 || dt == DType::F32 || dt == DType::F8_E4M3 || dt == DType::F8_E5M2 ||
+           dt == DType::I8;
   });
+  const int64_t groups = table.group > 0 ? hd / table.group : 0;
+  std::vector<float> scales(static_cast<size_t>(groups));
   // Shard start rows (prefix sums of shard heights).
   std::vector<int64_t> starts;
   for (int64_t at = 0; const auto& s : table.shards) {
@@ -30,6 +33,14 @@ void CpuOps::ple_gather(const PleTable& table, const Tensor& rows, const Tensor&
         static_cast<const uint8_t*>(shard.data()) + size_t(row - starts[s]) * size_t(hd) * dtype_size(shard.dtype());
     float* out = mp(e) + i * hd;
     convert_to_float(shard.dtype(), src, out, size_t(hd));  // one row at a time: FP8 tables are never copied
+    if (groups > 0) {  // int8: q * the row's group scale (loader/quant.h dequantize_ple_shard_int8)
+      const Tensor& gs = table.group_scales[s];
+      convert_to_float(
+          gs.dtype(),
+          static_cast<const uint8_t*>(gs.data()) + size_t(row - starts[s]) * size_t(groups) * dtype_size(gs.dtype()),
+          scales.data(), size_t(groups));
+      for (int64_t j = 0; j < hd; ++j) out[j] *= scales[size_t(j / table.group)];
+    }
     if (table.scale != 1.f) {
       for (int64_t j = 0; j < hd; ++j) out[j] *= table.scale;  // exact for FP8 rows (loader/quant.h)
     }

@@ -346,8 +346,9 @@ class CudaOps final : public Ops {
   /// shorter). Tables whose shards are not like that are merged once into one GPU copy.
   struct GatherTable {
     DeviceArray<const void*> addresses;
+    DeviceArray<const void*> scale_addresses;  ///< I8 tables: each shard's group scales (empty otherwise)
     int64_t rows_per_shard = 0, rows = 0;
-    Tensor merged;
+    Tensor merged, merged_scales;
     std::vector<std::weak_ptr<void>> shards;  ///< the memory the view was made from
     /// Whether `table` is still the table this view was made from (not a new one at a reused address).
     bool made_from(const PleTable& table) const;

@@ -12,8 +12,11 @@
 namespace flashnext::cuda {
 
 bool CudaOps::GatherTable::made_from(const PleTable& table) const {
-  for (size_t i = 0; i < shards.size(); ++i)
-    if (!same_memory(shards[i], table.shards[i].memory_ref())) return false;
+  if (shards.size() != table.shards.size() + table.group_scales.size()) return false;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const Tensor& t = i < table.shards.size() ? table.shards[i] : table.group_scales[i - table.shards.size()];
+    if (!same_memory(shards[i], t.memory_ref())) return false;
+  }
   return true;
 }
 
@@ -77,17 +80,27 @@ void CudaOps::ple_gather_wait(const Tensor& e) {
 
 void CudaOps::gather_ple_rows(const PleTable& table, const Tensor& rows, const Tensor& e, cudaStream_t s) {
   const char* op = "ple_gather";
-  [[maybe_unused]] const auto [T, heads, hd, total] = contract::ple_gather(
-      spec(), table, rows, e, [](DType dt) { return dt == DType::BF16 || dt == DType::F16 || dt == DType::F8_E4M3; });
-  const DType dt = table.shards[0].dtype();
+  [[maybe_unused]] const auto [T, heads, hd, total] = contract::ple_gather(spec(), table, rows, e, [](DType dt) {
+    return dt == DType::BF16 || dt == DType::F16 || dt == DType::F32 || dt == DType::F8_E4M3 || dt == DType::I8;
+  });
   if (T == 0 || heads == 0) return;
   const GatherTable& g = gather_table(table);
-  const int type = dt == DType::BF16 ? detail::kPleBF16 : dt == DType::F16 ? detail::kPleF16 : detail::kPleF8E4M3;
-  FN_CUDA_CHECK(
-      detail::launch_ple_gather(g.addresses.get(), int(g.addresses.size()), g.rows_per_shard, g.rows, type, table.scale,
-                                to_int(hd, op, "head_dim"), dp<int64_t>(rows), to_int(T, op, "tokens"),
-                                to_int(heads, op, "heads"), dp<float>(e), status(kStatusPle), s),
-      op);
+  auto type_of = [](DType dt) {
+    return dt == DType::BF16  ? detail::kPleBF16
+           : dt == DType::F16 ? detail::kPleF16
+           : dt == DType::F32 ? detail::kPleF32
+           : dt == DType::I8  ? detail::kPleI8
+                              : detail::kPleF8E4M3;
+  };
+  const bool int8 = table.shards[0].dtype() == DType::I8;
+  const detail::PleGroupScales group_scales{int8 ? g.scale_addresses.get() : nullptr,
+                                            int8 ? type_of(table.group_scales[0].dtype()) : 0,
+                                            int8 ? to_int(table.group, op, "group") : 0};
+  FN_CUDA_CHECK(detail::launch_ple_gather(g.addresses.get(), int(g.addresses.size()), g.rows_per_shard, g.rows,
+                                          type_of(table.shards[0].dtype()), table.scale, group_scales,
+                                          to_int(hd, op, "head_dim"), dp<int64_t>(rows), to_int(T, op, "tokens"),
+                                          to_int(heads, op, "heads"), dp<float>(e), status(kStatusPle), s),
+                op);
 }
 
 void CudaOps::ple_gate(const Tensor& kn, const Tensor& v, const Tensor& X, const Tensor& norm_query, double eps,
@@ -103,6 +116,7 @@ void CudaOps::ple_gate(const Tensor& kn, const Tensor& v, const Tensor& X, const
 const CudaOps::GatherTable& CudaOps::gather_table(const PleTable& table) {
   std::vector<const void*> key;
   for (const Tensor& s : table.shards) key.push_back(s.data());
+  for (const Tensor& s : table.group_scales) key.push_back(s.data());
   auto it = gather_tables_.find(key);
   if (it != gather_tables_.end() && it->second.made_from(table)) return it->second;
   std::erase_if(gather_tables_, [](const auto& kv) {
@@ -110,6 +124,7 @@ const CudaOps::GatherTable& CudaOps::gather_table(const PleTable& table) {
   });
   GatherTable g;
   for (const Tensor& s : table.shards) g.shards.push_back(s.memory_ref());
+  for (const Tensor& s : table.group_scales) g.shards.push_back(s.memory_ref());
   const int64_t per = table.shards[0].dim(0);
   bool uniform = per > 0;
   for (size_t i = 0; i < table.shards.size(); ++i) {
@@ -117,19 +132,29 @@ const CudaOps::GatherTable& CudaOps::gather_table(const PleTable& table) {
     g.rows += h;
     uniform = uniform && (i + 1 == table.shards.size() ? h <= per : h == per);
   }
-  std::vector<const void*> addresses = key;
+  std::vector<const void*> addresses(key.begin(), key.begin() + std::ptrdiff_t(table.shards.size()));
+  std::vector<const void*> scale_addresses(key.begin() + std::ptrdiff_t(table.shards.size()), key.end());
   g.rows_per_shard = per;
   if (!uniform) {
-    g.merged = alloc({g.rows, table.head_dim}, table.shards[0].dtype(), "merged PLE table", Lifetime::Kept);
-    int64_t at = 0;
-    for (const Tensor& s : table.shards) {
-      copy_rows(s, 0, g.merged, at, s.dim(0));
-      at += s.dim(0);
-    }
+    // One copy of the shards (and of their group scales) in row order.
+    auto merge = [&](const std::vector<Tensor>& parts, Tensor& into, const char* what) {
+      into = alloc({g.rows, parts[0].dim(1)}, parts[0].dtype(), what, Lifetime::Kept);
+      int64_t at = 0;
+      for (const Tensor& s : parts) {
+        copy_rows(s, 0, into, at, s.dim(0));
+        at += s.dim(0);
+      }
+    };
+    merge(table.shards, g.merged, "merged PLE table");
     addresses = {g.merged.data()};
+    if (!table.group_scales.empty()) {
+      merge(table.group_scales, g.merged_scales, "merged PLE group scales");
+      scale_addresses = {g.merged_scales.data()};
+    }
     g.rows_per_shard = std::max<int64_t>(g.rows, 1);
   }
   g.addresses = to_device(addresses, "PLE shard addresses");
+  if (!scale_addresses.empty()) g.scale_addresses = to_device(scale_addresses, "PLE group-scale addresses");
   return gather_tables_.insert_or_assign(std::move(key), std::move(g)).first->second;
 }
 

@@ -70,9 +70,9 @@ Tensor CudaOps::load_weight(const void* host, DType dtype, const Shape& shape) {
 
 Tensor CudaOps::map_host_table(const void* host, DType dtype, const Shape& shape,
                                std::shared_ptr<const void> keepalive) {
-  FN_CHECK(dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::F32 || dtype == DType::F8_E4M3,
-           "map_host_table: table must be BF16, F16, F32 or F8_E4M3, got {}", dtype_name(dtype));
-  if (dtype == DType::F32) return load_weight(host, dtype, shape);  // FP32 tables: an FP16 copy on the GPU
+  FN_CHECK(dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::F32 || dtype == DType::F8_E4M3 ||
+               dtype == DType::I8,
+           "map_host_table: table must be BF16, F16, F32, F8_E4M3 or I8, got {}", dtype_name(dtype));
   const size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
   if (options_.ple_table == PleTablePlacement::Device) return upload(host, dtype, shape);
   // Exact-size pinned copy, mapped into the device's address space; freed with the last tensor handle.
