@@ -10,8 +10,9 @@ and the two are compared:
                       (NVFP4PackedCompressor.decompress); fp8-block through its block-strategy dequantize
                       (compressed-tensors has no reader for the `quant_method: fp8` layout itself)
   nvidia-modelopt     nvfp4-radixark, nvfp4-nvidia experts (NVFP4QTensor.dequantize), when it imports
-  gptqmodel           gptq-int4-g32, lm_head included (its pure-torch TorchLinear.dequantize_weight, after its own
-                      v1 -> v2 qzeros conversion; installs without a GPU with BUILD_CUDA_EXT=0)
+  gptqmodel           gptq-int4-g32, lm_head included, and autoround-mixed-g32's 2-, 3-, 4- and 8-bit experts (its
+                      pure-torch TorchLinear.dequantize_weight at each module's width, after its own v1 -> v2 qzeros
+                      conversion; installs without a GPU with BUILD_CUDA_EXT=0)
   autoawq             awq-int4-g32, awq-int4-g128 (routed and shared experts): AutoAWQ's own unpacking
                       (awq/utils/packing_utils.py dequantize_gemm, and unpack_awq + reverse_awq_order for the
                       float32 form) and its packing: WQLinear_GEMM.from_linear repacks the weights from the unpacked
@@ -20,7 +21,8 @@ and the two are compared:
                       (its package __init__ imports model code for transformers 4.x): AUTOAWQ_SRC names the unpacked
                       folder holding awq/, whose linear and packing modules import alone
   torch               every FP8 PLE table shard (torch.float8_e4m3fn -> float32 times the BF16 scale), as a
-                      conversion independent of flashnext's C++ FP8 table
+                      conversion independent of flashnext's C++ FP8 table, and the int8 ones (int8 -> float32 times
+                      each row's group scales)
 
 Each library runs in float32 (its dequantize with float32 scales; equal to flashnext's values to within 1 ulp, the
 difference a product of the same scales in another order can make) and, where its own decompress path returns
@@ -48,7 +50,7 @@ from safetensors import safe_open
 
 ROOT = Path(__file__).resolve().parents[1]
 FORMATS = ["nvfp4-radixark", "nvfp4-nvidia", "fp8-block", "ct-int4-sym-g32", "ct-int4-asym-g32", "ct-nvfp4",
-           "gptq-int4-g32", "awq-int4-g32", "awq-int4-g128"]
+           "gptq-int4-g32", "awq-int4-g32", "awq-int4-g128", "awq-int4-g32-ple-int8", "autoround-mixed-g32"]
 
 
 class Checkpoint:
@@ -188,7 +190,7 @@ def gptq_int4(ck: Checkpoint, module: str, q: dict):
     from gptqmodel.utils.model import convert_gptq_v1_to_v2_format_module
 
     bufs = {k: ck.get(f"{module}.{k}") for k in ("qweight", "qzeros", "scales", "g_idx")}
-    k, n = bufs["qweight"].shape[0] * 8, bufs["qweight"].shape[1]
+    k, n = bufs["qweight"].shape[0] * 32 // q["bits"], bufs["qweight"].shape[1]
     layer = TorchLinear(bits=q["bits"], group_size=q["group_size"], sym=q["sym"], desc_act=q["desc_act"],
                         in_features=k, out_features=n, bias=False)
     for name, v in bufs.items():
@@ -200,6 +202,15 @@ def gptq_int4(ck: Checkpoint, module: str, q: dict):
     layer.scales.data = layer.scales.data.float()
     f32 = layer.dequantize_weight().float().T.contiguous()
     return lib, f32
+
+
+def autoround_gptq(ck: Checkpoint, module: str, q: dict):
+    """AutoRound's auto_round:auto_gptq packing: GPTQ v1 at the module's own width and group (extra_config, else the
+    top level), read by GPTQModel as gptq_int4 does."""
+    layer = (q.get("extra_config") or {}).get(module, {})
+    return gptq_int4(ck, module, {"bits": layer.get("bits", q["bits"]), "group_size": layer.get("group_size",
+                                                                                                   q["group_size"]),
+                                  "sym": layer.get("sym", q["sym"]), "desc_act": False, "checkpoint_format": "gptq"})
 
 
 def autoawq_modules():
@@ -245,8 +256,13 @@ def autoawq_gemm(ck: Checkpoint, module: str, q: dict):
 
 
 def fp8_table(ck: Checkpoint, shard: str, q: dict):
+    w = ck.get(shard)
+    if w.dtype == torch.int8:  # int8 table: the shard's own group scales, shard_K.weight_scale [rows, D / g]
+        s = ck.get(shard + "_scale").to(torch.float32)
+        out = w.to(torch.float32) * s.repeat_interleave(w.shape[1] // s.shape[1], dim=1)
+        return out, out
     table = shard[: shard.index(".shard_")]
-    w, s = ck.get(shard), ck.get(table + ".weight_scale")
+    s = ck.get(table + ".weight_scale")
     out = w.to(torch.float32) * s.to(torch.float32)
     return out, out
 
@@ -261,6 +277,8 @@ LIBRARY = {
     "gptq-int4-g32": ("gptqmodel (TorchLinear)", gptq_int4),
     "awq-int4-g32": ("autoawq 0.2.9 (dequantize_gemm, from_linear)", autoawq_gemm),
     "awq-int4-g128": ("autoawq 0.2.9 (dequantize_gemm, from_linear)", autoawq_gemm),
+    "awq-int4-g32-ple-int8": ("autoawq 0.2.9 (dequantize_gemm, from_linear)", autoawq_gemm),
+    "autoround-mixed-g32": ("gptqmodel (TorchLinear)", autoround_gptq),
 }
 
 
@@ -291,7 +309,7 @@ def main() -> int:
                 name = key[len("dequant."):]
                 want = ref.get_tensor(key)
                 is_table = ".ngram_embedding.shard_" in name
-                lib_name, fn = ("torch float8_e4m3fn", fp8_table) if is_table else LIBRARY[fmt]
+                lib_name, fn = ("torch (table dtype)", fp8_table) if is_table else LIBRARY[fmt]
                 module = name[: -len(".weight")]
                 try:
                     res = fn(ck, name if is_table else module, q)

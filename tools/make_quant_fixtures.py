@@ -78,6 +78,26 @@ def pack_int32(values, dim):
     return out.T.contiguous() if dim == 0 else out
 
 
+def pack_bits(values, dim, bits):
+    """Unsigned `bits`-bit values packed along `dim` (0 or 1) as GPTQ does for 2, 3, 4 and 8 bits: each line along
+    `dim` is one little-endian bit stream over its int32 words, value i at bits bits*i .. bits*i + bits - 1 (for 3
+    bits, 32 values fill 3 words and values 10 and 21 cross a word boundary: AutoGPTQ / GPTQModel pack)."""
+    v = values.to(torch.int64).numpy().astype(np.uint64)
+    if dim == 0:
+        v = v.T
+    rows, cols = v.shape
+    assert (cols * bits) % 32 == 0, (cols, bits)
+    words = np.zeros((rows, cols * bits // 32 + 1), dtype=np.uint64)  # one spare word for the carry
+    for i in range(cols):
+        bit = bits * i
+        j, off = bit // 32, bit % 32
+        x = v[:, i] << np.uint64(off)
+        words[:, j] |= x & np.uint64(0xFFFFFFFF)
+        words[:, j + 1] |= x >> np.uint64(32)
+    out = torch.from_numpy(words[:, :-1].astype(np.uint32).view(np.int32).copy())
+    return out.T.contiguous() if dim == 0 else out
+
+
 def e2m1_round(x):
     """Nearest E2M1 code (sign in bit 3) of float32 `x` (values beyond 6 saturate)."""
     mags = E2M1[:8]
@@ -185,6 +205,55 @@ def q_gptq(w, group):
     zeros = torch.full((k // group, n), zero - 1, dtype=torch.int64)
     return {"qweight": pack_int32(qk, dim=0), "qzeros": pack_int32(zeros, dim=1),
             "scales": scale.T.contiguous(), "g_idx": (torch.arange(k) // group).to(torch.int32)}, deq
+
+
+def q_gptq_bits(w, group, bits, sym):
+    """GPTQ of `bits` bits as AutoRound exports it (packing_format auto_round:auto_gptq, v1: qzeros store zero - 1),
+    F16 scales. Symmetric: zero 2^(bits-1), scale = 2 max|w| / (2^bits - 1). Asymmetric: scale = max(max - min,
+    1e-5) / (2^bits - 1), zero = clamp(-round(min / scale), 1, 2^bits - 1) (at least 1: v1 cannot store zero 0).
+    q = clamp(round(w / scale) + zero, 0, 2^bits - 1). qweight [K*bits/32, N], qzeros [K/g, N*bits/32]."""
+    w = w.float()
+    n, k = w.shape
+    top = 2 ** bits - 1
+    g = w.reshape(n, k // group, group)
+    if sym:
+        scale = (2.0 * g.abs().amax(-1) / top).clamp(min=1e-5).to(torch.float16)
+        zero = torch.full(scale.shape, 2 ** (bits - 1), dtype=torch.int64)
+    else:
+        lo, hi = g.amin(-1), g.amax(-1)
+        scale = ((hi - lo).clamp(min=1e-5) / top).to(torch.float16)
+        zero = (-torch.round(lo / scale.float())).clamp(1, top).to(torch.int64)
+    s = scale.float().unsqueeze(-1)
+    q = (torch.round(g / s) + zero.unsqueeze(-1)).clamp(0, top).to(torch.int64)
+    deq = ((q - zero.unsqueeze(-1)).float() * s).reshape(n, k)
+    return {"qweight": pack_bits(q.reshape(n, k).T, 0, bits), "qzeros": pack_bits((zero - 1).T, 1, bits),
+            "scales": scale.T.contiguous(), "g_idx": (torch.arange(k) // group).to(torch.int32)}, deq
+
+
+# AutoRound mixed-bit fixture: per layer of tiny-a, the routed experts' width and symmetry (extra_config entries),
+# None for a layer the config keeps unquantized (bits 16); every other layer takes the top-level 4 bits, symmetric.
+AUTOROUND_LAYERS = {0: (2, False), 1: (3, False), 2: (8, True), 4: (2, True), 5: None}
+
+
+def autoround_experts(layer):
+    spec = AUTOROUND_LAYERS.get(layer, (4, True))
+    if spec is None:
+        return None
+    return lambda w: q_gptq_bits(w, 32, spec[0], spec[1])
+
+
+def autoround_config(cfg):
+    t = cfg["text_config"]
+    extra = {}
+    for layer, spec in AUTOROUND_LAYERS.items():
+        for e in range(t["num_experts"]):
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                m = f"{TP}layers.{layer}.mlp.experts.{e}.{proj}"
+                extra[m] = {"bits": 16, "data_type": "float"} if spec is None else \
+                    {"bits": spec[0], "group_size": 32, "sym": spec[1]}
+    return {"quant_method": "auto-round", "bits": 4, "group_size": 32, "sym": True, "data_type": "int",
+            "packing_format": "auto_round:auto_gptq", "block_name_to_quantize": f"{TP}layers",
+            "extra_config": extra, "iters": 0, "autoround_version": "0.9.0"}
 
 
 def q_awq(w, group):
@@ -341,6 +410,10 @@ FORMATS = {
                      hf_quant=None, text_extra={}),
     # GPTQ int4 as AutoRound exports it (3.4 azampatti): sym, desc_act false, lm_head quantized too, `dynamic`
     # exclusions, FP8 PLE table; group 32 because tiny-a's widths are 32 and 64.
+    # AutoRound mixed bits (issue 22): routed experts of 2, 3, 4 and 8 bits by layer (AUTOROUND_LAYERS), one layer
+    # left BF16 by extra_config, FP8 PLE table.
+    "autoround-mixed-g32": dict(experts_of=autoround_experts, ple_fp8=True, naming="standard",
+                                quantization_config=autoround_config, hf_quant=None, text_extra={}, greedy=8),
     "gptq-int4-g32": dict(experts=lambda w: q_gptq(w, 32), lm_head=lambda w: q_gptq(w, 32), ple_fp8=True,
                           naming="standard",
                           quantization_config=lambda c: {
@@ -476,10 +549,13 @@ def build(name, spec, out_root, base, ref_in, base_dir=BASE):
     deq = {}  # checkpoint weight name -> dequantized float32
 
     for layer in range(L):
+        quantize = spec["experts_of"](layer) if "experts_of" in spec else spec["experts"]
+        if quantize is None:
+            continue
         for e in range(E):
             for proj in ("gate_proj", "up_proj", "down_proj"):
                 key = f"{TP}layers.{layer}.mlp.experts.{e}.{proj}.weight"
-                stored, d = spec["experts"](base[key])
+                stored, d = quantize(base[key])
                 del tensors[key]
                 for suffix, v in stored.items():
                     tensors[key[:-len("weight")] + suffix] = v
@@ -541,6 +617,8 @@ def build(name, spec, out_root, base, ref_in, base_dir=BASE):
             I = t["moe_intermediate_size"]
             for e in range(E):
                 k = f"{TP}layers.{layer}.mlp.experts.{e}."
+                if k + "gate_proj.weight" not in deq:  # a layer the format keeps unquantized
+                    continue
                 params[ex + "gate_up_proj"][e, :I] = deq[k + "gate_proj.weight"]
                 params[ex + "gate_up_proj"][e, I:] = deq[k + "up_proj.weight"]
                 params[ex + "down_proj"][e] = deq[k + "down_proj.weight"]
@@ -575,6 +653,7 @@ def build(name, spec, out_root, base, ref_in, base_dir=BASE):
     # A few exact dequantized weights for a model-free check of the C++ dequantization.
     picks = [f"{TP}layers.0.mlp.experts.0.gate_proj.weight", f"{TP}layers.0.mlp.experts.1.down_proj.weight",
              f"{TP}layers.7.mlp.experts.7.up_proj.weight", "lm_head.weight",
+             f"{TP}layers.1.mlp.experts.2.down_proj.weight", f"{TP}layers.2.mlp.experts.3.gate_proj.weight",
              f"{TP}layers.3.mlp.shared_expert.down_proj.weight"]
     if spec["ple_fp8"] or spec.get("ple_int8"):
         picks.append(f"{TP}layers.{t['ple_layer_ids'][0] - 1}.ple.ple_embedding.ngram_embedding.shard_0.weight")

@@ -298,7 +298,8 @@ json inspect_model(const std::string& path, const InspectOptions& opt) {
       if (it == component_of.end()) continue;
       const int c = int(it->second);
       const bool w4 = it->second == Component::RoutedExperts && w.format != QuantFormat::Fp8Block &&
-                      cfg.hidden_size % 8 == 0 && cfg.moe_intermediate_size % 8 == 0 &&
+                      (w.format != QuantFormat::Gptq || w.bits <= 4) && cfg.hidden_size % 8 == 0 &&
+                      cfg.moe_intermediate_size % 8 == 0 &&
                       (w.format == QuantFormat::Nvfp4 || w.format == QuantFormat::CtNvfp4 || w.group % 8 == 0);
       q_elements[c] += w.rows * w.cols;
       if (w4) {
@@ -306,12 +307,12 @@ json inspect_model(const std::string& path, const InspectOptions& opt) {
         const bool nv = w.format == QuantFormat::Nvfp4 || w.format == QuantFormat::CtNvfp4;
         q_cuda_bytes[c] += w4a16_packed_bytes(w.rows, w.cols, nv ? 16 : w.group, zeros);
         q_cuda_form[component_name(it->second)].insert(
-            fmt::format("w4a16 from {} (4-bit codes, FP16 group scales{}, F32 row scales)", quant_format_name(w.format),
+            fmt::format("w4a16 from {} (4-bit codes, FP16 group scales{}, F32 row scales)", weight_format_name(w),
                         zeros ? ", uint8 zero points" : ""));
       } else {
         q_cuda_bytes[c] += 2 * w.rows * w.cols;
         q_cuda_form[component_name(it->second)].insert(
-            fmt::format("fp16 (dequantized from {} at load)", quant_format_name(w.format)));
+            fmt::format("fp16 (dequantized from {} at load)", weight_format_name(w)));
       }
     }
     const auto formats = scheme.summary();

@@ -278,17 +278,20 @@ WeightManifest WeightManifest::build(const ModelConfig& cfg, const Checkpoint& c
         e.name.size() > 7 && e.name.ends_with(".weight") ? e.name.substr(0, e.name.size() - 7) : "";
     if (it == m.entries_.end()) {
       if (e.is_int64) continue;  // hash buffers are derivable from the config; compared below when present
-      // GPTQ: I32 [K/8, N]; AutoAWQ GEMM: I32 [K, N/8] (the config says which: loader/quant.cpp, which checks
-      // the scales and the rest).
+      // GPTQ: I32 [K*b/32, N] for b = 2, 3, 4 or 8 bits; AutoAWQ GEMM: I32 [K, N/8] (the config says which and
+      // how many bits: loader/quant.cpp, which checks the scales and the rest).
       if (!stem.empty() && has(stem + ".qweight")) {
         const TensorView& p = m.entries_.at(stem + ".qweight").view;
         const bool two_d = e.shape.size() == 2, mult8 = two_d && e.shape[0] % 8 == 0;
-        const bool gptq = mult8 && e.shape[1] % 8 == 0 && p.shape == std::vector<int64_t>{e.shape[1] / 8, e.shape[0]};
+        bool gptq = false;
+        for (int64_t b : {2, 3, 4, 8})
+          gptq = gptq || (two_d && (e.shape[1] * b) % 32 == 0 &&
+                          p.shape == std::vector<int64_t>{e.shape[1] * b / 32, e.shape[0]});
         const bool awq = mult8 && p.shape == std::vector<int64_t>{e.shape[1], e.shape[0] / 8};
         if (p.dtype != DType::I32 || !(gptq || awq)) {
           fail(
-              "{}: tensor '{}' is {} {}, which is neither the GPTQ packing (I32 [in/8, out]) nor the AutoAWQ GEMM "
-              "packing (I32 [in, out/8]) of the logical {} weight",
+              "{}: tensor '{}' is {} {}, which is neither a GPTQ packing (I32 [in*bits/32, out], bits 2, 3, 4 or 8) "
+              "nor the AutoAWQ GEMM packing (I32 [in, out/8]) of the logical {} weight",
               p.file, ckpt_name(stem + ".qweight"), dtype_name(p.dtype), p.shape_str(), shape_str(e.shape));
         }
         m.quantized_ = true;

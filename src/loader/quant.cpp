@@ -201,9 +201,13 @@ void parse_compressed_tensors(const Fields& c, QuantConfig& q) {
   if (q.ct_groups.empty()) fail("{}: no config group quantizes weights", c.where);
 }
 
+bool gptq_bits_ok(int64_t b) {
+  return b == 2 || b == 3 || b == 4 || b == 8;
+}
+
 void parse_gptq(const Fields& c, QuantConfig& q) {
   q.bits = c.integer("bits", 4);
-  if (q.bits != 4) fail("{}.bits is {}: only 4-bit GPTQ is supported", c.where, q.bits);
+  if (!gptq_bits_ok(q.bits)) fail("{}.bits is {}: GPTQ packings of 2, 3, 4 or 8 bits are supported", c.where, q.bits);
   q.group_size = c.integer("group_size", 128);
   if (q.group_size == -1) q.group_size = 0;
   if (q.group_size < 0) fail("{}.group_size must be positive or -1, got {}", c.where, q.group_size);
@@ -225,6 +229,9 @@ void parse_gptq(const Fields& c, QuantConfig& q) {
         if (!spec.is_object()) fail("{}.dynamic.{} must be an object, got {}", c.where, key, spec.dump());
         const Fields f{spec, c.where + ".dynamic." + key};
         r.bits = f.integer("bits", 0);
+        if (r.bits && !gptq_bits_ok(r.bits)) {
+          fail("{}.bits is {}: GPTQ packings of 2, 3, 4 or 8 bits are supported", f.where, r.bits);
+        }
         r.group_size = f.integer("group_size", 0);
         if (f.boolean("desc_act", false)) fail("{}.desc_act true is not supported", f.where);
       }
@@ -234,6 +241,43 @@ void parse_gptq(const Fields& c, QuantConfig& q) {
         fail("{}.dynamic: '{}' is not a valid regular expression", c.where, key);
       }
       q.gptq_dynamic.push_back(std::move(r));
+    }
+  }
+}
+
+// AutoRound (auto_round's export; vLLM / SGLang AutoRoundConfig): bits, group_size, sym, packing_format
+// "auto_round:auto_gptq" (GPTQ v1 packing; the default), data_type "int", and extra_config: per module name its own
+// bits (16 or more: not quantized), group_size and sym.
+void parse_auto_round(const Fields& c, QuantConfig& q) {
+  q.bits = c.integer("bits", 4);
+  if (!gptq_bits_ok(q.bits))
+    fail("{}.bits is {}: AutoRound packings of 2, 3, 4 or 8 bits are supported", c.where, q.bits);
+  q.group_size = c.integer("group_size", 128);
+  if (q.group_size == -1) q.group_size = 0;
+  if (q.group_size < 0) fail("{}.group_size must be positive or -1, got {}", c.where, q.group_size);
+  const std::string packing = c.str("packing_format", "auto_round:auto_gptq");
+  if (packing != "auto_round:auto_gptq") {
+    fail("{}.packing_format is '{}': only 'auto_round:auto_gptq' (GPTQ packing) is supported", c.where, packing);
+  }
+  const std::string data_type = c.str("data_type", "int");
+  if (data_type != "int")
+    fail("{}.data_type is '{}': only integer AutoRound weights are supported", c.where, data_type);
+  if (const json* extra = c.object("extra_config")) {
+    for (const auto& [module, spec] : extra->items()) {
+      if (!spec.is_object()) fail("{}.extra_config.{} must be an object, got {}", c.where, module, spec.dump());
+      const Fields f{spec, c.where + ".extra_config." + module};
+      AutoRoundLayer l;
+      l.bits = f.integer("bits", q.bits);
+      if (l.bits < 16 && !gptq_bits_ok(l.bits)) {
+        fail("{}.bits is {}: AutoRound packings of 2, 3, 4 or 8 bits (or 16: unquantized) are supported", f.where,
+             l.bits);
+      }
+      l.group_size = f.integer("group_size", q.group_size == 0 ? -1 : q.group_size);
+      if (l.group_size == -1) l.group_size = 0;
+      if (l.group_size < 0) fail("{}.group_size must be positive or -1, got {}", f.where, l.group_size);
+      const std::string dt = f.str("data_type", "int");
+      if (l.bits < 16 && dt != "int") fail("{}.data_type is '{}': only integer weights are supported", f.where, dt);
+      q.auto_round_layers.emplace(module, l);
     }
   }
 }
@@ -304,7 +348,7 @@ struct Checker {
   const QuantizedWeight& w;
 
   std::string what() const {
-    return fmt::format("the {} weight '{}' [{}, {}]", quant_format_name(w.format), w.name, w.rows, w.cols);
+    return fmt::format("the {} weight '{}' [{}, {}]", weight_format_name(w), w.name, w.rows, w.cols);
   }
   const TensorView& need(const TensorView* t, const char* suffix, const char* meaning) const {
     if (!t) {
@@ -371,12 +415,14 @@ QuantConfig parse_quant_config(const json& config, const json& hf_quant, const s
     parse_compressed_tensors(c, q);
   } else if (q.method == "gptq") {
     parse_gptq(c, q);
+  } else if (q.method == "auto-round") {
+    parse_auto_round(c, q);
   } else if (q.method == "awq") {
     parse_awq(c, q);
   } else {
     fail(
         "{}: unknown quant_method '{}' in quantization_config (supported: modelopt, fp8, compressed-tensors, gptq, "
-        "awq)",
+        "auto-round, awq)",
         source, q.method);
   }
   return q;
@@ -444,11 +490,16 @@ void validate_quantized_weight(const QuantizedWeight& w) {
       break;
     }
     case QuantFormat::Gptq: {
-      const int64_t G = w.group ? ceil_div(K, w.group) : 1;
-      if (K % 8 != 0 || N % 8 != 0) fail("{}: GPTQ packing needs both dimensions divisible by 8", c.what());
-      c.tensor(w.data, "qweight", {DType::I32}, {K / 8, N}, "eight 4-bit values per int32 along the input dimension");
+      const int64_t G = w.group ? ceil_div(K, w.group) : 1, b = w.bits;
+      if (!gptq_bits_ok(b)) fail("{}: {} bits: GPTQ packings of 2, 3, 4 or 8 bits are supported", c.what(), b);
+      if ((K * b) % 32 != 0 || (N * b) % 32 != 0) {
+        fail("{}: {}-bit GPTQ packing needs both dimensions times {} divisible by 32", c.what(), b, b);
+      }
+      const std::string packed_inputs = fmt::format("{}-bit values packed along the input dimension", b),
+                        packed_zeros = fmt::format("{}-bit zero points packed along the outputs", b);
+      c.tensor(w.data, "qweight", {DType::I32}, {K * b / 32, N}, packed_inputs.c_str());
       c.tensor(w.scale, "scales", kScaleTypes, {G, N}, "one scale per group and output");
-      c.tensor(w.zero_point, "qzeros", {DType::I32}, {G, N / 8}, "zero points packed eight per int32 along outputs");
+      c.tensor(w.zero_point, "qzeros", {DType::I32}, {G, N * b / 32}, packed_zeros.c_str());
       if (w.g_idx) {
         c.tensor(w.g_idx, "g_idx", {DType::I32}, {K}, "group of each input");
         for (int64_t k = 0; k < K; ++k) {
@@ -537,15 +588,23 @@ std::vector<float> dequantize(const QuantizedWeight& w) {
       break;
     }
     case QuantFormat::Gptq: {
-      const int64_t NZ = N / 8;
+      const int b = int(w.bits);
+      const int64_t NZ = N * b / 32;
       const int32_t zero_offset = w.gptq_v2 ? 0 : 1;
+      // Value i of a packed line (a qweight column or a qzeros row) sits at bit b * i of its words read as one
+      // little-endian bit stream (word j holds bits 32j..32j+31); `word(j)` reads word j of the line.
+      auto value = [b](auto&& word, int64_t i) {
+        const int64_t bit = int64_t(b) * i, j = bit / 32, off = bit % 32;
+        uint64_t bits = uint32_t(word(j));
+        if (off + b > 32) bits |= uint64_t(uint32_t(word(j + 1))) << 32;  // 3-bit values cross words
+        return int32_t((bits >> off) & ((1u << b) - 1));
+      };
       for (int64_t k = 0; k < K; ++k) {
         const int64_t g = w.group ? k / w.group : 0;
         for (int64_t n = 0; n < N; ++n) {
-          const uint32_t word = uint32_t(load<int32_t>(*w.data, size_t((k / 8) * N + n)));
-          const int32_t q = int32_t((word >> (4 * (k % 8))) & 0xfu);
-          const uint32_t zw = uint32_t(load<int32_t>(*w.zero_point, size_t(g * NZ + n / 8)));
-          const int32_t z = int32_t((zw >> (4 * (n % 8))) & 0xfu) + zero_offset;
+          const int32_t q = value([&](int64_t j) { return load<int32_t>(*w.data, size_t(j * N + n)); }, k);
+          const int32_t z =
+              value([&](int64_t j) { return load<int32_t>(*w.zero_point, size_t(g * NZ + j)); }, n) + zero_offset;
           out[size_t(n * K + k)] = float(q - z) * scale[size_t(g * N + n)];
         }
       }
@@ -630,6 +689,10 @@ std::vector<float> dequantize_ple_shard_int8(const TensorView& shard, const Tens
     for (int64_t c = 0; c < cols; ++c)
       out[size_t(r * cols + c)] *= s[size_t(r * groups + c / g)];  // exact for 16-bit scales (quant.h)
   return out;
+}
+
+std::string weight_format_name(const QuantizedWeight& w) {
+  return w.format == QuantFormat::Gptq ? fmt::format("int{}-gptq", w.bits) : quant_format_name(w.format);
 }
 
 std::vector<float> dequantize_ple_shard(const TensorView& shard, const TensorView& weight_scale) {
@@ -850,7 +913,17 @@ QuantScheme QuantScheme::build(const QuantConfig& cfg, const ModelConfig& model,
                q.zero_point->name, g.name);
         }
       }
+    } else if (cfg.method == "auto-round") {
+      if (q.format != QuantFormat::Gptq) mismatch("quant_method auto-round (GPTQ packing)");
+      q.bits = cfg.bits;
+      q.group = cfg.group_size;
+      if (auto it = cfg.auto_round_layers.find(module); it != cfg.auto_round_layers.end()) {
+        if (it->second.bits >= 16) mismatch(fmt::format("{} bits (not quantized) in extra_config", it->second.bits));
+        q.bits = it->second.bits;
+        q.group = it->second.group_size;
+      }
     } else if (cfg.method == "gptq") {
+      q.bits = cfg.bits;
       q.group = cfg.group_size;
       for (const GptqRule& r : cfg.gptq_dynamic) {
         if (r.exclude && re_match(r.pattern, module)) {
@@ -859,10 +932,7 @@ QuantScheme QuantScheme::build(const QuantConfig& cfg, const ModelConfig& model,
       }
       for (const GptqRule& r : cfg.gptq_dynamic) {
         if (r.exclude || !re_match(r.pattern, module)) continue;
-        if (r.bits && r.bits != 4) {
-          fail("{}: dynamic rule '{}' gives module '{}' {} bits: only 4-bit GPTQ is supported", cfg.source, r.pattern,
-               module, r.bits);
-        }
+        if (r.bits) q.bits = r.bits;
         if (r.group_size) q.group = r.group_size < 0 ? 0 : r.group_size;
         break;
       }
@@ -925,7 +995,7 @@ QuantScheme QuantScheme::build(const QuantConfig& cfg, const ModelConfig& model,
         break;
     }
     validate_quantized_weight(q);
-    ++s.summary_[component_name(first->component)][fmt_name];
+    ++s.summary_[component_name(first->component)][weight_format_name(q)];
     s.weights_.emplace(q.name, std::move(q));
   }
   return s;

@@ -18,10 +18,15 @@
 //                     `weight_zero_point` I32 [ceil(N/8), ceil(K/g)] packed the same way along dim 0 (row n at bits
 //                     4*(n%8) of word row n/8, +8); `weight_shape` I64 [2] = [N, K].
 //                     w = ((nibble - 8) - (zp_nibble - 8)) * weight_scale[n, k/g]   (zp term 0 when symmetric)
-//   INT4 GPTQ         `qweight` I32 [K/8, N] (element k at bits 4*(k%8) of word row k/8); `qzeros` I32
-//                     [ceil(K/g), N/8] (output n at bits 4*(n%8)); `scales` F16 [ceil(K/g), N]; `g_idx` I32 [K].
-//                     w = (nibble - z) * scales[k/g, n], z = zero nibble + 1 (checkpoint_format `gptq`, v1) or the
-//                     zero nibble (`gptq_v2`). Only g_idx[k] == k/g (desc_act false) is supported.
+//   GPTQ, b bits      `qweight` I32 [K*b/32, N]: column n of it is one little-endian bit stream holding input k at
+//   (b = 2, 3, 4, 8)  bits b*k..b*k+b-1 (b = 4: element k at bits 4*(k%8) of word row k/8; b = 3: 32 values in 3
+//                     words, two of them crossing a word boundary); `qzeros` I32 [ceil(K/g), N*b/32], each row one bit
+//                     stream of the outputs' zero points; `scales` F16 [ceil(K/g), N]; `g_idx` I32 [K].
+//                     w = (q - z) * scales[k/g, n], z = zero + 1 (checkpoint_format `gptq`, v1) or the zero
+//                     (`gptq_v2`). Only g_idx[k] == k/g (desc_act false) is supported. The bits come from the config:
+//                     GPTQ `bits` and `dynamic` overrides, or AutoRound (quant_method `auto-round`, packing_format
+//                     `auto_round:auto_gptq`, v1) `bits` and per-module `extra_config` (bits 16: unquantized).
+//                     Sources: AutoGPTQ / GPTQModel QuantLinear.pack (the 3-bit word layout), vLLM AutoRoundConfig.
 //   INT4 AutoAWQ GEMM (quant_method `awq`, version `gemm`)  `qweight` I32 [K, N/8], packed along the OUTPUTS: word j
 //                     of input row k holds outputs 8j..8j+7, output 8j+m at bits 4*p(m), p = {0, 4, 1, 5, 2, 6, 3, 7}
 //                     (AutoAWQ writes nibble i from output 8j + {0, 2, 4, 6, 1, 3, 5, 7}[i]: AWQ_ORDER, whose
@@ -72,6 +77,12 @@ struct CtGroup {
   bool symmetric = true;
 };
 
+/// One AutoRound `extra_config` entry: a module's own bits (16 or more: kept unquantized), group size and symmetry.
+struct AutoRoundLayer {
+  int64_t bits = 4;
+  int64_t group_size = 0;  ///< 0: one group spans K
+};
+
 /// One GPTQModel `dynamic` rule: a module-name regex (Python re.match) that excludes modules (`-:`) or overrides
 /// bits / group_size (`+:` or a bare pattern). An exclusion that matches wins over every override, and among
 /// overrides the first in key order applies (JSON objects are read sorted, so file order is not kept).
@@ -84,7 +95,7 @@ struct GptqRule {
 /// The quantization a checkpoint declares. Built by read_quant_config; `method` empty means "none declared".
 struct QuantConfig {
   std::string source;  ///< file(s) it was read from, for messages
-  std::string method;  ///< quant_method: "modelopt", "fp8", "compressed-tensors", "gptq" or "awq"
+  std::string method;  ///< quant_method: "modelopt", "fp8", "compressed-tensors", "gptq", "auto-round" or "awq"
 
   // modelopt
   std::string algo;                                                   ///< "NVFP4" or "MIXED_PRECISION"
@@ -97,11 +108,12 @@ struct QuantConfig {
   // compressed-tensors
   std::string ct_format;  ///< top-level `format`
   std::vector<CtGroup> ct_groups;
-  // gptq
+  // gptq, auto-round (bits 2, 3, 4 or 8)
   int64_t bits = 0;
   bool desc_act = false;
   bool gptq_v2 = false;  ///< checkpoint_format "gptq_v2": zero points stored without the v1 "-1"
   std::vector<GptqRule> gptq_dynamic;
+  std::map<std::string, AutoRoundLayer> auto_round_layers;  ///< AutoRound extra_config by module name
   // awq (bits and group_size above)
   bool awq_zero_point = true;            ///< `zero_point`: qzeros present; false: symmetric, zero 8
   std::vector<std::string> not_convert;  ///< `modules_to_not_convert`: module-name substrings kept unquantized
@@ -127,6 +139,7 @@ struct QuantizedWeight {
   int64_t group = 0;                         ///< inputs per scale: 16 (NVFP4) or the int4 group size (0: all of K)
   int64_t block_rows = 0, block_cols = 0;    ///< FP8 block (bn, bk)
   bool gptq_v2 = false;                      ///< GPTQ zero points without the v1 offset
+  int64_t bits = 4;                          ///< GPTQ: 2, 3, 4 or 8 bits per value
   const TensorView* data = nullptr;          ///< weight / weight_packed / qweight
   const TensorView* scale = nullptr;         ///< weight_scale / weight_scale_inv / scales
   const TensorView* global_scale = nullptr;  ///< weight_scale_2 / weight_global_scale (NVFP4)
@@ -134,6 +147,9 @@ struct QuantizedWeight {
   const TensorView* g_idx = nullptr;         ///< GPTQ g_idx, optional
   const TensorView* shape = nullptr;         ///< compressed-tensors weight_shape, optional
 };
+
+/// The storage format of `w` for reports: quant_format_name, with GPTQ's width ("int2-gptq", "int8-gptq", ...).
+std::string weight_format_name(const QuantizedWeight& w);
 
 /// Checks dtypes and shapes of every tensor of `w` against its format; throws Error naming the tensor, its file, the
 /// shape or dtype found and the one expected (also for a missing scale, a GPTQ g_idx that is not k / group, a

@@ -129,11 +129,12 @@ struct QuantMatrix {
   int64_t group = 0;                        ///< inputs per scale: 16 (NVFP4), the int4 group size (0: all of K)
   int64_t block_rows = 0, block_cols = 0;   ///< FP8 block
   bool gptq_v2 = false;                     ///< GPTQ zero points without the v1 "+1"
-  HostArray data;          ///< NVFP4 U8 [N, K/2]; FP8 F8_E4M3 [N, K]; CtInt4 I32 [N, ceil(K/8)]; GPTQ I32 [K/8, N];
+  int64_t bits = 4;                         ///< GPTQ: 2, 3, 4 or 8 bits per value (loader/quant.h)
+  HostArray data;          ///< NVFP4 U8 [N, K/2]; FP8 F8_E4M3 [N, K]; CtInt4 I32 [N, ceil(K/8)]; GPTQ I32 [K*b/32, N];
                            ///< AWQ qweight I32 [K, N/8] (outputs in AWQ nibble order, loader/quant.h)
   HostArray scale;         ///< NVFP4 F8_E4M3 [N, K/16]; FP8 [ceil(N/bn), ceil(K/bk)]; int4 BF16/F16/F32 per group
   HostArray global_scale;  ///< NVFP4 F32 scalar (multiplier for Nvfp4, divisor for CtNvfp4)
-  HostArray zero_point;    ///< CtInt4 I32 [ceil(N/8), G] (absent: symmetric); GPTQ qzeros I32 [G, N/8]; AWQ qzeros
+  HostArray zero_point;    ///< CtInt4 I32 [ceil(N/8), G] (absent: symmetric); GPTQ qzeros I32 [G, N*b/32]; AWQ qzeros
                            ///< I32 [G, N/8] in AWQ nibble order (absent: zero_point false, zero 8)
   /// The exact float32 values, row-major [rows, cols] (loader/quant.h `dequantize`): the oracle's path.
   std::function<std::vector<float>()> dequantize;

@@ -409,10 +409,13 @@ TEST(QuantConfig, UnknownOrUnsupportedDeclarationsAreClearErrors) {
   err({{"quant_method", "modelopt"}, {"quant_algo", "NVFP4"}, {"kv_cache_quant_algo", "FP8"}}, none,
       "quantized KV caches are not supported");
   err({{"quant_method", "hqq"}, {"bits", 4}}, none,
-      "unknown quant_method 'hqq' in quantization_config (supported: modelopt, fp8, compressed-tensors, gptq, awq)");
+      "unknown quant_method 'hqq' in quantization_config (supported: modelopt, fp8, compressed-tensors, gptq, "
+      "auto-round, awq)");
   err({{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}}, none, "without weight_block_size");
   err({{"quant_method", "fp8"}, {"weight_block_size", {128}}}, none, "must be two positive integers");
-  err({{"quant_method", "gptq"}, {"bits", 8}}, none, "only 4-bit GPTQ is supported");
+  err({{"quant_method", "gptq"}, {"bits", 5}}, none, "bits is 5: GPTQ packings of 2, 3, 4 or 8 bits are supported");
+  err({{"quant_method", "auto-round"}, {"bits", 4}, {"data_type", "nv_fp"}}, none,
+      "data_type is 'nv_fp': only integer AutoRound weights are supported");
   err({{"quant_method", "gptq"}, {"bits", 4}, {"desc_act", true}}, none, "GPTQ activation order");
   err({{"quant_method", "gptq"}, {"checkpoint_format", "marlin"}}, none, "checkpoint_format 'marlin'");
   err(json::parse(R"({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups":

@@ -32,9 +32,10 @@ namespace fs = std::filesystem;
 // and both prompts (2.38e-6, nvfp4 short; 1.19e-6 .. 2.09e-6 for the others; 2026-12-01). Before: 1e-3, which is
 // within 100x of what quantization itself moves the logits (0.10 .. 0.27, reference.json).
 constexpr double kTol = 2.5e-5;
-const std::vector<std::string> kFormats = {"nvfp4-radixark",        "nvfp4-nvidia", "fp8-block",     "ct-int4-sym-g32",
-                                           "ct-int4-asym-g32",      "ct-nvfp4",     "gptq-int4-g32", "awq-int4-g32",
-                                           "awq-int4-g32-ple-int8", "awq-int4-g128"};
+const std::vector<std::string> kFormats = {"nvfp4-radixark",  "nvfp4-nvidia",       "fp8-block",
+                                           "ct-int4-sym-g32", "ct-int4-asym-g32",   "ct-nvfp4",
+                                           "gptq-int4-g32",   "awq-int4-g32",       "awq-int4-g32-ple-int8",
+                                           "awq-int4-g128",   "autoround-mixed-g32"};
 
 std::string fixture(const std::string& fmt) {
   return testing::source_path("tests/data/quant/" + fmt);
@@ -181,6 +182,11 @@ TEST(QuantScheme, FindsTheFormatOfEveryQuantizedComponent) {
   EXPECT_EQ(summary("awq-int4-g32"),
             (Summary{{"routed_experts", {{"int4-awq", 192}}}, {"shared_expert", {{"int4-awq", 24}}}}));
   EXPECT_EQ(summary("awq-int4-g128"), summary("awq-int4-g32"));
+  // AutoRound mixed bits (tools/make_quant_fixtures.py AUTOROUND_LAYERS): layers 0 and 4 at 2 bits, 1 at 3, 2 at 8,
+  // 5 left BF16 by its extra_config entries (bits 16), the other three at the top-level 4 bits; 24 matrices a layer.
+  EXPECT_EQ(summary("autoround-mixed-g32"),
+            (Summary{{"routed_experts", {{"int2-gptq", 48}, {"int3-gptq", 24}, {"int4-gptq", 72}, {"int8-gptq", 24}}},
+                     {"ple_table", {{"fp8-scalar", 8}}}}));
   // The V100 production layout: the same experts, the table's 8 shards int8 with group scales of 8 columns.
   EXPECT_EQ(summary("awq-int4-g32-ple-int8"), (Summary{{"routed_experts", {{"int4-awq", 192}}},
                                                        {"shared_expert", {{"int4-awq", 24}}},
@@ -190,7 +196,7 @@ TEST(QuantScheme, FindsTheFormatOfEveryQuantizedComponent) {
 // Greedy ids (prefill, then single-token decode steps) equal those of transformers' own cached decode on the
 // dequantized weights.
 TEST(QuantAwq, GreedyIdsMatchReference) {
-  for (const std::string fmt : {"awq-int4-g32", "awq-int4-g32-ple-int8", "awq-int4-g128"}) {
+  for (const std::string fmt : {"awq-int4-g32", "awq-int4-g32-ple-int8", "awq-int4-g128", "autoround-mixed-g32"}) {
     test::Reference ref(test::Reference::AtPath{fixture(fmt) + "/reference.safetensors"});
     const auto model = Model::load(fixture(fmt) + "/model");
     for (const std::string p : {"short", "eos_inside"}) {
@@ -257,6 +263,15 @@ TEST(QuantInspect, CudaMemoryPlan) {
   EXPECT_EQ(aw["quantization"]["cuda_storage"]["routed_experts"][0],
             "w4a16 from int4-awq (4-bit codes, FP16 group scales, uint8 zero points, F32 row scales)");
   EXPECT_EQ(aw["quantization"]["cuda_storage"]["shared_expert"][0], "fp16 (dequantized from int4-awq at load)");
+  // AutoRound mixed bits: the 2-, 3- and 4-bit layers (0, 1, 3, 4, 6, 7) as W4A16 with zero points (as GPTQ g32),
+  // the 8-bit layer 2 dequantized to FP16 and the BF16 layer 5 as FP16 (3 x 32 x 64 elements per expert).
+  const nlohmann::json ar = plan("autoround-mixed-g32");
+  EXPECT_EQ(ar["memory_cuda"]["routed_expert_bytes"], 6 * 8 * (64 * 42 + 64 * 23) + 2 * 8 * 3 * 32 * 64 * 2);
+  EXPECT_EQ(ar["quantization"]["cuda_storage"]["routed_experts"],
+            nlohmann::json::parse(R"js(["fp16 (dequantized from int8-gptq at load)",
+              "w4a16 from int2-gptq (4-bit codes, FP16 group scales, uint8 zero points, F32 row scales)",
+              "w4a16 from int3-gptq (4-bit codes, FP16 group scales, uint8 zero points, F32 row scales)",
+              "w4a16 from int4-gptq (4-bit codes, FP16 group scales, uint8 zero points, F32 row scales)"])js"));
   // The int8 table stays as stored, its group scales included: 2 tables of 4,160 rows (4 shards) x 16 columns, I8
   // codes and 2 F16 scales a row.
   const nlohmann::json p8 = plan("awq-int4-g32-ple-int8");
@@ -561,6 +576,43 @@ TEST(QuantBadInput, PleInt8GroupScales) {
   EXPECT_THAT(load_error(n.path), HasSubstr("tensor '" + shard + "weight_scale' element 1 is inf, expected finite"));
 }
 
+TEST(QuantBadInput, AutoRoundBitsAndPacking) {
+  const std::string two_bit = "model.language_model.layers.0.mlp.experts.5.up_proj.";
+  auto with = [](
+                  const fs::path& dir, const std::function<void(nlohmann::json&)>& edit,
+                  const std::function<void(std::map<std::string, RawTensor>&)>& tensors = [](auto&) {}) {
+    broken_copy("autoround-mixed-g32", dir, tensors);
+    auto cfg = testing::read_json(dir / "config.json");
+    edit(cfg["quantization_config"]);
+    testing::write_json(dir / "config.json", cfg);
+  };
+  TempDir b;  // the config says 4 bits for a module stored at 2: qweight has half the rows it expects
+  with(b.path, [&](auto& q) { q["extra_config"].erase(two_bit.substr(0, two_bit.size() - 1)); });
+  EXPECT_THAT(load_error(b.path), HasSubstr("tensor '" + two_bit + "qweight' is I32 [4, 32], expected I32 [8, 32]"));
+  TempDir w;  // an unsupported width
+  with(w.path, [&](auto& q) { q["extra_config"][two_bit.substr(0, two_bit.size() - 1)]["bits"] = 5; });
+  EXPECT_THAT(load_error(w.path), HasSubstr(".bits is 5: AutoRound packings of 2, 3, 4 or 8 bits (or 16: "
+                                            "unquantized) are supported"));
+  TempDir u;  // a module the config keeps unquantized, stored quantized
+  with(u.path, [&](auto& q) { q["extra_config"][two_bit.substr(0, two_bit.size() - 1)] = {{"bits", 16}}; });
+  EXPECT_THAT(load_error(u.path), HasSubstr("declares 16 bits (not quantized) in extra_config for module '" +
+                                            two_bit.substr(0, two_bit.size() - 1) + "'"));
+  TempDir p;
+  with(p.path, [](auto& q) { q["packing_format"] = "auto_round:auto_awq"; });
+  EXPECT_THAT(load_error(p.path), HasSubstr("packing_format is 'auto_round:auto_awq': only 'auto_round:auto_gptq'"));
+  TempDir z;  // 2-bit zero points with the 4-bit row length
+  with(
+      z.path, [](auto&) {},
+      [&](auto& t) {
+        RawTensor& q = t.at(two_bit + "qzeros");
+        q.shape = {q.shape[0], q.shape[1] * 2};
+        q.bytes.resize(q.bytes.size() * 2);
+      });
+  EXPECT_THAT(load_error(z.path), HasSubstr("tensor '" + two_bit +
+                                            "qzeros' is I32 [2, 4], expected I32 [2, 2] "
+                                            "(2-bit zero points packed along the outputs) for the int2-gptq weight"));
+}
+
 TEST(QuantBadInput, GptqActOrderPermutation) {
   TempDir d;
   broken_copy("gptq-int4-g32", d.path, [](auto& t) {
@@ -600,8 +652,10 @@ TEST(QuantBadInput, AwqMissingOrExtraZeroPointsAndMisShapedTensors) {
     RawTensor& w = t.at(std::string(kExpert) + "qweight");
     w.shape = {w.shape[0] / 2, w.shape[1] * 2};  // [64, 4] -> [32, 8]: neither AWQ's [K, N/8] nor GPTQ's [K/8, N]
   });
-  EXPECT_THAT(load_error(q.path), HasSubstr("is I32 [32, 8], which is neither the GPTQ packing (I32 [in/8, out]) nor "
-                                            "the AutoAWQ GEMM packing (I32 [in, out/8]) of the logical [32, 64]"));
+  EXPECT_THAT(
+      load_error(q.path),
+      HasSubstr("is I32 [32, 8], which is neither a GPTQ packing (I32 [in*bits/32, out], bits 2, 3, 4 or 8) nor "
+                "the AutoAWQ GEMM packing (I32 [in, out/8]) of the logical [32, 64]"));
   TempDir z8;
   broken_copy("awq-int4-g32", z8.path, [](auto& t) { t.at(std::string(kExpert) + "qzeros").dtype = "F32"; });
   EXPECT_THAT(load_error(z8.path), HasSubstr("qzeros' is F32 [2, 4], expected I32 [2, 4]"));
@@ -633,8 +687,8 @@ TEST(QuantBadInput, AwqConfigErrors) {
                                             "module 'model.language_model.layers.0.mlp.experts.0.down_proj'"));
   TempDir q;  // AWQ tensors under a GPTQ config: GPTQ's shapes are expected
   with_config(q.path, "quant_method", "gptq");
-  EXPECT_THAT(load_error(q.path), HasSubstr("qweight' is I32 [32, 8], expected I32 [4, 64] (eight 4-bit values per "
-                                            "int32 along the input dimension)"));
+  EXPECT_THAT(load_error(q.path), HasSubstr("qweight' is I32 [32, 8], expected I32 [4, 64] (4-bit values packed along "
+                                            "the input dimension)"));
 }
 
 }  // namespace

@@ -28,6 +28,7 @@ QuantMatrix quant_matrix(const QuantizedWeight& q) {
   m.block_rows = q.block_rows;
   m.block_cols = q.block_cols;
   m.gptq_v2 = q.gptq_v2;
+  m.bits = q.bits;
   m.data = arr(q.data);
   m.scale = arr(q.scale);
   m.global_scale = arr(q.global_scale);

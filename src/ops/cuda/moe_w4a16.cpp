@@ -45,9 +45,12 @@ uint32_t code_at(const std::vector<uint32_t>& codes, size_t row_base, int k) {
 }  // namespace
 
 Int4Plain unpack_gptq(const int32_t* qweight, const int32_t* qzeros, const float* scales, int64_t rows, int64_t cols,
-                      int64_t group, bool gptq_v2) {
-  FN_CHECK(rows > 0 && cols > 0 && rows % 8 == 0 && cols % 8 == 0,
-           "unpack_gptq: GPTQ packing needs both dimensions divisible by 8, got [{}, {}]", rows, cols);
+                      int64_t group, bool gptq_v2, int bits) {
+  FN_CHECK(bits >= 2 && bits <= 4, "unpack_gptq: {}-bit values do not fit the 4-bit codes (2, 3 or 4 bits)", bits);
+  FN_CHECK(
+      rows > 0 && cols > 0 && rows % 8 == 0 && cols % 8 == 0 && (rows * bits) % 32 == 0 && (cols * bits) % 32 == 0,
+      "unpack_gptq: {}-bit GPTQ packing needs both dimensions divisible by 8 and by 32 / gcd({}, 32), got [{}, {}]",
+      bits, bits, rows, cols);
   FN_CHECK(group >= 0, "unpack_gptq: group size {}", group);
   FN_CHECK(qweight && qzeros && scales, "unpack_gptq: null pointer");
   const int64_t G = group ? ceil_div(cols, group) : 1;
@@ -58,13 +61,20 @@ Int4Plain unpack_gptq(const int32_t* qweight, const int32_t* qzeros, const float
   p.q.resize(size_t(rows * cols));
   p.zeros.resize(size_t(rows * G));
   p.scales.resize(size_t(rows * G));
+  // Value i of a line of words (word j at line[j * stride]) at bits bits*i.. of their little-endian bit stream.
+  auto value = [bits](const int32_t* line, int64_t stride, int64_t i) {
+    const int64_t bit = int64_t(bits) * i, j = bit / 32, off = bit % 32;
+    uint64_t v = uint32_t(line[j * stride]);
+    if (off + bits > 32) v |= uint64_t(uint32_t(line[(j + 1) * stride])) << 32;
+    return uint8_t((v >> off) & ((1u << bits) - 1));
+  };
   for (int64_t k = 0; k < cols; ++k)
-    for (int64_t n = 0; n < rows; ++n)
-      p.q[size_t(n * cols + k)] = uint8_t((uint32_t(qweight[(k / 8) * rows + n]) >> (4 * (k % 8))) & 0xfu);
+    for (int64_t n = 0; n < rows; ++n) p.q[size_t(n * cols + k)] = value(qweight + n, rows, k);
   const uint8_t off = gptq_v2 ? 0 : 1;
+  const int64_t zrow = rows * bits / 32;
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t n = 0; n < rows; ++n) {
-      p.zeros[size_t(n * G + g)] = uint8_t(((uint32_t(qzeros[g * (rows / 8) + n / 8]) >> (4 * (n % 8))) & 0xfu) + off);
+      p.zeros[size_t(n * G + g)] = uint8_t(value(qzeros + g * zrow, 1, n) + off);
       p.scales[size_t(n * G + g)] = scales[g * rows + n];
     }
   }

@@ -72,12 +72,14 @@ struct Int4Plain {
   Int4Source source() const { return {rows, cols, group, q.data(), scales.data(), zeros.empty() ? nullptr : zeros.data()}; }
 };
 
-/// GPTQ int4 (quant.h): qweight I32 [cols/8, rows] (input k at bits 4*(k%8) of word row k/8), qzeros I32
-/// [ceil(cols/group), rows/8] (output n at bits 4*(n%8)), scales [ceil(cols/group), rows] as float; z = zero nibble
-/// + 1 (v1, `gptq`) or the zero nibble (`gptq_v2`). group 0: one group. Only g_idx[k] == k/group is meaningful (the
-/// caller checks g_idx). Throws Error for rows or cols not multiples of 8.
+/// GPTQ of `bits` = 2, 3 or 4 (quant.h): qweight I32 [cols*bits/32, rows] (column n a little-endian bit stream,
+/// input k at bits bits*k..), qzeros I32 [ceil(cols/group), rows*bits/32] (each row a bit stream of the outputs'
+/// zero points), scales [ceil(cols/group), rows] as float; z = zero + 1 (v1, `gptq`) or the zero (`gptq_v2`).
+/// Values of 2 and 3 bits are held as 4-bit codes with their zero points (q <= 7, z <= 8): exact. group 0: one
+/// group. Only g_idx[k] == k/group is meaningful (the caller checks g_idx). Throws Error for other widths, or rows
+/// or cols not multiples of 8 and of 32/gcd(bits, 32).
 Int4Plain unpack_gptq(const int32_t* qweight, const int32_t* qzeros, const float* scales, int64_t rows, int64_t cols,
-                      int64_t group, bool gptq_v2);
+                      int64_t group, bool gptq_v2, int bits = 4);
 
 /// AutoAWQ GEMM int4 (quant.h): qweight I32 [cols, rows/8], packed along the outputs: output 8j+m of input row k at
 /// bits 4*{0, 4, 1, 5, 2, 6, 3, 7}[m] of word j (AutoAWQ's AWQ_ORDER inverted); qzeros I32 [cols/group, rows/8]

@@ -122,7 +122,13 @@ RoutedExperts CudaOps::load_quantized_experts(const QuantExperts& q) {
   const int64_t E = q.experts, H = q.hidden, I = q.inter, F = q.full(), b = q.inter_begin;
   const QuantFormat kind = q.gate[0].format;
   const bool nvfp4 = kind == QuantFormat::Nvfp4 || kind == QuantFormat::CtNvfp4;
-  const bool int4 = kind == QuantFormat::CtInt4 || kind == QuantFormat::Gptq || kind == QuantFormat::Awq;
+  // GPTQ of 2 and 3 bits is held as 4-bit codes (exact); 8-bit GPTQ takes the dequantized FP16 path, as do blocks
+  // whose matrices differ in width.
+  bool same_bits = true;
+  for (const auto* list : {&q.gate, &q.up, &q.down})
+    for (const QuantMatrix& m : *list) same_bits = same_bits && m.bits == q.gate[0].bits;
+  const bool int4 = kind == QuantFormat::CtInt4 || kind == QuantFormat::Awq ||
+                    (kind == QuantFormat::Gptq && q.gate[0].bits <= 4 && same_bits);
   const int64_t g_gu = nvfp4 ? 16 : q.gate[0].group;
   // down's inputs are the intermediate: a rank's slice [b, b + I) of it keeps whole scale groups, int4 groups split
   // into equal smaller ones (each with its source group's scale and zero point: exact) where they must.
@@ -208,7 +214,7 @@ void CudaOps::pack_rows(W4Packed& dst, int64_t e, int64_t row0, const QuantMatri
     FN_CHECK(m.zero_point.defined() && m.zero_point.dtype == DType::I32, "{}: GPTQ weight '{}' needs I32 qzeros", op,
              m.name);
     const std::vector<int32_t> z = host_copy<int32_t>(m.zero_point);
-    plain = unpack_gptq(packed.data(), z.data(), scales.data(), R, C, m.group, m.gptq_v2);
+    plain = unpack_gptq(packed.data(), z.data(), scales.data(), R, C, m.group, m.gptq_v2, int(m.bits));
   } else if (kind == QuantFormat::Awq) {
     FN_CHECK(m.zero_point.defined() == zeros && (!zeros || m.zero_point.dtype == DType::I32),
              "{}: AWQ weight '{}' {} qzeros, the first expert {}", op, m.name, m.zero_point.defined() ? "has" : "lacks",

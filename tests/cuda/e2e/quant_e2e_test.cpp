@@ -46,8 +46,8 @@ constexpr double kNearTie = 1e-2;    // reference top-2 gap below which an argma
 constexpr double kExpertTol = 1e-2;  // routed experts vs the CPU oracle, x the oracle's largest |output|
 
 const std::vector<std::string> kFormats = {
-    "nvfp4-radixark", "nvfp4-nvidia",  "fp8-block",    "ct-int4-sym-g32", "ct-int4-asym-g32",
-    "ct-nvfp4",       "gptq-int4-g32", "awq-int4-g32", "awq-int4-g128",   "awq-int4-g32-ple-int8"};
+    "nvfp4-radixark", "nvfp4-nvidia", "fp8-block",     "ct-int4-sym-g32",       "ct-int4-asym-g32",   "ct-nvfp4",
+    "gptq-int4-g32",  "awq-int4-g32", "awq-int4-g128", "awq-int4-g32-ple-int8", "autoround-mixed-g32"};
 
 std::string quant_dir(const std::string& fmt) {
   return source_path("tests/data/quant/" + fmt);
