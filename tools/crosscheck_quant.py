@@ -7,7 +7,8 @@ asserts that bit for bit), the weight is dequantized again from the checkpoint's
 and the two are compared:
 
   compressed-tensors  ct-int4-sym-g32, ct-int4-asym-g32 (PackedQuantizationCompressor.decompress), ct-nvfp4
-                      (NVFP4PackedCompressor.decompress); fp8-block through its block-strategy dequantize
+                      (NVFP4PackedCompressor.decompress), ct-w8a8-int8 and ct-fp8-channel (Int- /
+                      FloatQuantizationCompressor.decompress); fp8-block through its block-strategy dequantize
                       (compressed-tensors has no reader for the `quant_method: fp8` layout itself)
   nvidia-modelopt     nvfp4-radixark, nvfp4-nvidia experts (NVFP4QTensor.dequantize), when it imports
   gptqmodel           gptq-int4-g32, lm_head included, and autoround-mixed-g32's 2-, 3-, 4- and 8-bit experts (its
@@ -50,7 +51,8 @@ from safetensors import safe_open
 
 ROOT = Path(__file__).resolve().parents[1]
 FORMATS = ["nvfp4-radixark", "nvfp4-nvidia", "fp8-block", "ct-int4-sym-g32", "ct-int4-asym-g32", "ct-nvfp4",
-           "gptq-int4-g32", "awq-int4-g32", "awq-int4-g128", "awq-int4-g32-ple-int8", "autoround-mixed-g32"]
+           "gptq-int4-g32", "awq-int4-g32", "awq-int4-g128", "awq-int4-g32-ple-int8", "autoround-mixed-g32",
+           "ct-w8a8-int8", "ct-fp8-channel"]
 
 
 class Checkpoint:
@@ -138,6 +140,27 @@ def ct_pack_quantized(ck: Checkpoint, module: str, q: dict):
         zp = unpack_from_int32(sd["weight_zero_point"], 4, (shape[0], sd["weight_scale"].shape[-1]), packed_dim=0)
     x = unpack_from_int32(sd["weight_packed"], 4, shape)
     f32 = dequantize(x_q=x, scale=sd["weight_scale"].float(), zero_point=zp, args=scheme.weights, dtype=torch.float32)
+    return lib, f32
+
+
+def ct_eight_bit(ck: Checkpoint, module: str, q: dict):
+    """compressed-tensors int-quantized / float-quantized (W8A8 INT8, FP8 channel or tensor): the library's
+    IntQuantizationCompressor / FloatQuantizationCompressor.decompress with the arguments of the config group that
+    targets the module (in the model dtype), and its dequantize with float32 scales."""
+    import re
+
+    from compressed_tensors.compressors import FloatQuantizationCompressor, IntQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+
+    group = next(g for g in q["config_groups"].values()
+                 if any(t == "Linear" or (t.startswith("re:") and re.match(t[3:], module)) for t in g["targets"]))
+    scheme = QuantizationScheme(targets=group["targets"], weights=QuantizationArgs(**group["weights"]))
+    sd = {k: ck.get(f"{module}.{k}") for k in ("weight", "weight_scale")}
+    comp = FloatQuantizationCompressor if group["format"] == "float-quantized" else IntQuantizationCompressor
+    lib = comp.decompress(dict(sd), scheme)["weight"]
+    f32 = dequantize(x_q=sd["weight"].to(torch.float32), scale=sd["weight_scale"].float(), args=scheme.weights,
+                     dtype=torch.float32)
     return lib, f32
 
 
@@ -279,6 +302,8 @@ LIBRARY = {
     "awq-int4-g128": ("autoawq 0.2.9 (dequantize_gemm, from_linear)", autoawq_gemm),
     "awq-int4-g32-ple-int8": ("autoawq 0.2.9 (dequantize_gemm, from_linear)", autoawq_gemm),
     "autoround-mixed-g32": ("gptqmodel (TorchLinear)", autoround_gptq),
+    "ct-w8a8-int8": ("compressed-tensors (IntQuantizationCompressor)", ct_eight_bit),
+    "ct-fp8-channel": ("compressed-tensors (FloatQuantizationCompressor)", ct_eight_bit),
 }
 
 

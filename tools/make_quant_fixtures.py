@@ -17,6 +17,8 @@ and in the same float32 operation order, so both give the same bits:
   int4 pack-quantized     (q - zp) * weight_scale[n, k/g]            (BF16 scales; q, zp signed int4)
   GPTQ int4 (v1)          (q - (qzero + 1)) * scales[k/g, n]         (F16 scales)
   AutoAWQ GEMM int4       (q - qzero) * scales[k/g, n]               (F16 scales; q, qzero 0..15)
+  GPTQ / AutoRound b-bit  (q - (qzero + 1)) * scales[k/g, n]         (b = 2, 3, 4, 8; bit-stream packing)
+  W8A8 int8 / FP8 channel q * weight_scale[n] (or the tensor's one)  (compressed-tensors int-/float-quantized)
   PLE FP8 table           e4m3(row) * weight_scale                   (one BF16 scalar)
   PLE int8 table          q[r, c] * weight_scale[r, c/g]             (per shard F16 group scales, symmetric)
 
@@ -256,6 +258,51 @@ def autoround_config(cfg):
             "extra_config": extra, "iters": 0, "autoround_version": "0.9.0"}
 
 
+def q_w8(w, fp8, per_tensor=False):
+    """compressed-tensors int-quantized / float-quantized weights (the W8A8 INT8 and FP8 releases' weights),
+    symmetric, one BF16 scale per output row [N, 1] (strategy channel) or one for the tensor [1] (strategy tensor):
+    int8 scale = max|w| / 127, q = clamp(round(w / scale), -128, 127); FP8 scale = max|w| / 448, q = E4M3(w /
+    scale). Stored as `weight` I8 / F8_E4M3 [N, K] and `weight_scale`."""
+    w = w.float()
+    amax = w.abs().amax() if per_tensor else w.abs().amax(-1, keepdim=True)
+    scale = (amax.clamp(min=1e-8) / (FP8_MAX if fp8 else 127.0)).to(torch.bfloat16)
+    s = scale.float()
+    if fp8:
+        q = (w / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    else:
+        q = torch.round(w / s).clamp(-128, 127).to(torch.int8)
+    return {"weight": q.contiguous(), "weight_scale": scale.reshape(1) if per_tensor else scale.contiguous()}, \
+        q.float() * s
+
+
+def w8_dense_linears(cfg):
+    """The dense linears a W8A8 release quantizes besides the experts: every Linear of the attention / GDN mixers and
+    the shared expert (router, shared expert gate, PLE projections, hyper-connections and lm_head stay BF16)."""
+    return [m for m in non_expert_linears(cfg)
+            if m != "lm_head" and not m.endswith((".mlp.gate", ".shared_expert_gate")) and ".ple." not in m]
+
+
+W8_IGNORE = ["lm_head", "re:.*mlp\\.gate$", "re:.*shared_expert_gate$", "re:.*hyper_connection.*", "re:.*\\.ple\\..*",
+             "re:.*visual.*", "re:.*mtp.*"]
+
+
+def w8_config(fp8):
+    fmt = "float-quantized" if fp8 else "int-quantized"
+    kind = "float" if fp8 else "int"
+    act = {"num_bits": 8, "type": kind, "symmetric": True, "strategy": "token", "dynamic": True}
+    groups = {"group_0": {"targets": ["Linear"], "format": fmt, "input_activations": act, "output_activations": None,
+                          "weights": {"num_bits": 8, "type": kind, "symmetric": True, "strategy": "channel",
+                                      "group_size": None, "dynamic": False, "observer": "minmax"}}}
+    if fp8:  # the mixers and the shared expert per tensor (a second group), the routed experts per channel
+        groups["group_0"]["targets"] = ["re:.*mlp\\.experts\\..*"]
+        groups["group_1"] = json.loads(json.dumps(groups["group_0"]))
+        groups["group_1"]["targets"] = ["re:.*(linear_attn|self_attn|shared_expert)\\..*"]
+        groups["group_1"]["weights"]["strategy"] = "tensor"
+    return {"quant_method": "compressed-tensors", "format": fmt, "quantization_status": "compressed",
+            "config_groups": groups, "ignore": W8_IGNORE, "kv_cache_scheme": None, "sparsity_config": {},
+            "version": "0.12.2"}
+
+
 def q_awq(w, group):
     """AutoAWQ's zero-point quantizer (awq/quantize/quantizer.py pseudo_quantize_tensor, zero_point true, without
     the activation-aware scale search, which only changes the weights fed to it): per group of `group` inputs,
@@ -410,6 +457,14 @@ FORMATS = {
                      hf_quant=None, text_extra={}),
     # GPTQ int4 as AutoRound exports it (3.4 azampatti): sym, desc_act false, lm_head quantized too, `dynamic`
     # exclusions, FP8 PLE table; group 32 because tiny-a's widths are 32 and 64.
+    # W8A8 releases (issue 22), read weight-only: INT8 per channel everywhere (experts, mixers, shared expert);
+    # FP8 per channel on the experts and per tensor on the mixers and the shared expert. PLE table BF16 / FP8.
+    "ct-w8a8-int8": dict(experts=lambda w: q_w8(w, False), dense=lambda w: q_w8(w, False), dense_of=w8_dense_linears,
+                         ple_fp8=False, naming="standard", quantization_config=lambda c: w8_config(False),
+                         hf_quant=None, text_extra={}, greedy=8),
+    "ct-fp8-channel": dict(experts=lambda w: q_w8(w, True), dense=lambda w: q_w8(w, True, per_tensor=True),
+                           dense_of=w8_dense_linears, ple_fp8=True, naming="standard",
+                           quantization_config=lambda c: w8_config(True), hf_quant=None, text_extra={}, greedy=8),
     # AutoRound mixed bits (issue 22): routed experts of 2, 3, 4 and 8 bits by layer (AUTOROUND_LAYERS), one layer
     # left BF16 by extra_config, FP8 PLE table.
     "autoround-mixed-g32": dict(experts_of=autoround_experts, ple_fp8=True, naming="standard",
@@ -654,6 +709,7 @@ def build(name, spec, out_root, base, ref_in, base_dir=BASE):
     picks = [f"{TP}layers.0.mlp.experts.0.gate_proj.weight", f"{TP}layers.0.mlp.experts.1.down_proj.weight",
              f"{TP}layers.7.mlp.experts.7.up_proj.weight", "lm_head.weight",
              f"{TP}layers.1.mlp.experts.2.down_proj.weight", f"{TP}layers.2.mlp.experts.3.gate_proj.weight",
+             f"{TP}layers.0.linear_attn.in_proj_qkv.weight",
              f"{TP}layers.3.mlp.shared_expert.down_proj.weight"]
     if spec["ple_fp8"] or spec.get("ple_int8"):
         picks.append(f"{TP}layers.{t['ple_layer_ids'][0] - 1}.ple.ple_embedding.ngram_embedding.shard_0.weight")

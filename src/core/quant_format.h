@@ -15,6 +15,8 @@ enum class QuantFormat : uint8_t {
   CtInt4,    ///< compressed-tensors pack-quantized int4, symmetric or with packed zero points
   Gptq,      ///< GPTQ int4 (qweight / qzeros / scales / g_idx)
   Awq,       ///< AutoAWQ GEMM int4 (qweight / qzeros / scales, packed along the outputs in AWQ's nibble order)
+  CtInt8,    ///< compressed-tensors int-quantized (W8A8 INT8 releases): I8 weight, one scale per row or tensor
+  CtFp8,     ///< compressed-tensors float-quantized (FP8 releases): E4M3 weight, one scale per row or tensor
 };
 
 /// AutoAWQ's packing (QuantFormat::Awq): output 8j + m of a row sits in nibble kAwqNibble[m] (bits 4*kAwqNibble[m])
@@ -39,6 +41,10 @@ constexpr const char* quant_format_name(QuantFormat f) {
       return "int4-gptq";
     case QuantFormat::Awq:
       return "int4-awq";
+    case QuantFormat::CtInt8:
+      return "int8-compressed-tensors";
+    case QuantFormat::CtFp8:
+      return "fp8-compressed-tensors";
   }
   return "unknown";
 }

@@ -297,8 +297,11 @@ json inspect_model(const std::string& path, const InspectOptions& opt) {
       auto it = component_of.find(name);
       if (it == component_of.end()) continue;
       const int c = int(it->second);
-      const bool w4 = it->second == Component::RoutedExperts && w.format != QuantFormat::Fp8Block &&
-                      (w.format != QuantFormat::Gptq || w.bits <= 4) && cfg.hidden_size % 8 == 0 &&
+      // The formats the CUDA backend repacks for its W4A16 kernels (ops/cuda/weights_ops.cpp load_quantized_experts).
+      const bool w4_format = w.format == QuantFormat::Nvfp4 || w.format == QuantFormat::CtNvfp4 ||
+                             w.format == QuantFormat::CtInt4 || w.format == QuantFormat::Awq ||
+                             (w.format == QuantFormat::Gptq && w.bits <= 4);
+      const bool w4 = it->second == Component::RoutedExperts && w4_format && cfg.hidden_size % 8 == 0 &&
                       cfg.moe_intermediate_size % 8 == 0 &&
                       (w.format == QuantFormat::Nvfp4 || w.format == QuantFormat::CtNvfp4 || w.group % 8 == 0);
       q_elements[c] += w.rows * w.cols;

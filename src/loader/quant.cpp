@@ -185,6 +185,18 @@ void parse_compressed_tensors(const Fields& c, QuantConfig& q) {
             wf.where, cg.num_bits, cg.type, cg.strategy, cg.group_size);
       }
       if (cg.strategy == "channel") cg.group_size = 0;
+    } else if (cg.format == "int-quantized" || cg.format == "float-quantized") {
+      // W8A8 releases: 8-bit weights with a scale per output channel or per tensor; flashnext reads the weights
+      // only (weight-only W8A16: the activations' quantization is not applied).
+      const bool is_int = cg.format == "int-quantized";
+      if (cg.num_bits != 8 || cg.type != (is_int ? "int" : "float") ||
+          (cg.strategy != "channel" && cg.strategy != "tensor") || !cg.symmetric) {
+        fail(
+            "{}: {} weights of {} bits, type '{}', strategy '{}', symmetric {} are not supported (supported: 8-bit "
+            "{}, symmetric, strategy channel or tensor)",
+            wf.where, cg.format, cg.num_bits, cg.type, cg.strategy, cg.symmetric, is_int ? "int" : "float");
+      }
+      cg.group_size = 0;
     } else if (cg.format == "nvfp4-pack-quantized") {
       if (cg.num_bits != 4 || cg.type != "float" || cg.group_size != 16) {
         fail(
@@ -193,8 +205,10 @@ void parse_compressed_tensors(const Fields& c, QuantConfig& q) {
             wf.where, cg.num_bits, cg.type, cg.group_size);
       }
     } else {
-      fail("{}: unknown compressed-tensors format '{}' (supported: pack-quantized, nvfp4-pack-quantized)", f.where,
-           cg.format);
+      fail(
+          "{}: unknown compressed-tensors format '{}' (supported: pack-quantized, nvfp4-pack-quantized, "
+          "int-quantized, float-quantized)",
+          f.where, cg.format);
     }
     q.ct_groups.push_back(std::move(cg));
   }
@@ -466,6 +480,20 @@ void validate_quantized_weight(const QuantizedWeight& w) {
       c.absent(w.zero_point, "FP8 has no zero points");
       break;
     }
+    case QuantFormat::CtInt8:
+    case QuantFormat::CtFp8: {
+      const bool i8 = w.format == QuantFormat::CtInt8;
+      c.tensor(w.data, "weight", {i8 ? DType::I8 : DType::F8_E4M3}, {N, K}, i8 ? "int8 values" : "E4M3 values");
+      const TensorView& s = c.need(w.scale, "weight_scale", "one scale per output row, or one for the tensor");
+      if (s.numel() == 1) {  // strategy tensor: [1], [1, 1] or a scalar
+        c.tensor(w.scale, "weight_scale", kScaleTypes, s.shape, "one scale for the tensor");
+      } else {
+        c.tensor(w.scale, "weight_scale", kScaleTypes, {N, 1}, "one scale per output row");
+      }
+      c.absent(w.global_scale, "8-bit channel weights have no second scale");
+      c.absent(w.zero_point, "only symmetric 8-bit weights are supported");
+      break;
+    }
     case QuantFormat::CtInt4: {
       const int64_t G = w.group ? ceil_div(K, w.group) : 1;
       if (w.group && K > w.group && K % w.group != 0) {
@@ -567,6 +595,19 @@ std::vector<float> dequantize(const QuantizedWeight& w) {
         for (int64_t k = 0; k < K; ++k) {
           out[size_t(n * K + k)] =
               f8e4m3_to_float(w.data->data[n * K + k]) * scale[size_t((n / w.block_rows) * SK + k / w.block_cols)];
+        }
+      }
+      break;
+    }
+    case QuantFormat::CtInt8:
+    case QuantFormat::CtFp8: {  // float(q) * the row's (or the tensor's) scale: one multiply
+      const bool per_row = scale.size() != 1;
+      for (int64_t n = 0; n < N; ++n) {
+        const float s = scale[size_t(per_row ? n : 0)];
+        for (int64_t k = 0; k < K; ++k) {
+          const uint8_t b = w.data->data[n * K + k];
+          const float q = w.format == QuantFormat::CtInt8 ? float(int8_t(b)) : f8e4m3_to_float(b);
+          out[size_t(n * K + k)] = q * s;
         }
       }
       break;
@@ -692,7 +733,12 @@ std::vector<float> dequantize_ple_shard_int8(const TensorView& shard, const Tens
 }
 
 std::string weight_format_name(const QuantizedWeight& w) {
-  return w.format == QuantFormat::Gptq ? fmt::format("int{}-gptq", w.bits) : quant_format_name(w.format);
+  if (w.format == QuantFormat::Gptq) return fmt::format("int{}-gptq", w.bits);
+  if ((w.format == QuantFormat::CtInt8 || w.format == QuantFormat::CtFp8) && w.scale) {
+    return fmt::format("{}-{}", w.format == QuantFormat::CtInt8 ? "int8" : "fp8",
+                       w.scale->numel() == 1 ? "tensor" : "channel");
+  }
+  return quant_format_name(w.format);
 }
 
 std::vector<float> dequantize_ple_shard(const TensorView& shard, const TensorView& weight_scale) {
@@ -743,6 +789,9 @@ std::set<std::string> allowed_suffixes(QuantFormat f) {
       return {"qweight", "qzeros", "scales", "g_idx"};
     case QuantFormat::Awq:
       return {"qweight", "qzeros", "scales"};
+    case QuantFormat::CtInt8:
+    case QuantFormat::CtFp8:
+      return {"weight", "weight_scale", "input_scale"};
     case QuantFormat::None:
       return {"weight"};
   }
@@ -813,6 +862,11 @@ QuantScheme QuantScheme::build(const QuantConfig& cfg, const ModelConfig& model,
       q.format = QuantFormat::Nvfp4;
     } else if (weight && weight->dtype == DType::F8_E4M3 && view("weight_scale_inv")) {
       q.format = QuantFormat::Fp8Block;
+    } else if (weight && weight->dtype == DType::F8_E4M3 && view("weight_scale") &&
+               cfg.method == "compressed-tensors") {
+      q.format = QuantFormat::CtFp8;
+    } else if (weight && weight->dtype == DType::I8 && view("weight_scale")) {
+      q.format = QuantFormat::CtInt8;
     } else if (weight && (weight->dtype == DType::F8_E4M3 || weight->dtype == DType::F8_E5M2)) {
       fail(
           "{}: tensor '{}' is {} without a block 'weight_scale_inv': per-tensor or per-channel FP8 weights are not "
@@ -899,7 +953,10 @@ QuantScheme QuantScheme::build(const QuantConfig& cfg, const ModelConfig& model,
                module, g.name, o->name);
         }
       }
-      const QuantFormat want = g.format == "pack-quantized" ? QuantFormat::CtInt4 : QuantFormat::CtNvfp4;
+      const QuantFormat want = g.format == "pack-quantized"    ? QuantFormat::CtInt4
+                               : g.format == "int-quantized"   ? QuantFormat::CtInt8
+                               : g.format == "float-quantized" ? QuantFormat::CtFp8
+                                                               : QuantFormat::CtNvfp4;
       if (q.format != want) mismatch(fmt::format("config group '{}' ({})", g.name, g.format));
       q.group = g.group_size;
       if (q.format == QuantFormat::CtInt4) {
@@ -990,6 +1047,14 @@ QuantScheme QuantScheme::build(const QuantConfig& cfg, const ModelConfig& model,
       case QuantFormat::Awq:  // zero_point: above, with the config's zero_point
         q.data = view("qweight");
         q.scale = view("scales");
+        break;
+      case QuantFormat::CtInt8:
+      case QuantFormat::CtFp8:
+        q.data = weight;
+        q.scale = view("weight_scale");
+        if (const TensorView* in = view("input_scale"); in && !is_float(in->dtype)) {
+          fail("{}: tensor '{}' is {}, expected a float activation scale", in->file, in->name, dtype_name(in->dtype));
+        }
         break;
       case QuantFormat::None:
         break;

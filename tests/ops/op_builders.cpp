@@ -896,6 +896,10 @@ const char* quant_kind_name(QuantFormat k) {
       return "gptq-int4-g32";
     case QuantFormat::Awq:
       return "awq-int4";
+    case QuantFormat::CtInt8:
+      return "ct-int8";
+    case QuantFormat::CtFp8:
+      return "ct-fp8";
     case QuantFormat::None:
       return "none";
   }

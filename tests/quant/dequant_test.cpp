@@ -418,9 +418,17 @@ TEST(QuantConfig, UnknownOrUnsupportedDeclarationsAreClearErrors) {
       "data_type is 'nv_fp': only integer AutoRound weights are supported");
   err({{"quant_method", "gptq"}, {"bits", 4}, {"desc_act", true}}, none, "GPTQ activation order");
   err({{"quant_method", "gptq"}, {"checkpoint_format", "marlin"}}, none, "checkpoint_format 'marlin'");
+  err(json::parse(R"({"quant_method": "compressed-tensors", "format": "marlin-24", "config_groups":
+                      {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int"}}}})"),
+      none, "unknown compressed-tensors format 'marlin-24'");
+  // 8-bit channel / tensor formats: group strategies and asymmetric weights are refused.
   err(json::parse(R"({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups":
                       {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float"}}}})"),
-      none, "unknown compressed-tensors format 'float-quantized'");
+      none, "float-quantized weights of 8 bits, type 'float', strategy 'group', symmetric true are not supported");
+  err(json::parse(R"({"quant_method": "compressed-tensors", "format": "int-quantized", "config_groups":
+                      {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "int",
+                       "strategy": "channel", "symmetric": false}}}})"),
+      none, "int-quantized weights of 8 bits, type 'int', strategy 'channel', symmetric false are not supported");
   err(json::parse(R"({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups":
                       {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int",
                        "strategy": "group", "group_size": 128, "actorder": "group"}}}})"),

@@ -35,7 +35,8 @@ constexpr double kTol = 2.5e-5;
 const std::vector<std::string> kFormats = {"nvfp4-radixark",  "nvfp4-nvidia",       "fp8-block",
                                            "ct-int4-sym-g32", "ct-int4-asym-g32",   "ct-nvfp4",
                                            "gptq-int4-g32",   "awq-int4-g32",       "awq-int4-g32-ple-int8",
-                                           "awq-int4-g128",   "autoround-mixed-g32"};
+                                           "awq-int4-g128",   "autoround-mixed-g32", "ct-w8a8-int8",
+                                           "ct-fp8-channel"};
 
 std::string fixture(const std::string& fmt) {
   return testing::source_path("tests/data/quant/" + fmt);
@@ -187,6 +188,17 @@ TEST(QuantScheme, FindsTheFormatOfEveryQuantizedComponent) {
   EXPECT_EQ(summary("autoround-mixed-g32"),
             (Summary{{"routed_experts", {{"int2-gptq", 48}, {"int3-gptq", 24}, {"int4-gptq", 72}, {"int8-gptq", 24}}},
                      {"ple_table", {{"fp8-scalar", 8}}}}));
+  // W8A8 releases read weight-only: every mixer projection (6 GDN layers x 5, 2 QSA layers x 5), the shared and the
+  // routed experts; FP8 per channel on the experts, per tensor elsewhere (a second config group).
+  EXPECT_EQ(summary("ct-w8a8-int8"), (Summary{{"gated_deltanet", {{"int8-channel", 30}}},
+                                              {"qsa", {{"int8-channel", 10}}},
+                                              {"routed_experts", {{"int8-channel", 192}}},
+                                              {"shared_expert", {{"int8-channel", 24}}}}));
+  EXPECT_EQ(summary("ct-fp8-channel"), (Summary{{"gated_deltanet", {{"fp8-tensor", 30}}},
+                                                {"qsa", {{"fp8-tensor", 10}}},
+                                                {"routed_experts", {{"fp8-channel", 192}}},
+                                                {"shared_expert", {{"fp8-tensor", 24}}},
+                                                {"ple_table", {{"fp8-scalar", 8}}}}));
   // The V100 production layout: the same experts, the table's 8 shards int8 with group scales of 8 columns.
   EXPECT_EQ(summary("awq-int4-g32-ple-int8"), (Summary{{"routed_experts", {{"int4-awq", 192}}},
                                                        {"shared_expert", {{"int4-awq", 24}}},
@@ -196,7 +208,8 @@ TEST(QuantScheme, FindsTheFormatOfEveryQuantizedComponent) {
 // Greedy ids (prefill, then single-token decode steps) equal those of transformers' own cached decode on the
 // dequantized weights.
 TEST(QuantAwq, GreedyIdsMatchReference) {
-  for (const std::string fmt : {"awq-int4-g32", "awq-int4-g32-ple-int8", "awq-int4-g128", "autoround-mixed-g32"}) {
+  for (const std::string fmt : {"awq-int4-g32", "awq-int4-g32-ple-int8", "awq-int4-g128", "autoround-mixed-g32",
+                                "ct-w8a8-int8", "ct-fp8-channel"}) {
     test::Reference ref(test::Reference::AtPath{fixture(fmt) + "/reference.safetensors"});
     const auto model = Model::load(fixture(fmt) + "/model");
     for (const std::string p : {"short", "eos_inside"}) {
@@ -611,6 +624,37 @@ TEST(QuantBadInput, AutoRoundBitsAndPacking) {
   EXPECT_THAT(load_error(z.path), HasSubstr("tensor '" + two_bit +
                                             "qzeros' is I32 [2, 4], expected I32 [2, 2] "
                                             "(2-bit zero points packed along the outputs) for the int2-gptq weight"));
+}
+
+TEST(QuantBadInput, EightBitChannelWeights) {
+  TempDir s;  // a per-group scale where one per row (or one for the tensor) is expected
+  broken_copy("ct-w8a8-int8", s.path, [](auto& t) {
+    RawTensor& sc = t.at(std::string(kExpert) + "weight_scale");
+    sc.shape = {sc.shape[0] / 2, 2};
+  });
+  EXPECT_THAT(load_error(s.path), HasSubstr("tensor '" + std::string(kExpert) +
+                                            "weight_scale' is BF16 [16, 2], expected BF16 or F16 or F32 [32, 1] (one "
+                                            "scale per output row)"));
+  TempDir z;  // a zero point: asymmetric 8-bit weights
+  broken_copy("ct-w8a8-int8", z.path, [](auto& t) {
+    const std::string n = std::string(kExpert) + "weight_zero_point";
+    t.emplace(n, RawTensor{n, "I8", {32, 1}, std::vector<uint8_t>(32, 0)});
+  });
+  EXPECT_THAT(load_error(z.path), HasSubstr("weight_zero_point' does not belong to the int8-compressed-tensors format"));
+  TempDir a;  // the config groups' strategy group: refused
+  broken_copy("ct-fp8-channel", a.path, [](auto&) {});
+  auto cfg = testing::read_json(a.path / "config.json");
+  cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["strategy"] = "group";
+  testing::write_json(a.path / "config.json", cfg);
+  EXPECT_THAT(load_error(a.path), HasSubstr("float-quantized weights of 8 bits, type 'float', strategy 'group', "
+                                            "symmetric true are not supported"));
+  TempDir m;  // FP8 weights with a per-channel scale under a block-FP8 config
+  broken_copy("ct-fp8-channel", m.path, [](auto&) {});
+  cfg = testing::read_json(m.path / "config.json");
+  cfg["quantization_config"] = testing::read_json(fixture("fp8-block") + "/model/config.json")["quantization_config"];
+  testing::write_json(m.path / "config.json", cfg);
+  EXPECT_THAT(load_error(m.path), HasSubstr("without a block 'weight_scale_inv': per-tensor or per-channel FP8 "
+                                            "weights are not supported"));
 }
 
 TEST(QuantBadInput, GptqActOrderPermutation) {
