@@ -24,6 +24,15 @@ enum class QuantFormat : uint8_t {
 /// (awq/modules/linear/gemm.py); this table is its inverse (AWQ_REVERSE_ORDER). qweight and qzeros alike.
 inline constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
+/// Whether the CUDA backend's W4A16 expert kernels hold a weight of format `f` (`bits` per value for GPTQ) as 4-bit
+/// codes: NVFP4, int4, and GPTQ / AutoRound of 2, 3 or 4 bits (exact: ops/cuda/moe_w4a16.h). A block of routed
+/// experts with any other weight is dequantized to FP16 at load as a whole (ops/cuda/weights_ops.cpp; `flashnext
+/// inspect` plans the same).
+constexpr bool w4a16_holds(QuantFormat f, int64_t bits) {
+  return f == QuantFormat::Nvfp4 || f == QuantFormat::CtNvfp4 || f == QuantFormat::CtInt4 || f == QuantFormat::Awq ||
+         (f == QuantFormat::Gptq && bits >= 2 && bits <= 4);
+}
+
 /// A short name for reports and messages ("nvfp4-modelopt", "fp8-block", "int4-gptq", "int4-awq", ...).
 constexpr const char* quant_format_name(QuantFormat f) {
   switch (f) {

@@ -293,14 +293,18 @@ json inspect_model(const std::string& path, const InspectOptions& opt) {
     quant["formats"] = scheme.summary();
     std::map<std::string, Component> component_of;
     for (const ExpectedTensor& e : expected_tensors(cfg)) component_of.emplace(e.name, e.component);
+    // The CUDA backend repacks a block of routed experts for its W4A16 kernels only when every matrix of the block is
+    // of a format they hold (core/quant_format.h w4a16_holds; ops/cuda/weights_ops.cpp load_quantized_experts).
+    auto block_of = [](const std::string& name) { return name.substr(0, name.find(".experts.")); };
+    std::set<std::string> fp16_blocks;
+    for (const auto& [name, w] : scheme.weights())
+      if (name.find(".mlp.experts.") != std::string::npos && !w4a16_holds(w.format, w.bits))
+        fp16_blocks.insert(block_of(name));
     for (const auto& [name, w] : scheme.weights()) {
       auto it = component_of.find(name);
       if (it == component_of.end()) continue;
       const int c = int(it->second);
-      // The formats the CUDA backend repacks for its W4A16 kernels (ops/cuda/weights_ops.cpp load_quantized_experts).
-      const bool w4_format = w.format == QuantFormat::Nvfp4 || w.format == QuantFormat::CtNvfp4 ||
-                             w.format == QuantFormat::CtInt4 || w.format == QuantFormat::Awq ||
-                             (w.format == QuantFormat::Gptq && w.bits <= 4);
+      const bool w4_format = w4a16_holds(w.format, w.bits) && !fp16_blocks.count(block_of(name));
       const bool w4 = it->second == Component::RoutedExperts && w4_format && cfg.hidden_size % 8 == 0 &&
                       cfg.moe_intermediate_size % 8 == 0 &&
                       (w.format == QuantFormat::Nvfp4 || w.format == QuantFormat::CtNvfp4 || w.group % 8 == 0);

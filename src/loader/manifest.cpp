@@ -360,12 +360,19 @@ WeightManifest WeightManifest::build(const ModelConfig& cfg, const Checkpoint& c
       fail("{}: the PLE n-gram table of layer {} is missing: no '{}.shard_K.weight' tensors (expected {} rows x {})",
            ckpt.dir(), layer, ckpt_name(table), hp.rows, cfg.ple_head_dim());
     }
-    int64_t rows = 0, next = 0;
+    int64_t rows = 0, next = 0, table_group = 0;
+    DType table_dtype = DType::BF16, table_scale_dtype = DType::F16;
     const bool scaled_table = has(table + ".weight_scale");
     for (const auto& [k, logical] : sit->second) {
       const TensorView& t = m.entries_.at(logical).view;
       if (k != next) fail("{}: PLE table shard {} of layer {} is missing (found shard {})", ckpt.dir(), next, layer, k);
       ++next;
+      if (k == 0) {
+        table_dtype = t.dtype;
+      } else if (t.dtype != table_dtype) {
+        fail("{}: tensor '{}' is {}, but shard 0 of the same PLE table is {}: a table's shards share one dtype", t.file,
+             ckpt_name(logical), dtype_name(t.dtype), dtype_name(table_dtype));
+      }
       const bool fp8 = t.dtype == DType::F8_E4M3 || t.dtype == DType::F8_E5M2, int8 = t.dtype == DType::I8;
       const std::string group_scales = fmt::format("{}.shard_{}.weight_scale", table, k);
       if (!is_float(t.dtype) && !(fp8 && scaled_table) && !(int8 && has(group_scales))) {
@@ -384,7 +391,15 @@ WeightManifest WeightManifest::build(const ModelConfig& cfg, const Checkpoint& c
              t.file, ckpt_name(logical), ckpt_name(table + ".weight_scale"));
       }
       if (int8) {
-        ple_int8_group(t, m.entries_.at(group_scales).view);  // throws naming both tensors
+        const TensorView& sv = m.entries_.at(group_scales).view;
+        const int64_t g = ple_int8_group(t, sv, /*check_values=*/true);  // throws naming both tensors
+        if (k == 0) {
+          table_group = g;
+          table_scale_dtype = sv.dtype;
+        } else if (g != table_group || sv.dtype != table_scale_dtype) {
+          fail("{}: tensor '{}' holds {} group scales of {} columns, but shard 0 of the table has {} ones of {}",
+               sv.file, sv.name, dtype_name(sv.dtype), g, dtype_name(table_scale_dtype), table_group);
+        }
       }
       if (fp8 || int8) m.quantized_ = true;
       if (t.shape.size() != 2 || t.shape[1] != cfg.ple_head_dim()) {

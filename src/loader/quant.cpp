@@ -697,7 +697,7 @@ int64_t w4a16_packed_bytes(int64_t rows, int64_t cols, int64_t group, bool zeros
   return rows * (wpr * 4 + groups * (2 + (zeros ? 1 : 0)) + 4);
 }
 
-int64_t ple_int8_group(const TensorView& shard, const TensorView& scales) {
+int64_t ple_int8_group(const TensorView& shard, const TensorView& scales, bool check_values) {
   if (shard.dtype != DType::I8) {
     fail("{}: PLE table shard '{}' is {}, expected I8 to go with the group scales '{}'", shard.file, shard.name,
          dtype_name(shard.dtype), scales.name);
@@ -711,10 +711,12 @@ int64_t ple_int8_group(const TensorView& shard, const TensorView& scales) {
         shard.shape.empty() ? 0 : shard.shape[0], shard.shape.size() == 2 ? shard.shape[1] : 0, shard.name,
         shard.shape_str(), shard.shape.size() == 2 ? shard.shape[1] : 0);
   }
-  const std::vector<float> s = to_float(scales);
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (!std::isfinite(s[i])) {
-      fail("{}: tensor '{}' element {} is {}, expected finite group scales", scales.file, scales.name, i, s[i]);
+  if (check_values) {
+    const std::vector<float> s = to_float(scales);
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (!std::isfinite(s[i])) {
+        fail("{}: tensor '{}' element {} is {}, expected finite group scales", scales.file, scales.name, i, s[i]);
+      }
     }
   }
   return shard.shape[1] / scales.shape[1];
@@ -869,8 +871,9 @@ QuantScheme QuantScheme::build(const QuantConfig& cfg, const ModelConfig& model,
       q.format = QuantFormat::CtInt8;
     } else if (weight && (weight->dtype == DType::F8_E4M3 || weight->dtype == DType::F8_E5M2)) {
       fail(
-          "{}: tensor '{}' is {} without a block 'weight_scale_inv': per-tensor or per-channel FP8 weights are not "
-          "supported (supported FP8 weights: the block format of quant_method fp8)",
+          "{}: tensor '{}' is {} without a block 'weight_scale_inv': per-tensor or per-channel FP8 weights are "
+          "supported only as compressed-tensors float-quantized (E4M3 with a 'weight_scale'), FP8 blocks under "
+          "quant_method fp8",
           weight->file, weight->name, dtype_name(weight->dtype));
     } else if (weight && is_float(weight->dtype)) {
       std::vector<std::string> extra;
@@ -884,7 +887,7 @@ QuantScheme QuantScheme::build(const QuantConfig& cfg, const ModelConfig& model,
       for (const auto& [suffix, e] : parts) have.push_back(e->source);
       fail(
           "{}: the weight '{}' is stored as {} — no supported quantization format (modelopt NVFP4, FP8 block, "
-          "compressed-tensors int4/NVFP4, GPTQ int4, AutoAWQ int4) stores it that way",
+          "compressed-tensors int4/NVFP4/int8/FP8, GPTQ or AutoRound of 2-8 bits, AutoAWQ int4) stores it that way",
           file, q.name, fmt::join(have, ", "));
     }
     // Companions of another format on the same weight.

@@ -41,9 +41,14 @@
 //                     BF16/F16/F32 [rows_K, D/g] (symmetric, g = 32 in the W8A16 g32 tables of the V100 AWQ release;
 //                     the layout of the FP8 table with the scale made per shard, row and group):
 //                     value = q * weight_scale[r, c/g].
-// Every product above is exact in float32 except the final multiply by weight_scale_2 (one rounding) and the
-// compressed-tensors NVFP4 division (one rounding). (compressed-tensors' own decompressor rounds int4 products to
-// the scale's dtype; transformers' Fp8Dequantize derives the block from the scale grid, which differs from
+//   8-bit, compressed-tensors (`int-quantized`: W8A8 INT8 releases; `float-quantized`: FP8 ones)  `weight` I8 or
+//                     F8_E4M3 [N, K], `weight_scale` BF16/F16/F32 [N, 1] (strategy channel) or one element (tensor),
+//                     symmetric; an `input_scale` (static activations) is allowed and unused (weight-only):
+//                     w = q * weight_scale[n]   (or the tensor's scale)
+// Every product above is exact in float32 with BF16 / F16 scales except the final multiply by weight_scale_2 (one
+// rounding), the compressed-tensors NVFP4 division (one rounding) and FP8 times a BF16 scale (up to 12 significant
+// bits: exact too); F32 scales round once, the same on every backend. (compressed-tensors' own decompressor rounds int4
+// products to the scale's dtype; transformers' Fp8Dequantize derives the block from the scale grid, which differs from
 // n/bn only for partial blocks of a multi-block dimension, absent from the released shapes.)
 #pragma once
 
@@ -77,7 +82,8 @@ struct CtGroup {
   bool symmetric = true;
 };
 
-/// One AutoRound `extra_config` entry: a module's own bits (16 or more: kept unquantized), group size and symmetry.
+/// One AutoRound `extra_config` entry (keyed by the exact module name): a module's own bits (16 or more: kept
+/// unquantized) and group size. Its `sym` is not needed: the zero points are stored either way.
 struct AutoRoundLayer {
   int64_t bits = 4;
   int64_t group_size = 0;  ///< 0: one group spans K
@@ -165,8 +171,10 @@ std::vector<float> dequantize_ple_shard(const TensorView& shard, const TensorVie
 
 /// An int8 PLE table shard `shard` I8 [rows, dim] with its group scales `scales` (`shard_K.weight_scale`, BF16 /
 /// F16 / F32 [rows, dim / g]): checks both and returns g, the columns per scale. Throws Error naming the tensors for a
-/// shard that is not I8, scales of another dtype or height, a column count g does not divide, or a non-finite scale.
-int64_t ple_int8_group(const TensorView& shard, const TensorView& scales);
+/// shard that is not I8, scales of another dtype or height, a column count g does not divide, or (check_values) a
+/// non-finite scale.
+/// The shapes and dtypes only, unless `check_values` (the manifest checks the values once; every scale is read).
+int64_t ple_int8_group(const TensorView& shard, const TensorView& scales, bool check_values = false);
 
 /// The int8 PLE shard's float32 values, row-major: q[r, c] * scales[r, c / g], one float32 multiply (exact for BF16
 /// and F16 scales: 8 by at most 11 significant bits; F32 scales round once). Checks as ple_int8_group.
@@ -195,8 +203,8 @@ class QuantScheme {
   /// a quantized weight without a declared quantization, a format the config does not declare (also a module that
   /// AWQ's modules_to_not_convert or a GPTQ `-:` rule excludes), companions of two formats on one weight (or
   /// quantization companions on a float weight), AWQ qzeros missing under zero_point true (or present under
-  /// false), FP8 weights with per-tensor or per-channel `weight_scale` (not supported), and every validation
-  /// failure.
+  /// false), FP8 weights with a per-tensor or per-channel `weight_scale` outside compressed-tensors, and every
+  /// validation failure.
   /// Logical shapes come from `model` (loader/tensor_plan.h).
   static QuantScheme build(const QuantConfig& cfg, const ModelConfig& model, const WeightManifest& m);
 

@@ -288,8 +288,7 @@ TEST(QuantInspect, CudaMemoryPlan) {
   // The int8 table stays as stored, its group scales included: 2 tables of 4,160 rows (4 shards) x 16 columns, I8
   // codes and 2 F16 scales a row.
   const nlohmann::json p8 = plan("awq-int4-g32-ple-int8");
-  EXPECT_EQ(p8["memory_cuda"]["ple_table_bytes"], p8["stored"]["bytes_by_component"]["ple_table"]);
-  EXPECT_EQ(p8["stored"]["bytes_by_component"]["ple_table"], 2 * 4160 * (16 + 2 * 2));
+  EXPECT_EQ(p8["memory_cuda"]["ple_table_bytes"], 2 * 4160 * (16 + 2 * 2));
   EXPECT_EQ(p8["quantization"]["cuda_storage"]["ple_table"][0],
             "int8-g8 kept as stored with its group scales (pinned host or GPU), rows converted in the gather");
   // FP8 block: FP16, 3 * 32 * 64 elements per expert.
@@ -408,7 +407,12 @@ TEST(QuantPleInt8, GatherOfTheLoadedTableEqualsDequantizedRows) {
               std::memcmp(&got[i * size_t(hd)], &want[size_t((held.begin + ids[i]) * hd)], size_t(hd) * 4) != 0;
         }
         EXPECT_EQ(mismatches, 0u) << "layer " << l << " TP " << tp << " rank " << rank;
-        EXPECT_LT(held.size(), tp == 1 ? rows + 1 : rows) << "a rank of TP 2 holds a part";
+        if (tp == 1) {
+          EXPECT_EQ(held.size(), rows);
+        } else {
+          EXPECT_GT(held.size(), 0);
+          EXPECT_LT(held.size(), rows) << "a rank of TP 2 holds a part";
+        }
       }
     }
   }
@@ -654,7 +658,7 @@ TEST(QuantBadInput, EightBitChannelWeights) {
   cfg["quantization_config"] = testing::read_json(fixture("fp8-block") + "/model/config.json")["quantization_config"];
   testing::write_json(m.path / "config.json", cfg);
   EXPECT_THAT(load_error(m.path), HasSubstr("without a block 'weight_scale_inv': per-tensor or per-channel FP8 "
-                                            "weights are not supported"));
+                                            "weights are supported only as compressed-tensors float-quantized"));
 }
 
 TEST(QuantBadInput, GptqActOrderPermutation) {

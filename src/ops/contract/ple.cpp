@@ -28,6 +28,8 @@ GatherDims ple_gather(const Backend& b, const PleTable& table, const Tensor& row
     FN_CHECK(table.group_scales.empty() && table.group == 0, "{}: group scales given with a {} table", op,
              dtype_name(dt));
   } else {
+    FN_CHECK(table.scale == 1.f, "{}: an I8 table is scaled by its group scales, not by a table scale ({})", op,
+             table.scale);
     FN_CHECK(table.group > 0 && hd % table.group == 0 && table.group_scales.size() == table.shards.size(),
              "{}: an I8 table needs a group dividing head_dim {} (got {}) and group scales for each of its {} shards "
              "(got {})",

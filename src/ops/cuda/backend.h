@@ -142,10 +142,11 @@ class CudaOps final : public Ops {
   /// [E, H, I] with global scales sqrt(1 / in) / rms(E2M1), rms(E2M1) = sqrt(68.5 / 8) over the 16 equally likely
   /// codes.
   RoutedExperts random_experts(int64_t E, int64_t I, int64_t H, uint64_t seed) override;
-  /// NVFP4 (ModelOpt, compressed-tensors) and int4 (compressed-tensors, GPTQ, AWQ) experts are repacked once into the
-  /// W4A16 layout (moe_w4a16.h W4Packed: lossless) and uploaded; FP8-block experts, and geometries the W4A16
+  /// NVFP4 (ModelOpt, compressed-tensors), int4 (compressed-tensors, GPTQ, AWQ) and 2- / 3-bit GPTQ experts are
+  /// repacked once into the W4A16 layout (moe_w4a16.h W4Packed: lossless) and uploaded; FP8-block, 8-bit GPTQ and
+  /// 8-bit channel experts (a block with any of them: core/quant_format.h w4a16_holds), and geometries the W4A16
   /// kernels do not take (H or I not a multiple of 8, an int4 group that is not), take the default path:
-  /// dequantized exactly to float32 on the host, stored as FP16 weights.
+  /// dequantized exactly to float32 on the host, stored as FP16 weights (which rounds 8-bit codes times scales).
   RoutedExperts load_quantized_experts(const QuantExperts& q) override;
 
   // ------------------------------------------------ dense_ops.cpp

@@ -3,22 +3,24 @@
 //
 // Precision: weights are stored in FP16 (`load_weight` converts BF16/F32 checkpoints and fails, naming the count and
 // the largest magnitude, when a value lies outside the FP16 range; BF16 values convert exactly unless they are
-// below FP16's normal range). Quantized routed experts (`load_quantized_experts`): NVFP4 and int4 (GPTQ,
-// AWQ, compressed-tensors) are repacked once, losslessly, into the W4A16 layout of moe_w4a16.h and run by its grouped
-// kernels with FP16 activations; FP8-block experts are dequantized to FP16 at load. An FP8 PLE table stays FP8 and
-// is converted row by row in the gather. Activations at the interface stay float32, as the interface defines them: the
-// residual stream, norm statistics, softmaxes, GDN states, QSA caches, indexer scores and the router are FP32.
-// The inputs of tensor-core products are, by default (ActivationPrecision::Fp16x2), split into two FP16 halves
-// hi = fp16(x), lo = fp16(x - hi) stacked as rows of one GEMM (the weights are read once), which makes every
-// product float32-accurate: needed because near-tied discrete decisions of the model (MoE routing, the QSA indexer's
-// block top-k) flip under plain FP16 activations and move the logits far beyond rounding (tiny-a "long": 0.15 with
-// FP16 rounding at the GEMM inputs, 4e-6 with the split; measured by emulation on the CPU oracle).
-// ActivationPrecision::Fp16 rounds those inputs to FP16 and runs the batched FP16 kernels (WMMA grouped experts,
-// the FP16 hyper-connection path): half the GEMM work in prefill, not reference-exact. The batched indexer's top-k
-// runs on the GPU with torch.topk's exact tie behaviour (ops/torch_topk_order.h, the same selection as the CPU
-// oracle's ops/cpu/topk.h) whenever a query has more complete blocks than its budget, so the selected token sets
-// match the reference whenever the scores' order does. Products of at most 8 rows and decode hyper-connection reads
-// run as float32 GEMV kernels.
+// below FP16's normal range). Quantized routed experts (`load_quantized_experts`): NVFP4, int4 (GPTQ, AWQ,
+// compressed-tensors) and GPTQ / AutoRound of 2 or 3 bits are repacked once, losslessly, into the W4A16 layout of
+// moe_w4a16.h and run by its grouped kernels with FP16 activations; FP8-block experts, 8-bit GPTQ and the 8-bit
+// channel / tensor formats (W8A8 INT8, FP8) are dequantized to FP16 at load, which rounds the 8-bit ones (an 8-bit
+// code times a 16-bit scale needs up to 20 significant bits, FP16 keeps 11; quantized dense weights alike). An FP8
+// or int8 PLE table stays as stored and is converted row by row in the gather. Activations at the interface stay
+// float32, as the interface defines them: the residual stream, norm statistics, softmaxes, GDN states, QSA caches,
+// indexer scores and the router are FP32. The inputs of tensor-core products are, by default
+// (ActivationPrecision::Fp16x2), split into two FP16 halves hi = fp16(x), lo = fp16(x - hi) stacked as rows of one GEMM
+// (the weights are read once), which makes every product float32-accurate: needed because near-tied discrete decisions
+// of the model (MoE routing, the QSA indexer's block top-k) flip under plain FP16 activations and move the logits far
+// beyond rounding (tiny-a "long": 0.15 with FP16 rounding at the GEMM inputs, 4e-6 with the split; measured by
+// emulation on the CPU oracle). ActivationPrecision::Fp16 rounds those inputs to FP16 and runs the batched FP16 kernels
+// (WMMA grouped experts, the FP16 hyper-connection path): half the GEMM work in prefill, not reference-exact. The
+// batched indexer's top-k runs on the GPU with torch.topk's exact tie behaviour (ops/torch_topk_order.h, the same
+// selection as the CPU oracle's ops/cpu/topk.h) whenever a query has more complete blocks than its budget, so the
+// selected token sets match the reference whenever the scores' order does. Products of at most 8 rows and decode
+// hyper-connection reads run as float32 GEMV kernels.
 //
 // Memory: tensors come from the device's stream-ordered pool (cudaMallocAsync), all work runs on one stream in
 // order (except PLE gathers begun ahead with `ple_gather_start`, on a side stream joined by `ple_gather_wait`), and

@@ -122,13 +122,12 @@ RoutedExperts CudaOps::load_quantized_experts(const QuantExperts& q) {
   const int64_t E = q.experts, H = q.hidden, I = q.inter, F = q.full(), b = q.inter_begin;
   const QuantFormat kind = q.gate[0].format;
   const bool nvfp4 = kind == QuantFormat::Nvfp4 || kind == QuantFormat::CtNvfp4;
-  // GPTQ of 2 and 3 bits is held as 4-bit codes (exact); 8-bit GPTQ takes the dequantized FP16 path, as do blocks
-  // whose matrices differ in width.
-  bool same_bits = true;
+  // GPTQ of 2, 3 and 4 bits alike is held as 4-bit codes (exact; core/quant_format.h w4a16_holds); a block with an
+  // 8-bit matrix takes the dequantized FP16 path as a whole.
+  bool held = true;
   for (const auto* list : {&q.gate, &q.up, &q.down})
-    for (const QuantMatrix& m : *list) same_bits = same_bits && m.bits == q.gate[0].bits;
-  const bool int4 = kind == QuantFormat::CtInt4 || kind == QuantFormat::Awq ||
-                    (kind == QuantFormat::Gptq && q.gate[0].bits <= 4 && same_bits);
+    for (const QuantMatrix& m : *list) held = held && w4a16_holds(m.format, m.bits);
+  const bool int4 = held && (kind == QuantFormat::CtInt4 || kind == QuantFormat::Awq || kind == QuantFormat::Gptq);
   const int64_t g_gu = nvfp4 ? 16 : q.gate[0].group;
   // down's inputs are the intermediate: a rank's slice [b, b + I) of it keeps whole scale groups, int4 groups split
   // into equal smaller ones (each with its source group's scale and zero point: exact) where they must.

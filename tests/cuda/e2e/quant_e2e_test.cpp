@@ -199,22 +199,37 @@ std::pair<double, double> expert_error(Ops& cpu, const MoeWeights& wc, Ops& gpu,
 // The routed experts of layer 3 on the CUDA backend (W4A16 for NVFP4 / int4, FP16 for FP8 block) against the CPU
 // oracle's float32 experts (exact dequantization), for token counts that take the GEMV path (1, 3) and the WMMA
 // GEMM path (16, 200); the packed bytes equal what `flashnext inspect` plans (loader/quant.h w4a16_packed_bytes).
+/// Whether the CUDA backend repacks these experts for W4A16 (core/quant_format.h w4a16_holds, every matrix).
+bool held_as_w4(const QuantExperts& qe) {
+  for (const auto* list : {&qe.gate, &qe.up, &qe.down})
+    for (const QuantMatrix& m : *list)
+      if (!w4a16_holds(m.format, m.bits)) return false;
+  return true;
+}
+
+void routed_experts_match_cpu_oracle(const std::string& fmt, int layer);
+
 TEST_P(QuantGpu, RoutedExpertsMatchCpuOracle) {
   const std::string fmt = GetParam();
+  // The AutoRound fixture's layers 0, 1, 2 and 3 hold 2-, 3-, 8- and 4-bit experts; the others one format.
+  const std::vector<int> layers = fmt == "autoround-mixed-g32" ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{3};
+  for (int layer : layers) routed_experts_match_cpu_oracle(fmt, layer);
+}
+
+void routed_experts_match_cpu_oracle(const std::string& fmt, int layer) {
   const QuantCheckpoint q(quant_dir(fmt) + "/model");
   const ModelConfig& cfg = q.cfg;
   const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, H = cfg.hidden_size, k = cfg.num_experts_per_tok;
-  const auto qe = quantized_experts(q.scheme, "layers.3.mlp", E, I, H);
-  ASSERT_TRUE(qe.has_value()) << fmt;
+  const auto qe = quantized_experts(q.scheme, fmt::format("layers.{}.mlp", layer), E, I, H);
+  ASSERT_TRUE(qe.has_value()) << fmt << " layer " << layer;
   auto cpu = make_cpu_ops(2);
   auto gpu = make_cuda_ops(0, CudaOpsOptions{});
   const MoeWeights wc = as_moe_weights(cpu->load_quantized_experts(*qe)),
                    wg = as_moe_weights(gpu->load_quantized_experts(*qe));
-  const QuantFormat qf = q.scheme.find("layers.3.mlp.experts.0.gate_proj.weight")->format;
-  if (qf == QuantFormat::Fp8Block) {
-    EXPECT_EQ(wg.packed, nullptr) << fmt << ": FP8 block experts are FP16 weights";
+  if (!held_as_w4(*qe)) {
+    EXPECT_EQ(wg.packed, nullptr) << fmt << " layer " << layer << ": FP8 and 8-bit experts are FP16 weights";
   } else {
-    ASSERT_NE(wg.packed, nullptr) << fmt << ": NVFP4 / int4 experts are repacked for W4A16";
+    ASSERT_NE(wg.packed, nullptr) << fmt << " layer " << layer << ": NVFP4 / int2-4 experts are repacked for W4A16";
     int64_t planned = 0;
     for (const auto& list : {qe->gate, qe->up, qe->down}) {
       for (const QuantMatrix& q : list) {
@@ -222,20 +237,20 @@ TEST_P(QuantGpu, RoutedExpertsMatchCpuOracle) {
         planned += w4a16_packed_bytes(q.rows, q.cols, nv ? 16 : q.group, q.zero_point.defined());
       }
     }
-    EXPECT_EQ(wg.packed->device_bytes(), planned) << fmt;
+    EXPECT_EQ(wg.packed->device_bytes(), planned) << fmt << " layer " << layer;
   }
   std::mt19937 rng(1234);
   for (int64_t T : {int64_t(1), int64_t(3), int64_t(16), int64_t(200)}) {
     const auto [err, scale] = expert_error(*cpu, wc, *gpu, wg, T, H, E, k, rng);
-    EXPECT_LE(err, kExpertTol * scale) << fmt << " T=" << T;
+    EXPECT_LE(err, kExpertTol * scale) << fmt << " layer " << layer << " T=" << T;
     const char* path =
         wg.packed
             ? (cuda::moe_w4a16_pick_path(int(T), int(k), int(E)) == cuda::W4Path::Gemv ? "w4a16 gemv" : "w4a16 gemm")
             : "fp16";
     std::printf(
-        "E2E-QUANT: %s routed experts layer 3, T=%lld (%s%s): max|d| %.3e, oracle scale %.3f, ratio %.2e "
+        "E2E-QUANT: %s routed experts layer %d, T=%lld (%s%s): max|d| %.3e, oracle scale %.3f, ratio %.2e "
         "(limit %.0e)\n",
-        fmt.c_str(), (long long)T, path,
+        fmt.c_str(), layer, (long long)T, path,
         wg.packed ? fmt::format(", {} bytes on the GPU", wg.packed->device_bytes()).c_str() : "", err, scale,
         err / scale, kExpertTol);
   }
@@ -274,8 +289,10 @@ TEST_P(QuantGpu, TensorParallelExpertSlicesMatchCpuOracle) {
       }
       const MoeWeights wc = as_moe_weights(cpu->load_quantized_experts(*qe)),
                        wg = as_moe_weights(gpu->load_quantized_experts(*qe));
-      if (fmt != "fp8-block") {
+      if (held_as_w4(*qe)) {
         ASSERT_NE(wg.packed, nullptr) << what << ": the slice is packed for W4A16";
+      } else {
+        EXPECT_EQ(wg.packed, nullptr) << what << ": FP8 and 8-bit experts are FP16 weights";
       }
       for (int64_t T : {int64_t(1), int64_t(40)}) {
         const auto [err, scale] = expert_error(*cpu, wc, *gpu, wg, T, H, E, k, rng);
