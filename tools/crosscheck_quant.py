@@ -212,7 +212,8 @@ def gptq_int4(ck: Checkpoint, module: str, q: dict):
     from gptqmodel.nn_modules.qlinear.torch import TorchLinear
     from gptqmodel.utils.model import convert_gptq_v1_to_v2_format_module
 
-    bufs = {k: ck.get(f"{module}.{k}") for k in ("qweight", "qzeros", "scales", "g_idx")}
+    bufs = {k: ck.get(f"{module}.{k}") for k in ("qweight", "qzeros", "scales", "g_idx")
+            if ck.has(f"{module}.{k}")}  # AutoRound writes no g_idx: the layer's own is input / group
     k, n = bufs["qweight"].shape[0] * 32 // q["bits"], bufs["qweight"].shape[1]
     layer = TorchLinear(bits=q["bits"], group_size=q["group_size"], sym=q["sym"], desc_act=q["desc_act"],
                         in_features=k, out_features=n, bias=False)

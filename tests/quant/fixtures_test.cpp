@@ -36,7 +36,7 @@ const std::vector<std::string> kFormats = {"nvfp4-radixark",  "nvfp4-nvidia",   
                                            "ct-int4-sym-g32", "ct-int4-asym-g32",   "ct-nvfp4",
                                            "gptq-int4-g32",   "awq-int4-g32",       "awq-int4-g32-ple-int8",
                                            "awq-int4-g128",   "autoround-mixed-g32", "ct-w8a8-int8",
-                                           "ct-fp8-channel"};
+                                           "ct-fp8-channel",  "autoround-tool-rtn"};
 
 std::string fixture(const std::string& fmt) {
   return testing::source_path("tests/data/quant/" + fmt);
@@ -199,6 +199,15 @@ TEST(QuantScheme, FindsTheFormatOfEveryQuantizedComponent) {
                                                 {"routed_experts", {{"fp8-channel", 192}}},
                                                 {"shared_expert", {{"fp8-tensor", 24}}},
                                                 {"ple_table", {{"fp8-scalar", 8}}}}));
+  // Made by AutoRound itself (tools/make_autoround_fixture.py): its RTN export quantizes every Linear it can at 4
+  // bits (the GDN in_proj_qkv / z / out_proj of 6 layers, the QSA q / k / v / o of 2, the PLE key / value
+  // projections of 2) and the experts at 2 / 3 / 8 bits in layers 0 / 1 / 2 by its layer_config; its extra_config
+  // keeps the rest in BF16 with regex keys.
+  EXPECT_EQ(summary("autoround-tool-rtn"),
+            (Summary{{"gated_deltanet", {{"int4-gptq", 18}}},
+                     {"ple_projections", {{"int4-gptq", 4}}},
+                     {"qsa", {{"int4-gptq", 8}}},
+                     {"routed_experts", {{"int2-gptq", 24}, {"int3-gptq", 24}, {"int4-gptq", 120}, {"int8-gptq", 24}}}}));
   // The V100 production layout: the same experts, the table's 8 shards int8 with group scales of 8 columns.
   EXPECT_EQ(summary("awq-int4-g32-ple-int8"), (Summary{{"routed_experts", {{"int4-awq", 192}}},
                                                        {"shared_expert", {{"int4-awq", 24}}},
@@ -209,7 +218,7 @@ TEST(QuantScheme, FindsTheFormatOfEveryQuantizedComponent) {
 // dequantized weights.
 TEST(QuantAwq, GreedyIdsMatchReference) {
   for (const std::string fmt : {"awq-int4-g32", "awq-int4-g32-ple-int8", "awq-int4-g128", "autoround-mixed-g32",
-                                "ct-w8a8-int8", "ct-fp8-channel"}) {
+                                "ct-w8a8-int8", "ct-fp8-channel", "autoround-tool-rtn"}) {
     test::Reference ref(test::Reference::AtPath{fixture(fmt) + "/reference.safetensors"});
     const auto model = Model::load(fixture(fmt) + "/model");
     for (const std::string p : {"short", "eos_inside"}) {

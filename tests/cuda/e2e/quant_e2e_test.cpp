@@ -48,7 +48,7 @@ constexpr double kExpertTol = 1e-2;  // routed experts vs the CPU oracle, x the 
 const std::vector<std::string> kFormats = {
     "nvfp4-radixark", "nvfp4-nvidia", "fp8-block",     "ct-int4-sym-g32",       "ct-int4-asym-g32",   "ct-nvfp4",
     "gptq-int4-g32",  "awq-int4-g32", "awq-int4-g128", "awq-int4-g32-ple-int8", "autoround-mixed-g32",
-    "ct-w8a8-int8",   "ct-fp8-channel"};
+    "ct-w8a8-int8",   "ct-fp8-channel", "autoround-tool-rtn"};
 
 std::string quant_dir(const std::string& fmt) {
   return source_path("tests/data/quant/" + fmt);
