@@ -33,7 +33,7 @@ BUNDLE=gpu/bench/bundle.tar.xz
 BUILD_PTX70=${BUILD_PTX70:-build-ptx70}
 BUNDLE_PTX70=gpu/bench/bundle-ptx70.tar.xz
 # Quantized fixtures scripts/gpu-slim.sh may leave behind: their test cases are skipped (and said) when absent.
-QUANT_LEFT_BEHIND="awq-int4-g128 awq-int4-g32 nvfp4-nvidia gptq-int4-g32"
+QUANT_LEFT_BEHIND="awq-int4-g128 awq-int4-g32 nvfp4-nvidia gptq-int4-g32 autoround-mixed-g32"
 
 if [ "${1:-}" = "--prepare" ]; then
   set -e

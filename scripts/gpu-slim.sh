@@ -8,11 +8,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ASIDE=${ASIDE:-/tmp/flashnext-aside}
 # The quantized fixtures left behind are covered on the GPU by others: awq-int4-g32's experts are those of
-# awq-int4-g32-ple-int8, nvfp4-nvidia's codes those of nvfp4-radixark, gptq-int4-g32's 4-bit GPTQ experts are in
-# autoround-mixed-g32 and a dequantized dense lm_head is like the W8A8 fixtures' mixers (scripts/gpu-bench.sh names
+# awq-int4-g32-ple-int8, nvfp4-nvidia's codes those of nvfp4-radixark, gptq-int4-g32's and autoround-mixed-g32's
+# 2- to 8-bit GPTQ experts and dequantized dense GPTQ weights are in autoround-tool-rtn (scripts/gpu-bench.sh names
 # them as not run).
 PATHS=(src docs tests/server tests/fuzz tests/data/tokenizer tests/data/chat tests/data/quant/awq-int4-g128
        tests/data/quant/awq-int4-g32 tests/data/quant/nvfp4-nvidia tests/data/quant/gptq-int4-g32
+       tests/data/quant/autoround-mixed-g32
        models/tiny-b-random/tokenizer.json models/tiny-fortunes)
 if [ "${1:-}" = "--restore" ]; then
   for p in "${PATHS[@]}"; do
