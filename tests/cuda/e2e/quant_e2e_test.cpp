@@ -226,8 +226,9 @@ void routed_experts_match_cpu_oracle(const std::string& fmt, int layer);
 
 TEST_P(QuantGpu, RoutedExpertsMatchCpuOracle) {
   const std::string fmt = GetParam();
-  // The AutoRound fixture's layers 0, 1, 2 and 3 hold 2-, 3-, 8- and 4-bit experts; the others one format.
-  const std::vector<int> layers = fmt == "autoround-mixed-g32" ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{3};
+  // The AutoRound fixtures' layers 0, 1, 2 and 3 hold 2-, 3-, 8- and 4-bit experts; the others one format.
+  const std::vector<int> layers =
+      fmt.rfind("autoround", 0) == 0 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{3};
   for (int layer : layers) routed_experts_match_cpu_oracle(fmt, layer);
 }
 
