@@ -279,6 +279,13 @@ void parse_auto_round(const Fields& c, QuantConfig& q) {
   if (const json* extra = c.object("extra_config")) {
     for (const auto& [module, spec] : extra->items()) {
       if (!spec.is_object()) fail("{}.extra_config.{} must be an object, got {}", c.where, module, spec.dump());
+      if (module.find_first_of("*+?[]()|^$\\") != std::string::npos) {
+        try {
+          std::regex re(module);
+        } catch (const std::regex_error&) {
+          fail("{}.extra_config: '{}' is not a valid regular expression", c.where, module);
+        }
+      }
       const Fields f{spec, c.where + ".extra_config." + module};
       AutoRoundLayer l;
       l.bits = f.integer("bits", q.bits);
@@ -977,10 +984,28 @@ QuantScheme QuantScheme::build(const QuantConfig& cfg, const ModelConfig& model,
       if (q.format != QuantFormat::Gptq) mismatch("quant_method auto-round (GPTQ packing)");
       q.bits = cfg.bits;
       q.group = cfg.group_size;
+      // AutoRound's own reading (auto_round/inference/utils.py _expand_regex_config): an entry named exactly for the
+      // module wins; else the first regex key (one with a regex metacharacter; re.search) that matches it.
+      const AutoRoundLayer* layer = nullptr;
+      const std::string* key = nullptr;
       if (auto it = cfg.auto_round_layers.find(module); it != cfg.auto_round_layers.end()) {
-        if (it->second.bits >= 16) mismatch(fmt::format("{} bits (not quantized) in extra_config", it->second.bits));
-        q.bits = it->second.bits;
-        q.group = it->second.group_size;
+        layer = &it->second;
+        key = &it->first;
+      } else {
+        for (const auto& [k, l] : cfg.auto_round_layers) {
+          if (k.find_first_of("*+?[]()|^$\\") != std::string::npos && std::regex_search(module, std::regex(k))) {
+            layer = &l;
+            key = &k;
+            break;
+          }
+        }
+      }
+      if (layer) {
+        if (layer->bits >= 16) {
+          mismatch(fmt::format("{} bits (not quantized) in extra_config entry '{}'", layer->bits, *key));
+        }
+        q.bits = layer->bits;
+        q.group = layer->group_size;
       }
     } else if (cfg.method == "gptq") {
       q.bits = cfg.bits;

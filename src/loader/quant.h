@@ -82,8 +82,10 @@ struct CtGroup {
   bool symmetric = true;
 };
 
-/// One AutoRound `extra_config` entry (keyed by the exact module name): a module's own bits (16 or more: kept
-/// unquantized) and group size. Its `sym` is not needed: the zero points are stored either way.
+/// One AutoRound `extra_config` entry, keyed by a module name or by a regex (a key with a regex metacharacter, matched
+/// with re.search semantics; an exact name wins over regexes, and among regexes the first in key order applies: JSON
+/// objects are read sorted): a module's own bits (16 or more: kept unquantized) and group size. Its `sym` is not
+/// needed: the zero points are stored either way.
 struct AutoRoundLayer {
   int64_t bits = 4;
   int64_t group_size = 0;  ///< 0: one group spans K

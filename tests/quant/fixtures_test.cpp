@@ -602,6 +602,39 @@ TEST(QuantBadInput, PleInt8GroupScales) {
   EXPECT_THAT(load_error(n.path), HasSubstr("tensor '" + shard + "weight_scale' element 1 is inf, expected finite"));
 }
 
+// AutoRound's extra_config regex keys: layer 0's 24 per-module entries of the tool-made fixture replaced by one regex
+// key give the same model (the reference's logits); an exact entry wins over a regex.
+TEST(QuantAutoRound, RegexExtraConfigKeys) {
+  TempDir d;
+  broken_copy("autoround-tool-rtn", d.path, [](auto&) {});
+  auto cfg = testing::read_json(d.path / "config.json");
+  nlohmann::json& extra = cfg["quantization_config"]["extra_config"];
+  for (auto it = extra.begin(); it != extra.end();) {
+    it = it.key().find(".layers.0.mlp.experts.") != std::string::npos ? extra.erase(it) : std::next(it);
+  }
+  extra[R"(.*layers\.0\.mlp\.experts\..*)"] = {{"bits", 2}, {"group_size", 32}, {"sym", false}};
+  // An exact entry for one module wins over the regex (its stored 2 bits, here said again by name).
+  extra["model.language_model.layers.0.mlp.experts.3.up_proj"] = {{"bits", 2}, {"group_size", 32}};
+  testing::write_json(d.path / "config.json", cfg);
+  const SafetensorsFile ref(fixture("autoround-tool-rtn") + "/reference.safetensors");
+  const auto model = Model::load(d.path.string());
+  const TensorView& ids_v = ref.tensors().at("short.input_ids");
+  std::vector<int64_t> ids64(size_t(ids_v.numel()));
+  std::memcpy(ids64.data(), ids_v.data, ids64.size() * 8);
+  SequenceState seq = model->new_sequence();
+  const std::vector<float> got = model->forward(seq, std::vector<int32_t>(ids64.begin(), ids64.end()), LogitsMode::All);
+  const std::vector<float> want = f32(ref.tensors().at("short.logits"));
+  ASSERT_EQ(got.size(), want.size());
+  double err = 0;
+  for (size_t i = 0; i < got.size(); ++i) err = std::max(err, double(std::fabs(got[i] - want[i])));
+  EXPECT_LE(err, kTol);
+  // A regex that gives layer 0's 2-bit experts 4 bits: the packed shapes no longer fit, named.
+  extra[R"(.*layers\.0\.mlp\.experts\..*)"] = {{"bits", 4}, {"group_size", 32}};
+  testing::write_json(d.path / "config.json", cfg);
+  EXPECT_THAT(load_error(d.path), HasSubstr("down_proj.qweight' is I32 [2, 64], expected I32 [4, 64] (4-bit values "
+                                            "packed along the input dimension)"));
+}
+
 TEST(QuantBadInput, AutoRoundBitsAndPacking) {
   const std::string two_bit = "model.language_model.layers.0.mlp.experts.5.up_proj.";
   auto with = [](
@@ -621,7 +654,8 @@ TEST(QuantBadInput, AutoRoundBitsAndPacking) {
                                             "unquantized) are supported"));
   TempDir u;  // a module the config keeps unquantized, stored quantized
   with(u.path, [&](auto& q) { q["extra_config"][two_bit.substr(0, two_bit.size() - 1)] = {{"bits", 16}}; });
-  EXPECT_THAT(load_error(u.path), HasSubstr("declares 16 bits (not quantized) in extra_config for module '" +
+  EXPECT_THAT(load_error(u.path), HasSubstr("declares 16 bits (not quantized) in extra_config entry '" +
+                                            two_bit.substr(0, two_bit.size() - 1) + "' for module '" +
                                             two_bit.substr(0, two_bit.size() - 1) + "'"));
   TempDir p;
   with(p.path, [](auto& q) { q["packing_format"] = "auto_round:auto_awq"; });
