@@ -3,7 +3,7 @@
 # reads (the server and fuzz suites, the tokenizer and chat-template data, the bundled model's tokenizer, the sources
 # baked into the bundles, docs, the largest quantized fixture) to $ASIDE and back.
 #   bash scripts/gpu-slim.sh            moves them aside and prints the bytes that will travel
-#   bash scripts/gpu-slim.sh --restore  puts them back (run it before committing)
+#   bash scripts/gpu-slim.sh --restore  puts them back (run it before committing; with the same SLIM_EXTRA)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ASIDE=${ASIDE:-/tmp/flashnext-aside}
@@ -15,15 +15,23 @@ PATHS=(src docs tests/server tests/fuzz tests/data/tokenizer tests/data/chat tes
        tests/data/quant/awq-int4-g32 tests/data/quant/nvfp4-nvidia tests/data/quant/gptq-int4-g32
        tests/data/quant/autoround-mixed-g32
        models/tiny-b-random/tokenizer.json models/tiny-fortunes)
+# SLIM_EXTRA: more paths to leave behind for a call that carries more (e.g. gpu/train with the bundle:
+# SLIM_EXTRA="tests/data/quant tests/data/fixtures/tiny-b"), the same value for --restore.
+# shellcheck disable=SC2206
+PATHS+=(${SLIM_EXTRA:-})
+# Both ways the last paths first: a SLIM_EXTRA folder moves whole, before (and instead of) the paths inside it.
+ORDER=()
+for ((i = ${#PATHS[@]} - 1; i >= 0; i--)); do ORDER+=("${PATHS[i]}"); done
 if [ "${1:-}" = "--restore" ]; then
-  for p in "${PATHS[@]}"; do
-    if [ -e "$ASIDE/$p" ]; then mkdir -p "$(dirname "$p")" && mv "$ASIDE/$p" "$p"; fi
+  for p in "${ORDER[@]}"; do
+    if [ -e "$ASIDE/$p" ] && [ ! -e "$p" ]; then mkdir -p "$(dirname "$p")" && mv "$ASIDE/$p" "$p"; fi
   done
   git status --short | head -n 5
   exit 0
 fi
-for p in "${PATHS[@]}"; do
+for p in "${ORDER[@]}"; do
   [ -e "$p" ] || continue
+  if [ -e "$ASIDE/$p" ]; then echo "gpu-slim: $ASIDE/$p is already there: restore first" >&2; exit 1; fi
   mkdir -p "$ASIDE/$(dirname "$p")"
   mv "$p" "$ASIDE/$p"
 done
