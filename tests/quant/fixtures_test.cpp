@@ -16,6 +16,7 @@
 #include "loader/quant.h"
 #include "loader/st_writer.h"
 #include "model/fixture.h"
+#include "model/qwen4_exp/cost.h"
 #include "model/qwen4_exp/model.h"
 #include "model/qwen4_exp/weights.h"
 #include "ops/ops.h"
@@ -426,6 +427,17 @@ TEST(QuantPleInt8, GatherOfTheLoadedTableEqualsDequantizedRows) {
     }
   }
   EXPECT_EQ(tables, 2);
+}
+
+// bench's roofline counts the host bytes a step's PLE gathers read: for the int8 table its I8 rows and their F16
+// group scales (16 + 2 x 2 bytes a row), for the BF16 table of the same model otherwise its 16 x 2 bytes a row.
+TEST(QuantPleInt8, StepCostCountsTheGroupScales) {
+  const auto int8 = Model::load(fixture("awq-int4-g32-ple-int8") + "/model");
+  const auto bf16 = Model::load(fixture("awq-int4-g32") + "/model");
+  const StepWork w{3, 5};
+  const double rows = 3.0 * 2 * 4;  // 3 tokens x 2 PLE layers x 4 n-gram heads (tiny-a: 2 orders x 2 heads)
+  EXPECT_DOUBLE_EQ(step_cost(*int8, {&w, 1}, 1).host_bytes, rows * (16 + 2 * 2));
+  EXPECT_DOUBLE_EQ(step_cost(*bf16, {&w, 1}, 1).host_bytes, rows * 16 * 2);
 }
 
 // Ops::load_quantized_experts' default (the CPU backend's): the stacked experts are the exact dequantized matrices.

@@ -76,8 +76,15 @@ StepCost step_cost(const Model& model, std::span<const StepWork> work, int64_t l
       for (const Tensor* t : {&p.key_proj, &p.value_proj, &p.norm_key, &p.norm_query, &p.norm_conv, &p.conv1d})
         dense.add(*t);
       // Under tensor parallelism each rank gathers the rows of its share of the table: 1/tp of them on average.
-      cost.host_bytes += double(T) * double(p.hash.heads()) * double(p.table.head_dim) *
-                         (p.table.shards.empty() ? 0.0 : double(dtype_size(p.table.shards[0].dtype()))) / double(tp);
+      // An int8 table also reads each row's group scales.
+      const double row_bytes = p.table.shards.empty()
+                                   ? 0.0
+                                   : double(p.table.head_dim) * double(dtype_size(p.table.shards[0].dtype())) +
+                                         (p.table.group > 0 && !p.table.group_scales.empty()
+                                              ? double(p.table.head_dim / p.table.group) *
+                                                    double(dtype_size(p.table.group_scales[0].dtype()))
+                                              : 0.0);
+      cost.host_bytes += double(T) * double(p.hash.heads()) * row_bytes / double(tp);
     }
   }
   const double embed_row = w.embed_tokens.defined() ? bytes(w.embed_tokens) / double(c.vocab_size) : 0.0;
