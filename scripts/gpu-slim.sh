@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The device tool copies at most 64 MiB of working tree; the tracked tree is larger. This moves what no GPU script
 # reads (the server and fuzz suites, the tokenizer and chat-template data, the bundled model's tokenizer, the sources
-# baked into the bundles, docs, the largest quantized fixture) to $ASIDE and back.
+# baked into the bundles, docs, the quantized fixtures whose GPU paths others cover) to $ASIDE and back.
 #   bash scripts/gpu-slim.sh            moves them aside and prints the bytes that will travel
 #   bash scripts/gpu-slim.sh --restore  puts them back (run it before committing; with the same SLIM_EXTRA)
 set -euo pipefail
