@@ -24,6 +24,18 @@ enum class QuantFormat : uint8_t {
 /// (awq/modules/linear/gemm.py); this table is its inverse (AWQ_REVERSE_ORDER). qweight and qzeros alike.
 inline constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
+/// GPTQ's packing of b-bit values (b = 2, 3, 4, 8; QuantFormat::Gptq): a line of int32 words (a qweight column, a
+/// qzeros row) is one little-endian bit stream, value i at bits b*i .. b*i + b - 1 (word j holds bits 32j .. 32j+31;
+/// 3-bit values 10, 21 of every 32 cross a word boundary, as AutoGPTQ / GPTQModel pack them). `word(j)` returns word
+/// j of the line; the result is value i, unsigned. The loader's dequantization and the CUDA repack both read it here.
+template <class Word>
+constexpr uint32_t gptq_packed_value(Word&& word, int bits, int64_t i) {
+  const int64_t bit = int64_t(bits) * i, j = bit / 32, off = bit % 32;
+  uint64_t v = uint32_t(word(j));
+  if (off + bits > 32) v |= uint64_t(uint32_t(word(j + 1))) << 32;
+  return uint32_t((v >> off) & ((uint64_t(1) << bits) - 1));
+}
+
 /// Whether the CUDA backend's W4A16 expert kernels hold a weight of format `f` (`bits` per value for GPTQ) as 4-bit
 /// codes: NVFP4, int4, and GPTQ / AutoRound of 2, 3 or 4 bits (exact: ops/cuda/moe_w4a16.h). A block of routed
 /// experts with any other weight is dequantized to FP16 at load as a whole (ops/cuda/weights_ops.cpp; `flashnext

@@ -219,12 +219,24 @@ bool gptq_bits_ok(int64_t b) {
   return b == 2 || b == 3 || b == 4 || b == 8;
 }
 
+// `group_size` of a GPTQ / AutoRound config or entry: -1 (one group spans K) is stored as 0.
+int64_t group_size_field(const Fields& c, int64_t fallback) {
+  int64_t g = c.integer("group_size", fallback);
+  if (g == -1) g = 0;
+  if (g < 0) fail("{}.group_size must be positive or -1, got {}", c.where, g);
+  return g;
+}
+
+// An AutoRound extra_config key that is a regex rather than a module name (AutoRound itself: a key that names no
+// module; here: one with a regex metacharacter, since dots appear in names too).
+bool is_regex_key(const std::string& key) {
+  return key.find_first_of("*+?[]()|^$\\") != std::string::npos;
+}
+
 void parse_gptq(const Fields& c, QuantConfig& q) {
   q.bits = c.integer("bits", 4);
   if (!gptq_bits_ok(q.bits)) fail("{}.bits is {}: GPTQ packings of 2, 3, 4 or 8 bits are supported", c.where, q.bits);
-  q.group_size = c.integer("group_size", 128);
-  if (q.group_size == -1) q.group_size = 0;
-  if (q.group_size < 0) fail("{}.group_size must be positive or -1, got {}", c.where, q.group_size);
+  q.group_size = group_size_field(c, 128);
   q.desc_act = c.boolean("desc_act", false);
   if (q.desc_act) {
     fail("{}.desc_act is true: GPTQ activation order (a permuting g_idx) is not supported; expected false", c.where);
@@ -266,9 +278,7 @@ void parse_auto_round(const Fields& c, QuantConfig& q) {
   q.bits = c.integer("bits", 4);
   if (!gptq_bits_ok(q.bits))
     fail("{}.bits is {}: AutoRound packings of 2, 3, 4 or 8 bits are supported", c.where, q.bits);
-  q.group_size = c.integer("group_size", 128);
-  if (q.group_size == -1) q.group_size = 0;
-  if (q.group_size < 0) fail("{}.group_size must be positive or -1, got {}", c.where, q.group_size);
+  q.group_size = group_size_field(c, 128);
   const std::string packing = c.str("packing_format", "auto_round:auto_gptq");
   if (packing != "auto_round:auto_gptq") {
     fail("{}.packing_format is '{}': only 'auto_round:auto_gptq' (GPTQ packing) is supported", c.where, packing);
@@ -279,7 +289,7 @@ void parse_auto_round(const Fields& c, QuantConfig& q) {
   if (const json* extra = c.object("extra_config")) {
     for (const auto& [module, spec] : extra->items()) {
       if (!spec.is_object()) fail("{}.extra_config.{} must be an object, got {}", c.where, module, spec.dump());
-      if (module.find_first_of("*+?[]()|^$\\") != std::string::npos) {
+      if (is_regex_key(module)) {
         try {
           std::regex re(module);
         } catch (const std::regex_error&) {
@@ -293,9 +303,7 @@ void parse_auto_round(const Fields& c, QuantConfig& q) {
         fail("{}.bits is {}: AutoRound packings of 2, 3, 4 or 8 bits (or 16: unquantized) are supported", f.where,
              l.bits);
       }
-      l.group_size = f.integer("group_size", q.group_size == 0 ? -1 : q.group_size);
-      if (l.group_size == -1) l.group_size = 0;
-      if (l.group_size < 0) fail("{}.group_size must be positive or -1, got {}", f.where, l.group_size);
+      l.group_size = group_size_field(f, q.group_size == 0 ? -1 : q.group_size);
       const std::string dt = f.str("data_type", "int");
       if (l.bits < 16 && dt != "int") fail("{}.data_type is '{}': only integer weights are supported", f.where, dt);
       q.auto_round_layers.emplace(module, l);
@@ -639,20 +647,14 @@ std::vector<float> dequantize(const QuantizedWeight& w) {
       const int b = int(w.bits);
       const int64_t NZ = N * b / 32;
       const int32_t zero_offset = w.gptq_v2 ? 0 : 1;
-      // Value i of a packed line (a qweight column or a qzeros row) sits at bit b * i of its words read as one
-      // little-endian bit stream (word j holds bits 32j..32j+31); `word(j)` reads word j of the line.
-      auto value = [b](auto&& word, int64_t i) {
-        const int64_t bit = int64_t(b) * i, j = bit / 32, off = bit % 32;
-        uint64_t bits = uint32_t(word(j));
-        if (off + b > 32) bits |= uint64_t(uint32_t(word(j + 1))) << 32;  // 3-bit values cross words
-        return int32_t((bits >> off) & ((1u << b) - 1));
-      };
       for (int64_t k = 0; k < K; ++k) {
         const int64_t g = w.group ? k / w.group : 0;
-        for (int64_t n = 0; n < N; ++n) {
-          const int32_t q = value([&](int64_t j) { return load<int32_t>(*w.data, size_t(j * N + n)); }, k);
-          const int32_t z =
-              value([&](int64_t j) { return load<int32_t>(*w.zero_point, size_t(g * NZ + j)); }, n) + zero_offset;
+        for (int64_t n = 0; n < N; ++n) {  // core/quant_format.h: qweight column n, qzeros row g
+          const int32_t q =
+              int32_t(gptq_packed_value([&](int64_t j) { return load<int32_t>(*w.data, size_t(j * N + n)); }, b, k));
+          const int32_t z = int32_t(gptq_packed_value(
+                                [&](int64_t j) { return load<int32_t>(*w.zero_point, size_t(g * NZ + j)); }, b, n)) +
+                            zero_offset;
           out[size_t(n * K + k)] = float(q - z) * scale[size_t(g * N + n)];
         }
       }
@@ -835,6 +837,11 @@ QuantScheme QuantScheme::build(const QuantConfig& cfg, const ModelConfig& model,
     }
   }
 
+  // AutoRound's regex extra_config keys, compiled once (checked when the config was parsed).
+  std::vector<std::pair<const std::string*, std::regex>> auto_round_patterns;
+  for (const auto& [key, layer] : cfg.auto_round_layers)
+    if (is_regex_key(key)) auto_round_patterns.emplace_back(&key, std::regex(key));
+
   for (const std::string& stem : stems) {
     // Every tensor stored under this stem: the weight and its companions.
     std::map<std::string, const ManifestEntry*> parts;
@@ -992,10 +999,10 @@ QuantScheme QuantScheme::build(const QuantConfig& cfg, const ModelConfig& model,
         layer = &it->second;
         key = &it->first;
       } else {
-        for (const auto& [k, l] : cfg.auto_round_layers) {
-          if (k.find_first_of("*+?[]()|^$\\") != std::string::npos && std::regex_search(module, std::regex(k))) {
-            layer = &l;
-            key = &k;
+        for (const auto& [k, re] : auto_round_patterns) {
+          if (std::regex_search(module, re)) {
+            layer = &cfg.auto_round_layers.at(*k);
+            key = k;
             break;
           }
         }

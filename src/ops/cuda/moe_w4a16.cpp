@@ -61,20 +61,16 @@ Int4Plain unpack_gptq(const int32_t* qweight, const int32_t* qzeros, const float
   p.q.resize(size_t(rows * cols));
   p.zeros.resize(size_t(rows * G));
   p.scales.resize(size_t(rows * G));
-  // Value i of a line of words (word j at line[j * stride]) at bits bits*i.. of their little-endian bit stream.
-  auto value = [bits](const int32_t* line, int64_t stride, int64_t i) {
-    const int64_t bit = int64_t(bits) * i, j = bit / 32, off = bit % 32;
-    uint64_t v = uint32_t(line[j * stride]);
-    if (off + bits > 32) v |= uint64_t(uint32_t(line[(j + 1) * stride])) << 32;
-    return uint8_t((v >> off) & ((1u << bits) - 1));
-  };
+  // core/quant_format.h gptq_packed_value: qweight column n, qzeros row g.
   for (int64_t k = 0; k < cols; ++k)
-    for (int64_t n = 0; n < rows; ++n) p.q[size_t(n * cols + k)] = value(qweight + n, rows, k);
+    for (int64_t n = 0; n < rows; ++n)
+      p.q[size_t(n * cols + k)] = uint8_t(gptq_packed_value([&](int64_t j) { return qweight[j * rows + n]; }, bits, k));
   const uint8_t off = gptq_v2 ? 0 : 1;
   const int64_t zrow = rows * bits / 32;
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t n = 0; n < rows; ++n) {
-      p.zeros[size_t(n * G + g)] = uint8_t(value(qzeros + g * zrow, 1, n) + off);
+      p.zeros[size_t(n * G + g)] =
+          uint8_t(gptq_packed_value([&](int64_t j) { return qzeros[g * zrow + j]; }, bits, n) + off);
       p.scales[size_t(n * G + g)] = scales[g * rows + n];
     }
   }
