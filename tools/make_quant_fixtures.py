@@ -193,22 +193,6 @@ def q_int4_ct(w, group, symmetric):
     return out, deq
 
 
-def q_gptq(w, group):
-    """GPTQ symmetric 4-bit (zero 8), v1 checkpoint format (qzeros store zero - 1), F16 scales, desc_act false."""
-    w = w.float()
-    n, k = w.shape
-    g = w.reshape(n, k // group, group)
-    scale = (2.0 * g.abs().amax(-1) / 15.0).to(torch.float16)  # [N, G]
-    zero = 8
-    s = scale.float().unsqueeze(-1)
-    q = (torch.round(g / s) + zero).clamp(0, 15).to(torch.int64)
-    deq = ((q - zero).float() * s).reshape(n, k)
-    qk = q.reshape(n, k).T  # [K, N]
-    zeros = torch.full((k // group, n), zero - 1, dtype=torch.int64)
-    return {"qweight": pack_int32(qk, dim=0), "qzeros": pack_int32(zeros, dim=1),
-            "scales": scale.T.contiguous(), "g_idx": (torch.arange(k) // group).to(torch.int32)}, deq
-
-
 def q_gptq_bits(w, group, bits, sym):
     """GPTQ of `bits` bits as AutoRound exports it (packing_format auto_round:auto_gptq, v1: qzeros store zero - 1),
     F16 scales. Symmetric: zero 2^(bits-1), scale = 2 max|w| / (2^bits - 1). Asymmetric: scale = max(max - min,
@@ -470,7 +454,8 @@ FORMATS = {
     # left BF16 by extra_config, FP8 PLE table.
     "autoround-mixed-g32": dict(experts_of=autoround_experts, ple_fp8=True, naming="standard",
                                 quantization_config=autoround_config, hf_quant=None, text_extra={}, greedy=8),
-    "gptq-int4-g32": dict(experts=lambda w: q_gptq(w, 32), lm_head=lambda w: q_gptq(w, 32), ple_fp8=True,
+    "gptq-int4-g32": dict(experts=lambda w: q_gptq_bits(w, 32, 4, True), lm_head=lambda w: q_gptq_bits(w, 32, 4, True),
+                          ple_fp8=True,
                           naming="standard",
                           quantization_config=lambda c: {
                               "quant_method": "gptq", "bits": 4, "group_size": 32, "sym": True, "desc_act": False,
