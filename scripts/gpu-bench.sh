@@ -19,6 +19,8 @@
 #      whose device code is compute_70 PTX only (scripts/nvcc-ptx70.py), JIT-compiled by the driver as for a V100;
 #      MEDIUM=1 adds the medium fixture's tests (made with tools/make_fixtures.py into FIXTURE_DIR, default /tmp/fx);
 #      FP16=1 adds the fp16 run; BENCH_ARGS: extra arguments of the full-size run (e.g. "--prompts 1024,4096");
+#      BASELINE_ENV="VAR=VALUE ...": the full-size run once more with those variables (bench-full-baseline.json), the
+#      before of a before/after on one machine (e.g. FLASHNEXT_CUDA_PDL=0: plain launches);
 #      NCU=1 adds per-kernel figures of decode steps (ncu: duration, DRAM throughput, occupancy, instructions and
 #      issue activity, registers of every kernel of NCU_COUNT launches after NCU_SKIP, default 400 / 1200) at the
 #      released widths with 4 layers, 512 experts and an 8K context, into ncu-decode.csv (ncu's clock control off:
@@ -147,8 +149,9 @@ run_tests() {
   fi
   for prec in fp16x2 fp16; do
     echo "gpu-bench: [$label] test_ops (op-case registry vs the CPU oracle), FLASHNEXT_TEST_PRECISION=$prec" | tee -a "$S"
+    # (KernelSource reads src/, which scripts/gpu-slim.sh leaves behind: it runs in the CPU test suite.)
     FLASHNEXT_TEST_BACKEND=cuda FLASHNEXT_TEST_PRECISION=$prec timeout 300 "$bin/test_ops" --gtest_color=no \
-      >"$OUT/$label-ops-$prec.log" 2>&1 || status=1
+      --gtest_filter='-KernelSource.*' >"$OUT/$label-ops-$prec.log" 2>&1 || status=1
     grep -E "^\[  (PASSED|FAILED) |tests ran|^\[  FAILED  \]" "$OUT/$label-ops-$prec.log" | head -40 | tee -a "$S"
   done
   echo "gpu-bench: [$label] test_cuda (W4A16 kernels)" | tee -a "$S"
@@ -255,6 +258,15 @@ if [ "$status" = 0 ] && [ "${FULL:-1}" != 0 ]; then
     grep -v "^bench:" "$OUT/bench-full-fp16.txt" | tee -a "$S"
   else
     echo "gpu-bench: the fp16 run NOT done (FP16=${FP16:-0}, status $status)" | tee -a "$S"
+  fi
+  if [ -n "${BASELINE_ENV:-}" ] && [ "$status" = 0 ]; then
+    # The same bench once more under BASELINE_ENV (e.g. FLASHNEXT_CUDA_PDL=0), on the same machine: before/after.
+    echo "gpu-bench: released geometry again with $BASELINE_ENV (the baseline)" | tee -a "$S"
+    # shellcheck disable=SC2086
+    env $BASELINE_ENV timeout 420 "$G/bin/flashnext" bench --profile --repeat 2 ${BENCH_ARGS:-} \
+      --out "$OUT/bench-full-baseline.json" >"$OUT/bench-full-baseline.txt" 2>&1 ||
+      { status=1; tail -n 20 "$OUT/bench-full-baseline.txt"; }
+    grep -v "^bench:" "$OUT/bench-full-baseline.txt" | tee -a "$S"
   fi
 else
   echo "gpu-bench: the released geometry NOT run (FULL=${FULL:-1}, status $status)" | tee -a "$S"

@@ -484,7 +484,8 @@ int run(BenchArgs a) {
                {"memory_bus_bits", d.memory_bus_bits},
                {"driver_version", d.driver_version},
                {"runtime_version", d.runtime_version},
-               {"total_bytes", d.total_bytes}};
+               {"total_bytes", d.total_bytes},
+               {"programmatic_launch", cuda_programmatic_launch(0)}};
   }
 #endif
   gpu_used_after_build = gpu_used();

@@ -1,5 +1,7 @@
 // The CUDA backend's context and streams, memory ops, synchronisation with the status words, profiling and
 // factory (backend.h lists the per-family files of the rest).
+#include "ops/cuda/backend.h"
+
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -9,7 +11,7 @@
 #include <cstring>
 
 #include "ops/contract/memory.h"
-#include "ops/cuda/backend.h"
+#include "ops/cuda/kernel_attributes.h"
 
 namespace flashnext {
 
@@ -348,6 +350,17 @@ double cuda_launch_cost_us(int device, int launches) {
   cudaEventDestroy(e1);
   cudaStreamDestroy(s);
   return 1e3 * double(ms) / launches;
+}
+
+bool cuda_programmatic_launch(int device) {
+  int major = 0;
+  FN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+                fmt::format("cuda_programmatic_launch (device {})", device));
+  return major >= 9 && cuda::detail::programmatic_launch_setting().load() != 0;
+}
+
+void set_cuda_programmatic_launch(bool allowed) {
+  cuda::detail::programmatic_launch_setting().store(allowed ? 1 : 0);
 }
 
 CudaMemoryCounters cuda_memory_counters(const Ops& ops) {

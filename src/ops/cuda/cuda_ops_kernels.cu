@@ -2,6 +2,9 @@
 // float32-activation versions of small ops whose state layout or decomposition follows the ops interface (MODEL.md;
 // the float32 CPU backend src/ops/cpu is the oracle they are tested against). SM70 instructions only.
 #include "ops/cuda/cuda_ops_kernels.h"
+#ifndef __CUDACC_RTC__
+#include "ops/cuda/kernel_attributes.h"
+#endif
 #include "ops/cuda/device_math.cuh"
 #include "ops/torch_topk_order.h"
 
@@ -14,6 +17,7 @@ constexpr int kMaxIndexDim = 256;     // indexer head dim (block keys kernel's s
 constexpr int kMaxIndexQuery = 2048;  // indexer heads * head dim held in shared memory by the scores kernel
 
 __global__ void f32_to_f16_kernel(const float* __restrict__ x, __half* __restrict__ y, int64_t n) {
+  pdl_begin();
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
     y[i] = to_h(x[i]);
 }
@@ -22,6 +26,7 @@ __global__ void f32_to_f16_kernel(const float* __restrict__ x, __half* __restric
 __global__ void noop_kernel() {}
 
 __global__ void f16_to_f32_kernel(const __half* __restrict__ x, float* __restrict__ y, int64_t n) {
+  pdl_begin();
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
     y[i] = to_f(x[i]);
 }
@@ -30,6 +35,7 @@ __global__ void f16_to_f32_kernel(const __half* __restrict__ x, float* __restric
 // magnitude among the others (stats[1], float bits: unsigned order = float order for non-negative floats).
 __global__ void weight_to_f16_kernel(const void* __restrict__ src, int src_type, __half* __restrict__ dst, int64_t n,
                                      uint32_t* stats) {
+  pdl_begin();
   uint32_t bad = 0;
   float mx = 0.f;
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
@@ -58,6 +64,7 @@ __global__ void weight_to_f16_kernel(const void* __restrict__ src, int src_type,
 __global__ void embedding_f32_kernel(const __half* __restrict__ table, int64_t vocab, int hidden,
                                      const int32_t* __restrict__ ids, int reps, float* __restrict__ out,
                                      int32_t* status) {
+  pdl_begin();
   const int64_t t = blockIdx.x;
   const int64_t id = ids[t];
   const bool ok = id >= 0 && id < vocab;
@@ -70,6 +77,7 @@ __global__ void embedding_f32_kernel(const __half* __restrict__ table, int64_t v
 }
 
 __global__ void add_bias_kernel(float* __restrict__ y, const __half* __restrict__ bias, int64_t n, int cols) {
+  pdl_begin();
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
     y[i] += to_f(bias[i % cols]);
 }
@@ -77,6 +85,7 @@ __global__ void add_bias_kernel(float* __restrict__ y, const __half* __restrict_
 // One warp per output element y[t, o].
 __global__ void linear_f32_narrow_kernel(const float* __restrict__ x, const __half* __restrict__ w,
                                          float* __restrict__ y, int tokens, int in, int out) {
+  pdl_begin();
   const int64_t item = (int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (item >= int64_t(tokens) * out) return;
@@ -150,6 +159,7 @@ __device__ __forceinline__ void lane_dots_f16w(const __half* __restrict__ w, con
 // the FP16 weights, reading the weights once). K % 8 == 0, rows of x 16-byte aligned.
 template <int T>
 __global__ void gemv_f16w_f32x_kernel(const float* __restrict__ x, int64_t ldx, int K, GemvSegments seg) {
+  pdl_begin();
   const int g = int((int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5);
   const int lane = threadIdx.x & 31;
   if (g >= seg.rows_end[seg.count - 1]) return;
@@ -176,6 +186,7 @@ template <int T>
 __global__ void shared_down_decode_kernel(const float* __restrict__ g, const float* __restrict__ up,
                                           const __half* __restrict__ down, const float* __restrict__ gate_logit, int I,
                                           int H, float* __restrict__ out) {
+  pdl_begin();
   const int c = int((int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5);
   const int lane = threadIdx.x & 31;
   if (c >= H) return;
@@ -245,6 +256,7 @@ __global__ void __launch_bounds__(kHcDownThreads)
                    const __half* __restrict__ norm_w, const __half* __restrict__ down,
                    const __half* __restrict__ inject, int S, int H, int R, int rows, float* __restrict__ part,
                    float* __restrict__ ss_out) {
+  pdl_begin();
   constexpr int RB = kHcDownRows, V = T * (RB + 1);  // per token: RB row dots, then the square sum
   __shared__ float red[kHcDownThreads / 32][V];
   const int g = int(blockIdx.x), b = int(blockIdx.y), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -316,6 +328,7 @@ __global__ void hc_up_kernel(float* __restrict__ X, const float* __restrict__ ad
                              const __half* __restrict__ up, const float* __restrict__ part,
                              const float* __restrict__ ss, int S, int H, int R, int rows, float eps,
                              float* __restrict__ u, float* __restrict__ inj) {
+  pdl_begin();
   extern __shared__ float d_s[];  // [T, R]
   __shared__ float rstd[T][kHcMaxStreamsDecode];
   constexpr int P = kHcUpSlices;
@@ -405,6 +418,7 @@ __global__ void hc_up_kernel(float* __restrict__ X, const float* __restrict__ ad
 
 __global__ void gated_accumulate_kernel(float* __restrict__ out, const float* __restrict__ s,
                                         const float* __restrict__ gate_logit, int64_t n, int hidden) {
+  pdl_begin();
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
     out[i] += sigmoidf_(gate_logit[i / hidden]) * s[i];
 }
@@ -412,6 +426,7 @@ __global__ void gated_accumulate_kernel(float* __restrict__ out, const float* __
 // y[t, c] = silu(sum_k w[c, k] * in(t - (K-1) + k, c)); in(p) = x[p, c] (p >= 0) or state[(K-1) + p, c].
 __global__ void gdn_conv_f32_kernel(const float* __restrict__ x, float* __restrict__ y, const float* __restrict__ state,
                                     const __half* __restrict__ w, int tokens, int channels, int K) {
+  pdl_begin();
   const int64_t n = int64_t(tokens) * channels;
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
     const int64_t t = i / channels;
@@ -430,6 +445,7 @@ __global__ void gdn_conv_f32_kernel(const float* __restrict__ x, float* __restri
 // row r reads old row tokens + r (> r) before any thread overwrites it, so the update is in place.
 __global__ void conv_state_kernel(const float* __restrict__ x, float* __restrict__ state, int tokens, int channels,
                                   int ctx) {
+  pdl_begin();
   const int c = blockIdx.x * kThreads + threadIdx.x;
   if (c >= channels) return;
   for (int r = 0; r < ctx; ++r) {
@@ -442,6 +458,7 @@ __global__ void conv_state_kernel(const float* __restrict__ x, float* __restrict
 __global__ void ple_gate_f32_kernel(const float* __restrict__ kn, const float* __restrict__ v,
                                     const float* __restrict__ x, const __half* __restrict__ norm_query, int streams,
                                     int hidden, float eps, float* __restrict__ p) {
+  pdl_begin();
   __shared__ float scratch[32];
   const int64_t t = blockIdx.x, W = int64_t(streams) * hidden;
   const float inv_sqrt_h = 1.f / sqrtf(float(hidden));
@@ -467,6 +484,7 @@ __global__ void ple_gate_f32_kernel(const float* __restrict__ kn, const float* _
 __global__ void ple_conv_add_f32_kernel(const float* __restrict__ p, const float* __restrict__ nrm,
                                         const __half* __restrict__ w, int tokens, int channels, int K, int dilation,
                                         const float* __restrict__ state, float* __restrict__ x) {
+  pdl_begin();
   const int64_t n = int64_t(tokens) * channels;
   const int ctx = (K - 1) * dilation;
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
@@ -513,6 +531,7 @@ template <class Layout>
 __global__ void qsa_block_keys_f32_kernel(Layout lay, const float* __restrict__ keys, int items, int dim, int block,
                                           const __half* __restrict__ w, int rotary_dims, float theta, float eps,
                                           float* __restrict__ bkeys) {
+  pdl_begin();
   __shared__ float buf[kWarps][kMaxIndexDim];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int item = blockIdx.x * kWarps + warp;
@@ -550,6 +569,7 @@ template <class Layout>
 __global__ void qsa_block_scores_f32_kernel(Layout lay, const float* __restrict__ qn, int heads, int dim,
                                             const float* __restrict__ bkeys, int block, int t0,
                                             float* __restrict__ scores, int64_t ld) {
+  pdl_begin();
   __shared__ float qs[kMaxIndexQuery];
   const int t = t0 + blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -575,6 +595,7 @@ __global__ void qsa_block_scores_f32_kernel(Layout lay, const float* __restrict_
 template <class Layout>
 __global__ void qsa_expand_selection_kernel(Layout lay, const int32_t* __restrict__ top, int block, int top_blocks,
                                             int t0, int32_t* __restrict__ selected, int64_t width) {
+  pdl_begin();
   const int t = t0 + blockIdx.x;
   const int64_t p = lay.position(t), nb = (p + 1) / block;
   const int64_t k = nb < top_blocks ? nb : top_blocks;
@@ -608,6 +629,7 @@ __device__ __forceinline__ uint32_t score_key(float f) {
 template <class Layout>
 __global__ void qsa_topk_kernel(Layout lay, const float* __restrict__ scores, int64_t ld, int block, int top_blocks,
                                 int t0, topk::Scored* __restrict__ scratch, int32_t* __restrict__ top) {
+  pdl_begin();
   const int t = t0 + blockIdx.x;
   const int64_t nb = (lay.position(t) + 1) / block;
   if (nb <= top_blocks) return;  // takes every block: its row of `top` is not read
@@ -706,6 +728,7 @@ template __global__ void qsa_expand_selection_kernel<PagedIndex>(PagedIndex, con
 constexpr int kCompactPer = 8;
 __global__ void compact_selection_kernel(const int32_t* __restrict__ selected, int tokens, int n_sel, int64_t rows,
                                          int32_t* __restrict__ compact, int32_t* __restrict__ counts, int32_t* status) {
+  pdl_begin();
   __shared__ int warp_total[kWarps];
   const int t = int(blockIdx.x), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int32_t* in = selected + int64_t(t) * n_sel;
@@ -753,6 +776,7 @@ __device__ __forceinline__ void split_store(float x, __half* hi, __half* lo) {
 }
 
 __global__ void split_f16x2_kernel(const float* __restrict__ x, __half* __restrict__ x2, int64_t rows, int cols) {
+  pdl_begin();
   const int64_t n = rows * cols;
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
     split_store(x[i], &x2[i], &x2[n + i]);
@@ -760,6 +784,7 @@ __global__ void split_f16x2_kernel(const float* __restrict__ x, __half* __restri
 
 __global__ void sum_halves_kernel(const float* __restrict__ y2, float* __restrict__ y, int64_t rows, int cols,
                                   const __half* __restrict__ bias) {
+  pdl_begin();
   const int64_t n = rows * cols;
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
     float v = y2[i] + y2[n + i];
@@ -769,23 +794,27 @@ __global__ void sum_halves_kernel(const float* __restrict__ y2, float* __restric
 }
 
 __global__ void silu_scale_f32_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n, float scale) {
+  pdl_begin();
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
     y[i] = siluf_(x[i] * scale);
 }
 
 __global__ void silu_mul_f32_kernel(const float* __restrict__ g, const float* __restrict__ up, float* __restrict__ y,
                                     int64_t n) {
+  pdl_begin();
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
     y[i] = siluf_(g[i]) * up[i];
 }
 
 __global__ void inject_weights_f32_kernel(float* __restrict__ x, int64_t n, float scale) {
+  pdl_begin();
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
     x[i] = 2.f * sigmoidf_(x[i] * scale);
 }
 
 __global__ void hc_mix_f32_kernel(const float* __restrict__ m, const float* __restrict__ nrm, float* __restrict__ u,
                                   int tokens, int streams, int hidden) {
+  pdl_begin();
   const int64_t n = int64_t(tokens) * hidden;
   for (int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x; idx < n; idx += int64_t(gridDim.x) * kThreads) {
     const int64_t t = idx / hidden, i = idx % hidden;
@@ -812,6 +841,7 @@ __device__ __forceinline__ void moe_split_rows(const int32_t* ids, const int32_t
 __global__ void moe_gather_f16x2_kernel(const float* __restrict__ u, const int32_t* __restrict__ ids,
                                         const int32_t* __restrict__ sorted, const int32_t* __restrict__ offsets,
                                         int top_k, int hidden, __half* __restrict__ x2) {
+  pdl_begin();
   const int r = blockIdx.x;
   const int32_t s = sorted[r];
   int64_t hi, lo;
@@ -823,6 +853,7 @@ __global__ void moe_gather_f16x2_kernel(const float* __restrict__ u, const int32
 __global__ void moe_act_f16x2_kernel(const float* __restrict__ g2, const float* __restrict__ up2,
                                      const int32_t* __restrict__ ids, const int32_t* __restrict__ sorted,
                                      const int32_t* __restrict__ offsets, int inter, __half* __restrict__ a2) {
+  pdl_begin();
   const int r = blockIdx.x;
   int64_t hi, lo;
   moe_split_rows(ids, offsets, sorted[r], r, &hi, &lo);
@@ -836,6 +867,7 @@ __global__ void moe_combine_f16x2_kernel(const float* __restrict__ y2, const int
                                          const int32_t* __restrict__ slot_row, const int32_t* __restrict__ offsets,
                                          const float* __restrict__ weights, int tokens, int top_k, int hidden,
                                          float* __restrict__ out) {
+  pdl_begin();
   const int64_t n = int64_t(tokens) * hidden;
   for (int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x; idx < n; idx += int64_t(gridDim.x) * kThreads) {
     const int64_t t = idx / hidden, c = idx % hidden;
@@ -855,6 +887,7 @@ __global__ void moe_combine_f16x2_kernel(const float* __restrict__ y2, const int
 
 __global__ void copy_rows_indexed_kernel(const uint32_t* src, uint32_t* dst, const int32_t* rows, int64_t n,
                                          int64_t words, int64_t limit, bool scatter, int32_t* status) {
+  pdl_begin();
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
     const int32_t r = rows[i];
     if (r < 0 || r >= limit) {
@@ -874,6 +907,7 @@ __global__ void copy_rows_indexed_kernel(const uint32_t* src, uint32_t* dst, con
 __global__ void conv_decode_slots_kernel(const float* in, const float* __restrict__ add, float* out, bool accumulate,
                                          float* __restrict__ state_pool, const int32_t* __restrict__ slots,
                                          const __half* __restrict__ w, int batch, int channels, int K, int dilation) {
+  pdl_begin();
   const int64_t n = int64_t(batch) * channels;
   const int ctx = (K - 1) * dilation;
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
@@ -916,7 +950,7 @@ unsigned grid_for(int64_t n) {
 
 cudaError_t launch_f32_to_f16(const float* x, __half* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  f32_to_f16_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, y, n);
+  launch(f32_to_f16_kernel, grid_for(n), kThreads, 0, stream, x, y, n);
   return cudaGetLastError();
 }
 
@@ -927,28 +961,28 @@ cudaError_t launch_noop(cudaStream_t stream) {
 
 cudaError_t launch_f16_to_f32(const __half* x, float* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  f16_to_f32_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, y, n);
+  launch(f16_to_f32_kernel, grid_for(n), kThreads, 0, stream, x, y, n);
   return cudaGetLastError();
 }
 
 cudaError_t launch_weight_to_f16(const void* src, int src_type, __half* dst, int64_t n, uint32_t* stats,
                                  cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  weight_to_f16_kernel<<<grid_for(n), kThreads, 0, stream>>>(src, src_type, dst, n, stats);
+  launch(weight_to_f16_kernel, grid_for(n), kThreads, 0, stream, src, src_type, dst, n, stats);
   return cudaGetLastError();
 }
 
 cudaError_t launch_embedding_f32(const __half* table, int64_t vocab, int hidden, const int32_t* ids, int tokens,
                                  int reps, float* out, int32_t* status, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  embedding_f32_kernel<<<tokens, kThreads, 0, stream>>>(table, vocab, hidden, ids, reps, out, status);
+  launch(embedding_f32_kernel, tokens, kThreads, 0, stream, table, vocab, hidden, ids, reps, out, status);
   return cudaGetLastError();
 }
 
 cudaError_t launch_add_bias(float* y, const __half* bias, int64_t rows, int cols, cudaStream_t stream) {
   const int64_t n = rows * cols;
   if (n == 0) return cudaSuccess;
-  add_bias_kernel<<<grid_for(n), kThreads, 0, stream>>>(y, bias, n, cols);
+  launch(add_bias_kernel, grid_for(n), kThreads, 0, stream, y, bias, n, cols);
   return cudaGetLastError();
 }
 
@@ -956,7 +990,8 @@ cudaError_t launch_linear_f32_narrow(const float* x, const __half* w, float* y, 
                                      cudaStream_t stream) {
   const int64_t items = int64_t(tokens) * out;
   if (items == 0) return cudaSuccess;
-  linear_f32_narrow_kernel<<<unsigned((items + kWarps - 1) / kWarps), kThreads, 0, stream>>>(x, w, y, tokens, in, out);
+  launch(linear_f32_narrow_kernel, unsigned((items + kWarps - 1) / kWarps), kThreads, 0, stream, x, w, y, tokens, in,
+         out);
   return cudaGetLastError();
 }
 
@@ -968,8 +1003,10 @@ cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, int K, const Gemv
   if (rows == 0) return cudaSuccess;
   const unsigned blocks = unsigned((int64_t(rows) + kWarps - 1) / kWarps);
   switch (tokens) {
-#define FN_GEMV_CASE(TT) \
-  case TT: gemv_f16w_f32x_kernel<TT><<<blocks, kThreads, 0, stream>>>(x, ldx, K, seg); break;
+#define FN_GEMV_CASE(TT)                                                            \
+  case TT:                                                                          \
+    launch(gemv_f16w_f32x_kernel<TT>, blocks, kThreads, 0, stream, x, ldx, K, seg); \
+    break;
     FN_GEMV_CASE(1) FN_GEMV_CASE(2) FN_GEMV_CASE(3) FN_GEMV_CASE(4)
     FN_GEMV_CASE(5) FN_GEMV_CASE(6) FN_GEMV_CASE(7) FN_GEMV_CASE(8)
 #undef FN_GEMV_CASE
@@ -984,8 +1021,10 @@ cudaError_t launch_shared_down_decode(const float* g, const float* up, const __h
   if (inter % 8 != 0) return cudaErrorInvalidValue;
   const unsigned blocks = unsigned((int64_t(hidden) + kWarps - 1) / kWarps);
   switch (tokens) {
-#define FN_SHARED_CASE(TT) \
-  case TT: shared_down_decode_kernel<TT><<<blocks, kThreads, 0, stream>>>(g, up, down, gate_logit, inter, hidden, out); break;
+#define FN_SHARED_CASE(TT)                                                                                           \
+  case TT:                                                                                                           \
+    launch(shared_down_decode_kernel<TT>, blocks, kThreads, 0, stream, g, up, down, gate_logit, inter, hidden, out); \
+    break;
     FN_SHARED_CASE(1) FN_SHARED_CASE(2) FN_SHARED_CASE(3) FN_SHARED_CASE(4)
     FN_SHARED_CASE(5) FN_SHARED_CASE(6) FN_SHARED_CASE(7) FN_SHARED_CASE(8)
 #undef FN_SHARED_CASE
@@ -1018,12 +1057,12 @@ cudaError_t launch_hc_read_decode(float* X, const float* add_out, const float* a
   const unsigned up_blocks = unsigned((hidden + kWarps - 1) / kWarps);
   const size_t up_smem = size_t(tokens) * rank * sizeof(float);
   switch (tokens) {
-#define FN_HC_CASE(TT)                                                                                             \
-  case TT:                                                                                                         \
-    hc_down_kernel<TT><<<down_grid, down_threads, 0, stream>>>(X, add_out, add_inj, norm_w, down, inject, streams, \
-                                                               hidden, rank, rows, part, ss);                      \
-    hc_up_kernel<TT><<<up_blocks, kThreads, up_smem, stream>>>(X, add_out, add_inj, norm_w, up, part, ss, streams, \
-                                                               hidden, rank, rows, eps, u, inj);                   \
+#define FN_HC_CASE(TT)                                                                                                 \
+  case TT:                                                                                                             \
+    launch(hc_down_kernel<TT>, down_grid, down_threads, 0, stream, X, add_out, add_inj, norm_w, down, inject, streams, \
+           hidden, rank, rows, part, ss);                                                                              \
+    launch(hc_up_kernel<TT>, up_blocks, kThreads, up_smem, stream, X, add_out, add_inj, norm_w, up, part, ss, streams, \
+           hidden, rank, rows, eps, u, inj);                                                                           \
     break;
     FN_HC_CASE(1) FN_HC_CASE(2) FN_HC_CASE(3) FN_HC_CASE(4)
     FN_HC_CASE(5) FN_HC_CASE(6) FN_HC_CASE(7) FN_HC_CASE(8)
@@ -1037,18 +1076,18 @@ cudaError_t launch_gated_accumulate(float* out, const float* s, const float* gat
                                     cudaStream_t stream) {
   const int64_t n = int64_t(tokens) * hidden;
   if (n == 0) return cudaSuccess;
-  gated_accumulate_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, s, gate_logit, n, hidden);
+  launch(gated_accumulate_kernel, grid_for(n), kThreads, 0, stream, out, s, gate_logit, n, hidden);
   return cudaGetLastError();
 }
 
 cudaError_t launch_gdn_conv_f32(const float* x, float* y, float* state, const __half* w, int tokens, int channels,
                                 int kernel, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  gdn_conv_f32_kernel<<<grid_for(int64_t(tokens) * channels), kThreads, 0, stream>>>(x, y, state, w, tokens, channels,
-                                                                                     kernel);
+  launch(gdn_conv_f32_kernel, grid_for(int64_t(tokens) * channels), kThreads, 0, stream, x, y, state, w, tokens,
+         channels, kernel);
   if (kernel > 1)
-    conv_state_kernel<<<(channels + kThreads - 1) / kThreads, kThreads, 0, stream>>>(x, state, tokens, channels,
-                                                                                     kernel - 1);
+    launch(conv_state_kernel, (channels + kThreads - 1) / kThreads, kThreads, 0, stream, x, state, tokens, channels,
+           kernel - 1);
   return cudaGetLastError();
 }
 
@@ -1056,26 +1095,27 @@ cudaError_t launch_conv_decode_slots(const float* in, const float* add, float* o
                                      const int32_t* slots, const __half* w, int batch, int channels, int kernel,
                                      int dilation, cudaStream_t stream) {
   if (batch == 0) return cudaSuccess;
-  conv_decode_slots_kernel<<<grid_for(int64_t(batch) * channels), kThreads, 0, stream>>>(
-      in, add, out, accumulate, state_pool, slots, w, batch, channels, kernel, dilation);
+  launch(conv_decode_slots_kernel, grid_for(int64_t(batch) * channels), kThreads, 0, stream, in, add, out, accumulate,
+         state_pool, slots, w, batch, channels, kernel, dilation);
   return cudaGetLastError();
 }
 
 cudaError_t launch_ple_gate_f32(const float* kn, const float* v, const float* x, const __half* norm_query, int tokens,
                                 int streams, int hidden, float eps, float* p, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  ple_gate_f32_kernel<<<tokens, kThreads, 0, stream>>>(kn, v, x, norm_query, streams, hidden, eps, p);
+  launch(ple_gate_f32_kernel, tokens, kThreads, 0, stream, kn, v, x, norm_query, streams, hidden, eps, p);
   return cudaGetLastError();
 }
 
 cudaError_t launch_ple_conv_add_f32(const float* p, const float* n, const __half* w, int tokens, int channels,
                                     int kernel, int dilation, float* state, float* x, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  ple_conv_add_f32_kernel<<<grid_for(int64_t(tokens) * channels), kThreads, 0, stream>>>(p, n, w, tokens, channels,
-                                                                                         kernel, dilation, state, x);
+  launch(ple_conv_add_f32_kernel, grid_for(int64_t(tokens) * channels), kThreads, 0, stream, p, n, w, tokens, channels,
+         kernel, dilation, state, x);
   const int ctx = (kernel - 1) * dilation;
   if (ctx > 0)
-    conv_state_kernel<<<(channels + kThreads - 1) / kThreads, kThreads, 0, stream>>>(n, state, tokens, channels, ctx);
+    launch(conv_state_kernel, (channels + kThreads - 1) / kThreads, kThreads, 0, stream, n, state, tokens, channels,
+           ctx);
   return cudaGetLastError();
 }
 
@@ -1085,8 +1125,8 @@ cudaError_t launch_qsa_pool_blocks_paged_f32(const QsaPagedIndex& pi, const floa
   if (tokens == 0) return cudaSuccess;
   if (dim > kMaxIndexDim || pi.page % pi.block != 0) return cudaErrorInvalidValue;
   const PagedIndex lay{pi.tok_seq, pi.positions, pi.tables, pi.ld, pi.page, pi.block};
-  qsa_block_keys_f32_kernel<<<(tokens + kWarps - 1) / kWarps, kThreads, 0, stream>>>(
-      lay, key_pool, tokens, dim, pi.block, k_norm, rotary_dims, theta, eps, pooled_pool);
+  launch(qsa_block_keys_f32_kernel<PagedIndex>, (tokens + kWarps - 1) / kWarps, kThreads, 0, stream, lay, key_pool,
+         tokens, dim, pi.block, k_norm, rotary_dims, theta, eps, pooled_pool);
   return cudaGetLastError();
 }
 
@@ -1097,8 +1137,8 @@ cudaError_t launch_qsa_block_scores_paged_f32(const QsaPagedIndex& pi, const flo
   if (heads * dim > kMaxIndexQuery || pi.page % pi.block != 0) return cudaErrorInvalidValue;
   const PagedIndex lay{pi.tok_seq, pi.positions, pi.tables, pi.ld, pi.page, pi.block};
   const dim3 grid(unsigned(t1 - t0), score_slices(t1 - t0, ld));
-  qsa_block_scores_f32_kernel<<<grid, kThreads, 0, stream>>>(lay, qn, heads, dim, pooled_pool, pi.block, t0, scores,
-                                                                ld);
+  launch(qsa_block_scores_f32_kernel<PagedIndex>, grid, kThreads, 0, stream, lay, qn, heads, dim, pooled_pool, pi.block,
+         t0, scores, ld);
   return cudaGetLastError();
 }
 
@@ -1106,7 +1146,8 @@ cudaError_t launch_qsa_expand_selection_paged(const QsaPagedIndex& pi, const int
                                               int t1, int32_t* selected, int64_t width, cudaStream_t stream) {
   if (t1 <= t0) return cudaSuccess;
   const PagedIndex lay{pi.tok_seq, pi.positions, pi.tables, pi.ld, pi.page, pi.block};
-  qsa_expand_selection_kernel<<<t1 - t0, kThreads, 0, stream>>>(lay, top, pi.block, top_blocks, t0, selected, width);
+  launch(qsa_expand_selection_kernel<PagedIndex>, t1 - t0, kThreads, 0, stream, lay, top, pi.block, top_blocks, t0,
+         selected, width);
   return cudaGetLastError();
 }
 
@@ -1114,21 +1155,22 @@ cudaError_t launch_qsa_topk_paged(const QsaPagedIndex& pi, const float* scores, 
                                   int t1, topk::Scored* scratch, int32_t* top, cudaStream_t stream) {
   if (t1 <= t0) return cudaSuccess;
   const PagedIndex lay{pi.tok_seq, pi.positions, pi.tables, pi.ld, pi.page, pi.block};
-  qsa_topk_kernel<<<t1 - t0, kThreads, 0, stream>>>(lay, scores, ld, pi.block, top_blocks, t0, scratch, top);
+  launch(qsa_topk_kernel<PagedIndex>, t1 - t0, kThreads, 0, stream, lay, scores, ld, pi.block, top_blocks, t0, scratch,
+         top);
   return cudaGetLastError();
 }
 
 cudaError_t launch_compact_selection(const int32_t* selected, int tokens, int n_sel, int64_t rows, int32_t* compact,
                                      int32_t* counts, int32_t* status, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  compact_selection_kernel<<<tokens, kThreads, 0, stream>>>(selected, tokens, n_sel, rows, compact, counts, status);
+  launch(compact_selection_kernel, tokens, kThreads, 0, stream, selected, tokens, n_sel, rows, compact, counts, status);
   return cudaGetLastError();
 }
 
 cudaError_t launch_split_f16x2(const float* x, __half* x2, int64_t rows, int cols, cudaStream_t stream) {
   const int64_t n = rows * cols;
   if (n == 0) return cudaSuccess;
-  split_f16x2_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, x2, rows, cols);
+  launch(split_f16x2_kernel, grid_for(n), kThreads, 0, stream, x, x2, rows, cols);
   return cudaGetLastError();
 }
 
@@ -1136,25 +1178,25 @@ cudaError_t launch_sum_halves(const float* y2, float* y, int64_t rows, int cols,
                               cudaStream_t stream) {
   const int64_t n = rows * cols;
   if (n == 0) return cudaSuccess;
-  sum_halves_kernel<<<grid_for(n), kThreads, 0, stream>>>(y2, y, rows, cols, bias);
+  launch(sum_halves_kernel, grid_for(n), kThreads, 0, stream, y2, y, rows, cols, bias);
   return cudaGetLastError();
 }
 
 cudaError_t launch_silu_scale_f32(const float* x, float* y, int64_t n, float scale, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  silu_scale_f32_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, y, n, scale);
+  launch(silu_scale_f32_kernel, grid_for(n), kThreads, 0, stream, x, y, n, scale);
   return cudaGetLastError();
 }
 
 cudaError_t launch_silu_mul_f32(const float* g, const float* up, float* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  silu_mul_f32_kernel<<<grid_for(n), kThreads, 0, stream>>>(g, up, y, n);
+  launch(silu_mul_f32_kernel, grid_for(n), kThreads, 0, stream, g, up, y, n);
   return cudaGetLastError();
 }
 
 cudaError_t launch_inject_weights_f32(float* x, int64_t n, float scale, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  inject_weights_f32_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n, scale);
+  launch(inject_weights_f32_kernel, grid_for(n), kThreads, 0, stream, x, n, scale);
   return cudaGetLastError();
 }
 
@@ -1162,21 +1204,21 @@ cudaError_t launch_hc_mix_f32(const float* m, const float* n, float* u, int toke
                               cudaStream_t stream) {
   const int64_t total = int64_t(tokens) * hidden;
   if (total == 0) return cudaSuccess;
-  hc_mix_f32_kernel<<<grid_for(total), kThreads, 0, stream>>>(m, n, u, tokens, streams, hidden);
+  launch(hc_mix_f32_kernel, grid_for(total), kThreads, 0, stream, m, n, u, tokens, streams, hidden);
   return cudaGetLastError();
 }
 
 cudaError_t launch_moe_gather_f16x2(const float* u, const int32_t* ids, const int32_t* sorted, const int32_t* offsets,
                                     int slots, int top_k, int hidden, __half* x2, cudaStream_t stream) {
   if (slots == 0) return cudaSuccess;
-  moe_gather_f16x2_kernel<<<slots, kThreads, 0, stream>>>(u, ids, sorted, offsets, top_k, hidden, x2);
+  launch(moe_gather_f16x2_kernel, slots, kThreads, 0, stream, u, ids, sorted, offsets, top_k, hidden, x2);
   return cudaGetLastError();
 }
 
 cudaError_t launch_moe_act_f16x2(const float* g2, const float* up2, const int32_t* ids, const int32_t* sorted,
                                  const int32_t* offsets, int slots, int inter, __half* a2, cudaStream_t stream) {
   if (slots == 0) return cudaSuccess;
-  moe_act_f16x2_kernel<<<slots, kThreads, 0, stream>>>(g2, up2, ids, sorted, offsets, inter, a2);
+  launch(moe_act_f16x2_kernel, slots, kThreads, 0, stream, g2, up2, ids, sorted, offsets, inter, a2);
   return cudaGetLastError();
 }
 
@@ -1185,8 +1227,8 @@ cudaError_t launch_moe_combine_f16x2(const float* y2, const int32_t* ids, const 
                                      float* out, cudaStream_t stream) {
   const int64_t n = int64_t(tokens) * hidden;
   if (n == 0) return cudaSuccess;
-  moe_combine_f16x2_kernel<<<grid_for(n), kThreads, 0, stream>>>(y2, ids, slot_row, offsets, weights, tokens, top_k,
-                                                                 hidden, out);
+  launch(moe_combine_f16x2_kernel, grid_for(n), kThreads, 0, stream, y2, ids, slot_row, offsets, weights, tokens, top_k,
+         hidden, out);
   return cudaGetLastError();
 }
 
@@ -1194,8 +1236,8 @@ cudaError_t launch_copy_rows_indexed(const void* src, void* dst, const int32_t* 
                                      int64_t limit, bool scatter, int32_t* status, cudaStream_t stream) {
   if (n == 0 || words == 0) return cudaSuccess;
   const int blocks = int(n < 65535 ? n : 65535);
-  copy_rows_indexed_kernel<<<blocks, 128, 0, stream>>>(static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst),
-                                                       rows, n, words, limit, scatter, status);
+  launch(copy_rows_indexed_kernel, blocks, 128, 0, stream, static_cast<const uint32_t*>(src),
+         static_cast<uint32_t*>(dst), rows, n, words, limit, scatter, status);
   return cudaGetLastError();
 }
 

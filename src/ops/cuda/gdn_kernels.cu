@@ -33,6 +33,7 @@ __global__ void __launch_bounds__(kThreads)
                          int64_t ld_ab, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
                          float* __restrict__ state, const int32_t* __restrict__ slots, GdnHeads d, T* __restrict__ out,
                          int64_t ld_out) {
+  pdl_begin();
   __shared__ float qs[kGdnMaxDk], ks[kGdnMaxDk];
   __shared__ float part[kThreads / 32][32];
   __shared__ float scratch[32];
@@ -166,6 +167,7 @@ __global__ void __launch_bounds__(kThreads)
                           const float* __restrict__ bb, int64_t ld_ab, const float* __restrict__ a_log,
                           const float* __restrict__ dt_bias, const int32_t* __restrict__ cu, int num_seqs, GdnHeads d,
                           int head0, ChunkScratch sc) {
+  pdl_begin();
   extern __shared__ __align__(16) float smem_raw[];
   constexpr int C = kChunk;
   const int ldk = d.dk + 1;
@@ -365,6 +367,7 @@ struct StateSmem {
 __global__ void __launch_bounds__(kThreads, 2)
     gdn_chunk_state_kernel(float* __restrict__ state, const int32_t* __restrict__ slots,
                            const int32_t* __restrict__ cu, GdnHeads d, int head0, ChunkScratch sc) {
+  pdl_begin();
   extern __shared__ __align__(16) float smem_raw[];
   constexpr int C = kChunk;
   const int ldw = d.dk + 4;
@@ -510,6 +513,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 __global__ void __launch_bounds__(kThreads)
     gdn_chunk_output_kernel(const int32_t* __restrict__ cu, int num_seqs, GdnHeads d, int head0, ChunkScratch sc,
                             float* __restrict__ out, int64_t ld_out) {
+  pdl_begin();
   constexpr int C = kChunk, KT = 32, NT = 64;
   __shared__ __align__(16) float As[KT][C + 4];
   __shared__ __align__(16) float Bs[KT][NT + 4];
@@ -570,8 +574,8 @@ cudaError_t gdn_recurrent_launch(const T* qkv, int64_t ld_qkv, const T* a, const
                                  int batch, GdnHeads dims, T* out, int64_t ld_out, cudaStream_t stream) {
   if (batch == 0) return cudaSuccess;
   const unsigned blocks = unsigned(batch) * dims.nv * ((dims.dv + 31) / 32);
-  gdn_recurrent_kernel<T>
-      <<<blocks, kThreads, 0, stream>>>(qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots, dims, out, ld_out);
+  launch(gdn_recurrent_kernel<T>, blocks, kThreads, 0, stream, qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots,
+         dims, out, ld_out);
   return cudaGetLastError();
 }
 
@@ -626,12 +630,13 @@ cudaError_t launch_gdn_chunked_prefill(const float* qkv, int64_t ld_qkv, const f
   if (err != cudaSuccess) return err;
   for (int h0 = 0; h0 < dims.nv; h0 += hp) {
     sc.heads = std::min(hp, dims.nv - h0);
-    gdn_chunk_prep_kernel<<<dim3(unsigned(nslots), unsigned(sc.heads)), kThreads, prep_smem, stream>>>(
-        qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, cu, num_seqs, dims, h0, sc);
-    gdn_chunk_state_kernel<<<dim3(unsigned(num_seqs), unsigned(sc.heads), unsigned((dims.dv + kSlice - 1) / kSlice)),
-                             kThreads, state_smem, stream>>>(state, slots, cu, dims, h0, sc);
-    gdn_chunk_output_kernel<<<dim3(unsigned(nslots), unsigned(sc.heads), unsigned((dims.dv + 63) / 64)), kThreads, 0,
-                              stream>>>(cu, num_seqs, dims, h0, sc, out, ld_out);
+    launch(gdn_chunk_prep_kernel, dim3(unsigned(nslots), unsigned(sc.heads)), kThreads, prep_smem, stream, qkv, ld_qkv,
+           a, b, ld_ab, a_log, dt_bias, cu, num_seqs, dims, h0, sc);
+    launch(gdn_chunk_state_kernel,
+           dim3(unsigned(num_seqs), unsigned(sc.heads), unsigned((dims.dv + kSlice - 1) / kSlice)), kThreads,
+           state_smem, stream, state, slots, cu, dims, h0, sc);
+    launch(gdn_chunk_output_kernel, dim3(unsigned(nslots), unsigned(sc.heads), unsigned((dims.dv + 63) / 64)), kThreads,
+           0, stream, cu, num_seqs, dims, h0, sc, out, ld_out);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   return cudaSuccess;

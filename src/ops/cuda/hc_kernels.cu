@@ -1,5 +1,8 @@
 // Hyper-connection (gated residual) kernels: MODEL.md "Hyper-connection (gated residual) read" and the layer's
 // `X = Xin + w ⊗ out` inject. The two low-rank products between hc_norm and hc_mix run in cuBLAS (hc.cpp).
+#ifndef __CUDACC_RTC__
+#include "ops/cuda/kernel_attributes.h"
+#endif
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/hc_kernels.h"
 
@@ -18,6 +21,7 @@ __global__ void __launch_bounds__(1024)
     hc_norm_kernel(TX* __restrict__ x, const TX* __restrict__ y_prev, const float* __restrict__ w_prev,
                    const __half* __restrict__ norm_w, const __half* __restrict__ w_inject, __half* __restrict__ n_out,
                    float* __restrict__ inject_out, int streams, int hidden, float eps) {
+  pdl_begin();
   __shared__ float scratch[32];
   __shared__ float rstd[kHcMaxStreams];
   const int64_t t = blockIdx.x;
@@ -66,6 +70,7 @@ __global__ void __launch_bounds__(1024)
 
 // a = silu(d / S), d = W_down · n in FP32 from cuBLAS.
 __global__ void hc_act_kernel(const float* __restrict__ d, __half* __restrict__ a, int64_t n, float inv_streams) {
+  pdl_begin();
   const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (i < n) a[i] = to_h(siluf_(d[i] * inv_streams));
 }
@@ -74,6 +79,7 @@ __global__ void hc_act_kernel(const float* __restrict__ d, __half* __restrict__ 
 template <class TU>
 __global__ void hc_mix_kernel(const __half* __restrict__ m, const __half* __restrict__ nrm, TU* __restrict__ u,
                               int tokens, int streams, int hidden) {
+  pdl_begin();
   const int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (idx >= int64_t(tokens) * hidden) return;
   const int64_t t = idx / hidden, i = idx % hidden;
@@ -90,6 +96,7 @@ __global__ void hc_mix_kernel(const __half* __restrict__ m, const __half* __rest
 template <class T>
 __global__ void hc_inject_kernel(T* __restrict__ x, const T* __restrict__ y, const float* __restrict__ w, int tokens,
                                  int streams, int hidden) {
+  pdl_begin();
   const int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t width = int64_t(streams) * hidden;
   if (idx >= int64_t(tokens) * width) return;
@@ -123,11 +130,11 @@ cudaError_t hc_norm_launch(TX* x, const TX* y_prev, const float* w_prev, const _
                            cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   if (tokens < 256)
-    hc_norm_kernel<TX>
-        <<<tokens, 1024, 0, stream>>>(x, y_prev, w_prev, norm_w, w_inject, n_out, inject_out, streams, hidden, eps);
+    launch(hc_norm_kernel<TX>, tokens, 1024, 0, stream, x, y_prev, w_prev, norm_w, w_inject, n_out, inject_out, streams,
+           hidden, eps);
   else
-    hc_norm_kernel<TX>
-        <<<tokens, 256, 0, stream>>>(x, y_prev, w_prev, norm_w, w_inject, n_out, inject_out, streams, hidden, eps);
+    launch(hc_norm_kernel<TX>, tokens, 256, 0, stream, x, y_prev, w_prev, norm_w, w_inject, n_out, inject_out, streams,
+           hidden, eps);
   return cudaGetLastError();
 }
 
@@ -136,7 +143,7 @@ cudaError_t hc_mix_launch(const __half* m, const __half* n, TU* u, int tokens, i
                           cudaStream_t stream) {
   const int64_t total = int64_t(tokens) * hidden;
   if (total == 0) return cudaSuccess;
-  hc_mix_kernel<TU><<<grid_for(total), kThreads, 0, stream>>>(m, n, u, tokens, streams, hidden);
+  launch(hc_mix_kernel<TU>, grid_for(total), kThreads, 0, stream, m, n, u, tokens, streams, hidden);
   return cudaGetLastError();
 }
 
@@ -145,7 +152,7 @@ cudaError_t hc_inject_launch(T* x, const T* y, const float* w, int tokens, int s
                              cudaStream_t stream) {
   const int64_t total = int64_t(tokens) * streams * hidden;
   if (total == 0) return cudaSuccess;
-  hc_inject_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(x, y, w, tokens, streams, hidden);
+  launch(hc_inject_kernel<T>, grid_for(total), kThreads, 0, stream, x, y, w, tokens, streams, hidden);
   return cudaGetLastError();
 }
 }  // namespace
@@ -164,7 +171,7 @@ cudaError_t launch_hc_norm(float* x, const float* y_prev, const float* w_prev, c
 cudaError_t launch_hc_act(const float* d, __half* a, int tokens, int rank, int streams, cudaStream_t stream) {
   const int64_t n = int64_t(tokens) * rank;
   if (n == 0) return cudaSuccess;
-  hc_act_kernel<<<grid_for(n), kThreads, 0, stream>>>(d, a, n, 1.f / float(streams));
+  launch(hc_act_kernel, grid_for(n), kThreads, 0, stream, d, a, n, 1.f / float(streams));
   return cudaGetLastError();
 }
 

@@ -1,8 +1,12 @@
-// Host-side launch attributes of the CUDA kernels (included by *_kernels.cu launchers; no fmt, nvcc host code).
+// Host-side launch attributes of the CUDA kernels and their launch (included by *_kernels.cu launchers; no fmt, nvcc
+// host code).
 #pragma once
 
-#include <cuda_runtime_api.h>
+#include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -24,6 +28,55 @@ inline cudaError_t ensure_dynamic_smem(const void* kernel, size_t bytes) {
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
   if (err == cudaSuccess) have = bytes;
   return err;
+}
+
+/// Programmatic dependent launch (PDL): whether launch() lets a kernel be scheduled before the kernel ahead of it in
+/// its stream has finished. On for GPUs of compute capability 9.0 and newer (PTX griddepcontrol), unless the
+/// environment says FLASHNEXT_CUDA_PDL=0 (read at the first launch) or set_programmatic_launch(false) was called;
+/// always off below 9.0, where launch() is a plain launch. The state of the current device; about 20 ns.
+inline std::atomic<int>& programmatic_launch_setting() {
+  static std::atomic<int> setting{[] {
+    const char* v = std::getenv("FLASHNEXT_CUDA_PDL");
+    return v && std::strcmp(v, "0") == 0 ? 0 : 1;
+  }()};
+  return setting;
+}
+inline bool programmatic_launch_enabled() {
+  if (programmatic_launch_setting().load(std::memory_order_relaxed) == 0) return false;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return false;
+  static std::atomic<signed char> capable[64];  // 0 not asked yet, 1 below 9.0, 2 9.0 or newer
+  signed char c = capable[device].load(std::memory_order_relaxed);
+  if (c == 0) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
+    c = major >= 9 ? 2 : 1;
+    capable[device].store(c, std::memory_order_relaxed);
+  }
+  return c == 2;
+}
+
+/// Launches `kernel` on `stream` as `kernel<<<grid, block, smem, stream>>>(args...)` does, with programmatic stream
+/// serialization where programmatic_launch_enabled(): the GPU may then schedule the kernel's blocks as soon as every
+/// block of the previous kernel in the stream has called griddepcontrol.launch_dependents, instead of after that
+/// kernel's last block has finished (the launch latency and the previous kernel's tail overlap). Contract: the
+/// kernel's first statement is pdl_begin() (device_math.cuh), which waits until the previous kernels have finished
+/// and their writes are visible before the kernel touches global memory. Copies, sets, event waits and cuBLAS
+/// kernels in the stream keep their plain ordering. Returns the launch's CUDA error (also left for
+/// cudaGetLastError).
+template <class... Params, class... Args>
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = programmatic_launch_enabled() ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
 }  // namespace flashnext::cuda::detail

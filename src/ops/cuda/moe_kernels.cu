@@ -4,6 +4,9 @@
 // gate_up_proj [E, 2I, H] (gate rows then up rows) and down_proj [E, H, I].
 #include <mma.h>
 
+#ifndef __CUDACC_RTC__
+#include "ops/cuda/kernel_attributes.h"
+#endif
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/moe_kernels.h"
 
@@ -16,6 +19,7 @@ using namespace nvcuda;
 // renormalised to sum 1.
 __global__ void moe_router_topk_kernel(const float* __restrict__ logits, int64_t ld, int tokens, int experts, int top_k,
                                        bool norm, int32_t* __restrict__ ids, float* __restrict__ weights) {
+  pdl_begin();
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
   if (warp >= tokens) return;
   const float* row = logits + int64_t(warp) * ld;
@@ -81,6 +85,7 @@ __global__ void moe_router_topk_kernel(const float* __restrict__ logits, int64_t
 __global__ void moe_align_kernel(const int32_t* __restrict__ ids, int slots, int experts, int32_t* offsets,
                                  int32_t* sorted_slots, int32_t* slot_row, int32_t* tile_expert, int32_t* tile_row,
                                  int32_t* num_tiles, int32_t* status) {
+  pdl_begin();
   __shared__ int count[kMoeMaxExperts];
   __shared__ int cursor[kMoeMaxExperts];
   __shared__ int tile_start[kMoeMaxExperts];
@@ -247,6 +252,7 @@ __global__ void __launch_bounds__(kGemmThreads)
                        const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted_slots,
                        const int32_t* __restrict__ tile_expert, const int32_t* __restrict__ tile_row,
                        const int32_t* __restrict__ num_tiles, __half* __restrict__ h) {
+  pdl_begin();
   moe_gemm_body<true>(u, ldu, top_k, w_gate, w_up, expert_rows, hidden, inter, offsets, sorted_slots, nullptr,
                       tile_expert, tile_row, num_tiles, h);
 }
@@ -257,6 +263,7 @@ __global__ void __launch_bounds__(kGemmThreads)
                     const float* __restrict__ weights, const int32_t* __restrict__ tile_expert,
                     const int32_t* __restrict__ tile_row, const int32_t* __restrict__ num_tiles,
                     __half* __restrict__ ys) {
+  pdl_begin();
   moe_gemm_body<false>(h, inter, 1, w, w, hidden, hidden, inter, offsets, sorted_slots, weights, tile_expert, tile_row,
                        num_tiles, ys);
 }
@@ -267,6 +274,7 @@ template <class TO>
 __global__ void moe_combine_kernel(const __half* __restrict__ ys, const int32_t* __restrict__ slot_row, int tokens,
                                    int top_k, int hidden, const __half* __restrict__ shared,
                                    const float* __restrict__ shared_gate, TO* __restrict__ out, int64_t ldo) {
+  pdl_begin();
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= int64_t(tokens) * hidden) return;
   const int64_t t = idx / hidden, c = idx % hidden;
@@ -281,6 +289,7 @@ __global__ void moe_combine_kernel(const __half* __restrict__ ys, const int32_t*
 
 __global__ void silu_mul_kernel(const __half* __restrict__ gate, const __half* __restrict__ up, int64_t ld_in,
                                 __half* __restrict__ out, int64_t ld_out, int tokens, int width) {
+  pdl_begin();
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= int64_t(tokens) * width) return;
   const int64_t t = idx / width, c = idx % width;
@@ -299,15 +308,16 @@ template __global__ void moe_combine_kernel<float>(const __half*, const int32_t*
 cudaError_t launch_moe_router_topk(const float* logits, int64_t ld, int tokens, int experts, int top_k, bool norm,
                                    int32_t* ids, float* weights, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  moe_router_topk_kernel<<<(tokens + 7) / 8, 256, 0, stream>>>(logits, ld, tokens, experts, top_k, norm, ids, weights);
+  launch(moe_router_topk_kernel, (tokens + 7) / 8, 256, 0, stream, logits, ld, tokens, experts, top_k, norm, ids,
+         weights);
   return cudaGetLastError();
 }
 
 cudaError_t launch_moe_align(const int32_t* ids, int slots, int experts, int32_t* offsets, int32_t* sorted_slots,
                              int32_t* slot_row, int32_t* tile_expert, int32_t* tile_row, int32_t* num_tiles,
                              int32_t* status, cudaStream_t stream) {
-  moe_align_kernel<<<1, 1024, 0, stream>>>(ids, slots, experts, offsets, sorted_slots, slot_row, tile_expert, tile_row,
-                                           num_tiles, status);
+  launch(moe_align_kernel, 1, 1024, 0, stream, ids, slots, experts, offsets, sorted_slots, slot_row, tile_expert,
+         tile_row, num_tiles, status);
   return cudaGetLastError();
 }
 
@@ -317,8 +327,8 @@ cudaError_t launch_moe_gate_up_split(const __half* u, int64_t ldu, int top_k, co
                                      const int32_t* num_tiles, int max_tiles, __half* h, cudaStream_t stream) {
   if (max_tiles == 0) return cudaSuccess;
   dim3 grid((inter + kBN - 1) / kBN, max_tiles);
-  moe_gate_up_kernel<<<grid, kGemmThreads, 0, stream>>>(u, ldu, top_k, gate, up, expert_rows, hidden, inter, offsets,
-                                                        sorted_slots, tile_expert, tile_row, num_tiles, h);
+  launch(moe_gate_up_kernel, grid, kGemmThreads, 0, stream, u, ldu, top_k, gate, up, expert_rows, hidden, inter,
+         offsets, sorted_slots, tile_expert, tile_row, num_tiles, h);
   return cudaGetLastError();
 }
 
@@ -328,8 +338,8 @@ cudaError_t launch_moe_down(const __half* h, const __half* down, int hidden, int
                             cudaStream_t stream) {
   if (max_tiles == 0) return cudaSuccess;
   dim3 grid((hidden + kBN - 1) / kBN, max_tiles);
-  moe_down_kernel<<<grid, kGemmThreads, 0, stream>>>(h, down, hidden, inter, offsets, sorted_slots, weights,
-                                                     tile_expert, tile_row, num_tiles, ys);
+  launch(moe_down_kernel, grid, kGemmThreads, 0, stream, h, down, hidden, inter, offsets, sorted_slots, weights,
+         tile_expert, tile_row, num_tiles, ys);
   return cudaGetLastError();
 }
 
@@ -338,8 +348,8 @@ cudaError_t launch_moe_combine(const __half* ys, const int32_t* slot_row, int to
                                cudaStream_t stream) {
   const int64_t n = int64_t(tokens) * hidden;
   if (n == 0) return cudaSuccess;
-  moe_combine_kernel<__half><<<unsigned((n + 255) / 256), 256, 0, stream>>>(ys, slot_row, tokens, top_k, hidden, shared,
-                                                                            shared_gate, out, ldo);
+  launch(moe_combine_kernel<__half>, unsigned((n + 255) / 256), 256, 0, stream, ys, slot_row, tokens, top_k, hidden,
+         shared, shared_gate, out, ldo);
   return cudaGetLastError();
 }
 
@@ -348,8 +358,8 @@ cudaError_t launch_moe_combine(const __half* ys, const int32_t* slot_row, int to
                                cudaStream_t stream) {
   const int64_t n = int64_t(tokens) * hidden;
   if (n == 0) return cudaSuccess;
-  moe_combine_kernel<float><<<unsigned((n + 255) / 256), 256, 0, stream>>>(ys, slot_row, tokens, top_k, hidden, shared,
-                                                                           shared_gate, out, ldo);
+  launch(moe_combine_kernel<float>, unsigned((n + 255) / 256), 256, 0, stream, ys, slot_row, tokens, top_k, hidden,
+         shared, shared_gate, out, ldo);
   return cudaGetLastError();
 }
 
@@ -357,7 +367,7 @@ cudaError_t launch_silu_mul(const __half* gate, const __half* up, int64_t ld_in,
                             int tokens, int width, cudaStream_t stream) {
   const int64_t n = int64_t(tokens) * width;
   if (n == 0) return cudaSuccess;
-  silu_mul_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(gate, up, ld_in, out, ld_out, tokens, width);
+  launch(silu_mul_kernel, unsigned((n + 255) / 256), 256, 0, stream, gate, up, ld_in, out, ld_out, tokens, width);
   return cudaGetLastError();
 }
 #endif

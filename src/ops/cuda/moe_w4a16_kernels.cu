@@ -11,6 +11,9 @@
 //          through a byte permute, the sign bit moves to bit 15: the exact E2M1 value as FP16.
 #include <mma.h>
 
+#ifndef __CUDACC_RTC__
+#include "ops/cuda/kernel_attributes.h"
+#endif
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/moe_kernels.h"
 #include "ops/cuda/moe_w4a16_kernels.h"
@@ -83,6 +86,7 @@ __global__ void __launch_bounds__(kMoeMaxExperts)
                     int32_t* __restrict__ sorted_slots, int32_t* __restrict__ slot_row,
                     int32_t* __restrict__ tile_expert, int32_t* __restrict__ tile_row, int32_t* __restrict__ num_tiles,
                     int32_t* __restrict__ status) {
+  pdl_begin();
   __shared__ int count[kMoeMaxExperts];
   __shared__ int warp_rows[kMoeMaxExperts / 32], warp_tiles[kMoeMaxExperts / 32];
   const int e = threadIdx.x, lane = e & 31, warp = e >> 5;
@@ -246,6 +250,7 @@ __global__ void __launch_bounds__(kW4GemvThreads)
     w4_gemv_gate_up_kernel(W4Mat w, const __half* __restrict__ u, int64_t ldu, const int32_t* __restrict__ ids,
                            int top_k, int experts, int inter, int lanes, __half* __restrict__ h,
                            int32_t* __restrict__ status) {
+  pdl_begin();
   constexpr int O = kW4GemvOutsGateUp;
   const int s = blockIdx.x, e = ids[s];
   if (e < 0 || e >= experts) {
@@ -281,6 +286,7 @@ __global__ void __launch_bounds__(kW4GemvThreads)
                         const float* __restrict__ weights, int top_k, int experts, int hidden, int inter, int lanes,
                         __half* ys, int32_t* __restrict__ done, const __half* __restrict__ shared,
                         const float* __restrict__ shared_gate, TO* __restrict__ out, int64_t ldo) {
+  pdl_begin();
   constexpr int O = kW4GemvOutsDown;
   __shared__ int last;
   const int s = blockIdx.x, t = s / top_k, e = ids[s];
@@ -501,6 +507,7 @@ __global__ void __launch_bounds__(kThreads)
                    const float* __restrict__ weights, const int32_t* __restrict__ tile_expert,
                    const int32_t* __restrict__ tile_row, const int32_t* __restrict__ num_tiles,
                    __half* __restrict__ out) {
+  pdl_begin();
   w4_gemm_body<GATE_UP, NVFP4>(w, a_src, lda, top_k, n_out, offsets, sorted_slots, weights, tile_expert, tile_row,
                                num_tiles, out);
 }
@@ -521,8 +528,8 @@ FN_W4_GEMM(false, false)
 cudaError_t launch_w4_align(const int32_t* ids, int slots, int experts, int32_t* offsets, int32_t* sorted_slots,
                             int32_t* slot_row, int32_t* tile_expert, int32_t* tile_row, int32_t* num_tiles,
                             int32_t* status, cudaStream_t stream) {
-  w4_align_kernel<<<1, kMoeMaxExperts, 0, stream>>>(ids, slots, experts, offsets, sorted_slots, slot_row, tile_expert,
-                                                    tile_row, num_tiles, status);
+  launch(w4_align_kernel, 1, kMoeMaxExperts, 0, stream, ids, slots, experts, offsets, sorted_slots, slot_row,
+         tile_expert, tile_row, num_tiles, status);
   return cudaGetLastError();
 }
 
@@ -531,8 +538,8 @@ cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const __half* u, int64_t ldu,
                                    cudaStream_t stream) {
   if (slots == 0) return cudaSuccess;
   const dim3 grid(slots, w4_gemv_row_blocks(inter, w.cols, kW4GemvOutsGateUp));
-  (w.nvfp4 ? w4_gemv_gate_up_kernel<true> : w4_gemv_gate_up_kernel<false>)<<<grid, kW4GemvThreads, 0, stream>>>(
-      w, u, ldu, ids, top_k, experts, inter, w4_gemv_lanes(w.cols), h, status);
+  launch((w.nvfp4 ? w4_gemv_gate_up_kernel<true> : w4_gemv_gate_up_kernel<false>), grid, kW4GemvThreads, 0, stream, w,
+         u, ldu, ids, top_k, experts, inter, w4_gemv_lanes(w.cols), h, status);
   return cudaGetLastError();
 }
 
@@ -543,9 +550,8 @@ cudaError_t launch_w4_gemv_down(const W4Mat& w, const __half* h, const int32_t* 
                                 cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   const dim3 grid(tokens * top_k, w4_gemv_row_blocks(hidden, inter, kW4GemvOutsDown));
-  (w.nvfp4 ? w4_gemv_down_kernel<true, TO> : w4_gemv_down_kernel<false, TO>)<<<grid, kW4GemvThreads, 0, stream>>>(
-      w, h, ids, weights, top_k, experts, hidden, inter, w4_gemv_lanes(inter), ys, done, shared, shared_gate, out,
-      ldo);
+  launch((w.nvfp4 ? w4_gemv_down_kernel<true, TO> : w4_gemv_down_kernel<false, TO>), grid, kW4GemvThreads, 0, stream, w,
+         h, ids, weights, top_k, experts, hidden, inter, w4_gemv_lanes(inter), ys, done, shared, shared_gate, out, ldo);
   return cudaGetLastError();
 }
 template cudaError_t launch_w4_gemv_down<__half>(const W4Mat&, const __half*, const int32_t*, const float*, int, int,
@@ -561,8 +567,8 @@ cudaError_t launch_w4_gemm_gate_up(const W4Mat& w, const __half* u, int64_t ldu,
                                    cudaStream_t stream) {
   if (max_tiles == 0) return cudaSuccess;
   const dim3 grid((inter + kBN - 1) / kBN, max_tiles);
-  (w.nvfp4 ? w4_gemm_kernel<true, true> : w4_gemm_kernel<true, false>)<<<grid, kThreads, 0, stream>>>(
-      w, u, ldu, top_k, inter, offsets, sorted_slots, nullptr, tile_expert, tile_row, num_tiles, h);
+  launch((w.nvfp4 ? w4_gemm_kernel<true, true> : w4_gemm_kernel<true, false>), grid, kThreads, 0, stream, w, u, ldu,
+         top_k, inter, offsets, sorted_slots, nullptr, tile_expert, tile_row, num_tiles, h);
   return cudaGetLastError();
 }
 
@@ -572,8 +578,8 @@ cudaError_t launch_w4_gemm_down(const W4Mat& w, const __half* h, int hidden, int
                                 cudaStream_t stream) {
   if (max_tiles == 0) return cudaSuccess;
   const dim3 grid((hidden + kBN - 1) / kBN, max_tiles);
-  (w.nvfp4 ? w4_gemm_kernel<false, true> : w4_gemm_kernel<false, false>)<<<grid, kThreads, 0, stream>>>(
-      w, h, inter, 1, hidden, offsets, sorted_slots, weights, tile_expert, tile_row, num_tiles, ys);
+  launch((w.nvfp4 ? w4_gemm_kernel<false, true> : w4_gemm_kernel<false, false>), grid, kThreads, 0, stream, w, h, inter,
+         1, hidden, offsets, sorted_slots, weights, tile_expert, tile_row, num_tiles, ys);
   return cudaGetLastError();
 }
 #endif

@@ -1,5 +1,8 @@
 // Normalisation kernels, one warp per normalised group. FP16 (or FP32: the kernels are templated on the activation
 // type T) in/out, FP16 weights, FP32 statistics (MODEL.md: all norms compute mean/rsqrt in float32).
+#ifndef __CUDACC_RTC__
+#include "ops/cuda/kernel_attributes.h"
+#endif
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/norm_kernels.h"
 
@@ -12,6 +15,7 @@ constexpr int kWarps = 8;
 template <class T>
 __global__ void zc_rmsnorm_kernel(const T* __restrict__ x, int64_t ldx, T* y, int64_t ldy, const __half* __restrict__ w,
                                   int w_len, int rows, int width, int group, float eps) {
+  pdl_begin();
   const int groups = width / group;
   const int64_t item = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (item >= int64_t(rows) * groups) return;
@@ -34,6 +38,7 @@ constexpr int kWideGroup = 512;
 template <class T>
 __global__ void zc_rmsnorm_wide_kernel(const T* __restrict__ x, int64_t ldx, T* y, int64_t ldy,
                                        const __half* __restrict__ w, int w_len, int width, int group, float eps) {
+  pdl_begin();
   __shared__ float scratch[32];
   const int groups = width / group;
   const int64_t row = blockIdx.x / groups;
@@ -55,6 +60,7 @@ template <class T>
 __global__ void head_norm_rope_kernel(const T* __restrict__ x, int64_t xts, int64_t xhs, T* y, int64_t yts, int64_t yhs,
                                       const __half* __restrict__ w, const int32_t* __restrict__ pos, int tokens,
                                       int heads, int dim, int rotary_dims, float theta, float eps) {
+  pdl_begin();
   const int64_t item = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (item >= int64_t(tokens) * heads) return;
   const int lane = threadIdx.x & 31;
@@ -88,6 +94,7 @@ template <class T>
 __global__ void gated_rmsnorm_kernel(const T* __restrict__ x, int64_t ldx, const T* __restrict__ z, int64_t ldz, T* y,
                                      int64_t ldy, const __half* __restrict__ w, int tokens, int heads, int dim,
                                      float eps, bool silu_gate) {
+  pdl_begin();
   const int64_t item = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (item >= int64_t(tokens) * heads) return;
   const int lane = threadIdx.x & 31;
@@ -136,10 +143,10 @@ cudaError_t zc_rmsnorm_launch(const T* x, int64_t ldx, T* y, int64_t ldy, const 
   int64_t items = int64_t(rows) * (width / group);
   if (items == 0) return cudaSuccess;
   if (group >= kWideGroup && items < 2048)  // few wide groups (decode): a block each; else a warp each
-    zc_rmsnorm_wide_kernel<T><<<unsigned(items), 256, 0, stream>>>(x, ldx, y, ldy, w, w_len, width, group, eps);
+    launch(zc_rmsnorm_wide_kernel<T>, unsigned(items), 256, 0, stream, x, ldx, y, ldy, w, w_len, width, group, eps);
   else
-    zc_rmsnorm_kernel<T>
-        <<<blocks_for(items), kWarps * 32, 0, stream>>>(x, ldx, y, ldy, w, w_len, rows, width, group, eps);
+    launch(zc_rmsnorm_kernel<T>, blocks_for(items), kWarps * 32, 0, stream, x, ldx, y, ldy, w, w_len, rows, width,
+           group, eps);
   return cudaGetLastError();
 }
 
@@ -149,8 +156,8 @@ cudaError_t head_norm_rope_launch(const T* x, int64_t xts, int64_t xhs, T* y, in
                                   float eps, cudaStream_t stream) {
   int64_t items = int64_t(tokens) * heads;
   if (items == 0) return cudaSuccess;
-  head_norm_rope_kernel<T><<<blocks_for(items), kWarps * 32, 0, stream>>>(x, xts, xhs, y, yts, yhs, w, pos, tokens,
-                                                                          heads, dim, rotary_dims, theta, eps);
+  launch(head_norm_rope_kernel<T>, blocks_for(items), kWarps * 32, 0, stream, x, xts, xhs, y, yts, yhs, w, pos, tokens,
+         heads, dim, rotary_dims, theta, eps);
   return cudaGetLastError();
 }
 
@@ -159,8 +166,8 @@ cudaError_t gated_rmsnorm_launch(const T* x, int64_t ldx, const T* z, int64_t ld
                                  int tokens, int heads, int dim, float eps, bool silu_gate, cudaStream_t stream) {
   int64_t items = int64_t(tokens) * heads;
   if (items == 0) return cudaSuccess;
-  gated_rmsnorm_kernel<T>
-      <<<blocks_for(items), kWarps * 32, 0, stream>>>(x, ldx, z, ldz, y, ldy, w, tokens, heads, dim, eps, silu_gate);
+  launch(gated_rmsnorm_kernel<T>, blocks_for(items), kWarps * 32, 0, stream, x, ldx, z, ldz, y, ldy, w, tokens, heads,
+         dim, eps, silu_gate);
   return cudaGetLastError();
 }
 }  // namespace

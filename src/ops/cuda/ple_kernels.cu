@@ -1,6 +1,9 @@
 // PLE (hashed n-gram embedding) kernels: MODEL.md "PLE"; reference Qwen4ExpTextNGramEmbedding and
 // Qwen4ExpTextPLELayer. The table may live in device memory or in pinned host memory that the gather reads
 // directly over the host link (UVA). FP8 rows are decoded in software (SM70 has no FP8 instructions).
+#ifndef __CUDACC_RTC__
+#include "ops/cuda/kernel_attributes.h"
+#endif
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/ple_kernels.h"
 
@@ -36,6 +39,7 @@ __global__ void ple_gather_kernel(const void* const* __restrict__ shards, int nu
                                   int64_t total_rows, int table_type, float scale, PleGroupScales group_scales,
                                   int row_dim, const int64_t* __restrict__ rows, int tokens, int heads,
                                   TO* __restrict__ out, int32_t* status) {
+  pdl_begin();
   const int64_t item = (int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (item >= int64_t(tokens) * heads) return;
@@ -76,9 +80,9 @@ cudaError_t launch_ple_gather(const void* const* shards, int num_shards, int64_t
                               cudaStream_t stream) {
   const int64_t items = int64_t(tokens) * heads;
   if (items == 0) return cudaSuccess;
-  ple_gather_kernel<float><<<unsigned((items * 32 + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      shards, num_shards, rows_per_shard, total_rows, table_type, scale, group_scales, row_dim, rows, tokens, heads,
-      out, status);
+  launch(ple_gather_kernel<float>, unsigned((items * 32 + kThreads - 1) / kThreads), kThreads, 0, stream, shards,
+         num_shards, rows_per_shard, total_rows, table_type, scale, group_scales, row_dim, rows, tokens, heads, out,
+         status);
   return cudaGetLastError();
 }
 

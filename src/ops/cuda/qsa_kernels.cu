@@ -161,6 +161,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                          int split_len, const float* __restrict__ gate, int64_t ld_gate, int64_t gate_hs,
                          float* __restrict__ partial, float* __restrict__ out, int64_t ldo, int32_t* status,
                          bool vec4) {
+  pdl_begin();
   extern __shared__ __align__(32) unsigned char smem_raw[];
   const AttnSmem sm(smem_raw, dim);
   constexpr int R = AttnSmem::kRows;
@@ -278,6 +279,7 @@ template <class T>
 __global__ void qsa_combine_kernel(const float* __restrict__ partial, int heads, int dim, int splits,
                                    const T* __restrict__ gate, int64_t ld_gate, int64_t gate_hs, T* __restrict__ out,
                                    int64_t ldo) {
+  pdl_begin();
   const int t = blockIdx.x / heads, hq = blockIdx.x % heads;
   const float* pp = partial + (int64_t(t) * heads + hq) * splits * (dim + 2);
   const float neg_inf = -__int_as_float(0x7f800000);
@@ -318,13 +320,12 @@ cudaError_t launch_qsa_attention(const float* q, int64_t ldq, const int32_t* tok
   const bool vec4 = dim % 4 == 0 && reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;
   dim3 grid(tokens, kv_heads, splits);
-  qsa_attention_kernel<<<grid, kThreads, smem, stream>>>(q, ldq, tok_seq, tok_pos, selected, ld_sel, counts, pg,
-                                                         k_cache, v_cache, heads, kv_heads, dim, splits, split_len,
-                                                         gate, ld_gate, gate_head_stride, partial, out, ldo, status,
-                                                         vec4);
+  launch(qsa_attention_kernel, grid, kThreads, smem, stream, q, ldq, tok_seq, tok_pos, selected, ld_sel, counts, pg,
+         k_cache, v_cache, heads, kv_heads, dim, splits, split_len, gate, ld_gate, gate_head_stride, partial, out, ldo,
+         status, vec4);
   if (splits > 1)
-    qsa_combine_kernel<float><<<tokens * heads, kThreads, 0, stream>>>(partial, heads, dim, splits, gate, ld_gate,
-                                                                       gate_head_stride, out, ldo);
+    launch(qsa_combine_kernel<float>, tokens * heads, kThreads, 0, stream, partial, heads, dim, splits, gate, ld_gate,
+           gate_head_stride, out, ldo);
   return cudaGetLastError();
 }
 #endif

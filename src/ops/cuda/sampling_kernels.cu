@@ -2,6 +2,9 @@
 // logits warpers do), one block per row. Probability masses are fixed-point integers (p / p_max * 2^40), so the
 // sums that decide top-p and the sampled token do not depend on the order of floating-point additions: a seed and
 // offset always give the same token. Ties at a top-k or top-p boundary keep every tied token.
+#ifndef __CUDACC_RTC__
+#include "ops/cuda/kernel_attributes.h"
+#endif
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/sampling_kernels.h"
 
@@ -106,6 +109,7 @@ __device__ uint32_t radix_select(const float* l, int vocab, uint32_t floor_key, 
 __global__ void __launch_bounds__(kThreads)
     sample_kernel(const float* __restrict__ logits, int64_t ld, int vocab, const TokenSamplingRow* __restrict__ params,
                   int32_t* __restrict__ tokens) {
+  pdl_begin();
   __shared__ unsigned long long hist[kWarps / 2 * 256];  // 32 KB of histograms
   __shared__ uint64_t ush[kWarps + 1];
   __shared__ float fsh[32];
@@ -196,7 +200,7 @@ __global__ void __launch_bounds__(kThreads)
 cudaError_t launch_sample(const float* logits, int64_t ld, int rows, int vocab, const TokenSamplingRow* params,
                           int32_t* tokens, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  sample_kernel<<<rows, kThreads, 0, stream>>>(logits, ld, vocab, params, tokens);
+  launch(sample_kernel, rows, kThreads, 0, stream, logits, ld, vocab, params, tokens);
   return cudaGetLastError();
 }
 #endif

@@ -400,6 +400,42 @@ TEST(TinyBPleDevice, SameLogitsAsHostTable) {
   EXPECT_LE(max_abs_diff(a.data(), b.data(), a.size()), 1e-5);
 }
 
+// Programmatic dependent launch (kernel_attributes.h `launch`): a kernel may be scheduled while the one ahead of it
+// runs, and waits in pdl_begin() for its results. Any kernel reading or writing before that wait would race; the
+// kernels are deterministic, so the logits of a prefill and of decode steps must be bit for bit those of plain
+// launches. On a GPU below compute capability 9.0 both runs are plain launches and the test says so.
+TEST(ProgrammaticLaunch, SameLogitsAsPlainLaunches) {
+  const bool pdl = cuda_programmatic_launch(0);
+  std::printf("E2E: programmatic dependent launch %s on GPU 0\n", pdl ? "on" : "not available (both runs plain)");
+  for (const char* fixture : {"tiny-a", "tiny-b"}) {
+    const bool a = std::string(fixture) == "tiny-a";
+    RefFile ref(source_path(fmt::format("tests/data/fixtures/{}/reference.safetensors", fixture)));
+    Model& model = gpu_model(source_path(a ? kTinyA : kTinyB));
+    const int64_t V = model.config().vocab_size;
+    const auto ids = ref.ids(a ? "long" : "chat0");
+    auto run = [&](bool programmatic) {
+      set_cuda_programmatic_launch(programmatic);
+      SequenceState seq = model.new_sequence();
+      std::vector<float> all = model.forward(seq, ids, LogitsMode::All);
+      std::vector<float> last(all.end() - V, all.end());
+      for (int step = 0; step < 12; ++step) {
+        const int32_t next = int32_t(std::max_element(last.begin(), last.end()) - last.begin());
+        last = model.forward(seq, std::vector<int32_t>{next}, LogitsMode::Last);
+        all.insert(all.end(), last.begin(), last.end());
+      }
+      return all;
+    };
+    const std::vector<float> with = run(true), plain = run(false), again = run(true);
+    set_cuda_programmatic_launch(true);
+    ASSERT_EQ(with.size(), plain.size());
+    EXPECT_EQ(0, std::memcmp(with.data(), plain.data(), with.size() * sizeof(float)))
+        << fixture << ": logits differ between programmatic and plain launches (max |d| "
+        << max_abs_diff(with.data(), plain.data(), with.size()) << ")";
+    EXPECT_EQ(0, std::memcmp(with.data(), again.data(), with.size() * sizeof(float)))
+        << fixture << ": two runs with programmatic launches differ";
+  }
+}
+
 // ------------------------------------------------------------------------------------------------ medium
 
 class Medium : public ::testing::TestWithParam<std::string> {};

@@ -1,0 +1,63 @@
+// The launch contract of the CUDA kernels, checked on their source (runs without a GPU): a kernel that
+// src/ops/cuda/kernel_attributes.h `launch` starts may be scheduled while the kernel ahead of it in the stream still
+// runs (programmatic dependent launch on compute capability 9.0+), so its first statement must be pdl_begin()
+// (device_math.cuh), the wait for the kernels ahead. A kernel that touched memory before it would race with them,
+// and only sometimes; this test names such a kernel instead.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+namespace {
+
+std::string read_file(const std::filesystem::path& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+/// Names of the kernels `src` starts through launch(NAME... or launch((cond ? NAME<..> : NAME<..>)...
+std::set<std::string> launched_kernels(const std::string& src) {
+  std::set<std::string> names;
+  static const std::regex call(R"(\blaunch\(\(?\s*(?:[^,]*\?\s*)?([A-Za-z_]\w*))");
+  for (auto it = std::sregex_iterator(src.begin(), src.end(), call); it != std::sregex_iterator(); ++it)
+    names.insert((*it)[1].str());
+  return names;
+}
+
+TEST(KernelSource, EveryKernelStartedByLaunchBeginsWithPdlBegin) {
+  const std::filesystem::path dir = std::filesystem::path(FLASHNEXT_SOURCE_DIR) / "src/ops/cuda";
+  ASSERT_TRUE(std::filesystem::is_directory(dir)) << dir;
+  // A kernel definition: `__global__ void [__launch_bounds__(...)] NAME(params) {` (explicit instantiations end in ';').
+  static const std::regex def(R"(__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?([A-Za-z_]\w*)\s*\()");
+  int files = 0, checked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".cu") continue;
+    const std::string src = read_file(entry.path());
+    const std::set<std::string> launched = launched_kernels(src);
+    if (launched.empty()) continue;
+    ++files;
+    for (auto it = std::sregex_iterator(src.begin(), src.end(), def); it != std::sregex_iterator(); ++it) {
+      const std::string name = (*it)[1].str();
+      const size_t after = size_t(it->position(0) + it->length(0));
+      const size_t brace = src.find('{', after), semi = src.find(';', after);
+      if (brace == std::string::npos || semi < brace) continue;  // a declaration or explicit instantiation
+      if (!launched.count(name)) continue;
+      ++checked;
+      size_t body = brace + 1;
+      while (body < src.size() && std::isspace(static_cast<unsigned char>(src[body]))) ++body;
+      EXPECT_EQ(src.compare(body, 12, "pdl_begin();"), 0)
+          << entry.path().filename().string() << ": kernel " << name
+          << " is started by launch() but its first statement is not pdl_begin()";
+    }
+  }
+  EXPECT_GE(files, 5) << "no launch() calls found under " << dir;
+  EXPECT_GE(checked, 40) << "kernel definitions not found under " << dir;
+}
+
+}  // namespace
