@@ -118,31 +118,36 @@ __host__ __device__ constexpr int gemv_prefetch() {
   return T <= 2 ? 4 : T <= 4 ? 2 : 1;
 }
 
+// With `part` of `parts` warps on the row (split-K, gemv_f16w_f32x_kernel): the slices lane + 32 * (part + parts * i).
 template <int P, class Body>
-__device__ __forceinline__ void for_lane_slices_f16(const uint4* __restrict__ wr, int n8, int lane, Body&& body) {
-  for (int v0 = lane; v0 < n8; v0 += 32 * P) {
+__device__ __forceinline__ void for_lane_slices_f16(const uint4* __restrict__ wr, int n8, int lane, Body&& body,
+                                                    int part = 0, int parts = 1) {
+  const int stride = 32 * parts;
+  for (int v0 = lane + 32 * part; v0 < n8; v0 += stride * P) {
     uint4 raw[P];
 #pragma unroll
     for (int u = 0; u < P; ++u)
-      if (v0 + 32 * u < n8) raw[u] = __ldg(wr + v0 + 32 * u);
+      if (v0 + stride * u < n8) raw[u] = __ldg(wr + v0 + stride * u);
 #pragma unroll
     for (int u = 0; u < P; ++u) {
-      if (v0 + 32 * u >= n8) break;
+      if (v0 + stride * u >= n8) break;
       float wf[8];
       unpack_f16x8(raw[u], wf);
-      body(v0 + 32 * u, wf);
+      body(v0 + stride * u, wf);
     }
   }
 }
 
-// One lane's share of T dot products with one FP16 weight row: acc[t] += sum over the 8-wide slices v = lane,
-// lane + 32, ... < K/8 of w[8v .. 8v+8) . x_t[8v .. 8v+8), x_t = x + t * ldx (float32, 16-byte aligned), w 16-byte
-// aligned with K % 8 == 0; the caller sums the lanes (warp_sum). Weights are read once, with 16-byte loads.
+// One lane's share of T dot products with one FP16 weight row: acc[t] += sum over the 8-wide slices v = lane +
+// 32 part, then + 32 parts each, < K/8 of w[8v .. 8v+8) . x_t[8v .. 8v+8), x_t = x + t * ldx (float32, 16-byte
+// aligned), w 16-byte aligned with K % 8 == 0; the caller sums the lanes (warp_sum) and the parts. Weights are read
+// once, with 16-byte loads.
 template <int T>
 __device__ __forceinline__ void lane_dots_f16w(const __half* __restrict__ w, const float* __restrict__ x, int64_t ldx,
-                                               int K, int lane, float (&acc)[T]) {
+                                               int K, int lane, float (&acc)[T], int part = 0, int parts = 1) {
   for_lane_slices_f16<gemv_prefetch<T>()>(
-      reinterpret_cast<const uint4*>(w), K / 8, lane, [&](int v, const float(&wf)[8]) {
+      reinterpret_cast<const uint4*>(w), K / 8, lane,
+      [&](int v, const float(&wf)[8]) {
 #pragma unroll
         for (int t = 0; t < T; ++t) {
           const float4* xp = reinterpret_cast<const float4*>(x + t * ldx + int64_t(v) * 8);
@@ -150,32 +155,51 @@ __device__ __forceinline__ void lane_dots_f16w(const __half* __restrict__ w, con
           acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z +
                     wf[7] * b.w;
         }
-      });
+      },
+      part, parts);
 }
 
 // y_s[t, n] = sum_k x[t, k] * w_s[n, k] (+ bias_s[n]) for t < T <= kGemvMaxTokens over the segments s of `seg` (several
-// projections of one input in one launch): one warp per output row of the stacked segments, 16-byte weight loads (8
-// FP16 values) shared by the T tokens, float32 products and sums (the decode GEMV: as exact as a float32 product of
+// projections of one input in one launch): `parts` warps per output row of the stacked segments (1, 2, 4 or 8: split-K
+// for products of few rows, whose one warp per row would leave most of the GPU's memory parallelism unused; warp p of
+// a row takes its 8-wide slices p, p + parts, ... and the partial sums are added in warp order), 16-byte weight loads
+// (8 FP16 values) shared by the T tokens, float32 products and sums (the decode GEMV: as exact as a float32 product of
 // the FP16 weights, reading the weights once). K % 8 == 0, rows of x 16-byte aligned.
 template <int T>
-__global__ void gemv_f16w_f32x_kernel(const float* __restrict__ x, int64_t ldx, int K, GemvSegments seg) {
+__global__ void gemv_f16w_f32x_kernel(const float* __restrict__ x, int64_t ldx, int K, GemvSegments seg, int parts) {
   pdl_begin();
-  const int g = int((int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5);
-  const int lane = threadIdx.x & 31;
-  if (g >= seg.rows_end[seg.count - 1]) return;
-  int s = 0;
-  while (g >= seg.rows_end[s]) ++s;
-  const int n = g - (s ? seg.rows_end[s - 1] : 0);
+  __shared__ float red[kWarps][T];
+  const int warp = int(threadIdx.x >> 5), lane = threadIdx.x & 31, part = warp % parts;
+  const int g = int(blockIdx.x) * (kWarps / parts) + warp / parts;
+  const bool active = g < seg.rows_end[seg.count - 1];
+  int s = 0, n = 0;
   float acc[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) acc[t] = 0.f;
-  lane_dots_f16w<T>(seg.w[s] + int64_t(n) * K, x, ldx, K, lane, acc);
+  if (active) {
+    while (g >= seg.rows_end[s]) ++s;
+    n = g - (s ? seg.rows_end[s - 1] : 0);
+    lane_dots_f16w<T>(seg.w[s] + int64_t(n) * K, x, ldx, K, lane, acc, part, parts);
+  }
+#pragma unroll
+  for (int t = 0; t < T; ++t) acc[t] = warp_sum(acc[t]);
+  if (parts > 1) {  // the row's partials, added in warp order by its first warp
+    if (lane == 0)
+#pragma unroll
+      for (int t = 0; t < T; ++t) red[warp][t] = acc[t];
+    __syncthreads();
+    if (part != 0) return;
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      float a = red[warp][t];
+      for (int p = 1; p < parts; ++p) a += red[warp + p][t];
+      acc[t] = a;
+    }
+  }
+  if (!active || lane != 0) return;
   const float bias = seg.bias[s] ? to_f(seg.bias[s][n]) : 0.f;
 #pragma unroll
-  for (int t = 0; t < T; ++t) {
-    const float v = warp_sum(acc[t]);
-    if (lane == 0) seg.y[s][t * seg.ldy[s] + n] = v + bias;
-  }
+  for (int t = 0; t < T; ++t) seg.y[s][t * seg.ldy[s] + n] = acc[t] + bias;
 }
 
 // The shared expert's down projection for T <= kGemvMaxTokens tokens with its activation and gate fused in (one warp
@@ -697,7 +721,7 @@ __global__ void qsa_topk_kernel(Layout lay, const float* __restrict__ scores, in
 
 // The templates as sm_70 kernels for the NVRTC check (scripts/check-sm70.sh compiles device code only).
 #define FN_DECODE_KERNELS(TT)                                                                                          \
-  template __global__ void gemv_f16w_f32x_kernel<TT>(const float*, int64_t, int, GemvSegments);                        \
+  template __global__ void gemv_f16w_f32x_kernel<TT>(const float*, int64_t, int, GemvSegments, int);                   \
   template __global__ void shared_down_decode_kernel<TT>(const float*, const float*, const __half*, const float*, int, \
                                                          int, float*);                                                 \
   template __global__ void hc_down_kernel<TT>(const float*, const float*, const float*, const __half*, const __half*,  \
@@ -1001,11 +1025,21 @@ cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, int K, const Gemv
   if (seg.count > kGemvMaxSegments) return cudaErrorInvalidValue;
   const int rows = seg.rows_end[seg.count - 1];
   if (rows == 0) return cudaSuccess;
-  const unsigned blocks = unsigned((int64_t(rows) + kWarps - 1) / kWarps);
+  // Warps per row: enough in all for about 4,096 warps (16 KB of 16-byte loads in flight per SM at 4 deep), at most
+  // FLASHNEXT_CUDA_GEMV_SPLIT (1, 2, 4 or 8, default 8; 1: one warp per row, for before/after measurements).
+  static const int max_parts = [] {
+    const char* v = std::getenv("FLASHNEXT_CUDA_GEMV_SPLIT");
+    const int p = v ? std::atoi(v) : kWarps;
+    return p == 1 || p == 2 || p == 4 ? p : kWarps;
+  }();
+  int parts = 1;
+  while (parts < max_parts && int64_t(rows) * parts < 4096) parts *= 2;
+  const int rows_per_block = kWarps / parts;
+  const unsigned blocks = unsigned((int64_t(rows) + rows_per_block - 1) / rows_per_block);
   switch (tokens) {
-#define FN_GEMV_CASE(TT)                                                            \
-  case TT:                                                                          \
-    launch(gemv_f16w_f32x_kernel<TT>, blocks, kThreads, 0, stream, x, ldx, K, seg); \
+#define FN_GEMV_CASE(TT)                                                                   \
+  case TT:                                                                                 \
+    launch(gemv_f16w_f32x_kernel<TT>, blocks, kThreads, 0, stream, x, ldx, K, seg, parts); \
     break;
     FN_GEMV_CASE(1) FN_GEMV_CASE(2) FN_GEMV_CASE(3) FN_GEMV_CASE(4)
     FN_GEMV_CASE(5) FN_GEMV_CASE(6) FN_GEMV_CASE(7) FN_GEMV_CASE(8)
