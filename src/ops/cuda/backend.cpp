@@ -356,7 +356,13 @@ bool cuda_programmatic_launch(int device) {
   int major = 0;
   FN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
                 fmt::format("cuda_programmatic_launch (device {})", device));
-  return major >= 9 && cuda::detail::programmatic_launch_setting().load() != 0;
+  if (major < 9 || cuda::detail::programmatic_launch_setting().load() == 0) return false;
+  int current = 0;
+  FN_CUDA_CHECK(cudaGetDevice(&current), "cuda_programmatic_launch");
+  FN_CUDA_CHECK(cudaSetDevice(device), "cuda_programmatic_launch");
+  const bool waits = cuda::detail::kernels_wait_for_dependencies();
+  FN_CUDA_CHECK(cudaSetDevice(current), "cuda_programmatic_launch");
+  return waits;
 }
 
 void set_cuda_programmatic_launch(bool allowed) {

@@ -107,8 +107,8 @@ CudaApiCounts cuda_api_counts();
 double cuda_launch_cost_us(int device, int launches = 2000);
 
 /// Programmatic dependent launch of the CUDA backend's kernels (kernel_attributes.h `launch`, docs/ENGINE.md
-/// "Kernel launches"): whether it is on for GPU `device` (compute capability 9.0 or newer, not turned off by
-/// FLASHNEXT_CUDA_PDL=0 or set_cuda_programmatic_launch). Throws Error when the device query fails.
+/// "Kernel launches"): whether it is on for GPU `device` (compute capability 9.0 or newer, kernels compiled for it,
+/// not turned off by FLASHNEXT_CUDA_PDL=0 or set_cuda_programmatic_launch). Throws Error when a device query fails.
 bool cuda_programmatic_launch(int device);
 /// Turns programmatic dependent launch off (false) or back on where a GPU has it (true), for the whole process, from
 /// the next launch on. For tests and benchmarks that compare both; not thread-safe against steps in flight.

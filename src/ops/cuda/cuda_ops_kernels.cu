@@ -978,6 +978,10 @@ cudaError_t launch_f32_to_f16(const float* x, __half* y, int64_t n, cudaStream_t
   return cudaGetLastError();
 }
 
+bool kernels_wait_for_dependencies() {
+  return kernel_waits_for_dependencies(reinterpret_cast<const void*>(gemv_f16w_f32x_kernel<1>));
+}
+
 cudaError_t launch_noop(cudaStream_t stream) {
   noop_kernel<<<1, 32, 0, stream>>>();
   return cudaGetLastError();

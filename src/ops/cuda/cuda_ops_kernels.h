@@ -18,6 +18,12 @@ namespace flashnext::cuda::detail {
 /// Checkpoint dtypes the weight conversion reads.
 enum WeightSrcType : int32_t { kSrcF16 = 0, kSrcBF16 = 1, kSrcF32 = 2 };
 
+#ifndef __CUDACC_RTC__
+/// Whether this build's kernels have the programmatic-launch wait in them on the current device (compiled for compute
+/// capability 9.0+; kernel_attributes.h kernel_waits_for_dependencies, asked of the decode GEMV).
+bool kernels_wait_for_dependencies();
+#endif
+
 /// Largest finite FP16 value.
 constexpr float kF16Max = 65504.f;
 
@@ -54,8 +60,9 @@ cudaError_t launch_embedding_f32(const __half* table, int64_t vocab, int hidden,
 cudaError_t launch_add_bias(float* y, const __half* bias, int64_t rows, int cols, cudaStream_t stream);
 /// y_s[t, n] = sum_k x[t, k] * w_s[n, k] (+ bias_s[n]) in float32 for tokens <= kGemvMaxTokens and every segment s of
 /// `seg`: the FP16 weights read once in 16-byte vectors, FP32 activations x [tokens, K] (row stride ldx), FP32
-/// outputs. Needs K % 8 == 0, every w and x row 16-byte aligned (cudaErrorInvalidValue for more tokens or segments;
-/// alignment is the caller's check).
+/// outputs; 1 to 8 warps per output row (split-K for products of few rows, up to FLASHNEXT_CUDA_GEMV_SPLIT). Needs
+/// K % 8 == 0, every w and x row 16-byte aligned (cudaErrorInvalidValue for more tokens or segments; alignment is the
+/// caller's check).
 cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, int K, const GemvSegments& seg, int tokens,
                                   cudaStream_t stream);
 /// Whether launch_hc_read_decode takes these sizes: tokens <= kGemvMaxTokens, streams a power of two <= 8, hidden

@@ -12,7 +12,8 @@ namespace flashnext::cuda {
 /// this one in the stream have finished and their writes are visible (PTX griddepcontrol.wait), then lets the next
 /// kernel of the stream be scheduled onto the SMs this grid leaves free (griddepcontrol.launch_dependents), where it
 /// waits in turn. Nothing of a kernel may read or write global memory before it. Compute capability 9.0 and newer;
-/// compiles to nothing below (a V100 has no programmatic dependent launch, and launch() does not ask for it there).
+/// compiles to nothing below (a V100 has no programmatic dependent launch), and launch() does not ask for it for a
+/// kernel compiled so (kernel_waits_for_dependencies).
 __device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

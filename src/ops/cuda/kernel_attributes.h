@@ -56,8 +56,25 @@ inline bool programmatic_launch_enabled() {
   return c == 2;
 }
 
+/// Whether `kernel` was compiled for compute capability 9.0 or newer (its PTX version, cudaFuncGetAttributes, for
+/// the current device), i.e. its pdl_begin() waits: a build whose only device code is compute_70 PTX (scripts/
+/// nvcc-ptx70.py), JIT-compiled on an H100, has no griddepcontrol.wait in it and must be launched plainly. Cached per
+/// thread, device and kernel; false when the query fails.
+inline bool kernel_waits_for_dependencies(const void* kernel) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  thread_local std::map<std::pair<int, const void*>, bool> known;
+  const auto it = known.find({device, kernel});
+  if (it != known.end()) return it->second;
+  cudaFuncAttributes attr{};
+  const bool waits = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.ptxVersion >= 90;
+  known[{device, kernel}] = waits;
+  return waits;
+}
+
 /// Launches `kernel` on `stream` as `kernel<<<grid, block, smem, stream>>>(args...)` does, with programmatic stream
-/// serialization where programmatic_launch_enabled(): the GPU may then schedule the kernel's blocks as soon as every
+/// serialization where programmatic_launch_enabled() and the kernel's code has the wait
+/// (kernel_waits_for_dependencies): the GPU may then schedule the kernel's blocks as soon as every
 /// block of the previous kernel in the stream has called griddepcontrol.launch_dependents, instead of after that
 /// kernel's last block has finished (the launch latency and the previous kernel's tail overlap). Contract: the
 /// kernel's first statement is pdl_begin() (device_math.cuh), which waits until the previous kernels have finished
@@ -75,7 +92,8 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = attr;
-  config.numAttrs = programmatic_launch_enabled() ? 1 : 0;
+  config.numAttrs =
+      programmatic_launch_enabled() && kernel_waits_for_dependencies(reinterpret_cast<const void*>(kernel)) ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 

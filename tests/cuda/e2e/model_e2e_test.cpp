@@ -426,7 +426,7 @@ TEST(ProgrammaticLaunch, SameLogitsAsPlainLaunches) {
       return all;
     };
     const std::vector<float> with = run(true), plain = run(false), again = run(true);
-    set_cuda_programmatic_launch(true);
+    set_cuda_programmatic_launch(pdl);  // as it was (FLASHNEXT_CUDA_PDL=0 stays off)
     ASSERT_EQ(with.size(), plain.size());
     EXPECT_EQ(0, std::memcmp(with.data(), plain.data(), with.size() * sizeof(float)))
         << fixture << ": logits differ between programmatic and plain launches (max |d| "
