@@ -16,14 +16,14 @@ namespace {
 using namespace nvcuda;
 
 // One warp per token: p = softmax(logits) in FP32, the top_k by (higher p, then lower expert index), optionally
-// renormalised to sum 1.
+// renormalised to sum 1. kPer logits per lane (experts <= 32 kPer; launch_moe_router_topk picks the smallest).
+template <int kPer>
 __global__ void moe_router_topk_kernel(const float* __restrict__ logits, int64_t ld, int tokens, int experts, int top_k,
                                        bool norm, int32_t* __restrict__ ids, float* __restrict__ weights) {
   pdl_begin();
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
   if (warp >= tokens) return;
   const float* row = logits + int64_t(warp) * ld;
-  constexpr int kPer = kMoeMaxExperts / 32;
   float v[kPer];
   float mx = -__int_as_float(0x7f800000);
 #pragma unroll
@@ -297,6 +297,12 @@ __global__ void silu_mul_kernel(const __half* __restrict__ gate, const __half* _
 }
 
 // Both output types are compiled in every build (NVRTC included, for the SM70 check).
+#define FN_ROUTER_TOPK(P) \
+  template __global__ void moe_router_topk_kernel<P>(const float*, int64_t, int, int, int, bool, int32_t*, float*);
+FN_ROUTER_TOPK(1)
+FN_ROUTER_TOPK(2) FN_ROUTER_TOPK(4) FN_ROUTER_TOPK(8) FN_ROUTER_TOPK(16) FN_ROUTER_TOPK(32)
+#undef FN_ROUTER_TOPK
+    static_assert(kMoeMaxExperts == 32 * 32, "moe_router_topk_kernel: at most 32 logits per lane");
 template __global__ void moe_combine_kernel<__half>(const __half*, const int32_t*, int, int, int, const __half*,
                                                     const float*, __half*, int64_t);
 template __global__ void moe_combine_kernel<float>(const __half*, const int32_t*, int, int, int, const __half*,
@@ -308,8 +314,17 @@ template __global__ void moe_combine_kernel<float>(const __half*, const int32_t*
 cudaError_t launch_moe_router_topk(const float* logits, int64_t ld, int tokens, int experts, int top_k, bool norm,
                                    int32_t* ids, float* weights, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  launch(moe_router_topk_kernel, (tokens + 7) / 8, 256, 0, stream, logits, ld, tokens, experts, top_k, norm, ids,
-         weights);
+  if (experts < 1 || experts > kMoeMaxExperts) return cudaErrorInvalidValue;
+  // Logits per lane: the smallest power of two that holds the experts (16 for the released 512), so that the top-k
+  // rounds compare no padding; the picks and sums are the same for any of them.
+  const int per = (experts + 31) / 32;
+  auto kernel = per <= 1    ? moe_router_topk_kernel<1>
+                : per <= 2  ? moe_router_topk_kernel<2>
+                : per <= 4  ? moe_router_topk_kernel<4>
+                : per <= 8  ? moe_router_topk_kernel<8>
+                : per <= 16 ? moe_router_topk_kernel<16>
+                            : moe_router_topk_kernel<32>;
+  launch(kernel, (tokens + 7) / 8, 256, 0, stream, logits, ld, tokens, experts, top_k, norm, ids, weights);
   return cudaGetLastError();
 }
 
