@@ -32,8 +32,8 @@ inline cudaError_t ensure_dynamic_smem(const void* kernel, size_t bytes) {
 
 /// Programmatic dependent launch (PDL): whether launch() lets a kernel be scheduled before the kernel ahead of it in
 /// its stream has finished. On for GPUs of compute capability 9.0 and newer (PTX griddepcontrol), unless the
-/// environment says FLASHNEXT_CUDA_PDL=0 (read at the first launch) or set_programmatic_launch(false) was called;
-/// always off below 9.0, where launch() is a plain launch. The state of the current device; about 20 ns.
+/// environment says FLASHNEXT_CUDA_PDL=0 (read at the first launch) or set_cuda_programmatic_launch(false) (cuda_ops.h)
+/// was called; always off below 9.0, where launch() is a plain launch. The state of the current device; about 20 ns.
 inline std::atomic<int>& programmatic_launch_setting() {
   static std::atomic<int> setting{[] {
     const char* v = std::getenv("FLASHNEXT_CUDA_PDL");
