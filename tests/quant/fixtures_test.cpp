@@ -319,6 +319,17 @@ TEST(QuantInspect, CudaMemoryPlan) {
               (long long)f8["memory_cuda"]["routed_expert_bytes"].get<int64_t>());
 }
 
+/// ops.ple_gather of table rows `ids` ([T, 2]: two heads per token; an even count) as [T, 2 * hd] floats.
+std::vector<float> gather_rows(Ops& ops, const PleTable& table, const std::vector<int64_t>& ids, int64_t hd) {
+  const int64_t T = int64_t(ids.size()) / 2;
+  Tensor r = ops.upload(ids.data(), DType::I64, {T, 2});
+  Tensor e = ops.empty({T, 2 * hd});
+  ops.ple_gather(table, r, e);
+  std::vector<float> got(size_t(e.numel()));
+  ops.download(e, got.data());
+  return got;
+}
+
 // The FP8 PLE table stays FP8 (PleTable::scale): the CPU gather converts each row as it reads it and gives exactly
 // the rows of the dequantized table (dequantize_ple_shard), for every row of every shard of both PLE layers.
 TEST(QuantPleFp8, CpuGatherEqualsDequantizedRows) {
@@ -347,12 +358,8 @@ TEST(QuantPleFp8, CpuGatherEqualsDequantizedRows) {
       // Every row once, in a scrambled order, as [T, 2] (two heads per token).
       std::vector<int64_t> rows(size_t(table.rows + (table.rows & 1)));
       for (size_t i = 0; i < rows.size(); ++i) rows[i] = int64_t((i * 7919) % size_t(table.rows));
-      const int64_t T = int64_t(rows.size()) / 2, hd = table.head_dim;
-      Tensor r = ops->upload(rows.data(), DType::I64, {T, 2});
-      Tensor e = ops->empty({T, 2 * hd});
-      ops->ple_gather(table, r, e);
-      std::vector<float> got(size_t(e.numel()));
-      ops->download(e, got.data());
+      const int64_t hd = table.head_dim;
+      const std::vector<float> got = gather_rows(*ops, table, rows, hd);
       size_t mismatches = 0;
       for (size_t i = 0; i < rows.size(); ++i) {
         mismatches += std::memcmp(&got[i * size_t(hd)], &want[size_t(rows[i] * hd)], size_t(hd) * 4) != 0;
@@ -401,12 +408,7 @@ TEST(QuantPleInt8, GatherOfTheLoadedTableEqualsDequantizedRows) {
         for (int64_t i = 0; i < held.size(); ++i) ids.push_back((i * 7919) % held.size());
         if (tp > 1) ids.push_back(held.size());
         if (ids.size() & 1) ids.push_back(0);
-        const int64_t T = int64_t(ids.size()) / 2;
-        Tensor r = ops->upload(ids.data(), DType::I64, {T, 2});
-        Tensor e = ops->empty({T, 2 * hd});
-        ops->ple_gather(table, r, e);
-        std::vector<float> got(size_t(e.numel()));
-        ops->download(e, got.data());
+        const std::vector<float> got = gather_rows(*ops, table, ids, hd);
         size_t mismatches = 0;
         for (size_t i = 0; i < ids.size(); ++i) {
           if (ids[i] == held.size()) {  // the zero row

@@ -353,13 +353,10 @@ double cuda_launch_cost_us(int device, int launches) {
 }
 
 bool cuda_programmatic_launch(int device) {
-  int major = 0;
-  FN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
-                fmt::format("cuda_programmatic_launch (device {})", device));
-  if (major < 9 || cuda::detail::programmatic_launch_setting().load() == 0) return false;
+  if (cuda::detail::programmatic_launch_setting().load() == 0) return false;
   int current = 0;
   FN_CUDA_CHECK(cudaGetDevice(&current), "cuda_programmatic_launch");
-  FN_CUDA_CHECK(cudaSetDevice(device), "cuda_programmatic_launch");
+  FN_CUDA_CHECK(cudaSetDevice(device), fmt::format("cuda_programmatic_launch (device {})", device));
   const bool waits = cuda::detail::kernels_wait_for_dependencies();
   FN_CUDA_CHECK(cudaSetDevice(current), "cuda_programmatic_launch");
   return waits;

@@ -30,10 +30,8 @@ inline cudaError_t ensure_dynamic_smem(const void* kernel, size_t bytes) {
   return err;
 }
 
-/// Programmatic dependent launch (PDL): whether launch() lets a kernel be scheduled before the kernel ahead of it in
-/// its stream has finished. On for GPUs of compute capability 9.0 and newer (PTX griddepcontrol), unless the
-/// environment says FLASHNEXT_CUDA_PDL=0 (read at the first launch) or set_cuda_programmatic_launch(false) (cuda_ops.h)
-/// was called; always off below 9.0, where launch() is a plain launch. The state of the current device; about 20 ns.
+/// Programmatic dependent launch (PDL): 1 unless the environment says FLASHNEXT_CUDA_PDL=0 (read at the first launch)
+/// or set_cuda_programmatic_launch(false) (cuda_ops.h) was called.
 inline std::atomic<int>& programmatic_launch_setting() {
   static std::atomic<int> setting{[] {
     const char* v = std::getenv("FLASHNEXT_CUDA_PDL");
@@ -41,39 +39,25 @@ inline std::atomic<int>& programmatic_launch_setting() {
   }()};
   return setting;
 }
-inline bool programmatic_launch_enabled() {
-  if (programmatic_launch_setting().load(std::memory_order_relaxed) == 0) return false;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return false;
-  static std::atomic<signed char> capable[64];  // 0 not asked yet, 1 below 9.0, 2 9.0 or newer
-  signed char c = capable[device].load(std::memory_order_relaxed);
-  if (c == 0) {
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-    c = major >= 9 ? 2 : 1;
-    capable[device].store(c, std::memory_order_relaxed);
-  }
-  return c == 2;
-}
 
-/// Whether `kernel` was compiled for compute capability 9.0 or newer (its PTX version, cudaFuncGetAttributes, for
-/// the current device), i.e. its pdl_begin() waits: a build whose only device code is compute_70 PTX (scripts/
-/// nvcc-ptx70.py), JIT-compiled on an H100, has no griddepcontrol.wait in it and must be launched plainly. Cached per
-/// thread, device and kernel; false when the query fails.
+/// Whether `kernel`'s code for the current device was compiled for compute capability 9.0 or newer (the PTX version
+/// of the image cudaFuncGetAttributes picks), i.e. its pdl_begin() waits. That also says the GPU is 9.0 or newer; a
+/// build whose only device code is compute_70 PTX (scripts/nvcc-ptx70.py), JIT-compiled on an H100, has no
+/// griddepcontrol.wait in it and is launched plainly. Cached per thread, device and kernel; false when a query fails.
 inline bool kernel_waits_for_dependencies(const void* kernel) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
   thread_local std::map<std::pair<int, const void*>, bool> known;
-  const auto it = known.find({device, kernel});
-  if (it != known.end()) return it->second;
-  cudaFuncAttributes attr{};
-  const bool waits = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.ptxVersion >= 90;
-  known[{device, kernel}] = waits;
-  return waits;
+  const auto [it, added] = known.try_emplace({device, kernel}, false);
+  if (added) {
+    cudaFuncAttributes attr{};
+    it->second = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.ptxVersion >= 90;
+  }
+  return it->second;
 }
 
 /// Launches `kernel` on `stream` as `kernel<<<grid, block, smem, stream>>>(args...)` does, with programmatic stream
-/// serialization where programmatic_launch_enabled() and the kernel's code has the wait
+/// serialization where programmatic_launch_setting() allows it and the kernel's code has the wait
 /// (kernel_waits_for_dependencies): the GPU may then schedule the kernel's blocks as soon as every
 /// block of the previous kernel in the stream has called griddepcontrol.launch_dependents, instead of after that
 /// kernel's last block has finished (the launch latency and the previous kernel's tail overlap). Contract: the
@@ -92,8 +76,9 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = attr;
-  config.numAttrs =
-      programmatic_launch_enabled() && kernel_waits_for_dependencies(reinterpret_cast<const void*>(kernel)) ? 1 : 0;
+  const bool programmatic = programmatic_launch_setting().load(std::memory_order_relaxed) != 0 &&
+                            kernel_waits_for_dependencies(reinterpret_cast<const void*>(kernel));
+  config.numAttrs = programmatic ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
