@@ -13,7 +13,8 @@
 # Env: BUILD; E2E=0 skips the tests (the end-to-end tests, the op-case registry against the CPU oracle in both
 #      precisions, and the W4A16 kernel tests); E2E_NCCL=0 skips their second pass through NCCL and the check of
 #      tensor parallelism over two processes (run_nodes below);
-#      OPS_PERF=1 adds the per-op table (bench_ops, both precisions);
+#      OPS_PERF=1 adds the per-op table (bench_ops, both precisions); W4_BENCH=1 the W4A16 expert kernels alone
+#      (bench_moe_w4a16; W4_FILTER: a format name, e.g. nvfp4);
 #      OPS_FILTER (a regex of case names) and OPS_PRECISIONS (default "fp16x2 fp16") narrow that table;
 #      FULL=0 skips the released-geometry bench; PTX70=1 (also with --prepare) runs the tests again from binaries
 #      whose device code is compute_70 PTX only (scripts/nvcc-ptx70.py), JIT-compiled by the driver as for a V100;
@@ -42,9 +43,9 @@ if [ "${1:-}" = "--prepare" ]; then
   [ -f "$BUILD/CMakeCache.txt" ] ||
     cmake -S . -B "$BUILD" -G Ninja -DFLASHNEXT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache >/dev/null
-  cmake --build "$BUILD" --target flashnext test_cuda_e2e test_ops test_cuda bench_ops --parallel 2
+  cmake --build "$BUILD" --target flashnext test_cuda_e2e test_ops test_cuda bench_ops bench_moe_w4a16 --parallel 2
   pack_bundle "$BUNDLE" "$BUILD/flashnext" "$BUILD/tests/test_cuda_e2e" "$BUILD/tests/test_ops" "$BUILD/tests/test_cuda" \
-    "$BUILD/benchmarks/bench_ops"
+    "$BUILD/benchmarks/bench_ops" "$BUILD/benchmarks/bench_moe_w4a16"
   echo "gpu-bench: packed $BUNDLE ($(du -h "$BUNDLE" | cut -f1)); run: bash scripts/gpu-bench.sh"
   if [ "${PTX70:-0}" = 1 ]; then
     # The same tests with only compute_70 PTX in them (scripts/nvcc-ptx70.py), JIT-compiled by the driver there.
@@ -203,6 +204,14 @@ if [ "${OPS_PERF:-0}" = 1 ]; then
       >"$OUT/ops-perf-$prec.txt" 2>&1 || { echo "gpu-bench: bench_ops failed" | tee -a "$S"; tail -n 5 "$OUT/ops-perf-$prec.txt"; }
     cat "$OUT/ops-perf-$prec.txt" | tee -a "$S"
   done
+fi
+if [ "${W4_BENCH:-0}" = 1 ]; then
+  # The W4A16 routed experts alone at the released expert geometry (512 x [1280, 2560] + [2560, 640], top-10): the
+  # tensor-core GEMV, the FP32-FMA GEMV and the GEMM at 1..4096 tokens, per format.
+  echo "gpu-bench: bench_moe_w4a16 ${W4_FILTER:-}" | tee -a "$S"
+  timeout 300 "$G/bin/bench_moe_w4a16" ${W4_FILTER:-} >"$OUT/bench-moe-w4a16.txt" 2>&1 ||
+    echo "gpu-bench: bench_moe_w4a16 failed" | tee -a "$S"
+  cat "$OUT/bench-moe-w4a16.txt" | tee -a "$S"
 fi
 if [ -n "${NCU_OPS:-}" ]; then
   # Per-kernel figures of the op cases OPS_FILTER selects (bench_ops, one timed run each), for the kernels whose

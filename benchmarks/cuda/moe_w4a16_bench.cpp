@@ -79,7 +79,7 @@ void bench_format(const char* name, W4Format f, int group) {
     DeviceArray<__half> out(size_t(T) * H, "out");
     MoeW4A16Workspace ws(T, k, E, H, I);
     const W4Path chosen = moe_w4a16_pick_path(T, k, E);
-    for (W4Path path : {W4Path::Gemv, W4Path::Gemm}) {
+    for (W4Path path : {W4Path::Gemv, W4Path::GemvFma, W4Path::Gemm}) {
       const int iters = T >= 1024 ? 10 : 50;
       const double ms = time_ms(
           [&] {
@@ -90,11 +90,15 @@ void bench_format(const char* name, W4Format f, int group) {
       const double bytes = hit * expert_bytes;
       const double gbs = bytes / (ms * 1e-3) / 1e9;
       const double tflops = 2.0 * T * k * 3.0 * H * I / (ms * 1e-3) / 1e12;
-      std::printf("| %s | %d | %s%s | %.0f | %.1f | %.0f GB/s (%.0f%% of 4.3 TB/s, %.0f%% of copy) | %.1f TFLOP/s "
-                  "(%.1f%% of 990, %.1f%% of 790) |\n",
-                  name, T, path == W4Path::Gemv ? "GEMV" : "GEMM", path == chosen ? " (auto)" : "", hit, ms * 1e3, gbs,
-                  100.0 * gbs / kLimitGbs, 100.0 * gbs / g_copy_gbs, tflops, 100.0 * tflops / kPeakTflops,
-                  100.0 * tflops / kMeasuredTflops);
+      std::printf(
+          "| %s | %d | %s%s | %.0f | %.1f | %.0f GB/s (%.0f%% of 4.3 TB/s, %.0f%% of copy) | %.1f TFLOP/s "
+          "(%.1f%% of 990, %.1f%% of 790) |\n",
+          name, T,
+          path == W4Path::Gemv      ? "GEMV"
+          : path == W4Path::GemvFma ? "GEMV FMA"
+                                    : "GEMM",
+          path == chosen ? " (auto)" : "", hit, ms * 1e3, gbs, 100.0 * gbs / kLimitGbs, 100.0 * gbs / g_copy_gbs,
+          tflops, 100.0 * tflops / kPeakTflops, 100.0 * tflops / kMeasuredTflops);
       std::fflush(stdout);
     }
   }

@@ -195,6 +195,10 @@ void add_moe(std::vector<OpCase>& v) {
   for (QuantFormat q : {QuantFormat::Nvfp4, QuantFormat::CtInt4, QuantFormat::Gptq})
     for (int64_t T : {1, 9}) v.push_back(moe_quantized_experts_case(q, T, 256, 64, 8, 4));
   v.push_back(moe_quantized_experts_case(QuantFormat::Nvfp4, 2, kH, kInter / 2, 10, kTopK));  // TP2
+  // Decode GEMV rows whose 32-input chunks do not fill the tensor-core kernels' 4-chunk super-chunks (7 chunks of
+  // hidden; expert widths of 1.5 and 3 chunks), one and two tokens.
+  v.push_back(moe_quantized_experts_case(QuantFormat::Nvfp4, 1, 224, 48, 8, 4));
+  v.push_back(moe_quantized_experts_case(QuantFormat::CtInt4, 2, 224, 96, 8, 4));
   for (int64_t T : {0, 1, 33}) v.push_back(moe_shared_expert_case(T, 256, 96));
   v.push_back(moe_shared_expert_case(2, kH, kInter / 2));
 }

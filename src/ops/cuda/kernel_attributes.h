@@ -40,20 +40,27 @@ inline std::atomic<int>& programmatic_launch_setting() {
   return setting;
 }
 
-/// Whether `kernel`'s code for the current device was compiled for compute capability 9.0 or newer (the PTX version
-/// of the image cudaFuncGetAttributes picks), i.e. its pdl_begin() waits. That also says the GPU is 9.0 or newer; a
-/// build whose only device code is compute_70 PTX (scripts/nvcc-ptx70.py), JIT-compiled on an H100, has no
-/// griddepcontrol.wait in it and is launched plainly. Cached per thread, device and kernel; false when a query fails.
-inline bool kernel_waits_for_dependencies(const void* kernel) {
+/// The PTX version (major * 10 + minor of the compute capability it was compiled for) of `kernel`'s code for the
+/// current device, the image cudaFuncGetAttributes picks; 0 when a query fails. It says which instructions the code
+/// holds: a build whose only device code is compute_70 PTX (scripts/nvcc-ptx70.py), JIT-compiled on an H100, reports
+/// 70 there, and its kernels hold neither griddepcontrol nor SM80 tensor-core instructions. Cached per thread, device
+/// and kernel.
+inline int kernel_ptx_version(const void* kernel) {
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  thread_local std::map<std::pair<int, const void*>, bool> known;
-  const auto [it, added] = known.try_emplace({device, kernel}, false);
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  thread_local std::map<std::pair<int, const void*>, int> known;
+  const auto [it, added] = known.try_emplace({device, kernel}, 0);
   if (added) {
     cudaFuncAttributes attr{};
-    it->second = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.ptxVersion >= 90;
+    it->second = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.ptxVersion : 0;
   }
   return it->second;
+}
+
+/// Whether `kernel`'s code for the current device was compiled for compute capability 9.0 or newer
+/// (kernel_ptx_version), i.e. its pdl_begin() waits. That also says the GPU is 9.0 or newer.
+inline bool kernel_waits_for_dependencies(const void* kernel) {
+  return kernel_ptx_version(kernel) >= 90;
 }
 
 /// Launches `kernel` on `stream` as `kernel<<<grid, block, smem, stream>>>(args...)` does, with programmatic stream

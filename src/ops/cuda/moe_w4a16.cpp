@@ -1,13 +1,15 @@
 #include "ops/cuda/moe_w4a16.h"
-#include "ops/cuda/random_kernels.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "core/quant_format.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/moe_kernels.h"
+#include "ops/cuda/random_kernels.h"
 
 namespace flashnext::cuda {
 namespace {
@@ -352,8 +354,7 @@ MoeW4A16Workspace::MoeW4A16Workspace(int max_tokens_, int top_k_, int experts_, 
       status(1, "moe status"),
       h(size_t(max_tokens_) * top_k_ * inter_, "moe expert activations"),
       ys(size_t(max_tokens_) * top_k_ * hidden_, "moe expert outputs"),
-      done(size_t(std::max(1, max_tokens_)) *
-               std::max(1, detail::w4_gemv_row_blocks(hidden_, inter_, detail::kW4GemvOutsDown)),
+      done(size_t(std::max(1, max_tokens_)) * std::max(1, detail::w4_gemv_down_row_blocks(hidden_, inter_)),
            "w4a16 gemv counters") {
   FN_CHECK(max_tokens > 0 && top_k > 0 && experts > 0 && hidden > 0 && inter > 0,
            "MoeW4A16Workspace: bad sizes tokens={} top_k={} experts={} hidden={} inter={}", max_tokens, top_k, experts,
@@ -369,6 +370,15 @@ W4Path moe_w4a16_pick_path(int tokens, int top_k, int experts) {
 }
 
 namespace {
+
+// FLASHNEXT_CUDA_W4_GEMV=fma (read once): the FP32-FMA GEMV kernels on every GPU, for before/after measurements.
+bool gemv_tensor_cores_allowed() {
+  static const bool allowed = [] {
+    const char* v = std::getenv("FLASHNEXT_CUDA_W4_GEMV");
+    return !(v && std::string_view(v) == "fma");
+  }();
+  return allowed;
+}
 
 template <class TO>
 void routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, const int32_t* ids,
@@ -398,13 +408,15 @@ void routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, 
   FN_CHECK(u && ids && weights && out, "moe_w4a16_routed: null pointer");
   const int slots = tokens * ws.top_k;
   if (path == W4Path::Auto) path = moe_w4a16_pick_path(tokens, ws.top_k, E);
-  if (path == W4Path::Gemv) {  // two launches, no grouping pass
+  if (path == W4Path::Gemv || path == W4Path::GemvFma) {  // two launches, no grouping pass
+    const bool mma = path == W4Path::Gemv && gemv_tensor_cores_allowed();
     FN_CUDA_CHECK(detail::launch_w4_gemv_gate_up(gu, u, ldu, ids, slots, ws.top_k, E, I, ws.h.get(), ws.status.get(),
-                                                 stream),
+                                                 mma && detail::w4_gemv_tensor_cores(gu), stream),
                   "moe_w4a16_routed gemv gate_up");
-    FN_CUDA_CHECK(detail::launch_w4_gemv_down(dn, ws.h.get(), ids, weights, tokens, ws.top_k, E, H, I, ws.ys.get(),
-                                              ws.done.get(), shared, shared_gate, out, ldo, stream),
-                  "moe_w4a16_routed gemv down");
+    FN_CUDA_CHECK(
+        detail::launch_w4_gemv_down(dn, ws.h.get(), ids, weights, tokens, ws.top_k, E, H, I, ws.ys.get(), ws.done.get(),
+                                    shared, shared_gate, out, ldo, mma && detail::w4_gemv_tensor_cores(dn), stream),
+        "moe_w4a16_routed gemv down");
     return;
   }
   FN_CUDA_CHECK(detail::launch_w4_align(ids, slots, E, ws.offsets.get(), ws.sorted_slots.get(), ws.slot_row.get(),

@@ -22,10 +22,12 @@
 // (NVFP4: float(e2m1 * e4m3) then one multiply or divide by g; int4: float(q - z) * s).
 //
 // What the kernels compute (per expert row n, input vector x in FP16):
-//   GEMV path (decode)  y_n = G_n( sum over code words of (sum_8 float(v_k) * float(x_k)) * float(scale16) ), the
-//                       products and sums in FP32, v = e2m1 (NVFP4) or q - z (int4) exact, G_n the row's global
-//                       multiply (or divide) in FP32: exact weights, FP32 accumulation. Computed per token slot
-//                       (no grouping pass); the down kernel also combines each token's slots.
+//   GEMV path (decode)  per token slot (no grouping pass; the down kernel also combines each token's slots), G_n the
+//                       row's global multiply (or divide) in FP32. FP32-FMA kernels (every GPU): y_n = G_n( sum over
+//                       code words of (sum_8 float(v_k) * float(x_k)) * float(scale16) ), the products and sums in
+//                       FP32, v = e2m1 (NVFP4) or q - z (int4) exact: exact weights, FP32 accumulation. Tensor-core
+//                       kernels (mma.sync m16n8k16, compute capability 8.0+; NVFP4 and int4 groups of 32k): the
+//                       GEMM path's weights w16 with FP32 accumulation, y_n = G_n(sum_k w16_k * x_k).
 //   GEMM path (prefill) WMMA m16n16k16 on FP16 weights w16 = fp16(v * scale16) with FP32 accumulation, then G_n in
 //                       FP32. NVFP4: w16 is exact (e2m1 * e4m3 has <= 5 significant bits, |value| in
 //                       2^-10..2688). int4: w16 is (q - z) * s * 2^-p rounded once to FP16 (relative error <= 2^-11).
@@ -177,8 +179,7 @@ struct MoeW4A16Experts {
 /// Scratch for moe_w4a16_routed, for up to max_tokens tokens with top_k slots each: the grouping of slots by expert
 /// (offsets [E+1], sorted_slots / slot_row [max_tokens*top_k], GEMM tiles [max_tiles], num_tiles, the expert-id
 /// status word), the activations h [slots, I] and expert outputs ys [slots, H] (FP16), and the GEMV path's
-/// completion counters `done` [max_tokens, detail::w4_gemv_row_blocks(hidden, inter, detail::kW4GemvOutsDown)]
-/// (zero between calls).
+/// completion counters `done` [max_tokens, detail::w4_gemv_down_row_blocks(hidden, inter)] (zero between calls).
 class MoeW4A16Workspace {
  public:
   MoeW4A16Workspace(int max_tokens, int top_k, int experts, int hidden, int inter);
@@ -188,10 +189,11 @@ class MoeW4A16Workspace {
   DeviceArray<int32_t> done;
 };
 
-/// Which kernels compute the experts: GEMV (per token slot, a lane group per 1-2 outputs, FP32 FMA; for few
-/// tokens per expert) or the WMMA GEMM (64-slot tiles over the slots grouped by expert; prefill). Auto picks per
-/// launch, without a device round trip.
-enum class W4Path : uint8_t { Auto, Gemv, Gemm };
+/// Which kernels compute the experts: GEMV (per token slot; for few tokens per expert) or the WMMA GEMM (64-slot
+/// tiles over the slots grouped by expert; prefill). Auto picks per launch, without a device round trip. Gemv runs the
+/// tensor-core GEMV where detail::w4_gemv_tensor_cores allows it and FLASHNEXT_CUDA_W4_GEMV is not `fma`, else the
+/// FP32-FMA GEMV (a lane group per 1-2 outputs, every GPU); GemvFma forces the latter (tests, benchmarks).
+enum class W4Path : uint8_t { Auto, Gemv, GemvFma, Gemm };
 
 /// Auto's choice: GEMV when there are at most kW4GemvMaxSlots slots (tokens * top_k) and the mean number of slots
 /// per touched expert, tokens * top_k / min(E, tokens * top_k), is at most kW4GemvMaxMean; else the GEMM. The GEMV

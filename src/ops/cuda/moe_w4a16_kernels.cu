@@ -276,10 +276,43 @@ __global__ void __launch_bounds__(kW4GemvThreads)
   }
 }
 
-// Block (s, y): slot s, kW4GemvOutsDown down rows per lane group: ys[s, n] = fp16(weights[s] * G(y)). The last of the
-// top_k slot blocks of token s / top_k to finish row block y (a counter per (token, y), reset by that block) then
-// combines those rows as moe_combine_kernel: the valid slots' ys in slot order, in FP32, + the gated shared expert.
-// Threads publish their ys with __threadfence before the count; the combining block reads them from L2 (__ldcg).
+// The down kernels' epilogue, after the block has written its rows of ys (block (s, y) of a grid of slots x row
+// blocks of `per_block` rows): the last of token t's top_k slot blocks to finish row block y (a counter per (token,
+// y) in `done`, reset by that block) combines those rows as moe_combine_kernel: the valid slots' ys in slot order, in
+// FP32, + the gated shared expert. After a block barrier thread 0 counts with an acquire-release atomic at GPU scope
+// (its release covers the writes the barrier ordered before it; its acquire, in the last block, the other blocks'
+// writes), and the combining block reads the ys from L2 (__ldcg). Every thread of the block calls it.
+template <class TO>
+__device__ __forceinline__ void w4_gemv_combine(const int32_t* __restrict__ ids, int top_k, int experts, int hidden,
+                                                int t, int per_block, const __half* ys, int32_t* __restrict__ done,
+                                                const __half* __restrict__ shared,
+                                                const float* __restrict__ shared_gate, TO* __restrict__ out,
+                                                int64_t ldo) {
+  __shared__ int last;
+  __syncthreads();  // the block's ys writes happen before thread 0's release (cumulative over the barrier)
+  if (threadIdx.x == 0) {
+    int32_t* cnt = done + int64_t(t) * gridDim.y + blockIdx.y;
+    int32_t before;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(before) : "l"(cnt) : "memory");
+    last = before == top_k - 1;
+    if (last) *cnt = 0;  // every other block of this (token, row block) has counted: nobody reads it before the next
+  }                      // launch, which stream order separates
+  __syncthreads();
+  if (!last) return;
+  const int c0 = int(blockIdx.y) * per_block;
+  for (int c = c0 + int(threadIdx.x); c < min(hidden, c0 + per_block); c += int(blockDim.x)) {
+    float acc = 0.f;
+    for (int j = 0; j < top_k; ++j) {
+      const int sj = t * top_k + j, ej = ids[sj];
+      if (ej >= 0 && ej < experts) acc += to_f(__ldcg(ys + int64_t(sj) * hidden + c));
+    }
+    if (shared) acc += sigmoidf_(shared_gate[t]) * to_f(shared[int64_t(t) * hidden + c]);
+    out[int64_t(t) * ldo + c] = from_f<TO>(acc);
+  }
+}
+
+// Block (s, y): slot s, kW4GemvOutsDown down rows per lane group: ys[s, n] = fp16(weights[s] * G(y)), then
+// w4_gemv_combine.
 template <bool NVFP4, class TO>
 __global__ void __launch_bounds__(kW4GemvThreads)
     w4_gemv_down_kernel(W4Mat w, const __half* __restrict__ h, const int32_t* __restrict__ ids,
@@ -288,7 +321,6 @@ __global__ void __launch_bounds__(kW4GemvThreads)
                         const float* __restrict__ shared_gate, TO* __restrict__ out, int64_t ldo) {
   pdl_begin();
   constexpr int O = kW4GemvOutsDown;
-  __shared__ int last;
   const int s = blockIdx.x, t = s / top_k, e = ids[s];
   if (e >= 0 && e < experts) {
     const int n0 = gemv_col0<O>(lanes);
@@ -306,28 +338,8 @@ __global__ void __launch_bounds__(kW4GemvThreads)
       }
     }
   }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int32_t* cnt = done + int64_t(t) * gridDim.y + blockIdx.y;
-    last = atomicAdd(cnt, 1) == top_k - 1;
-    if (last) {
-      *cnt = 0;
-      __threadfence();
-    }
-  }
-  __syncthreads();
-  if (!last) return;
-  const int per_block = O * (kW4GemvThreads / lanes), c0 = int(blockIdx.y) * per_block;
-  for (int c = c0 + int(threadIdx.x); c < min(hidden, c0 + per_block); c += kW4GemvThreads) {
-    float acc = 0.f;
-    for (int j = 0; j < top_k; ++j) {
-      const int sj = t * top_k + j, ej = ids[sj];
-      if (ej >= 0 && ej < experts) acc += to_f(__ldcg(ys + int64_t(sj) * hidden + c));
-    }
-    if (shared) acc += sigmoidf_(shared_gate[t]) * to_f(shared[int64_t(t) * hidden + c]);
-    out[int64_t(t) * ldo + c] = from_f<TO>(acc);
-  }
+  w4_gemv_combine(ids, top_k, experts, hidden, t, O * (kW4GemvThreads / lanes), ys, done, shared, shared_gate, out,
+                  ldo);
 }
 
 // Every instance is compiled in every build (NVRTC included, for the SM70 check).
@@ -344,6 +356,292 @@ FN_W4_GEMV_DOWN(true, float)
 FN_W4_GEMV_DOWN(false, __half)
 FN_W4_GEMV_DOWN(false, float)
 #undef FN_W4_GEMV_DOWN
+
+// ---------------------------------------------------------------- GEMV path on tensor cores (decode, SM80+)
+//
+// The same products as the GEMV above on mma.sync m16n8k16 (FP16 inputs, FP32 accumulation; PTX ISA 7.0, compute
+// capability 8.0+; below 8.0 these kernels compile to nothing and the host never picks them). A warp computes a tile
+// of 16 weight rows against one activation vector. The A operand is the decoded weights scaled by their group scale
+// in FP16: NVFP4 fp16(e2m1 * 2^-14) * scale16 is exact (e2m1 * e4m3 has at most 6 significant bits and its lowest set
+// bit is at 2^-10, so times 2^-14 it lies on the FP16 grid; |value| <= 6 * 448 * 2^-14), the 2^14 comes back in the
+// FP32 epilogue; int4 fp16(fp16(q - z) * scale16), one rounding as in the GEMM path. The B operand is the activation
+// vector in all 8 columns (every column of D holds the same dot products). k order: lane (g, t) of the warp (g = lane
+// / 4, t = lane % 4) takes the 16-byte code chunk c = 4j + t of its rows g and g + 8 (32 inputs each, 4 code words)
+// for super-chunk j, and feeds word q's pairs (0, 1) and (2, 3) as its A k-slots {2t, 2t+1} and {2t+8, 2t+9} of two
+// MMA steps, with the activations of the same inputs as its B k-slots: every MMA step sums 16 inputs of each row,
+// four from each of the quad's chunks, so the 4 chunks x 4 words x 2 steps cover the super-chunk's 128 inputs once.
+// The activation vector is staged in shared memory (zero past the row, so padding chunks add nothing); the codes and
+// scales of the next kW4MmaDepth super-chunks are in flight while one is computed.
+
+constexpr int kW4MmaDepth = 2;  // super-chunks (4 x 32 inputs of a row) per lane loaded ahead of the one computed
+// Blocks per SM the register allocation must allow (at most 73 registers a thread): 7 * 132 SMs of an H100 / H200
+// hold the 800 gate/up blocks of one token's 10 slots at once (one wave); without the bound the ring of stages takes
+// 94 registers, 5 blocks per SM.
+constexpr int kW4MmaMinBlocks = 7;
+
+// D += A B for one m16n8k16 step: a0..a3 = A rows g / g + 8 at k-slots {2t, 2t+1}, rows g / g + 8 at {2t+8, 2t+9};
+// b0, b1 = B column g at the same k-slots; d[0..1] row g, d[2..3] row g + 8 (columns 2t, 2t+1).
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+// FP16x2 multiply on raw 32-bit registers (the operands and result of the MMA are raw registers: no unpacking).
+__device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
+// The A values of code word q of a chunk as 4 raw FP16 pairs (k0,k1) (k2,k3) (k4,k5) (k6,k7), times the scale pair
+// s2 (the group scale in both halves). NVFP4: e2m1 * 2^-14 placed bitwise (decode_word_nvfp4_scaled), then * s2,
+// exact; int4: (q - z) exactly, then * s2, one rounding. z: the zero point (int4).
+template <bool NVFP4>
+__device__ __forceinline__ void w4_scaled_word(uint32_t word, uint32_t s2, uint32_t z, uint32_t (&v)[4]) {
+  if (NVFP4) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      v[j] = hmul2_bits((((word >> (4 * j)) & 0x00070007u) << 9) | ((word << (12 - 4 * j)) & 0x80008000u), s2);
+  } else {
+    const uint32_t bias = (0x6400u | z) * 0x00010001u;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t d;
+      asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(((word >> (4 * j)) & 0x000F000Fu) | 0x64006400u), "r"(bias));
+      v[j] = hmul2_bits(d, s2);
+    }
+  }
+}
+
+// One lane's share of a super-chunk: the code chunks of its two rows and their scale words (NVFP4: the FP16 scales
+// of groups 2c and 2c + 1; int4, groups of a multiple of 32 inputs: FP16 scale | zero point << 16). Zero past the row.
+struct W4MmaStage {
+  uint4 lo, hi;
+  uint32_t slo, shi;
+};
+
+template <bool NVFP4>
+__device__ __forceinline__ uint32_t w4_chunk_scales(const W4Mat& w, int64_t row, int c) {
+  if (NVFP4) return __ldg(reinterpret_cast<const uint32_t*>(w.scales + row * w.groups) + c);
+  const int64_t gi = row * w.groups + (c * 32) / w.group;
+  return uint32_t(__half_as_ushort(__ldg(w.scales + gi))) | ((w.zeros ? uint32_t(__ldg(w.zeros + gi)) : 8u) << 16);
+}
+
+template <bool NVFP4>
+__device__ __forceinline__ W4MmaStage w4_mma_load(const W4Mat& w, int64_t row_lo, int64_t row_hi, int c, int chunks) {
+  W4MmaStage s{make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0), 0u, 0u};
+  if (c < chunks) {
+    s.lo = __ldg(reinterpret_cast<const uint4*>(w.codes + row_lo * w.wpr) + c);
+    s.hi = __ldg(reinterpret_cast<const uint4*>(w.codes + row_hi * w.wpr) + c);
+    s.slo = w4_chunk_scales<NVFP4>(w, row_lo, c);
+    s.shi = w4_chunk_scales<NVFP4>(w, row_hi, c);
+  }
+  return s;
+}
+
+// The 8 MMA steps of one lane's chunk c (stage st) against the staged activations xs.
+template <bool NVFP4>
+__device__ __forceinline__ void w4_mma_chunk(const W4MmaStage& st, const uint4* __restrict__ xs, int c, float (&d)[4],
+                                             float (&e)[4]) {
+  const uint32_t wl[4] = {st.lo.x, st.lo.y, st.lo.z, st.lo.w}, wh[4] = {st.hi.x, st.hi.y, st.hi.z, st.hi.w};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint4 xv = xs[4 * c + q];
+    uint32_t sl, sh, zl = 0, zh = 0;
+    if (NVFP4) {  // group 2c for words 0-1, 2c + 1 for words 2-3
+      sl = __byte_perm(st.slo, 0, q < 2 ? 0x1010u : 0x3232u);
+      sh = __byte_perm(st.shi, 0, q < 2 ? 0x1010u : 0x3232u);
+    } else {
+      sl = __byte_perm(st.slo, 0, 0x1010u);
+      sh = __byte_perm(st.shi, 0, 0x1010u);
+      zl = st.slo >> 16;
+      zh = st.shi >> 16;
+    }
+    uint32_t vl[4], vh[4];
+    w4_scaled_word<NVFP4>(wl[q], sl, zl, vl);
+    w4_scaled_word<NVFP4>(wh[q], sh, zh, vh);
+    mma_m16n8k16(d, vl[0], vh[0], vl[1], vh[1], xv.x, xv.y);
+    mma_m16n8k16(e, vl[2], vh[2], vl[3], vh[3], xv.z, xv.w);
+  }
+}
+
+// The activation vector staged in shared memory in two steps, so that its loads are in flight while the kernel reads
+// the slot's expert id and issues its first code loads: load() takes the first kW4MmaXRegs * blockDim 16-byte words
+// of x [cols] (FP16, 16-byte aligned) into registers, store() writes them to xs, zero-padded to `supers` super-chunks
+// of 128 inputs, copies any rest directly (rows of more than kW4MmaXRegs * blockDim * 8 inputs) and ends with a
+// block barrier. Every thread of the block calls both.
+constexpr int kW4MmaXRegs = 4;
+struct W4MmaX {
+  uint4 v[kW4MmaXRegs];
+  __device__ __forceinline__ void load(const __half* __restrict__ x, int cols, int supers) {
+    const int words = cols / 8;
+#pragma unroll
+    for (int k = 0; k < kW4MmaXRegs; ++k) {
+      const int i = int(threadIdx.x) + k * int(blockDim.x);
+      v[k] = i < words ? __ldg(reinterpret_cast<const uint4*>(x) + i) : make_uint4(0, 0, 0, 0);
+    }
+  }
+  __device__ __forceinline__ void store(const __half* __restrict__ x, int cols, int supers, uint4* xs) const {
+    const int words = cols / 8, n = supers * 16;
+#pragma unroll
+    for (int k = 0; k < kW4MmaXRegs; ++k) {
+      const int i = int(threadIdx.x) + k * int(blockDim.x);
+      if (i < n) xs[i] = v[k];
+    }
+    for (int i = int(threadIdx.x) + kW4MmaXRegs * int(blockDim.x); i < n; i += int(blockDim.x))
+      xs[i] = i < words ? __ldg(reinterpret_cast<const uint4*>(x) + i) : make_uint4(0, 0, 0, 0);
+    __syncthreads();
+  }
+};
+
+// The block's rows times x: TILES tiles of 16 rows, kW4MmaWarps / TILES warps per tile splitting its super-chunks
+// (warp k of a tile takes k, k + split, ...). This lane's rows are row_lo (tile row g) and row_hi (g + 8); xr holds
+// x's first words (W4MmaX::load), xs is the shared staging buffer (w4_mma_smem). The FP32 sums, added over the
+// tile's warps in warp order, land in sums[tile * 16 + r] (shared memory; NVFP4: times 2^-14). Every thread of the
+// block calls it (barriers inside).
+template <bool NVFP4, int TILES>
+__device__ __forceinline__ void w4_mma_block(const W4Mat& w, int64_t row_lo, int64_t row_hi,
+                                             const __half* __restrict__ x, const W4MmaX& xr, uint4* xs, float* sums) {
+  constexpr int kSplit = kW4MmaWarps / TILES, D = kW4MmaDepth;
+  __shared__ float part[kW4MmaWarps][16];
+  const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5, t = lane & 3, g = lane >> 2;
+  const int chunks = (w.cols / 8 + 3) / 4, supers = (chunks + 3) / 4;
+  const int j0 = warp % kSplit;
+  W4MmaStage st[D + 1];  // codes in flight before the activations are staged
+#pragma unroll
+  for (int i = 0; i < D; ++i) st[i] = w4_mma_load<NVFP4>(w, row_lo, row_hi, 4 * (j0 + i * kSplit) + t, chunks);
+  xr.store(x, w.cols, supers, xs);
+  float d[4] = {0.f, 0.f, 0.f, 0.f}, e[4] = {0.f, 0.f, 0.f, 0.f};  // two independent MMA chains
+  // A ring of D + 1 stages unrolled D + 1 times, so that no stage is copied (a copy would wait for its loads): step r
+  // refills the slot step r - 1 computed with the super-chunk D ahead, then computes slot r.
+  for (int j = j0; j < supers; j += (D + 1) * kSplit) {
+#pragma unroll
+    for (int r = 0; r <= D; ++r) {
+      st[(r + D) % (D + 1)] = w4_mma_load<NVFP4>(w, row_lo, row_hi, 4 * (j + (r + D) * kSplit) + t, chunks);
+      if (j + r * kSplit < supers) w4_mma_chunk<NVFP4>(st[r], xs, 4 * (j + r * kSplit) + t, d, e);
+    }
+  }
+  if (t == 0) {
+    part[warp][g] = d[0] + e[0];
+    part[warp][8 + g] = d[2] + e[2];
+  }
+  __syncthreads();
+  if (threadIdx.x < TILES * 16) {
+    const int tile = int(threadIdx.x) / 16, r = int(threadIdx.x) % 16;
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < kSplit; ++k) s += part[tile * kSplit + k][r];
+    sums[threadIdx.x] = s;
+  }
+  __syncthreads();
+}
+
+// Shared memory of the tensor-core GEMV kernels for rows of `cols` inputs: the staged activations (whole super-chunks).
+constexpr size_t w4_mma_smem(int cols) {
+  return size_t((cols / 8 + 15) / 16) * 16 * sizeof(uint4);
+}
+
+// Block (s, y): slot s, gate rows y*8 .. y*8+7 and the matching up rows as one 16-row tile (tile rows 0-7 gate,
+// 8-15 up), all kW4MmaWarps warps on it. h[s, n] = fp16(silu(G(g)) * G(u)).
+template <bool NVFP4>
+__global__ void __launch_bounds__(kW4MmaWarps * 32, kW4MmaMinBlocks)
+    w4_gemv_mma_gate_up_kernel(W4Mat w, const __half* __restrict__ u, int64_t ldu, const int32_t* __restrict__ ids,
+                               int top_k, int experts, int inter, __half* __restrict__ h,
+                               int32_t* __restrict__ status) {
+  pdl_begin();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  extern __shared__ uint4 xs[];
+  __shared__ float sums[16];
+  const int s = blockIdx.x;
+  const __half* x = u + int64_t(s / top_k) * ldu;
+  const int supers = (w.cols / 8 + 15) / 16;
+  W4MmaX xr;
+  xr.load(x, w.cols, supers);  // independent of the expert id: in flight while it is read
+  const int e = ids[s];
+  if (e < 0 || e >= experts) {
+    if (blockIdx.y == 0 && threadIdx.x == 0 && status) atomicOr(status, 1);
+    return;
+  }
+  const int g = (int(threadIdx.x) & 31) >> 2, n0 = int(blockIdx.y) * 8;
+  const int64_t base = int64_t(e) * w.rows;
+  const int n = min(n0 + g, inter - 1);
+  const bool out_lane = threadIdx.x < 8 && n0 + int(threadIdx.x) < inter;
+  const int nn = n0 + int(threadIdx.x);
+  float gg = 0.f, gu = 0.f;  // the row multipliers, loaded ahead
+  if (out_lane) {
+    gg = w.global[base + nn];
+    gu = w.global[base + inter + nn];
+  }
+  w4_mma_block<NVFP4, 1>(w, base + n, base + inter + n, x, xr, xs, sums);
+  if (out_lane) {
+    const float k = NVFP4 ? kNvfp4GemvScale : 1.f;
+    const float gv = apply_global(sums[threadIdx.x] * k, gg, w.divide);
+    const float uv = apply_global(sums[8 + threadIdx.x] * k, gu, w.divide);
+    h[int64_t(s) * inter + nn] = to_h(siluf_(gv) * uv);
+  }
+#endif
+}
+
+// Block (s, y): slot s, rows y * 16 * kW4MmaDownTiles .. (kW4MmaDownTiles tiles, kW4MmaWarps / kW4MmaDownTiles warps
+// each): ys[s, n] = fp16(weights[s] * G(y)), then w4_gemv_combine.
+template <bool NVFP4, class TO>
+__global__ void __launch_bounds__(kW4MmaWarps * 32, kW4MmaMinBlocks)
+    w4_gemv_mma_down_kernel(W4Mat w, const __half* __restrict__ h, const int32_t* __restrict__ ids,
+                            const float* __restrict__ weights, int top_k, int experts, int hidden, int inter,
+                            __half* ys, int32_t* __restrict__ done, const __half* __restrict__ shared,
+                            const float* __restrict__ shared_gate, TO* __restrict__ out, int64_t ldo) {
+  pdl_begin();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int kRows = 16 * kW4MmaDownTiles;
+  extern __shared__ uint4 xs[];
+  __shared__ float sums[kRows];
+  const int s = blockIdx.x, t = s / top_k;
+  const __half* x = h + int64_t(s) * inter;
+  W4MmaX xr;
+  xr.load(x, w.cols, (w.cols / 8 + 15) / 16);  // independent of the expert id: in flight while it is read
+  const int e = ids[s];
+  const int r0 = int(blockIdx.y) * kRows;
+  if (e >= 0 && e < experts) {  // uniform over the block
+    const int warp = int(threadIdx.x) >> 5, g = (int(threadIdx.x) & 31) >> 2;
+    const int tile0 = r0 + (warp / (kW4MmaWarps / kW4MmaDownTiles)) * 16;
+    const int64_t base = int64_t(e) * w.rows;
+    const int n = r0 + int(threadIdx.x);
+    const bool out_lane = threadIdx.x < kRows && n < hidden;
+    float gn = 0.f, ws = 0.f;  // the row multiplier and the slot's routing weight, loaded ahead
+    if (out_lane) {
+      gn = w.global[base + n];
+      ws = weights[s];
+    }
+    w4_mma_block<NVFP4, kW4MmaDownTiles>(w, base + min(tile0 + g, hidden - 1), base + min(tile0 + 8 + g, hidden - 1), x,
+                                         xr, xs, sums);
+    if (out_lane) {
+      const float k = NVFP4 ? kNvfp4GemvScale : 1.f;
+      ys[int64_t(s) * hidden + n] = to_h(apply_global(sums[threadIdx.x] * k, gn, w.divide) * ws);
+    }
+  }
+  w4_gemv_combine(ids, top_k, experts, hidden, t, kRows, ys, done, shared, shared_gate, out, ldo);
+#endif
+}
+
+template __global__ void w4_gemv_mma_gate_up_kernel<true>(W4Mat, const __half*, int64_t, const int32_t*, int, int, int,
+                                                          __half*, int32_t*);
+template __global__ void w4_gemv_mma_gate_up_kernel<false>(W4Mat, const __half*, int64_t, const int32_t*, int, int, int,
+                                                           __half*, int32_t*);
+#define FN_W4_GEMV_MMA_DOWN(NV, TO)                                                                                 \
+  template __global__ void w4_gemv_mma_down_kernel<NV, TO>(W4Mat, const __half*, const int32_t*, const float*, int, \
+                                                           int, int, int, __half*, int32_t*, const __half*,         \
+                                                           const float*, TO*, int64_t);
+FN_W4_GEMV_MMA_DOWN(true, __half)
+FN_W4_GEMV_MMA_DOWN(true, float)
+FN_W4_GEMV_MMA_DOWN(false, __half)
+FN_W4_GEMV_MMA_DOWN(false, float)
+#undef FN_W4_GEMV_MMA_DOWN
 
 // ---------------------------------------------------------------- tensor-core path (prefill)
 
@@ -533,10 +831,21 @@ cudaError_t launch_w4_align(const int32_t* ids, int slots, int experts, int32_t*
   return cudaGetLastError();
 }
 
+bool w4_gemv_tensor_cores(const W4Mat& w) {
+  if ((!w.nvfp4 && w.group % 32 != 0) || w4_mma_smem(w.cols) > 48 * 1024) return false;
+  return kernel_ptx_version(reinterpret_cast<const void*>(w4_gemv_mma_gate_up_kernel<true>)) >= 80;
+}
+
 cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const __half* u, int64_t ldu, const int32_t* ids, int slots,
-                                   int top_k, int experts, int inter, __half* h, int32_t* status,
+                                   int top_k, int experts, int inter, __half* h, int32_t* status, bool tensor_cores,
                                    cudaStream_t stream) {
   if (slots == 0) return cudaSuccess;
+  if (tensor_cores) {
+    const dim3 grid(slots, (inter + 7) / 8);
+    launch((w.nvfp4 ? w4_gemv_mma_gate_up_kernel<true> : w4_gemv_mma_gate_up_kernel<false>), grid, kW4MmaWarps * 32,
+           w4_mma_smem(w.cols), stream, w, u, ldu, ids, top_k, experts, inter, h, status);
+    return cudaGetLastError();
+  }
   const dim3 grid(slots, w4_gemv_row_blocks(inter, w.cols, kW4GemvOutsGateUp));
   launch((w.nvfp4 ? w4_gemv_gate_up_kernel<true> : w4_gemv_gate_up_kernel<false>), grid, kW4GemvThreads, 0, stream, w,
          u, ldu, ids, top_k, experts, inter, w4_gemv_lanes(w.cols), h, status);
@@ -546,20 +855,27 @@ cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const __half* u, int64_t ldu,
 template <class TO>
 cudaError_t launch_w4_gemv_down(const W4Mat& w, const __half* h, const int32_t* ids, const float* weights, int tokens,
                                 int top_k, int experts, int hidden, int inter, __half* ys, int32_t* done,
-                                const __half* shared, const float* shared_gate, TO* out, int64_t ldo,
+                                const __half* shared, const float* shared_gate, TO* out, int64_t ldo, bool tensor_cores,
                                 cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
+  if (tensor_cores) {
+    const dim3 grid(tokens * top_k, (hidden + 16 * kW4MmaDownTiles - 1) / (16 * kW4MmaDownTiles));
+    launch((w.nvfp4 ? w4_gemv_mma_down_kernel<true, TO> : w4_gemv_mma_down_kernel<false, TO>), grid, kW4MmaWarps * 32,
+           w4_mma_smem(w.cols), stream, w, h, ids, weights, top_k, experts, hidden, inter, ys, done, shared,
+           shared_gate, out, ldo);
+    return cudaGetLastError();
+  }
   const dim3 grid(tokens * top_k, w4_gemv_row_blocks(hidden, inter, kW4GemvOutsDown));
   launch((w.nvfp4 ? w4_gemv_down_kernel<true, TO> : w4_gemv_down_kernel<false, TO>), grid, kW4GemvThreads, 0, stream, w,
          h, ids, weights, top_k, experts, hidden, inter, w4_gemv_lanes(inter), ys, done, shared, shared_gate, out, ldo);
   return cudaGetLastError();
 }
 template cudaError_t launch_w4_gemv_down<__half>(const W4Mat&, const __half*, const int32_t*, const float*, int, int,
-                                                 int, int, int, __half*, int32_t*, const __half*, const float*,
-                                                 __half*, int64_t, cudaStream_t);
+                                                 int, int, int, __half*, int32_t*, const __half*, const float*, __half*,
+                                                 int64_t, bool, cudaStream_t);
 template cudaError_t launch_w4_gemv_down<float>(const W4Mat&, const __half*, const int32_t*, const float*, int, int,
                                                 int, int, int, __half*, int32_t*, const __half*, const float*, float*,
-                                                int64_t, cudaStream_t);
+                                                int64_t, bool, cudaStream_t);
 
 cudaError_t launch_w4_gemm_gate_up(const W4Mat& w, const __half* u, int64_t ldu, int top_k, int inter,
                                    const int32_t* offsets, const int32_t* sorted_slots, const int32_t* tile_expert,

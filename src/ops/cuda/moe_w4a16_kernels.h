@@ -16,6 +16,8 @@ constexpr int kW4GemvThreads = 256; // threads per GEMV block
 constexpr int kW4GemvOutsGateUp = 1;  // output columns per GEMV lane group, gate/up (a gate and an up row each)
 constexpr int kW4GemvOutsDown = 2;    // output columns per GEMV lane group, down
 constexpr int kW4GemvChunks = 3;    // 16-byte code chunks per lane and row loaded ahead of the arithmetic
+constexpr int kW4MmaWarps = 4;      // warps per tensor-core GEMV block (gate/up: one 16-row tile, K split 4 ways)
+constexpr int kW4MmaDownTiles = 2;  // 16-row tiles per tensor-core down GEMV block (K split kW4MmaWarps / 2 ways)
 
 /// One repacked W4 matrix stack on the device (layout: moe_w4a16.h, W4Packed).
 struct W4Mat {
@@ -41,6 +43,17 @@ constexpr int w4_gemv_row_blocks(int rows, int cols, int outs) {
   const int per_block = outs * (kW4GemvThreads / w4_gemv_lanes(cols));
   return (rows + per_block - 1) / per_block;
 }
+/// Row blocks of the down GEMV, either kernel (the completion counters per token: at least this many).
+constexpr int w4_gemv_down_row_blocks(int hidden, int inter) {
+  const int fma = w4_gemv_row_blocks(hidden, inter, kW4GemvOutsDown),
+            mma = (hidden + 16 * kW4MmaDownTiles - 1) / (16 * kW4MmaDownTiles);
+  return fma > mma ? fma : mma;
+}
+
+/// Whether the tensor-core GEMV kernels (mma.sync m16n8k16, compute capability 8.0+) can compute `w` on the current
+/// device: the build holds them for 8.0+ (kernel_ptx_version: not so in the compute_70 PTX build) and the format is
+/// NVFP4 or int4 with groups of a multiple of 32 inputs. Otherwise the FP32-FMA kernels (every GPU) run.
+bool w4_gemv_tensor_cores(const W4Mat& w);
 
 /// Groups token slots by expert for the GEMM path (one block, parallel scan; experts <= kMoeMaxExperts): offsets
 /// [E+1], sorted_slots / slot_row [slots], GEMM tiles of kW4TileM rows (tile_expert / tile_row, count in
@@ -49,17 +62,19 @@ cudaError_t launch_w4_align(const int32_t* ids, int slots, int experts, int32_t*
                             int32_t* slot_row, int32_t* tile_expert, int32_t* tile_row, int32_t* num_tiles,
                             int32_t* status, cudaStream_t stream);
 /// GEMV path (decode), gate/up, one slot per block column: h[s, n] = fp16(silu(g) * u) of expert ids[s] on token
-/// s / top_k, for every slot s < slots. Ids outside [0, E) are skipped and set *status.
+/// s / top_k, for every slot s < slots. Ids outside [0, E) are skipped and set *status. tensor_cores: the mma.sync
+/// kernel (only where w4_gemv_tensor_cores(w)), else the FP32-FMA one.
 cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const __half* u, int64_t ldu, const int32_t* ids, int slots,
-                                   int top_k, int experts, int inter, __half* h, int32_t* status, cudaStream_t stream);
+                                   int top_k, int experts, int inter, __half* h, int32_t* status, bool tensor_cores,
+                                   cudaStream_t stream);
 /// GEMV path, down and combine in one kernel: ys[s, n] = fp16(weights[s] * down_{ids[s]}(h[s])); the last block of
-/// each (token, row block) to finish (counted in done [tokens, w4_gemv_row_blocks(H, I, kW4GemvOutsDown)], zero
-/// before and after) writes out[t, n] = the FP32 sum of the token's valid slots in slot order
-/// (+ sigmoid(shared_gate[t]) * shared[t, n]), as launch_moe_combine. TO: __half or float.
+/// each (token, row block) to finish (counted in done [tokens, w4_gemv_down_row_blocks(H, I)], zero before and
+/// after) writes out[t, n] = the FP32 sum of the token's valid slots in slot order (+ sigmoid(shared_gate[t]) *
+/// shared[t, n]), as launch_moe_combine. TO: __half or float. tensor_cores as in launch_w4_gemv_gate_up.
 template <class TO>
 cudaError_t launch_w4_gemv_down(const W4Mat& w, const __half* h, const int32_t* ids, const float* weights, int tokens,
                                 int top_k, int experts, int hidden, int inter, __half* ys, int32_t* done,
-                                const __half* shared, const float* shared_gate, TO* out, int64_t ldo,
+                                const __half* shared, const float* shared_gate, TO* out, int64_t ldo, bool tensor_cores,
                                 cudaStream_t stream);
 /// Tensor-core path (WMMA m16n16k16, FP32 accumulation) over the sorted rows of launch_w4_align: h[r, n] and
 /// ys[r, n] for every sorted row r (combined afterwards by launch_moe_combine).
