@@ -427,7 +427,10 @@ INSTANTIATE_TEST_SUITE_P(
                                          MoeCase{3, 1, 1000, 256, 160, false}, MoeCase{16, 10, 5, 256, 160, true},
                                          MoeCase{16, 2, 16, 200, 40, false}, MoeCase{16, 10, 100, 200, 160, false},
                                          MoeCase{33, 10, 1, 200, 40, false}, MoeCase{33, 10, 17, 256, 160, false},
-                                         MoeCase{33, 2, 100, 256, 40, true}, MoeCase{33, 10, 1000, 256, 160, true})),
+                                         MoeCase{33, 2, 100, 256, 40, true}, MoeCase{33, 10, 1000, 256, 160, true},
+                                         // rows of more than 4,096 inputs: the tensor-core GEMV stages the rest of
+                                         // the activations past its registers' share
+                                         MoeCase{1, 2, 3, 4352, 40, true})),
     [](const auto& info) {
       const FmtCase f = std::get<0>(info.param);
       const MoeCase m = std::get<1>(info.param);

@@ -1,6 +1,6 @@
 // W4A16 routed experts on the GPU (issue 6; MODEL.md "MoE block", same contract as moe_routed in moe.h): 4-bit
 // expert weights (NVFP4 or int4) repacked once at load into one layout, FP16 activations, FP32 accumulation, SM70
-// instructions only (WMMA / half2 arithmetic; scripts/check-sm70.sh).
+// instructions (WMMA / half2 arithmetic; scripts/check-sm70.sh), with an SM80+ tensor-core decode GEMV beside them.
 //
 // Sources (formats of src/loader/quant.h; here as plain host arrays, so fn_cuda does not depend on the loader):
 //   NVFP4   codes E2M1 (sign bit 3, magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}), two per byte, element 2j in the low
@@ -29,7 +29,7 @@
 //                       kernels (mma.sync m16n8k16, compute capability 8.0+; NVFP4 and int4 groups of 32k): the
 //                       GEMM path's weights w16 with FP32 accumulation, y_n = G_n(sum_k w16_k * x_k).
 //   GEMM path (prefill) WMMA m16n16k16 on FP16 weights w16 = fp16(v * scale16) with FP32 accumulation, then G_n in
-//                       FP32. NVFP4: w16 is exact (e2m1 * e4m3 has <= 5 significant bits, |value| in
+//                       FP32. NVFP4: w16 is exact (e2m1 * e4m3 has <= 6 significant bits, |value| in
 //                       2^-10..2688). int4: w16 is (q - z) * s * 2^-p rounded once to FP16 (relative error <= 2^-11).
 //   Then, as moe_routed: h = fp16(silu(gate) * up), each slot's output fp16(weight * down(h)), the top_k slots of a
 //   token summed in FP32 in slot order (+ the gated shared expert), rounded to the output type.

@@ -1,6 +1,8 @@
-// W4A16 grouped MoE kernels (MODEL.md "MoE block"; layout and arithmetic: moe_w4a16.h). SM70 instruction set only:
-// FP16 tensor cores through WMMA m16n16k16 with FP32 accumulation, FP16 half2 arithmetic, byte permutes; no bf16,
-// cp.async, ldmatrix or FP8 instructions (scripts/check-sm70.sh compiles this file for sm_70).
+// W4A16 grouped MoE kernels (MODEL.md "MoE block"; layout and arithmetic: moe_w4a16.h). The baseline kernels use the
+// SM70 instruction set only: FP16 tensor cores through WMMA m16n16k16 with FP32 accumulation, FP16 half2 arithmetic,
+// byte permutes; no bf16, cp.async, ldmatrix or FP8 instructions (scripts/check-sm70.sh compiles this file for
+// sm_70). Beside them, the decode GEMV's tensor-core kernels use mma.sync m16n8k16 (compute capability 8.0+), compiled
+// to empty bodies below 8.0 and chosen by the host only where their code holds it (w4_gemv_tensor_cores).
 //
 // Code decoding (exact): each 32-bit word holds the 4-bit codes of inputs k0..k7 with nibble i holding
 // k0 k2 k4 k6 k1 k3 k5 k7 (i = 0..7), so that pair j = (k_2j, k_2j+1) sits in nibbles j and j+4, i.e. in bits
@@ -293,7 +295,7 @@ __device__ __forceinline__ void w4_gemv_combine(const int32_t* __restrict__ ids,
   if (threadIdx.x == 0) {
     int32_t* cnt = done + int64_t(t) * gridDim.y + blockIdx.y;
     int32_t before;
-    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(before) : "l"(cnt) : "memory");
+    asm volatile("atom.acq_rel.gpu.add.s32 %0, [%1], 1;" : "=r"(before) : "l"(cnt) : "memory");
     last = before == top_k - 1;
     if (last) *cnt = 0;  // every other block of this (token, row block) has counted: nobody reads it before the next
   }                      // launch, which stream order separates
@@ -445,6 +447,12 @@ __device__ __forceinline__ W4MmaStage w4_mma_load(const W4Mat& w, int64_t row_lo
   return s;
 }
 
+// Index of the staged activations' 16-byte word i in shared memory: one word of padding after every 8, so that the
+// quad's lanes t and t + 2 (words 128 bytes apart) read different banks.
+__device__ __forceinline__ int w4_mma_xs_index(int i) {
+  return i + (i >> 3);
+}
+
 // The 8 MMA steps of one lane's chunk c (stage st) against the staged activations xs.
 template <bool NVFP4>
 __device__ __forceinline__ void w4_mma_chunk(const W4MmaStage& st, const uint4* __restrict__ xs, int c, float (&d)[4],
@@ -452,7 +460,7 @@ __device__ __forceinline__ void w4_mma_chunk(const W4MmaStage& st, const uint4* 
   const uint32_t wl[4] = {st.lo.x, st.lo.y, st.lo.z, st.lo.w}, wh[4] = {st.hi.x, st.hi.y, st.hi.z, st.hi.w};
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
-    const uint4 xv = xs[4 * c + q];
+    const uint4 xv = xs[w4_mma_xs_index(4 * c + q)];
     uint32_t sl, sh, zl = 0, zh = 0;
     if (NVFP4) {  // group 2c for words 0-1, 2c + 1 for words 2-3
       sl = __byte_perm(st.slo, 0, q < 2 ? 0x1010u : 0x3232u);
@@ -492,10 +500,10 @@ struct W4MmaX {
 #pragma unroll
     for (int k = 0; k < kW4MmaXRegs; ++k) {
       const int i = int(threadIdx.x) + k * int(blockDim.x);
-      if (i < n) xs[i] = v[k];
+      if (i < n) xs[w4_mma_xs_index(i)] = v[k];
     }
     for (int i = int(threadIdx.x) + kW4MmaXRegs * int(blockDim.x); i < n; i += int(blockDim.x))
-      xs[i] = i < words ? __ldg(reinterpret_cast<const uint4*>(x) + i) : make_uint4(0, 0, 0, 0);
+      xs[w4_mma_xs_index(i)] = i < words ? __ldg(reinterpret_cast<const uint4*>(x) + i) : make_uint4(0, 0, 0, 0);
     __syncthreads();
   }
 };
@@ -542,9 +550,10 @@ __device__ __forceinline__ void w4_mma_block(const W4Mat& w, int64_t row_lo, int
   __syncthreads();
 }
 
-// Shared memory of the tensor-core GEMV kernels for rows of `cols` inputs: the staged activations (whole super-chunks).
+// Dynamic shared memory of the tensor-core GEMV kernels for rows of `cols` inputs: the staged activations (whole
+// super-chunks of 16 words, each 8 words followed by a padding word).
 constexpr size_t w4_mma_smem(int cols) {
-  return size_t((cols / 8 + 15) / 16) * 16 * sizeof(uint4);
+  return size_t((cols / 8 + 15) / 16) * 18 * sizeof(uint4);
 }
 
 // Block (s, y): slot s, gate rows y*8 .. y*8+7 and the matching up rows as one 16-row tile (tile rows 0-7 gate,
@@ -832,7 +841,9 @@ cudaError_t launch_w4_align(const int32_t* ids, int slots, int experts, int32_t*
 }
 
 bool w4_gemv_tensor_cores(const W4Mat& w) {
-  if ((!w.nvfp4 && w.group % 32 != 0) || w4_mma_smem(w.cols) > 48 * 1024) return false;
+  // Dynamic shared memory within the 48 KB a launch gets without opting in, with 1 KB left for the kernels' static
+  // arrays (at most 400 bytes).
+  if ((!w.nvfp4 && w.group % 32 != 0) || w4_mma_smem(w.cols) > 47 * 1024) return false;
   return kernel_ptx_version(reinterpret_cast<const void*>(w4_gemv_mma_gate_up_kernel<true>)) >= 80;
 }
 
