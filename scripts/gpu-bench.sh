@@ -32,7 +32,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/gpu-bundle.sh
 BUILD=${BUILD:-build-cudabe}
-BUNDLE=gpu/bench/bundle.tar.xz
+BUNDLE=${BUNDLE:-gpu/bench/bundle.tar.xz}
 BUILD_PTX70=${BUILD_PTX70:-build-ptx70}
 BUNDLE_PTX70=gpu/bench/bundle-ptx70.tar.xz
 # Quantized fixtures scripts/gpu-slim.sh may leave behind: their test cases are skipped (and said) when absent.

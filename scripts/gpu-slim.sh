@@ -26,9 +26,18 @@ if [ "${1:-}" = "--restore" ]; then
   for p in "${ORDER[@]}"; do
     if [ -e "$ASIDE/$p" ] && [ ! -e "$p" ]; then mkdir -p "$(dirname "$p")" && mv "$ASIDE/$p" "$p"; fi
   done
+  # Whatever is still aside (a folder whose place a restored path inside it re-created, or a SLIM_EXTRA path this
+  # restore was not told about) goes back file by file, never over an existing file.
+  if [ -d "$ASIDE" ]; then
+    (cd "$ASIDE" && find . -type f) | while read -r f; do
+      [ -e "$f" ] || { mkdir -p "$(dirname "$f")" && mv "$ASIDE/$f" "$f"; }
+    done
+    find "$ASIDE" -depth -type d -empty -delete
+  fi
   git status --short | head -n 5
   exit 0
 fi
+[ -d "$ASIDE" ] && find "$ASIDE" -depth -type d -empty -delete  # folders an earlier restore emptied
 for p in "${ORDER[@]}"; do
   [ -e "$p" ] || continue
   if [ -e "$ASIDE/$p" ]; then echo "gpu-slim: $ASIDE/$p is already there: restore first" >&2; exit 1; fi
