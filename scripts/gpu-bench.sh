@@ -21,7 +21,8 @@
 #      MEDIUM=1 adds the medium fixture's tests (made with tools/make_fixtures.py into FIXTURE_DIR, default /tmp/fx);
 #      FP16=1 adds the fp16 run; BENCH_ARGS: extra arguments of the full-size run (e.g. "--prompts 1024,4096");
 #      BASELINE_ENV="VAR=VALUE ...": the full-size run once more with those variables (bench-full-baseline.json), the
-#      before of a before/after on one machine (e.g. FLASHNEXT_CUDA_PDL=0: plain launches);
+#      before of a before/after on one machine (e.g. FLASHNEXT_CUDA_PDL=0: plain launches); BASELINE_BIN=PATH with
+#      --prepare packs a flashnext built from the baseline commit, and the run then benches it as that baseline;
 #      NCU=1 adds per-kernel figures of decode steps (ncu: duration, DRAM throughput, occupancy, instructions and
 #      issue activity, registers of every kernel of NCU_COUNT launches after NCU_SKIP, default 400 / 1200) at the
 #      released widths with 4 layers, 512 experts and an 8K context, into ncu-decode.csv (ncu's clock control off:
@@ -44,8 +45,13 @@ if [ "${1:-}" = "--prepare" ]; then
     cmake -S . -B "$BUILD" -G Ninja -DFLASHNEXT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache >/dev/null
   cmake --build "$BUILD" --target flashnext test_cuda_e2e test_ops test_cuda bench_ops bench_moe_w4a16 --parallel 2
+  extra=()
+  if [ -n "${BASELINE_BIN:-}" ]; then  # a flashnext built from the baseline commit, packed as bin/flashnext-baseline
+    mkdir -p gpu/bench/baseline && cp "$BASELINE_BIN" gpu/bench/baseline/flashnext-baseline
+    extra=(gpu/bench/baseline/flashnext-baseline)
+  fi
   pack_bundle "$BUNDLE" "$BUILD/flashnext" "$BUILD/tests/test_cuda_e2e" "$BUILD/tests/test_ops" "$BUILD/tests/test_cuda" \
-    "$BUILD/benchmarks/bench_ops" "$BUILD/benchmarks/bench_moe_w4a16"
+    "$BUILD/benchmarks/bench_ops" "$BUILD/benchmarks/bench_moe_w4a16" "${extra[@]}"
   echo "gpu-bench: packed $BUNDLE ($(du -h "$BUNDLE" | cut -f1)); run: bash scripts/gpu-bench.sh"
   if [ "${PTX70:-0}" = 1 ]; then
     # The same tests with only compute_70 PTX in them (scripts/nvcc-ptx70.py), JIT-compiled by the driver there.
@@ -268,11 +274,14 @@ if [ "$status" = 0 ] && [ "${FULL:-1}" != 0 ]; then
   else
     echo "gpu-bench: the fp16 run NOT done (FP16=${FP16:-0}, status $status)" | tee -a "$S"
   fi
-  if [ -n "${BASELINE_ENV:-}" ] && [ "$status" = 0 ]; then
-    # The same bench once more under BASELINE_ENV (e.g. FLASHNEXT_CUDA_PDL=0), on the same machine: before/after.
-    echo "gpu-bench: released geometry again with $BASELINE_ENV (the baseline)" | tee -a "$S"
+  baseline_bin="$G/bin/flashnext"
+  [ -x "$G/bin/flashnext-baseline" ] && baseline_bin="$G/bin/flashnext-baseline"
+  if { [ -n "${BASELINE_ENV:-}" ] || [ "$baseline_bin" != "$G/bin/flashnext" ]; } && [ "$status" = 0 ]; then
+    # The same bench once more under BASELINE_ENV (e.g. FLASHNEXT_CUDA_PDL=0) and/or with the baseline build packed by
+    # --prepare BASELINE_BIN=..., on the same machine: before/after.
+    echo "gpu-bench: released geometry again with ${BASELINE_ENV:-} $(basename "$baseline_bin") (the baseline)" | tee -a "$S"
     # shellcheck disable=SC2086
-    env $BASELINE_ENV timeout 420 "$G/bin/flashnext" bench --profile --repeat 2 ${BENCH_ARGS:-} \
+    env ${BASELINE_ENV:-} timeout 420 "$baseline_bin" bench --profile --repeat 2 ${BENCH_ARGS:-} \
       --out "$OUT/bench-full-baseline.json" >"$OUT/bench-full-baseline.txt" 2>&1 ||
       { status=1; tail -n 20 "$OUT/bench-full-baseline.txt"; }
     grep -v "^bench:" "$OUT/bench-full-baseline.txt" | tee -a "$S"
