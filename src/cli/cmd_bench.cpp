@@ -485,7 +485,8 @@ int run(BenchArgs a) {
                {"driver_version", d.driver_version},
                {"runtime_version", d.runtime_version},
                {"total_bytes", d.total_bytes},
-               {"programmatic_launch", cuda_programmatic_launch(0)}};
+               {"programmatic_launch", cuda_programmatic_launch(0)},
+               {"w4a16_gemv", cuda_w4a16_gemv_tensor_cores(0) ? "tensor_cores" : "fma"}};
   }
 #endif
   gpu_used_after_build = gpu_used();

@@ -12,6 +12,7 @@
 
 #include "ops/contract/memory.h"
 #include "ops/cuda/kernel_attributes.h"
+#include "ops/cuda/moe_w4a16.h"
 
 namespace flashnext {
 
@@ -360,6 +361,15 @@ bool cuda_programmatic_launch(int device) {
   const bool waits = cuda::detail::kernels_wait_for_dependencies();
   FN_CUDA_CHECK(cudaSetDevice(current), "cuda_programmatic_launch");
   return waits;
+}
+
+bool cuda_w4a16_gemv_tensor_cores(int device) {
+  int current = 0;
+  FN_CUDA_CHECK(cudaGetDevice(&current), "cuda_w4a16_gemv_tensor_cores");
+  FN_CUDA_CHECK(cudaSetDevice(device), fmt::format("cuda_w4a16_gemv_tensor_cores (device {})", device));
+  const bool mma = cuda::moe_w4a16_gemv_tensor_cores();
+  FN_CUDA_CHECK(cudaSetDevice(current), "cuda_w4a16_gemv_tensor_cores");
+  return mma;
 }
 
 void set_cuda_programmatic_launch(bool allowed) {

@@ -113,6 +113,10 @@ bool cuda_programmatic_launch(int device);
 /// Turns programmatic dependent launch off (false) or back on where a GPU has it (true), for the whole process, from
 /// the next launch on. For tests and benchmarks that compare both; not thread-safe against steps in flight.
 void set_cuda_programmatic_launch(bool allowed);
+/// The routed W4A16 experts' decode GEMV on GPU `device` (docs/ENGINE.md "Precision"): true for the tensor-core
+/// kernels (compute capability 8.0+, compiled for it, not turned off by FLASHNEXT_CUDA_W4_GEMV=fma), false for the
+/// FP32-FMA ones. Throws Error when a device query fails.
+bool cuda_w4a16_gemv_tensor_cores(int device);
 
 /// Memory of one GPU, in bytes.
 struct GpuMemory {

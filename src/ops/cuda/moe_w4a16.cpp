@@ -363,14 +363,7 @@ MoeW4A16Workspace::MoeW4A16Workspace(int max_tokens_, int top_k_, int experts_, 
   FN_CUDA_CHECK(cudaMemset(done.get(), 0, done.size() * sizeof(int32_t)), "MoeW4A16Workspace counters");
 }
 
-W4Path moe_w4a16_pick_path(int tokens, int top_k, int experts) {
-  const int64_t slots = int64_t(tokens) * top_k;
-  const int64_t touched = std::max<int64_t>(1, std::min<int64_t>(experts, slots));
-  return slots <= kW4GemvMaxSlots && slots <= int64_t(kW4GemvMaxMean) * touched ? W4Path::Gemv : W4Path::Gemm;
-}
-
 namespace {
-
 // FLASHNEXT_CUDA_W4_GEMV=fma (read once): the FP32-FMA GEMV kernels on every GPU, for before/after measurements.
 bool gemv_tensor_cores_allowed() {
   static const bool allowed = [] {
@@ -379,6 +372,20 @@ bool gemv_tensor_cores_allowed() {
   }();
   return allowed;
 }
+
+}  // namespace
+
+bool moe_w4a16_gemv_tensor_cores() {
+  return gemv_tensor_cores_allowed() && detail::w4_gemv_tensor_cores_compiled();
+}
+
+W4Path moe_w4a16_pick_path(int tokens, int top_k, int experts) {
+  const int64_t slots = int64_t(tokens) * top_k;
+  const int64_t touched = std::max<int64_t>(1, std::min<int64_t>(experts, slots));
+  return slots <= kW4GemvMaxSlots && slots <= int64_t(kW4GemvMaxMean) * touched ? W4Path::Gemv : W4Path::Gemm;
+}
+
+namespace {
 
 template <class TO>
 void routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, const int32_t* ids,

@@ -204,6 +204,9 @@ enum class W4Path : uint8_t { Auto, Gemv, GemvFma, Gemm };
 constexpr int kW4GemvMaxMean = 2;
 constexpr int kW4GemvMaxSlots = 160;
 W4Path moe_w4a16_pick_path(int tokens, int top_k, int experts);
+/// Whether W4Path::Gemv runs the tensor-core GEMV on the current device for NVFP4 and int4 groups of 32k inputs
+/// (compiled for it and not turned off by FLASHNEXT_CUDA_W4_GEMV=fma), rather than the FP32-FMA one.
+bool moe_w4a16_gemv_tensor_cores();
 
 /// out[t] = sum_j weights[t,j] * down_{ids[t,j]}( silu(gate(u_t)) * up(u_t) )  (+ sigmoid(shared_gate[t]) *
 /// shared[t] when `shared` is given: the shared expert's output [tokens, H] FP16 and its gate logit [tokens] FP32).

@@ -844,6 +844,10 @@ bool w4_gemv_tensor_cores(const W4Mat& w) {
   // Dynamic shared memory within the 48 KB a launch gets without opting in, with 1 KB left for the kernels' static
   // arrays (at most 400 bytes).
   if ((!w.nvfp4 && w.group % 32 != 0) || w4_mma_smem(w.cols) > 47 * 1024) return false;
+  return w4_gemv_tensor_cores_compiled();
+}
+
+bool w4_gemv_tensor_cores_compiled() {
   return kernel_ptx_version(reinterpret_cast<const void*>(w4_gemv_mma_gate_up_kernel<true>)) >= 80;
 }
 

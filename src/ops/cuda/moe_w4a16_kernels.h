@@ -54,6 +54,8 @@ constexpr int w4_gemv_down_row_blocks(int hidden, int inter) {
 /// device: the build holds them for 8.0+ (kernel_ptx_version: not so in the compute_70 PTX build) and the format is
 /// NVFP4 or int4 with groups of a multiple of 32 inputs. Otherwise the FP32-FMA kernels (every GPU) run.
 bool w4_gemv_tensor_cores(const W4Mat& w);
+/// Whether this build's tensor-core GEMV code for the current device holds the SM80 instructions (any format).
+bool w4_gemv_tensor_cores_compiled();
 
 /// Groups token slots by expert for the GEMM path (one block, parallel scan; experts <= kMoeMaxExperts): offsets
 /// [E+1], sorted_slots / slot_row [slots], GEMM tiles of kW4TileM rows (tile_expert / tile_row, count in
