@@ -353,23 +353,27 @@ double cuda_launch_cost_us(int device, int launches) {
   return 1e3 * double(ms) / launches;
 }
 
+namespace {
+// query() asked with GPU `device` current, the caller's device restored after (`what` names the query in errors).
+template <class Query>
+bool ask_on_device(int device, const char* what, Query&& query) {
+  int current = 0;
+  FN_CUDA_CHECK(cudaGetDevice(&current), what);
+  FN_CUDA_CHECK(cudaSetDevice(device), fmt::format("{} (device {})", what, device));
+  const bool answer = query();
+  FN_CUDA_CHECK(cudaSetDevice(current), what);
+  return answer;
+}
+}  // namespace
+
 bool cuda_programmatic_launch(int device) {
   if (cuda::detail::programmatic_launch_setting().load() == 0) return false;
-  int current = 0;
-  FN_CUDA_CHECK(cudaGetDevice(&current), "cuda_programmatic_launch");
-  FN_CUDA_CHECK(cudaSetDevice(device), fmt::format("cuda_programmatic_launch (device {})", device));
-  const bool waits = cuda::detail::kernels_wait_for_dependencies();
-  FN_CUDA_CHECK(cudaSetDevice(current), "cuda_programmatic_launch");
-  return waits;
+  return ask_on_device(device, "cuda_programmatic_launch",
+                       [] { return cuda::detail::kernels_wait_for_dependencies(); });
 }
 
 bool cuda_w4a16_gemv_tensor_cores(int device) {
-  int current = 0;
-  FN_CUDA_CHECK(cudaGetDevice(&current), "cuda_w4a16_gemv_tensor_cores");
-  FN_CUDA_CHECK(cudaSetDevice(device), fmt::format("cuda_w4a16_gemv_tensor_cores (device {})", device));
-  const bool mma = cuda::moe_w4a16_gemv_tensor_cores();
-  FN_CUDA_CHECK(cudaSetDevice(current), "cuda_w4a16_gemv_tensor_cores");
-  return mma;
+  return ask_on_device(device, "cuda_w4a16_gemv_tensor_cores", [] { return cuda::moe_w4a16_gemv_tensor_cores(); });
 }
 
 void set_cuda_programmatic_launch(bool allowed) {

@@ -153,6 +153,16 @@ __device__ __forceinline__ float group_sum(float v, int lanes) {
   return v;
 }
 
+// The scale word of 16-byte code chunk c (32 inputs) of `row`, for both GEMVs: NVFP4 the FP16 scales of groups 2c and
+// 2c + 1 (groups of 16, an even count per row: 4-byte aligned pairs); int4 with groups of a multiple of 32 inputs (one
+// group per chunk) FP16 scale | zero point << 16.
+template <bool NVFP4>
+__device__ __forceinline__ uint32_t w4_chunk_scales(const W4Mat& w, int64_t row, int c) {
+  if (NVFP4) return __ldg(reinterpret_cast<const uint32_t*>(w.scales + row * w.groups) + c);
+  const int64_t gi = row * w.groups + (c * 32) / w.group;
+  return uint32_t(__half_as_ushort(__ldg(w.scales + gi))) | ((w.zeros ? uint32_t(__ldg(w.zeros + gi)) : 8u) << 16);
+}
+
 // The R rows `row` (indices into the stacked [E * rows] matrix) times the FP16 vector x, this lane's share: a lane
 // group of `lanes` lanes splits each row into chunks of 16 code bytes (4 words, 32 inputs); lane `sub` takes chunks
 // sub, sub + lanes, ... and loads kW4GemvChunks of them per row (codes, and their scales and zero points where a
@@ -179,13 +189,7 @@ __device__ __forceinline__ void w4_dot_rows(const W4Mat& w, const int64_t (&row)
         sc[r][i] = 0;
         if (c < chunks) {
           code[r][i] = __ldg(reinterpret_cast<const uint4*>(w.codes + row[r] * w.wpr) + c);
-          if (NVFP4) {  // groups of 16, an even count per row: 4-byte aligned pairs
-            sc[r][i] = __ldg(reinterpret_cast<const uint32_t*>(w.scales + row[r] * w.groups) + c);
-          } else if (chunk_scale) {
-            const int64_t gi = row[r] * w.groups + (c * 32) / w.group;
-            sc[r][i] = uint32_t(__half_as_ushort(__ldg(w.scales + gi))) |
-                       ((w.zeros ? uint32_t(__ldg(w.zeros + gi)) : 8u) << 16);
-          }
+          if (NVFP4 || chunk_scale) sc[r][i] = w4_chunk_scales<NVFP4>(w, row[r], c);
         }
       }
     }
@@ -376,6 +380,10 @@ FN_W4_GEMV_DOWN(false, float)
 // scales of the next kW4MmaDepth super-chunks are in flight while one is computed.
 
 constexpr int kW4MmaDepth = 2;  // super-chunks (4 x 32 inputs of a row) per lane loaded ahead of the one computed
+// Super-chunks (4 code chunks, 128 inputs) of a row of `cols` inputs.
+__host__ __device__ constexpr int w4_mma_supers(int cols) {
+  return (cols / 8 + 15) / 16;
+}
 // Blocks per SM the register allocation must allow (at most 73 registers a thread): 7 * 132 SMs of an H100 / H200
 // hold the 800 gate/up blocks of one token's 10 slots at once (one wave); without the bound the ring of stages takes
 // 94 registers, 5 blocks per SM.
@@ -427,13 +435,6 @@ struct W4MmaStage {
   uint4 lo, hi;
   uint32_t slo, shi;
 };
-
-template <bool NVFP4>
-__device__ __forceinline__ uint32_t w4_chunk_scales(const W4Mat& w, int64_t row, int c) {
-  if (NVFP4) return __ldg(reinterpret_cast<const uint32_t*>(w.scales + row * w.groups) + c);
-  const int64_t gi = row * w.groups + (c * 32) / w.group;
-  return uint32_t(__half_as_ushort(__ldg(w.scales + gi))) | ((w.zeros ? uint32_t(__ldg(w.zeros + gi)) : 8u) << 16);
-}
 
 template <bool NVFP4>
 __device__ __forceinline__ W4MmaStage w4_mma_load(const W4Mat& w, int64_t row_lo, int64_t row_hi, int c, int chunks) {
@@ -519,7 +520,7 @@ __device__ __forceinline__ void w4_mma_block(const W4Mat& w, int64_t row_lo, int
   constexpr int kSplit = kW4MmaWarps / TILES, D = kW4MmaDepth;
   __shared__ float part[kW4MmaWarps][16];
   const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5, t = lane & 3, g = lane >> 2;
-  const int chunks = (w.cols / 8 + 3) / 4, supers = (chunks + 3) / 4;
+  const int chunks = (w.cols / 8 + 3) / 4, supers = w4_mma_supers(w.cols);
   const int j0 = warp % kSplit;
   W4MmaStage st[D + 1];  // codes in flight before the activations are staged
 #pragma unroll
@@ -553,7 +554,7 @@ __device__ __forceinline__ void w4_mma_block(const W4Mat& w, int64_t row_lo, int
 // Dynamic shared memory of the tensor-core GEMV kernels for rows of `cols` inputs: the staged activations (whole
 // super-chunks of 16 words, each 8 words followed by a padding word).
 constexpr size_t w4_mma_smem(int cols) {
-  return size_t((cols / 8 + 15) / 16) * 18 * sizeof(uint4);
+  return size_t(w4_mma_supers(cols)) * 18 * sizeof(uint4);
 }
 
 // Block (s, y): slot s, gate rows y*8 .. y*8+7 and the matching up rows as one 16-row tile (tile rows 0-7 gate,
@@ -569,7 +570,7 @@ __global__ void __launch_bounds__(kW4MmaWarps * 32, kW4MmaMinBlocks)
   __shared__ float sums[16];
   const int s = blockIdx.x;
   const __half* x = u + int64_t(s / top_k) * ldu;
-  const int supers = (w.cols / 8 + 15) / 16;
+  const int supers = w4_mma_supers(w.cols);
   W4MmaX xr;
   xr.load(x, w.cols, supers);  // independent of the expert id: in flight while it is read
   const int e = ids[s];
@@ -613,7 +614,7 @@ __global__ void __launch_bounds__(kW4MmaWarps * 32, kW4MmaMinBlocks)
   const int s = blockIdx.x, t = s / top_k;
   const __half* x = h + int64_t(s) * inter;
   W4MmaX xr;
-  xr.load(x, w.cols, (w.cols / 8 + 15) / 16);  // independent of the expert id: in flight while it is read
+  xr.load(x, w.cols, w4_mma_supers(w.cols));  // independent of the expert id: in flight while it is read
   const int e = ids[s];
   const int r0 = int(blockIdx.y) * kRows;
   if (e >= 0 && e < experts) {  // uniform over the block
