@@ -230,6 +230,14 @@ std::vector<int32_t> sample(Model& m, const Tensor& logits, float temperature, u
   return out;
 }
 
+/// What became of the recordable decode steps between two Model::step_graph_stats (docs/BENCH.md "step_graphs").
+json step_graphs_json(const Model::StepGraphStats& before, const Model::StepGraphStats& after) {
+  return json{{"plain", after.plain - before.plain},
+              {"captured", after.captured - before.captured},
+              {"replayed", after.replayed - before.replayed},
+              {"failed", after.failed - before.failed}};
+}
+
 json profile_json(const std::vector<std::pair<std::string, double>>& times, double divide) {
   json j = json::object();
   for (const auto& [name, ms] : times) j[name] = ms / divide;
@@ -564,6 +572,7 @@ int run(BenchArgs a) {
       std::vector<Clock::time_point> emitted{Clock::now()};  // token 1 (from the prefill)
       int32_t tok = int32_t(random_bits(a.seed, 77) % uint64_t(V));
       std::vector<double> steps, issue;  // issue: host time until forward_tensor returns (the GPU may still run)
+      const Model::StepGraphStats graphs0 = m.step_graph_stats();
       for (int64_t i = 2; i <= a.decode_tokens; ++i) {
         Tensor logits = m.forward_tensor(s, {&tok, 1}, LogitsMode::Last);
         issue.push_back(seconds(emitted.back(), Clock::now()));
@@ -592,7 +601,8 @@ int run(BenchArgs a) {
                     {"host_bytes_per_step", c.host_bytes},
                     {"achieved_bytes_per_s", c.device_bytes() / step_s},
                     {"ratio_to_bytes_roofline", ceil.known() ? json(ratio) : json()},
-                    {"roofline_tokens_per_s", ceil.known() ? json(ceil.bytes_per_s / c.device_bytes()) : json()}};
+                    {"roofline_tokens_per_s", ceil.known() ? json(ceil.bytes_per_s / c.device_bytes()) : json()},
+                    {"step_graphs", step_graphs_json(graphs0, m.step_graph_stats())}};
       if (a.profile) {  // a few more steps with the phase marks on (not part of the timing above)
         ops->set_profiling(true);
         const auto t0 = Clock::now();
@@ -665,6 +675,7 @@ int run(BenchArgs a) {
       // The experts the router really picks: counted in the first warm-up step (its downloads are not timed).
       double hit_sum = 0;
       int64_t hit_layers = 0;
+      const Model::StepGraphStats graphs0 = m.step_graph_stats();
       for (int64_t i = 0; i < a.batch_steps + (a.profile ? 1 : 0); ++i) {
         const bool profiled = i == a.batch_steps;  // one more step with the phase marks on, not timed
         ops->set_profiling(profiled);
@@ -714,7 +725,8 @@ int run(BenchArgs a) {
              {"weight_bytes_per_step", c.weight_bytes},
              {"cache_bytes_per_step", c.cache_bytes},
              {"achieved_bytes_per_s", c.device_bytes() / step_s},
-             {"ratio_to_bytes_roofline", ceil.known() ? json(ratio) : json()}};
+             {"ratio_to_bytes_roofline", ceil.known() ? json(ratio) : json()},
+             {"step_graphs", step_graphs_json(graphs0, m.step_graph_stats())}};
       if (a.profile) {
         j["profile_ms_per_step"] = prof;
         j["profile_wall_ms_per_step"] = prof_wall;

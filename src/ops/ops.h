@@ -180,6 +180,15 @@ struct HostTable {
 
 /// The backend interface. One instance per device; safe to use from one thread at a time (ops parallelise
 /// internally).
+/// A recorded step (Ops::end_step_capture), opaque outside the backend that made it: the step's device work with the
+/// memory it uses, run again by Ops::replay_step.
+class StepGraph {
+ public:
+  virtual ~StepGraph() = default;
+  /// The step's result tensor (what the model returned from the recorded step), rewritten by every replay.
+  Tensor output;
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -444,6 +453,36 @@ class Ops {
   /// step. Steps do not nest (an Error on backends that track them). Default: nothing.
   virtual void begin_step(int64_t tokens) { (void)tokens; }
   virtual void end_step() {}
+
+  // ---------------------------------------------------------------- captured steps (CUDA graphs)
+  //
+  // A decode step whose ops depend on nothing but its one upload (docs/ENGINE.md "CUDA graphs") is recorded once and
+  // replayed: the model calls begin_step_capture right after begin_step, runs the step's ops as always (its only
+  // upload is the step's input buffer), and end_step_capture before end_step. The recorded work has NOT run then:
+  // the caller runs it with replay_step, with the same input, and afterwards with the input of each later step of
+  // the same shape. Tensors the step made (its logits included) keep their addresses: each replay overwrites them.
+
+  /// Whether this backend records steps (the CUDA backend unless FLASHNEXT_CUDA_GRAPHS=0 or while profiling).
+  virtual bool captures_steps() const { return false; }
+  /// Starts recording the ops enqueued from now on, inside a step. Throws Error on backends that do not record.
+  virtual void begin_step_capture() {
+    throw Error(name() + ": begin_step_capture: this backend does not record steps");
+  }
+  /// Ends the recording begun by begin_step_capture: the recorded step, or null when it cannot be replayed (an op
+  /// allocated memory outside the step arena, made other than one upload, or the driver refused: `why` says which).
+  /// Also called, with its result dropped, when the step threw while recording (the stream is usable again).
+  virtual std::shared_ptr<StepGraph> end_step_capture(std::string* why) {
+    if (why) *why = "this backend does not record steps";
+    return nullptr;
+  }
+  /// Runs `graph` after writing `input` (as many bytes as the recorded step's upload) where that upload reads from.
+  /// Returns false, running nothing, when the graph is stale: memory it uses was replaced since it was recorded (a
+  /// workspace grown by a larger step), or a handle to one of its tensors from an earlier replay is still alive; the
+  /// caller then runs the step without it (and may record it anew).
+  virtual bool replay_step(StepGraph& graph, std::span<const uint8_t> input) {
+    (void)graph, (void)input;
+    throw Error(name() + ": replay_step: this backend does not record steps");
+  }
 
   // ---------------------------------------------------------------- profiling (flashnext bench --profile)
 

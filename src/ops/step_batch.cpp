@@ -9,8 +9,17 @@
 namespace flashnext {
 
 StepBatch make_step_batch(Ops& ops, std::span<const StepSequence> seqs, int64_t block_size) {
-  FN_CHECK(block_size >= 1, "step batch: block size {} must be >= 1", block_size);
   StepBatch b;
+  const std::vector<int32_t> h = plan_step_batch(b, seqs, block_size);
+  bind_step_batch(b, ops.upload(h.data(), DType::I32, {int64_t(h.size())}));
+  return b;
+}
+
+std::vector<int32_t> plan_step_batch(StepBatch& b, std::span<const StepSequence> seqs, int64_t block_size,
+                                     int64_t context_bucket) {
+  FN_CHECK(block_size >= 1, "step batch: block size {} must be >= 1", block_size);
+  FN_CHECK(context_bucket >= 0, "step batch: context bucket {} must be >= 0", context_bucket);
+  b = StepBatch{};
   b.num_seqs = int64_t(seqs.size());
   b.block_size = block_size;
   b.cu_seqlens.push_back(0);
@@ -47,6 +56,10 @@ StepBatch make_step_batch(Ops& ops, std::span<const StepSequence> seqs, int64_t 
            "step batch: two sequences share a state slot (each sequence needs its own)");
   FN_CHECK(std::adjacent_find(written.begin(), written.end()) == written.end(),
            "step batch: two sequences write the same KV block (block tables must not overlap)");
+  if (context_bucket > 0) {
+    b.max_context = (b.max_context + context_bucket - 1) / context_bucket * context_bucket;
+    b.max_blocks = std::max(b.max_blocks, (b.max_context + block_size - 1) / block_size);
+  }
   const int64_t T = b.num_tokens, S = b.num_seqs, M = std::max<int64_t>(b.max_blocks, 1);
   b.max_blocks = M;
   b.host_block_tables.assign(size_t(S * M), -1);
@@ -66,7 +79,13 @@ StepBatch make_step_batch(Ops& ops, std::span<const StepSequence> seqs, int64_t 
   h.insert(h.end(), b.host_block_tables.begin(), b.host_block_tables.end());
   h.insert(h.end(), b.cu_seqlens.begin(), b.cu_seqlens.end());
   h.insert(h.end(), b.slot_ids.begin(), b.slot_ids.end());
-  Tensor all = ops.upload(h.data(), DType::I32, {int64_t(h.size())});
+  return h;
+}
+
+void bind_step_batch(StepBatch& b, const Tensor& all) {
+  const int64_t T = b.num_tokens, S = b.num_seqs, M = b.max_blocks;
+  FN_CHECK(all.dtype() == DType::I32 && all.rank() == 1 && all.dim(0) >= 3 * T + S * M + 2 * S + 1,
+           "step batch: {} does not hold the step's {} metadata words", all.str(), 3 * T + S * M + 2 * S + 1);
   int64_t at = 0;
   auto take = [&](int64_t n) {
     Tensor t = all.rows(at, at + n);
@@ -79,7 +98,6 @@ StepBatch make_step_batch(Ops& ops, std::span<const StepSequence> seqs, int64_t 
   b.block_tables = take(S * M).view({S, M});
   b.seq_starts = take(S + 1);
   b.slots = take(S);
-  return b;
 }
 
 }  // namespace flashnext

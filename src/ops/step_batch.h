@@ -56,10 +56,23 @@ struct StepBatch {
   }
 };
 
-/// Builds the StepBatch of `seqs` (in row order) and uploads its device tensors in one copy. Throws Error naming
-/// the sequence when it has no tokens, a negative position or slot, or a block table that does not cover
-/// pos0 + tokens positions or holds a negative block id; and when two sequences share a slot or write the same KV
-/// block this step. block_size must be >= 1.
+/// Builds the StepBatch of `seqs` (in row order) and uploads its device tensors in one copy (plan_step_batch, then
+/// bind_step_batch over the upload). Throws Error naming the sequence when it has no tokens, a negative position or
+/// slot, or a block table that does not cover pos0 + tokens positions or holds a negative block id; and when two
+/// sequences share a slot or write the same KV block this step. block_size must be >= 1.
 StepBatch make_step_batch(Ops& ops, std::span<const StepSequence> seqs, int64_t block_size);
+
+/// The host half of make_step_batch (same checks): fills the host fields of `b` and returns the I32 words of its
+/// device tensors, in the order positions [T] | token_seq [T] | slot_mapping [T] | block_tables [S, max_blocks] |
+/// seq_starts [S + 1] | slots [S]. `context_bucket` > 0 rounds max_context up to a multiple of it and max_blocks (the
+/// table stride) up to the blocks of that context, so that consecutive decode steps of the same sequences have the
+/// same launch arguments (a recorded step, Ops::begin_step_capture, is replayed while they stay in the bucket); the
+/// kernels bound their work by the device positions, so a larger max_context only widens their grids.
+std::vector<int32_t> plan_step_batch(StepBatch& b, std::span<const StepSequence> seqs, int64_t block_size,
+                                     int64_t context_bucket = 0);
+
+/// The device half: `words` (I32, the upload of plan_step_batch's words, or a section of a larger upload) viewed as
+/// the StepBatch's device tensors. Throws Error when it does not hold as many words as `b` needs.
+void bind_step_batch(StepBatch& b, const Tensor& words);
 
 }  // namespace flashnext

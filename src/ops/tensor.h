@@ -87,6 +87,21 @@ class Tensor {
     return t;
   }
 
+  /// Bytes [offset, offset + numel(shape) * size(dtype)) of this tensor's memory as a tensor of `dtype` and `shape`
+  /// (sharing memory): the sections of one uploaded byte buffer. Throws Error when the range leaves the tensor or
+  /// `offset` is not a multiple of the element size.
+  Tensor bytes_as(int64_t offset, DType dtype, Shape shape) const {
+    const int64_t size = int64_t(dtype_size(dtype)), end = offset + shape_numel(shape) * size;
+    FN_CHECK(offset >= 0 && offset % size == 0 && end <= int64_t(nbytes()),
+             "tensor {}: bytes [{}, {}) as {}[{}] out of range or misaligned", str(), offset, end, dtype_name(dtype),
+             fmt::join(shape, ", "));
+    Tensor t = *this;
+    t.data_ = static_cast<uint8_t*>(data_) + offset;
+    t.dtype_ = dtype;
+    t.shape_ = std::move(shape);
+    return t;
+  }
+
   /// "F32[3, 4]@cpu", for messages.
   std::string str() const {
     return fmt::format("{}[{}]@{}", dtype_name(dtype_), fmt::join(shape_, ", "), device_name(device_));

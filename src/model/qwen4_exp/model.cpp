@@ -1,6 +1,9 @@
 #include "model/qwen4_exp/model.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -757,10 +760,18 @@ Tensor Model::run_step(std::span<const BatchItem> items, std::vector<int64_t>* r
   }
 
   Tensor logits;
-  threads_->run([&](int r) {
-    Tensor t = forward_rank(r, items, parts, all_ids, ple_rows, keep, hook, r == 0 ? wide_residual : nullptr);
-    if (r == 0) logits = std::move(t);  // rank 0's on the leader (every rank holds the same logits)
-  });
+  const bool decode = std::all_of(items.begin(), items.end(), [](const BatchItem& it) { return it.ids.size() == 1; });
+  if (decode && ranks_.size() == 1 && tp() == 1 && !nodes_ && !hook && !wide_residual && !router_observer_ &&
+      int64_t(items.size()) <= kStepGraphMaxTokens && step_graphs_off_.empty() && ranks_[0]->ops->captures_steps()) {
+    logits = run_recordable_step(items, parts, all_ids, ple_rows, keep);
+  } else {
+    threads_->run([&](int r) {
+      const StepInputs in =
+          step_inputs(*ranks_[size_t(r)], parts, all_ids, ple_rows, keep, items[0].seq->cache->block_size, 0);
+      Tensor t = forward_rank(r, items, in, hook, r == 0 ? wide_residual : nullptr);
+      if (r == 0) logits = std::move(t);  // rank 0's on the leader (every rank holds the same logits)
+    });
+  }
   for (size_t i = 0; i < items.size(); ++i) {
     items[i].seq->length += int64_t(items[i].ids.size());
     for (int64_t l = 0; l < L; ++l)
@@ -769,14 +780,106 @@ Tensor Model::run_step(std::span<const BatchItem> items, std::vector<int64_t>* r
   return logits;
 }
 
-Tensor Model::forward_rank(int rank, std::span<const BatchItem> items, std::span<const StepSequence> parts,
-                           std::span<const int32_t> all_ids, const std::vector<std::vector<int64_t>>& ple_host_rows,
-                           const std::vector<int32_t>& keep, const HiddenHook& hook, Tensor* wide_residual) {
+Model::StepInputs Model::step_inputs(const Rank& rk, std::span<const StepSequence> parts, std::span<const int32_t> ids,
+                                     const std::vector<std::vector<int64_t>>& ple_rows,
+                                     const std::vector<int32_t>& keep, int64_t block_size,
+                                     int64_t context_bucket) const {
+  StepInputs in;
+  std::vector<uint8_t>& b = in.bytes;
+  auto put = [&b](const void* p, size_t n) {
+    const int64_t at = int64_t(b.size());
+    b.resize((b.size() + n + 7) / 8 * 8);
+    if (n) std::memcpy(b.data() + at, p, n);
+    return at;
+  };
+  const std::vector<int32_t> words = plan_step_batch(in.batch, parts, block_size, context_bucket);
+  put(words.data(), words.size() * sizeof(int32_t));
+  const std::vector<int32_t> local = local_vocab_ids(rk, ids);
+  in.ids_at = put(local.data(), local.size() * sizeof(int32_t));
+  in.ple_at.assign(ple_rows.size(), -1);
+  for (size_t l = 0; l < ple_rows.size(); ++l) {
+    if (!rk.weights->layers[l].ple) continue;
+    const std::vector<int64_t> rows = ple_local_rows(*rk.weights->layers[l].ple, ple_rows[l]);
+    in.ple_at[l] = put(rows.data(), rows.size() * sizeof(int64_t));
+  }
+  in.keep_rows = int64_t(keep.size());
+  if (in.keep_rows < in.batch.num_tokens) in.keep_at = put(keep.data(), keep.size() * sizeof(int32_t));
+  return in;
+}
+
+Tensor Model::run_recordable_step(std::span<const BatchItem> items, std::span<const StepSequence> parts,
+                                  std::span<const int32_t> ids, const std::vector<std::vector<int64_t>>& ple_rows,
+                                  const std::vector<int32_t>& keep) {
+  Ops& ops = *ranks_[0]->ops;
+  const StepInputs in =
+      step_inputs(*ranks_[0], parts, ids, ple_rows, keep, items[0].seq->cache->block_size, kStepGraphContextBucket);
+  const StepGraphKey key{items[0].seq->cache->id, in.batch.num_tokens, in.batch.max_context};
+  StepGraphEntry& e = step_graphs_[key];
+  e.last_use = ++step_graph_clock_;
+  if (e.graph) {
+    if (ops.replay_step(*e.graph, in.bytes)) {
+      ++graph_stats_.replayed;
+      return e.graph->output;
+    }
+    e.graph.reset();  // stale (memory it used was replaced): warm up and record anew
+    e.plain_runs = 0;
+  }
+  if (e.plain_runs == 0) {
+    ++e.plain_runs;
+    ++graph_stats_.plain;
+    return forward_rank(0, items, in, {}, nullptr);
+  }
+  // The shape's second step: recorded (nothing runs yet), then replayed with this step's inputs.
+  std::shared_ptr<StepGraph> graph;
+  std::string why;
+  try {
+    Tensor out = forward_rank(0, items, in, {}, nullptr, &graph, &why);
+    if (graph) {
+      graph->output = std::move(out);
+      if (ops.replay_step(*graph, in.bytes)) {
+        ++graph_stats_.captured;
+        ++graph_stats_.replayed;
+        e.graph = graph;
+        e.plain_runs = 0;
+        if (step_graphs_.size() > kMaxStepGraphs) {  // the least recently used recording goes
+          auto oldest = step_graphs_.begin();
+          for (auto it = step_graphs_.begin(); it != step_graphs_.end(); ++it)
+            if (it->second.last_use < oldest->second.last_use) oldest = it;
+          step_graphs_.erase(oldest);
+        }
+        return graph->output;
+      }
+      why = "the backend refused to replay it";
+    }
+  } catch (const std::exception& ex) {
+    why = ex.what();
+  }
+  ++graph_stats_.failed;
+  step_graphs_off_ = why;
+  step_graphs_.clear();
+  spdlog::warn("decode steps run without CUDA graphs: recording one (of {} tokens) failed: {}", key.tokens, why);
+  ++graph_stats_.plain;
+  return forward_rank(0, items, in, {}, nullptr);
+}
+
+Tensor Model::forward_rank(int rank, std::span<const BatchItem> items, const StepInputs& in, const HiddenHook& hook,
+                           Tensor* wide_residual, std::shared_ptr<StepGraph>* graph, std::string* why) {
   Rank& rk = *ranks_[size_t(rank)];  // `rank` indexes this process's ranks
   Ops& ops = *rk.ops;
   Communicator& comm = *rk.comm;
-  const StepScope step(ops, int64_t(all_ids.size()));  // activations and op scratch from here on are step memory
-  const ModelConfig& c = rk.config;                    // the rank's heads and intermediate widths
+  const StepScope step(ops, in.batch.num_tokens);  // activations and op scratch from here on are step memory
+  // Recording: the recording ends with the step, also when the step throws (then dropped, the stream usable again).
+  struct Recording {
+    Ops* ops = nullptr;
+    ~Recording() {
+      if (ops) (void)ops->end_step_capture(nullptr);
+    }
+  } recording;
+  if (graph) {
+    ops.begin_step_capture();
+    recording.ops = &ops;
+  }
+  const ModelConfig& c = rk.config;  // the rank's heads and intermediate widths
   const ModelWeights& w = *rk.weights;
   CachePool& cache = *items[0].seq->cache;
   const int64_t H = c.hidden_size, L = c.num_hidden_layers;
@@ -785,8 +888,11 @@ Tensor Model::forward_rank(int rank, std::span<const BatchItem> items, std::span
   const HiddenHook no_hook;
   const HiddenHook& on_hidden = rank0 ? hook : no_hook;  // rank 0 reports (every rank holds the same X)
 
-  const StepBatch batch = make_step_batch(ops, parts, cache.block_size);
-  const int64_t T = batch.num_tokens;
+  // The step's one upload: its metadata, ids, PLE rows and lm_head rows (step_inputs).
+  const Tensor inputs = ops.upload(in.bytes.data(), DType::U8, {int64_t(in.bytes.size())});
+  StepBatch batch = in.batch;
+  const int64_t T = batch.num_tokens, S = batch.num_seqs, M = batch.max_blocks;
+  bind_step_batch(batch, inputs.bytes_as(0, DType::I32, {3 * T + S * M + 2 * S + 1}));
 
   // The PLE gathers of every PLE layer start now, before layer 0. If the step fails before a PLE layer consumes its
   // rows, the guard still waits for the gather (the backend then lets go of what it holds for it).
@@ -806,14 +912,16 @@ Tensor Model::forward_rank(int rank, std::span<const BatchItem> items, std::span
   } wait_pending{ops, ple_rows};
   ops.profile_phase("ple");
   for (int64_t l = 0; l < L; ++l)
-    if (w.layers[size_t(l)].ple)
-      ple_rows[size_t(l)] = ple_fetch(ops, *w.layers[size_t(l)].ple, ple_host_rows[size_t(l)], T);
+    if (w.layers[size_t(l)].ple) {
+      const PleLayerWeights& pw = *w.layers[size_t(l)].ple;
+      ple_rows[size_t(l)] = ple_fetch(ops, pw, inputs.bytes_as(in.ple_at[size_t(l)], DType::I64, {T, pw.hash.heads()}));
+    }
 
   // x0 = embed_tokens[ids], replicated into the S hyper-connection streams. Under tensor parallelism a rank looks up
   // the ids of its vocabulary rows and the zero row after them for the others; the sum over ranks is the embedding.
   ops.profile_phase("embedding");
   Tensor X = ops.empty({T, c.hc_width()});
-  embed(rk, all_ids, X);
+  embed(rk, inputs.bytes_as(in.ids_at, DType::I32, {T}), X);
   if (on_hidden) on_hidden(0, X);
 
   // Each sublayer's injection X += inj ⊗ out is handed to the next read (one op: Ops::hc_inject_read), and made on
@@ -861,31 +969,39 @@ Tensor Model::forward_rank(int rank, std::span<const BatchItem> items, std::span
   Tensor h = hyper_connection_mixer(ops, X, pending, w.mixer, H, eps);  // X holds the last injection afterwards
   if (wide_residual) *wide_residual = X;
   if (on_hidden) on_hidden(int(L), h);
-  if (int64_t(keep.size()) < T) {
-    Tensor picked = ops.empty({int64_t(keep.size()), H});
-    ops.gather_rows(h, ops.upload(keep.data(), DType::I32, {int64_t(keep.size())}), picked);
+  if (in.keep_at >= 0) {
+    Tensor picked = ops.empty({in.keep_rows, H});
+    ops.gather_rows(h, inputs.bytes_as(in.keep_at, DType::I32, {in.keep_rows}), picked);
     h = picked;
   }
   ops.profile_phase("lm_head");
   Tensor logits = lm_head(rk, h);
   ops.profile_phase(nullptr);
+  if (graph) {
+    recording.ops = nullptr;
+    *graph = ops.end_step_capture(why);
+  }
   return logits;
 }
 
-void Model::embed(Rank& rk, std::span<const int32_t> ids, const Tensor& out) const {
-  Ops& ops = *rk.ops;
-  const int64_t T = int64_t(ids.size());
-  if (tp() == 1) {
-    ops.embedding(rk.weights->embed_tokens, ops.upload(ids.data(), DType::I32, {T}), out);
-    return;
-  }
+std::vector<int32_t> Model::local_vocab_ids(const Rank& rk, std::span<const int32_t> ids) const {
+  if (tp() == 1) return {ids.begin(), ids.end()};
   // The rank's vocabulary rows, and the zero row after them for the others' ids; the sum over ranks is the lookup.
   const IndexRange v = rk.shard.vocab;
   std::vector<int32_t> local(ids.size());
   for (size_t i = 0; i < local.size(); ++i)
     local[i] = ids[i] >= v.begin && ids[i] < v.end ? int32_t(ids[i] - v.begin) : int32_t(v.size());
-  ops.embedding(rk.weights->embed_tokens, ops.upload(local.data(), DType::I32, {T}), out);
-  rk.comm->all_reduce_sum(out);
+  return local;
+}
+
+void Model::embed(Rank& rk, const Tensor& local_ids, const Tensor& out) const {
+  rk.ops->embedding(rk.weights->embed_tokens, local_ids, out);
+  if (tp() > 1) rk.comm->all_reduce_sum(out);
+}
+
+void Model::embed(Rank& rk, std::span<const int32_t> ids, const Tensor& out) const {
+  const std::vector<int32_t> local = local_vocab_ids(rk, ids);
+  embed(rk, rk.ops->upload(local.data(), DType::I32, {int64_t(local.size())}), out);
 }
 
 Tensor Model::lm_head(Rank& rk, const Tensor& h) const {

@@ -23,8 +23,10 @@
 // logits, hidden states and ops() are rank 0's, and every rank holds the same logits.
 #pragma once
 
+#include <compare>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -250,6 +252,18 @@ class Model {
   /// Copies a float32 device tensor (of rank 0's backend) to a host vector.
   std::vector<float> download(const Tensor& t) const;
 
+  /// What became of the decode steps that could be recorded (one process, one rank, on a backend that records
+  /// steps: Ops::captures_steps; docs/ENGINE.md "CUDA graphs"): the first step of a shape runs plainly (its warm-up),
+  /// the second is recorded and replayed, the later ones are replayed.
+  struct StepGraphStats {
+    int64_t plain = 0;     ///< recordable steps run without a graph (warm-ups, and shapes that failed to record)
+    int64_t captured = 0;  ///< steps recorded (then replayed)
+    int64_t replayed = 0;  ///< steps run by replaying a recorded one (the recorded ones included)
+    int64_t failed = 0;    ///< recordings that failed (the step then ran plainly, and so do all later steps of
+                           ///< this model: spdlog says why)
+  };
+  StepGraphStats step_graph_stats() const { return graph_stats_; }
+
  private:
   struct Rank;   // one tensor-parallel rank: its geometry, backend, weights and communicator (model.cpp)
   struct Nodes;  // the other processes of a group over several nodes: calls sent or received, pools by id (model.cpp)
@@ -277,13 +291,40 @@ class Model {
   /// every rank of this process.
   Tensor run_step(std::span<const BatchItem> items, std::vector<int64_t>* row_offsets, const HiddenHook& hook,
                   Tensor* wide_residual);
-  /// Rank `rank`'s part of a validated step (forward_batch): the layers over its shards, the collectives with the
-  /// other ranks; returns the full logits [rows(keep), vocab] on its device.
-  Tensor forward_rank(int rank, std::span<const BatchItem> items, std::span<const StepSequence> parts,
-                      std::span<const int32_t> ids, const std::vector<std::vector<int64_t>>& ple_rows,
-                      const std::vector<int32_t>& keep, const HiddenHook& hook, Tensor* wide_residual);
-  /// out = embed_tokens[ids] (F32 [T, H] or its S streams [T, S*H]) on rank `rk`: under tensor parallelism its
-  /// vocabulary rows, summed over the ranks (a collective).
+  /// One rank's inputs of a step, made on the host and uploaded in one copy: the StepBatch's host half, and one
+  /// byte buffer with the StepBatch's metadata words, the vocabulary rows the rank looks up, every PLE layer's
+  /// table rows and the lm_head rows. A recorded step (Ops::begin_step_capture) is replayed with the next step's
+  /// buffer, so nothing else of a step may come from the host.
+  struct StepInputs {
+    StepBatch batch;             ///< host fields (plan_step_batch); the device tensors are bound after the upload
+    std::vector<uint8_t> bytes;  ///< the sections below, each 8-byte aligned
+    int64_t ids_at = 0;          ///< byte offset of I32 [T]: the rank's vocabulary rows (local_vocab_ids)
+    int64_t keep_at = -1;        ///< byte offset of I32 [rows]: the rows lm_head takes; -1: every row
+    int64_t keep_rows = 0;
+    std::vector<int64_t> ple_at;  ///< per layer: byte offset of I64 [T, heads] (ple_local_rows), -1 without PLE
+  };
+  /// The StepInputs of rank `rk` (host work only). `context_bucket`: plan_step_batch's.
+  StepInputs step_inputs(const Rank& rk, std::span<const StepSequence> parts, std::span<const int32_t> ids,
+                         const std::vector<std::vector<int64_t>>& ple_rows, const std::vector<int32_t>& keep,
+                         int64_t block_size, int64_t context_bucket) const;
+  /// Rank `rank`'s part of a validated step (forward_batch) over `in` (step_inputs of that rank): the layers over
+  /// its shards, the collectives with the other ranks; returns the full logits [rows(keep), vocab] on its device.
+  /// With `graph`, the step is recorded instead of run (Ops::begin_step_capture): *graph receives the recording, or
+  /// null with the reason in *why.
+  Tensor forward_rank(int rank, std::span<const BatchItem> items, const StepInputs& in, const HiddenHook& hook,
+                      Tensor* wide_residual, std::shared_ptr<StepGraph>* graph = nullptr, std::string* why = nullptr);
+  /// A validated decode step on one rank that the backend can record: replayed when a recording of its shape
+  /// exists, else run plainly (the shape's first step) or recorded and replayed (its second); the StepGraphStats.
+  Tensor run_recordable_step(std::span<const BatchItem> items, std::span<const StepSequence> parts,
+                             std::span<const int32_t> ids, const std::vector<std::vector<int64_t>>& ple_rows,
+                             const std::vector<int32_t>& keep);
+  /// `ids` as rank `rk` looks them up: under tensor parallelism its vocabulary rows at their local index and the
+  /// zero row after them for the other ranks' ids; otherwise the ids.
+  std::vector<int32_t> local_vocab_ids(const Rank& rk, std::span<const int32_t> ids) const;
+  /// out = embed_tokens[ids] (F32 [T, H] or its S streams [T, S*H]) on rank `rk`, `local_ids` (I32 [T] on its
+  /// device) from local_vocab_ids: under tensor parallelism the ranks' lookups summed (a collective).
+  void embed(Rank& rk, const Tensor& local_ids, const Tensor& out) const;
+  /// embed of host ids (uploaded).
   void embed(Rank& rk, std::span<const int32_t> ids, const Tensor& out) const;
   /// lm_head(h) F32 [rows, vocab] on rank `rk`: under tensor parallelism its vocabulary columns, gathered.
   Tensor lm_head(Rank& rk, const Tensor& h) const;
@@ -308,6 +349,31 @@ class Model {
   void fail_group(const std::string& why) const;
   std::unique_ptr<RankThreads> threads_;
   RouterObserver router_observer_;
+
+  /// Recorded decode steps (run_recordable_step) by shape: the cache pool, the tokens, the step's bucketed
+  /// max_context (plan_step_batch). At most kMaxStepGraphs are kept (the least recently used goes first).
+  struct StepGraphKey {
+    uint64_t pool = 0;
+    int64_t tokens = 0, max_context = 0;
+    auto operator<=>(const StepGraphKey&) const = default;
+  };
+  struct StepGraphEntry {
+    std::shared_ptr<StepGraph> graph;
+    int64_t plain_runs = 0;  ///< steps of this shape run plainly since its last recording
+    uint64_t last_use = 0;
+  };
+  static constexpr size_t kMaxStepGraphs = 8;
+  /// Positions per max_context bucket of a recordable step: the recording of a sequence's decode steps is replayed
+  /// for this many positions.
+  static constexpr int64_t kStepGraphContextBucket = 1024;
+  /// Steps of at most this many tokens are recordable (the backend's step arena holds larger ones only partly).
+  static constexpr int64_t kStepGraphMaxTokens = 64;
+  std::map<StepGraphKey, StepGraphEntry> step_graphs_;
+  /// Why a recording failed, if one did: this model then records no step (what failed, e.g. an op that waits for
+  /// the host, is in every step of its kind).
+  std::string step_graphs_off_;
+  uint64_t step_graph_clock_ = 0;
+  StepGraphStats graph_stats_;
 };
 
 }  // namespace flashnext

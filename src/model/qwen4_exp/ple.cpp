@@ -24,20 +24,20 @@ std::vector<int64_t> ple_hash_rows(const PleLayerWeights& w, std::span<const Bat
   return rows;
 }
 
-Tensor ple_fetch(Ops& ops, const PleLayerWeights& w, std::span<const int64_t> rows, int64_t T) {
-  const int64_t heads = w.hash.heads();
-  // A rank that holds only some rows reads its own (at their local index) and the zero row after them for the rest.
+std::vector<int64_t> ple_local_rows(const PleLayerWeights& w, std::span<const int64_t> rows) {
+  if (w.rows_held.size() >= w.hash.rows) return {rows.begin(), rows.end()};
+  const int64_t zero_row = w.rows_held.size();
   std::vector<int64_t> local;
-  if (w.rows_held.size() < w.hash.rows) {
-    const int64_t zero_row = w.rows_held.size();
-    local.reserve(rows.size());
-    for (const int64_t r : rows)
-      local.push_back(r >= w.rows_held.begin && r < w.rows_held.end ? r - w.rows_held.begin : zero_row);
-    rows = local;
-  }
+  local.reserve(rows.size());
+  for (const int64_t r : rows)
+    local.push_back(r >= w.rows_held.begin && r < w.rows_held.end ? r - w.rows_held.begin : zero_row);
+  return local;
+}
+
+Tensor ple_fetch(Ops& ops, const PleLayerWeights& w, const Tensor& rows) {
   // e = concatenated table rows, gathered while the layers before this one run.
-  Tensor e = ops.empty({T, heads * w.table.head_dim});
-  ops.ple_gather_start(w.table, ops.upload(rows.data(), DType::I64, {T, heads}), e);
+  Tensor e = ops.empty({rows.dim(0), w.hash.heads() * w.table.head_dim});
+  ops.ple_gather_start(w.table, rows, e);
   return e;
 }
 

@@ -19,10 +19,15 @@ namespace flashnext {
 std::vector<int64_t> ple_hash_rows(const PleLayerWeights& w, std::span<const BatchItem> items, int64_t layer,
                                    std::vector<std::vector<int64_t>>& next_history);
 
-/// Begins the table gather of `rows` (from ple_hash_rows) for the step's T tokens (Ops::ple_gather_start: on the
-/// GPU it overlaps with the layers before this one). Returns e [T, heads * head_dim], to pass to ple_add. Under
-/// tensor parallelism the rank gathers the rows it holds (PleLayerWeights::rows_held) and zeros for the others.
-Tensor ple_fetch(Ops& ops, const PleLayerWeights& w, std::span<const int64_t> rows, int64_t T);
+/// The rows of ple_hash_rows as the rank holding `w` reads them: under tensor parallelism a rank that holds only
+/// some rows (PleLayerWeights::rows_held) reads its own at their local index and the zero row after them for the
+/// rest; otherwise `rows` as they are.
+std::vector<int64_t> ple_local_rows(const PleLayerWeights& w, std::span<const int64_t> rows);
+
+/// Begins the table gather of `rows` (I64 [T, heads] on the device, from ple_local_rows) for the step's T tokens
+/// (Ops::ple_gather_start: on the GPU it overlaps with the layers before this one). Returns e [T, heads * head_dim],
+/// to pass to ple_add.
+Tensor ple_fetch(Ops& ops, const PleLayerWeights& w, const Tensor& rows);
 
 /// X = X + PLE(X, e), in place on X [T, S*H], with e from ple_fetch: waits for the gather, sums the ranks' partial
 /// gathers (comm: each row comes from the one rank that holds it, so the sum is exact), gates the value per stream

@@ -36,6 +36,15 @@ CudaOpsOptions CudaOpsOptions::from_env() {
     else
       fail("FLASHNEXT_CUDA_ACTIVATIONS must be 'fp16x2' or 'fp16', got '{}'", s);
   }
+  if (const char* v = std::getenv("FLASHNEXT_CUDA_GRAPHS"); v && *v) {
+    const std::string s = v;
+    if (s == "1")
+      o.step_graphs = true;
+    else if (s == "0")
+      o.step_graphs = false;
+    else
+      fail("FLASHNEXT_CUDA_GRAPHS must be '1' or '0', got '{}'", s);
+  }
   return o;
 }
 
@@ -119,6 +128,18 @@ Tensor CudaOps::upload(const void* host, DType dtype, const Shape& shape) {
   Tensor t = alloc(shape, dtype, "upload");
   if (t.nbytes()) {
     FN_CHECK(host, "upload: null host pointer for {}", t.str());
+    if (recording_.active) {  // from a pinned copy that the recording keeps (replay_step rewrites it)
+      void* pinned = nullptr;
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;  // allocating pinned memory is not a stream op
+      FN_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode), "upload");
+      const cudaError_t err = cudaMallocHost(&pinned, t.nbytes());
+      FN_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode), "upload");
+      FN_CUDA_CHECK(err, "upload: pinned staging of a recorded step");
+      recording_.staging.emplace_back(pinned, [](void* p) { cudaFreeHost(p); });
+      recording_.staging_bytes.push_back(t.nbytes());
+      std::memcpy(pinned, host, t.nbytes());
+      host = pinned;
+    }
     FN_CUDA_CHECK(cudaMemcpyAsync(t.data(), host, t.nbytes(), cudaMemcpyHostToDevice, stream()), "upload");
   }
   return t;
@@ -193,6 +214,12 @@ void CudaOps::use_device() const {
 }
 
 std::shared_ptr<void> CudaOps::pool_memory(size_t bytes, const char* what, const Shape& shape, DType dtype) {
+  if (recording_.active) {
+    // The recording would own this memory (a graph allocation); the step is replayed only from its arena block.
+    recording_.refused = fmt::format("it allocated {} bytes for a {} {}[{}] beyond its step arena", bytes,
+                                     dtype_name(dtype), what, fmt::join(shape, ", "));
+    fail("cuda: recorded step: {}", recording_.refused);
+  }
   void* p = nullptr;
   const cudaError_t err = cudaMallocAsync(&p, bytes, stream());
   if (err != cudaSuccess) {
@@ -203,7 +230,12 @@ std::shared_ptr<void> CudaOps::pool_memory(size_t bytes, const char* what, const
          dtype_name(dtype), what, fmt::join(shape, ", "), cudaGetErrorString(err), free_b, total_b);
   }
   std::shared_ptr<Context> ctx = ctx_;
-  return std::shared_ptr<void>(p, [ctx](void* q) { cudaFreeAsync(q, ctx->stream); });
+  return std::shared_ptr<void>(p, [ctx](void* q) {
+    if (ctx->recording)
+      ctx->frees_after_recording.push_back(q);
+    else
+      cudaFreeAsync(q, ctx->stream);
+  });
 }
 
 Tensor CudaOps::alloc(const Shape& shape, DType dtype, const char* what, Lifetime lifetime) {
@@ -222,6 +254,7 @@ Tensor CudaOps::alloc(const Shape& shape, DType dtype, const char* what, Lifetim
     ++counters_.step_pool_allocations;  // the block is too small this step; the next one will fit
   } else {
     ++counters_.other_pool_allocations;
+    if (lifetime == Lifetime::Kept) ++memory_generation_;  // a cache a recorded step may read
   }
   std::shared_ptr<void> owner = pool_memory(bytes, what, shape, dtype);
   void* p = owner.get();
@@ -239,9 +272,10 @@ void CudaOps::begin_step(int64_t tokens) {
     FN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b), "begin_step");
     arena_.max_bytes = total_b / 8;
   }
-  const size_t want = std::min(arena_.demand + arena_.demand / 4, arena_.max_bytes);
+  arena_.peak = std::max(arena_.peak, arena_.demand);
+  const size_t want = std::min(arena_.peak + arena_.peak / 4, arena_.max_bytes);
   const bool free_block = arena_.block && arena_.block.use_count() == 1;
-  if (!free_block || (arena_.capacity < arena_.demand && arena_.capacity < want)) {
+  if (!free_block || (arena_.capacity < arena_.peak && arena_.capacity < want)) {
     // Live tensors of the last step keep the old block (freed with them); a step that outgrew it gets a larger one.
     arena_.block.reset();
     arena_.capacity = 0;
@@ -260,6 +294,104 @@ void CudaOps::begin_step(int64_t tokens) {
 void CudaOps::end_step() {
   in_step_ = false;
   arena_.active = false;
+}
+
+namespace {
+
+/// A recorded step of the CUDA backend: the instantiated graph, the pinned source of its one upload, the arena block
+/// its tensors live in (kept for it alone), and an event after its last replay.
+struct CudaStepGraph final : StepGraph {
+  std::shared_ptr<Context> ctx;
+  cudaGraphExec_t exec = nullptr;
+  std::shared_ptr<void> staging;
+  size_t staging_bytes = 0;
+  std::shared_ptr<void> block;
+  uint64_t generation = 0;
+  cudaEvent_t done = nullptr;
+  ~CudaStepGraph() override {
+    if (done) {
+      cudaEventSynchronize(done);  // the pinned staging is freed with it: no replay may still read it
+      cudaEventDestroy(done);
+    }
+    if (exec) cudaGraphExecDestroy(exec);
+  }
+};
+
+}  // namespace
+
+void CudaOps::begin_step_capture() {
+  FN_CHECK(in_step_ && !recording_.active, "begin_step_capture: outside a step, or a recording is already open");
+  FN_CHECK(arena_.active, "begin_step_capture: a step of {} or fewer tokens is recorded (its arena)",
+           StepArena::kMaxTokens);
+  use_device();
+  recording_ = Recording{};
+  FN_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), "begin_step_capture");
+  recording_.active = true;
+  ctx_->recording = true;
+}
+
+std::shared_ptr<StepGraph> CudaOps::end_step_capture(std::string* why) {
+  if (!recording_.active) {
+    if (why) *why = "no recording was open";
+    return nullptr;
+  }
+  use_device();
+  recording_.active = false;
+  ctx_->recording = false;
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream(), &graph);
+  for (void* q : ctx_->frees_after_recording) cudaFreeAsync(q, stream());
+  ctx_->frees_after_recording.clear();
+  auto refuse = [&](std::string reason) -> std::shared_ptr<StepGraph> {
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();  // a failed capture's error is not sticky; clear it for the ops that follow
+    if (why) *why = std::move(reason);
+    return nullptr;
+  };
+  if (ended != cudaSuccess || !graph)
+    return refuse(fmt::format("the driver ended the recording with {}", cudaGetErrorString(ended)));
+  if (!recording_.refused.empty()) return refuse(recording_.refused);
+  if (recording_.staging.size() != 1)
+    return refuse(fmt::format("it made {} uploads (a recorded step makes one)", recording_.staging.size()));
+  auto g = std::make_shared<CudaStepGraph>();
+  g->ctx = ctx_;
+  const cudaError_t made = cudaGraphInstantiate(&g->exec, graph, 0);
+  if (made != cudaSuccess) {
+    g->exec = nullptr;
+    return refuse(fmt::format("cudaGraphInstantiate: {}", cudaGetErrorString(made)));
+  }
+  cudaGraphDestroy(graph);
+  FN_CUDA_CHECK(cudaEventCreateWithFlags(&g->done, cudaEventDisableTiming), "end_step_capture");
+  g->staging = std::move(recording_.staging[0]);
+  g->staging_bytes = recording_.staging_bytes[0];
+  // The step's tensors stay where they were recorded: the block is the recording's from now on, and the next step
+  // that is not replayed takes a new one (of this step's demand).
+  g->block = std::move(arena_.block);
+  arena_.capacity = 0;
+  arena_.used = 0;
+  g->generation = memory_generation_;
+  recording_ = Recording{};
+  ++counters_.graphs_recorded;
+  return g;
+}
+
+bool CudaOps::replay_step(StepGraph& graph, std::span<const uint8_t> input) {
+  auto* g = dynamic_cast<CudaStepGraph*>(&graph);
+  FN_CHECK(g && g->ctx == ctx_, "replay_step: the step was recorded by another backend");
+  FN_CHECK(!in_step_, "replay_step: inside a step");
+  FN_CHECK(input.size() == g->staging_bytes, "replay_step: {} input bytes; the recorded step uploads {}", input.size(),
+           g->staging_bytes);
+  if (g->generation != memory_generation_) return false;
+  // Its tensors are rewritten: nothing but the recording (and its output) may still hold them.
+  const long own = 1 + (same_memory(graph.output.memory_ref(), g->block) ? 1 : 0);
+  if (g->block.use_count() > own) return false;
+  use_device();
+  FN_CUDA_CHECK(cudaEventSynchronize(g->done), "replay_step");  // the last replay's upload has read the staging
+  std::memcpy(g->staging.get(), input.data(), input.size());
+  FN_CUDA_CHECK(cudaGraphLaunch(g->exec, stream()), "replay_step");
+  FN_CUDA_CHECK(cudaEventRecord(g->done, stream()), "replay_step");
+  ++counters_.graph_replays;
+  return true;
 }
 
 void CudaOps::copy_rows_indexed(const char* op, const Tensor& src, const Tensor& rows, const Tensor& dst,

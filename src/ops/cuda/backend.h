@@ -56,6 +56,10 @@ struct Context {
   cudaStream_t side = nullptr;     ///< PLE gathers started ahead of their layer (ple_gather_start)
   int32_t* status = nullptr;       ///< device [kStatusSlots]
   int32_t* status_host = nullptr;  ///< pinned [kStatusSlots]
+  /// While a step is recorded (CudaOps::begin_step_capture): pool memory released meanwhile is freed after the
+  /// recording ends (a free enqueued on the recording stream would become part of the recorded step).
+  bool recording = false;
+  std::vector<void*> frees_after_recording;
 
   /// Streams, the pool's release threshold (freed memory kept for reuse) and the status words of GPU `dev`.
   explicit Context(int dev);
@@ -119,6 +123,14 @@ class CudaOps final : public Ops {
   /// The step arena (see StepArena below): begin_step reuses last step's memory when no handle of it is left.
   void begin_step(int64_t tokens) override;
   void end_step() override;
+  /// Recorded steps: CUDA graphs captured from the stream (thread-local capture mode), replayed with
+  /// cudaGraphLaunch; programmatic launches become programmatic edges. Recording refuses pool allocations (the step
+  /// must fit its arena block, which the recording then keeps) and uploads other than the step's one; the upload's
+  /// source is a pinned buffer that replay_step rewrites. Not while profiling (the phase marks are events).
+  bool captures_steps() const override { return options_.step_graphs && !profiling_; }
+  void begin_step_capture() override;
+  std::shared_ptr<StepGraph> end_step_capture(std::string* why) override;
+  bool replay_step(StepGraph& graph, std::span<const uint8_t> input) override;
   /// An event on the stream per mark (events reused across set_profiling calls).
   void profile_phase(const char* phase) override;
   /// Counters of the step arena, for tests and bench (cuda_ops.h cuda_memory_counters).
@@ -258,20 +270,33 @@ class CudaOps final : public Ops {
   std::string name_;
   /// One device block that a step's tensors are carved from (bump allocation, 256-byte aligned). Stream order makes
   /// reuse safe: the next step's kernels run after the previous step's. At begin_step the block is reused when no
-  /// tensor of it is alive (its use count is 1) and it held the last step's demand; otherwise a block of that demand
-  /// (+25%) replaces it (a block with live tensors is freed when they go). A step that outgrows the block takes the
-  /// rest from the pool (counted), so the next step's block is large enough: a steady state allocates nothing.
-  /// Only steps of at most kMaxTokens rows use it (decode; bump allocation keeps every tensor of a step, which a
-  /// prefill step's many large activations would multiply: those take the pool, which reuses within the step), and
+  /// tensor of it is alive (its use count is 1) and it holds the largest demand of a step so far; otherwise a block
+  /// of that demand (+25%) replaces it (a block with live tensors is freed when they go). A step that outgrows the
+  /// block takes the rest from the pool (counted), so the next step's block is large enough: a steady state allocates
+  /// nothing. Only steps of at most kMaxTokens rows use it (decode; bump allocation keeps every tensor of a step, which
+  /// a prefill step's many large activations would multiply: those take the pool, which reuses within the step), and
   /// only up to a block of an eighth of the device's memory.
   struct StepArena {
     static constexpr int64_t kMaxTokens = 64;
     size_t max_bytes = 0;
     std::shared_ptr<void> block;
     size_t capacity = 0, used = 0, demand = 0;  ///< bytes: the block's size, carved so far, asked for this step
+    size_t peak = 0;  ///< the largest demand of a step so far: a new block holds it (a recorded step of any shape
+                      ///< seen before then fits the block it keeps)
     bool active = false;                        ///< inside a step that uses it
   } arena_;
   bool in_step_ = false;  ///< between begin_step and end_step
+  /// The step being recorded (begin_step_capture .. end_step_capture): its uploads' pinned sources and sizes, and
+  /// why it cannot be replayed (an allocation it asked for), if so.
+  struct Recording {
+    bool active = false;
+    std::vector<std::shared_ptr<void>> staging;
+    std::vector<size_t> staging_bytes;
+    std::string refused;
+  } recording_;
+  /// Changes whenever memory that a recorded step may use outside its arena block is made or replaced (kept
+  /// tensors, W4A16 workspaces, PLE gather views): recordings of another generation are stale (replay_step).
+  uint64_t memory_generation_ = 0;
   CudaMemoryCounters counters_;
   /// profile_phase: the phase of each mark and the event recorded for it (profile_events_[i] for mark i).
   bool profiling_ = false;

@@ -64,9 +64,11 @@ enum class ActivationPrecision : uint8_t {
 struct CudaOpsOptions {
   PleTablePlacement ple_table = PleTablePlacement::Host;
   ActivationPrecision activations = ActivationPrecision::Fp16x2;
+  /// Decode steps recorded as CUDA graphs and replayed (Ops::captures_steps; docs/ENGINE.md "CUDA graphs").
+  bool step_graphs = true;
 
-  /// The defaults, overridden by the environment: FLASHNEXT_PLE_TABLE=host|device and
-  /// FLASHNEXT_CUDA_ACTIVATIONS=fp16x2|fp16. Throws Error for another value.
+  /// The defaults, overridden by the environment: FLASHNEXT_PLE_TABLE=host|device,
+  /// FLASHNEXT_CUDA_ACTIVATIONS=fp16x2|fp16 and FLASHNEXT_CUDA_GRAPHS=1|0. Throws Error for another value.
   static CudaOpsOptions from_env();
 };
 
@@ -88,6 +90,8 @@ struct CudaMemoryCounters {
   int64_t step_pool_allocations = 0;
   int64_t other_pool_allocations = 0;
   int64_t arena_bytes = 0;  ///< size of the current arena block
+  /// Recorded steps (Ops::begin_step_capture ... end_step_capture): made, and replayed (replay_step runs).
+  int64_t graphs_recorded = 0, graph_replays = 0;
 };
 /// The counters of `ops`, a backend made by make_cuda_ops. Throws Error for another backend.
 CudaMemoryCounters cuda_memory_counters(const Ops& ops);

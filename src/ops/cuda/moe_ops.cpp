@@ -185,6 +185,7 @@ MoeW4A16Workspace& CudaOps::w4_workspace(int tokens, int top_k, int experts, int
     const int n = std::max(tokens, ws ? std::min(2 * ws->max_tokens, 1 << 16) : 64);
     ws.reset();
     ws = std::make_unique<MoeW4A16Workspace>(n, top_k, experts, hidden, inter);
+    ++memory_generation_;  // recorded steps that used the old one are stale
   }
   return *ws;
 }

@@ -122,6 +122,7 @@ const CudaOps::GatherTable& CudaOps::gather_table(const PleTable& table) {
   std::erase_if(gather_tables_, [](const auto& kv) {
     return std::any_of(kv.second.shards.begin(), kv.second.shards.end(), [](const auto& w) { return w.expired(); });
   });
+  ++memory_generation_;  // views may be dropped and made: recorded steps that used them are stale
   GatherTable g;
   for (const Tensor& s : table.shards) g.shards.push_back(s.memory_ref());
   for (const Tensor& s : table.group_scales) g.shards.push_back(s.memory_ref());

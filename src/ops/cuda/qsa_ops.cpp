@@ -87,12 +87,12 @@ void CudaOps::qsa_indexer_select_batch(const Tensor& qi, const Tensor& index_key
                     pi, dp<const float>(index_key_pool), t, int(Di), dp<__half>(k_layernorm), int(rope.rotary_dim),
                     float(rope.theta), float(eps), dp<float>(pooled_key_pool), stream()),
                 "qsa_indexer_select_batch pooled keys");
-  // Queries with at most max_blocks complete blocks take them all; does any query need a top-k?
+  // Queries with at most max_blocks complete blocks take them all. The top-k kernels are left out only while the
+  // step's max_context says that no query can need them (not the positions themselves: a recorded decode step,
+  // whose max_context is bucketed, keeps its kernels while the positions move; the top-k kernel skips a query that
+  // takes every block, and the expansion then takes them all, as without it).
   const int64_t first_topk_position = (max_blocks + 1) * block - 1;
-  bool any_topk = false;
-  for (int64_t q = 0; q < batch.num_seqs; ++q)
-    any_topk = any_topk || batch.pos0[size_t(q)] + batch.rows_of(q) - 1 >= first_topk_position;
-  if (!any_topk) {
+  if (batch.max_context - 1 < first_topk_position) {
     FN_CUDA_CHECK(detail::launch_qsa_expand_selection_paged(pi, nullptr, int(max_blocks), 0, t, dp<int32_t>(selected),
                                                             width, stream()),
                   "qsa_indexer_select_batch expand");

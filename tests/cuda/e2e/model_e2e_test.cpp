@@ -227,7 +227,11 @@ INSTANTIATE_TEST_SUITE_P(Degrees, MultiGpuTinyATpNccl,
 // "Memory"): every activation and op scratch of steps 4..11 is carved from the arena, none from the pool.
 TEST(StepArena, DecodeStepsTakeNoPoolMemoryOnceWarm) {
   RefFile ref(source_path("tests/data/fixtures/tiny-a/reference.safetensors"));
-  Model& model = gpu_model(source_path(kTinyA));
+  // Steps that run plainly (a replayed step runs no op on the host: StepGraphs below).
+  const std::unique_ptr<Model> plain = Model::load(
+      source_path(kTinyA),
+      gpu_model_options(CudaOpsOptions{PleTablePlacement::Host, ActivationPrecision::Fp16x2, /*step_graphs=*/false}));
+  Model& model = *plain;
   SequenceState seq = model.new_sequence();
   const auto ids = ref.ids("long");
   std::vector<float> logits = model.forward(seq, ids, LogitsMode::Last);
@@ -433,6 +437,77 @@ TEST(ProgrammaticLaunch, SameLogitsAsPlainLaunches) {
         << max_abs_diff(with.data(), plain.data(), with.size()) << ")";
     EXPECT_EQ(0, std::memcmp(with.data(), again.data(), with.size() * sizeof(float)))
         << fixture << ": two runs with programmatic launches differ";
+  }
+}
+
+// Recorded decode steps (CUDA graphs, docs/ENGINE.md "CUDA graphs"): a shape's first decode step runs plainly, its
+// second is recorded and replayed, the later ones are replayed with their own inputs. The replays run the kernels
+// of a plain step (the indexer's top-k kernels included, which skip queries that take every block), so greedy
+// decoding gives the logits of a model that records nothing, bit for bit: from a 2-token prompt (the first bucket,
+// positions below the indexer's top-k threshold of 11 included, and a private cache that grows: a new pool, a new
+// shape) and from a 1,000-token prompt across the bucket boundary at 1,024 positions (warm-up, recording, replays).
+// Models: the tiny configurations with random W4A16 experts (Model::random, the released checkpoints' expert path,
+// FP32 activations), and the tiny fixtures with FP16 activations (their FP16 experts in the grouped WMMA kernels).
+// With FP16x2 activations the fixtures' FP16 experts wait for the host (per-expert cuBLAS products): the recording
+// fails once, the step and every later one run plainly, with the same logits.
+void expect_replays_equal_plain(const char* what, Model& recorded, Model& plain, bool records) {
+  const int64_t V = recorded.config().vocab_size;
+  for (const int64_t prompt : {int64_t(2), int64_t(1000)}) {
+    std::vector<int32_t> ids(static_cast<size_t>(prompt));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 7919 + 13) % uint64_t(V));
+    constexpr int kSteps = 40;
+    auto run = [&](Model& model) {
+      SequenceState seq = model.new_sequence();
+      std::vector<float> last = model.forward(seq, ids, LogitsMode::Last), all = last;
+      for (int step = 0; step < kSteps; ++step) {
+        const int32_t next = int32_t(std::max_element(last.begin(), last.end()) - last.begin());
+        last = model.forward(seq, std::vector<int32_t>{next}, LogitsMode::Last);
+        all.insert(all.end(), last.begin(), last.end());
+      }
+      return all;
+    };
+    const Model::StepGraphStats before = recorded.step_graph_stats();
+    const std::vector<float> with = run(recorded), without = run(plain);
+    const Model::StepGraphStats after = recorded.step_graph_stats();
+    const int64_t n_plain = after.plain - before.plain, captured = after.captured - before.captured,
+                  replayed = after.replayed - before.replayed, failed = after.failed - before.failed;
+    std::printf("E2E: %s, %lld-token prompt, %d decode steps: %lld plain, %lld recorded, %lld replayed, %lld failed\n",
+                what, (long long)prompt, kSteps, (long long)n_plain, (long long)captured, (long long)replayed,
+                (long long)failed);
+    EXPECT_EQ(plain.step_graph_stats().replayed, 0) << what;
+    if (records) {
+      EXPECT_EQ(failed, 0) << what << ": a recording failed (its warning says why)";
+      EXPECT_EQ(n_plain + replayed, kSteps) << what;
+      EXPECT_GE(captured, prompt == 2 ? 1 : 2) << what;
+      EXPECT_GE(replayed, kSteps - 8) << what;
+    } else {
+      EXPECT_EQ(replayed, 0) << what;
+      EXPECT_EQ(n_plain, kSteps) << what;
+      EXPECT_LE(failed, 1) << what << ": a model records nothing after a failed recording";
+    }
+    ASSERT_EQ(with.size(), without.size());
+    EXPECT_EQ(0, std::memcmp(with.data(), without.data(), with.size() * sizeof(float)))
+        << what << ", " << prompt << "-token prompt: logits of replayed steps differ from plain steps (max |d| "
+        << max_abs_diff(with.data(), without.data(), with.size()) << ")";
+  }
+}
+
+TEST(StepGraphs, ReplayedDecodeStepsEqualPlainSteps) {
+  for (const char* fixture : {"tiny-a", "tiny-b"}) {
+    const std::string dir = source_path(std::string(fixture) == "tiny-a" ? kTinyA : kTinyB);
+    auto options = [](bool graphs, ActivationPrecision act) {
+      return gpu_model_options(CudaOpsOptions{PleTablePlacement::Host, act, graphs});
+    };
+    const ModelConfig cfg = load_config(dir);
+    const auto random_on = Model::random(cfg, options(true, ActivationPrecision::Fp16x2), 11);
+    const auto random_off = Model::random(cfg, options(false, ActivationPrecision::Fp16x2), 11);
+    expect_replays_equal_plain(fmt::format("{} random W4A16", fixture).c_str(), *random_on, *random_off, true);
+    const auto fp16_on = Model::load(dir, options(true, ActivationPrecision::Fp16));
+    const auto fp16_off = Model::load(dir, options(false, ActivationPrecision::Fp16));
+    expect_replays_equal_plain(fmt::format("{} fp16", fixture).c_str(), *fp16_on, *fp16_off, true);
+    const auto fp16x2_on = Model::load(dir, options(true, ActivationPrecision::Fp16x2));
+    const auto fp16x2_off = Model::load(dir, options(false, ActivationPrecision::Fp16x2));
+    expect_replays_equal_plain(fmt::format("{} fp16x2, FP16 experts", fixture).c_str(), *fp16x2_on, *fp16x2_off, false);
   }
 }
 
