@@ -23,6 +23,9 @@
 #      BASELINE_ENV="VAR=VALUE ...": the full-size run once more with those variables (bench-full-baseline.json), the
 #      before of a before/after on one machine (e.g. FLASHNEXT_CUDA_PDL=0: plain launches); BASELINE_BIN=PATH with
 #      --prepare packs a flashnext built from the baseline commit, and the run then benches it as that baseline;
+#      BASELINE2_ENV="VAR=VALUE ...": the baseline build once more with those variables (bench-full-baseline2.json),
+#      e.g. BASELINE_BIN=<main> BASELINE2_ENV=FLASHNEXT_CUDA_GRAPHS=0: a change, its parent, and the parent without
+#      graphs in one call;
 #      NCU=1 adds per-kernel figures of decode steps (ncu: duration, DRAM throughput, occupancy, instructions and
 #      issue activity, registers of every kernel of NCU_COUNT launches after NCU_SKIP, default 400 / 1200) at the
 #      released widths with 4 layers, 512 experts and an 8K context, into ncu-decode.csv (ncu's clock control off:
@@ -285,6 +288,15 @@ if [ "$status" = 0 ] && [ "${FULL:-1}" != 0 ]; then
       --out "$OUT/bench-full-baseline.json" >"$OUT/bench-full-baseline.txt" 2>&1 ||
       { status=1; tail -n 20 "$OUT/bench-full-baseline.txt"; }
     grep -v "^bench:" "$OUT/bench-full-baseline.txt" | tee -a "$S"
+  fi
+  if [ -n "${BASELINE2_ENV:-}" ] && [ "$status" = 0 ]; then
+    # A second baseline: the baseline build once more under BASELINE2_ENV (bench-full-baseline2.json).
+    echo "gpu-bench: released geometry again with ${BASELINE2_ENV} $(basename "$baseline_bin") (second baseline)" | tee -a "$S"
+    # shellcheck disable=SC2086
+    env ${BASELINE2_ENV} timeout 420 "$baseline_bin" bench --profile --repeat 2 ${BENCH_ARGS:-} \
+      --out "$OUT/bench-full-baseline2.json" >"$OUT/bench-full-baseline2.txt" 2>&1 ||
+      { status=1; tail -n 20 "$OUT/bench-full-baseline2.txt"; }
+    grep -v "^bench:" "$OUT/bench-full-baseline2.txt" | tee -a "$S"
   fi
 else
   echo "gpu-bench: the released geometry NOT run (FULL=${FULL:-1}, status $status)" | tee -a "$S"
