@@ -180,6 +180,11 @@ struct HostTable {
 
 /// The backend interface. One instance per device; safe to use from one thread at a time (ops parallelise
 /// internally).
+/// What Ops::replay_step did: ran the recorded step, or nothing because the recording is stale (memory it uses was
+/// replaced: drop it) or busy (a tensor of an earlier replay is still held, which the replay would overwrite: run
+/// this step without it and keep it).
+enum class StepReplay : uint8_t { Ran, Stale, Busy };
+
 /// A recorded step (Ops::end_step_capture), opaque outside the backend that made it: the step's device work with the
 /// memory it uses, run again by Ops::replay_step.
 class StepGraph {
@@ -475,11 +480,12 @@ class Ops {
     if (why) *why = "this backend does not record steps";
     return nullptr;
   }
-  /// Runs `graph` after writing `input` (as many bytes as the recorded step's upload) where that upload reads from.
-  /// Returns false, running nothing, when the graph is stale: memory it uses was replaced since it was recorded (a
-  /// workspace grown by a larger step), or a handle to one of its tensors from an earlier replay is still alive; the
-  /// caller then runs the step without it (and may record it anew).
-  virtual bool replay_step(StepGraph& graph, std::span<const uint8_t> input) {
+  /// Runs `graph` after writing `input` (as many bytes as the recorded step's upload) where that upload reads from
+  /// (StepReplay::Ran). Runs nothing when memory it uses was replaced since it was recorded (a workspace grown by a
+  /// larger step: Stale; the caller drops it, and may record the shape anew) or a handle to one of its tensors from
+  /// an earlier replay is still alive (Busy; the caller runs the step without it). Throws Error for an input of
+  /// another size or a graph of another backend.
+  virtual StepReplay replay_step(StepGraph& graph, std::span<const uint8_t> input) {
     (void)graph, (void)input;
     throw Error(name() + ": replay_step: this backend does not record steps");
   }

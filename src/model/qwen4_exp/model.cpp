@@ -762,7 +762,7 @@ Tensor Model::run_step(std::span<const BatchItem> items, std::vector<int64_t>* r
   Tensor logits;
   const bool decode = std::all_of(items.begin(), items.end(), [](const BatchItem& it) { return it.ids.size() == 1; });
   if (decode && ranks_.size() == 1 && tp() == 1 && !nodes_ && !hook && !wide_residual && !router_observer_ &&
-      int64_t(items.size()) <= kStepGraphMaxTokens && step_graphs_off_.empty() && ranks_[0]->ops->captures_steps()) {
+      int64_t(items.size()) <= kStepGraphMaxTokens && ranks_[0]->ops->captures_steps()) {
     logits = run_recordable_step(items, parts, all_ids, ple_rows, keep);
   } else {
     threads_->run([&](int r) {
@@ -814,20 +814,34 @@ Tensor Model::run_recordable_step(std::span<const BatchItem> items, std::span<co
   const StepInputs in =
       step_inputs(*ranks_[0], parts, ids, ple_rows, keep, items[0].seq->cache->block_size, kStepGraphContextBucket);
   const StepGraphKey key{items[0].seq->cache->id, in.batch.num_tokens, in.batch.max_context};
+  auto plain = [&] {
+    ++graph_stats_.plain;
+    return forward_rank(0, items, in, {}, nullptr);
+  };
+  if (!step_graphs_.contains(key) && step_graphs_.size() >= kMaxStepGraphs) {  // the least recently used shape goes
+    auto oldest = step_graphs_.begin();
+    for (auto it = step_graphs_.begin(); it != step_graphs_.end(); ++it)
+      if (it->second.last_use < oldest->second.last_use) oldest = it;
+    step_graphs_.erase(oldest);
+  }
   StepGraphEntry& e = step_graphs_[key];
   e.last_use = ++step_graph_clock_;
   if (e.graph) {
-    if (ops.replay_step(*e.graph, in.bytes)) {
-      ++graph_stats_.replayed;
-      return e.graph->output;
+    switch (ops.replay_step(*e.graph, in.bytes)) {
+      case StepReplay::Ran:
+        ++graph_stats_.replayed;
+        return e.graph->output;
+      case StepReplay::Busy:  // the caller still holds the last replay's logits: this step without it
+        return plain();
+      case StepReplay::Stale:  // memory it used was replaced: warm up and record anew
+        e.graph.reset();
+        e.plain_runs = 0;
+        break;
     }
-    e.graph.reset();  // stale (memory it used was replaced): warm up and record anew
-    e.plain_runs = 0;
   }
-  if (e.plain_runs == 0) {
+  if (e.failed || e.plain_runs == 0) {
     ++e.plain_runs;
-    ++graph_stats_.plain;
-    return forward_rank(0, items, in, {}, nullptr);
+    return plain();
   }
   // The shape's second step: recorded (nothing runs yet), then replayed with this step's inputs.
   std::shared_ptr<StepGraph> graph;
@@ -836,17 +850,11 @@ Tensor Model::run_recordable_step(std::span<const BatchItem> items, std::span<co
     Tensor out = forward_rank(0, items, in, {}, nullptr, &graph, &why);
     if (graph) {
       graph->output = std::move(out);
-      if (ops.replay_step(*graph, in.bytes)) {
+      if (ops.replay_step(*graph, in.bytes) == StepReplay::Ran) {
         ++graph_stats_.captured;
         ++graph_stats_.replayed;
         e.graph = graph;
         e.plain_runs = 0;
-        if (step_graphs_.size() > kMaxStepGraphs) {  // the least recently used recording goes
-          auto oldest = step_graphs_.begin();
-          for (auto it = step_graphs_.begin(); it != step_graphs_.end(); ++it)
-            if (it->second.last_use < oldest->second.last_use) oldest = it;
-          step_graphs_.erase(oldest);
-        }
         return graph->output;
       }
       why = "the backend refused to replay it";
@@ -854,12 +862,17 @@ Tensor Model::run_recordable_step(std::span<const BatchItem> items, std::span<co
   } catch (const std::exception& ex) {
     why = ex.what();
   }
+  e.failed = true;
   ++graph_stats_.failed;
-  step_graphs_off_ = why;
-  step_graphs_.clear();
-  spdlog::warn("decode steps run without CUDA graphs: recording one (of {} tokens) failed: {}", key.tokens, why);
-  ++graph_stats_.plain;
-  return forward_rank(0, items, in, {}, nullptr);
+  if (graph_stats_.failed == 1)
+    spdlog::warn(
+        "a decode step runs without a CUDA graph (and so will every step of its shape: {} tokens, contexts "
+        "up to {}): recording it failed: {}",
+        key.tokens, key.max_context, why);
+  else
+    spdlog::debug("decode steps of {} tokens at contexts up to {} are not recorded: {}", key.tokens, key.max_context,
+                  why);
+  return plain();
 }
 
 Tensor Model::forward_rank(int rank, std::span<const BatchItem> items, const StepInputs& in, const HiddenHook& hook,

@@ -259,8 +259,8 @@ class Model {
     int64_t plain = 0;     ///< recordable steps run without a graph (warm-ups, and shapes that failed to record)
     int64_t captured = 0;  ///< steps recorded (then replayed)
     int64_t replayed = 0;  ///< steps run by replaying a recorded one (the recorded ones included)
-    int64_t failed = 0;    ///< recordings that failed (the step then ran plainly, and so do all later steps of
-                           ///< this model: spdlog says why)
+    int64_t failed = 0;    ///< recordings that failed (the step then ran plainly, and so do the later steps of its
+                           ///< shape; spdlog warns of the first)
   };
   StepGraphStats step_graph_stats() const { return graph_stats_; }
 
@@ -351,7 +351,8 @@ class Model {
   RouterObserver router_observer_;
 
   /// Recorded decode steps (run_recordable_step) by shape: the cache pool, the tokens, the step's bucketed
-  /// max_context (plan_step_batch). At most kMaxStepGraphs are kept (the least recently used goes first).
+  /// max_context (plan_step_batch). At most kMaxStepGraphs shapes are kept, recorded or not (the least recently used
+  /// goes first, with its recording and the memory that holds).
   struct StepGraphKey {
     uint64_t pool = 0;
     int64_t tokens = 0, max_context = 0;
@@ -360,6 +361,7 @@ class Model {
   struct StepGraphEntry {
     std::shared_ptr<StepGraph> graph;
     int64_t plain_runs = 0;  ///< steps of this shape run plainly since its last recording
+    bool failed = false;     ///< its recording failed: the shape runs plainly
     uint64_t last_use = 0;
   };
   static constexpr size_t kMaxStepGraphs = 8;
@@ -369,9 +371,6 @@ class Model {
   /// Steps of at most this many tokens are recordable (the backend's step arena holds larger ones only partly).
   static constexpr int64_t kStepGraphMaxTokens = 64;
   std::map<StepGraphKey, StepGraphEntry> step_graphs_;
-  /// Why a recording failed, if one did: this model then records no step (what failed, e.g. an op that waits for
-  /// the host, is in every step of its kind).
-  std::string step_graphs_off_;
   uint64_t step_graph_clock_ = 0;
   StepGraphStats graph_stats_;
 };

@@ -375,23 +375,23 @@ std::shared_ptr<StepGraph> CudaOps::end_step_capture(std::string* why) {
   return g;
 }
 
-bool CudaOps::replay_step(StepGraph& graph, std::span<const uint8_t> input) {
+StepReplay CudaOps::replay_step(StepGraph& graph, std::span<const uint8_t> input) {
   auto* g = dynamic_cast<CudaStepGraph*>(&graph);
   FN_CHECK(g && g->ctx == ctx_, "replay_step: the step was recorded by another backend");
   FN_CHECK(!in_step_, "replay_step: inside a step");
   FN_CHECK(input.size() == g->staging_bytes, "replay_step: {} input bytes; the recorded step uploads {}", input.size(),
            g->staging_bytes);
-  if (g->generation != memory_generation_) return false;
+  if (g->generation != memory_generation_) return StepReplay::Stale;
   // Its tensors are rewritten: nothing but the recording (and its output) may still hold them.
   const long own = 1 + (same_memory(graph.output.memory_ref(), g->block) ? 1 : 0);
-  if (g->block.use_count() > own) return false;
+  if (g->block.use_count() > own) return StepReplay::Busy;
   use_device();
   FN_CUDA_CHECK(cudaEventSynchronize(g->done), "replay_step");  // the last replay's upload has read the staging
   std::memcpy(g->staging.get(), input.data(), input.size());
   FN_CUDA_CHECK(cudaGraphLaunch(g->exec, stream()), "replay_step");
   FN_CUDA_CHECK(cudaEventRecord(g->done, stream()), "replay_step");
   ++counters_.graph_replays;
-  return true;
+  return StepReplay::Ran;
 }
 
 void CudaOps::copy_rows_indexed(const char* op, const Tensor& src, const Tensor& rows, const Tensor& dst,
@@ -411,6 +411,7 @@ contract::Backend CudaOps::spec() const {
 }
 
 void CudaOps::synchronize(const char* where) {
+  FN_CHECK(!recording_.active, "{}: waits for the GPU, which a recorded step cannot (it would not run)", where);
   use_device();
   // PLE gathers on the side stream report into the same status words: let them finish first.
   FN_CUDA_CHECK(cudaStreamSynchronize(ctx_->side), where);

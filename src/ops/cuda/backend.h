@@ -130,7 +130,7 @@ class CudaOps final : public Ops {
   bool captures_steps() const override { return options_.step_graphs && !profiling_; }
   void begin_step_capture() override;
   std::shared_ptr<StepGraph> end_step_capture(std::string* why) override;
-  bool replay_step(StepGraph& graph, std::span<const uint8_t> input) override;
+  StepReplay replay_step(StepGraph& graph, std::span<const uint8_t> input) override;
   /// An event on the stream per mark (events reused across set_profiling calls).
   void profile_phase(const char* phase) override;
   /// Counters of the step arena, for tests and bench (cuda_ops.h cuda_memory_counters).

@@ -16,10 +16,18 @@ Blas::Blas() {
   cublasHandle_t h = nullptr;
   check(cublasCreate(&h), "cublasCreate");
   handle_ = h;
+  // A workspace of its own, so that cuBLAS allocates nothing inside a recorded step (CUDA graphs) either.
+  if (cudaMalloc(&workspace_, kWorkspaceBytes) != cudaSuccess) {
+    cudaGetLastError();
+    cublasDestroy(h);
+    fail("cuBLAS: cannot allocate its {} MiB workspace", kWorkspaceBytes >> 20);
+  }
+  check(cublasSetWorkspace(h, workspace_, kWorkspaceBytes), "cublasSetWorkspace");
 }
 
 Blas::~Blas() {
   if (handle_) cublasDestroy(static_cast<cublasHandle_t>(handle_));
+  if (workspace_) cudaFree(workspace_);
 }
 
 void Blas::linear(const __half* x, int M, int K, const __half* w, int N, void* y, OutType out, int ldy,

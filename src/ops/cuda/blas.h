@@ -28,7 +28,10 @@ class Blas {
                       cudaStream_t stream, const char* what, float beta = 0.f);
 
  private:
+  /// cuBLAS's workspace (cublasSetWorkspace): NVIDIA's recommendation for Hopper, enough for every GPU before it.
+  static constexpr size_t kWorkspaceBytes = size_t(32) << 20;
   void* handle_ = nullptr;  // cublasHandle_t, kept opaque so that kernel sources never include cuBLAS
+  void* workspace_ = nullptr;
 };
 
 }  // namespace flashnext::cuda

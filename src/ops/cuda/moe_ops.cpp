@@ -60,6 +60,10 @@ void CudaOps::moe_experts_f16(const Tensor& u, const Tensor& ids, const Tensor& 
                 "moe_experts align");
   if (split()) {
     // Per expert, cuBLAS products over its sorted slots in FP16x2 (the expert counts come to the host).
+    FN_CHECK(!recording_.active,
+             "{}: FP16 experts with FP16x2 activations wait for the host (per-expert products): "
+             "a step with them is not recorded",
+             op);
     std::vector<int32_t> off(size_t(E + 1));
     FN_CUDA_CHECK(cudaMemcpyAsync(off.data(), offsets, off.size() * 4, cudaMemcpyDeviceToHost, stream()), op);
     FN_CUDA_CHECK(cudaStreamSynchronize(stream()), op);
@@ -183,9 +187,9 @@ MoeW4A16Workspace& CudaOps::w4_workspace(int tokens, int top_k, int experts, int
   auto& ws = w4_workspaces_[{top_k, experts, hidden, inter}];
   if (!ws || ws->max_tokens < tokens) {
     const int n = std::max(tokens, ws ? std::min(2 * ws->max_tokens, 1 << 16) : 64);
+    ++memory_generation_;  // recorded steps that used the old one are stale (also if making the new one fails)
     ws.reset();
     ws = std::make_unique<MoeW4A16Workspace>(n, top_k, experts, hidden, inter);
-    ++memory_generation_;  // recorded steps that used the old one are stale
   }
   return *ws;
 }

@@ -73,9 +73,10 @@ void CudaOps::ple_gather_wait(const Tensor& e) {
   auto it = std::find_if(pending_gathers_.begin(), pending_gathers_.end(),
                          [&](const PendingGather& g) { return g.e.data() == e.data(); });
   FN_CHECK(it != pending_gathers_.end(), "ple_gather_wait: no gather into {} was started", e.str());
-  FN_CUDA_CHECK(cudaStreamWaitEvent(stream(), it->done, 0), "ple_gather_wait");
+  const cudaError_t waited = cudaStreamWaitEvent(stream(), it->done, 0);
   cudaEventDestroy(it->done);
   pending_gathers_.erase(it);  // rows and e may now be freed: later frees are ordered after the gather
+  FN_CUDA_CHECK(waited, "ple_gather_wait");
 }
 
 void CudaOps::gather_ple_rows(const PleTable& table, const Tensor& rows, const Tensor& e, cudaStream_t s) {

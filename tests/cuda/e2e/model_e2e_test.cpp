@@ -448,8 +448,8 @@ TEST(ProgrammaticLaunch, SameLogitsAsPlainLaunches) {
 // shape) and from a 1,000-token prompt across the bucket boundary at 1,024 positions (warm-up, recording, replays).
 // Models: the tiny configurations with random W4A16 experts (Model::random, the released checkpoints' expert path,
 // FP32 activations), and the tiny fixtures with FP16 activations (their FP16 experts in the grouped WMMA kernels).
-// With FP16x2 activations the fixtures' FP16 experts wait for the host (per-expert cuBLAS products): the recording
-// fails once, the step and every later one run plainly, with the same logits.
+// With FP16x2 activations the fixtures' FP16 experts wait for the host (per-expert cuBLAS products): the op refuses
+// while recording, so each shape's recording fails and its steps run plainly, with the same logits.
 void expect_replays_equal_plain(const char* what, Model& recorded, Model& plain, bool records) {
   const int64_t V = recorded.config().vocab_size;
   for (const int64_t prompt : {int64_t(2), int64_t(1000)}) {
@@ -483,7 +483,7 @@ void expect_replays_equal_plain(const char* what, Model& recorded, Model& plain,
     } else {
       EXPECT_EQ(replayed, 0) << what;
       EXPECT_EQ(n_plain, kSteps) << what;
-      EXPECT_LE(failed, 1) << what << ": a model records nothing after a failed recording";
+      EXPECT_GE(failed, 1) << what << ": the recording of a step that waits for the host did not fail";
     }
     ASSERT_EQ(with.size(), without.size());
     EXPECT_EQ(0, std::memcmp(with.data(), without.data(), with.size() * sizeof(float)))
