@@ -84,8 +84,8 @@ std::vector<int32_t> plan_step_batch(StepBatch& b, std::span<const StepSequence>
 
 void bind_step_batch(StepBatch& b, const Tensor& all) {
   const int64_t T = b.num_tokens, S = b.num_seqs, M = b.max_blocks;
-  FN_CHECK(all.dtype() == DType::I32 && all.rank() == 1 && all.dim(0) >= 3 * T + S * M + 2 * S + 1,
-           "step batch: {} does not hold the step's {} metadata words", all.str(), 3 * T + S * M + 2 * S + 1);
+  FN_CHECK(all.dtype() == DType::I32 && all.rank() == 1 && all.dim(0) >= b.metadata_words(),
+           "step batch: {} does not hold the step's {} metadata words", all.str(), b.metadata_words());
   int64_t at = 0;
   auto take = [&](int64_t n) {
     Tensor t = all.rows(at, at + n);

@@ -48,6 +48,8 @@ struct StepBatch {
   Tensor seq_starts;    ///< [num_seqs + 1]: cu_seqlens on the device
   Tensor slots;         ///< [num_seqs]
 
+  /// I32 words of the device tensors (plan_step_batch's layout): 3 T + S max_blocks + 2 S + 1.
+  int64_t metadata_words() const { return 3 * num_tokens + num_seqs * max_blocks + 2 * num_seqs + 1; }
   /// Rows (tokens) sequence `s` feeds this step.
   int64_t rows_of(int64_t s) const { return cu_seqlens[size_t(s) + 1] - cu_seqlens[size_t(s)]; }
   /// Cache pool row of logical position `p` of sequence `s`.

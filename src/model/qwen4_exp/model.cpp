@@ -904,8 +904,8 @@ Tensor Model::forward_rank(int rank, std::span<const BatchItem> items, const Ste
   // The step's one upload: its metadata, ids, PLE rows and lm_head rows (step_inputs).
   const Tensor inputs = ops.upload(in.bytes.data(), DType::U8, {int64_t(in.bytes.size())});
   StepBatch batch = in.batch;
-  const int64_t T = batch.num_tokens, S = batch.num_seqs, M = batch.max_blocks;
-  bind_step_batch(batch, inputs.bytes_as(0, DType::I32, {3 * T + S * M + 2 * S + 1}));
+  const int64_t T = batch.num_tokens;
+  bind_step_batch(batch, inputs.bytes_as(0, DType::I32, {batch.metadata_words()}));
 
   // The PLE gathers of every PLE layer start now, before layer 0. If the step fails before a PLE layer consumes its
   // rows, the guard still waits for the gather (the backend then lets go of what it holds for it).

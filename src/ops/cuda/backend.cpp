@@ -135,8 +135,9 @@ Tensor CudaOps::upload(const void* host, DType dtype, const Shape& shape) {
       const cudaError_t err = cudaMallocHost(&pinned, t.nbytes());
       FN_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode), "upload");
       FN_CUDA_CHECK(err, "upload: pinned staging of a recorded step");
-      recording_.staging.emplace_back(pinned, [](void* p) { cudaFreeHost(p); });
-      recording_.staging_bytes.push_back(t.nbytes());
+      ++recording_.uploads;
+      recording_.staging = std::shared_ptr<void>(pinned, [](void* p) { cudaFreeHost(p); });
+      recording_.staging_bytes = t.nbytes();
       std::memcpy(pinned, host, t.nbytes());
       host = pinned;
     }
@@ -351,8 +352,8 @@ std::shared_ptr<StepGraph> CudaOps::end_step_capture(std::string* why) {
   if (ended != cudaSuccess || !graph)
     return refuse(fmt::format("the driver ended the recording with {}", cudaGetErrorString(ended)));
   if (!recording_.refused.empty()) return refuse(recording_.refused);
-  if (recording_.staging.size() != 1)
-    return refuse(fmt::format("it made {} uploads (a recorded step makes one)", recording_.staging.size()));
+  if (recording_.uploads != 1)
+    return refuse(fmt::format("it made {} uploads (a recorded step makes one)", recording_.uploads));
   auto g = std::make_shared<CudaStepGraph>();
   g->ctx = ctx_;
   const cudaError_t made = cudaGraphInstantiate(&g->exec, graph, 0);
@@ -362,8 +363,8 @@ std::shared_ptr<StepGraph> CudaOps::end_step_capture(std::string* why) {
   }
   cudaGraphDestroy(graph);
   FN_CUDA_CHECK(cudaEventCreateWithFlags(&g->done, cudaEventDisableTiming), "end_step_capture");
-  g->staging = std::move(recording_.staging[0]);
-  g->staging_bytes = recording_.staging_bytes[0];
+  g->staging = std::move(recording_.staging);
+  g->staging_bytes = recording_.staging_bytes;
   // The step's tensors stay where they were recorded: the block is the recording's from now on, and the next step
   // that is not replayed takes a new one (of this step's demand).
   g->block = std::move(arena_.block);

@@ -290,8 +290,9 @@ class CudaOps final : public Ops {
   /// why it cannot be replayed (an allocation it asked for), if so.
   struct Recording {
     bool active = false;
-    std::vector<std::shared_ptr<void>> staging;
-    std::vector<size_t> staging_bytes;
+    int uploads = 0;                ///< a replayable step makes one
+    std::shared_ptr<void> staging;  ///< the pinned source of its (last) upload
+    size_t staging_bytes = 0;
     std::string refused;
   } recording_;
   /// Changes whenever memory that a recorded step may use outside its arena block is made or replaced (kept
