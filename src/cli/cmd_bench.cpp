@@ -64,6 +64,8 @@ struct BenchArgs {
   std::string speculative;                    ///< "mtp:K" / "ngram:K": speculative decoding at forced acceptance
   std::vector<double> acceptance{0, 0.5, 1};  ///< fractions of the K drafts accepted in every step
   int64_t spec_steps = 24;                    ///< verify steps per acceptance rate (the first 4 untimed)
+  std::vector<std::string> spec_rollback{"replay"};  ///< per mode, every rate: "replay" (Model::replay_state) or
+                                                     ///< "refeed" (the accepted tokens fed again)
 };
 
 double seconds(Clock::time_point a, Clock::time_point b) {
@@ -277,7 +279,9 @@ std::pair<double, StepCost> prefill(Model& m, SequenceState& seq, const std::vec
 /// steps as serve runs them for one sequence, with j = round(f K) of the K drafts accepted by construction (the
 /// drafts are the MTP layer's greedy chain, or random tokens for ngram, whose host lookup costs nothing here):
 /// drafting (K - 1 chained MTP calls after the first draft), the verify step of 1 + K tokens with the state saved in
-/// a spare pool slot before it, and when j < K the rollback (the slot copied back, 1 + j tokens fed again); then the
+/// a spare pool slot before it and the verify's state inputs kept, and when j < K the rollback (the slot copied back,
+/// then advanced over the 1 + j accepted tokens: Model::replay_state; with --spec-rollback refeed those tokens fed
+/// again, as before replay_state existed; every rate once per mode given); then the
 /// MTP layer catches up over the 1 + j accepted rows. Emitted tokens per step: 1 + j. Phases are timed between
 /// device synchronisations (pool slot 1 is the checkpoint slot; slot 0 the sequence).
 json speculative_decode(Model& m, const BenchArgs& a, const SpeculativeConfig& spec, PoolSeqs& pool, int64_t base,
@@ -287,7 +291,11 @@ json speculative_decode(Model& m, const BenchArgs& a, const SpeculativeConfig& s
   const int64_t V = m.config().vocab_size, P = a.decode_context;
   Ops& ops = m.ops();
   json runs = json::array();
-  for (double f : a.acceptance) {
+  std::vector<std::pair<std::string, double>> cases;  // (rollback mode, acceptance rate)
+  for (const std::string& mode : a.spec_rollback)
+    for (double f : a.acceptance) cases.emplace_back(mode, f);
+  for (const auto& [mode, f] : cases) {
+    const bool refeed = mode == "refeed";
     const int j = int(std::lround(f * K));  // drafts accepted in every step
     pool.next_block = base;
     SequenceState s = pool.take(0, P + (a.spec_steps + 1) * (K + 1) + 1);
@@ -339,17 +347,22 @@ json speculative_decode(Model& m, const BenchArgs& a, const SpeculativeConfig& s
       const int64_t length = s.length;
       const auto history = s.ple_history;
       m.copy_state_slot(*s.cache, s.slot, 1);
-      const BatchItem verify{&s, feed, LogitsMode::All};
+      StateInputs kept;
+      const BatchItem verify{&s, feed, LogitsMode::All, refeed ? nullptr : &kept};
       const Tensor logits = m.forward_batch({&verify, 1}, nullptr, {}, &wide);
       const int32_t bonus = sample(m, logits.rows(j, j + 1), 0.f, 0, 0)[0];
       const double verify_t = ms_since(t);
       double rollback = 0;
-      if (j < K) {  // the rejected drafts leave: the state comes back and the accepted tokens are fed again
+      if (j < K) {  // the rejected drafts leave: the state comes back, advanced over the accepted tokens
         m.copy_state_slot(*s.cache, 1, s.slot);
         s.length = length;
         s.ple_history = history;
-        const BatchItem again{&s, std::span<const int32_t>(feed).first(size_t(j) + 1), LogitsMode::Last};
-        (void)m.forward_batch({&again, 1}, nullptr, {}, &wide);
+        if (kept.kept()) {
+          m.replay_state(s, kept, j + 1);
+        } else {
+          const BatchItem again{&s, std::span<const int32_t>(feed).first(size_t(j) + 1), LogitsMode::Last};
+          (void)m.forward_batch({&again, 1}, nullptr, {}, &wide);
+        }
         rollback = ms_since(t);
       }
       double catchup = 0;
@@ -370,7 +383,8 @@ json speculative_decode(Model& m, const BenchArgs& a, const SpeculativeConfig& s
       catchup_ms.push_back(catchup);
     }
     const double step = median(step_ms), tps = 1e3 * double(j + 1) / step;
-    runs.push_back(json{{"acceptance", f},
+    runs.push_back(json{{"rollback", mode},
+                        {"acceptance", f},
                         {"accepted_per_step", j},
                         {"emitted_per_step", j + 1},
                         {"tokens_per_s", tps},
@@ -379,9 +393,10 @@ json speculative_decode(Model& m, const BenchArgs& a, const SpeculativeConfig& s
                         {"verify_ms_median", median(verify_ms)},
                         {"rollback_ms_median", median(rollback_ms)},
                         {"mtp_catchup_ms_median", median(catchup_ms)}});
-    log(fmt::format("speculative {} at {} in, acceptance {:.2f} ({} of {} drafts): {:.1f} tokens/s, step {:.2f} ms "
-                    "(draft {:.2f}, verify {:.2f}, rollback {:.2f}, MTP catch-up {:.2f})",
-                    spec.str(), P, f, j, K, tps, step, median(draft_ms), median(verify_ms), median(rollback_ms),
+    log(
+        fmt::format("speculative {} at {} in, acceptance {:.2f} ({} of {} drafts): {:.1f} tokens/s, step {:.2f} ms "
+                    "(draft {:.2f}, verify {:.2f}, rollback ({}) {:.2f}, MTP catch-up {:.2f})",
+                    spec.str(), P, f, j, K, tps, step, median(draft_ms), median(verify_ms), mode, median(rollback_ms),
                     median(catchup_ms)));
   }
   return json{{"method", spec.str()}, {"context_tokens", P}, {"steps_timed", a.spec_steps - 4}, {"runs", runs}};
@@ -417,6 +432,8 @@ int run(BenchArgs a) {
   FN_CHECK(!spec.enabled() || a.spec_steps >= 5, "--spec-steps must be >= 5 (4 untimed), got {}", a.spec_steps);
   for (double f : a.acceptance)
     FN_CHECK(f >= 0 && f <= 1, "--acceptance: every rate must be in [0, 1] (a fraction of the drafts), got {}", f);
+  for (const std::string& mode : a.spec_rollback)
+    FN_CHECK(mode == "replay" || mode == "refeed", "--spec-rollback: expected replay or refeed, got '{}'", mode);
 
   std::string config_path;
   ModelConfig cfg;
@@ -977,6 +994,11 @@ FLASHNEXT_SUBCOMMAND(
                      "with --speculative: fractions of the drafts accepted per step (default 0,0.5,1)")
           ->delimiter(',');
       sub.add_option("--spec-steps", a->spec_steps, "with --speculative: verify steps per rate, 4 untimed (default 24)");
+      sub.add_option("--spec-rollback", a->spec_rollback,
+                     "with --speculative: how a rollback advances the state over the accepted tokens, every rate once "
+                     "per mode listed: replay (their GDN and PLE state ops from the verify's kept inputs, default), "
+                     "refeed (a forward over them)")
+          ->delimiter(',');
       sub.add_flag("--profile", a->profile, "per-phase device time of a prefill run and of decode steps");
       sub.add_flag("--json", a->json, "print one JSON object (docs/BENCH.md) instead of the table");
       sub.add_option("--out", a->out, "also write the JSON report to this file");

@@ -88,7 +88,7 @@ int run(const GenerateArgs& a) {
                "speculative {}: {} verify steps, drafted {}, accepted {} ({:.1f}%), mean accepted length {:.2f}, "
                "{} rollbacks\n",
                spec.str(), st.steps, st.drafted, st.accepted, 100.0 * st.acceptance_rate(), st.mean_accepted_length(),
-               st.refeeds);
+               st.rollbacks);
   }
   return 0;
 }

@@ -114,7 +114,7 @@ int run(const LogitsArgs& a) {
                "speculative {}: {} verify steps, drafted {}, accepted {} ({:.1f}%), mean accepted length {:.2f}, "
                "{} rollbacks; prefill + decode {:.3f} s\n",
                spec.str(), st.steps, st.drafted, st.accepted, 100.0 * st.acceptance_rate(), st.mean_accepted_length(),
-               st.refeeds, decode_s);
+               st.rollbacks, decode_s);
   } else if (a.greedy > 0) {
     std::vector<int64_t> out;
     std::vector<float> row(logits.end() - V, logits.end());

@@ -275,8 +275,10 @@ void MemoryPlanner::drop_snapshot(int32_t block) {
 namespace {
 struct ModelSequence : RunnerSequence {
   SequenceState state;
-  /// Speculative decoding: the state before the verify in flight (Runner::checkpoint).
+  /// Speculative decoding: the state before the verify in flight (Runner::checkpoint), and the inputs of its state
+  /// that the verify keeps (a sequence with a checkpoint keeps them: rollback advances the state over them).
   std::optional<Model::StateSnapshot> checkpoint;
+  StateInputs kept;
   /// MTP proposer: trunk pre-mixer rows kept from the items fed (Item::keep_hidden), F32 [n, S*H] each, of
   /// consecutive positions `first` .. first + n - 1, not yet seen by the MTP layer.
   struct Rows {
@@ -357,9 +359,11 @@ bool ModelRunner::checkpoint(RunnerSequence& seq) {
   return true;
 }
 
-void ModelRunner::rollback(RunnerSequence& seq) {
+int64_t ModelRunner::rollback(RunnerSequence& seq, int64_t keep) {
   auto& s = static_cast<ModelSequence&>(seq);
   FN_CHECK(s.checkpoint, "rollback: the sequence has no checkpoint");
+  FN_CHECK(keep >= 0 && (!s.kept.kept() || keep <= int64_t(s.kept.ids.size())),
+           "rollback: {} tokens kept of a verify of {}", keep, s.kept.ids.size());
   if (s.checkpoint->tensors.empty()) {  // kept in the sequence's checkpoint slot
     model_.copy_state_slot(*cache_, checkpoint_slot_of_[size_t(s.state.slot)], s.state.slot);
     s.state.length = s.checkpoint->length;
@@ -369,17 +373,26 @@ void ModelRunner::rollback(RunnerSequence& seq) {
     model_.restore_state(s.state, *s.checkpoint);
   }
   s.checkpoint.reset();
-  // Kept rows of positions the rollback took back are gone (the re-feed keeps them again).
+  int64_t advanced = 0;
+  if (keep > 0 && s.kept.kept()) {
+    model_.replay_state(s.state, s.kept, keep);
+    advanced = keep;
+  }
+  s.kept = StateInputs();
+  // Kept rows of positions the rollback took back are gone (a re-feed keeps them again).
   const int64_t length = s.state.length;
   std::erase_if(s.hidden, [&](const ModelSequence::Rows& r) { return r.first >= length; });
   if (!s.hidden.empty()) {
     ModelSequence::Rows& last = s.hidden.back();
     if (last.first + last.wide.dim(0) > length) last.wide = last.wide.rows(0, length - last.first);
   }
+  return advanced;
 }
 
 void ModelRunner::release_checkpoint(RunnerSequence& seq) {
-  static_cast<ModelSequence&>(seq).checkpoint.reset();
+  auto& s = static_cast<ModelSequence&>(seq);
+  s.checkpoint.reset();
+  s.kept = StateInputs();
 }
 
 bool ModelRunner::has_mtp() const {
@@ -433,7 +446,8 @@ void ModelRunner::forward(std::span<Item> items) {
       seq.state.block_table.assign(item.block_table.begin(), item.block_table.end());
       model_.validate(seq.state, item.ids);
       const bool all = !item.all_logits.empty() || !item.row_tokens.empty();
-      batch.push_back({&seq.state, item.ids, all ? LogitsMode::All : LogitsMode::Last});
+      batch.push_back({&seq.state, item.ids, all ? LogitsMode::All : LogitsMode::Last,
+                       seq.checkpoint && item.ids.size() > 1 ? &seq.kept : nullptr});
       fed.push_back(&item);
     } catch (const std::exception& e) {
       item.error = e.what();
@@ -1134,10 +1148,9 @@ void Scheduler::verify(Seq& s, int64_t drafts, Runner::Item& it, Clock::time_poi
   s.verify.clear();
   if (!alive) return;
   try {
-    if (accepted < drafts) {  // roll back; the next step feeds the accepted tokens and the correction again
-      ++counters_.spec_rollbacks;
-      runner_.rollback(*s.state);
-      s.num_computed = start;
+    if (accepted < drafts) {       // roll back to the verify's start, advanced over the accepted tokens if it can be;
+      ++counters_.spec_rollbacks;  // the next step feeds the rest (the correction, or everything again)
+      s.num_computed = start + runner_.rollback(*s.state, accepted + 1);
     } else {
       runner_.release_checkpoint(*s.state);
     }

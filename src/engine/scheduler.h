@@ -46,8 +46,10 @@
 // tokens (its last token and k drafts of the proposer; k bounded by its K, what it may still emit, the budget and
 // the free blocks left, so drafts never preempt nor delay a prefill). Its sampler chooses the token at every row in
 // order, drafts are accepted while they equal those choices; on a mismatch the runner rolls the sequence's state
-// back to the verify's start (Runner::checkpoint / rollback) and the next step re-feeds the accepted tokens and the
-// correction as an ordinary item. Tokens are emitted one by one through the usual stop rules.
+// back to the verify's start and advances it over the accepted tokens from the inputs the verify kept
+// (Runner::checkpoint / rollback; Model::replay_state), so the next step feeds the correction; a runner that cannot
+// advance it has the next step feed the accepted tokens and the correction again as an ordinary item. Tokens are
+// emitted one by one through the usual stop rules.
 #pragma once
 
 #include <condition_variable>
@@ -303,11 +305,14 @@ class Runner {
     (void)seq;
     return false;
   }
-  /// Puts the state saved by checkpoint() back into `seq` (its length goes back to the checkpoint's; KV rows past
-  /// it stay and are overwritten when those positions are fed again; hidden rows kept past it are dropped) and
-  /// forgets the checkpoint. Throws Error when there is none.
-  virtual void rollback(RunnerSequence& seq) {
-    (void)seq;
+  /// Puts the state saved by checkpoint() back into `seq` and, where the runner kept the verify's state inputs,
+  /// advances it over the verify's first `keep` tokens (the accepted ones) without feeding them again; forgets the
+  /// checkpoint. Returns the tokens the state now holds past the checkpoint: `keep`, or 0 when the runner cannot
+  /// advance it (the scheduler then feeds those tokens again). KV rows past the new length stay and are overwritten
+  /// when those positions are fed again; hidden rows kept past it are dropped. Throws Error when there is no
+  /// checkpoint.
+  virtual int64_t rollback(RunnerSequence& seq, int64_t keep) {
+    (void)seq, (void)keep;
     fail("rollback: this runner takes no checkpoints");
   }
   /// Forgets the checkpoint of `seq` (all drafts were accepted), if any.
@@ -352,7 +357,7 @@ class ModelRunner : public Runner {
   int64_t ple_rows_fetched() const override { return ple_rows_; }
   bool samples_on_device() const override;
   bool checkpoint(RunnerSequence& seq) override;
-  void rollback(RunnerSequence& seq) override;
+  int64_t rollback(RunnerSequence& seq, int64_t keep) override;
   void release_checkpoint(RunnerSequence& seq) override;
   bool has_mtp() const override;
   std::vector<int32_t> propose_mtp(RunnerSequence& seq, std::span<const int32_t> block_table,

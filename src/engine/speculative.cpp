@@ -145,9 +145,10 @@ std::vector<int32_t> SpeculativeDecoder::step(SequenceState& seq, std::span<cons
   feed.insert(feed.end(), drafts.begin(), drafts.end());
 
   std::optional<Model::StateSnapshot> snap;
+  StateInputs kept;
   if (!drafts.empty()) snap = model_.snapshot_state(seq);
   Tensor wide;
-  const BatchItem item{&seq, feed, LogitsMode::All};
+  const BatchItem item{&seq, feed, LogitsMode::All, drafts.empty() ? nullptr : &kept};
   std::vector<float> logits = model_.download(model_.forward_batch({&item, 1}, nullptr, {}, mtp ? &wide : nullptr));
 
   // Accept the longest prefix of drafts that the target chooses itself, then its token after that prefix.
@@ -169,11 +170,18 @@ std::vector<int32_t> SpeculativeDecoder::step(SequenceState& seq, std::span<cons
   last_out_ = out.size();
   last_accepted_ = accepted;
 
-  if (accepted < drafts.size()) {  // rollback: restore the state, feed the accepted tokens again
-    ++stats_.refeeds;
+  if (accepted < drafts.size()) {  // rollback: the state from before the verify, advanced over the accepted tokens
+    ++stats_.rollbacks;
     model_.restore_state(seq, *snap);
-    const BatchItem again{&seq, std::span<const int32_t>(feed.data(), accepted + 1), LogitsMode::Last};
-    model_.forward_batch({&again, 1}, nullptr, {}, mtp ? &wide : nullptr);
+    const int64_t keep = int64_t(accepted) + 1;
+    if (kept.kept()) {
+      model_.replay_state(seq, kept, keep);
+      if (mtp) wide = wide.rows(0, keep);  // the verify's rows of the accepted positions (causal: the same rows)
+    } else {                               // over several nodes: feed them again
+      ++stats_.refeeds;
+      const BatchItem again{&seq, std::span<const int32_t>(feed.data(), size_t(keep)), LogitsMode::Last};
+      model_.forward_batch({&again, 1}, nullptr, {}, mtp ? &wide : nullptr);
+    }
   }
   if (mtp) {
     mtp_hidden_ = wide;  // rows of the accepted positions: [context.back(), accepted drafts]

@@ -11,10 +11,12 @@
 // the draft" is exactly the rejection rule of vLLM's sampler (accept with probability p(d); after a rejection, the
 // residual max(p - q, 0) normalised is p without d) and consumes one sample per emitted token, as plain decoding does.
 //
-// Rollback is the simplest exact one: the sequence's recurrent state (Model::snapshot_state: GDN conv + recurrent,
-// PLE conv tails and n-gram history, lengths) is copied before the verify; after a partial acceptance it is put back
-// and the accepted tokens are fed again, a second forward. QSA K/V and indexer keys past the committed length are
-// left in place and overwritten when those positions are fed again.
+// Rollback: the sequence's recurrent state (Model::snapshot_state: GDN conv + recurrent, PLE conv tails and n-gram
+// history, lengths) is copied before the verify, and the verify keeps the inputs of that state (BatchItem::
+// keep_inputs: the GDN conv inputs and gates, the PLE conv inputs of its rows); after a partial acceptance the state is
+// put back and advanced over the accepted tokens by those layers' state ops alone (Model::replay_state), not by a
+// second forward of the model (which a model over several nodes still does). QSA K/V and indexer keys past the
+// committed length are left in place and overwritten when those positions are fed again.
 #pragma once
 
 #include <cstdint>
@@ -61,7 +63,9 @@ struct SpeculativeStats {
   int64_t drafted = 0;   ///< draft tokens proposed
   int64_t accepted = 0;  ///< draft tokens accepted
   int64_t emitted = 0;   ///< tokens produced by the steps (accepted + one bonus / correction each)
-  int64_t refeeds = 0;   ///< rollbacks (partial acceptance: state restored, accepted tokens fed again)
+  int64_t rollbacks = 0;  ///< partial acceptances: the state from before the verify put back and advanced over the
+                          ///< accepted tokens (Model::replay_state)
+  int64_t refeeds = 0;    ///< rollbacks that fed the accepted tokens again instead (a model over several nodes)
   /// Tokens per verify step (emitted / steps): 1 + mean accepted drafts.
   double mean_accepted_length() const { return steps ? double(emitted) / double(steps) : 0.0; }
   double acceptance_rate() const { return drafted ? double(accepted) / double(drafted) : 0.0; }

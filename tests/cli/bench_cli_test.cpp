@@ -119,21 +119,24 @@ TEST(BenchCli, CpuTensorParallelJson) {
 // listed in the JSON's settings; a flag given keeps its value.
 // bench --speculative mtp:2 (a random MTP layer) at forced acceptance 0.5 and 1: per rate the accepted drafts
 // j = round(f K), 1 + j emitted per step, tokens/s = emitted / step time, a rollback only when drafts are rejected,
-// the phases within the step; an acceptance outside [0, 1] is refused.
+// the phases within the step, every rate once per rollback mode given (replay, then refeed); an acceptance outside
+// [0, 1] or an unknown rollback mode is refused.
 TEST(BenchCli, SpeculativeAtForcedAcceptance) {
-  CliRun r = run_flashnext(kSmall + " --prompts none --batches none --decode-tokens 0 --speculative mtp:2 "
-                                    "--acceptance 0.5,1 --spec-steps 5 --json",
+  CliRun r = run_flashnext(kSmall +
+                               " --prompts none --batches none --decode-tokens 0 --speculative mtp:2 "
+                               "--acceptance 0.5,1 --spec-steps 5 --spec-rollback replay,refeed --json",
                            /*merge_stderr=*/false);
   ASSERT_EQ(r.status, 0) << r.out;
   const json j = json::parse(r.out);
   const json& s = j["speculative"];
   EXPECT_EQ(s["method"], "mtp:2");
   EXPECT_EQ(s["context_tokens"], 6);
-  ASSERT_EQ(s["runs"].size(), 2u);
-  for (size_t i = 0; i < 2; ++i) {
+  ASSERT_EQ(s["runs"].size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
     const json& run = s["runs"][i];
+    EXPECT_EQ(run["rollback"], i < 2 ? "replay" : "refeed");
     const int accepted = run["accepted_per_step"];
-    EXPECT_EQ(accepted, int(i) + 1);  // round(0.5 * 2), round(1 * 2)
+    EXPECT_EQ(accepted, int(i % 2) + 1);  // round(0.5 * 2), round(1 * 2)
     EXPECT_EQ(run["emitted_per_step"], accepted + 1);
     const double step = run["step_ms_median"];
     EXPECT_GT(step, 0);
@@ -150,6 +153,9 @@ TEST(BenchCli, SpeculativeAtForcedAcceptance) {
   r = run_flashnext(kSmall + " --speculative mtp:2 --acceptance 1.5");
   EXPECT_NE(r.status, 0);
   EXPECT_THAT(r.out + r.err, HasSubstr("--acceptance: every rate must be in [0, 1]"));
+  r = run_flashnext(kSmall + " --speculative mtp:2 --spec-rollback undo");
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.out + r.err, HasSubstr("--spec-rollback: expected replay or refeed, got 'undo'"));
 }
 
 TEST(BenchCli, CpuDefaultsAreSmall) {

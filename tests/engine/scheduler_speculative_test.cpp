@@ -488,6 +488,7 @@ struct FakeSeq : RunnerSequence {
   uint64_t h = 0;
   int64_t length = 0;
   std::optional<std::pair<uint64_t, int64_t>> saved;
+  std::vector<int32_t> verified;  // the ids of the verify after the checkpoint (a replaying runner's kept inputs)
 };
 class DeviceFakeRunner : public Runner {
  public:
@@ -500,12 +501,20 @@ class DeviceFakeRunner : public Runner {
     s.saved = {s.h, s.length};
     return true;
   }
-  void rollback(RunnerSequence& seq) override {
+  // `replays`: the state is advanced over the accepted tokens (as ModelRunner does); otherwise the scheduler feeds
+  // them again.
+  explicit DeviceFakeRunner(bool replays = false) : replays_(replays) {}
+  int64_t rollback(RunnerSequence& seq, int64_t keep) override {
     auto& s = static_cast<FakeSeq&>(seq);
-    ASSERT_TRUE(s.saved);
+    EXPECT_TRUE(s.saved);
+    EXPECT_GE(keep, 1);
+    EXPECT_LT(keep, int64_t(s.verified.size())) << "a rollback keeps fewer tokens than the verify fed";
     std::tie(s.h, s.length) = *s.saved;
     s.saved.reset();
     ++rollbacks;
+    if (!replays_) return 0;
+    for (int64_t j = 0; j < keep; ++j) feed(s, s.verified[size_t(j)]);
+    return keep;
   }
   void release_checkpoint(RunnerSequence& seq) override { static_cast<FakeSeq&>(seq).saved.reset(); }
   // Greedy: the largest of a pseudo-random row; sampled: a draw of (seed, offset, state).
@@ -516,15 +525,19 @@ class DeviceFakeRunner : public Runner {
       if (mix64(h ^ uint64_t(v + 1)) > mix64(h ^ uint64_t(best + 1))) best = v;
     return best;
   }
+  static void feed(FakeSeq& s, int32_t id) {
+    s.h = mix64(s.h ^ (uint64_t(id) * 0x100000001B3ull));
+    ++s.length;
+  }
   void forward(std::span<Item> items) override {
     for (Item& it : items) {
       auto& s = static_cast<FakeSeq&>(*it.seq);
       EXPECT_TRUE(it.sampling || it.logits.empty()) << "host logits asked of a device-sampling request";
+      if (s.saved) s.verified.assign(it.ids.begin(), it.ids.end());
       for (size_t j = 0; j < it.ids.size(); ++j) {
-        s.h = mix64(s.h ^ (uint64_t(it.ids[j]) * 0x100000001B3ull));
+        feed(s, it.ids[j]);
         if (!it.row_tokens.empty()) it.row_tokens[j] = choose(s.h, *it.sampling, it.sampling->offset + j);
       }
-      s.length += int64_t(it.ids.size());
       EXPECT_LE(s.length, int64_t(it.block_table.size()) * kBlock) << "fed past the KV blocks assigned";
       if (it.sampling) it.token = choose(s.h, *it.sampling, it.sampling->offset);
       if (!it.row_tokens.empty()) it.token = it.row_tokens.back();
@@ -532,6 +545,9 @@ class DeviceFakeRunner : public Runner {
     }
   }
   int64_t verify_items = 0, rollbacks = 0;
+
+ private:
+  bool replays_ = false;
 };
 
 TEST(SchedulerSpeculative, DeviceSamplingVerifiesEveryRowWithTheOffsetsOfPlainDecoding) {
@@ -566,15 +582,16 @@ TEST(SchedulerSpeculative, DeviceSamplingVerifiesEveryRowWithTheOffsetsOfPlainDe
     DeviceFakeRunner plain_runner;
     const auto want = run(sampled, {}, {}, plain_runner).first;
     EXPECT_EQ(plain_runner.verify_items, 0);
-    for (bool spoil : {false, true}) {
-      SCOPED_TRACE(std::string(sampled ? "sampled" : "greedy") + (spoil ? " spoiled" : " exact"));
+    for (auto [spoil, replays] : {std::pair{false, false}, {true, false}, {true, true}}) {
+      SCOPED_TRACE(std::string(sampled ? "sampled" : "greedy") + (spoil ? " spoiled" : " exact") +
+                   (replays ? ", rollbacks replay the accepted tokens" : ", rollbacks feed them again"));
       Oracle oracle;
       const auto rs = make(sampled);
       for (size_t i = 0; i < rs.size(); ++i) oracle.truth[rs[i].prompt.size()] = want[i];
       oracle.k = 4;
       oracle.spoil = spoil;
       oracle.vocab = kFakeVocab;
-      DeviceFakeRunner runner;
+      DeviceFakeRunner runner(replays);
       const auto [got, st] = run(sampled, {SpeculativeConfig::Method::Custom, 4}, oracle.proposer(), runner);
       EXPECT_EQ(got, want);
       EXPECT_EQ(runner.verify_items, st.spec_verify_steps);

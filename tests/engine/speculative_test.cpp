@@ -139,7 +139,7 @@ TEST(Speculative, GreedyOutputEqualsPlainDecoding) {
                 "[ spec ] %s %s salt %d: %lld steps, drafted %lld, accepted %lld, mean accepted length %.2f, "
                 "%lld rollbacks\n",
                 c.model, cfg.str().c_str(), salt, (long long)st.steps, (long long)st.drafted, (long long)st.accepted,
-                st.mean_accepted_length(), (long long)st.refeeds);
+                st.mean_accepted_length(), (long long)st.rollbacks);
         }
       }
     }
@@ -199,7 +199,8 @@ TEST(Speculative, RollbackAfterRejectingHalfTheDrafts) {
         ASSERT_GT(st.steps, 0);
         EXPECT_EQ(st.drafted, st.steps * k);
         EXPECT_EQ(st.accepted, st.steps * (spoil ? k / 2 : k));
-        EXPECT_EQ(st.refeeds, spoil ? st.steps : 0);
+        EXPECT_EQ(st.rollbacks, spoil ? st.steps : 0);
+        EXPECT_EQ(st.refeeds, 0);  // one process: every rollback replays the accepted tokens (Model::replay_state)
         // The committed state continues like the plain one: its next logits row equals plain decoding's.
         SequenceState ref = model.new_sequence();
         const int64_t fed = seq.length;

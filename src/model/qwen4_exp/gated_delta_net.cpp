@@ -8,7 +8,7 @@ GdnDims gdn_dims(const ModelConfig& cfg) {
 }
 
 Tensor gated_delta_net(Ops& ops, const ModelConfig& cfg, const GdnLayerWeights& w, LayerCache& cache,
-                       const StepBatch& batch, const Tensor& u) {
+                       const StepBatch& batch, const Tensor& u, std::span<const KeepRows> keep) {
   const int64_t T = u.dim(0);
   const GdnDims dims = gdn_dims(cfg);
   const int64_t nv = dims.num_v_heads, value_dim = nv * dims.v_head_dim;
@@ -18,6 +18,14 @@ Tensor gated_delta_net(Ops& ops, const ModelConfig& cfg, const GdnLayerWeights& 
   Tensor b = ops.empty({T, nv}), a = ops.empty({T, nv});
   const Tensor weights[] = {w.in_proj_qkv, w.in_proj_z, w.in_proj_b, w.in_proj_a}, outputs[] = {qkv, z, b, a};
   ops.linear_group(u, weights, outputs);
+  for (const KeepRows& k : keep) {  // before the conv, which works in place
+    k.into->qkv = ops.empty({k.n, dims.conv_dim()});
+    k.into->a = ops.empty({k.n, nv});
+    k.into->b = ops.empty({k.n, nv});
+    ops.copy_rows(qkv, k.first, k.into->qkv, 0, k.n);
+    ops.copy_rows(a, k.first, k.into->a, 0, k.n);
+    ops.copy_rows(b, k.first, k.into->b, 0, k.n);
+  }
   // qkv = silu(causal depthwise conv1d(qkv)), continuing the conv tail.
   ops.profile_phase("gdn_rule");
   ops.gdn_conv_batch(qkv, w.conv1d, cache.conv, batch);
@@ -32,6 +40,16 @@ Tensor gated_delta_net(Ops& ops, const ModelConfig& cfg, const GdnLayerWeights& 
   Tensor out = ops.empty({T, cfg.hidden_size});
   ops.linear(o, w.out_proj, out);
   return out;
+}
+
+void gated_delta_net_replay(Ops& ops, const ModelConfig& cfg, const GdnLayerWeights& w, LayerCache& cache,
+                            const StepBatch& batch, const StateInputs::Layer& kept) {
+  const int64_t n = batch.num_tokens;
+  const GdnDims dims = gdn_dims(cfg);
+  Tensor qkv = ops.empty({n, dims.conv_dim()}), o = ops.empty({n, dims.num_v_heads * dims.v_head_dim});
+  ops.copy_rows(kept.qkv, 0, qkv, 0, n);
+  ops.gdn_conv_batch(qkv, w.conv1d, cache.conv, batch);
+  ops.gdn_rule_batch(qkv, kept.a.rows(0, n), kept.b.rows(0, n), w.rule, dims, cache.recurrent, batch, o);
 }
 
 }  // namespace flashnext

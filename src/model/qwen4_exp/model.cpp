@@ -759,9 +759,23 @@ Tensor Model::run_step(std::span<const BatchItem> items, std::vector<int64_t>* r
     r0 = r1;
   }
 
+  // Speculative verify items keep their recurrent state's inputs (replay_state), per rank and layer.
+  bool keeps = false;
+  for (const BatchItem& it : items) {
+    if (!it.keep_inputs) continue;
+    StateInputs& si = *it.keep_inputs;
+    si = StateInputs();
+    if (!replays_state()) continue;
+    si.start = it.seq->length;
+    si.ids.assign(it.ids.begin(), it.ids.end());
+    si.ple_history = it.seq->ple_history;
+    si.ranks.assign(ranks_.size(), std::vector<StateInputs::Layer>(size_t(L)));
+    keeps = true;
+  }
+
   Tensor logits;
   const bool decode = std::all_of(items.begin(), items.end(), [](const BatchItem& it) { return it.ids.size() == 1; });
-  if (decode && ranks_.size() == 1 && tp() == 1 && !nodes_ && !hook && !wide_residual && !router_observer_ &&
+  if (decode && !keeps && ranks_.size() == 1 && tp() == 1 && !nodes_ && !hook && !wide_residual && !router_observer_ &&
       int64_t(items.size()) <= kStepGraphMaxTokens && ranks_[0]->ops->captures_steps()) {
     logits = run_recordable_step(items, parts, all_ids, ple_rows, keep);
   } else {
@@ -940,6 +954,15 @@ Tensor Model::forward_rank(int rank, std::span<const BatchItem> items, const Ste
   // Each sublayer's injection X += inj ⊗ out is handed to the next read (one op: Ops::hc_inject_read), and made on
   // its own only where X itself is needed next (the PLE addition, the hidden-state hook).
   PendingInject pending;
+  // The rows of layer l that verify items keep (run_step sized their StateInputs).
+  auto keep_rows = [&](int64_t l) {
+    std::vector<KeepRows> keep;
+    for (size_t i = 0; i < items.size(); ++i)
+      if (items[i].keep_inputs && items[i].keep_inputs->kept())
+        keep.push_back(
+            {batch.cu_seqlens[i], batch.rows_of(int64_t(i)), &items[i].keep_inputs->ranks[size_t(rank)][size_t(l)]});
+    return keep;
+  };
   // A mixer's output [T, H]: the rank's partial sum (its heads through its columns of out_proj / o_proj), zeros
   // where it sits the mixer out; all-reduced into the full output.
   auto sat_out = [&] {
@@ -954,14 +977,14 @@ Tensor Model::forward_rank(int rank, std::span<const BatchItem> items, const Ste
       ops.profile_phase("hc");
       flush(ops, X, pending);
       ops.profile_phase("ple");
-      ple_add(ops, c, *lw.ple, lc, ple_rows[size_t(l)], batch, X, comm);
+      ple_add(ops, c, *lw.ple, lc, ple_rows[size_t(l)], batch, X, comm, keep_rows(l));
       ple_rows[size_t(l)] = Tensor();  // waited for by ple_add
     }
     ops.profile_phase("hc");
     HcRead r = gated_residual_read(ops, X, pending, lw.attn_hc, H, eps);
     Tensor out;
     if (lw.kind == LayerKind::GatedDeltaNet)
-      out = c.linear_num_value_heads > 0 ? gated_delta_net(ops, c, lw.gdn, lc, batch, r.u) : sat_out();
+      out = c.linear_num_value_heads > 0 ? gated_delta_net(ops, c, lw.gdn, lc, batch, r.u, keep_rows(l)) : sat_out();
     else
       out = c.num_attention_heads > 0 ? qsa_attention(ops, c, lw.qsa, lc, batch, r.u) : sat_out();
     comm.all_reduce_sum(out);
@@ -1212,6 +1235,44 @@ void Model::restore_state(SequenceState& seq, const StateSnapshot& snap) const {
   seq.length = snap.length;
   seq.mtp_length = snap.mtp_length;
   seq.ple_history = snap.ple_history;
+}
+
+void Model::replay_state(SequenceState& seq, const StateInputs& in, int64_t tokens) {
+  const CallScope scope(call_depth_);
+  const int64_t L = config_.num_hidden_layers;
+  FN_CHECK(replays_state(), "replay_state: a model over several nodes feeds accepted tokens again instead");
+  FN_CHECK(in.kept() && in.ranks.size() == ranks_.size() &&
+               std::all_of(in.ranks.begin(), in.ranks.end(), [&](const auto& r) { return int64_t(r.size()) == L; }),
+           "replay_state: the kept inputs were not kept by a step of this model");
+  FN_CHECK(tokens >= 1 && tokens <= int64_t(in.ids.size()), "replay_state: {} tokens of a verify item of {}", tokens,
+           in.ids.size());
+  FN_CHECK(seq.length == in.start,
+           "replay_state: the sequence is at position {}, the kept inputs start at {} (put its state back first)",
+           seq.length, in.start);
+  FN_CHECK(seq.ple_history == in.ple_history,
+           "replay_state: the sequence's PLE history is not the one the kept inputs start from (put its state back "
+           "first)");
+  const std::span<const int32_t> ids(in.ids.data(), size_t(tokens));
+  validate(seq, ids);
+  const std::vector<StepSequence> parts{{tokens, seq.length, seq.slot, seq.block_table}};
+  threads_->run([&](int r) {
+    Rank& rk = *ranks_[size_t(r)];
+    Ops& ops = *rk.ops;
+    const StepScope step(ops, tokens);
+    const StepBatch batch = make_step_batch(ops, parts, seq.cache->block_size);
+    for (int64_t l = 0; l < L; ++l) {
+      const StateInputs::Layer& kept = in.ranks[size_t(r)][size_t(l)];
+      const LayerWeights& lw = rk.weights->layers[size_t(l)];
+      LayerCache& lc = seq.cache->ranks[size_t(r)][size_t(l)];
+      if (lw.ple && kept.ple.defined()) ple_replay(ops, rk.config, *lw.ple, lc, batch, kept);
+      if (kept.qkv.defined()) gated_delta_net_replay(ops, rk.config, lw.gdn, lc, batch, kept);
+    }
+  });
+  const ModelWeights& w0 = *ranks_[0]->weights;
+  for (int64_t l = 0; l < L; ++l)
+    if (w0.layers[size_t(l)].ple)
+      seq.ple_history[size_t(l)] = ple_next_history(*w0.layers[size_t(l)].ple, in.ple_history[size_t(l)], ids);
+  seq.length += tokens;
 }
 
 std::vector<float> Model::forward(SequenceState& seq, std::span<const int32_t> ids, LogitsMode mode,

@@ -103,6 +103,10 @@ struct BatchItem {
   SequenceState* seq = nullptr;        ///< the sequence fed (updated by the step)
   std::span<const int32_t> ids;        ///< the next tokens of the sequence (>= 1)
   LogitsMode mode = LogitsMode::Last;  ///< which of its logits rows the step returns
+  /// Optional (a speculative verify): receives the inputs of the item's recurrent state (state.h StateInputs), for
+  /// Model::replay_state after a partial acceptance. Ignored (left empty) where the model cannot replay
+  /// (Model::replays_state false: over several nodes).
+  StateInputs* keep_inputs = nullptr;
 };
 
 /// Called during forward with the wide residual stream: index 0 is the embedding repeated into the hc streams
@@ -243,6 +247,19 @@ class Model {
   /// Puts `snap` (from snapshot_state of the same sequence) back into `seq`'s state slot (on every node). Throws
   /// Error when it does not belong to a sequence of this model's layout.
   void restore_state(SequenceState& seq, const StateSnapshot& snap) const;
+
+  /// Whether forward_batch keeps BatchItem::keep_inputs and replay_state can use them: every process but one whose
+  /// ranks span several nodes (there a rollback feeds the accepted tokens again).
+  bool replays_state() const { return !spans_nodes(); }
+  /// Advances `seq` over the first `tokens` tokens of a verify item from the state that item started from (the
+  /// caller put it back: restore_state, or copy_state_slot from a checkpoint slot, and seq.length == in.start): the
+  /// GDN conv and gated delta rule and the PLE conv of every layer over the kept rows, the PLE histories from the
+  /// kept ids; seq.length += tokens. The state equals feeding those tokens again (the same ops on the same inputs; on
+  /// the GPU up to the rounding of a different batch shape) at the cost of those ops alone. KV and indexer keys of
+  /// the positions are the verify's (the causal attention wrote the same values). Throws Error when `in` was not
+  /// kept by this model, seq.length != in.start, its PLE history differs from the kept one, or tokens is outside
+  /// 1 .. in.ids.size().
+  void replay_state(SequenceState& seq, const StateInputs& in, int64_t tokens);
 
   /// Checks that `ids` can be fed to `seq`: non-empty, every id in [0, vocab_size), the new length within
   /// max_position_embeddings, the state made by this model; in a shared pool also its slot, and a block table that

@@ -17,11 +17,16 @@ std::vector<int64_t> ple_hash_rows(const PleLayerWeights& w, std::span<const Bat
     const std::vector<int64_t> ids64(it.ids.begin(), it.ids.end());
     w.hash.rows_for(history, ids64, rows.data() + at * heads);
     at += int64_t(ids64.size());
-    std::vector<int64_t> window = history;
-    window.insert(window.end(), ids64.begin(), ids64.end());
-    next_history.emplace_back(window.end() - w.hash.context_len(), window.end());
+    next_history.push_back(ple_next_history(w, history, it.ids));
   }
   return rows;
+}
+
+std::vector<int64_t> ple_next_history(const PleLayerWeights& w, const std::vector<int64_t>& history,
+                                      std::span<const int32_t> ids) {
+  std::vector<int64_t> window = history;
+  window.insert(window.end(), ids.begin(), ids.end());
+  return {window.end() - w.hash.context_len(), window.end()};
 }
 
 std::vector<int64_t> ple_local_rows(const PleLayerWeights& w, std::span<const int64_t> rows) {
@@ -42,7 +47,7 @@ Tensor ple_fetch(Ops& ops, const PleLayerWeights& w, const Tensor& rows) {
 }
 
 void ple_add(Ops& ops, const ModelConfig& cfg, const PleLayerWeights& w, LayerCache& cache, const Tensor& e,
-             const StepBatch& batch, const Tensor& X, Communicator& comm) {
+             const StepBatch& batch, const Tensor& X, Communicator& comm, std::span<const KeepRows> keep) {
   const int64_t T = batch.num_tokens, H = cfg.hidden_size;
   ops.ple_gather_wait(e);
   comm.all_reduce_sum(e);  // tensor parallelism: every rank gathered the rows it holds
@@ -54,7 +59,20 @@ void ple_add(Ops& ops, const ModelConfig& cfg, const PleLayerWeights& w, LayerCa
   // P = per-stream sigmoid gate of (kn_b . qn_b) times v; X += P + silu(dilated conv(norm_conv(P))) per sequence.
   Tensor P = ops.empty({T, cfg.hc_width()});
   ops.ple_gate(kn, v, X, w.norm_query, cfg.rms_norm_eps, P);
+  for (const KeepRows& k : keep) {
+    k.into->ple = ops.empty({k.n, cfg.hc_width()});
+    ops.copy_rows(P, k.first, k.into->ple, 0, k.n);
+  }
   ops.ple_conv_add_batch(P, w.norm_conv, H, w.conv1d, cfg.ngram_size, cfg.rms_norm_eps, cache.ple_conv, batch, X);
+}
+
+void ple_replay(Ops& ops, const ModelConfig& cfg, const PleLayerWeights& w, LayerCache& cache, const StepBatch& batch,
+                const StateInputs::Layer& kept) {
+  const int64_t n = batch.num_tokens;
+  Tensor X = ops.empty({n, cfg.hc_width()});  // receives P + conv, dropped
+  ops.fill_zero(X);
+  ops.ple_conv_add_batch(kept.ple.rows(0, n), w.norm_conv, cfg.hidden_size, w.conv1d, cfg.ngram_size, cfg.rms_norm_eps,
+                         cache.ple_conv, batch, X);
 }
 
 }  // namespace flashnext

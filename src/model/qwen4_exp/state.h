@@ -60,4 +60,32 @@ struct SequenceState {
   int64_t mtp_length = 0;
 };
 
+/// The inputs of a speculative verify item's recurrent state, kept by the step that fed it (BatchItem::keep_inputs)
+/// so that the state can afterwards be advanced over any prefix of its tokens without the rest of the model
+/// (Model::replay_state): after a partial acceptance the caller puts back the state from before the verify and
+/// replays the accepted tokens through the GDN conv and gated delta rule and the PLE conv of every layer, instead of
+/// feeding them again (docs/ENGINE.md "Speculative decoding"). The attention-side caches need nothing: KV, indexer
+/// keys and pooled keys of positions past the new length are overwritten when those positions are fed again.
+/// Device memory: per GDN layer (conv_dim + 2 nv) floats a token, per PLE layer S*H floats a token.
+struct StateInputs {
+  /// One decoder layer's kept rows [n, ...] F32 on the rank's device (undefined where the layer has none).
+  struct Layer {
+    Tensor qkv;   ///< GDN: in_proj_qkv rows before the causal conv [n, conv_dim]
+    Tensor a, b;  ///< GDN: in_proj_a and in_proj_b rows [n, nv]
+    Tensor ple;   ///< PLE: the short conv's input P [n, S*H]
+  };
+  int64_t start = 0;                              ///< the sequence's length before the step
+  std::vector<int32_t> ids;                       ///< the item's tokens (n)
+  std::vector<std::vector<int64_t>> ple_history;  ///< the sequence's PLE n-gram history before the step
+  std::vector<std::vector<Layer>> ranks;          ///< per rank of this process, per decoder layer
+  /// Whether a step filled it (Model::forward_batch with BatchItem::keep_inputs).
+  bool kept() const { return !ranks.empty(); }
+};
+
+/// Rows [first, first + n) of a step's activations to keep into `into` (gated_delta_net, ple_add).
+struct KeepRows {
+  int64_t first = 0, n = 0;
+  StateInputs::Layer* into = nullptr;
+};
+
 }  // namespace flashnext

@@ -81,6 +81,52 @@ TEST(MtpOnGpu, LogitsMatchTheReference) {
   EXPECT_LE(draft_ratio, kMtpTol);
 }
 
+// Model::replay_state on the GPU: after a verify of 6 tokens that keeps its state inputs, the state from before it put
+// back and advanced over its first n tokens equals feeding those n tokens (to the rounding of a different batch
+// shape: the verify's 6-row products against 1..6-row ones): every state tensor, and the next token's logits.
+TEST(MtpOnGpu, ReplayedStateEqualsFeedingTheAcceptedTokens) {
+  Model& m = gpu_mtp_model();
+  const int64_t V = m.config().vocab_size;
+  std::vector<int32_t> prompt, verify;
+  for (int i = 0; i < 41; ++i) prompt.push_back(int32_t((i * 977 + 13) % V));
+  for (int i = 0; i < 6; ++i) verify.push_back(int32_t((i * 331 + 5) % V));
+  auto state_of = [&](const SequenceState& s) {
+    std::vector<std::vector<float>> out;
+    for (const Tensor& t : m.snapshot_state(s).tensors[0]) out.push_back(m.download(t));
+    return out;
+  };
+  for (int64_t keep : {1, 3, 6}) {
+    SCOPED_TRACE(testing::Message() << keep << " of 6 tokens kept");
+    SequenceState a = m.new_sequence();
+    m.forward(a, prompt, LogitsMode::Last);
+    const Model::StateSnapshot before = m.snapshot_state(a);
+    StateInputs kept;
+    const BatchItem item{&a, verify, LogitsMode::All, &kept};
+    m.forward_batch({&item, 1});
+    ASSERT_TRUE(kept.kept());
+    m.restore_state(a, before);
+    m.replay_state(a, kept, keep);
+    SequenceState b = m.new_sequence();
+    m.forward(b, prompt, LogitsMode::Last);
+    m.forward(b, std::span<const int32_t>(verify.data(), size_t(keep)), LogitsMode::Last);
+    EXPECT_EQ(a.length, b.length);
+    EXPECT_EQ(a.ple_history, b.ple_history);
+    const auto sa = state_of(a), sb = state_of(b);
+    ASSERT_EQ(sa.size(), sb.size());
+    double worst = 0;
+    for (size_t i = 0; i < sa.size(); ++i)
+      worst = std::max(worst, max_abs_diff(sa[i].data(), sb[i].data(), sa[i].size()) / std::max(1.0, max_abs(sb[i])));
+    const int32_t next = 7;
+    const std::vector<float> la = m.forward(a, {&next, 1}, LogitsMode::Last),
+                             lb = m.forward(b, {&next, 1}, LogitsMode::Last);
+    const double logits = max_abs_diff(la.data(), lb.data(), la.size()) / max_abs(lb);
+    std::printf("E2E-MTP: replay of %lld of 6 tokens: state %.3g, next logits %.3g (ratios to scale)\n",
+                (long long)keep, worst, logits);
+    EXPECT_LE(worst, 1e-4);
+    EXPECT_LE(logits, 1e-4);
+  }
+}
+
 /// Plain greedy decoding on the GPU: `n` tokens and the top-2 gap of the logits row each was chosen from.
 std::vector<int32_t> plain_greedy(Model& model, const std::vector<int32_t>& prompt, int n, std::vector<double>& gaps) {
   SequenceState seq = model.new_sequence();
