@@ -383,7 +383,7 @@ json speculative_decode(Model& m, const BenchArgs& a, const SpeculativeConfig& s
       catchup_ms.push_back(catchup);
     }
     const double step = median(step_ms), tps = 1e3 * double(j + 1) / step;
-    runs.push_back(json{{"rollback", mode},
+    runs.push_back(json{{"rollback", refeed || !m.replays_state() ? "refeed" : "replay"},
                         {"acceptance", f},
                         {"accepted_per_step", j},
                         {"emitted_per_step", j + 1},

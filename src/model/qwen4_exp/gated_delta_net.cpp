@@ -19,9 +19,6 @@ Tensor gated_delta_net(Ops& ops, const ModelConfig& cfg, const GdnLayerWeights& 
   const Tensor weights[] = {w.in_proj_qkv, w.in_proj_z, w.in_proj_b, w.in_proj_a}, outputs[] = {qkv, z, b, a};
   ops.linear_group(u, weights, outputs);
   for (const KeepRows& k : keep) {  // before the conv, which works in place
-    k.into->qkv = ops.empty({k.n, dims.conv_dim()});
-    k.into->a = ops.empty({k.n, nv});
-    k.into->b = ops.empty({k.n, nv});
     ops.copy_rows(qkv, k.first, k.into->qkv, 0, k.n);
     ops.copy_rows(a, k.first, k.into->a, 0, k.n);
     ops.copy_rows(b, k.first, k.into->b, 0, k.n);

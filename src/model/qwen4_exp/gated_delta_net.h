@@ -13,7 +13,8 @@ namespace flashnext {
 /// out [T, H] = GatedDeltaNet(u [T, H]) for the tokens of a step, continuing from and updating each sequence's conv
 /// tail and recurrent state (its slot of the layer's pools). A sequence's chunk of more than one token runs the
 /// chunked (WY) form, a single token the recurrence (decode). `keep`: row ranges whose conv inputs (in_proj_qkv
-/// before the conv) and in_proj_a / in_proj_b rows are copied into their StateInputs::Layer (a speculative verify).
+/// before the conv) and in_proj_a / in_proj_b rows are copied into their StateInputs::Layer's qkv / a / b (a
+/// speculative verify; the caller allocates them, [n, conv_dim] and [n, nv]).
 Tensor gated_delta_net(Ops& ops, const ModelConfig& cfg, const GdnLayerWeights& w, LayerCache& cache,
                        const StepBatch& batch, const Tensor& u, std::span<const KeepRows> keep = {});
 

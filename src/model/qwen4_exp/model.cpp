@@ -894,6 +894,7 @@ Tensor Model::forward_rank(int rank, std::span<const BatchItem> items, const Ste
   Rank& rk = *ranks_[size_t(rank)];  // `rank` indexes this process's ranks
   Ops& ops = *rk.ops;
   Communicator& comm = *rk.comm;
+  allocate_kept_inputs(rank, items);               // before the step: kept rows outlive it and must not hold its arena
   const StepScope step(ops, in.batch.num_tokens);  // activations and op scratch from here on are step memory
   // Recording: the recording ends with the step, also when the step throws (then dropped, the stream usable again).
   struct Recording {
@@ -1018,6 +1019,27 @@ Tensor Model::forward_rank(int rank, std::span<const BatchItem> items, const Ste
     *graph = ops.end_step_capture(why);
   }
   return logits;
+}
+
+void Model::allocate_kept_inputs(int rank, std::span<const BatchItem> items) const {
+  const Rank& rk = *ranks_[size_t(rank)];
+  const ModelConfig& c = rk.config;
+  const GdnDims dims = gdn_dims(c);
+  for (const BatchItem& it : items) {
+    if (!it.keep_inputs || !it.keep_inputs->kept()) continue;
+    const int64_t n = int64_t(it.ids.size());
+    std::vector<StateInputs::Layer>& layers = it.keep_inputs->ranks[size_t(rank)];
+    for (size_t l = 0; l < layers.size(); ++l) {
+      const LayerWeights& lw = rk.weights->layers[l];
+      StateInputs::Layer& k = layers[l];
+      if (lw.kind == LayerKind::GatedDeltaNet && c.linear_num_value_heads > 0) {
+        k.qkv = rk.ops->empty({n, dims.conv_dim()});
+        k.a = rk.ops->empty({n, dims.num_v_heads});
+        k.b = rk.ops->empty({n, dims.num_v_heads});
+      }
+      if (lw.ple) k.ple = rk.ops->empty({n, c.hc_width()});
+    }
+  }
 }
 
 std::vector<int32_t> Model::local_vocab_ids(const Rank& rk, std::span<const int32_t> ids) const {
@@ -1252,6 +1274,17 @@ void Model::replay_state(SequenceState& seq, const StateInputs& in, int64_t toke
   FN_CHECK(seq.ple_history == in.ple_history,
            "replay_state: the sequence's PLE history is not the one the kept inputs start from (put its state back "
            "first)");
+  for (size_t r = 0; r < ranks_.size(); ++r)  // every layer with state kept its inputs, of the item's rows
+    for (int64_t l = 0; l < L; ++l) {
+      const Rank& rk = *ranks_[r];
+      const LayerWeights& lw = rk.weights->layers[size_t(l)];
+      const StateInputs::Layer& k = in.ranks[r][size_t(l)];
+      const bool gdn = lw.kind == LayerKind::GatedDeltaNet && rk.config.linear_num_value_heads > 0;
+      const int64_t n = int64_t(in.ids.size());
+      FN_CHECK(k.qkv.defined() == gdn && k.ple.defined() == bool(lw.ple) && (!gdn || k.qkv.dim(0) == n) &&
+                   (!lw.ple || k.ple.dim(0) == n),
+               "replay_state: the kept inputs of layer {} (rank {}) are incomplete", l, r);
+    }
   const std::span<const int32_t> ids(in.ids.data(), size_t(tokens));
   validate(seq, ids);
   const std::vector<StepSequence> parts{{tokens, seq.length, seq.slot, seq.block_table}};
@@ -1264,7 +1297,7 @@ void Model::replay_state(SequenceState& seq, const StateInputs& in, int64_t toke
       const StateInputs::Layer& kept = in.ranks[size_t(r)][size_t(l)];
       const LayerWeights& lw = rk.weights->layers[size_t(l)];
       LayerCache& lc = seq.cache->ranks[size_t(r)][size_t(l)];
-      if (lw.ple && kept.ple.defined()) ple_replay(ops, rk.config, *lw.ple, lc, batch, kept);
+      if (lw.ple) ple_replay(ops, rk.config, *lw.ple, lc, batch, kept);
       if (kept.qkv.defined()) gated_delta_net_replay(ops, rk.config, lw.gdn, lc, batch, kept);
     }
   });

@@ -59,10 +59,7 @@ void ple_add(Ops& ops, const ModelConfig& cfg, const PleLayerWeights& w, LayerCa
   // P = per-stream sigmoid gate of (kn_b . qn_b) times v; X += P + silu(dilated conv(norm_conv(P))) per sequence.
   Tensor P = ops.empty({T, cfg.hc_width()});
   ops.ple_gate(kn, v, X, w.norm_query, cfg.rms_norm_eps, P);
-  for (const KeepRows& k : keep) {
-    k.into->ple = ops.empty({k.n, cfg.hc_width()});
-    ops.copy_rows(P, k.first, k.into->ple, 0, k.n);
-  }
+  for (const KeepRows& k : keep) ops.copy_rows(P, k.first, k.into->ple, 0, k.n);
   ops.ple_conv_add_batch(P, w.norm_conv, H, w.conv1d, cfg.ngram_size, cfg.rms_norm_eps, cache.ple_conv, batch, X);
 }
 

@@ -37,7 +37,8 @@ Tensor ple_fetch(Ops& ops, const PleLayerWeights& w, const Tensor& rows);
 /// X = X + PLE(X, e), in place on X [T, S*H], with e from ple_fetch: waits for the gather, sums the ranks' partial
 /// gathers (comm: each row comes from the one rank that holds it, so the sum is exact), gates the value per stream
 /// and adds the dilated short conv, updating each sequence's conv tail (its slot of cache.ple_conv). `keep`: row
-/// ranges whose conv input P is copied into their StateInputs::Layer (a speculative verify).
+/// ranges whose conv input P is copied into their StateInputs::Layer's ple (a speculative verify; the caller
+/// allocates it, [n, S*H]).
 void ple_add(Ops& ops, const ModelConfig& cfg, const PleLayerWeights& w, LayerCache& cache, const Tensor& e,
              const StepBatch& batch, const Tensor& X, Communicator& comm, std::span<const KeepRows> keep = {});
 

@@ -82,7 +82,8 @@ struct StateInputs {
   bool kept() const { return !ranks.empty(); }
 };
 
-/// Rows [first, first + n) of a step's activations to keep into `into` (gated_delta_net, ple_add).
+/// Rows [first, first + n) of a step's activations to copy into `into`'s tensors, allocated by the caller
+/// (gated_delta_net, ple_add).
 struct KeepRows {
   int64_t first = 0, n = 0;
   StateInputs::Layer* into = nullptr;
