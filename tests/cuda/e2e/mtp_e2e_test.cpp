@@ -91,8 +91,9 @@ TEST(MtpOnGpu, ReplayedStateEqualsFeedingTheAcceptedTokens) {
   for (int i = 0; i < 41; ++i) prompt.push_back(int32_t((i * 977 + 13) % V));
   for (int i = 0; i < 6; ++i) verify.push_back(int32_t((i * 331 + 5) % V));
   auto state_of = [&](const SequenceState& s) {
+    const Model::StateSnapshot snap = m.snapshot_state(s);  // kept alive while its tensors are read
     std::vector<std::vector<float>> out;
-    for (const Tensor& t : m.snapshot_state(s).tensors[0]) out.push_back(m.download(t));
+    for (const Tensor& t : snap.tensors[0]) out.push_back(m.download(t));
     return out;
   };
   for (int64_t keep : {1, 3, 6}) {
