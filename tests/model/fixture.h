@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -146,6 +147,37 @@ inline std::vector<int64_t> greedy(Model& model, const std::vector<int32_t>& pro
     out.push_back(next);
     if (s + 1 < steps) logits = model.forward(seq, std::span<const int32_t>(&next, 1), LogitsMode::Last);
   }
+  return out;
+}
+
+/// The two ways to the state after the first `keep` tokens of `verify` fed after `prompt`: {replayed, fed}. Replayed:
+/// a verify forward of all of `verify` that keeps its state inputs, the state from before it put back, and `keep`
+/// tokens replayed (Model::replay_state); fed: the `keep` tokens fed as one forward.
+inline std::pair<SequenceState, SequenceState> replayed_and_fed(Model& m, const std::vector<int32_t>& prompt,
+                                                                const std::vector<int32_t>& verify, int64_t keep) {
+  SequenceState a = m.new_sequence();
+  m.forward(a, prompt, LogitsMode::Last);
+  const Model::StateSnapshot before = m.snapshot_state(a);
+  StateInputs kept;
+  const BatchItem item{&a, verify, LogitsMode::All, &kept};
+  m.forward_batch({&item, 1});
+  EXPECT_TRUE(kept.kept());
+  EXPECT_EQ(kept.start, int64_t(prompt.size()));
+  EXPECT_EQ(kept.ids, verify);
+  m.restore_state(a, before);
+  m.replay_state(a, kept, keep);
+  SequenceState b = m.new_sequence();
+  m.forward(b, prompt, LogitsMode::Last);
+  m.forward(b, std::span<const int32_t>(verify.data(), size_t(keep)), LogitsMode::Last);
+  return {std::move(a), std::move(b)};
+}
+
+/// Every per-sequence state tensor of `s` (each rank's slot: GDN conv and recurrent, PLE conv), on the host.
+inline std::vector<std::vector<float>> state_tensors(const Model& m, const SequenceState& s) {
+  const Model::StateSnapshot snap = m.snapshot_state(s);  // alive while its tensors are read
+  std::vector<std::vector<float>> out;
+  for (const std::vector<Tensor>& rank : snap.tensors)
+    for (const Tensor& t : rank) out.push_back(m.download(t));
   return out;
 }
 

@@ -39,14 +39,6 @@ std::vector<int32_t> tokens(int n, int salt, int64_t vocab) {
   return t;
 }
 
-// Every state tensor of the sequence's slot on every rank, on the host.
-std::vector<std::vector<float>> state_of(const Model& m, const SequenceState& s) {
-  std::vector<std::vector<float>> out;
-  for (const std::vector<Tensor>& rank : m.snapshot_state(s).tensors)
-    for (const Tensor& t : rank) out.push_back(m.download(t));
-  return out;
-}
-
 }  // namespace
 
 TEST(ReplayState, EqualsFeedingTheAcceptedTokens) {
@@ -56,29 +48,13 @@ TEST(ReplayState, EqualsFeedingTheAcceptedTokens) {
     const std::vector<int32_t> prompt = tokens(29, tp, V), verify = tokens(6, 7 + tp, V);
     for (int64_t keep : {1, 2, 4, 6}) {
       SCOPED_TRACE("tp " + std::to_string(tp) + ", " + std::to_string(keep) + " of 6 tokens kept");
-      // Replayed: the prompt, a verify of 6 tokens that keeps its state inputs, the state put back, `keep` replayed.
-      SequenceState a = m.new_sequence();
-      m.forward(a, prompt, LogitsMode::Last);
-      const Model::StateSnapshot before = m.snapshot_state(a);
-      StateInputs kept;
-      const BatchItem item{&a, verify, LogitsMode::All, &kept};
-      m.forward_batch({&item, 1});
-      ASSERT_TRUE(kept.kept());
-      EXPECT_EQ(kept.start, int64_t(prompt.size()));
-      EXPECT_EQ(kept.ids, verify);
-      m.restore_state(a, before);
-      m.replay_state(a, kept, keep);
-      // Fed: the prompt, then the same `keep` tokens.
-      SequenceState b = m.new_sequence();
-      m.forward(b, prompt, LogitsMode::Last);
-      m.forward(b, std::span<const int32_t>(verify.data(), size_t(keep)), LogitsMode::Last);
-
+      auto [a, b] = replayed_and_fed(m, prompt, verify, keep);
       EXPECT_EQ(a.length, b.length);
       EXPECT_EQ(a.ple_history, b.ple_history);
       // Bit for bit where b fed its tokens as one chunk of several; a single token goes through the CPU's
       // one-row products, which round differently from the verify's several-row ones (as plain decoding after a
       // prefill does), so there the state and logits agree to float rounding.
-      const auto sa = state_of(m, a), sb = state_of(m, b);
+      const auto sa = state_tensors(m, a), sb = state_tensors(m, b);
       ASSERT_EQ(sa.size(), sb.size());
       const int32_t next = 3;
       const std::vector<float> la = m.forward(a, {&next, 1}, LogitsMode::Last),

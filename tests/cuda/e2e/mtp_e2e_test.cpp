@@ -90,29 +90,12 @@ TEST(MtpOnGpu, ReplayedStateEqualsFeedingTheAcceptedTokens) {
   std::vector<int32_t> prompt, verify;
   for (int i = 0; i < 41; ++i) prompt.push_back(int32_t((i * 977 + 13) % V));
   for (int i = 0; i < 6; ++i) verify.push_back(int32_t((i * 331 + 5) % V));
-  auto state_of = [&](const SequenceState& s) {
-    const Model::StateSnapshot snap = m.snapshot_state(s);  // kept alive while its tensors are read
-    std::vector<std::vector<float>> out;
-    for (const Tensor& t : snap.tensors[0]) out.push_back(m.download(t));
-    return out;
-  };
   for (int64_t keep : {1, 3, 6}) {
     SCOPED_TRACE(testing::Message() << keep << " of 6 tokens kept");
-    SequenceState a = m.new_sequence();
-    m.forward(a, prompt, LogitsMode::Last);
-    const Model::StateSnapshot before = m.snapshot_state(a);
-    StateInputs kept;
-    const BatchItem item{&a, verify, LogitsMode::All, &kept};
-    m.forward_batch({&item, 1});
-    ASSERT_TRUE(kept.kept());
-    m.restore_state(a, before);
-    m.replay_state(a, kept, keep);
-    SequenceState b = m.new_sequence();
-    m.forward(b, prompt, LogitsMode::Last);
-    m.forward(b, std::span<const int32_t>(verify.data(), size_t(keep)), LogitsMode::Last);
+    auto [a, b] = replayed_and_fed(m, prompt, verify, keep);
     EXPECT_EQ(a.length, b.length);
     EXPECT_EQ(a.ple_history, b.ple_history);
-    const auto sa = state_of(a), sb = state_of(b);
+    const auto sa = state_tensors(m, a), sb = state_tensors(m, b);
     ASSERT_EQ(sa.size(), sb.size());
     double worst = 0;
     for (size_t i = 0; i < sa.size(); ++i)
