@@ -150,6 +150,14 @@ inline std::vector<int64_t> greedy(Model& model, const std::vector<int32_t>& pro
   return out;
 }
 
+/// A verify forward of `ids` after what `seq` holds, keeping its state inputs (BatchItem::keep_inputs).
+inline StateInputs verify_keeping(Model& m, SequenceState& seq, const std::vector<int32_t>& ids) {
+  StateInputs kept;
+  const BatchItem item{&seq, ids, LogitsMode::All, &kept};
+  m.forward_batch({&item, 1});
+  return kept;
+}
+
 /// The two ways to the state after the first `keep` tokens of `verify` fed after `prompt`: {replayed, fed}. Replayed:
 /// a verify forward of all of `verify` that keeps its state inputs, the state from before it put back, and `keep`
 /// tokens replayed (Model::replay_state); fed: the `keep` tokens fed as one forward.
@@ -158,9 +166,7 @@ inline std::pair<SequenceState, SequenceState> replayed_and_fed(Model& m, const 
   SequenceState a = m.new_sequence();
   m.forward(a, prompt, LogitsMode::Last);
   const Model::StateSnapshot before = m.snapshot_state(a);
-  StateInputs kept;
-  const BatchItem item{&a, verify, LogitsMode::All, &kept};
-  m.forward_batch({&item, 1});
+  const StateInputs kept = verify_keeping(m, a, verify);
   EXPECT_TRUE(kept.kept());
   EXPECT_EQ(kept.start, int64_t(prompt.size()));
   EXPECT_EQ(kept.ids, verify);

@@ -87,13 +87,11 @@ TEST(ReplayState, RefusesWhatItCannotReplay) {
   SequenceState s = m.new_sequence();
   m.forward(s, prompt, LogitsMode::Last);
   const Model::StateSnapshot before = m.snapshot_state(s);
-  StateInputs kept;
-  const BatchItem item{&s, verify, LogitsMode::All, &kept};
-  m.forward_batch({&item, 1});
+  const StateInputs kept = verify_keeping(m, s, verify);
   // The state was not put back: the sequence is past the verify.
-  EXPECT_NE(message([&] { m.replay_state(s, kept, 2); })
-                .find("the sequence is at position 16, the kept inputs start "
-                      "at 12 (put its state back first)"),
+  EXPECT_NE(message([&] {
+              m.replay_state(s, kept, 2);
+            }).find("the sequence is at position 16, the kept inputs start at 12 (put its state back first)"),
             std::string::npos);
   m.restore_state(s, before);
   EXPECT_NE(message([&] { m.replay_state(s, kept, 0); }).find("replay_state: 0 tokens of a verify item of 4"),
@@ -108,9 +106,7 @@ TEST(ReplayState, RefusesWhatItCannotReplay) {
   Model& two = model_at(2);
   SequenceState t = two.new_sequence();
   two.forward(t, prompt, LogitsMode::Last);
-  StateInputs other;
-  const BatchItem item2{&t, verify, LogitsMode::All, &other};
-  two.forward_batch({&item2, 1});
+  const StateInputs other = verify_keeping(two, t, verify);
   EXPECT_NE(message([&] {
               m.replay_state(s, other, 1);
             }).find("replay_state: the kept inputs were not kept by a step of this model"),
