@@ -257,8 +257,8 @@ class Model {
   /// kept ids; seq.length += tokens. The state equals feeding those tokens again (the same ops on the same inputs; on
   /// the GPU up to the rounding of a different batch shape) at the cost of those ops alone. KV and indexer keys of
   /// the positions are the verify's (the causal attention wrote the same values). Throws Error when `in` was not
-  /// kept by this model, seq.length != in.start, its PLE history differs from the kept one, or tokens is outside
-  /// 1 .. in.ids.size().
+  /// kept by this model (or a layer with state lacks its rows), seq.length != in.start, its PLE history differs from
+  /// the kept one, or tokens is outside 1 .. in.ids.size(); over several nodes (replays_state() false).
   void replay_state(SequenceState& seq, const StateInputs& in, int64_t tokens);
 
   /// Checks that `ids` can be fed to `seq`: non-empty, every id in [0, vocab_size), the new length within
