@@ -1029,15 +1029,15 @@ void Model::allocate_kept_inputs(int rank, std::span<const BatchItem> items) con
     if (!it.keep_inputs || !it.keep_inputs->kept()) continue;
     const int64_t n = int64_t(it.ids.size());
     std::vector<StateInputs::Layer>& layers = it.keep_inputs->ranks[size_t(rank)];
-    for (size_t l = 0; l < layers.size(); ++l) {
-      const LayerWeights& lw = rk.weights->layers[l];
+    const std::vector<LayerCache>& caches = it.seq->cache->ranks[size_t(rank)];
+    for (size_t l = 0; l < layers.size(); ++l) {  // where the rank keeps GDN / PLE state
       StateInputs::Layer& k = layers[l];
-      if (lw.kind == LayerKind::GatedDeltaNet && c.linear_num_value_heads > 0) {
+      if (caches[l].recurrent.defined()) {
         k.qkv = rk.ops->empty({n, dims.conv_dim()});
         k.a = rk.ops->empty({n, dims.num_v_heads});
         k.b = rk.ops->empty({n, dims.num_v_heads});
       }
-      if (lw.ple) k.ple = rk.ops->empty({n, c.hc_width()});
+      if (caches[l].ple_conv.defined()) k.ple = rk.ops->empty({n, c.hc_width()});
     }
   }
 }
@@ -1274,15 +1274,15 @@ void Model::replay_state(SequenceState& seq, const StateInputs& in, int64_t toke
   FN_CHECK(seq.ple_history == in.ple_history,
            "replay_state: the sequence's PLE history is not the one the kept inputs start from (put its state back "
            "first)");
-  for (size_t r = 0; r < ranks_.size(); ++r)  // every layer with state kept its inputs, of the item's rows
+  FN_CHECK(seq.cache && seq.cache->ranks.size() == ranks_.size(),
+           "replay_state: the sequence state was not made by this model");
+  for (size_t r = 0; r < ranks_.size(); ++r)  // every layer state of the rank has its kept rows
     for (int64_t l = 0; l < L; ++l) {
-      const Rank& rk = *ranks_[r];
-      const LayerWeights& lw = rk.weights->layers[size_t(l)];
       const StateInputs::Layer& k = in.ranks[r][size_t(l)];
-      const bool gdn = lw.kind == LayerKind::GatedDeltaNet && rk.config.linear_num_value_heads > 0;
+      const LayerCache& lc = seq.cache->ranks[r][size_t(l)];
       const int64_t n = int64_t(in.ids.size());
-      FN_CHECK(k.qkv.defined() == gdn && k.ple.defined() == bool(lw.ple) && (!gdn || k.qkv.dim(0) == n) &&
-                   (!lw.ple || k.ple.dim(0) == n),
+      FN_CHECK(k.qkv.defined() == lc.recurrent.defined() && k.ple.defined() == lc.ple_conv.defined() &&
+                   (!k.qkv.defined() || k.qkv.dim(0) == n) && (!k.ple.defined() || k.ple.dim(0) == n),
                "replay_state: the kept inputs of layer {} (rank {}) are incomplete", l, r);
     }
   const std::span<const int32_t> ids(in.ids.data(), size_t(tokens));
@@ -1297,7 +1297,7 @@ void Model::replay_state(SequenceState& seq, const StateInputs& in, int64_t toke
       const StateInputs::Layer& kept = in.ranks[size_t(r)][size_t(l)];
       const LayerWeights& lw = rk.weights->layers[size_t(l)];
       LayerCache& lc = seq.cache->ranks[size_t(r)][size_t(l)];
-      if (lw.ple) ple_replay(ops, rk.config, *lw.ple, lc, batch, kept);
+      if (kept.ple.defined()) ple_replay(ops, rk.config, *lw.ple, lc, batch, kept);
       if (kept.qkv.defined()) gated_delta_net_replay(ops, rk.config, lw.gdn, lc, batch, kept);
     }
   });

@@ -331,8 +331,8 @@ class Model {
   Tensor forward_rank(int rank, std::span<const BatchItem> items, const StepInputs& in, const HiddenHook& hook,
                       Tensor* wide_residual, std::shared_ptr<StepGraph>* graph = nullptr, std::string* why = nullptr);
   /// The kept state inputs (StateInputs, BatchItem::keep_inputs) of rank `rank`'s layers for the items that keep
-  /// them, allocated before the step's StepScope (they outlive the step and must not hold its arena): per GDN layer
-  /// where the rank has value heads qkv / a / b, per PLE layer ple, each [item tokens, width].
+  /// them, allocated before the step's StepScope (they outlive the step and must not hold its arena): qkv / a / b
+  /// where the rank's cache holds a GDN state, ple where it holds a PLE conv state, each [item tokens, width].
   void allocate_kept_inputs(int rank, std::span<const BatchItem> items) const;
   /// A validated decode step on one rank that the backend can record: replayed when a recording of its shape
   /// exists, else run plainly (the shape's first step) or recorded and replayed (its second); the StepGraphStats.
