@@ -298,7 +298,7 @@ json speculative_decode(Model& m, const BenchArgs& a, const SpeculativeConfig& s
     const bool refeed = mode == "refeed";
     const int j = int(std::lround(f * K));  // drafts accepted in every step
     pool.next_block = base;
-    SequenceState s = pool.take(0, P + (a.spec_steps + 1) * (K + 1) + 1);
+    SequenceState s = pool.take(0, P + (a.spec_steps + 2) * (K + 1) + 1);  // + the profiled step
     const std::vector<int32_t> prompt = random_ids(P, V, a.seed + 5);
     Tensor wide, last_state;
     int32_t tok = 0, first_draft = 0;
@@ -322,7 +322,10 @@ json speculative_decode(Model& m, const BenchArgs& a, const SpeculativeConfig& s
       t = now;
       return d;
     };
-    for (int64_t step = 0; step < a.spec_steps; ++step) {
+    json verify_prof = nullptr, rollback_prof = nullptr;
+    // With --profile one more step, untimed, whose verify and rollback run with the phase marks on.
+    for (int64_t step = 0; step < a.spec_steps + (a.profile ? 1 : 0); ++step) {
+      const bool profiled = step == a.spec_steps;
       const auto t0 = Clock::now();
       auto t = t0;
       std::vector<int32_t> feed{tok};  // the last emitted token, then the drafts
@@ -349,9 +352,12 @@ json speculative_decode(Model& m, const BenchArgs& a, const SpeculativeConfig& s
       m.copy_state_slot(*s.cache, s.slot, 1);
       StateInputs kept;
       const BatchItem verify{&s, feed, LogitsMode::All, refeed ? nullptr : &kept};
+      ops.set_profiling(profiled);
       const Tensor logits = m.forward_batch({&verify, 1}, nullptr, {}, &wide);
       const int32_t bonus = sample(m, logits.rows(j, j + 1), 0.f, 0, 0)[0];
       const double verify_t = ms_since(t);
+      if (profiled) verify_prof = profile_json(ops.profile_times(), 1.0);
+      ops.set_profiling(profiled);
       double rollback = 0;
       if (j < K) {  // the rejected drafts leave: the state comes back, advanced over the accepted tokens
         m.copy_state_slot(*s.cache, 1, s.slot);
@@ -364,7 +370,9 @@ json speculative_decode(Model& m, const BenchArgs& a, const SpeculativeConfig& s
           (void)m.forward_batch({&again, 1}, nullptr, {}, &wide);
         }
         rollback = ms_since(t);
+        if (profiled) rollback_prof = profile_json(ops.profile_times(), 1.0);
       }
+      ops.set_profiling(false);
       double catchup = 0;
       if (mtp) {  // the MTP layer over the accepted rows, paired with the tokens after them; its last row drafts next
         std::vector<int32_t> next(feed.begin() + 1, feed.begin() + 1 + j);
@@ -375,7 +383,7 @@ json speculative_decode(Model& m, const BenchArgs& a, const SpeculativeConfig& s
         catchup = ms_since(t);
       }
       tok = bonus;
-      if (step < 4) continue;  // warm-up steps
+      if (step < 4 || profiled) continue;  // warm-up steps, the profiled one
       step_ms.push_back(1e3 * seconds(t0, Clock::now()));
       draft_ms.push_back(draft);
       verify_ms.push_back(verify_t);
@@ -393,6 +401,16 @@ json speculative_decode(Model& m, const BenchArgs& a, const SpeculativeConfig& s
                         {"verify_ms_median", median(verify_ms)},
                         {"rollback_ms_median", median(rollback_ms)},
                         {"mtp_catchup_ms_median", median(catchup_ms)}});
+    if (a.profile) {
+      runs.back()["verify_profile_ms"] = verify_prof;
+      runs.back()["rollback_profile_ms"] = rollback_prof;
+      for (const auto& [what, prof] : {std::pair{"verify", &verify_prof}, std::pair{"rollback", &rollback_prof}}) {
+        if (prof->is_null()) continue;
+        std::string line = fmt::format("  {} phases (ms):", what);
+        for (const auto& [k, v] : prof->items()) line += fmt::format(" {} {:.3f}", k, v.get<double>());
+        log(line);
+      }
+    }
     log(
         fmt::format("speculative {} at {} in, acceptance {:.2f} ({} of {} drafts): {:.1f} tokens/s, step {:.2f} ms "
                     "(draft {:.2f}, verify {:.2f}, rollback ({}) {:.2f}, MTP catch-up {:.2f})",
@@ -444,7 +462,7 @@ int run(BenchArgs a) {
     cfg = load_config(a.model);
     config_path = cfg.source;
   }
-  const int64_t spec_positions = spec.enabled() ? a.decode_context + (a.spec_steps + 1) * (spec.k + 1) + 1 : 0;
+  const int64_t spec_positions = spec.enabled() ? a.decode_context + (a.spec_steps + 2) * (spec.k + 1) + 1 : 0;
   const int64_t longest =
       std::max({a.prompts.empty() ? 0 : *std::max_element(a.prompts.begin(), a.prompts.end()),
                 a.decode_context + a.decode_tokens, a.batch_context + a.batch_steps, spec_positions});

@@ -150,6 +150,30 @@ TEST(BenchCli, SpeculativeAtForcedAcceptance) {
       EXPECT_GT(run["rollback_ms_median"].get<double>(), 0);
     }
   }
+  // --profile: one more, untimed step per rate whose verify is a whole forward (every layer family's phases) and
+  // whose rollback, where drafts were rejected, replays only the GDN and PLE state ops.
+  r = run_flashnext(kSmall +
+                        " --prompts none --batches none --decode-tokens 0 --speculative mtp:2 --acceptance 0.5,1 "
+                        "--spec-steps 5 --profile --json",
+                    /*merge_stderr=*/false);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const json p = json::parse(r.out)["speculative"];
+  ASSERT_EQ(p["runs"].size(), 2u);
+  for (const json& run : p["runs"]) {
+    const json& verify = run["verify_profile_ms"];
+    for (const char* phase : {"embedding", "gdn_proj", "gdn_rule", "qsa_attention", "moe_routed", "hc", "lm_head"})
+      EXPECT_GT(verify.value(phase, -1.0), 0) << phase;
+    const json& rollback = run["rollback_profile_ms"];
+    if (run["accepted_per_step"] == 2) {
+      EXPECT_TRUE(rollback.is_null());
+    } else {
+      ASSERT_TRUE(rollback.is_object());
+      EXPECT_GT(rollback.value("gdn_rule", -1.0), 0);
+      EXPECT_GT(rollback.value("ple", -1.0), 0);
+      EXPECT_FALSE(rollback.contains("moe_routed"));
+      EXPECT_FALSE(rollback.contains("lm_head"));
+    }
+  }
   r = run_flashnext(kSmall + " --speculative mtp:2 --acceptance 1.5");
   EXPECT_NE(r.status, 0);
   EXPECT_THAT(r.out + r.err, HasSubstr("--acceptance: every rate must be in [0, 1]"));

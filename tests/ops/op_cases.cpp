@@ -150,7 +150,12 @@ void add_gdn(std::vector<OpCase>& v) {
     v.push_back(gdn_conv_batch_case(d, 4, p));
   for (const StepPlan& p : {decode_step_5(), mixed_step_5()}) v.push_back(gdn_conv_batch_case(odd, 4, p));
   v.push_back(gdn_conv_batch_case(kGdnTp4, 4, plan({0, 40}, {{65, 1}})));
+  v.push_back(gdn_conv_batch_case(odd, 4, plan({40, 9, 0}, {{4, 4, 1}, {2, 1, 9}, {16, 1, 17}})));
   for (int64_t T : {1, 7, 63, 64, 65, 130}) v.push_back(gdn_rule_batch_case(d, one_sequence(T, T == 1 ? 5 : 0)));
+  // The CUDA backend's recurrence over few rows (up to 16 per sequence; 17 takes the chunked form): speculative
+  // verify steps of 1 + K rows and their replays, several sequences with the state carried.
+  for (int64_t T : {16, 17}) v.push_back(gdn_rule_batch_case(d, one_sequence(T, 3)));
+  v.push_back(gdn_rule_batch_case(odd, plan({40, 9, 0}, {{4, 4, 1}, {2, 1, 9}, {1, 1, 1}})));
   v.push_back(gdn_rule_batch_case(d, prefill_then_decode()));
   v.push_back(gdn_rule_batch_case(d, chunks_3()));
   for (const StepPlan& p : {decode_step_5(), mixed_step_5()}) v.push_back(gdn_rule_batch_case(odd, p));
@@ -225,6 +230,8 @@ void add_ple(std::vector<OpCase>& v) {
   v.push_back(ple_conv_add_batch_case(4, 128, 4, 3, plan({0}, {{9}, {1}, {1}})));
   for (const StepPlan& p : {decode_step_5(), mixed_step_5()}) v.push_back(ple_conv_add_batch_case(4, 40, 4, 3, p));
   v.push_back(ple_conv_add_batch_case(kS, kH, 4, 3, plan({0, 12}, {{7, 1}})));
+  // Verify-like steps (the CUDA backend walks up to 16 rows a sequence in one launch), then 17 rows (per sequence).
+  v.push_back(ple_conv_add_batch_case(4, 40, 4, 3, plan({40, 9, 0}, {{4, 4, 1}, {2, 1, 9}, {16, 1, 17}})));
 }
 
 std::vector<OpCase> make_test_cases() {

@@ -41,6 +41,7 @@ Tensor gated_delta_net(Ops& ops, const ModelConfig& cfg, const GdnLayerWeights& 
 
 void gated_delta_net_replay(Ops& ops, const ModelConfig& cfg, const GdnLayerWeights& w, LayerCache& cache,
                             const StepBatch& batch, const StateInputs::Layer& kept) {
+  ops.profile_phase("gdn_rule");
   const int64_t n = batch.num_tokens;
   const GdnDims dims = gdn_dims(cfg);
   Tensor qkv = ops.empty({n, dims.conv_dim()}), o = ops.empty({n, dims.num_v_heads * dims.v_head_dim});

@@ -1300,6 +1300,7 @@ void Model::replay_state(SequenceState& seq, const StateInputs& in, int64_t toke
       if (kept.ple.defined()) ple_replay(ops, rk.config, *lw.ple, lc, batch, kept);
       if (kept.qkv.defined()) gated_delta_net_replay(ops, rk.config, lw.gdn, lc, batch, kept);
     }
+    ops.profile_phase(nullptr);
   });
   const ModelWeights& w0 = *ranks_[0]->weights;
   for (int64_t l = 0; l < L; ++l)

@@ -65,6 +65,7 @@ void ple_add(Ops& ops, const ModelConfig& cfg, const PleLayerWeights& w, LayerCa
 
 void ple_replay(Ops& ops, const ModelConfig& cfg, const PleLayerWeights& w, LayerCache& cache, const StepBatch& batch,
                 const StateInputs::Layer& kept) {
+  ops.profile_phase("ple");
   const int64_t n = batch.num_tokens;
   Tensor X = ops.empty({n, cfg.hc_width()});  // receives P + conv, dropped
   ops.fill_zero(X);

@@ -261,6 +261,19 @@ class CudaOps final : public Ops {
   /// Whether a step is pure decode (one token per sequence; slots already checked): then the batched decode
   /// kernels run over the state slots directly.
   static bool all_decode(const StepBatch& b) { return b.num_tokens == b.num_seqs && b.num_seqs > 0; }
+  /// Rows per sequence up to which a step's recurrent ops (the GDN and PLE causal convs, the gated delta rule) walk
+  /// each sequence's rows in one launch over the state slots, as decode steps do and equal to them bit for bit: a
+  /// speculative verify of 1 + K <= 9 rows, its replay, a short chunk. Longer chunks take the prefill kernels.
+  static constexpr int64_t kFewRows = 16;
+  static bool few_rows(const StepBatch& b) {
+    for (int64_t s = 0; s < b.num_seqs; ++s)
+      if (b.rows_of(s) > kFewRows) return false;
+    return b.num_seqs > 0;
+  }
+  /// seq_starts for the kernels that walk a sequence's rows: null in a decode step (row s is sequence s).
+  static const int32_t* row_starts(const StepBatch& b) {
+    return all_decode(b) ? nullptr : static_cast<const int32_t*>(b.seq_starts.data());
+  }
   /// gather_rows / scatter_rows: `rows` index the rows of dst (scatter) or src (gather); row ids are checked on
   /// the device (status word kStatusRows, reported at the next synchronisation).
   void copy_rows_indexed(const char* op, const Tensor& src, const Tensor& rows, const Tensor& dst, bool scatter);

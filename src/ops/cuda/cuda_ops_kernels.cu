@@ -924,13 +924,16 @@ __global__ void copy_rows_indexed_kernel(const uint32_t* src, uint32_t* dst, con
   }
 }
 
-// Decode conv over state slots: one token per sequence (row b of `in`), taps over [state rows of slot slots[b];
-// in] spaced by `dilation` (the same summation order as gdn_conv_f32_kernel / ple_conv_add_f32_kernel), the state
-// shifted by one row in place (oldest dropped, `in` appended). accumulate: out += add + silu(conv) (PLE); else
-// out = silu(conv) (GDN; out may alias in).
-__global__ void conv_decode_slots_kernel(const float* in, const float* __restrict__ add, float* out, bool accumulate,
-                                         float* __restrict__ state_pool, const int32_t* __restrict__ slots,
-                                         const __half* __restrict__ w, int batch, int channels, int K, int dilation) {
+// Causal conv over state slots, a thread per (sequence b, channel): the rows seq_starts[b] .. seq_starts[b+1] of
+// `in` in order (seq_starts null: row b alone, a decode step), taps over [state rows of slot slots[b]; in] spaced by
+// `dilation` (the same summation order as gdn_conv_f32_kernel / ple_conv_add_f32_kernel), the state shifted by one
+// row in place per row (oldest dropped, the row appended), so n rows equal n decode steps bit for bit. accumulate:
+// out += add + silu(conv) (PLE); else out = silu(conv) (GDN; out may alias in: a thread reads an element before it
+// writes it, and only its own).
+__global__ void conv_slots_kernel(const float* in, const float* __restrict__ add, float* out, bool accumulate,
+                                  float* __restrict__ state_pool, const int32_t* __restrict__ slots,
+                                  const int32_t* __restrict__ seq_starts, const __half* __restrict__ w, int batch,
+                                  int channels, int K, int dilation) {
   pdl_begin();
   const int64_t n = int64_t(batch) * channels;
   const int ctx = (K - 1) * dilation;
@@ -938,20 +941,24 @@ __global__ void conv_decode_slots_kernel(const float* in, const float* __restric
     const int64_t b = i / channels;
     const int c = int(i % channels);
     float* st = state_pool + int64_t(slots[b]) * ctx * channels;
-    const float v = in[i];
-    float acc = 0.f;
-    for (int k = 0; k < K; ++k) {
-      const float x = k == K - 1 ? v : st[int64_t(ctx - (K - 1 - k) * dilation) * channels + c];
-      acc += to_f(w[int64_t(c) * K + k]) * x;
-    }
-    if (ctx > 0) {
-      for (int r = 0; r + 1 < ctx; ++r) st[int64_t(r) * channels + c] = st[int64_t(r + 1) * channels + c];
-      st[int64_t(ctx - 1) * channels + c] = v;
-    }
-    if (accumulate) {
-      out[i] += add[i] + siluf_(acc);
-    } else {
-      out[i] = siluf_(acc);
+    const int64_t r0 = seq_starts ? seq_starts[b] : b, r1 = seq_starts ? seq_starts[b + 1] : b + 1;
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t e = r * channels + c;
+      const float v = in[e];
+      float acc = 0.f;
+      for (int k = 0; k < K; ++k) {
+        const float x = k == K - 1 ? v : st[int64_t(ctx - (K - 1 - k) * dilation) * channels + c];
+        acc += to_f(w[int64_t(c) * K + k]) * x;
+      }
+      if (ctx > 0) {
+        for (int q = 0; q + 1 < ctx; ++q) st[int64_t(q) * channels + c] = st[int64_t(q + 1) * channels + c];
+        st[int64_t(ctx - 1) * channels + c] = v;
+      }
+      if (accumulate) {
+        out[e] += add[e] + siluf_(acc);
+      } else {
+        out[e] = siluf_(acc);
+      }
     }
   }
 }
@@ -1129,12 +1136,12 @@ cudaError_t launch_gdn_conv_f32(const float* x, float* y, float* state, const __
   return cudaGetLastError();
 }
 
-cudaError_t launch_conv_decode_slots(const float* in, const float* add, float* out, bool accumulate, float* state_pool,
-                                     const int32_t* slots, const __half* w, int batch, int channels, int kernel,
-                                     int dilation, cudaStream_t stream) {
+cudaError_t launch_conv_slots(const float* in, const float* add, float* out, bool accumulate, float* state_pool,
+                              const int32_t* slots, const int32_t* seq_starts, const __half* w, int batch, int channels,
+                              int kernel, int dilation, cudaStream_t stream) {
   if (batch == 0) return cudaSuccess;
-  launch(conv_decode_slots_kernel, grid_for(int64_t(batch) * channels), kThreads, 0, stream, in, add, out, accumulate,
-         state_pool, slots, w, batch, channels, kernel, dilation);
+  launch(conv_slots_kernel, grid_for(int64_t(batch) * channels), kThreads, 0, stream, in, add, out, accumulate,
+         state_pool, slots, seq_starts, w, batch, channels, kernel, dilation);
   return cudaGetLastError();
 }
 

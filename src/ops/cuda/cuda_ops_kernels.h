@@ -99,12 +99,14 @@ cudaError_t launch_gated_accumulate(float* out, const float* s, const float* gat
 /// K-1 inputs. x, y [T, C] FP32 (y must not alias x), w [C, K] FP16.
 cudaError_t launch_gdn_conv_f32(const float* x, float* y, float* state, const __half* w, int tokens, int channels,
                                 int kernel, cudaStream_t stream);
-/// Decode step of a causal depthwise conv for `batch` sequences with one token each (row b of in/out/add), state
-/// pool [slots, (K-1)*dilation, channels] F32 indexed by slots[b] (time-major, oldest first), shifted in place:
+/// A causal depthwise conv over state slots for `batch` sequences: sequence b's rows seq_starts[b] .. seq_starts[b+1]
+/// of in/out/add in order (seq_starts null: row b alone, a decode step), state pool [slots, (K-1)*dilation, channels]
+/// F32 indexed by slots[b] (time-major, oldest first), shifted in place per row, so n rows equal n decode steps bit
+/// for bit; a thread walks a sequence's rows (for few rows: decode, a speculative verify, its replay).
 /// accumulate = false (GDN): out = silu(conv) (out may alias in); true (PLE): out += add + silu(conv).
-cudaError_t launch_conv_decode_slots(const float* in, const float* add, float* out, bool accumulate, float* state_pool,
-                                     const int32_t* slots, const __half* w, int batch, int channels, int kernel,
-                                     int dilation, cudaStream_t stream);
+cudaError_t launch_conv_slots(const float* in, const float* add, float* out, bool accumulate, float* state_pool,
+                              const int32_t* slots, const int32_t* seq_starts, const __half* w, int batch, int channels,
+                              int kernel, int dilation, cudaStream_t stream);
 /// PLE gate per token: qn_b = ZC-RMSNorm(X_b; norm_query_b), s_b = (kn_b . qn_b) / sqrt(H),
 /// s_b = sign(s_b) sqrt(max(|s_b|, 1e-6)), P[:, b] = sigmoid(s_b) * v. kn, X, P [T, S*H], v [T, H].
 cudaError_t launch_ple_gate_f32(const float* kn, const float* v, const float* x, const __half* norm_query, int tokens,

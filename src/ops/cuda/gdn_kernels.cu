@@ -25,76 +25,92 @@ __device__ __forceinline__ void gdn_gates(const T* a, const T* b, const float* a
   *g = -expf(a_log[head]) * softplusf_(to_f(*a) + dt_bias[head]);
 }
 
-// Recurrent step. Block = (sequence, value head, slice of 32 value columns); thread (warp w, lane l) owns column
-// j = 32*slice + l and key rows i = w, w+8, ... of the state S [dk, dv].
+// The recurrence over a few rows per sequence. Block = (sequence, value head, slice of 32 value columns); thread
+// (warp w, lane l) owns column j = 32*slice + l and key rows i = w, w+8, ... of the state S [dk, dv], which stays in
+// its registers over the sequence's rows seq_starts[s] .. seq_starts[s+1] (row s alone without seq_starts: decode)
+// and is stored once after them. Each row takes exactly the operations of a decode step, in the same order, so n rows
+// give the state and outputs of n decode steps bit for bit.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     gdn_recurrent_kernel(const T* __restrict__ qkv, int64_t ld_qkv, const T* __restrict__ a, const T* __restrict__ bb,
                          int64_t ld_ab, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
-                         float* __restrict__ state, const int32_t* __restrict__ slots, GdnHeads d, T* __restrict__ out,
-                         int64_t ld_out) {
+                         float* __restrict__ state, const int32_t* __restrict__ slots,
+                         const int32_t* __restrict__ seq_starts, GdnHeads d, T* __restrict__ out, int64_t ld_out) {
   pdl_begin();
   __shared__ float qs[kGdnMaxDk], ks[kGdnMaxDk];
   __shared__ float part[kThreads / 32][32];
   __shared__ float scratch[32];
   constexpr int kRows = kGdnMaxDk / (kThreads / 32);
   const int slices = (d.dv + 31) / 32;
-  const int bidx = blockIdx.x / (d.nv * slices);
+  const int seq = blockIdx.x / (d.nv * slices);
   const int head = (blockIdx.x / slices) % d.nv;
   const int slice = blockIdx.x % slices;
   const int kh = head / (d.nv / d.nk);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const T* row = qkv + int64_t(bidx) * ld_qkv;
-  float sq = 0.f, sk = 0.f;
-  for (int i = threadIdx.x; i < d.dk; i += kThreads) {
-    const float q = to_f(row[int64_t(kh) * d.dk + i]), k = to_f(row[int64_t(d.nk + kh) * d.dk + i]);
-    qs[i] = q;
-    ks[i] = k;
-    sq += q * q;
-    sk += k * k;
-  }
-  sq = block_sum(sq, scratch);
-  sk = block_sum(sk, scratch);
-  const float rq = rsqrtf(sq + 1e-6f) * rsqrtf(float(d.dk)), rk = rsqrtf(sk + 1e-6f);
-  float beta, g;
-  gdn_gates(a + int64_t(bidx) * ld_ab + head, bb + int64_t(bidx) * ld_ab + head, a_log, dt_bias, head, &beta, &g);
-  const float decay = expf(g);
+  const int r0 = seq_starts ? seq_starts[seq] : seq, r1 = seq_starts ? seq_starts[seq + 1] : seq + 1;
   const int j = slice * 32 + lane;
   const bool col = j < d.dv;
-  float* S = state + (int64_t(slots[bidx]) * d.nv + head) * d.dk * d.dv;
+  float* S = state + (int64_t(slots[seq]) * d.nv + head) * d.dk * d.dv;
   float s[kRows];
-  float kv = 0.f;
 #pragma unroll
   for (int m = 0; m < kRows; ++m) {
     const int i = warp + m * (kThreads / 32);
-    s[m] = (col && i < d.dk) ? S[int64_t(i) * d.dv + j] * decay : 0.f;
-    if (i < d.dk) kv += s[m] * ks[i] * rk;
+    s[m] = (col && i < d.dk) ? S[int64_t(i) * d.dv + j] : 0.f;
   }
-  part[warp][lane] = kv;
-  __syncthreads();
-  kv = 0.f;
+  for (int r = r0; r < r1; ++r) {
+    // qs, ks and part of the row before are no longer read: the barriers after its outputs (and block_sum's) order it.
+    const T* row = qkv + int64_t(r) * ld_qkv;
+    float sq = 0.f, sk = 0.f;
+    for (int i = threadIdx.x; i < d.dk; i += kThreads) {
+      const float q = to_f(row[int64_t(kh) * d.dk + i]), k = to_f(row[int64_t(d.nk + kh) * d.dk + i]);
+      qs[i] = q;
+      ks[i] = k;
+      sq += q * q;
+      sk += k * k;
+    }
+    sq = block_sum(sq, scratch);
+    sk = block_sum(sk, scratch);
+    const float rq = rsqrtf(sq + 1e-6f) * rsqrtf(float(d.dk)), rk = rsqrtf(sk + 1e-6f);
+    float beta, g;
+    gdn_gates(a + int64_t(r) * ld_ab + head, bb + int64_t(r) * ld_ab + head, a_log, dt_bias, head, &beta, &g);
+    const float decay = expf(g);
+    float kv = 0.f;
 #pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) kv += part[w][lane];
-  const float v = col ? to_f(row[int64_t(2 * d.nk * d.dk) + int64_t(head) * d.dv + j]) : 0.f;
-  const float delta = beta * (v - kv);
-  float o = 0.f;
+    for (int m = 0; m < kRows; ++m) {
+      const int i = warp + m * (kThreads / 32);
+      s[m] = s[m] * decay;
+      if (i < d.dk) kv += s[m] * ks[i] * rk;
+    }
+    part[warp][lane] = kv;
+    __syncthreads();
+    kv = 0.f;
 #pragma unroll
-  for (int m = 0; m < kRows; ++m) {
-    const int i = warp + m * (kThreads / 32);
-    if (i < d.dk) {
-      s[m] += ks[i] * rk * delta;
-      o += s[m] * qs[i] * rq;
-      if (col) S[int64_t(i) * d.dv + j] = s[m];
+    for (int w = 0; w < kThreads / 32; ++w) kv += part[w][lane];
+    const float v = col ? to_f(row[int64_t(2 * d.nk * d.dk) + int64_t(head) * d.dv + j]) : 0.f;
+    const float delta = beta * (v - kv);
+    float o = 0.f;
+#pragma unroll
+    for (int m = 0; m < kRows; ++m) {
+      const int i = warp + m * (kThreads / 32);
+      if (i < d.dk) {
+        s[m] += ks[i] * rk * delta;
+        o += s[m] * qs[i] * rq;
+      }
+    }
+    __syncthreads();
+    part[warp][lane] = o;
+    __syncthreads();
+    if (warp == 0 && col) {
+      o = 0.f;
+#pragma unroll
+      for (int w = 0; w < kThreads / 32; ++w) o += part[w][lane];
+      out[int64_t(r) * ld_out + int64_t(head) * d.dv + j] = from_f<T>(o);
     }
   }
-  __syncthreads();
-  part[warp][lane] = o;
-  __syncthreads();
-  if (warp == 0 && col) {
-    o = 0.f;
 #pragma unroll
-    for (int w = 0; w < kThreads / 32; ++w) o += part[w][lane];
-    out[int64_t(bidx) * ld_out + int64_t(head) * d.dv + j] = from_f<T>(o);
+  for (int m = 0; m < kRows; ++m) {
+    const int i = warp + m * (kThreads / 32);
+    if (col && i < d.dk) S[int64_t(i) * d.dv + j] = s[m];
   }
 }
 
@@ -557,9 +573,10 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Both activation types are compiled in every build (NVRTC included, for the SM70 check).
-#define FN_GDN_INSTANTIATE(T)                                                                                       \
-  template __global__ void gdn_recurrent_kernel<T>(const T*, int64_t, const T*, const T*, int64_t, const float*,    \
-                                                   const float*, float*, const int32_t*, GdnHeads, T*, int64_t);
+#define FN_GDN_INSTANTIATE(T)                                                                                          \
+  template __global__ void gdn_recurrent_kernel<T>(const T*, int64_t, const T*, const T*, int64_t, const float*,       \
+                                                   const float*, float*, const int32_t*, const int32_t*, GdnHeads, T*, \
+                                                   int64_t);
 FN_GDN_INSTANTIATE(float)
 #undef FN_GDN_INSTANTIATE
 
@@ -567,24 +584,15 @@ FN_GDN_INSTANTIATE(float)
 
 #ifndef __CUDACC_RTC__  // host launchers (NVRTC, used by the SM70 check, compiles device code only)
 
-namespace {
-template <class T>
-cudaError_t gdn_recurrent_launch(const T* qkv, int64_t ld_qkv, const T* a, const T* b, int64_t ld_ab,
+cudaError_t launch_gdn_recurrent(const float* qkv, int64_t ld_qkv, const float* a, const float* b, int64_t ld_ab,
                                  const float* a_log, const float* dt_bias, float* state, const int32_t* slots,
-                                 int batch, GdnHeads dims, T* out, int64_t ld_out, cudaStream_t stream) {
-  if (batch == 0) return cudaSuccess;
-  const unsigned blocks = unsigned(batch) * dims.nv * ((dims.dv + 31) / 32);
-  launch(gdn_recurrent_kernel<T>, blocks, kThreads, 0, stream, qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots,
-         dims, out, ld_out);
+                                 const int32_t* seq_starts, int num_seqs, GdnHeads dims, float* out, int64_t ld_out,
+                                 cudaStream_t stream) {
+  if (num_seqs == 0) return cudaSuccess;
+  const unsigned blocks = unsigned(num_seqs) * dims.nv * ((dims.dv + 31) / 32);
+  launch(gdn_recurrent_kernel<float>, blocks, kThreads, 0, stream, qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state,
+         slots, seq_starts, dims, out, ld_out);
   return cudaGetLastError();
-}
-
-}  // namespace
-
-cudaError_t launch_gdn_recurrent_step(const float* qkv, int64_t ld_qkv, const float* a, const float* b, int64_t ld_ab,
-                                      const float* a_log, const float* dt_bias, float* state, const int32_t* slots,
-                                      int batch, GdnHeads dims, float* out, int64_t ld_out, cudaStream_t stream) {
-  return gdn_recurrent_launch(qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots, batch, dims, out, ld_out, stream);
 }
 
 namespace {

@@ -20,10 +20,14 @@ struct GdnHeads {
 };
 
 #ifndef __CUDACC_RTC__  // host launchers
-/// The recurrence for one decode token per sequence (token s in slot slots[s]).
-cudaError_t launch_gdn_recurrent_step(const float* qkv, int64_t ld_qkv, const float* a, const float* b, int64_t ld_ab,
-                                      const float* a_log, const float* dt_bias, float* state, const int32_t* slots,
-                                      int batch, GdnHeads dims, float* out, int64_t ld_out, cudaStream_t stream);
+/// The recurrence, one launch for every sequence s of the step: over its rows seq_starts[s] .. seq_starts[s+1] in
+/// order (seq_starts null: row s alone, a decode step), state in slot slots[s] read once and written once. Each row
+/// runs a decode step's operations, so n rows equal n decode steps bit for bit. For few rows per sequence (CudaOps::
+/// few_rows: a speculative verify, its replay, a short chunk); the chunked form is faster beyond.
+cudaError_t launch_gdn_recurrent(const float* qkv, int64_t ld_qkv, const float* a, const float* b, int64_t ld_ab,
+                                 const float* a_log, const float* dt_bias, float* state, const int32_t* slots,
+                                 const int32_t* seq_starts, int num_seqs, GdnHeads dims, float* out, int64_t ld_out,
+                                 cudaStream_t stream);
 
 /// The chunked form over the rows cu_seqlens[s] .. cu_seqlens[s+1] of every sequence s (`rows` in all), state in
 /// slot slots[s] read and written. Three launches per pass of `heads_per_pass` value heads (gdn_kernels.cu: chunk

@@ -1,6 +1,7 @@
-// The CUDA backend's Gated DeltaNet ops: the causal conv (one launch over the state slots in decode, one per
-// sequence otherwise), the gated delta rule (the recurrence over the slots in decode, the chunked form over every
-// sequence's rows otherwise, one launch either way), the gated RMSNorm, and the cache of float32 gates.
+// The CUDA backend's Gated DeltaNet ops: the causal conv and the gated delta rule (while every sequence feeds at most
+// CudaOps::kFewRows rows: one launch each over the state slots, a sequence's rows in order, as decode steps; past it
+// the conv per sequence and the chunked form over every sequence's rows), the gated RMSNorm, and the cache of float32
+// gates.
 #include <cuda_fp16.h>
 
 #include "ops/contract/gdn.h"
@@ -16,10 +17,10 @@ void CudaOps::gdn_conv_batch(const Tensor& qkv, const Tensor& weight, const Tens
   const auto [T, C, K] = contract::gdn_conv_batch(spec(), qkv, weight, state_pool, batch);
   const int c = to_int(C, op, "channels"), k = to_int(K, op, "kernel");
   if (T == 0) return;
-  if (all_decode(batch)) {
-    FN_CUDA_CHECK(detail::launch_conv_decode_slots(dp<const float>(qkv), nullptr, dp<float>(qkv), false,
-                                                   dp<float>(state_pool), dp<int32_t>(batch.slots), dp<__half>(weight),
-                                                   to_int(T, op, "sequences"), c, k, 1, stream()),
+  if (few_rows(batch)) {  // one launch over the state slots, each sequence's rows in order
+    FN_CUDA_CHECK(detail::launch_conv_slots(dp<const float>(qkv), nullptr, dp<float>(qkv), false, dp<float>(state_pool),
+                                            dp<int32_t>(batch.slots), row_starts(batch), dp<__half>(weight),
+                                            to_int(batch.num_seqs, op, "sequences"), c, k, 1, stream()),
                   op);
     return;
   }
@@ -48,11 +49,12 @@ void CudaOps::gdn_rule_batch(const Tensor& qkv, const Tensor& a, const Tensor& b
   const detail::GdnHeads heads{int(d.num_k_heads), int(nv), int(d.k_head_dim), int(d.v_head_dim)};
   const float* a_log = gdn_gates(w, nv, op);
   const float* dt_bias = a_log + nv;
-  if (all_decode(batch)) {  // token s of sequence s, state in slot slots[s]
-    FN_CUDA_CHECK(detail::launch_gdn_recurrent_step(dp<const float>(qkv), C, dp<const float>(a), dp<const float>(b), nv,
-                                                    a_log, dt_bias, dp<float>(state_pool), dp<int32_t>(batch.slots),
-                                                    to_int(T, op, "tokens"), heads, dp<float>(o), ld_o, stream()),
-                  op);
+  if (few_rows(batch)) {  // the recurrence, each sequence's rows in order
+    FN_CUDA_CHECK(
+        detail::launch_gdn_recurrent(dp<const float>(qkv), C, dp<const float>(a), dp<const float>(b), nv, a_log,
+                                     dt_bias, dp<float>(state_pool), dp<int32_t>(batch.slots), row_starts(batch),
+                                     to_int(batch.num_seqs, op, "sequences"), heads, dp<float>(o), ld_o, stream()),
+        op);
     return;
   }
   // A step with prefill chunks: every sequence's rows (cu_seqlens), state in slot slots[s]. The chunk kernels'

@@ -33,11 +33,12 @@ void CudaOps::ple_conv_add_batch(const Tensor& P, const Tensor& norm_conv, int64
   FN_CUDA_CHECK(detail::launch_zc_rmsnorm(dp<const float>(P), W, dp<float>(n), W, dp<__half>(norm_conv), w,
                                           to_int(T, op, "tokens"), w, to_int(group, op, "group"), float(eps), stream()),
                 "ple_conv_add_batch norm");
-  if (all_decode(batch)) {  // one launch over the state slots
-    FN_CUDA_CHECK(detail::launch_conv_decode_slots(dp<const float>(n), dp<const float>(P), dp<float>(X), true,
-                                                   dp<float>(state_pool), dp<int32_t>(batch.slots), dp<__half>(conv_w),
-                                                   int(T), w, k, d, stream()),
-                  op);
+  if (few_rows(batch)) {  // one launch over the state slots, each sequence's rows in order
+    FN_CUDA_CHECK(
+        detail::launch_conv_slots(dp<const float>(n), dp<const float>(P), dp<float>(X), true, dp<float>(state_pool),
+                                  dp<int32_t>(batch.slots), row_starts(batch), dp<__half>(conv_w),
+                                  to_int(batch.num_seqs, op, "sequences"), w, k, d, stream()),
+        op);
     return;
   }
   for (int64_t s = 0; s < batch.num_seqs; ++s) {  // per sequence, its state in slot slot_ids[s]

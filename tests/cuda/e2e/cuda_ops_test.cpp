@@ -1,6 +1,7 @@
 // What the CUDA backend (make_cuda_ops) does beyond the op values, which the op-case registry (tests/ops, run
 // with FLASHNEXT_TEST_BACKEND=cuda) compares with the CPU oracle: FP16 weight conversion and its range error, the
-// random weights and host tables of `flashnext bench`, device sampling, and bad input reported by the kernels.
+// random weights and host tables of `flashnext bench`, device sampling, bad input reported by the kernels, and the
+// gated delta rule's few-row steps equal to decode steps bit for bit.
 #include "ops/cuda/cuda_ops.h"
 
 #include <cuda_fp16.h>
@@ -12,10 +13,12 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/error.h"
 #include "ops/ops.h"
+#include "ops/step_batch.h"
 
 namespace flashnext {
 namespace {
@@ -235,6 +238,76 @@ TEST_P(CudaOps, BadInputIsAnError) {
     EXPECT_NE(std::string(e.what()).find("token ids outside the vocabulary"), std::string::npos) << e.what();
   }
   gpu()->download(out, h.data());  // reported once, then clear
+}
+
+// A GDN layer's state ops (the causal conv, then the gated delta rule) in a step whose sequences feed a few rows each
+// (a speculative verify of 1 + K rows, its replay) walk each sequence's rows in order: the outputs and both states
+// equal those of feeding the rows as decode steps, one row per step, bit for bit (what makes greedy speculative
+// decoding on the GPU give the plain tokens exactly). Two sequences in slots 2 and 0 feed 4 and 9 rows in one step,
+// then the same rows one decode step at a time from the same states.
+TEST_P(CudaOps, GdnFewRowsEqualDecodeStepsBitForBit) {
+  Ops& g = *gpu();
+  const GdnDims d{2, 4, 128, 128};
+  const int64_t nv = d.num_v_heads, C = d.conv_dim(), K = 4, rows[2] = {4, 9}, T = rows[0] + rows[1];
+  const int64_t ov = nv * d.v_head_dim;
+  const std::vector<float> alog = normal(size_t(nv), 1, 0.5f, true), dtb = normal(size_t(nv), 2, 0.5f, true),
+                           cw = normal(size_t(C * K), 7, 0.5f, true);
+  const GdnWeights w{g.load_weight(alog.data(), DType::F32, {nv}), g.load_weight(dtb.data(), DType::F32, {nv})};
+  const Tensor conv_w = g.load_weight(cw.data(), DType::F32, {C, K});
+  const std::vector<float> qkv = normal(size_t(T * C), 3, 1.f, false), a = normal(size_t(T * nv), 4, 2.f, false),
+                           b = normal(size_t(T * nv), 5, 2.f, false),
+                           s0 = normal(size_t(3 * nv * d.k_head_dim * d.v_head_dim), 6, 0.1f, false),
+                           c0 = normal(size_t(3 * (K - 1) * C), 8, 1.f, false);
+  const std::vector<int32_t> tables[2] = {{0}, {1}};  // one KV block each (a step's sequences write their own)
+  const int32_t slots[2] = {2, 0};
+  const int64_t starts[2] = {0, rows[0]}, pos0[2] = {7, 0};
+  struct Run {
+    Tensor state, conv;
+    std::vector<float> o;
+  };
+  const auto fresh = [&] {
+    return Run{g.upload(s0.data(), DType::F32, {3, nv, d.k_head_dim, d.v_head_dim}),
+               g.upload(c0.data(), DType::F32, {3, K - 1, C}), std::vector<float>(size_t(T * ov))};
+  };
+  // Rows `src` of the inputs fed as one step of `seqs`; their outputs written to the same rows of run.o.
+  const auto feed = [&](Run& run, const std::vector<StepSequence>& seqs, const std::vector<int64_t>& src) {
+    const int64_t n = int64_t(src.size());
+    std::vector<float> q1, a1, b1;
+    for (int64_t r : src) {
+      q1.insert(q1.end(), qkv.begin() + r * C, qkv.begin() + (r + 1) * C);
+      a1.insert(a1.end(), a.begin() + r * nv, a.begin() + (r + 1) * nv);
+      b1.insert(b1.end(), b.begin() + r * nv, b.begin() + (r + 1) * nv);
+    }
+    const StepBatch batch = make_step_batch(g, seqs, 16);
+    Tensor x = g.upload(q1.data(), DType::F32, {n, C}), o = g.empty({n, ov});
+    g.gdn_conv_batch(x, conv_w, run.conv, batch);
+    g.gdn_rule_batch(x, g.upload(a1.data(), DType::F32, {n, nv}), g.upload(b1.data(), DType::F32, {n, nv}), w, d,
+                     run.state, batch, o);
+    const std::vector<float> h = host(g, o);
+    for (int64_t k = 0; k < n; ++k) std::copy_n(h.begin() + k * ov, ov, run.o.begin() + src[size_t(k)] * ov);
+  };
+  Run step = fresh(), decode = fresh();
+  std::vector<int64_t> all(static_cast<size_t>(T));
+  for (int64_t r = 0; r < T; ++r) all[size_t(r)] = r;
+  feed(step, {{rows[0], pos0[0], slots[0], tables[0]}, {rows[1], pos0[1], slots[1], tables[1]}}, all);
+  for (int64_t i = 0; i < rows[1]; ++i) {  // both sequences while both have rows left, then the longer one alone
+    std::vector<StepSequence> seqs;
+    std::vector<int64_t> src;
+    for (int s : {0, 1})
+      if (i < rows[s]) {
+        seqs.push_back({1, pos0[s] + i, slots[s], tables[s]});
+        src.push_back(starts[s] + i);
+      }
+    feed(decode, seqs, src);
+  }
+  EXPECT_EQ(0, std::memcmp(step.o.data(), decode.o.data(), step.o.size() * sizeof(float))) << "outputs differ";
+  for (const auto& [what, x, y] : {std::tuple{"recurrent state", &step.state, &decode.state},
+                                   std::tuple{"conv state", &step.conv, &decode.conv}}) {
+    const std::vector<float> hx = host(g, *x), hy = host(g, *y);
+    EXPECT_EQ(0, std::memcmp(hx.data(), hy.data(), hx.size() * sizeof(float))) << what << " differs";
+  }
+  EXPECT_NE(s0, host(g, step.state));  // the step moved the states of slots 2 and 0
+  EXPECT_NE(c0, host(g, step.conv));
 }
 
 INSTANTIATE_TEST_SUITE_P(Activations, CudaOps,
