@@ -159,47 +159,107 @@ __device__ __forceinline__ void lane_dots_f16w(const __half* __restrict__ w, con
       part, parts);
 }
 
+// One lane's share of the T dot products of each of R consecutive FP16 weight rows (rows nr..R-1 absent: the end of
+// a segment): acc[r][t] += sum over the 8-wide slices v (as lane_dots_f16w) of w_r[8v .. 8v+8) . x_t[8v .. 8v+8). The
+// activations of a slice are loaded once for the R rows: at T tokens a slice brings 32 T bytes of activations (L1
+// hits) per 16 R bytes of weights, so one row per warp makes the L1, not DRAM, the limit past 2 tokens.
+template <int T, int R>
+__device__ __forceinline__ void lane_dots_rows_f16w(const __half* __restrict__ w, int nr, const float* __restrict__ x,
+                                                    int64_t ldx, int K, int lane, float (&acc)[R][T], int part,
+                                                    int parts) {
+  constexpr int P = T <= 4 ? 2 : 1;  // slices in flight per row
+  const uint4* wr = reinterpret_cast<const uint4*>(w);
+  const int n8 = K / 8, stride = 32 * parts;
+  for (int v0 = lane + 32 * part; v0 < n8; v0 += stride * P) {
+    uint4 raw[P][R];
+#pragma unroll
+    for (int u = 0; u < P; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (v0 + stride * u < n8 && r < nr) raw[u][r] = __ldg(wr + int64_t(r) * n8 + v0 + stride * u);
+#pragma unroll
+    for (int u = 0; u < P; ++u) {
+      const int v = v0 + stride * u;
+      if (v >= n8) break;
+      float wf[R][8];
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (r < nr) unpack_f16x8(raw[u][r], wf[r]);
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        const float4* xp = reinterpret_cast<const float4*>(x + t * ldx + int64_t(v) * 8);
+        const float4 a = xp[0], b = xp[1];
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+          if (r < nr)
+            acc[r][t] += wf[r][0] * a.x + wf[r][1] * a.y + wf[r][2] * a.z + wf[r][3] * a.w + wf[r][4] * b.x +
+                         wf[r][5] * b.y + wf[r][6] * b.z + wf[r][7] * b.w;
+      }
+    }
+  }
+}
+
 // y_s[t, n] = sum_k x[t, k] * w_s[n, k] (+ bias_s[n]) for t < T <= kGemvMaxTokens over the segments s of `seg` (several
-// projections of one input in one launch): `parts` warps per output row of the stacked segments (1, 2, 4 or 8: split-K
-// for products of few rows, whose one warp per row would leave most of the GPU's memory parallelism unused; warp p of
-// a row takes its 8-wide slices p, p + parts, ... and the partial sums are added in warp order), 16-byte weight loads
-// (8 FP16 values) shared by the T tokens, float32 products and sums (the decode GEMV: as exact as a float32 product of
-// the FP16 weights, reading the weights once). K % 8 == 0, rows of x 16-byte aligned.
-template <int T>
+// projections of one input in one launch): a warp takes a group of R consecutive rows of one segment (groups_end[s]:
+// the groups up to segment s; R = 1 for one token, where the weights alone bound the step), `parts` warps per group
+// (1, 2, 4 or 8: split-K for products of few rows, whose one warp per group would leave most of the GPU's memory
+// parallelism unused; warp p of a group takes its 8-wide slices p, p + parts, ... and the partial sums are added in
+// warp order), 16-byte weight loads (8 FP16 values) shared by the T tokens and activation loads shared by the R rows,
+// float32 products and sums (the decode GEMV: as exact as a float32 product of the FP16 weights, reading the weights
+// once). K % 8 == 0, rows of x 16-byte aligned.
+template <int T, int R>
 __global__ void gemv_f16w_f32x_kernel(const float* __restrict__ x, int64_t ldx, int K, GemvSegments seg, int parts) {
   pdl_begin();
-  __shared__ float red[kWarps][T];
+  __shared__ float red[kWarps][R * T];
   const int warp = int(threadIdx.x >> 5), lane = threadIdx.x & 31, part = warp % parts;
   const int g = int(blockIdx.x) * (kWarps / parts) + warp / parts;
-  const bool active = g < seg.rows_end[seg.count - 1];
-  int s = 0, n = 0;
-  float acc[T];
+  const bool active = g < seg.groups_end[seg.count - 1];
+  int s = 0, n0 = 0, nr = 0;
+  float acc[R][T];
 #pragma unroll
-  for (int t = 0; t < T; ++t) acc[t] = 0.f;
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
   if (active) {
-    while (g >= seg.rows_end[s]) ++s;
-    n = g - (s ? seg.rows_end[s - 1] : 0);
-    lane_dots_f16w<T>(seg.w[s] + int64_t(n) * K, x, ldx, K, lane, acc, part, parts);
+    while (g >= seg.groups_end[s]) ++s;
+    const int first = s ? seg.rows_end[s - 1] : 0;
+    n0 = (g - (s ? seg.groups_end[s - 1] : 0)) * R;
+    nr = min(R, seg.rows_end[s] - first - n0);
+    if constexpr (R == 1) {
+      lane_dots_f16w<T>(seg.w[s] + int64_t(n0) * K, x, ldx, K, lane, acc[0], part, parts);
+    } else {
+      lane_dots_rows_f16w<T, R>(seg.w[s] + int64_t(n0) * K, nr, x, ldx, K, lane, acc, part, parts);
+    }
   }
 #pragma unroll
-  for (int t = 0; t < T; ++t) acc[t] = warp_sum(acc[t]);
-  if (parts > 1) {  // the row's partials, added in warp order by its first warp
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[r][t] = warp_sum(acc[r][t]);
+  if (parts > 1) {  // the group's partials, added in warp order by its first warp
     if (lane == 0)
 #pragma unroll
-      for (int t = 0; t < T; ++t) red[warp][t] = acc[t];
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < T; ++t) red[warp][r * T + t] = acc[r][t];
     __syncthreads();
     if (part != 0) return;
 #pragma unroll
-    for (int t = 0; t < T; ++t) {
-      float a = red[warp][t];
-      for (int p = 1; p < parts; ++p) a += red[warp + p][t];
-      acc[t] = a;
-    }
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        float a = red[warp][r * T + t];
+        for (int p = 1; p < parts; ++p) a += red[warp + p][r * T + t];
+        acc[r][t] = a;
+      }
   }
   if (!active || lane != 0) return;
-  const float bias = seg.bias[s] ? to_f(seg.bias[s][n]) : 0.f;
 #pragma unroll
-  for (int t = 0; t < T; ++t) seg.y[s][t * seg.ldy[s] + n] = acc[t] + bias;
+  for (int r = 0; r < R; ++r) {
+    if (r >= nr) break;
+    const float bias = seg.bias[s] ? to_f(seg.bias[s][n0 + r]) : 0.f;
+#pragma unroll
+    for (int t = 0; t < T; ++t) seg.y[s][t * seg.ldy[s] + n0 + r] = acc[r][t] + bias;
+  }
 }
 
 // The shared expert's down projection for T <= kGemvMaxTokens tokens with its activation and gate fused in (one warp
@@ -721,7 +781,9 @@ __global__ void qsa_topk_kernel(Layout lay, const float* __restrict__ scores, in
 
 // The templates as sm_70 kernels for the NVRTC check (scripts/check-sm70.sh compiles device code only).
 #define FN_DECODE_KERNELS(TT)                                                                                          \
-  template __global__ void gemv_f16w_f32x_kernel<TT>(const float*, int64_t, int, GemvSegments, int);                   \
+  template __global__ void gemv_f16w_f32x_kernel<TT, 1>(const float*, int64_t, int, GemvSegments, int);                \
+  template __global__ void gemv_f16w_f32x_kernel<TT, 2>(const float*, int64_t, int, GemvSegments, int);                \
+  template __global__ void gemv_f16w_f32x_kernel<TT, 4>(const float*, int64_t, int, GemvSegments, int);                \
   template __global__ void shared_down_decode_kernel<TT>(const float*, const float*, const __half*, const float*, int, \
                                                          int, float*);                                                 \
   template __global__ void hc_down_kernel<TT>(const float*, const float*, const float*, const __half*, const __half*,  \
@@ -986,7 +1048,7 @@ cudaError_t launch_f32_to_f16(const float* x, __half* y, int64_t n, cudaStream_t
 }
 
 bool kernels_wait_for_dependencies() {
-  return kernel_waits_for_dependencies(reinterpret_cast<const void*>(gemv_f16w_f32x_kernel<1>));
+  return kernel_waits_for_dependencies(reinterpret_cast<const void*>(gemv_f16w_f32x_kernel<1, 1>));
 }
 
 cudaError_t launch_noop(cudaStream_t stream) {
@@ -1030,27 +1092,49 @@ cudaError_t launch_linear_f32_narrow(const float* x, const __half* w, float* y, 
   return cudaGetLastError();
 }
 
-cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, int K, const GemvSegments& seg, int tokens,
+cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, int K, const GemvSegments& segments, int tokens,
                                   cudaStream_t stream) {
-  if (tokens == 0 || seg.count == 0) return cudaSuccess;
-  if (seg.count > kGemvMaxSegments) return cudaErrorInvalidValue;
-  const int rows = seg.rows_end[seg.count - 1];
-  if (rows == 0) return cudaSuccess;
-  // Warps per row: enough in all for about 4,096 warps (16 KB of 16-byte loads in flight per SM at 4 deep), at most
-  // FLASHNEXT_CUDA_GEMV_SPLIT (1, 2, 4 or 8, default 8; 1: one warp per row, for before/after measurements).
+  if (tokens == 0 || segments.count == 0) return cudaSuccess;
+  if (segments.count > kGemvMaxSegments) return cudaErrorInvalidValue;
+  // Rows per warp: from 2 tokens on, kGemvRows, or fewer where that would leave fewer than about 4,096 warps even at
+  // 8 warps per group (the router's 512 rows, the shared expert's 1,280 take 1 and 2); one token: 1. With
+  // FLASHNEXT_CUDA_GEMV_ROWS=1 always 1 (for before/after measurements).
+  static const bool one_row = [] {
+    const char* v = std::getenv("FLASHNEXT_CUDA_GEMV_ROWS");
+    return v && std::atoi(v) == 1;
+  }();
+  int R = 1;
+  if (tokens > 1 && !one_row)
+    while (R < kGemvRows && int64_t(segments.rows_end[segments.count - 1]) / (2 * R) * kWarps >= 4096) R *= 2;
+  GemvSegments seg = segments;
+  int groups = 0;
+  for (int i = 0; i < seg.count; ++i) {
+    const int n = seg.rows_end[i] - (i ? seg.rows_end[i - 1] : 0);
+    groups += (n + R - 1) / R;
+    seg.groups_end[i] = groups;
+  }
+  if (groups == 0) return cudaSuccess;
+  // Warps per group: enough in all for about 4,096 warps (16 KB of 16-byte loads in flight per SM at 4 deep), at most
+  // FLASHNEXT_CUDA_GEMV_SPLIT (1, 2, 4 or 8, default 8; 1: one warp per group, for before/after measurements).
   static const int max_parts = [] {
     const char* v = std::getenv("FLASHNEXT_CUDA_GEMV_SPLIT");
     const int p = v ? std::atoi(v) : kWarps;
     return p == 1 || p == 2 || p == 4 ? p : kWarps;
   }();
   int parts = 1;
-  while (parts < max_parts && int64_t(rows) * parts < 4096) parts *= 2;
-  const int rows_per_block = kWarps / parts;
-  const unsigned blocks = unsigned((int64_t(rows) + rows_per_block - 1) / rows_per_block);
-  switch (tokens) {
-#define FN_GEMV_CASE(TT)                                                                   \
-  case TT:                                                                                 \
-    launch(gemv_f16w_f32x_kernel<TT>, blocks, kThreads, 0, stream, x, ldx, K, seg, parts); \
+  while (parts < max_parts && int64_t(groups) * parts < 4096) parts *= 2;
+  const int groups_per_block = kWarps / parts;
+  const unsigned blocks = unsigned((int64_t(groups) + groups_per_block - 1) / groups_per_block);
+  switch (tokens * 4 + (R == 1 ? 0 : R == 2 ? 1 : 2)) {
+#define FN_GEMV_CASE(TT)                                                                      \
+  case TT * 4:                                                                                \
+    launch(gemv_f16w_f32x_kernel<TT, 1>, blocks, kThreads, 0, stream, x, ldx, K, seg, parts); \
+    break;                                                                                    \
+  case TT * 4 + 1:                                                                            \
+    launch(gemv_f16w_f32x_kernel<TT, 2>, blocks, kThreads, 0, stream, x, ldx, K, seg, parts); \
+    break;                                                                                    \
+  case TT * 4 + 2:                                                                            \
+    launch(gemv_f16w_f32x_kernel<TT, 4>, blocks, kThreads, 0, stream, x, ldx, K, seg, parts); \
     break;
     FN_GEMV_CASE(1) FN_GEMV_CASE(2) FN_GEMV_CASE(3) FN_GEMV_CASE(4)
     FN_GEMV_CASE(5) FN_GEMV_CASE(6) FN_GEMV_CASE(7) FN_GEMV_CASE(8)
