@@ -401,26 +401,60 @@ bool ModelRunner::has_mtp() const {
 
 std::vector<int32_t> ModelRunner::propose_mtp(RunnerSequence& seq, std::span<const int32_t> block_table,
                                               std::span<const int32_t> tokens, int max_drafts) {
-  auto& s = static_cast<ModelSequence&>(seq);
-  SequenceState& st = s.state;
-  st.block_table.assign(block_table.begin(), block_table.end());
+  const MtpRequest one{&seq, block_table, tokens, max_drafts};
+  return propose_mtp_batch({&one, 1})[0];
+}
+
+std::vector<std::vector<int32_t>> ModelRunner::propose_mtp_batch(std::span<const MtpRequest> requests) {
   FN_CHECK(model_.has_mtp(), "propose_mtp: the model was loaded without its MTP layer");
-  if (s.hidden.empty()) return {};  // nothing fed since it was made (a fork): it decodes one token first
-  FN_CHECK(int64_t(tokens.size()) > st.length, "propose_mtp: {} tokens given for a sequence of length {}",
-           tokens.size(), st.length);
-  // A sequence resumed from a prefix-cache snapshot has no rows of the cached positions: its MTP layer starts at
-  // the first kept row (its K/V of earlier positions are what the shared blocks hold).
-  if (s.hidden.front().first > st.mtp_length) st.mtp_length = s.hidden.front().first;
-  FN_CHECK(s.hidden.front().first == st.mtp_length, "propose_mtp: kept rows start at {}, the MTP layer at {}",
-           s.hidden.front().first, st.mtp_length);
-  // Catch up: row p pairs with token p + 1; the last output gives the first draft.
-  Model::MtpOutput out;
-  for (const ModelSequence::Rows& r : s.hidden) {
-    const int64_t n = r.wide.dim(0);
-    out = model_.mtp_forward(st, r.wide, tokens.subspan(size_t(r.first + 1), size_t(n)), LogitsMode::Last);
+  std::vector<ModelSequence*> live;  // the requests with kept rows, in order
+  std::vector<size_t> index;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const MtpRequest& r = requests[i];
+    auto& s = static_cast<ModelSequence&>(*r.seq);
+    SequenceState& st = s.state;
+    st.block_table.assign(r.block_table.begin(), r.block_table.end());
+    if (s.hidden.empty()) continue;  // nothing fed since it was made (a fork): it decodes one token first
+    FN_CHECK(int64_t(r.tokens.size()) > st.length, "propose_mtp: {} tokens given for a sequence of length {}",
+             r.tokens.size(), st.length);
+    // A sequence resumed from a prefix-cache snapshot has no rows of the cached positions: its MTP layer starts at
+    // the first kept row (its K/V of earlier positions are what the shared blocks hold).
+    if (s.hidden.front().first > st.mtp_length) st.mtp_length = s.hidden.front().first;
+    FN_CHECK(s.hidden.front().first == st.mtp_length, "propose_mtp: kept rows start at {}, the MTP layer at {}",
+             s.hidden.front().first, st.mtp_length);
+    live.push_back(&s);
+    index.push_back(i);
   }
-  s.hidden.clear();
-  return chain_mtp_drafts(model_, st, out, max_drafts);
+  // Catch up: row p pairs with token p + 1; the last output gives the first draft. Round k feeds the k-th kept
+  // chunk of every sequence that has one, as one batched MTP step.
+  std::vector<Model::MtpOutput> last(live.size());
+  for (size_t round = 0;; ++round) {
+    std::vector<Model::MtpItem> items;
+    std::vector<size_t> who;
+    for (size_t k = 0; k < live.size(); ++k) {
+      if (round >= live[k]->hidden.size()) continue;
+      const ModelSequence::Rows& r = live[k]->hidden[round];
+      const int64_t n = r.wide.dim(0);
+      items.push_back({&live[k]->state, r.wide, requests[index[k]].tokens.subspan(size_t(r.first + 1), size_t(n)),
+                       LogitsMode::Last});
+      who.push_back(k);
+    }
+    if (items.empty()) break;
+    const std::vector<Model::MtpOutput> out = model_.mtp_forward_batch(items);
+    for (size_t j = 0; j < who.size(); ++j) last[who[j]] = out[j];
+  }
+  std::vector<SequenceState*> seqs;
+  std::vector<int> max_drafts;
+  for (size_t k = 0; k < live.size(); ++k) {
+    live[k]->hidden.clear();
+    seqs.push_back(&live[k]->state);
+    max_drafts.push_back(requests[index[k]].max_drafts);
+  }
+  std::vector<std::vector<int32_t>> drafts(requests.size());
+  if (live.empty()) return drafts;
+  std::vector<std::vector<int32_t>> chained = chain_mtp_drafts_batch(model_, seqs, last, max_drafts);
+  for (size_t k = 0; k < live.size(); ++k) drafts[index[k]] = std::move(chained[k]);
+  return drafts;
 }
 
 void ModelRunner::forward(std::span<Item> items) {
@@ -951,6 +985,34 @@ bool Scheduler::step_impl() {
   // Speculative decoding: the decodes of speculating sequences become verify items of 1 + drafts tokens, from the
   // budget and the free blocks left once everything else is scheduled (drafts never preempt nor delay a prefill).
   if (config_.speculative.enabled()) {
+    // A sequence's drafts become its verify (after a checkpoint of its state); false when it decodes without them.
+    auto take = [&](Scheduled& b, const std::vector<int32_t>& drafts) {
+      Seq& s = *b.seq;
+      if (drafts.empty()) return;
+      if (!runner_.checkpoint(*s.state)) {
+        spdlog::warn("scheduler: the runner takes no checkpoints; request {} decodes without drafts", s.req.id);
+        s.spec_k = 0;
+        return;
+      }
+      s.verify.assign(1, s.tokens.back());
+      s.verify.insert(s.verify.end(), drafts.begin(), drafts.end());
+      b.drafts = int64_t(drafts.size());
+      b.n = 1 + b.drafts;
+    };
+    auto propose_one = [&](Scheduled& b, int64_t k) -> std::vector<int32_t> {
+      try {
+        return propose(*b.seq, int(k));
+      } catch (const std::exception& e) {
+        spdlog::warn("scheduler: drafting for request {} failed ({}); it decodes without drafts", b.seq->req.id,
+                     e.what());
+        b.seq->spec_k = 0;
+        return {};
+      }
+    };
+    // MTP drafts of every speculating sequence are proposed together (Runner::propose_mtp_batch: one MTP step per
+    // draft position for all of them); the other proposers one sequence at a time.
+    const bool mtp = config_.speculative.method == SpeculativeConfig::Method::Mtp;
+    std::vector<std::pair<Scheduled*, int64_t>> wants;
     for (Scheduled& b : batch) {
       Seq& s = *b.seq;
       if (budget <= 0) break;
@@ -963,25 +1025,34 @@ bool Scheduler::step_impl() {
       int64_t k = std::min<int64_t>({int64_t(s.spec_k), remaining - 1, budget});
       while (k > 0 && !planner_.try_grow(s.blocks, s.num_computed + 1 + k)) --k;  // blocks for 1 + k positions
       if (k <= 0) continue;
-      std::vector<int32_t> drafts;
-      try {
-        drafts = propose(s, int(k));
-        if (!drafts.empty() && !runner_.checkpoint(*s.state)) {
-          spdlog::warn("scheduler: the runner takes no checkpoints; request {} decodes without drafts", s.req.id);
-          s.spec_k = 0;
-          continue;
-        }
-      } catch (const std::exception& e) {
-        spdlog::warn("scheduler: drafting for request {} failed ({}); it decodes without drafts", s.req.id, e.what());
-        s.spec_k = 0;
+      if (mtp) {  // k drafts (fewer only at max_position_embeddings)
+        wants.emplace_back(&b, k);
+        budget -= k;
         continue;
       }
-      if (drafts.empty()) continue;
-      s.verify.assign(1, s.tokens.back());
-      s.verify.insert(s.verify.end(), drafts.begin(), drafts.end());
-      b.drafts = int64_t(drafts.size());
-      b.n = 1 + b.drafts;
+      take(b, propose_one(b, k));
       budget -= b.drafts;
+    }
+    if (!wants.empty()) {
+      std::vector<Runner::MtpRequest> requests;
+      for (const auto& [b, k] : wants)
+        requests.push_back({b->seq->state.get(), b->seq->blocks, b->seq->tokens, int(k)});
+      std::vector<std::vector<int32_t>> drafts;
+      try {
+        drafts = runner_.propose_mtp_batch(requests);
+      } catch (const std::exception& e) {  // one at a time, so that only the failing sequences go without drafts
+        spdlog::warn("scheduler: batched MTP drafting failed ({}); drafting one sequence at a time", e.what());
+        for (const auto& [b, k] : wants) drafts.push_back(propose_one(*b, k));
+      }
+      for (size_t i = 0; i < wants.size(); ++i) {
+        try {
+          take(*wants[i].first, checked_drafts(std::move(drafts[i]), int(wants[i].second)));
+        } catch (const std::exception& e) {
+          spdlog::warn("scheduler: drafting for request {} failed ({}); it decodes without drafts",
+                       wants[i].first->seq->req.id, e.what());
+          wants[i].first->seq->spec_k = 0;
+        }
+      }
     }
   }
   if (batch.empty()) {
@@ -1109,6 +1180,10 @@ std::vector<int32_t> Scheduler::propose(Seq& s, int max_drafts) {
   } else if (spec.method == SpeculativeConfig::Method::Custom) {
     d = config_.proposer(s.tokens, max_drafts);
   }
+  return checked_drafts(std::move(d), max_drafts);
+}
+
+std::vector<int32_t> Scheduler::checked_drafts(std::vector<int32_t> d, int max_drafts) const {
   if (int64_t(d.size()) > max_drafts) d.resize(size_t(max_drafts));
   const int64_t vocab = runner_.vocab_size();
   for (int32_t t : d) FN_CHECK(t >= 0 && t < vocab, "draft token {} is outside the vocabulary [0, {})", t, vocab);

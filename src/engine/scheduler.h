@@ -330,6 +330,20 @@ class Runner {
     (void)seq, (void)block_table, (void)tokens, (void)max_drafts;
     fail("propose_mtp: this runner has no MTP layer");
   }
+  /// One sequence's part of propose_mtp_batch: propose_mtp's arguments.
+  struct MtpRequest {
+    RunnerSequence* seq = nullptr;
+    std::span<const int32_t> block_table, tokens;
+    int max_drafts = 0;
+  };
+  /// propose_mtp for several distinct sequences, their drafts in request order, each equal to propose_mtp's for it.
+  /// This default runs propose_mtp one request after another; ModelRunner batches the MTP steps of all of them (one
+  /// per catch-up round and per draft position). Throws Error as propose_mtp; then no request's drafts are given.
+  virtual std::vector<std::vector<int32_t>> propose_mtp_batch(std::span<const MtpRequest> requests) {
+    std::vector<std::vector<int32_t>> drafts;
+    for (const MtpRequest& r : requests) drafts.push_back(propose_mtp(*r.seq, r.block_table, r.tokens, r.max_drafts));
+    return drafts;
+  }
   /// PLE table rows gathered so far (monotonic; 0 for a model without PLE).
   virtual int64_t ple_rows_fetched() const { return 0; }
   /// Whether items may ask for device sampling (Item::sampling): then only the sampled token comes back.
@@ -362,6 +376,7 @@ class ModelRunner : public Runner {
   bool has_mtp() const override;
   std::vector<int32_t> propose_mtp(RunnerSequence& seq, std::span<const int32_t> block_table,
                                    std::span<const int32_t> tokens, int max_drafts) override;
+  std::vector<std::vector<int32_t>> propose_mtp_batch(std::span<const MtpRequest> requests) override;
 
  private:
   Model& model_;
@@ -484,6 +499,8 @@ class Scheduler {
   void fork(Seq& parent, std::span<const float> logits, Clock::time_point now);
   bool emit_one(Seq& s, std::span<float> logits, int32_t device_token, Clock::time_point now);
   std::vector<int32_t> propose(Seq& s, int max_drafts);
+  /// Drafts cut to max_drafts; Error naming a token outside the vocabulary.
+  std::vector<int32_t> checked_drafts(std::vector<int32_t> d, int max_drafts) const;
   void verify(Seq& s, int64_t drafts, Runner::Item& it, Clock::time_point now);
   void order_by_priority();
   void preempt(Seq& s);

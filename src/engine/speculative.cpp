@@ -61,28 +61,74 @@ std::vector<int32_t> ngram_propose(std::span<const int32_t> context, int k, int 
   return {};
 }
 
-namespace {
-
-/// torch.argmax: the first index of the largest value.
-int32_t argmax(const std::vector<float>& v) {
-  return int32_t(std::max_element(v.begin(), v.end()) - v.begin());
+std::vector<int32_t> chain_mtp_drafts(Model& model, SequenceState& seq, const Model::MtpOutput& out, int max_drafts) {
+  SequenceState* const one[1] = {&seq};
+  return chain_mtp_drafts_batch(model, one, {&out, 1}, {&max_drafts, 1})[0];
 }
 
-}  // namespace
-
-std::vector<int32_t> chain_mtp_drafts(Model& model, SequenceState& seq, const Model::MtpOutput& out, int max_drafts) {
-  std::vector<int32_t> drafts;
-  if (max_drafts <= 0) return drafts;
-  const int64_t committed = seq.mtp_length;
-  const int64_t rows = out.wide.dim(0);
-  Tensor wide = out.wide.rows(rows - 1, rows);
-  drafts.push_back(argmax(model.download(out.logits)));
-  while (int(drafts.size()) < max_drafts && seq.mtp_length < model.config().max_position_embeddings) {
-    Model::MtpOutput next = model.mtp_forward(seq, wide, {&drafts.back(), 1}, LogitsMode::Last);
-    wide = next.wide;
-    drafts.push_back(argmax(model.download(next.logits)));
+std::vector<std::vector<int32_t>> chain_mtp_drafts_batch(Model& model, std::span<SequenceState* const> seqs,
+                                                         std::span<const Model::MtpOutput> outs,
+                                                         std::span<const int> max_drafts) {
+  FN_CHECK(outs.size() == seqs.size() && max_drafts.size() == seqs.size(),
+           "chain_mtp_drafts_batch: {} sequences, {} outputs, {} draft counts", seqs.size(), outs.size(),
+           max_drafts.size());
+  const size_t n = seqs.size();
+  const int64_t V = model.config().vocab_size, max_pos = model.config().max_position_embeddings;
+  std::vector<std::vector<int32_t>> drafts(n);
+  std::vector<int64_t> committed(n);
+  std::vector<Tensor> wide(n);
+  // The greedy token of each [1, V] logits row (torch.argmax: the first largest), rows gathered into one download.
+  auto argmax_rows = [&](const std::vector<Tensor>& rows) {
+    std::vector<float> host(rows.size() * size_t(V));
+    if (rows.size() == 1) {
+      host = model.download(rows[0]);
+    } else {
+      Ops& ops = model.ops();
+      Tensor all = ops.empty({int64_t(rows.size()), V});
+      for (size_t k = 0; k < rows.size(); ++k) ops.copy_rows(rows[k], 0, all, int64_t(k), 1);
+      host = model.download(all);
+    }
+    std::vector<int32_t> ids;
+    for (size_t k = 0; k < rows.size(); ++k) {
+      const auto row = host.begin() + std::ptrdiff_t(k) * V;
+      ids.push_back(int32_t(std::max_element(row, row + V) - row));
+    }
+    return ids;
+  };
+  std::vector<Tensor> rows;
+  std::vector<size_t> who;
+  for (size_t i = 0; i < n; ++i) {
+    committed[i] = seqs[i]->mtp_length;
+    if (max_drafts[i] <= 0) continue;
+    const int64_t r = outs[i].wide.dim(0);
+    wide[i] = outs[i].wide.rows(r - 1, r);
+    const int64_t l = outs[i].logits.dim(0);
+    rows.push_back(outs[i].logits.rows(l - 1, l));
+    who.push_back(i);
   }
-  seq.mtp_length = committed;
+  while (!who.empty()) {
+    const std::vector<int32_t> ids = argmax_rows(rows);
+    std::vector<Model::MtpItem> items;
+    std::vector<size_t> next;
+    for (size_t k = 0; k < who.size(); ++k) {
+      const size_t i = who[k];
+      drafts[i].push_back(ids[k]);
+      if (int(drafts[i].size()) < max_drafts[i] && seqs[i]->mtp_length < max_pos) {
+        items.push_back({seqs[i], wide[i], {&drafts[i].back(), 1}, LogitsMode::Last});
+        next.push_back(i);
+      }
+    }
+    rows.clear();
+    if (!items.empty()) {
+      const std::vector<Model::MtpOutput> step = model.mtp_forward_batch(items);
+      for (size_t k = 0; k < next.size(); ++k) {
+        wide[next[k]] = step[k].wide;
+        rows.push_back(step[k].logits);
+      }
+    }
+    who = std::move(next);
+  }
+  for (size_t i = 0; i < n; ++i) seqs[i]->mtp_length = committed[i];
   return drafts;
 }
 

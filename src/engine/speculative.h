@@ -56,6 +56,13 @@ std::vector<int32_t> ngram_propose(std::span<const int32_t> context, int k, int 
 /// afterwards: the draft positions' MTP K/V are overwritten by the next catch-up. Used by SpeculativeDecoder and the
 /// scheduler's ModelRunner.
 std::vector<int32_t> chain_mtp_drafts(Model& model, SequenceState& seq, const Model::MtpOutput& out, int max_drafts);
+/// chain_mtp_drafts for several sequences at once (the drafts of a server step): sequence i chains from outs[i] for
+/// up to max_drafts[i] tokens; each draft position of all the sequences still drafting is one Model::mtp_forward_batch
+/// step and one download of their logits rows. Each sequence's drafts equal chain_mtp_drafts on it alone (bit for
+/// bit on the CPU backend). The three spans have one entry per sequence (Error otherwise).
+std::vector<std::vector<int32_t>> chain_mtp_drafts_batch(Model& model, std::span<SequenceState* const> seqs,
+                                                         std::span<const Model::MtpOutput> outs,
+                                                         std::span<const int> max_drafts);
 
 /// Acceptance figures of a run.
 struct SpeculativeStats {

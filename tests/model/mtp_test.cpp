@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "engine/speculative.h"
 #include "fixture.h"
 
 namespace flashnext::test {
@@ -101,6 +102,77 @@ TEST(Mtp, ChunkedEqualsWhole) {
   ASSERT_EQ(chunked.size(), size_t(T * V));
   EXPECT_LE(max_abs_diff(chunked.data(), whole.data(), whole.size()), 1e-5);
   EXPECT_LE(max_abs_diff(chunked.data(), ref.f32("prompt.mtp_logits").data(), whole.size()), kMtpLogitTol);
+}
+
+// The MTP layer over several sequences of one cache pool in one step (the batched drafts of a server step): each
+// sequence's logits and pre-mixer rows equal its own mtp_forward's bit for bit (CPU), with mixed logits modes; the
+// chained greedy drafts of chain_mtp_drafts_batch equal chain_mtp_drafts per sequence, with different draft counts; the
+// items are checked before anything runs.
+TEST(Mtp, BatchedEqualsOneByOne) {
+  Reference ref("tiny-mtp");
+  Model& model = mtp_model();
+  const auto prompt = ref.ids("prompt");
+  const int64_t bs = 16;
+  const std::vector<int64_t> lengths{9, 23, 1};
+  const std::vector<LogitsMode> modes{LogitsMode::All, LogitsMode::Last, LogitsMode::Last};
+  const std::vector<int> max_drafts{3, 1, 4};
+  auto cache = model.new_cache(12, bs, 3);
+  std::vector<SequenceState> pooled, alone;
+  std::vector<std::vector<int32_t>> ids, next;
+  std::vector<Tensor> wide_pooled, wide_alone;
+  int32_t block = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const int64_t n = lengths[i];
+    ids.emplace_back(prompt.begin() + int64_t(i) * 3, prompt.begin() + int64_t(i) * 3 + n);
+    next.emplace_back(ids[i].begin() + 1, ids[i].end());
+    next[i].push_back(int32_t(5 + i));
+    pooled.push_back(model.new_sequence(cache, int32_t(i)));
+    for (int64_t b = 0; b < 4; ++b) pooled[i].block_table.push_back(block++);
+    alone.push_back(model.new_sequence());
+    for (auto* v : {&pooled, &alone}) {
+      Tensor w;
+      const BatchItem item{&(*v)[i], ids[i], LogitsMode::Last};
+      model.forward_batch({&item, 1}, nullptr, {}, &w);
+      (v == &pooled ? wide_pooled : wide_alone).push_back(w);
+    }
+  }
+  std::vector<Model::MtpItem> items;
+  for (size_t i = 0; i < lengths.size(); ++i) items.push_back({&pooled[i], wide_pooled[i], next[i], modes[i]});
+  const std::vector<Model::MtpOutput> batched = model.mtp_forward_batch(items);
+  ASSERT_EQ(batched.size(), lengths.size());
+  std::vector<Model::MtpOutput> one;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    one.push_back(model.mtp_forward(alone[i], wide_alone[i], next[i], modes[i]));
+    EXPECT_EQ(pooled[i].mtp_length, lengths[i]);
+    const auto got = model.download(batched[i].logits), want = model.download(one[i].logits);
+    ASSERT_EQ(got.size(), want.size()) << "sequence " << i;
+    EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0) << "sequence " << i;
+    const auto gw = model.download(batched[i].wide), ww = model.download(one[i].wide);
+    ASSERT_EQ(gw.size(), size_t(lengths[i] * model.config().hc_width()));
+    EXPECT_EQ(max_abs_diff(gw.data(), ww.data(), gw.size()), 0) << "sequence " << i;
+  }
+  std::vector<SequenceState*> seqs;
+  for (auto& s : pooled) seqs.push_back(&s);
+  const auto drafts = chain_mtp_drafts_batch(model, seqs, batched, max_drafts);
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    EXPECT_EQ(drafts[i], chain_mtp_drafts(model, alone[i], one[i], max_drafts[i])) << "sequence " << i;
+    EXPECT_EQ(drafts[i].size(), size_t(max_drafts[i]));
+    EXPECT_EQ(pooled[i].mtp_length, lengths[i]);  // put back: draft positions are overwritten later
+  }
+  // Checked before anything runs: the failing item is named, and no sequence moved.
+  const std::vector<int32_t> bad{1, 99999};
+  std::vector<Model::MtpItem> twice{items[1], items[1]},
+      bad_item{items[1], {&pooled[0], wide_pooled[0].rows(0, 2), bad}};
+  for (const auto& [list, text] : {std::pair{&twice, "mtp_forward_batch: item 1: the same sequence as item 0"},
+                                   std::pair{&bad_item, "mtp_forward_batch: item 1: token id 99999"}}) {
+    try {
+      model.mtp_forward_batch(*list);
+      ADD_FAILURE() << "no error; expected: " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  }
+  for (size_t i = 0; i < lengths.size(); ++i) EXPECT_EQ(pooled[i].mtp_length, lengths[i]);
 }
 
 TEST(Mtp, BadUseFailsClearly) {

@@ -1083,56 +1083,94 @@ int64_t Model::cache_layers() const {
   return config_.num_hidden_layers + (has_mtp() ? 1 : 0);
 }
 
-Model::MtpOutput Model::mtp_forward(SequenceState& seq, const Tensor& hidden, std::span<const int32_t> next_ids,
-                                    LogitsMode mode) {
-  const CallScope scope(call_depth_);
-  FN_CHECK(has_mtp(), "mtp_forward: the MTP layer is not loaded (ModelOptions::load_mtp)");
+void Model::check_mtp_item(const MtpItem& item, const std::string& what) const {
+  FN_CHECK(has_mtp(), "{}: the MTP layer is not loaded (ModelOptions::load_mtp)", what);
   const ModelConfig& c = config_;
-  const int64_t T = int64_t(next_ids.size()), W = c.hc_width();
-  FN_CHECK(T >= 1, "mtp_forward: empty input: at least one next token id is required");
+  const int64_t T = int64_t(item.next_ids.size()), W = c.hc_width();
+  FN_CHECK(T >= 1, "{}: empty input: at least one next token id is required", what);
   const Shape want_hidden{T, W};
+  const Tensor& hidden = item.hidden;
   FN_CHECK(hidden.defined() && hidden.dtype() == DType::F32 && hidden.shape() == want_hidden,
-           "mtp_forward: hidden must be F32 [{}, {}] (one wide residual row per next token), got {}", T, W,
+           "{}: hidden must be F32 [{}, {}] (one wide residual row per next token), got {}", what, T, W,
            hidden.defined() ? hidden.str() : std::string("an undefined tensor"));
+  const SequenceState& seq = *item.seq;
   FN_CHECK(seq.cache && int64_t(seq.cache->ranks[0].size()) == cache_layers(),
-           "mtp_forward: the sequence state was not made by this model with its MTP layer");
+           "{}: the sequence state was not made by this model with its MTP layer", what);
   for (int64_t i = 0; i < T; ++i)
-    FN_CHECK(next_ids[size_t(i)] >= 0 && next_ids[size_t(i)] < c.vocab_size,
-             "mtp_forward: token id {} at index {} is outside the vocabulary [0, {})", next_ids[size_t(i)], i,
+    FN_CHECK(item.next_ids[size_t(i)] >= 0 && item.next_ids[size_t(i)] < c.vocab_size,
+             "{}: token id {} at index {} is outside the vocabulary [0, {})", what, item.next_ids[size_t(i)], i,
              c.vocab_size);
   const int64_t end = seq.mtp_length + T;
-  FN_CHECK(end <= c.max_position_embeddings, "mtp_forward: position {} would pass max_position_embeddings = {}",
-           end - 1, c.max_position_embeddings);
+  FN_CHECK(end <= c.max_position_embeddings, "{}: position {} would pass max_position_embeddings = {}", what, end - 1,
+           c.max_position_embeddings);
   if (!seq.private_cache) {
     const int64_t bs = seq.cache->block_size, need = (end + bs - 1) / bs;
     FN_CHECK(int64_t(seq.block_table.size()) >= need,
-             "mtp_forward: the sequence reaches MTP position {} but its block table covers {} blocks of {}", end - 1,
+             "{}: the sequence reaches MTP position {} but its block table covers {} blocks of {}", what, end - 1,
              seq.block_table.size(), bs);
   }
+}
+
+Model::MtpOutput Model::mtp_forward(SequenceState& seq, const Tensor& hidden, std::span<const int32_t> next_ids,
+                                    LogitsMode mode) {
+  const CallScope scope(call_depth_);
+  const MtpItem item{&seq, hidden, next_ids, mode};
+  check_mtp_item(item, "mtp_forward");
   if (sends_calls()) {  // the other nodes run the layer too (before the private cache grows: they grow theirs)
     WireWriter w = call_message(NodeCall::MtpForward);
     put_sequence(w, seq);
     w.put(std::vector<int32_t>(next_ids.begin(), next_ids.end())).put(uint8_t(mode));
     send_call(w.bytes());
   }
-  if (!nodes_) return run_mtp(seq, hidden, next_ids, mode);
+  if (!nodes_) return run_mtp({&item, 1})[0];
   try {
-    return run_mtp(seq, hidden, next_ids, mode);
+    return run_mtp({&item, 1})[0];
   } catch (const std::exception& e) {
     fail_group(e.what());
     throw;
   }
 }
 
-Model::MtpOutput Model::run_mtp(SequenceState& seq, const Tensor& hidden, std::span<const int32_t> next_ids,
-                                LogitsMode mode) {
+std::vector<Model::MtpOutput> Model::mtp_forward_batch(std::span<const MtpItem> items) {
+  FN_CHECK(!items.empty(), "mtp_forward_batch: no items");
+  bool together = !nodes_;  // over several nodes each item is its own call (NodeCall::MtpForward)
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::string what = fmt::format("mtp_forward_batch: item {}", i);
+    FN_CHECK(items[i].seq, "{}: no sequence", what);
+    check_mtp_item(items[i], what);
+    for (size_t j = 0; j < i; ++j) FN_CHECK(items[j].seq != items[i].seq, "{}: the same sequence as item {}", what, j);
+    if (items[i].seq->private_cache || items[i].seq->cache != items[0].seq->cache) together = false;
+  }
+  if (together) {
+    const CallScope scope(call_depth_);
+    return run_mtp(items);
+  }
+  std::vector<MtpOutput> out;  // each item its own call (over several nodes, each sent to the other nodes)
+  for (const MtpItem& it : items) out.push_back(mtp_forward(*it.seq, it.hidden, it.next_ids, it.mode));
+  return out;
+}
+
+std::vector<Model::MtpOutput> Model::run_mtp(std::span<const MtpItem> items) {
   const ModelConfig& c = config_;
-  const int64_t T = int64_t(next_ids.size()), H = c.hidden_size, S = c.hc_count, W = c.hc_width();
-  const int64_t end = seq.mtp_length + T;
-  if (seq.private_cache) reserve_private(seq, end);
+  const int64_t H = c.hidden_size, S = c.hc_count, W = c.hc_width();
+  // The step's rows: item i's at [offset[i], offset[i] + T_i); the logits rows its mode keeps.
+  std::vector<StepSequence> parts;
+  std::vector<int32_t> next_ids, keep;
+  std::vector<int64_t> offset;
+  int64_t T = 0;
+  for (const MtpItem& it : items) {
+    const int64_t n = int64_t(it.next_ids.size());
+    if (it.seq->private_cache) reserve_private(*it.seq, it.seq->mtp_length + n);
+    parts.push_back({n, it.seq->mtp_length, it.seq->slot, it.seq->block_table});
+    next_ids.insert(next_ids.end(), it.next_ids.begin(), it.next_ids.end());
+    offset.push_back(T);
+    for (int64_t r = it.mode == LogitsMode::Last ? n - 1 : 0; r < n; ++r) keep.push_back(int32_t(T + r));
+    T += n;
+  }
+  CachePool& cache = *items[0].seq->cache;
   // Every rank runs the layer over its shards (its query heads, its slice of every expert), in lock step through
   // the collectives, as a trunk layer; callers see rank 0's outputs.
-  MtpOutput result;
+  Tensor logits_all, wide_all;
   threads_->run([&](int r) {
     Rank& rk = *ranks_[size_t(r)];
     Ops& ops = *rk.ops;
@@ -1141,21 +1179,22 @@ Model::MtpOutput Model::run_mtp(SequenceState& seq, const Tensor& hidden, std::s
     const StepScope step(ops, T);
     const MtpWeights& mw = *rk.weights->mtp;
     const double eps = c.rms_norm_eps;
-    const StepSequence part{T, seq.mtp_length, seq.slot, seq.block_table};
-    const StepBatch batch = make_step_batch(ops, {&part, 1}, seq.cache->block_size);
-    LayerCache& lc = seq.cache->ranks[size_t(r)][size_t(c.num_hidden_layers)];
+    const StepBatch batch = make_step_batch(ops, parts, cache.block_size);
+    LayerCache& lc = cache.ranks[size_t(r)][size_t(c.num_hidden_layers)];
 
     ops.profile_phase("mtp");
-    // `hidden` is rank 0's; the other ranks receive it as the sum of it and their zeros (exact).
-    Tensor hid = hidden;
-    if (tp() > 1) {
+    // `hidden` is rank 0's (the items' rows stacked); the other ranks receive it as the sum of it and their zeros
+    // (exact).
+    Tensor hid = items[0].hidden;
+    if (items.size() > 1 || tp() > 1) {
       hid = ops.empty({T, W});
       if (rk.index == 0) {
-        ops.copy_rows(hidden, 0, hid, 0, T);
+        for (size_t i = 0; i < items.size(); ++i)
+          ops.copy_rows(items[i].hidden, 0, hid, offset[i], int64_t(items[i].next_ids.size()));
       } else {
         ops.fill_zero(hid);
       }
-      comm.all_reduce_sum(hid);
+      if (tp() > 1) comm.all_reduce_sum(hid);
     }
     // e = fc_embedding(ZC-RMSNorm(embed_tokens[next]))  [T, H]
     Tensor e = ops.empty({T, H}), e_fc = ops.empty({T, H});
@@ -1185,12 +1224,27 @@ Model::MtpOutput Model::run_mtp(SequenceState& seq, const Tensor& hidden, std::s
     comm.all_reduce_sum(moe_out);
     pending = {moe_out, rd.inj};
     Tensor h = hyper_connection_mixer(ops, X, pending, mw.mixer, H, eps);  // X: the MTP layer's pre-mixer state
-    if (mode == LogitsMode::Last && T > 1) h = h.rows(T - 1, T);
+    if (int64_t(keep.size()) < T) {
+      if (items.size() == 1) {  // one item's last row
+        h = h.rows(T - 1, T);
+      } else {
+        Tensor kept = ops.empty({int64_t(keep.size()), H});
+        ops.gather_rows(h, ops.upload(keep.data(), DType::I32, {int64_t(keep.size())}), kept);
+        h = kept;
+      }
+    }
     Tensor logits = lm_head(rk, h);
     ops.profile_phase(nullptr);
-    if (r == 0) result = {logits, X};
+    if (r == 0) logits_all = logits, wide_all = X;
   });
-  seq.mtp_length = end;
+  std::vector<MtpOutput> result;
+  int64_t row = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const int64_t n = int64_t(items[i].next_ids.size()), rows = items[i].mode == LogitsMode::Last ? 1 : n;
+    result.push_back({logits_all.rows(row, row + rows), wide_all.rows(offset[i], offset[i] + n)});
+    row += rows;
+    items[i].seq->mtp_length += n;
+  }
   return result;
 }
 

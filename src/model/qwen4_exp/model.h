@@ -228,6 +228,19 @@ class Model {
   /// nodes first (their ranks add zeros for `hidden`), as forward_batch does.
   MtpOutput mtp_forward(SequenceState& seq, const Tensor& hidden, std::span<const int32_t> next_ids,
                         LogitsMode mode = LogitsMode::All);
+  /// One sequence's part of mtp_forward_batch: mtp_forward's arguments.
+  struct MtpItem {
+    SequenceState* seq = nullptr;
+    Tensor hidden;                      ///< F32 [T_i, S*H]
+    std::span<const int32_t> next_ids;  ///< T_i >= 1 ids
+    LogitsMode mode = LogitsMode::All;
+  };
+  /// mtp_forward for several sequences in one step of the MTP layer (the batched drafts of a server step): item i's
+  /// output equals mtp_forward(*items[i].seq, ...) alone, bit for bit on the CPU backend, up to float rounding on
+  /// the GPU. Its logits and wide rows are views of the step's outputs. The sequences must be distinct and share one
+  /// cache pool; private caches, and several nodes, run the items one after another. Throws Error naming the item
+  /// (mtp_forward's checks) before anything runs.
+  std::vector<MtpOutput> mtp_forward_batch(std::span<const MtpItem> items);
 
   /// A copy of the per-sequence recurrent state of `seq` (GDN conv + recurrent, PLE conv tails and n-gram history,
   /// length and mtp_length) in fresh device memory, for an exact rollback after a speculative verify; KV and indexer
@@ -303,7 +316,9 @@ class Model {
   /// Grows a private cache so that `seq` has blocks for `length` positions.
   void reserve_private(SequenceState& seq, int64_t length) const;
   /// A validated MTP step (mtp_forward after its checks and the call sent to the other nodes).
-  MtpOutput run_mtp(SequenceState& seq, const Tensor& hidden, std::span<const int32_t> next_ids, LogitsMode mode);
+  std::vector<MtpOutput> run_mtp(std::span<const MtpItem> items);
+  /// mtp_forward's checks of one item; `what` names it in the message.
+  void check_mtp_item(const MtpItem& item, const std::string& what) const;
   /// A validated step (forward_batch after its checks and the call sent to the other nodes): the host work, then
   /// every rank of this process.
   Tensor run_step(std::span<const BatchItem> items, std::vector<int64_t>* row_offsets, const HiddenHook& hook,
