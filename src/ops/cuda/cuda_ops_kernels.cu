@@ -782,8 +782,7 @@ __global__ void qsa_topk_kernel(Layout lay, const float* __restrict__ scores, in
 // The templates as sm_70 kernels for the NVRTC check (scripts/check-sm70.sh compiles device code only).
 #define FN_DECODE_KERNELS(TT)                                                                                          \
   template __global__ void gemv_f16w_f32x_kernel<TT, 1>(const float*, int64_t, int, GemvSegments, int);                \
-  template __global__ void gemv_f16w_f32x_kernel<TT, 2>(const float*, int64_t, int, GemvSegments, int);                \
-  template __global__ void gemv_f16w_f32x_kernel<TT, 4>(const float*, int64_t, int, GemvSegments, int);                \
+  template __global__ void gemv_f16w_f32x_kernel<TT, kGemvRows>(const float*, int64_t, int, GemvSegments, int);        \
   template __global__ void shared_down_decode_kernel<TT>(const float*, const float*, const __half*, const float*, int, \
                                                          int, float*);                                                 \
   template __global__ void hc_down_kernel<TT>(const float*, const float*, const float*, const __half*, const __half*,  \
@@ -1096,16 +1095,17 @@ cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, int K, const Gemv
                                   cudaStream_t stream) {
   if (tokens == 0 || segments.count == 0) return cudaSuccess;
   if (segments.count > kGemvMaxSegments) return cudaErrorInvalidValue;
-  // Rows per warp: from 2 tokens on, kGemvRows, or fewer where that would leave fewer than about 4,096 warps even at
-  // 8 warps per group (the router's 512 rows, the shared expert's 1,280 take 1 and 2); one token: 1. With
-  // FLASHNEXT_CUDA_GEMV_ROWS=1 always 1 (for before/after measurements).
+  // Rows per warp: from 2 tokens on, kGemvRows where the product has rows for about 4,096 warps at 8 warps per group
+  // (2,048 rows); the router's 512 rows and the shared expert's 1,280 keep one (2 rows a warp made the latter slower
+  // on the H100: 1.37 -> 1.49 ms a 4-token step). One token: 1. FLASHNEXT_CUDA_GEMV_ROWS=1: always 1 (for
+  // before/after measurements).
   static const bool one_row = [] {
     const char* v = std::getenv("FLASHNEXT_CUDA_GEMV_ROWS");
     return v && std::atoi(v) == 1;
   }();
-  int R = 1;
-  if (tokens > 1 && !one_row)
-    while (R < kGemvRows && int64_t(segments.rows_end[segments.count - 1]) / (2 * R) * kWarps >= 4096) R *= 2;
+  const int R = tokens > 1 && !one_row && int64_t(segments.rows_end[segments.count - 1]) * kWarps / kGemvRows >= 4096
+                    ? kGemvRows
+                    : 1;
   GemvSegments seg = segments;
   int groups = 0;
   for (int i = 0; i < seg.count; ++i) {
@@ -1125,16 +1125,13 @@ cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, int K, const Gemv
   while (parts < max_parts && int64_t(groups) * parts < 4096) parts *= 2;
   const int groups_per_block = kWarps / parts;
   const unsigned blocks = unsigned((int64_t(groups) + groups_per_block - 1) / groups_per_block);
-  switch (tokens * 4 + (R == 1 ? 0 : R == 2 ? 1 : 2)) {
-#define FN_GEMV_CASE(TT)                                                                      \
-  case TT * 4:                                                                                \
-    launch(gemv_f16w_f32x_kernel<TT, 1>, blocks, kThreads, 0, stream, x, ldx, K, seg, parts); \
-    break;                                                                                    \
-  case TT * 4 + 1:                                                                            \
-    launch(gemv_f16w_f32x_kernel<TT, 2>, blocks, kThreads, 0, stream, x, ldx, K, seg, parts); \
-    break;                                                                                    \
-  case TT * 4 + 2:                                                                            \
-    launch(gemv_f16w_f32x_kernel<TT, 4>, blocks, kThreads, 0, stream, x, ldx, K, seg, parts); \
+  switch (tokens * 2 + (R == 1 ? 0 : 1)) {
+#define FN_GEMV_CASE(TT)                                                                              \
+  case TT * 2:                                                                                        \
+    launch(gemv_f16w_f32x_kernel<TT, 1>, blocks, kThreads, 0, stream, x, ldx, K, seg, parts);         \
+    break;                                                                                            \
+  case TT * 2 + 1:                                                                                    \
+    launch(gemv_f16w_f32x_kernel<TT, kGemvRows>, blocks, kThreads, 0, stream, x, ldx, K, seg, parts); \
     break;
     FN_GEMV_CASE(1) FN_GEMV_CASE(2) FN_GEMV_CASE(3) FN_GEMV_CASE(4)
     FN_GEMV_CASE(5) FN_GEMV_CASE(6) FN_GEMV_CASE(7) FN_GEMV_CASE(8)

@@ -32,7 +32,7 @@ constexpr int kGemvMaxTokens = 8;
 /// Projections of one input that one GEMV launch computes at most.
 constexpr int kGemvMaxSegments = 8;
 /// Weight rows per warp of the decode GEMV from 2 tokens on (their activation loads shared; one token, or a product of
-/// few rows: fewer, launch_gemv_f16w_f32x). 1, 2 or 4.
+/// fewer than 2,048 rows: one, launch_gemv_f16w_f32x).
 constexpr int kGemvRows = 4;
 /// The weights of one GEMV launch: segment s has FP16 weights w[s] [N_s, K], an optional FP16 bias[s] [N_s] and the
 /// FP32 output y[s] [tokens, ldy[s]]; rows_end[s] = N_0 + ... + N_s.
@@ -64,9 +64,8 @@ cudaError_t launch_embedding_f32(const __half* table, int64_t vocab, int hidden,
 cudaError_t launch_add_bias(float* y, const __half* bias, int64_t rows, int cols, cudaStream_t stream);
 /// y_s[t, n] = sum_k x[t, k] * w_s[n, k] (+ bias_s[n]) in float32 for tokens <= kGemvMaxTokens and every segment s of
 /// `seg`: the FP16 weights read once in 16-byte vectors, FP32 activations x [tokens, K] (row stride ldx), FP32
-/// outputs; a warp per row (one token) or per 2 or kGemvRows rows where the product has rows enough for 4,096 warps
-/// (FLASHNEXT_CUDA_GEMV_ROWS=1: one), 1 to 8 warps per such group (split-K for products of few rows, up to
-/// FLASHNEXT_CUDA_GEMV_SPLIT). Needs
+/// outputs; a warp per row (one token, or fewer than 2,048 rows) or per kGemvRows rows (FLASHNEXT_CUDA_GEMV_ROWS=1:
+/// always one), 1 to 8 warps per such group (split-K for products of few rows, up to FLASHNEXT_CUDA_GEMV_SPLIT). Needs
 /// K % 8 == 0, every w and x row 16-byte aligned (cudaErrorInvalidValue for more tokens or segments; alignment is the
 /// caller's check).
 cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, int K, const GemvSegments& seg, int tokens,
