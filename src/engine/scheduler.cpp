@@ -985,7 +985,7 @@ bool Scheduler::step_impl() {
   // Speculative decoding: the decodes of speculating sequences become verify items of 1 + drafts tokens, from the
   // budget and the free blocks left once everything else is scheduled (drafts never preempt nor delay a prefill).
   if (config_.speculative.enabled()) {
-    // A sequence's drafts become its verify (after a checkpoint of its state); false when it decodes without them.
+    // A sequence's drafts become its verify (after a checkpoint of its state); none, or no checkpoint: it decodes.
     auto take = [&](Scheduled& b, const std::vector<int32_t>& drafts) {
       Seq& s = *b.seq;
       if (drafts.empty()) return;
