@@ -314,7 +314,15 @@ __global__ void shared_down_decode_kernel(const float* __restrict__ g, const flo
 // stores X' in place. Needs H, R multiples of 8, S a power of two <= kHcMaxStreamsDecode, rows 16-byte aligned.
 constexpr int kHcMaxStreamsDecode = 8;
 constexpr int kHcDownRows = 4;  // rows per hc_down block: they share the block's X and norm loads
-constexpr int kHcDownThreads = 512;
+// Threads of an hc_down block: a slice of 8 inputs each, the 320 slices of a stream at the released width (2,560).
+constexpr int kHcDownThreads = 320;
+// Blocks per SM hc_down is compiled for (its registers capped to fit): with the per-token accumulators of 2-4 tokens
+// it took 102 registers, one 320-thread block an SM, its 324 blocks (released widths) in 2.5 waves; 96 fit two (1.2
+// waves) without spilling. One token: 3 blocks an SM whatever the cap; 5-8 tokens need more than 96.
+template <int T>
+constexpr int hc_down_min_blocks() {
+  return T >= 2 && T <= 4 ? 2 : 1;
+}
 constexpr int kHcUpSlices = 8;  // 8-wide up-row slices per lane in flight
 
 // X'[t, b*H + 4i .. +4) as hc_read_decode reads it: X plus the pending injection, if any.
@@ -332,10 +340,10 @@ __device__ __forceinline__ float4 hc_x4(const float* __restrict__ X, const float
   return v;
 }
 
-// At most kHcDownThreads threads (one per 8-wide slice of a stream, looping beyond): 128 registers per thread, so the
-// T * (kHcDownRows + 1) accumulators of 8 tokens stay in registers.
+// At most kHcDownThreads threads (one per 8-wide slice of a stream, looping beyond); the T * (kHcDownRows + 1)
+// accumulators stay in registers (hc_down_min_blocks).
 template <int T>
-__global__ void __launch_bounds__(kHcDownThreads)
+__global__ void __launch_bounds__(kHcDownThreads, hc_down_min_blocks<T>())
     hc_down_kernel(const float* __restrict__ X, const float* __restrict__ add_out, const float* __restrict__ add_inj,
                    const __half* __restrict__ norm_w, const __half* __restrict__ down,
                    const __half* __restrict__ inject, int S, int H, int R, int rows, float* __restrict__ part,
