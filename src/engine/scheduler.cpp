@@ -425,35 +425,56 @@ std::vector<std::vector<int32_t>> ModelRunner::propose_mtp_batch(std::span<const
     live.push_back(&s);
     index.push_back(i);
   }
-  // Catch up: row p pairs with token p + 1; the last output gives the first draft. Round k feeds the k-th kept
-  // chunk of every sequence that has one, as one batched MTP step.
-  std::vector<Model::MtpOutput> last(live.size());
-  for (size_t round = 0;; ++round) {
-    std::vector<Model::MtpItem> items;
-    std::vector<size_t> who;
-    for (size_t k = 0; k < live.size(); ++k) {
-      if (round >= live[k]->hidden.size()) continue;
-      const ModelSequence::Rows& r = live[k]->hidden[round];
-      const int64_t n = r.wide.dim(0);
-      items.push_back({&live[k]->state, r.wide, requests[index[k]].tokens.subspan(size_t(r.first + 1), size_t(n)),
-                       LogitsMode::Last});
-      who.push_back(k);
-    }
-    if (items.empty()) break;
-    const std::vector<Model::MtpOutput> out = model_.mtp_forward_batch(items);
-    for (size_t j = 0; j < who.size(); ++j) last[who[j]] = out[j];
-  }
-  std::vector<SequenceState*> seqs;
-  std::vector<int> max_drafts;
-  for (size_t k = 0; k < live.size(); ++k) {
-    live[k]->hidden.clear();
-    seqs.push_back(&live[k]->state);
-    max_drafts.push_back(requests[index[k]].max_drafts);
-  }
   std::vector<std::vector<int32_t>> drafts(requests.size());
   if (live.empty()) return drafts;
-  std::vector<std::vector<int32_t>> chained = chain_mtp_drafts_batch(model_, seqs, last, max_drafts);
-  for (size_t k = 0; k < live.size(); ++k) drafts[index[k]] = std::move(chained[k]);
+  // On a failure every sequence's MTP layer is put back where it was and its kept rows stay, so that each can draft
+  // again alone (the K/V rows written meanwhile are written again).
+  std::vector<int64_t> start;
+  for (ModelSequence* s : live) start.push_back(s->state.mtp_length);
+  try {
+    // Catch up: row p pairs with token p + 1; the last output gives the first draft. Round k feeds the k-th kept
+    // chunk of every sequence that has one, in batched MTP steps of at most kMtpCatchUpRows rows (a larger chunk
+    // alone: the size one sequence's catch-up had).
+    std::vector<Model::MtpOutput> last(live.size());
+    for (size_t round = 0;; ++round) {
+      std::vector<Model::MtpItem> items;
+      std::vector<size_t> who;
+      int64_t rows = 0;
+      auto run = [&] {
+        const std::vector<Model::MtpOutput> out = model_.mtp_forward_batch(items);
+        for (size_t j = 0; j < who.size(); ++j) last[who[j]] = out[j];
+        items.clear();
+        who.clear();
+        rows = 0;
+      };
+      bool any = false;
+      for (size_t k = 0; k < live.size(); ++k) {
+        if (round >= live[k]->hidden.size()) continue;
+        any = true;
+        const ModelSequence::Rows& r = live[k]->hidden[round];
+        const int64_t n = r.wide.dim(0);
+        if (!items.empty() && rows + n > kMtpCatchUpRows) run();
+        items.push_back({&live[k]->state, r.wide, requests[index[k]].tokens.subspan(size_t(r.first + 1), size_t(n)),
+                         LogitsMode::Last});
+        who.push_back(k);
+        rows += n;
+      }
+      if (!any) break;
+      if (!items.empty()) run();
+    }
+    std::vector<SequenceState*> seqs;
+    std::vector<int> max_drafts;
+    for (size_t k = 0; k < live.size(); ++k) {
+      seqs.push_back(&live[k]->state);
+      max_drafts.push_back(requests[index[k]].max_drafts);
+    }
+    std::vector<std::vector<int32_t>> chained = chain_mtp_drafts_batch(model_, seqs, last, max_drafts);
+    for (size_t k = 0; k < live.size(); ++k) drafts[index[k]] = std::move(chained[k]);
+  } catch (...) {
+    for (size_t k = 0; k < live.size(); ++k) live[k]->state.mtp_length = start[k];
+    throw;
+  }
+  for (ModelSequence* s : live) s->hidden.clear();
   return drafts;
 }
 
@@ -1025,7 +1046,7 @@ bool Scheduler::step_impl() {
       int64_t k = std::min<int64_t>({int64_t(s.spec_k), remaining - 1, budget});
       while (k > 0 && !planner_.try_grow(s.blocks, s.num_computed + 1 + k)) --k;  // blocks for 1 + k positions
       if (k <= 0) continue;
-      if (mtp) {  // k drafts (fewer only at max_position_embeddings)
+      if (mtp) {  // k drafts (fewer only at max_position_embeddings, none for a fork not yet fed: budget left unused)
         wants.emplace_back(&b, k);
         budget -= k;
         continue;
@@ -1040,8 +1061,11 @@ bool Scheduler::step_impl() {
       std::vector<std::vector<int32_t>> drafts;
       try {
         drafts = runner_.propose_mtp_batch(requests);
+        FN_CHECK(drafts.size() == wants.size(), "propose_mtp_batch gave {} draft lists for {} sequences", drafts.size(),
+                 wants.size());
       } catch (const std::exception& e) {  // one at a time, so that only the failing sequences go without drafts
         spdlog::warn("scheduler: batched MTP drafting failed ({}); drafting one sequence at a time", e.what());
+        drafts.clear();
         for (const auto& [b, k] : wants) drafts.push_back(propose_one(*b, k));
       }
       for (size_t i = 0; i < wants.size(); ++i) {

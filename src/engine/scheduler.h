@@ -338,7 +338,8 @@ class Runner {
   };
   /// propose_mtp for several distinct sequences, their drafts in request order, each equal to propose_mtp's for it.
   /// This default runs propose_mtp one request after another; ModelRunner batches the MTP steps of all of them (one
-  /// per catch-up round and per draft position). Throws Error as propose_mtp; then no request's drafts are given.
+  /// per catch-up round and per draft position). Throws Error as propose_mtp; then no request's drafts are given,
+  /// and (ModelRunner) every sequence's MTP layer and kept rows are as before the call, so each can draft alone.
   virtual std::vector<std::vector<int32_t>> propose_mtp_batch(std::span<const MtpRequest> requests) {
     std::vector<std::vector<int32_t>> drafts;
     for (const MtpRequest& r : requests) drafts.push_back(propose_mtp(*r.seq, r.block_table, r.tokens, r.max_drafts));
@@ -377,6 +378,8 @@ class ModelRunner : public Runner {
   std::vector<int32_t> propose_mtp(RunnerSequence& seq, std::span<const int32_t> block_table,
                                    std::span<const int32_t> tokens, int max_drafts) override;
   std::vector<std::vector<int32_t>> propose_mtp_batch(std::span<const MtpRequest> requests) override;
+  /// Rows of one batched MTP catch-up step at most (a single larger chunk runs alone, as it did before batching).
+  static constexpr int64_t kMtpCatchUpRows = 1024;
 
  private:
   Model& model_;

@@ -79,7 +79,7 @@ std::vector<std::vector<int32_t>> chain_mtp_drafts_batch(Model& model, std::span
   std::vector<Tensor> wide(n);
   // The greedy token of each [1, V] logits row (torch.argmax: the first largest), rows gathered into one download.
   auto argmax_rows = [&](const std::vector<Tensor>& rows) {
-    std::vector<float> host(rows.size() * size_t(V));
+    std::vector<float> host;
     if (rows.size() == 1) {
       host = model.download(rows[0]);
     } else {
@@ -106,27 +106,37 @@ std::vector<std::vector<int32_t>> chain_mtp_drafts_batch(Model& model, std::span
     rows.push_back(outs[i].logits.rows(l - 1, l));
     who.push_back(i);
   }
-  while (!who.empty()) {
-    const std::vector<int32_t> ids = argmax_rows(rows);
-    std::vector<Model::MtpItem> items;
-    std::vector<size_t> next;
-    for (size_t k = 0; k < who.size(); ++k) {
-      const size_t i = who[k];
-      drafts[i].push_back(ids[k]);
-      if (int(drafts[i].size()) < max_drafts[i] && seqs[i]->mtp_length < max_pos) {
-        items.push_back({seqs[i], wide[i], {&drafts[i].back(), 1}, LogitsMode::Last});
-        next.push_back(i);
+  // One draft position of every sequence still drafting per pass; seq.mtp_length put back afterwards, also when a
+  // step throws.
+  auto chain = [&] {
+    while (!who.empty()) {
+      const std::vector<int32_t> ids = argmax_rows(rows);
+      std::vector<Model::MtpItem> items;
+      std::vector<size_t> next;
+      for (size_t k = 0; k < who.size(); ++k) {
+        const size_t i = who[k];
+        drafts[i].push_back(ids[k]);
+        if (int(drafts[i].size()) < max_drafts[i] && seqs[i]->mtp_length < max_pos) {
+          items.push_back({seqs[i], wide[i], {&drafts[i].back(), 1}, LogitsMode::Last});
+          next.push_back(i);
+        }
       }
-    }
-    rows.clear();
-    if (!items.empty()) {
-      const std::vector<Model::MtpOutput> step = model.mtp_forward_batch(items);
-      for (size_t k = 0; k < next.size(); ++k) {
-        wide[next[k]] = step[k].wide;
-        rows.push_back(step[k].logits);
+      rows.clear();
+      if (!items.empty()) {
+        const std::vector<Model::MtpOutput> step = model.mtp_forward_batch(items);
+        for (size_t k = 0; k < next.size(); ++k) {
+          wide[next[k]] = step[k].wide;
+          rows.push_back(step[k].logits);
+        }
       }
+      who = std::move(next);
     }
-    who = std::move(next);
+  };
+  try {
+    chain();
+  } catch (...) {
+    for (size_t i = 0; i < n; ++i) seqs[i]->mtp_length = committed[i];
+    throw;
   }
   for (size_t i = 0; i < n; ++i) seqs[i]->mtp_length = committed[i];
   return drafts;

@@ -605,6 +605,68 @@ TEST(SchedulerSpeculative, DeviceSamplingVerifiesEveryRowWithTheOffsetsOfPlainDe
   }
 }
 
+// ModelRunner::propose_mtp_batch: the batched MTP drafts of two sequences (two kept chunks each, so two catch-up
+// rounds) equal each one's propose_mtp on a twin fed the same; a batch that fails in its second round (a token id
+// outside the vocabulary there) leaves every sequence's MTP layer and kept rows as they were, so each then drafts
+// alone exactly as its twin.
+TEST(SchedulerSpeculative, BatchedMtpDraftsEqualOneByOneAndAFailedBatchLeavesNoTrace) {
+  Model& model = shared_model(kTinyMtp, true);
+  const int64_t V = model.config().vocab_size;
+  SpecEngine e(model, {.spec = {SpeculativeConfig::Method::Mtp, 3}});
+  ModelRunner& runner = e.runner;
+  const std::vector<std::vector<int32_t>> prompts{prompt_of(9, 1, V), prompt_of(14, 2, V)};
+  // Sequences 0, 1 (batched) and their twins 2, 3 (one by one), each fed its prompt in two chunks, rows kept.
+  std::vector<std::unique_ptr<RunnerSequence>> seqs;
+  std::vector<std::vector<int32_t>> tables;
+  for (int32_t i = 0; i < 4; ++i) {
+    seqs.push_back(runner.new_sequence(i));
+    tables.push_back({2 * i, 2 * i + 1});
+  }
+  for (int64_t part = 0; part < 2; ++part) {
+    std::vector<Runner::Item> items;
+    for (size_t i = 0; i < 4; ++i) {
+      const std::vector<int32_t>& p = prompts[i % 2];
+      const size_t half = p.size() / 2, a = part ? half : 0, b = part ? p.size() : half;
+      Runner::Item it;
+      it.seq = seqs[i].get();
+      it.ids = std::span<const int32_t>(p).subspan(a, b - a);
+      it.block_table = tables[i];
+      it.slot = int32_t(i);
+      it.keep_hidden = true;
+      items.push_back(it);
+    }
+    runner.forward(items);
+    for (const Runner::Item& it : items) ASSERT_TRUE(it.error.empty()) << it.error;
+  }
+  // Each sequence's tokens: its prompt and one more (the token the MTP layer pairs with its last row).
+  std::vector<std::vector<int32_t>> tokens;
+  for (const auto& p : prompts) {
+    tokens.push_back(p);
+    tokens.back().push_back(int32_t(7 % V));
+  }
+  // A failing batch: sequence 1's tokens of its second chunk hold an id outside the vocabulary.
+  std::vector<int32_t> bad = tokens[1];
+  bad[bad.size() - 2] = int32_t(V + 5);
+  const Runner::MtpRequest failing[2] = {{seqs[0].get(), tables[0], tokens[0], 3}, {seqs[1].get(), tables[1], bad, 3}};
+  try {
+    runner.propose_mtp_batch(failing);
+    ADD_FAILURE() << "a token id outside the vocabulary was drafted from";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("outside the vocabulary"), std::string::npos) << err.what();
+  }
+  // The same two batched, then their twins one by one: the same drafts.
+  const Runner::MtpRequest batched[2] = {{seqs[0].get(), tables[0], tokens[0], 3},
+                                         {seqs[1].get(), tables[1], tokens[1], 2}};
+  const auto got = runner.propose_mtp_batch(batched);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0], runner.propose_mtp(*seqs[2], tables[2], tokens[0], 3));
+  EXPECT_EQ(got[1], runner.propose_mtp(*seqs[3], tables[3], tokens[1], 2));
+  EXPECT_EQ(got[0].size(), 3u);
+  EXPECT_EQ(got[1].size(), 2u);
+  // Caught up: no kept rows left, so no drafts until the sequences are fed again.
+  EXPECT_EQ(runner.propose_mtp_batch(batched), (std::vector<std::vector<int32_t>>{{}, {}}));
+}
+
 TEST(SchedulerSpeculative, BadSettingsAreErrorsNamingThem) {
   Model& model = shared_model(kTinyA, false);
   auto message = [&](auto&& f) {

@@ -99,8 +99,13 @@ void add_dense(std::vector<OpCase>& v) {
   v.push_back(linear_case(1, 12 * kHeadDim, kH, false));       // TP2 o_proj
   v.push_back(linear_case(3, kH, 12 * 2 * kHeadDim, true));    // TP2 q_proj (with attention_bias)
   for (int64_t T : {0, 1, 4, 8, 11}) v.push_back(linear_group_case(T, 136, {200, 24, 8}, {false, true, false}));
-  // The CUDA GEMV takes 4 rows per warp from 2 tokens on: segments whose rows leave a partial group (1, 2 or 3 rows).
-  for (int64_t T : {2, 3, 6}) v.push_back(linear_group_case(T, 136, {203, 5, 1, 2}, {true, false, true, false}));
+  // The CUDA GEMV takes 4 rows per warp from 2 tokens on where a launch has 2,048 rows or more: segments whose rows
+  // leave a partial group (1, 2 or 3 rows), and the same shapes below that size (one row a warp).
+  for (int64_t T : {2, 3, 6}) {
+    v.push_back(linear_group_case(T, 136, {2049, 3, 1, 6}, {true, false, true, false}));
+    v.push_back(linear_group_case(T, 136, {203, 5, 1, 2}, {true, false, true, false}));
+  }
+  v.push_back(linear_case(4, 264, 2051, true));
   v.push_back(linear_case(4, 264, 201, true));
   // GDN projections at TP4 (qkv | z | b | a) and QSA's at TP2 (q | k | v | index q | index k).
   v.push_back(linear_group_case(5, kH, {kGdnTp4.conv_dim(), 12 * 128, 12, 12}, {}));
