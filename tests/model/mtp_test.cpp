@@ -106,11 +106,10 @@ TEST(Mtp, ChunkedEqualsWhole) {
 
 // The MTP layer over several sequences of one cache pool in one step (the batched drafts of a server step): each
 // sequence's logits and pre-mixer rows equal its own mtp_forward's bit for bit (CPU), with mixed logits modes; the
-// chained greedy drafts of chain_mtp_drafts_batch equal chain_mtp_drafts per sequence, with different draft counts; the
-// items are checked before anything runs.
-TEST(Mtp, BatchedEqualsOneByOne) {
+// chained greedy drafts of chain_mtp_drafts_batch equal chain_mtp_drafts per sequence, with different draft counts;
+// the items are checked before anything runs. At TP 1, 2 and 4 (the stacked hidden rows handed to every rank).
+void expect_batched_equals_one_by_one(Model& model) {
   Reference ref("tiny-mtp");
-  Model& model = mtp_model();
   const auto prompt = ref.ids("prompt");
   const int64_t bs = 16;
   const std::vector<int64_t> lengths{9, 23, 1};
@@ -173,6 +172,17 @@ TEST(Mtp, BatchedEqualsOneByOne) {
     }
   }
   for (size_t i = 0; i < lengths.size(); ++i) EXPECT_EQ(pooled[i].mtp_length, lengths[i]);
+}
+
+TEST(Mtp, BatchedEqualsOneByOne) {
+  expect_batched_equals_one_by_one(mtp_model());
+  for (int tp : {2, 4}) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    ModelOptions o;
+    o.load_mtp = true;
+    o.tp = tp;
+    expect_batched_equals_one_by_one(*Model::load(source_path(kMtpModel), o));
+  }
 }
 
 TEST(Mtp, BadUseFailsClearly) {
