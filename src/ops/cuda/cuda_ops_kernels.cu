@@ -320,9 +320,7 @@ constexpr int kHcDownThreads = 320;
 // it took 102 registers, one 320-thread block an SM, its 324 blocks (released widths) in 2.5 waves; 96 fit two (1.2
 // waves) without spilling. One token: 3 blocks an SM whatever the cap; 5-8 tokens need more than 96.
 template <int T>
-constexpr int hc_down_min_blocks() {
-  return T >= 2 && T <= 4 ? 2 : 1;
-}
+constexpr int kHcDownMinBlocks = T >= 2 && T <= 4 ? 2 : 1;
 constexpr int kHcUpSlices = 8;  // 8-wide up-row slices per lane in flight
 
 // X'[t, b*H + 4i .. +4) as hc_read_decode reads it: X plus the pending injection, if any.
@@ -341,9 +339,9 @@ __device__ __forceinline__ float4 hc_x4(const float* __restrict__ X, const float
 }
 
 // At most kHcDownThreads threads (one per 8-wide slice of a stream, looping beyond); the T * (kHcDownRows + 1)
-// accumulators stay in registers (hc_down_min_blocks).
+// accumulators stay in registers (kHcDownMinBlocks).
 template <int T>
-__global__ void __launch_bounds__(kHcDownThreads, hc_down_min_blocks<T>())
+__global__ void __launch_bounds__(kHcDownThreads, kHcDownMinBlocks<T>)
     hc_down_kernel(const float* __restrict__ X, const float* __restrict__ add_out, const float* __restrict__ add_inj,
                    const __half* __restrict__ norm_w, const __half* __restrict__ down,
                    const __half* __restrict__ inject, int S, int H, int R, int rows, float* __restrict__ part,
