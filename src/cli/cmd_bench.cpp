@@ -352,12 +352,14 @@ json speculative_decode(Model& m, const BenchArgs& a, const SpeculativeConfig& s
       m.copy_state_slot(*s.cache, s.slot, 1);
       StateInputs kept;
       const BatchItem verify{&s, feed, LogitsMode::All, refeed ? nullptr : &kept};
-      ops.set_profiling(profiled);
+      if (profiled) ops.set_profiling(true);
       const Tensor logits = m.forward_batch({&verify, 1}, nullptr, {}, &wide);
       const int32_t bonus = sample(m, logits.rows(j, j + 1), 0.f, 0, 0)[0];
       const double verify_t = ms_since(t);
-      if (profiled) verify_prof = profile_json(ops.profile_times(), 1.0);
-      ops.set_profiling(profiled);
+      if (profiled) {
+        verify_prof = profile_json(ops.profile_times(), 1.0);
+        ops.set_profiling(true);  // the marks start again for the rollback
+      }
       double rollback = 0;
       if (j < K) {  // the rejected drafts leave: the state comes back, advanced over the accepted tokens
         m.copy_state_slot(*s.cache, 1, s.slot);
@@ -372,7 +374,7 @@ json speculative_decode(Model& m, const BenchArgs& a, const SpeculativeConfig& s
         rollback = ms_since(t);
         if (profiled) rollback_prof = profile_json(ops.profile_times(), 1.0);
       }
-      ops.set_profiling(false);
+      if (profiled) ops.set_profiling(false);
       double catchup = 0;
       if (mtp) {  // the MTP layer over the accepted rows, paired with the tokens after them; its last row drafts next
         std::vector<int32_t> next(feed.begin() + 1, feed.begin() + 1 + j);

@@ -106,39 +106,37 @@ std::vector<std::vector<int32_t>> chain_mtp_drafts_batch(Model& model, std::span
     rows.push_back(outs[i].logits.rows(l - 1, l));
     who.push_back(i);
   }
-  // One draft position of every sequence still drafting per pass; seq.mtp_length put back afterwards, also when a
-  // step throws.
-  auto chain = [&] {
-    while (!who.empty()) {
-      const std::vector<int32_t> ids = argmax_rows(rows);
-      std::vector<Model::MtpItem> items;
-      std::vector<size_t> next;
-      for (size_t k = 0; k < who.size(); ++k) {
-        const size_t i = who[k];
-        drafts[i].push_back(ids[k]);
-        if (int(drafts[i].size()) < max_drafts[i] && seqs[i]->mtp_length < max_pos) {
-          items.push_back({seqs[i], wide[i], {&drafts[i].back(), 1}, LogitsMode::Last});
-          next.push_back(i);
-        }
-      }
-      rows.clear();
-      if (!items.empty()) {
-        const std::vector<Model::MtpOutput> step = model.mtp_forward_batch(items);
-        for (size_t k = 0; k < next.size(); ++k) {
-          wide[next[k]] = step[k].wide;
-          rows.push_back(step[k].logits);
-        }
-      }
-      who = std::move(next);
+  // seq.mtp_length is put back afterwards, also when a step throws.
+  struct PutBack {
+    std::span<SequenceState* const> seqs;
+    const std::vector<int64_t>& committed;
+    ~PutBack() {
+      for (size_t i = 0; i < seqs.size(); ++i) seqs[i]->mtp_length = committed[i];
     }
-  };
-  try {
-    chain();
-  } catch (...) {
-    for (size_t i = 0; i < n; ++i) seqs[i]->mtp_length = committed[i];
-    throw;
+  } put_back{seqs, committed};
+  // One draft position of every sequence still drafting per pass.
+  while (!who.empty()) {
+    const std::vector<int32_t> ids = argmax_rows(rows);
+    std::vector<Model::MtpItem> items;
+    std::vector<size_t> next;
+    for (size_t k = 0; k < who.size(); ++k) {
+      const size_t i = who[k];
+      drafts[i].push_back(ids[k]);
+      if (int(drafts[i].size()) < max_drafts[i] && seqs[i]->mtp_length < max_pos) {
+        items.push_back({seqs[i], wide[i], {&drafts[i].back(), 1}, LogitsMode::Last});
+        next.push_back(i);
+      }
+    }
+    rows.clear();
+    if (!items.empty()) {
+      const std::vector<Model::MtpOutput> step = model.mtp_forward_batch(items);
+      for (size_t k = 0; k < next.size(); ++k) {
+        wide[next[k]] = step[k].wide;
+        rows.push_back(step[k].logits);
+      }
+    }
+    who = std::move(next);
   }
-  for (size_t i = 0; i < n; ++i) seqs[i]->mtp_length = committed[i];
   return drafts;
 }
 
