@@ -4,7 +4,8 @@
 # GPU MACHINE from the repo root after `bash scripts/gpu-bench.sh --prepare` here (carry ["gpu/bench/bundle.tar.xz"]).
 #   KERNELS  regex of kernel names (default: the decode GEMVs, w4_gemv); COUNT launches profiled (default 4: the
 #            gate/up and down kernels of the first two calls, one token); FORMAT a bench_moe_w4a16 format filter
-#            (default nvfp4).
+#            (default nvfp4); TOKENS its token counts (default all; e.g. KERNELS=w4_gemm_mma COUNT=2 TOKENS=4096: the
+#            prefill GEMM of a 4K prompt).
 # Writes $OUT/ncu-w4.txt (and prints per kernel its duration, issue rate and main stall reasons), and $OUT/sass-w4.txt
 # (the SASS of the kernels matching SASS, default w4_gemv, where cuobjdump is installed).
 set -uo pipefail
@@ -17,7 +18,7 @@ timeout 300 ncu --clock-control none --kernel-name "regex:${KERNELS:-w4_gemv}" -
   --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
   --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
   --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$' \
-  "$G/bin/bench_moe_w4a16" "${FORMAT:-nvfp4}" >"$OUT/ncu-w4.txt" 2>&1
+  "$G/bin/bench_moe_w4a16" "${FORMAT:-nvfp4}" ${TOKENS:+"$TOKENS"} >"$OUT/ncu-w4.txt" 2>&1
 echo "gpu-ncu-w4: ncu exit $?, $(grep -c 'Section: GPU Speed Of Light' "$OUT/ncu-w4.txt") kernel reports in $OUT/ncu-w4.txt"
 # Per kernel: duration, issue rate, and the stall reasons that cost more than 0.3 cycles per issued instruction.
 awk '/^  [a-z_].*\(/{print substr($0, 1, 90)} /Duration|Issued Warp Per Scheduler|Achieved Occupancy|Issued Instructions  /{print}

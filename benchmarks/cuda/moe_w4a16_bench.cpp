@@ -1,16 +1,19 @@
 // bench_moe_w4a16: the W4A16 routed-expert MoE (ops/cuda/moe_w4a16.h) at the released geometry: 512 experts,
 // hidden 2560, expert width 640, top-10, experts in NVFP4 and in int4 group 32 (symmetric). Random routing (10
-// distinct experts per token), random weights in the repacked layout. One markdown row per (format, tokens, path):
+// distinct experts per token), random weights in the repacked layout. One markdown row per (format, tokens, path;
+// the GEMV paths up to 256 tokens, the two GEMM kernels at every size):
 // time per moe_w4a16_routed call (grouping + both expert GEMMs + combine; CUDA events, mean of the timed calls after
 // warm-up), the achieved bandwidth of the expert weight bytes read (the experts hit, each read once) against the
 // 4.3 TB/s measured copy bandwidth of LIMITS.md (and this run's own copy measurement), and the arithmetic rate
 // (2 * slots * 3 * H * I) against LIMITS.md's ~990 TFLOP/s dense FP16 peak and 790 TFLOP/s measured GEMM.
-// Usage: bench_moe_w4a16 [filter-substring of the format name]
+// Usage: bench_moe_w4a16 [filter-substring of the format name] [token counts, comma-separated (default
+// 1,4,16,64,256,1024,4096)]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <numeric>
 #include <random>
@@ -57,6 +60,8 @@ DeviceArray<__half> halfs(size_t n, uint32_t seed) {
   return to_device(h, "bench input");
 }
 
+std::vector<int> g_tokens = {1, 4, 16, 64, 256, 1024, 4096};
+
 void bench_format(const char* name, W4Format f, int group) {
   const int E = 512, H = 2560, I = 640, k = 10;
   const W4Packed gu = random_packed(f, E, 2 * I, H, group, 1), dn = random_packed(f, E, H, I, group, 2);
@@ -66,7 +71,7 @@ void bench_format(const char* name, W4Format f, int group) {
   std::mt19937 rng(5);
   std::vector<int> perm(E);
   std::iota(perm.begin(), perm.end(), 0);
-  for (int T : {1, 4, 16, 64, 256, 1024, 4096}) {
+  for (int T : g_tokens) {
     std::vector<int32_t> ids(size_t(T) * k);
     for (int t = 0; t < T; ++t) {
       std::shuffle(perm.begin(), perm.end(), rng);
@@ -79,7 +84,8 @@ void bench_format(const char* name, W4Format f, int group) {
     DeviceArray<__half> out(size_t(T) * H, "out");
     MoeW4A16Workspace ws(T, k, E, H, I);
     const W4Path chosen = moe_w4a16_pick_path(T, k, E);
-    for (W4Path path : {W4Path::Gemv, W4Path::GemvFma, W4Path::Gemm}) {
+    for (W4Path path : {W4Path::Gemv, W4Path::GemvFma, W4Path::Gemm, W4Path::GemmWmma}) {
+      if (T >= 1024 && (path == W4Path::Gemv || path == W4Path::GemvFma)) continue;  // 20-110 ms a call
       const int iters = T >= 1024 ? 10 : 50;
       const double ms = time_ms(
           [&] {
@@ -96,7 +102,8 @@ void bench_format(const char* name, W4Format f, int group) {
           name, T,
           path == W4Path::Gemv      ? "GEMV"
           : path == W4Path::GemvFma ? "GEMV FMA"
-                                    : "GEMM",
+          : path == W4Path::Gemm    ? "GEMM mma.sync"
+                                    : "GEMM WMMA",
           path == chosen ? " (auto)" : "", hit, ms * 1e3, gbs, 100.0 * gbs / kLimitGbs, 100.0 * gbs / g_copy_gbs,
           tflops, 100.0 * tflops / kPeakTflops, 100.0 * tflops / kMeasuredTflops);
       std::fflush(stdout);
@@ -110,6 +117,19 @@ void bench_format(const char* name, W4Format f, int group) {
 
 int main(int argc, char** argv) {
   const char* filter = argc > 1 ? argv[1] : nullptr;
+  if (argc > 2) {
+    g_tokens.clear();
+    for (const char* p = argv[2]; *p;) {
+      char* end = nullptr;
+      const long v = std::strtol(p, &end, 10);
+      if (end == p || v < 1 || v > 65536) {
+        std::fprintf(stderr, "bench_moe_w4a16: token counts must be integers 1..65536, comma-separated: %s\n", argv[2]);
+        return 2;
+      }
+      g_tokens.push_back(int(v));
+      p = *end == ',' ? end + 1 : end;
+    }
+  }
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     std::fprintf(stderr, "bench_moe_w4a16: no CUDA GPU\n");

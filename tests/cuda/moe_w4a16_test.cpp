@@ -403,14 +403,15 @@ TEST_P(W4Moe, BothPathsMatchReference) {
   MoeW4A16Workspace ws(T, k, E, H, I);
   DeviceArray<__half> out(size_t(T) * H, "out");
   DeviceArray<float> out32(size_t(T) * H, "out32");
-  for (W4Path path : {W4Path::Gemv, W4Path::GemvFma, W4Path::Gemm}) {
+  for (W4Path path : {W4Path::Gemv, W4Path::GemvFma, W4Path::Gemm, W4Path::GemmWmma}) {
     moe_w4a16_routed(experts, du.get(), H, T, dids.get(), dw.get(), p.shared ? dsh.get() : nullptr,
                      p.shared ? dsg.get() : nullptr, out.get(), H, ws, nullptr, path);
     sync();
     expect_close(host_half(out.get(), size_t(T) * H), ref, 3e-3f, 1e-2f,
                  path == W4Path::Gemv      ? "GEMV path (tensor cores where the GPU has them)"
                  : path == W4Path::GemvFma ? "GEMV path, FP32 FMA"
-                                           : "GEMM path");
+                 : path == W4Path::Gemm    ? "GEMM path (mma.sync where the GPU has it)"
+                                           : "GEMM path, WMMA");
   }
   moe_w4a16_routed(experts, du.get(), H, T, dids.get(), dw.get(), p.shared ? dsh.get() : nullptr,
                    p.shared ? dsg.get() : nullptr, out32.get(), H, ws, nullptr);

@@ -373,6 +373,15 @@ bool gemv_tensor_cores_allowed() {
   return allowed;
 }
 
+// FLASHNEXT_CUDA_W4_GEMM=wmma (read once): the WMMA GEMM kernels on every GPU, for before/after measurements.
+bool gemm_mma_allowed() {
+  static const bool allowed = [] {
+    const char* v = std::getenv("FLASHNEXT_CUDA_W4_GEMM");
+    return !(v && std::string_view(v) == "wmma");
+  }();
+  return allowed;
+}
+
 }  // namespace
 
 bool moe_w4a16_gemv_tensor_cores() {
@@ -426,6 +435,7 @@ void routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, 
         "moe_w4a16_routed gemv down");
     return;
   }
+  const bool mma = path != W4Path::GemmWmma && gemm_mma_allowed();
   FN_CUDA_CHECK(detail::launch_w4_align(ids, slots, E, ws.offsets.get(), ws.sorted_slots.get(), ws.slot_row.get(),
                                         ws.tile_expert.get(), ws.tile_row.get(), ws.num_tiles.get(), ws.status.get(),
                                         stream),
@@ -433,11 +443,11 @@ void routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, 
   const int max_tiles = int(ceil_div(slots, detail::kW4TileM)) + std::min(E, slots);
   FN_CUDA_CHECK(detail::launch_w4_gemm_gate_up(gu, u, ldu, ws.top_k, I, ws.offsets.get(), ws.sorted_slots.get(),
                                                ws.tile_expert.get(), ws.tile_row.get(), ws.num_tiles.get(), max_tiles,
-                                               ws.h.get(), stream),
+                                               ws.h.get(), mma && detail::w4_gemm_tensor_cores(gu), stream),
                 "moe_w4a16_routed gemm gate_up");
   FN_CUDA_CHECK(detail::launch_w4_gemm_down(dn, ws.h.get(), H, I, ws.offsets.get(), ws.sorted_slots.get(), weights,
                                             ws.tile_expert.get(), ws.tile_row.get(), ws.num_tiles.get(), max_tiles,
-                                            ws.ys.get(), stream),
+                                            ws.ys.get(), mma && detail::w4_gemm_tensor_cores(dn), stream),
                 "moe_w4a16_routed gemm down");
   FN_CUDA_CHECK(detail::launch_moe_combine(ws.ys.get(), ws.slot_row.get(), tokens, ws.top_k, H, shared, shared_gate,
                                            out, ldo, stream),

@@ -28,9 +28,11 @@
 //                       FP32, v = e2m1 (NVFP4) or q - z (int4) exact: exact weights, FP32 accumulation. Tensor-core
 //                       kernels (mma.sync m16n8k16, compute capability 8.0+; NVFP4 and int4 groups of 32k): the
 //                       GEMM path's weights w16 with FP32 accumulation, y_n = G_n(sum_k w16_k * x_k).
-//   GEMM path (prefill) WMMA m16n16k16 on FP16 weights w16 = fp16(v * scale16) with FP32 accumulation, then G_n in
-//                       FP32. NVFP4: w16 is exact (e2m1 * e4m3 has <= 6 significant bits, |value| in
-//                       2^-10..2688). int4: w16 is (q - z) * s * 2^-p rounded once to FP16 (relative error <= 2^-11).
+//   GEMM path (prefill) tensor cores on FP16 weights w16 = fp16(v * scale16) with FP32 accumulation, then G_n in
+//                       FP32: mma.sync m16n8k16 with the weights decoded into registers (compute capability 8.0+;
+//                       NVFP4 and int4 groups of 32k), else WMMA m16n16k16 from shared memory (every GPU). NVFP4: w16
+//                       is exact (e2m1 * e4m3 has <= 6 significant bits, |value| in 2^-10..2688). int4: w16 is
+//                       (q - z) * s * 2^-p rounded once to FP16 (relative error <= 2^-11).
 //   Then, as moe_routed: h = fp16(silu(gate) * up), each slot's output fp16(weight * down(h)), the top_k slots of a
 //   token summed in FP32 in slot order (+ the gated shared expert), rounded to the output type.
 #pragma once
@@ -189,11 +191,13 @@ class MoeW4A16Workspace {
   DeviceArray<int32_t> done;
 };
 
-/// Which kernels compute the experts: GEMV (per token slot; for few tokens per expert) or the WMMA GEMM (64-slot
-/// tiles over the slots grouped by expert; prefill). Auto picks per launch, without a device round trip. Gemv runs the
+/// Which kernels compute the experts: GEMV (per token slot; for few tokens per expert) or the GEMM (64-slot tiles over
+/// the slots grouped by expert; prefill). Auto picks per launch, without a device round trip. Gemv runs the
 /// tensor-core GEMV where detail::w4_gemv_tensor_cores allows it and FLASHNEXT_CUDA_W4_GEMV is not `fma`, else the
-/// FP32-FMA GEMV (a lane group per 1-2 outputs, every GPU); GemvFma forces the latter (tests, benchmarks).
-enum class W4Path : uint8_t { Auto, Gemv, GemvFma, Gemm };
+/// FP32-FMA GEMV (a lane group per 1-2 outputs, every GPU); GemvFma forces the latter (tests, benchmarks). Gemm runs
+/// the mma.sync GEMM where detail::w4_gemm_tensor_cores allows it and FLASHNEXT_CUDA_W4_GEMM is not `wmma`, else the
+/// WMMA GEMM (every GPU); GemmWmma forces the latter.
+enum class W4Path : uint8_t { Auto, Gemv, GemvFma, Gemm, GemmWmma };
 
 /// Auto's choice: GEMV when there are at most kW4GemvMaxSlots slots (tokens * top_k) and the mean number of slots
 /// per touched expert, tokens * top_k / min(E, tokens * top_k), is at most kW4GemvMaxMean; else the GEMM. The GEMV

@@ -830,6 +830,223 @@ FN_W4_GEMM(false, true)
 FN_W4_GEMM(false, false)
 #undef FN_W4_GEMM
 
+// ---------------------------------------------------------------- tensor-core GEMM with mma.sync (prefill, SM80+)
+
+// The prefill GEMM of compute capability 8.0+ (w4_gemm_tensor_cores): the tiles of launch_w4_align (kW4TileM sorted
+// slots of one expert) times kW4MmaGemmRows weight rows a block, mma.sync m16n8k16 with FP32 accumulation. The roles
+// are those of the tensor-core GEMV: the A operand is the decoded weights times their group scale in FP16 (the same
+// exact / one-rounding values, w4_scaled_word), so a warp decodes each code word once into registers (no shared
+// memory for weights) and uses it for all of the tile's slots; the B operand is 8 slots' activations. k order as in
+// the GEMV: lane (g, t) takes code chunk 4s + t (32 inputs) of its rows g and g + 8 in stage s (128 inputs) and
+// feeds word q's pairs as the A k-slots of two MMA steps, with the same inputs of slot g of each 8-slot group as B.
+// Per stage the activations of the tile's slots (128 inputs, 16 words of 16 bytes a slot, a padding word after every
+// 8 so that the quad's lanes read distinct banks) arrive by cp.async in a ring of two stages, while the code chunks
+// of the next stage are loaded into registers. Slot groups past the tile's slots are neither staged nor computed (a
+// tile of 20 slots costs 3 of 8 groups). Warp w holds kW4MmaGemmTiles 16-row tiles (gate/up: tile rows 0-7 gate rows
+// n, 8-15 the up rows n, so silu(g) u is lane-local) times the 64 slots: 64 FP32 accumulators a lane.
+// Measured alternatives (H100, bench_moe_w4a16, 2026-12-06): 8 warps a block, or 128-slot tiles with one 16-row tile
+// a warp, were slower at every size (the latter 2x at 1,024 tokens); 3 blocks an SM (168 registers, spilling) within
+// 3% either way.
+constexpr int kW4MmaGemmWarps = 4;
+constexpr int kW4MmaGemmTiles = 2;                                      // 16-row tiles a warp
+constexpr int kW4MmaGemmRows = kW4MmaGemmWarps * kW4MmaGemmTiles * 16;  // weight rows a block
+// Output columns of a block: gate/up 64 (each a gate and an up row), down 128.
+template <bool GATE_UP>
+constexpr int kW4MmaGemmOutputs = GATE_UP ? kW4MmaGemmRows / 2 : kW4MmaGemmRows;
+constexpr int kW4MmaGemmGroups = kW4TileM / 8;  // 8-slot groups of a tile
+constexpr int kW4MmaGemmRowWords = 18;          // 16-byte words a slot's row of one stage takes (16 + 2 padding)
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned dst = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+// Without a register bound the kernel takes 254-255 registers (two blocks an SM) and does not spill.
+template <bool GATE_UP, bool NVFP4>
+__global__ void __launch_bounds__(kW4MmaGemmWarps * 32)
+    w4_gemm_mma_kernel(W4Mat w, const __half* __restrict__ a_src, int64_t lda, int top_k, int n_out,
+                       const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted_slots,
+                       const float* __restrict__ weights, const int32_t* __restrict__ tile_expert,
+                       const int32_t* __restrict__ tile_row, const int32_t* __restrict__ num_tiles,
+                       __half* __restrict__ out) {
+  pdl_begin();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int RT = kW4MmaGemmTiles, NG = kW4MmaGemmGroups, RW = kW4MmaGemmRowWords, TM = kW4TileM;
+  constexpr int kThreadsG = kW4MmaGemmWarps * 32;
+  __shared__ uint4 xs[2][TM * RW];
+  __shared__ const __half* arow[TM];
+  __shared__ float slot_weight[TM];  // down: the routing weight of each row's slot
+  const int tile = int(blockIdx.y);
+  if (tile >= *num_tiles) return;
+  const int e = tile_expert[tile], row0 = tile_row[tile], count = min(TM, offsets[e + 1] - row0);
+  const int groups = (count + 7) / 8;  // 8-slot groups with slots (uniform over the block)
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  if (tid < TM) {
+    const int r = row0 + tid;
+    arow[tid] =
+        tid < count ? (GATE_UP ? a_src + int64_t(sorted_slots[r] / top_k) * lda : a_src + int64_t(r) * lda) : nullptr;
+    if (!GATE_UP) slot_weight[tid] = tid < count ? weights[sorted_slots[r]] : 0.f;
+  }
+  // This lane's weight rows: tile i rows g and g + 8 (gate/up: gate row n and up row n of output column n).
+  const int base = e * w.rows;  // E * rows < 2^31 (W4DeviceMatrix)
+  int row_lo[RT], row_hi[RT];
+  int col[RT];  // gate/up: the output column n of tile i; down: the output row of tile row g
+#pragma unroll
+  for (int i = 0; i < RT; ++i) {
+    if (GATE_UP) {
+      col[i] = int(blockIdx.x) * kW4MmaGemmOutputs<true> + (warp * RT + i) * 8 + g;
+      const int n = min(col[i], n_out - 1);
+      row_lo[i] = base + n;
+      row_hi[i] = base + n_out + n;
+    } else {
+      col[i] = int(blockIdx.x) * kW4MmaGemmRows + (warp * RT + i) * 16 + g;
+      row_lo[i] = base + min(col[i], n_out - 1);
+      row_hi[i] = base + min(col[i] + 8, n_out - 1);
+    }
+  }
+  const int chunks = (w.cols / 8 + 3) / 4, stages = w4_mma_supers(w.cols), words = w.cols / 8;
+  __syncthreads();  // arow, slot_weight
+  // Stage s's activations into ring slot b: thread tid copies words tid, tid + 128, ... of the (slot, word) grid (16
+  // consecutive threads a slot row: 256 contiguous bytes), the rows of the tile's groups only; zero past the row and
+  // for the rows of the last group past the tile's slots.
+  auto stage_activations = [&](int s, int b) {
+#pragma unroll
+    for (int i = 0; i < TM * 16 / kThreadsG; ++i) {
+      const int v = tid + i * kThreadsG, r = v >> 4, wd = v & 15, k8 = s * 16 + wd;
+      if (r < groups * 8) {
+        const __half* src = arow[r];
+        const bool valid = src != nullptr && k8 < words;
+        cp_async16(&xs[b][r * RW + wd + (wd >> 3)], valid ? src + int64_t(k8) * 8 : a_src, valid);
+      }
+    }
+    cp_async_commit();
+  };
+  auto load_codes = [&](int s, W4MmaStage(&st)[RT]) {
+#pragma unroll
+    for (int i = 0; i < RT; ++i) st[i] = w4_mma_load<NVFP4>(w, row_lo[i], row_hi[i], 4 * s + t, chunks);
+  };
+  float acc[RT][NG][4];
+#pragma unroll
+  for (int i = 0; i < RT; ++i)
+#pragma unroll
+    for (int j = 0; j < NG; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
+  // Stage s from ring slot b with the codes cur; first the next stage's copies and code loads are issued (into nxt).
+  auto step = [&](int s, int b, const W4MmaStage(&cur)[RT], W4MmaStage(&nxt)[RT]) {
+    if (s + 1 < stages) {
+      stage_activations(s + 1, b ^ 1);
+      load_codes(s + 1, nxt);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // every thread's copies of stage s have landed
+    const uint4* x = xs[b];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      uint32_t vl[RT][4], vh[RT][4];
+#pragma unroll
+      for (int i = 0; i < RT; ++i) {
+        const uint32_t wl = q == 0 ? cur[i].lo.x : q == 1 ? cur[i].lo.y : q == 2 ? cur[i].lo.z : cur[i].lo.w;
+        const uint32_t wh = q == 0 ? cur[i].hi.x : q == 1 ? cur[i].hi.y : q == 2 ? cur[i].hi.z : cur[i].hi.w;
+        uint32_t sl, sh, zl = 0, zh = 0;
+        if (NVFP4) {  // group 2c for words 0-1, 2c + 1 for words 2-3
+          sl = __byte_perm(cur[i].slo, 0, q < 2 ? 0x1010u : 0x3232u);
+          sh = __byte_perm(cur[i].shi, 0, q < 2 ? 0x1010u : 0x3232u);
+        } else {
+          sl = __byte_perm(cur[i].slo, 0, 0x1010u);
+          sh = __byte_perm(cur[i].shi, 0, 0x1010u);
+          zl = cur[i].slo >> 16;
+          zh = cur[i].shi >> 16;
+        }
+        w4_scaled_word<NVFP4>(wl, sl, zl, vl[i]);
+        w4_scaled_word<NVFP4>(wh, sh, zh, vh[i]);
+      }
+      const int wd = 4 * t + q;
+#pragma unroll
+      for (int j = 0; j < NG; ++j) {
+        if (j < groups) {
+          const uint4 xv = x[(j * 8 + g) * RW + wd + (wd >> 3)];
+#pragma unroll
+          for (int i = 0; i < RT; ++i) {
+            mma_m16n8k16(acc[i][j], vl[i][0], vh[i][0], vl[i][1], vh[i][1], xv.x, xv.y);
+            mma_m16n8k16(acc[i][j], vl[i][2], vh[i][2], vl[i][3], vh[i][3], xv.z, xv.w);
+          }
+        }
+      }
+    }
+    __syncthreads();  // ring slot b is free for stage s + 2
+  };
+  W4MmaStage c0[RT], c1[RT];
+  stage_activations(0, 0);
+  load_codes(0, c0);
+  for (int s = 0; s < stages; s += 2) {  // unrolled by the ring's two slots, so that no stage is copied
+    step(s, 0, c0, c1);
+    if (s + 1 < stages) step(s + 1, 1, c1, c0);
+  }
+  // Epilogue: acc[i][j][0..1] row g, slots 8j + 2t and 8j + 2t + 1; [2..3] row g + 8.
+  const float k = NVFP4 ? kNvfp4GemvScale : 1.f;
+#pragma unroll
+  for (int i = 0; i < RT; ++i) {
+    if (GATE_UP) {
+      if (col[i] >= n_out) continue;
+      const float gg = w.global[row_lo[i]], gu = w.global[row_hi[i]];
+#pragma unroll
+      for (int j = 0; j < NG; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int r = j * 8 + 2 * t + c;
+          if (r < count) {
+            const float gv = apply_global(acc[i][j][c] * k, gg, w.divide);
+            const float uv = apply_global(acc[i][j][2 + c] * k, gu, w.divide);
+            out[int64_t(row0 + r) * n_out + col[i]] = to_h(siluf_(gv) * uv);
+          }
+        }
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int n = col[i] + 8 * h;
+        if (n >= n_out) continue;
+        const float gn = w.global[base + n];
+#pragma unroll
+        for (int j = 0; j < NG; ++j)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int r = j * 8 + 2 * t + c;
+            if (r < count)
+              out[int64_t(row0 + r) * n_out + n] =
+                  to_h(apply_global(acc[i][j][2 * h + c] * k, gn, w.divide) * slot_weight[r]);
+          }
+      }
+    }
+  }
+#endif
+}
+
+#define FN_W4_GEMM_MMA(GU, NV)                                                                                      \
+  template __global__ void w4_gemm_mma_kernel<GU, NV>(W4Mat, const __half*, int64_t, int, int, const int32_t*,      \
+                                                      const int32_t*, const float*, const int32_t*, const int32_t*, \
+                                                      const int32_t*, __half*);
+FN_W4_GEMM_MMA(true, true)
+FN_W4_GEMM_MMA(true, false)
+FN_W4_GEMM_MMA(false, true)
+FN_W4_GEMM_MMA(false, false)
+#undef FN_W4_GEMM_MMA
+
 }  // namespace
 
 #ifndef __CUDACC_RTC__  // host launchers (NVRTC, used by the SM70 check, compiles device code only)
@@ -893,11 +1110,28 @@ template cudaError_t launch_w4_gemv_down<float>(const W4Mat&, const __half*, con
                                                 int, int, int, __half*, int32_t*, const __half*, const float*, float*,
                                                 int64_t, bool, cudaStream_t);
 
+template <bool GU, class... Args>
+static void launch_w4_gemm_mma(const W4Mat& w, int n_out, int max_tiles, cudaStream_t stream, Args... args) {
+  const int per = kW4MmaGemmOutputs<GU>;
+  launch((w.nvfp4 ? w4_gemm_mma_kernel<GU, true> : w4_gemm_mma_kernel<GU, false>),
+         dim3(unsigned((n_out + per - 1) / per), unsigned(max_tiles)), unsigned(kW4MmaGemmWarps * 32), 0, stream,
+         args...);
+}
+
+bool w4_gemm_tensor_cores(const W4Mat& w) {
+  return (w.nvfp4 || w.group % 32 == 0) && w4_gemv_tensor_cores_compiled();
+}
+
 cudaError_t launch_w4_gemm_gate_up(const W4Mat& w, const __half* u, int64_t ldu, int top_k, int inter,
                                    const int32_t* offsets, const int32_t* sorted_slots, const int32_t* tile_expert,
                                    const int32_t* tile_row, const int32_t* num_tiles, int max_tiles, __half* h,
-                                   cudaStream_t stream) {
+                                   bool tensor_cores, cudaStream_t stream) {
   if (max_tiles == 0) return cudaSuccess;
+  if (tensor_cores) {
+    launch_w4_gemm_mma<true>(w, inter, max_tiles, stream, w, u, ldu, top_k, inter, offsets, sorted_slots,
+                             static_cast<const float*>(nullptr), tile_expert, tile_row, num_tiles, h);
+    return cudaGetLastError();
+  }
   const dim3 grid((inter + kBN - 1) / kBN, max_tiles);
   launch((w.nvfp4 ? w4_gemm_kernel<true, true> : w4_gemm_kernel<true, false>), grid, kThreads, 0, stream, w, u, ldu,
          top_k, inter, offsets, sorted_slots, nullptr, tile_expert, tile_row, num_tiles, h);
@@ -907,8 +1141,13 @@ cudaError_t launch_w4_gemm_gate_up(const W4Mat& w, const __half* u, int64_t ldu,
 cudaError_t launch_w4_gemm_down(const W4Mat& w, const __half* h, int hidden, int inter, const int32_t* offsets,
                                 const int32_t* sorted_slots, const float* weights, const int32_t* tile_expert,
                                 const int32_t* tile_row, const int32_t* num_tiles, int max_tiles, __half* ys,
-                                cudaStream_t stream) {
+                                bool tensor_cores, cudaStream_t stream) {
   if (max_tiles == 0) return cudaSuccess;
+  if (tensor_cores) {
+    launch_w4_gemm_mma<false>(w, hidden, max_tiles, stream, w, h, int64_t(inter), 1, hidden, offsets, sorted_slots,
+                              weights, tile_expert, tile_row, num_tiles, ys);
+    return cudaGetLastError();
+  }
   const dim3 grid((hidden + kBN - 1) / kBN, max_tiles);
   launch((w.nvfp4 ? w4_gemm_kernel<false, true> : w4_gemm_kernel<false, false>), grid, kThreads, 0, stream, w, h, inter,
          1, hidden, offsets, sorted_slots, weights, tile_expert, tile_row, num_tiles, ys);

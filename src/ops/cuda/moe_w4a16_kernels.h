@@ -78,16 +78,21 @@ cudaError_t launch_w4_gemv_down(const W4Mat& w, const __half* h, const int32_t* 
                                 int top_k, int experts, int hidden, int inter, __half* ys, int32_t* done,
                                 const __half* shared, const float* shared_gate, TO* out, int64_t ldo, bool tensor_cores,
                                 cudaStream_t stream);
-/// Tensor-core path (WMMA m16n16k16, FP32 accumulation) over the sorted rows of launch_w4_align: h[r, n] and
-/// ys[r, n] for every sorted row r (combined afterwards by launch_moe_combine).
+/// Whether the mma.sync GEMM kernels (compute capability 8.0+) can compute `w` on the current device: compiled for
+/// it (as w4_gemv_tensor_cores_compiled) and NVFP4 or int4 with groups of a multiple of 32 inputs. Otherwise the
+/// WMMA GEMM (every GPU) runs.
+bool w4_gemm_tensor_cores(const W4Mat& w);
+/// GEMM path (prefill) over the sorted rows of launch_w4_align, FP32 accumulation: h[r, n] = fp16(silu(g) * u) and
+/// ys[r, n] = fp16(weight(slot) * y) for every sorted row r (combined afterwards by launch_moe_combine).
+/// tensor_cores: the mma.sync m16n8k16 kernels (only where w4_gemm_tensor_cores(w)), else WMMA m16n16k16 (SM70 set).
 cudaError_t launch_w4_gemm_gate_up(const W4Mat& w, const __half* u, int64_t ldu, int top_k, int inter,
                                    const int32_t* offsets, const int32_t* sorted_slots, const int32_t* tile_expert,
                                    const int32_t* tile_row, const int32_t* num_tiles, int max_tiles, __half* h,
-                                   cudaStream_t stream);
+                                   bool tensor_cores, cudaStream_t stream);
 cudaError_t launch_w4_gemm_down(const W4Mat& w, const __half* h, int hidden, int inter, const int32_t* offsets,
                                 const int32_t* sorted_slots, const float* weights, const int32_t* tile_expert,
                                 const int32_t* tile_row, const int32_t* num_tiles, int max_tiles, __half* ys,
-                                cudaStream_t stream);
+                                bool tensor_cores, cudaStream_t stream);
 #endif
 
 }  // namespace flashnext::cuda::detail
