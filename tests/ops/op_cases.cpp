@@ -134,6 +134,8 @@ void add_hc(std::vector<OpCase>& v) {
     v.push_back(hc_read_case(9, 3, 40, 24, inject));  // past the decode kernels' 8 rows
     v.push_back(hc_read_case(0, 4, 64, 32, inject));
     v.push_back(hc_read_case(2, kS, kH, kR, inject));  // released width
+    v.push_back(hc_read_case(33, kS, kH, kR, inject));  // released width, the prefill kernels
+    v.push_back(hc_read_case(11, 2, 30, 24, inject));   // prefill mix without vector loads (H not a multiple of 4)
   }
   for (bool inject : {true, false}) {
     for (int64_t T : {1, 3, 8}) {

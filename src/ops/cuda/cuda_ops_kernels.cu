@@ -884,39 +884,11 @@ __global__ void sum_halves_kernel(const float* __restrict__ y2, float* __restric
   }
 }
 
-__global__ void silu_scale_f32_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n, float scale) {
-  pdl_begin();
-  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
-    y[i] = siluf_(x[i] * scale);
-}
-
 __global__ void silu_mul_f32_kernel(const float* __restrict__ g, const float* __restrict__ up, float* __restrict__ y,
                                     int64_t n) {
   pdl_begin();
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
     y[i] = siluf_(g[i]) * up[i];
-}
-
-__global__ void inject_weights_f32_kernel(float* __restrict__ x, int64_t n, float scale) {
-  pdl_begin();
-  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
-    x[i] = 2.f * sigmoidf_(x[i] * scale);
-}
-
-__global__ void hc_mix_f32_kernel(const float* __restrict__ m, const float* __restrict__ nrm, float* __restrict__ u,
-                                  int tokens, int streams, int hidden) {
-  pdl_begin();
-  const int64_t n = int64_t(tokens) * hidden;
-  for (int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x; idx < n; idx += int64_t(gridDim.x) * kThreads) {
-    const int64_t t = idx / hidden, i = idx % hidden;
-    const int64_t base = t * streams * int64_t(hidden) + i;
-    float acc = 0.f;
-    for (int b = 0; b < streams; ++b) {
-      const int64_t c = base + int64_t(b) * hidden;
-      acc += sigmoidf_(m[c]) * nrm[c];
-    }
-    u[idx] = acc / float(streams);
-  }
 }
 
 // Rows of sorted slot r in the expert-segmented [2*slots, width] layout: hi row and lo row.
@@ -1314,29 +1286,9 @@ cudaError_t launch_sum_halves(const float* y2, float* y, int64_t rows, int cols,
   return cudaGetLastError();
 }
 
-cudaError_t launch_silu_scale_f32(const float* x, float* y, int64_t n, float scale, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  launch(silu_scale_f32_kernel, grid_for(n), kThreads, 0, stream, x, y, n, scale);
-  return cudaGetLastError();
-}
-
 cudaError_t launch_silu_mul_f32(const float* g, const float* up, float* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   launch(silu_mul_f32_kernel, grid_for(n), kThreads, 0, stream, g, up, y, n);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_inject_weights_f32(float* x, int64_t n, float scale, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  launch(inject_weights_f32_kernel, grid_for(n), kThreads, 0, stream, x, n, scale);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_hc_mix_f32(const float* m, const float* n, float* u, int tokens, int streams, int hidden,
-                              cudaStream_t stream) {
-  const int64_t total = int64_t(tokens) * hidden;
-  if (total == 0) return cudaSuccess;
-  launch(hc_mix_f32_kernel, grid_for(total), kThreads, 0, stream, m, n, u, tokens, streams, hidden);
   return cudaGetLastError();
 }
 

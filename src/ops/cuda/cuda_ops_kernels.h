@@ -165,15 +165,8 @@ cudaError_t launch_split_f16x2(const float* x, __half* x2, int64_t rows, int col
 /// y[r, c] = y2[r, c] + y2[rows + r, c] (+ bias[c] when bias is given): the product of a split input.
 cudaError_t launch_sum_halves(const float* y2, float* y, int64_t rows, int cols, const __half* bias,
                               cudaStream_t stream);
-/// y[i] = silu(x[i] * scale) (FP32).
-cudaError_t launch_silu_scale_f32(const float* x, float* y, int64_t n, float scale, cudaStream_t stream);
 /// y[i] = silu(g[i]) * up[i] (FP32).
 cudaError_t launch_silu_mul_f32(const float* g, const float* up, float* y, int64_t n, cudaStream_t stream);
-/// x[i] = 2 * sigmoid(x[i] * scale) (the hyper-connection inject weights, in place).
-cudaError_t launch_inject_weights_f32(float* x, int64_t n, float scale, cudaStream_t stream);
-/// u[t, i] = mean over streams b of sigmoid(m[t, b*H + i]) * n[t, b*H + i] (FP32).
-cudaError_t launch_hc_mix_f32(const float* m, const float* n, float* u, int tokens, int streams, int hidden,
-                              cudaStream_t stream);
 /// Routed experts with FP16x2 inputs (token slots sorted by expert with moe_align: offsets [E+1], sorted [slots]):
 /// slot rows of expert e live in rows [2*off_e, 2*off_e + 2*n_e) of a [2*slots, width] matrix, hi rows first.
 /// x2 rows of the sorted slots = split(u[token of the slot]).

@@ -30,6 +30,20 @@ cudaError_t launch_hc_mix(const __half* m, const __half* n, float* u, int tokens
                           cudaStream_t stream);
 cudaError_t launch_hc_inject(float* x, const float* y, const float* w, int tokens, int streams, int hidden,
                              cudaStream_t stream);
+
+// The FP16x2 read of the float32 residual (hc.cpp, many tokens), in three kernels around the two cuBLAS products:
+/// hc_norm of x [tokens, S*H] FP32 into n2 [2 * tokens, S*H] FP16: rows 0..tokens-1 n_hi = fp16(n), then n_lo =
+/// fp16(n - n_hi); inject_out [tokens, S] (if w_inject) from the float32 n.
+cudaError_t launch_hc_norm_split(const float* x, const __half* norm_w, const __half* w_inject, __half* n2,
+                                 float* inject_out, int tokens, int streams, int hidden, float eps,
+                                 cudaStream_t stream);
+/// y2 [2 * tokens, rank] FP32 (the down product over n2) -> a2 [2 * tokens, rank] FP16: the hi and lo halves of
+/// silu((y2_hi + y2_lo) / S).
+cudaError_t launch_hc_act_split(const float* y2, __half* a2, int tokens, int rank, int streams, cudaStream_t stream);
+/// u [tokens, H] FP32 = mean over streams of sigmoid(m2_hi + m2_lo) * (n2_hi + n2_lo), m2 [2 * tokens, S*H] FP32 the
+/// up product over a2 (16-byte aligned rows where H is a multiple of 4: vector loads).
+cudaError_t launch_hc_mix_split(const float* m2, const __half* n2, float* u, int tokens, int streams, int hidden,
+                                cudaStream_t stream);
 #endif
 
 }  // namespace flashnext::cuda::detail

@@ -1,12 +1,11 @@
 // The CUDA backend's hyper-connection ops: the gated residual read (two float32 GEMV launches in decode; norm,
-// FP16x2 or FP16 products and the mix in prefill), the injection into every stream, and in decode the injection
-// folded into the next read's two launches (hc_inject_read).
+// FP16x2 or FP16 products and the mix in prefill: three kernels around two cuBLAS products), the injection into every
+// stream, and in decode the injection folded into the next read's two launches (hc_inject_read).
 #include <cuda_fp16.h>
 
 #include "ops/contract/hc.h"
 #include "ops/cuda/backend.h"
 #include "ops/cuda/hc_kernels.h"
-#include "ops/cuda/norm_kernels.h"
 
 namespace flashnext::cuda {
 
@@ -49,26 +48,23 @@ void CudaOps::hc_read(const Tensor& X, const HcWeights& hc, double eps, const Te
   const int t = to_int(T, op, "tokens"), w = to_int(W, op, "width"), r = to_int(R, op, "rank");
   if (t == 0) return;
   if (hc_read_decode(X, Tensor(), Tensor(), hc, eps, u, inj)) return;
-  if (split()) {  // float32 throughout, products with FP16x2 inputs
-    Tensor n = alloc({T, W}, DType::F32, "hc_read normed"), d = alloc({T, R}, DType::F32, "hc_read down");
-    Tensor m = alloc({T, W}, DType::F32, "hc_read mix");
-    FN_CUDA_CHECK(detail::launch_zc_rmsnorm(dp<const float>(X), W, dp<float>(n), W, dp<__half>(hc.norm), w, t, w,
-                                            int(H), float(eps), stream()),
+  if (split()) {  // float32 statistics and sums, products with FP16x2 inputs
+    // n2 = [n_hi; n_lo] and a2 = [a_hi; a_lo] feed cuBLAS as 2T rows; the mix adds the output halves.
+    Tensor n2 = alloc({2 * T, W}, DType::F16, "hc_read normed"), y2 = alloc({2 * T, R}, DType::F32, "hc_read down");
+    Tensor a2 = alloc({2 * T, R}, DType::F16, "hc_read act"), m2 = alloc({2 * T, W}, DType::F32, "hc_read mix");
+    FN_CUDA_CHECK(detail::launch_hc_norm_split(
+                      dp<const float>(X), dp<__half>(hc.norm), with_inject ? dp<__half>(hc.inject) : nullptr,
+                      dp<__half>(n2), with_inject ? dp<float>(inj) : nullptr, t, int(S), int(H), float(eps), stream()),
                   "hc_read norm");
-    product(n, hc.down, d, Tensor(), "hc_read input_mix_weight_down");
-    FN_CUDA_CHECK(detail::launch_silu_scale_f32(dp<const float>(d), dp<float>(d), d.numel(), 1.f / float(S), stream()),
+    blas_.linear(dp<__half>(n2), 2 * t, w, dp<__half>(hc.down), r, y2.data(), OutType::F32, r, stream(),
+                 "hc_read input_mix_weight_down");
+    FN_CUDA_CHECK(detail::launch_hc_act_split(dp<const float>(y2), dp<__half>(a2), t, r, int(S), stream()),
                   "hc_read silu");
-    product(d, hc.up, m, Tensor(), "hc_read input_mix_weight_up");
-    FN_CUDA_CHECK(
-        detail::launch_hc_mix_f32(dp<const float>(m), dp<const float>(n), dp<float>(u), t, int(S), int(H), stream()),
-        "hc_read mix");
-    if (with_inject) {
-      FN_CUDA_CHECK(detail::launch_linear_f32_narrow(dp<const float>(n), dp<__half>(hc.inject), dp<float>(inj), t, w,
-                                                     int(S), stream()),
-                    "hc_read block_inject_weight");
-      FN_CUDA_CHECK(detail::launch_inject_weights_f32(dp<float>(inj), inj.numel(), 1.f / float(S), stream()),
-                    "hc_read inject weights");
-    }
+    blas_.linear(dp<__half>(a2), 2 * t, r, dp<__half>(hc.up), w, m2.data(), OutType::F32, w, stream(),
+                 "hc_read input_mix_weight_up");
+    FN_CUDA_CHECK(detail::launch_hc_mix_split(dp<const float>(m2), dp<const __half>(n2), dp<float>(u), t, int(S),
+                                              int(H), stream()),
+                  "hc_read mix");
     return;
   }
   Tensor n = alloc({T, W}, DType::F16, "hc_read normed"), d = alloc({T, R}, DType::F32, "hc_read down");
