@@ -309,6 +309,8 @@ W4DeviceMatrix::W4DeviceMatrix(const W4Packed& p)
   view_.wpr = p.wpr;
   view_.groups = p.groups;
   view_.group = p.group;
+  for (int k = 0; 32 << k <= p.group; ++k)
+    if (32 << k == p.group) view_.chunk_shift = k;
   view_.nvfp4 = p.format == W4Format::Nvfp4;
   view_.divide = p.divide;
 }
