@@ -334,8 +334,17 @@ W4DeviceMatrix W4DeviceMatrix::random_nvfp4(int experts, int rows, int cols, flo
   // Block scales 1 (padding words hold code 0, whose product is 0 whatever its group's scale).
   FN_CUDA_CHECK(detail::launch_fill_f16(m.scales_.get(), er * groups, 1.f, stream), "random_nvfp4 scales");
   FN_CUDA_CHECK(detail::launch_fill_f32(m.global_.get(), er, global, stream), "random_nvfp4 global scales");
-  m.view_ = detail::W4Mat{m.codes_.get(), m.scales_.get(), nullptr, m.global_.get(), rows, cols, wpr, groups, kGroup,
-                          /*nvfp4=*/true, /*divide=*/false};
+  m.view_ = detail::W4Mat{.codes = m.codes_.get(),
+                          .scales = m.scales_.get(),
+                          .zeros = nullptr,
+                          .global = m.global_.get(),
+                          .rows = rows,
+                          .cols = cols,
+                          .wpr = wpr,
+                          .groups = groups,
+                          .group = kGroup,
+                          .nvfp4 = true,
+                          .divide = false};
   return m;
 }
 

@@ -26,8 +26,8 @@ struct W4Mat {
   const uint8_t* zeros = nullptr;   ///< [E][rows][groups] int4 zero points 0..16, or null (implicit 8)
   const float* global = nullptr;    ///< [E][rows] FP32 row multipliers (divisors when `divide`)
   int rows = 0, cols = 0, wpr = 0, groups = 0, group = 0;
-  int chunk_shift = -1;  ///< log2(group / 32) where group is 32 * 2^k (chunk c's group: c >> chunk_shift), else -1
   bool nvfp4 = false, divide = false;
+  int chunk_shift = -1;  ///< log2(group / 32) where group is 32 * 2^k (chunk c's group: c >> chunk_shift), else -1
 };
 
 #ifndef __CUDACC_RTC__  // host launchers
