@@ -399,10 +399,12 @@ bool moe_w4a16_gemv_tensor_cores() {
   return gemv_tensor_cores_allowed() && detail::w4_gemv_tensor_cores_compiled();
 }
 
-W4Path moe_w4a16_pick_path(int tokens, int top_k, int experts) {
+W4Path moe_w4a16_pick_path(int tokens, int top_k, int experts, bool tensor_core_gemv) {
   const int64_t slots = int64_t(tokens) * top_k;
   const int64_t touched = std::max<int64_t>(1, std::min<int64_t>(experts, slots));
-  return slots <= kW4GemvMaxSlots && slots <= int64_t(kW4GemvMaxMean) * touched ? W4Path::Gemv : W4Path::Gemm;
+  const int64_t max_slots = tensor_core_gemv ? kW4GemvMaxSlots : kW4GemvFmaMaxSlots;
+  const int64_t max_mean_x2 = tensor_core_gemv ? kW4GemvMaxMeanX2 : kW4GemvFmaMaxMeanX2;
+  return slots <= max_slots && 2 * slots <= max_mean_x2 * touched ? W4Path::Gemv : W4Path::Gemm;
 }
 
 namespace {
@@ -434,7 +436,10 @@ void routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, 
   if (tokens == 0) return;
   FN_CHECK(u && ids && weights && out, "moe_w4a16_routed: null pointer");
   const int slots = tokens * ws.top_k;
-  if (path == W4Path::Auto) path = moe_w4a16_pick_path(tokens, ws.top_k, E);
+  if (path == W4Path::Auto)
+    path = moe_w4a16_pick_path(
+        tokens, ws.top_k, E,
+        gemv_tensor_cores_allowed() && detail::w4_gemv_tensor_cores(gu) && detail::w4_gemv_tensor_cores(dn));
   if (path == W4Path::Gemv || path == W4Path::GemvFma) {  // two launches, no grouping pass
     const bool mma = path == W4Path::Gemv && gemv_tensor_cores_allowed();
     FN_CUDA_CHECK(detail::launch_w4_gemv_gate_up(gu, u, ldu, ids, slots, ws.top_k, E, I, ws.h.get(), ws.status.get(),

@@ -200,14 +200,19 @@ class MoeW4A16Workspace {
 enum class W4Path : uint8_t { Auto, Gemv, GemvFma, Gemm, GemmWmma };
 
 /// Auto's choice: GEMV when there are at most kW4GemvMaxSlots slots (tokens * top_k) and the mean number of slots
-/// per touched expert, tokens * top_k / min(E, tokens * top_k), is at most kW4GemvMaxMean; else the GEMM. The GEMV
-/// reads an expert's weights once per slot, the GEMM once per 64-slot tile but at a lower rate. From bench_moe_w4a16
-/// on the H200 (512 experts, top-10, 2026-11-30): the GEMV wins up to 16 tokens (NVFP4 306 vs 523 us, int4 455 vs
-/// 521 us at 16); at 64 tokens NVFP4 is even (1169 vs 1295 us) and int4 prefers the GEMM (1284 vs 1766 us); from
-/// 256 tokens the GEMM wins by 2.5x and more.
-constexpr int kW4GemvMaxMean = 2;
-constexpr int kW4GemvMaxSlots = 160;
-W4Path moe_w4a16_pick_path(int tokens, int top_k, int experts);
+/// per touched expert, tokens * top_k / min(E, tokens * top_k), is at most kW4GemvMaxMeanX2 / 2; else the GEMM; where
+/// the GEMV would run on the FP32 FMAs (tensor_core_gemv false: SM70, FLASHNEXT_CUDA_W4_GEMV=fma, int4 groups not a
+/// multiple of 32) the Fma limits. The GEMV reads an expert's weights once per slot, the GEMM once per 64-slot tile
+/// but at a lower rate. From bench_moe_w4a16 on the H100 (512 experts, top-10, 2026-12-06; us, NVFP4 and int4 g32):
+/// tensor-core GEMV / mma.sync GEMM 318 / 625 and 391 / 796 at 32 tokens, 587 / 891 and 729 / 1,153 at 64, 1,151 /
+/// 1,151 and 1,413 / 1,509 at 128 (2.5 slots an expert), 2,258 / 1,277 and 2,783 / 1,638 at 256; FP32-FMA GEMV /
+/// WMMA GEMM 548 / 865 and 890 / 825 at 32 tokens, 1,042 / 1,267 and 1,687 / 1,188 at 64 (the H200's 2026-11-30
+/// figures put that crossover at 16-64 tokens: the Fma limits).
+constexpr int kW4GemvMaxMeanX2 = 5;
+constexpr int kW4GemvMaxSlots = 1280;
+constexpr int kW4GemvFmaMaxMeanX2 = 4;
+constexpr int kW4GemvFmaMaxSlots = 160;
+W4Path moe_w4a16_pick_path(int tokens, int top_k, int experts, bool tensor_core_gemv);
 /// Whether W4Path::Gemv runs the tensor-core GEMV on the current device for NVFP4 and int4 groups of 32k inputs
 /// (compiled for it and not turned off by FLASHNEXT_CUDA_W4_GEMV=fma), rather than the FP32-FMA one.
 bool moe_w4a16_gemv_tensor_cores();
