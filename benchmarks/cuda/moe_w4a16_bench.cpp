@@ -83,7 +83,7 @@ void bench_format(const char* name, W4Format f, int group) {
     auto u = halfs(size_t(T) * H, 3);
     DeviceArray<__half> out(size_t(T) * H, "out");
     MoeW4A16Workspace ws(T, k, E, H, I);
-    const W4Path chosen = moe_w4a16_pick_path(T, k, E, moe_w4a16_gemv_tensor_cores());
+    const W4Path chosen = moe_w4a16_auto_path(experts, T, k);
     for (W4Path path : {W4Path::Gemv, W4Path::GemvFma, W4Path::Gemm, W4Path::GemmWmma}) {
       if (T >= 1024 && (path == W4Path::Gemv || path == W4Path::GemvFma)) continue;  // 20-110 ms a call
       const int iters = T >= 1024 ? 10 : 50;

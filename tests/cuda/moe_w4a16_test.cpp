@@ -432,7 +432,10 @@ INSTANTIATE_TEST_SUITE_P(
                                          MoeCase{33, 2, 100, 256, 40, true}, MoeCase{33, 10, 1000, 256, 160, true},
                                          // rows of more than 4,096 inputs: the tensor-core GEMV stages the rest of
                                          // the activations past its registers' share
-                                         MoeCase{3, 2, 3, 4352, 40, true})),
+                                         MoeCase{3, 2, 3, 4352, 40, true},
+                                         // the mma.sync GEMM over an odd number of 128-input stages (3 and 3, the
+                                         // last one partial), 17 slots an expert
+                                         MoeCase{9, 4, 40, 384, 328, true})),
     [](const auto& info) {
       const FmtCase f = std::get<0>(info.param);
       const MoeCase m = std::get<1>(info.param);

@@ -31,7 +31,7 @@ cudaError_t launch_hc_mix(const __half* m, const __half* n, float* u, int tokens
 cudaError_t launch_hc_inject(float* x, const float* y, const float* w, int tokens, int streams, int hidden,
                              cudaStream_t stream);
 
-// The FP16x2 read of the float32 residual (hc.cpp, many tokens), in three kernels around the two cuBLAS products:
+/// The FP16x2 read of the float32 residual (hc_ops.cpp, many tokens), three kernels around the two cuBLAS products.
 /// hc_norm of x [tokens, S*H] FP32 into n2 [2 * tokens, S*H] FP16: rows 0..tokens-1 n_hi = fp16(n), then n_lo =
 /// fp16(n - n_hi); inject_out [tokens, S] (if w_inject) from the float32 n.
 cudaError_t launch_hc_norm_split(const float* x, const __half* norm_w, const __half* w_inject, __half* n2,

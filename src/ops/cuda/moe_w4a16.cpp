@@ -164,6 +164,9 @@ W4Packed::W4Packed(W4Format format_, int experts_, int rows_, int cols_, int gro
            "W4Packed: NVFP4 has groups of 16 inputs and no zero points (group {}, zeros {})", group_, with_zeros);
   FN_CHECK(group > 0 && group % 8 == 0, "W4Packed: group size {} must be a positive multiple of 8 (or 0: all {})",
            group_, cols);
+  // The kernels index the stacked rows [E * rows] in 32 bits.
+  FN_CHECK(int64_t(experts) * rows < (int64_t(1) << 31), "W4Packed: {} experts of {} rows exceed 2^31 stacked rows",
+           experts, rows);
   wpr = int(ceil_div(cols, 32) * detail::kW4WordsAlign);
   groups = int(ceil_div(int64_t(wpr) * 8, group));
   const size_t er = size_t(experts) * rows;
@@ -317,9 +320,10 @@ W4DeviceMatrix::W4DeviceMatrix(const W4Packed& p)
 
 W4DeviceMatrix W4DeviceMatrix::random_nvfp4(int experts, int rows, int cols, float global, uint64_t seed,
                                             cudaStream_t stream) {
-  FN_CHECK(experts > 0 && rows > 0 && cols > 0 && cols % 8 == 0,
-           "random W4A16 experts: {} experts of [{}, {}]: need positive sizes and cols a multiple of 8", experts, rows,
-           cols);
+  FN_CHECK(experts > 0 && rows > 0 && cols > 0 && cols % 8 == 0 && int64_t(experts) * rows < (int64_t(1) << 31),
+           "random W4A16 experts: {} experts of [{}, {}]: need positive sizes, cols a multiple of 8 and fewer than "
+           "2^31 stacked rows",
+           experts, rows, cols);
   constexpr int kGroup = 16;  // NVFP4 block
   const int wpr = int(ceil_div(cols, 32) * detail::kW4WordsAlign), groups = int(ceil_div(int64_t(wpr) * 8, kGroup));
   const int64_t er = int64_t(experts) * rows;
@@ -399,6 +403,13 @@ bool moe_w4a16_gemv_tensor_cores() {
   return gemv_tensor_cores_allowed() && detail::w4_gemv_tensor_cores_compiled();
 }
 
+W4Path moe_w4a16_auto_path(const MoeW4A16Experts& w, int tokens, int top_k) {
+  const bool tensor_cores = w.gate_up && w.down && gemv_tensor_cores_allowed() &&
+                            detail::w4_gemv_tensor_cores(w.gate_up->view()) &&
+                            detail::w4_gemv_tensor_cores(w.down->view());
+  return moe_w4a16_pick_path(tokens, top_k, w.experts, tensor_cores);
+}
+
 W4Path moe_w4a16_pick_path(int tokens, int top_k, int experts, bool tensor_core_gemv) {
   const int64_t slots = int64_t(tokens) * top_k;
   const int64_t touched = std::max<int64_t>(1, std::min<int64_t>(experts, slots));
@@ -436,10 +447,7 @@ void routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, 
   if (tokens == 0) return;
   FN_CHECK(u && ids && weights && out, "moe_w4a16_routed: null pointer");
   const int slots = tokens * ws.top_k;
-  if (path == W4Path::Auto)
-    path = moe_w4a16_pick_path(
-        tokens, ws.top_k, E,
-        gemv_tensor_cores_allowed() && detail::w4_gemv_tensor_cores(gu) && detail::w4_gemv_tensor_cores(dn));
+  if (path == W4Path::Auto) path = moe_w4a16_auto_path(w, tokens, ws.top_k);
   if (path == W4Path::Gemv || path == W4Path::GemvFma) {  // two launches, no grouping pass
     const bool mma = path == W4Path::Gemv && gemv_tensor_cores_allowed();
     FN_CUDA_CHECK(detail::launch_w4_gemv_gate_up(gu, u, ldu, ids, slots, ws.top_k, E, I, ws.h.get(), ws.status.get(),

@@ -213,6 +213,10 @@ constexpr int kW4GemvMaxSlots = 1280;
 constexpr int kW4GemvFmaMaxMeanX2 = 4;
 constexpr int kW4GemvFmaMaxSlots = 160;
 W4Path moe_w4a16_pick_path(int tokens, int top_k, int experts, bool tensor_core_gemv);
+struct MoeW4A16Experts;
+/// What W4Path::Auto runs for these experts: moe_w4a16_pick_path with whether both matrices' GEMVs would run on the
+/// tensor cores (moe_w4a16_gemv_tensor_cores and detail::w4_gemv_tensor_cores of each).
+W4Path moe_w4a16_auto_path(const MoeW4A16Experts& w, int tokens, int top_k);
 /// Whether W4Path::Gemv runs the tensor-core GEMV on the current device for NVFP4 and int4 groups of 32k inputs
 /// (compiled for it and not turned off by FLASHNEXT_CUDA_W4_GEMV=fma), rather than the FP32-FMA one.
 bool moe_w4a16_gemv_tensor_cores();

@@ -1,8 +1,9 @@
 // W4A16 grouped MoE kernels (MODEL.md "MoE block"; layout and arithmetic: moe_w4a16.h). The baseline kernels use the
 // SM70 instruction set only: FP16 tensor cores through WMMA m16n16k16 with FP32 accumulation, FP16 half2 arithmetic,
 // byte permutes; no bf16, cp.async, ldmatrix or FP8 instructions (scripts/check-sm70.sh compiles this file for
-// sm_70). Beside them, the decode GEMV's tensor-core kernels use mma.sync m16n8k16 (compute capability 8.0+), compiled
-// to empty bodies below 8.0 and chosen by the host only where their code holds it (w4_gemv_tensor_cores).
+// sm_70). Beside them, the tensor-core GEMV (decode) and GEMM (prefill) kernels use mma.sync m16n8k16, the GEMM also
+// cp.async (compute capability 8.0+), compiled to empty bodies below 8.0 and chosen by the host only where their code
+// holds them (w4_gemv_tensor_cores, w4_gemm_tensor_cores).
 //
 // Code decoding (exact): each 32-bit word holds the 4-bit codes of inputs k0..k7 with nibble i holding
 // k0 k2 k4 k6 k1 k3 k5 k7 (i = 0..7), so that pair j = (k_2j, k_2j+1) sits in nibbles j and j+4, i.e. in bits
@@ -904,7 +905,7 @@ __global__ void __launch_bounds__(kW4MmaGemmWarps * 32)
     if (!GATE_UP) slot_weight[tid] = tid < count ? weights[sorted_slots[r]] : 0.f;
   }
   // This lane's weight rows: tile i rows g and g + 8 (gate/up: gate row n and up row n of output column n).
-  const int base = e * w.rows;  // E * rows < 2^31 (W4DeviceMatrix)
+  const int base = e * w.rows;  // E * rows < 2^31 (checked by W4Packed and W4DeviceMatrix::random_nvfp4)
   int row_lo[RT], row_hi[RT];
   int col[RT];  // gate/up: the output column n of tile i; down: the output row of tile row g
 #pragma unroll

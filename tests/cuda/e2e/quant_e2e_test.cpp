@@ -31,6 +31,7 @@
 #include "loader/quant.h"
 #include "model/fixture.h"
 #include "model/qwen4_exp/weights.h"
+#include "ops/cuda/backend.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/moe_w4a16.h"
 #include "parallel/staged_communicator.h"
@@ -259,11 +260,11 @@ void routed_experts_match_cpu_oracle(const std::string& fmt, int layer) {
   for (int64_t T : {int64_t(1), int64_t(3), int64_t(16), int64_t(200)}) {
     const auto [err, scale] = expert_error(*cpu, wc, *gpu, wg, T, H, E, k, rng);
     EXPECT_LE(err, kExpertTol * scale) << fmt << " layer " << layer << " T=" << T;
-    const char* path = wg.packed ? (cuda::moe_w4a16_pick_path(int(T), int(k), int(E),
-                                                              cuda::moe_w4a16_gemv_tensor_cores()) == cuda::W4Path::Gemv
-                                        ? "w4a16 gemv"
-                                        : "w4a16 gemm")
-                                 : "fp16";
+    const char* path = "fp16";
+    if (const auto* p = dynamic_cast<const cuda::CudaW4Experts*>(wg.packed.get())) {
+      const cuda::MoeW4A16Experts ex{&p->gate_up, &p->down, p->experts, p->hidden, p->inter};
+      path = cuda::moe_w4a16_auto_path(ex, int(T), int(k)) == cuda::W4Path::Gemv ? "w4a16 gemv" : "w4a16 gemm";
+    }
     std::printf(
         "E2E-QUANT: %s routed experts layer %d, T=%lld (%s%s): max|d| %.3e, oracle scale %.3f, ratio %.2e "
         "(limit %.0e)\n",
