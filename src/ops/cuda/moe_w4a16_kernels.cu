@@ -824,15 +824,20 @@ __global__ void __launch_bounds__(kThreads)
                                num_tiles, out);
 }
 
-#define FN_W4_GEMM(GU, NV)                                                                                       \
-  template __global__ void w4_gemm_kernel<GU, NV>(W4Mat, const __half*, int64_t, int, int, const int32_t*,       \
-                                                  const int32_t*, const float*, const int32_t*, const int32_t*, \
-                                                  const int32_t*, __half*);
-FN_W4_GEMM(true, true)
-FN_W4_GEMM(true, false)
-FN_W4_GEMM(false, true)
-FN_W4_GEMM(false, false)
-#undef FN_W4_GEMM
+// The four (matrix, format) instances of a GEMM kernel (this one and w4_gemm_mma_kernel below).
+#define FN_W4_GEMM(KERNEL)                                                                                             \
+  template __global__ void KERNEL<true, true>(W4Mat, const __half*, int64_t, int, int, const int32_t*, const int32_t*, \
+                                              const float*, const int32_t*, const int32_t*, const int32_t*, __half*);  \
+  template __global__ void KERNEL<true, false>(W4Mat, const __half*, int64_t, int, int, const int32_t*,                \
+                                               const int32_t*, const float*, const int32_t*, const int32_t*,           \
+                                               const int32_t*, __half*);                                               \
+  template __global__ void KERNEL<false, true>(W4Mat, const __half*, int64_t, int, int, const int32_t*,                \
+                                               const int32_t*, const float*, const int32_t*, const int32_t*,           \
+                                               const int32_t*, __half*);                                               \
+  template __global__ void KERNEL<false, false>(W4Mat, const __half*, int64_t, int, int, const int32_t*,               \
+                                                const int32_t*, const float*, const int32_t*, const int32_t*,          \
+                                                const int32_t*, __half*);
+FN_W4_GEMM(w4_gemm_kernel)
 
 // ---------------------------------------------------------------- tensor-core GEMM with mma.sync (prefill, SM80+)
 
@@ -1041,15 +1046,8 @@ __global__ void __launch_bounds__(kW4MmaGemmWarps * 32)
 #endif
 }
 
-#define FN_W4_GEMM_MMA(GU, NV)                                                                                      \
-  template __global__ void w4_gemm_mma_kernel<GU, NV>(W4Mat, const __half*, int64_t, int, int, const int32_t*,      \
-                                                      const int32_t*, const float*, const int32_t*, const int32_t*, \
-                                                      const int32_t*, __half*);
-FN_W4_GEMM_MMA(true, true)
-FN_W4_GEMM_MMA(true, false)
-FN_W4_GEMM_MMA(false, true)
-FN_W4_GEMM_MMA(false, false)
-#undef FN_W4_GEMM_MMA
+FN_W4_GEMM(w4_gemm_mma_kernel)
+#undef FN_W4_GEMM
 
 }  // namespace
 
