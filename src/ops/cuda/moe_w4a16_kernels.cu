@@ -455,27 +455,35 @@ __device__ __forceinline__ int w4_mma_xs_index(int i) {
   return i + (i >> 3);
 }
 
+// The A values of code word q (0..3) of a lane's stage st: vl for its row g, vh for row g + 8 (w4_scaled_word with
+// the word's group scale, and zero point for int4).
+template <bool NVFP4>
+__device__ __forceinline__ void w4_mma_decode(const W4MmaStage& st, int q, uint32_t (&vl)[4], uint32_t (&vh)[4]) {
+  const uint32_t wl = q == 0 ? st.lo.x : q == 1 ? st.lo.y : q == 2 ? st.lo.z : st.lo.w;
+  const uint32_t wh = q == 0 ? st.hi.x : q == 1 ? st.hi.y : q == 2 ? st.hi.z : st.hi.w;
+  uint32_t sl, sh, zl = 0, zh = 0;
+  if (NVFP4) {  // group 2c for words 0-1, 2c + 1 for words 2-3
+    sl = __byte_perm(st.slo, 0, q < 2 ? 0x1010u : 0x3232u);
+    sh = __byte_perm(st.shi, 0, q < 2 ? 0x1010u : 0x3232u);
+  } else {
+    sl = __byte_perm(st.slo, 0, 0x1010u);
+    sh = __byte_perm(st.shi, 0, 0x1010u);
+    zl = st.slo >> 16;
+    zh = st.shi >> 16;
+  }
+  w4_scaled_word<NVFP4>(wl, sl, zl, vl);
+  w4_scaled_word<NVFP4>(wh, sh, zh, vh);
+}
+
 // The 8 MMA steps of one lane's chunk c (stage st) against the staged activations xs.
 template <bool NVFP4>
 __device__ __forceinline__ void w4_mma_chunk(const W4MmaStage& st, const uint4* __restrict__ xs, int c, float (&d)[4],
                                              float (&e)[4]) {
-  const uint32_t wl[4] = {st.lo.x, st.lo.y, st.lo.z, st.lo.w}, wh[4] = {st.hi.x, st.hi.y, st.hi.z, st.hi.w};
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     const uint4 xv = xs[w4_mma_xs_index(4 * c + q)];
-    uint32_t sl, sh, zl = 0, zh = 0;
-    if (NVFP4) {  // group 2c for words 0-1, 2c + 1 for words 2-3
-      sl = __byte_perm(st.slo, 0, q < 2 ? 0x1010u : 0x3232u);
-      sh = __byte_perm(st.shi, 0, q < 2 ? 0x1010u : 0x3232u);
-    } else {
-      sl = __byte_perm(st.slo, 0, 0x1010u);
-      sh = __byte_perm(st.shi, 0, 0x1010u);
-      zl = st.slo >> 16;
-      zh = st.shi >> 16;
-    }
     uint32_t vl[4], vh[4];
-    w4_scaled_word<NVFP4>(wl[q], sl, zl, vl);
-    w4_scaled_word<NVFP4>(wh[q], sh, zh, vh);
+    w4_mma_decode<NVFP4>(st, q, vl, vh);
     mma_m16n8k16(d, vl[0], vh[0], vl[1], vh[1], xv.x, xv.y);
     mma_m16n8k16(e, vl[2], vh[2], vl[3], vh[3], xv.z, xv.w);
   }
@@ -969,22 +977,7 @@ __global__ void __launch_bounds__(kW4MmaGemmWarps * 32)
     for (int q = 0; q < 4; ++q) {
       uint32_t vl[RT][4], vh[RT][4];
 #pragma unroll
-      for (int i = 0; i < RT; ++i) {
-        const uint32_t wl = q == 0 ? cur[i].lo.x : q == 1 ? cur[i].lo.y : q == 2 ? cur[i].lo.z : cur[i].lo.w;
-        const uint32_t wh = q == 0 ? cur[i].hi.x : q == 1 ? cur[i].hi.y : q == 2 ? cur[i].hi.z : cur[i].hi.w;
-        uint32_t sl, sh, zl = 0, zh = 0;
-        if (NVFP4) {  // group 2c for words 0-1, 2c + 1 for words 2-3
-          sl = __byte_perm(cur[i].slo, 0, q < 2 ? 0x1010u : 0x3232u);
-          sh = __byte_perm(cur[i].shi, 0, q < 2 ? 0x1010u : 0x3232u);
-        } else {
-          sl = __byte_perm(cur[i].slo, 0, 0x1010u);
-          sh = __byte_perm(cur[i].shi, 0, 0x1010u);
-          zl = cur[i].slo >> 16;
-          zh = cur[i].shi >> 16;
-        }
-        w4_scaled_word<NVFP4>(wl, sl, zl, vl[i]);
-        w4_scaled_word<NVFP4>(wh, sh, zh, vh[i]);
-      }
+      for (int i = 0; i < RT; ++i) w4_mma_decode<NVFP4>(cur[i], q, vl[i], vh[i]);
       const int wd = 4 * t + q;
 #pragma unroll
       for (int j = 0; j < NG; ++j) {
