@@ -198,6 +198,12 @@ void add_qsa(std::vector<OpCase>& v) {
   v.push_back(sparse_attention_batch_case(3, 1, 24, 16, 4, mixed_step_5()));
   // TP2 heads at the released budget: contexts just below and above 2048 positions.
   v.push_back(sparse_attention_batch_case(12, 1, kHeadDim, kBudget, kBlock, plan({2046, 2100}, {{1, 1}})));
+  // Prefill chunks (on SM80+ GPUs the tile-union kernel, groups of consecutive queries over their selections'
+  // union): sequences of 65, 7 and 1 rows (full and partial groups); 3 heads a KV head at head dim 24; the released
+  // heads over a 37-query chunk whose contexts cross the budget (positions 2030 .. 2066).
+  v.push_back(sparse_attention_batch_case(8, 2, kHeadDim, 16, 4, plan({0, 10, 3}, {{65, 7, 1}})));
+  v.push_back(sparse_attention_batch_case(3, 1, 24, 16, 4, plan({0, 40}, {{20, 17}})));
+  v.push_back(sparse_attention_batch_case(24, 2, kHeadDim, kBudget, kBlock, plan({2030}, {{37}})));
 }
 
 void add_moe(std::vector<OpCase>& v) {

@@ -45,6 +45,17 @@ CudaOpsOptions CudaOpsOptions::from_env() {
     else
       fail("FLASHNEXT_CUDA_GRAPHS must be '1' or '0', got '{}'", s);
   }
+  if (const char* v = std::getenv("FLASHNEXT_CUDA_QSA"); v && *v) {
+    const std::string s = v;
+    if (s == "auto")
+      o.qsa_attention = QsaAttentionKernel::Auto;
+    else if (s == "per_query")
+      o.qsa_attention = QsaAttentionKernel::PerQuery;
+    else if (s == "tile_union")
+      o.qsa_attention = QsaAttentionKernel::TileUnion;
+    else
+      fail("FLASHNEXT_CUDA_QSA must be 'auto', 'per_query' or 'tile_union', got '{}'", s);
+  }
   return o;
 }
 

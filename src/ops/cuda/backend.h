@@ -254,6 +254,10 @@ class CudaOps final : public Ops {
   Tensor alloc(const Shape& shape, DType dtype, const char* what, Lifetime lifetime = Lifetime::Step);
   /// `bytes` of the stream-ordered pool, freed on the stream with the last owner.
   std::shared_ptr<void> pool_memory(size_t bytes, const char* what, const Shape& shape, DType dtype);
+  /// The tile-union attention kernel's plan for this step and head geometry (qsa_ops.cpp), qpc = 0 for the
+  /// per-query kernel: options_.qsa_attention, the step's longest sequence (Auto), and what the kernel supports.
+  detail::QsaUnionPlan qsa_union_plan(const StepBatch& batch, int heads, int kv_heads, int dim, const Tensor& k_pool,
+                                      const Tensor& v_pool) const;
   /// Whether products take FP16x2 inputs (ActivationPrecision::Fp16x2).
   bool split() const { return options_.activations == ActivationPrecision::Fp16x2; }
   /// Waits for the stream; throws Error for a failed kernel and for index errors the kernels recorded.

@@ -60,15 +60,27 @@ enum class ActivationPrecision : uint8_t {
   Fp16,    ///< rounded to FP16: the batched FP16 kernels, faster prefill, not reference-exact
 };
 
+/// Which kernel computes QSA sparse attention (sparse_attention_batch).
+enum class QsaAttentionKernel : uint8_t {
+  Auto,  ///< tile-union for steps with a sequence of at least kQsaTileUnionMinRows rows where it runs, else per-query
+  PerQuery,   ///< a block per (query, KV head, split of the selection): decode, and every step on SM70
+  TileUnion,  ///< a block per (8 consecutive queries of a sequence, KV head) over their selections' union (SM80+;
+              ///< per-query where it cannot run)
+};
+/// Rows of one sequence in a step from which Auto takes the tile-union kernel.
+constexpr int64_t kQsaTileUnionMinRows = 16;
+
 /// Options of the CUDA backend.
 struct CudaOpsOptions {
   PleTablePlacement ple_table = PleTablePlacement::Host;
   ActivationPrecision activations = ActivationPrecision::Fp16x2;
   /// Decode steps recorded as CUDA graphs and replayed (Ops::captures_steps; docs/ENGINE.md "CUDA graphs").
   bool step_graphs = true;
+  QsaAttentionKernel qsa_attention = QsaAttentionKernel::Auto;
 
   /// The defaults, overridden by the environment: FLASHNEXT_PLE_TABLE=host|device,
-  /// FLASHNEXT_CUDA_ACTIVATIONS=fp16x2|fp16 and FLASHNEXT_CUDA_GRAPHS=1|0. Throws Error for another value.
+  /// FLASHNEXT_CUDA_ACTIVATIONS=fp16x2|fp16, FLASHNEXT_CUDA_GRAPHS=1|0 and
+  /// FLASHNEXT_CUDA_QSA=auto|per_query|tile_union. Throws Error for another value.
   static CudaOpsOptions from_env();
 };
 

@@ -18,6 +18,7 @@
 #include "ops/cuda/kernel_attributes.h"
 #endif
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/mma_sm80.cuh"
 #include "ops/cuda/moe_kernels.h"
 #include "ops/cuda/moe_w4a16_kernels.h"
 
@@ -389,19 +390,6 @@ __host__ __device__ constexpr int w4_mma_supers(int cols) {
 // hold the 800 gate/up blocks of one token's 10 slots at once (one wave); without the bound the ring of stages takes
 // 94 registers, 5 blocks per SM.
 constexpr int kW4MmaMinBlocks = 7;
-
-// D += A B for one m16n8k16 step: a0..a3 = A rows g / g + 8 at k-slots {2t, 2t+1}, rows g / g + 8 at {2t+8, 2t+9};
-// b0, b1 = B column g at the same k-slots; d[0..1] row g, d[2..3] row g + 8 (columns 2t, 2t+1).
-__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                             uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
-}
 
 // FP16x2 multiply on raw 32-bit registers (the operands and result of the MMA are raw registers: no unpacking).
 __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {

@@ -2,13 +2,18 @@
 // reference Qwen4ExpTextAttention. Paged float32 caches, logical positions everywhere; scores and P·V on the tensor
 // cores as FP16x2 products (float32-accurate), softmax in float32 (the indexer's kernels are in cuda_ops_kernels.cu).
 // Every cache index goes through the block table and is bounds-checked: a bad one sets a bit in the status word and
-// is skipped.
+// is skipped. Two kernels: qsa_attention_kernel, a block per (query, KV head, split of the selection) on WMMA (SM70+;
+// decode), and qsa_union_attention_kernel, a block per (group of consecutive queries, KV head) over the union of
+// their selections on mma.sync (SM80+; prefill chunks).
 #include <mma.h>
 #ifndef __CUDACC_RTC__
+#include <algorithm>
+
 #include "ops/cuda/kernel_attributes.h"
 #endif
 
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/mma_sm80.cuh"
 #include "ops/cuda/qsa_kernels.h"
 
 namespace flashnext::cuda::detail {
@@ -48,6 +53,16 @@ __device__ __forceinline__ void split_f16x2(float x, __half* hi, __half* lo) {
   const __half h = __float2half_rn(x);
   *hi = h;
   *lo = __float2half_rn(x - __half2float(h));
+}
+
+// A float4 as FP16x2 halves: 8-byte stores of its 4 hi halves at hi and 4 lo halves at lo (8-byte aligned).
+__device__ __forceinline__ void store_f16x2_4(float4 x, __half* hi, __half* lo) {
+  const float xs[4] = {x.x, x.y, x.z, x.w};
+  __half h[4], l[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) split_f16x2(xs[c], &h[c], &l[c]);
+  *reinterpret_cast<uint2*>(hi) = make_uint2(h2_bits(__halves2half2(h[0], h[1])), h2_bits(__halves2half2(h[2], h[3])));
+  *reinterpret_cast<uint2*>(lo) = make_uint2(h2_bits(__halves2half2(l[0], l[1])), h2_bits(__halves2half2(l[2], l[3])));
 }
 
 namespace wmma = nvcuda::wmma;
@@ -126,16 +141,8 @@ __device__ __forceinline__ void load_tile_f16x2(const float* __restrict__ cache,
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         const int e = e0 + u * kThreads, i = e / q4, d = 4 * (e % q4);
-        if (e >= n4) continue;
-        const float xs[4] = {x[u].x, x[u].y, x[u].z, x[u].w};
-        __half h[4], l[4];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) split_f16x2(xs[c], &h[c], &l[c]);
-        // 8-byte stores (d is a multiple of 4, rows a multiple of 8 halves): one per half of the pair.
-        *reinterpret_cast<uint2*>(hi + i * sm.ldh + d) =
-            make_uint2(h2_bits(__halves2half2(h[0], h[1])), h2_bits(__halves2half2(h[2], h[3])));
-        *reinterpret_cast<uint2*>(lo + i * sm.ldh + d) =
-            make_uint2(h2_bits(__halves2half2(l[0], l[1])), h2_bits(__halves2half2(l[2], l[3])));
+        // 8-byte stores (d is a multiple of 4, rows a multiple of 8 halves).
+        if (e < n4) store_f16x2_4(x[u], hi + i * sm.ldh + d, lo + i * sm.ldh + d);
       }
     }
   } else {
@@ -304,6 +311,410 @@ __global__ void qsa_combine_kernel(const float* __restrict__ partial, int heads,
 template __global__ void qsa_combine_kernel<float>(const float*, int, int, int, const float*, int64_t, int64_t, float*,
                                                    int64_t);
 
+// ---------------------------------------------------------------- tile-union attention (prefill, SM80+)
+//
+// Neighbouring queries of a sequence select mostly the same key blocks (the indexer scores the same pooled keys with
+// similar queries), so a block serves a group of up to 8 consecutive queries of one sequence and one KV head g: it
+// reads the union of their selections once, in logical order, and computes every (query, head) row of the group
+// against it, each row masked to its own query's selection. The union: each query ORs its bit into a byte per logical
+// position (a word of 4 positions, global scratch), then a block-wide ordered compaction lists the positions with a
+// non-zero byte as (cache row, byte). Rows: row r = query r / G, head r % G (G = heads / kv_heads), up to 96;
+// 12 warps, warp w = (m-tile w / 2 of 16 rows, half w % 2). Per tile of 32 union positions: scores S = Q K^T (warp:
+// its m-tile x the half's 16 columns, all of the head dim), online softmax in float32 (the pair of warps of an m-tile
+// exchange row maxima through shared memory; each lane keeps a partial row sum), then O += P V (warp: its m-tile x the
+// half's head-dim columns, O in registers). Products are FP16x2 (hi·hi + hi·lo + lo·hi, FP32 accumulation) on
+// mma.sync m16n8k16 with ldmatrix operands: the same arithmetic as qsa_attention_kernel. Tile i + 1's K rows are in
+// flight (registers) during tile i's scores and its V rows during tile i's P V.
+
+constexpr int kUnionThreads = 384;
+constexpr int kUnionWarps = kUnionThreads / 32;
+constexpr int kUnionMaxRows = 16 * (kUnionWarps / 2);  // 96 rows: 6 m-tiles
+constexpr int kUnionTile = 32;                         // union positions a tile
+constexpr int kUnionPPitch = kUnionTile + 8;           // halves a row of P (80 bytes: ldmatrix rows on distinct banks)
+constexpr int kUnionScanPer = 8;                       // scratch words a thread takes per round of the compaction
+static_assert(kUnionMaxRows == 96 && kUnionTile == 32, "qsa_union_attention_kernel's warp roles");
+
+// Shared memory of qsa_union_attention_kernel<NT> (head dim padded to D16 = 16 NT, pitch D16 + 8 halves) for `rows`
+// query rows (a multiple of 16).
+struct UnionSmem {
+  int pd;
+  __half *Qh, *Ql, *Kh, *Kl, *Vh, *Vl, *Ph, *Pl;
+  float* red;       // [2][kUnionMaxRows]: the halves' row maxima, then row sums
+  int32_t* rows;    // [2][kUnionTile]: cache rows of two tiles (-1: none)
+  uint32_t* masks;  // [2][kUnionTile]: query bits of two tiles' positions
+  int32_t* ints;    // [kUnionWarps + 8]: scan totals, group facts
+  __host__ __device__ static size_t bytes(int nt, int rows) {
+    const size_t pd = size_t(16 * nt + 8);
+    return sizeof(__half) * (2 * rows * pd + 4 * kUnionTile * pd + size_t(2) * rows * kUnionPPitch) +
+           sizeof(float) * 2 * kUnionMaxRows + (sizeof(int32_t) + sizeof(uint32_t)) * 2 * kUnionTile +
+           sizeof(int32_t) * (kUnionWarps + 8);
+  }
+  __device__ UnionSmem(unsigned char* base, int nt, int n_rows) {
+    pd = 16 * nt + 8;
+    Qh = reinterpret_cast<__half*>(base);
+    Ql = Qh + n_rows * pd;
+    Kh = Ql + n_rows * pd;
+    Kl = Kh + kUnionTile * pd;
+    Vh = Kl + kUnionTile * pd;
+    Vl = Vh + kUnionTile * pd;
+    Ph = Vl + kUnionTile * pd;
+    Pl = Ph + n_rows * kUnionPPitch;
+    red = reinterpret_cast<float*>(Pl + n_rows * kUnionPPitch);  // every region above a multiple of 16 bytes
+    rows = reinterpret_cast<int32_t*>(red + 2 * kUnionMaxRows);
+    masks = reinterpret_cast<uint32_t*>(rows + 2 * kUnionTile);
+    ints = reinterpret_cast<int32_t*>(masks + 2 * kUnionTile);
+  }
+};
+
+// Non-zero bytes of a word.
+__device__ __forceinline__ int nonzero_bytes(uint32_t v) {
+  return int((v & 0xffu) != 0) + int((v & 0xff00u) != 0) + int((v & 0xff0000u) != 0) + int((v >> 24) != 0);
+}
+
+// Union entry e of a list of n (cache row, query bits), or (-1, 0) past the end.
+__device__ __forceinline__ uint2 union_entry(const uint2* list, int n, int e) {
+  return e < n ? __ldcg(list + e) : make_uint2(0xffffffffu, 0u);
+}
+
+// A lane's union entry into slot b of the tile facts.
+__device__ __forceinline__ void union_entry_store(const UnionSmem& sm, int b, int lane, uint2 v) {
+  sm.rows[b * kUnionTile + lane] = int32_t(v.x);
+  sm.masks[b * kUnionTile + lane] = v.y;
+}
+
+// A tile's K or V rows of KV head g (slot b's cache rows) as float4s into registers, zero past `dim` and for rows < 0.
+template <int NT, int PER>
+__device__ __forceinline__ void union_load(float4 (&x)[PER], const float* __restrict__ cache, int64_t kvw, int g,
+                                           int dim, const UnionSmem& sm, int b) {
+  constexpr int Q4 = 4 * NT, N4 = kUnionTile * Q4;  // float4s a row (D16 / 4), a tile
+#pragma unroll
+  for (int u = 0; u < PER; ++u) {
+    const int e = int(threadIdx.x) + u * kUnionThreads, i = e / Q4, d = 4 * (e % Q4);
+    x[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (e < N4) {
+      const int64_t row = sm.rows[b * kUnionTile + i];
+      if (row >= 0 && d < dim) x[u] = __ldg(reinterpret_cast<const float4*>(cache + row * kvw + int64_t(g) * dim + d));
+    }
+  }
+}
+
+// The registers of union_load as FP16x2 halves into hi / lo [kUnionTile][pd].
+template <int NT, int PER>
+__device__ __forceinline__ void union_store(const float4 (&x)[PER], const UnionSmem& sm, __half* hi, __half* lo) {
+  constexpr int Q4 = 4 * NT, N4 = kUnionTile * Q4;
+#pragma unroll
+  for (int u = 0; u < PER; ++u) {
+    const int e = int(threadIdx.x) + u * kUnionThreads, i = e / Q4, d = 4 * (e % Q4);
+    if (e < N4) store_f16x2_4(x[u], hi + i * sm.pd + d, lo + i * sm.pd + d);
+  }
+}
+
+// FP16x2 pair of two floats (a, b) as raw half2 words: hi and lo.
+__device__ __forceinline__ void split_pair(float a, float b, uint32_t* hi, uint32_t* lo) {
+  __half ah, al, bh, bl;
+  split_f16x2(a, &ah, &al);
+  split_f16x2(b, &bh, &bl);
+  *hi = h2_bits(__halves2half2(ah, bh));
+  *lo = h2_bits(__halves2half2(al, bl));
+}
+
+// Block = (group of up to qpc consecutive rows of one sequence, KV head g). The groups: each sequence's rows
+// (seq_starts) in runs of qpc, sequence by sequence. words: this launch's zeroed scratch, words_ld per block; lists:
+// list_ld (cache row, query bits) entries per block (at least the union's size: qpc times the selection width, or
+// the positions); cache rows below 2^31.
+// Writes o * sigmoid(gate) (gate may be null). Requires dim % 4 == 0, 16-byte aligned caches, qpc * G <= 96 and
+// qpc <= 8.
+template <int NT>
+__global__ void __launch_bounds__(kUnionThreads, 1)
+    qsa_union_attention_kernel(const float* __restrict__ q, int64_t ldq, const int32_t* __restrict__ seq_starts,
+                               int num_seqs, int qpc, const int32_t* __restrict__ tok_pos,
+                               const int32_t* __restrict__ selected, int64_t ld_sel, const int32_t* __restrict__ counts,
+                               QsaPaging pg, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
+                               int heads, int kv_heads, int dim, const float* __restrict__ gate, int64_t ld_gate,
+                               int64_t gate_hs, float* __restrict__ out, int64_t ldo, uint32_t* __restrict__ words,
+                               int64_t words_ld, uint2* __restrict__ lists, int64_t list_ld, int32_t* status) {
+  pdl_begin();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int D16 = 16 * NT;
+  constexpr int PER = (kUnionTile * 4 * NT + kUnionThreads - 1) / kUnionThreads;  // float4s a thread loads a tile
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const int G = heads / kv_heads, g = blockIdx.y;
+  const int n_rows = (qpc * G + 15) & ~15;
+  const UnionSmem sm(smem_raw, NT, n_rows);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int block_id = blockIdx.y * gridDim.x + blockIdx.x;
+  uint32_t* wd = words + int64_t(block_id) * words_ld;
+  uint2* list = lists + int64_t(block_id) * list_ld;
+  // The group: sequence, first row, queries, largest position.
+  if (threadIdx.x == 0) {
+    // Groups in reverse: a prefill's later queries, with the longer contexts, first (the shorter ones fill the tail).
+    int b = gridDim.x - 1 - blockIdx.x, s = 0, t0 = 0, nq = 0, pmax = -1;
+    for (; s < num_seqs; ++s) {
+      const int n = seq_starts[s + 1] - seq_starts[s], groups = (n + qpc - 1) / qpc;
+      if (b < groups) {
+        t0 = seq_starts[s] + b * qpc;
+        nq = min(qpc, seq_starts[s + 1] - t0);
+        break;
+      }
+      b -= groups;
+    }
+    for (int i = 0; i < nq; ++i) pmax = max(pmax, tok_pos[t0 + i]);
+    sm.ints[kUnionWarps] = s;
+    sm.ints[kUnionWarps + 1] = t0;
+    sm.ints[kUnionWarps + 2] = nq;
+    sm.ints[kUnionWarps + 3] = pmax;
+  }
+  __syncthreads();
+  const int seq = sm.ints[kUnionWarps], t0 = sm.ints[kUnionWarps + 1], nq = sm.ints[kUnionWarps + 2];
+  const int pmax = sm.ints[kUnionWarps + 3];
+  if (nq == 0) return;  // past the last group (the whole block)
+  const float scale = rsqrtf(float(dim));
+  const float neg_inf = -__int_as_float(0x7f800000);
+  const int64_t kvw = int64_t(kv_heads) * dim;
+  // Q rows (scaled) as FP16x2 halves; rows past the group's queries zero.
+  for (int e = threadIdx.x; e < n_rows * D16; e += kUnionThreads) {
+    const int r = e / D16, d = e % D16, qi = r / G, h = r % G;
+    const float x = (qi < nq && d < dim) ? q[int64_t(t0 + qi) * ldq + int64_t(g * G + h) * dim + d] * scale : 0.f;
+    split_f16x2(x, sm.Qh + r * sm.pd + d, sm.Ql + r * sm.pd + d);
+  }
+  // Each query's bit on its selected positions (a position after the query is flagged and never followed).
+  for (int qi = 0; qi < nq; ++qi) {
+    const int t = t0 + qi, p = tok_pos[t], cnt = counts[t];
+    for (int e = threadIdx.x; e < cnt; e += kUnionThreads) {
+      const int pos = selected[int64_t(t) * ld_sel + e];
+      if (pos < 0 || pos > p)
+        flag(status, kQsaBadPosition);
+      else
+        atomicOr(wd + (pos >> 2), 1u << (8 * (pos & 3) + qi));
+    }
+  }
+  __syncthreads();
+  // The union in logical order: an ordered compaction of the non-zero bytes of words 0 .. pmax / 4.
+  const int n_words = (pmax >> 2) + 1;
+  int n_union = 0;
+  for (int r0 = 0; r0 < n_words; r0 += kUnionThreads * kUnionScanPer) {
+    const int w0 = r0 + int(threadIdx.x) * kUnionScanPer;
+    uint32_t v[kUnionScanPer];
+    int count = 0;
+#pragma unroll
+    for (int u = 0; u < kUnionScanPer; ++u) {
+      v[u] = w0 + u < n_words ? __ldcg(wd + w0 + u) : 0u;
+      count += nonzero_bytes(v[u]);
+    }
+    int incl = count;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int n = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += n;
+    }
+    if (lane == 31) sm.ints[warp] = incl;
+    __syncthreads();
+    int before = 0, total = 0;
+#pragma unroll
+    for (int w = 0; w < kUnionWarps; ++w) {
+      before += w < warp ? sm.ints[w] : 0;
+      total += sm.ints[w];
+    }
+    int at = n_union + before + incl - count;
+#pragma unroll
+    for (int u = 0; u < kUnionScanPer; ++u)
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const uint32_t m = (v[u] >> (8 * b)) & 0xffu;
+        if (m != 0u && at < list_ld) {
+          const int64_t row = phys_token(pg, seq, 4 * (w0 + u) + b, status);
+          list[at++] = make_uint2(uint32_t(int32_t(row)), row >= 0 ? m : 0u);
+        }
+      }
+    n_union += total;
+    __syncthreads();  // ints[] is rewritten by the next round
+  }
+  n_union = min(n_union, int(list_ld));
+  const int n_tiles = (n_union + kUnionTile - 1) / kUnionTile;
+  if (warp < 2) union_entry_store(sm, warp, lane, union_entry(list, n_union, kUnionTile * warp + lane));
+  __syncthreads();
+  float4 pre[PER];
+  if (n_tiles > 0) {
+    union_load<NT, PER>(pre, k_cache, kvw, g, dim, sm, 0);
+    union_store<NT, PER>(pre, sm, sm.Kh, sm.Kl);
+    union_load<NT, PER>(pre, v_cache, kvw, g, dim, sm, 0);
+    union_store<NT, PER>(pre, sm, sm.Vh, sm.Vl);
+  }
+  __syncthreads();
+
+  const int mi = warp >> 1, half = warp & 1;
+  const bool active = 16 * mi < nq * G;  // the warp's m-tile holds rows of the group's queries
+  const int gq = lane >> 2, tq = lane & 3;
+  const int rA = 16 * mi + gq, rB = rA + 8;
+  const uint32_t bitA = rA / G < 8 ? 1u << (rA / G) : 0u, bitB = rB / G < 8 ? 1u << (rB / G) : 0u;
+  // ldmatrix addresses: A (Q, P) rows 16 mi + lane % 16 at column 8 (lane / 16); K rows of the half's columns.
+  const int a_row = 16 * mi + (lane & 15), a_col = 8 * (lane >> 4);
+  const int bm = lane >> 3, br = lane & 7;
+  const int k_row = 16 * half + 8 * (bm >> 1) + br, k_col = 8 * (bm & 1);
+  const int v_row = 8 * (bm & 1) + br, v_col = 8 * (NT * half) + 8 * (bm >> 1);
+  float o[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float mA = neg_inf, mB = neg_inf, lA = 0.f, lB = 0.f;
+
+  for (int i = 0; i < n_tiles; ++i) {
+    const int b = i & 1;
+    const bool next = i + 1 < n_tiles;
+    if (next) union_load<NT, PER>(pre, k_cache, kvw, g, dim, sm, b ^ 1);
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    if (active) {  // scores of the m-tile x the half's 16 columns
+      // The three products in separate accumulators: chains of NT dependent MMAs instead of 3 NT.
+      float x[3][2][4] = {};
+#pragma unroll 4
+      for (int ks = 0; ks < NT; ++ks) {
+        uint32_t ah[4], al[4], kh[4], kl[4];
+        ldmatrix_x4(ah, sm.Qh + a_row * sm.pd + 16 * ks + a_col);
+        ldmatrix_x4(al, sm.Ql + a_row * sm.pd + 16 * ks + a_col);
+        ldmatrix_x4(kh, sm.Kh + k_row * sm.pd + 16 * ks + k_col);
+        ldmatrix_x4(kl, sm.Kl + k_row * sm.pd + 16 * ks + k_col);
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          mma_m16n8k16(x[0][n], ah[0], ah[1], ah[2], ah[3], kh[2 * n], kh[2 * n + 1]);
+          mma_m16n8k16(x[1][n], ah[0], ah[1], ah[2], ah[3], kl[2 * n], kl[2 * n + 1]);
+          mma_m16n8k16(x[2][n], al[0], al[1], al[2], al[3], kh[2 * n], kh[2 * n + 1]);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] = x[0][n][e] + (x[1][n][e] + x[2][n][e]);
+      float xA = neg_inf, xB = neg_inf;
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const uint32_t m = sm.masks[b * kUnionTile + 16 * half + 8 * n + 2 * tq + e];
+          if (!(m & bitA)) s[n][e] = neg_inf;
+          if (!(m & bitB)) s[n][2 + e] = neg_inf;
+          xA = fmaxf(xA, s[n][e]);
+          xB = fmaxf(xB, s[n][2 + e]);
+        }
+#pragma unroll
+      for (int off = 1; off < 4; off <<= 1) {
+        xA = fmaxf(xA, __shfl_xor_sync(0xffffffffu, xA, off));
+        xB = fmaxf(xB, __shfl_xor_sync(0xffffffffu, xB, off));
+      }
+      if (tq == 0) {
+        sm.red[half * kUnionMaxRows + rA] = xA;
+        sm.red[half * kUnionMaxRows + rB] = xB;
+      }
+    }
+    __syncthreads();  // (1) scores done: K is free, both halves' maxima are in
+    if (next) {
+      union_store<NT, PER>(pre, sm, sm.Kh, sm.Kl);
+      union_load<NT, PER>(pre, v_cache, kvw, g, dim, sm, b ^ 1);
+    }
+    // Slot b (tile i's facts, read above) takes tile i + 2's, stored after P V (the last warp's load in flight).
+    const bool fetch = warp == kUnionWarps - 1 && i + 2 < n_tiles;
+    const uint2 ahead = fetch ? union_entry(list, n_union, kUnionTile * (i + 2) + lane) : make_uint2(0u, 0u);
+    if (active) {  // online softmax: P of the half's columns, O and the partial row sums rescaled
+      const float nA = fmaxf(mA, fmaxf(sm.red[rA], sm.red[kUnionMaxRows + rA]));
+      const float nB = fmaxf(mB, fmaxf(sm.red[rB], sm.red[kUnionMaxRows + rB]));
+      const float cA = mA == neg_inf ? 0.f : expf(mA - nA), cB = mB == neg_inf ? 0.f : expf(mB - nB);
+      mA = nA;
+      mB = nB;
+      float sA = 0.f, sB = 0.f;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        float p[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) p[e] = s[n][e] == neg_inf ? 0.f : expf(s[n][e] - (e < 2 ? nA : nB));
+        sA += p[0] + p[1];
+        sB += p[2] + p[3];
+        const int c = 16 * half + 8 * n + 2 * tq;
+        uint32_t hi, lo;
+        split_pair(p[0], p[1], &hi, &lo);
+        *reinterpret_cast<uint32_t*>(sm.Ph + rA * kUnionPPitch + c) = hi;
+        *reinterpret_cast<uint32_t*>(sm.Pl + rA * kUnionPPitch + c) = lo;
+        split_pair(p[2], p[3], &hi, &lo);
+        *reinterpret_cast<uint32_t*>(sm.Ph + rB * kUnionPPitch + c) = hi;
+        *reinterpret_cast<uint32_t*>(sm.Pl + rB * kUnionPPitch + c) = lo;
+      }
+      lA = lA * cA + sA;
+      lB = lB * cB + sB;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        o[j][0] *= cA;
+        o[j][1] *= cA;
+        o[j][2] *= cB;
+        o[j][3] *= cB;
+      }
+    }
+    __syncthreads();  // (2) P is in
+    if (active) {     // O += P V over the half's head-dim columns
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+        uint32_t ph[4], pl[4];
+        ldmatrix_x4(ph, sm.Ph + a_row * kUnionPPitch + 16 * kk + a_col);
+        ldmatrix_x4(pl, sm.Pl + a_row * kUnionPPitch + 16 * kk + a_col);
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+          uint32_t vh[4], vl[4];
+          const int off = (16 * kk + v_row) * sm.pd + v_col + 16 * np;
+          ldmatrix_x4<true>(vh, sm.Vh + off);
+          ldmatrix_x4<true>(vl, sm.Vl + off);
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float(&acc)[4] = o[2 * np + e];
+            mma_m16n8k16(acc, ph[0], ph[1], ph[2], ph[3], vh[2 * e], vh[2 * e + 1]);
+            mma_m16n8k16(acc, ph[0], ph[1], ph[2], ph[3], vl[2 * e], vl[2 * e + 1]);
+            mma_m16n8k16(acc, pl[0], pl[1], pl[2], pl[3], vh[2 * e], vh[2 * e + 1]);
+          }
+        }
+      }
+    }
+    if (fetch) union_entry_store(sm, b, lane, ahead);
+    __syncthreads();  // (3) V is free, slot b holds tile i + 2
+    if (next) union_store<NT, PER>(pre, sm, sm.Vh, sm.Vl);
+  }
+  // Row sums: the quad's lanes, then the two halves.
+#pragma unroll
+  for (int off = 1; off < 4; off <<= 1) {
+    lA += __shfl_xor_sync(0xffffffffu, lA, off);
+    lB += __shfl_xor_sync(0xffffffffu, lB, off);
+  }
+  if (active && tq == 0) {
+    sm.red[half * kUnionMaxRows + rA] = lA;
+    sm.red[half * kUnionMaxRows + rB] = lB;
+  }
+  __syncthreads();
+  if (!active) return;
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int r = rr == 0 ? rA : rB, qi = r / G, h = r % G;
+    if (qi >= nq) continue;
+    const float L = sm.red[r] + sm.red[kUnionMaxRows + r];
+    const int t = t0 + qi, hq = g * G + h;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int d = 8 * (NT * half + j) + 2 * tq + e;
+        if (d >= dim) continue;
+        float v = L > 0.f ? o[j][2 * rr + e] / L : 0.f;
+        if (gate) v *= sigmoidf_(gate[int64_t(t) * ld_gate + int64_t(hq) * gate_hs + d]);
+        out[int64_t(t) * ldo + int64_t(hq) * dim + d] = v;
+      }
+  }
+#endif
+}
+
+// The head-dim paddings 32, 64, 128 and 256 (compiled by NVRTC too, for the SM70 check).
+#define FN_QSA_UNION(NT)                                                                                        \
+  template __global__ void qsa_union_attention_kernel<NT>(                                                      \
+      const float*, int64_t, const int32_t*, int, int, const int32_t*, const int32_t*, int64_t, const int32_t*, \
+      QsaPaging, const float*, const float*, int, int, int, const float*, int64_t, int64_t, float*, int64_t,    \
+      uint32_t*, int64_t, uint2*, int64_t, int32_t*);
+FN_QSA_UNION(2)
+FN_QSA_UNION(4)
+FN_QSA_UNION(8)
+FN_QSA_UNION(16)
+#undef FN_QSA_UNION
 }  // namespace
 
 #ifndef __CUDACC_RTC__  // host launchers (NVRTC, used by the SM70 check, compiles device code only)
@@ -326,6 +737,51 @@ cudaError_t launch_qsa_attention(const float* q, int64_t ldq, const int32_t* tok
   if (splits > 1)
     launch(qsa_combine_kernel<float>, tokens * heads, kThreads, 0, stream, partial, heads, dim, splits, gate, ld_gate,
            gate_head_stride, out, ldo);
+  return cudaGetLastError();
+}
+QsaUnionPlan qsa_union_plan(int heads, int kv_heads, int dim) {
+  QsaUnionPlan p;
+  const int G = kv_heads > 0 ? heads / kv_heads : 0;
+  if (G < 1 || G > kUnionMaxRows || dim < 1 || dim > 256 || dim % 4 != 0) return p;
+  if (kernel_ptx_version(reinterpret_cast<const void*>(qsa_union_attention_kernel<16>)) < 80) return p;
+  p.nt = dim <= 32 ? 2 : dim <= 64 ? 4 : dim <= 128 ? 8 : 16;
+  int device = 0, optin = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    cudaGetLastError();
+    return p;
+  }
+  for (int qpc = std::min(8, kUnionMaxRows / G); qpc >= 1; --qpc) {
+    const size_t smem = UnionSmem::bytes(p.nt, (qpc * G + 15) & ~15);
+    if (smem <= size_t(optin)) {
+      p.qpc = qpc;
+      p.smem = smem;
+      return p;
+    }
+  }
+  return p;
+}
+
+cudaError_t launch_qsa_union_attention(const QsaUnionPlan& plan, const float* q, int64_t ldq, const int32_t* seq_starts,
+                                       int num_seqs, int groups, const int32_t* tok_pos, const int32_t* selected,
+                                       int64_t ld_sel, const int32_t* counts, QsaPaging pg, const float* k_cache,
+                                       const float* v_cache, int heads, int kv_heads, int dim, const float* gate,
+                                       int64_t ld_gate, int64_t gate_head_stride, float* out, int64_t ldo,
+                                       uint32_t* words, int64_t words_ld, uint2* lists, int64_t list_ld,
+                                       int32_t* status, cudaStream_t stream) {
+  if (groups == 0) return cudaSuccess;
+  if (plan.qpc < 1) return cudaErrorInvalidValue;
+  cudaError_t err = cudaMemsetAsync(words, 0, sizeof(uint32_t) * size_t(groups) * kv_heads * words_ld, stream);
+  if (err != cudaSuccess) return err;
+  const auto kernel = plan.nt == 2   ? qsa_union_attention_kernel<2>
+                      : plan.nt == 4 ? qsa_union_attention_kernel<4>
+                      : plan.nt == 8 ? qsa_union_attention_kernel<8>
+                                     : qsa_union_attention_kernel<16>;
+  err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), plan.smem);
+  if (err != cudaSuccess) return err;
+  launch(kernel, dim3(groups, kv_heads), kUnionThreads, plan.smem, stream, q, ldq, seq_starts, num_seqs, plan.qpc,
+         tok_pos, selected, ld_sel, counts, pg, k_cache, v_cache, heads, kv_heads, dim, gate, ld_gate, gate_head_stride,
+         out, ldo, words, words_ld, lists, list_ld, status);
   return cudaGetLastError();
 }
 #endif

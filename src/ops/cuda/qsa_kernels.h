@@ -36,6 +36,33 @@ cudaError_t launch_qsa_attention(const float* q, int64_t ldq, const int32_t* tok
                                  int dim, int splits, int split_len, const float* gate, int64_t ld_gate,
                                  int64_t gate_head_stride, float* partial, float* out, int64_t ldo, int32_t* status,
                                  cudaStream_t stream);
+
+/// How the tile-union attention kernel (prefill, mma.sync: compute capability 8.0+) runs a head geometry on the
+/// current device: qpc consecutive queries of a sequence a block (at most 8, qpc * G <= 96 rows for G = heads /
+/// kv_heads; the most that fit the device's shared memory), the head dim padded to 16 nt (32, 64, 128 or 256), smem
+/// bytes of dynamic shared memory. qpc = 0: the kernel cannot run it here (its code is not SM80+ on this device,
+/// dim % 4 != 0 or dim > 256, or too little shared memory).
+struct QsaUnionPlan {
+  int qpc = 0;
+  int nt = 0;
+  size_t smem = 0;
+};
+QsaUnionPlan qsa_union_plan(int heads, int kv_heads, int dim);
+
+/// Sparse attention by groups of plan.qpc consecutive rows of a sequence: `groups` = the sum over the step's
+/// sequences (seq_starts [num_seqs + 1]) of ceil(rows / qpc); each group's (KV head's) block reads the union of its
+/// queries' selections (compact rows of `counts` logical positions, as launch_qsa_attention's) once. Scratch: words
+/// [groups * kv_heads, words_ld] (words_ld >= largest position / 4 + 1; zeroed here) and lists [groups * kv_heads,
+/// list_ld] (list_ld >= the union's size). Caches 16-byte aligned, dim % 4 == 0 and cache rows below 2^31 (the
+/// caller checks). Out-of-range positions and pages set kQsaBadPosition / kQsaBadPage in `status`
+/// and are skipped. Writes out = softmax(q k / sqrt(dim)) v * sigmoid(gate) (gate may be null).
+cudaError_t launch_qsa_union_attention(const QsaUnionPlan& plan, const float* q, int64_t ldq, const int32_t* seq_starts,
+                                       int num_seqs, int groups, const int32_t* tok_pos, const int32_t* selected,
+                                       int64_t ld_sel, const int32_t* counts, QsaPaging pg, const float* k_cache,
+                                       const float* v_cache, int heads, int kv_heads, int dim, const float* gate,
+                                       int64_t ld_gate, int64_t gate_head_stride, float* out, int64_t ldo,
+                                       uint32_t* words, int64_t words_ld, uint2* lists, int64_t list_ld,
+                                       int32_t* status, cudaStream_t stream);
 #endif
 
 }  // namespace flashnext::cuda::detail

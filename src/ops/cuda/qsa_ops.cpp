@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 
 #include "ops/contract/qsa.h"
 #include "ops/cuda/backend.h"
@@ -123,7 +125,9 @@ void CudaOps::qsa_indexer_select_batch(const Tensor& qi, const Tensor& index_key
 
 /// Valid selections packed to the front with their counts, then one attention launch that maps each selected
 /// logical position through the sequence's block table; positions at or beyond the step's longest context are
-/// invalid (recorded in the status words).
+/// invalid (recorded in the status words). The launch: the tile-union kernel (groups of consecutive queries of a
+/// sequence over their selections' union) for steps with a sequence of at least kQsaTileUnionMinRows rows where it
+/// runs (QsaAttentionKernel), else the per-query kernel.
 void CudaOps::sparse_attention_batch(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
                                      const Tensor& selected, const Tensor& gate, double scale, const StepBatch& batch,
                                      const Tensor& out) {
@@ -147,6 +151,25 @@ void CudaOps::sparse_attention_batch(const Tensor& q, const Tensor& k_pool, cons
       detail::launch_compact_selection(dp<int32_t>(selected), t, int(n_sel), batch.max_context, dp<int32_t>(compact),
                                        dp<int32_t>(counts), status(kStatusSelection), stream()),
       op);
+  if (const detail::QsaUnionPlan up = qsa_union_plan(batch, int(nh), int(nkv), int(D), k_pool, v_pool); up.qpc > 0) {
+    int64_t groups = 0;
+    for (int64_t s = 0; s < batch.num_seqs; ++s) groups += (batch.rows_of(s) + up.qpc - 1) / up.qpc;
+    // Scratch of a block: a word per 4 positions of the group's context, and the union (at most the group's
+    // selections or the positions).
+    const int64_t words_ld = (batch.max_context / 4 + 4) & ~int64_t(3);
+    const int64_t list_ld = std::min<int64_t>(up.qpc * n_sel, batch.max_context);
+    Tensor words = alloc({groups * nkv, words_ld}, DType::I32, "attention union words");
+    Tensor lists = alloc({groups * nkv, list_ld, 2}, DType::I32, "attention union lists");
+    FN_CUDA_CHECK(
+        detail::launch_qsa_union_attention(
+            up, dp<const float>(q), nh * D, dp<int32_t>(batch.seq_starts), int(batch.num_seqs),
+            to_int(groups, op, "groups"), dp<int32_t>(batch.positions), dp<int32_t>(compact), n_sel,
+            dp<int32_t>(counts), pg, dp<const float>(k_pool), dp<const float>(v_pool), int(nh), int(nkv), int(D),
+            dp<const float>(gate), nh * D, D, dp<float>(out), nh * D, static_cast<uint32_t*>(words.data()), words_ld,
+            static_cast<uint2*>(lists.data()), list_ld, status(kStatusQsa), stream()),
+        op);
+    return;
+  }
   const QsaAttentionPlan plan = qsa_attention_plan(t, int(nh), int(nkv), int(D), int(n_sel));
   Tensor partial = alloc({std::max<int64_t>(plan.partial_floats, 1)}, DType::F32, "attention partials");
   FN_CUDA_CHECK(
@@ -156,6 +179,21 @@ void CudaOps::sparse_attention_batch(const Tensor& q, const Tensor& k_pool, cons
                                    plan.splits, plan.split_len, dp<const float>(gate), nh * D, D, dp<float>(partial),
                                    dp<float>(out), nh * D, status(kStatusQsa), stream()),
       op);
+}
+
+detail::QsaUnionPlan CudaOps::qsa_union_plan(const StepBatch& batch, int heads, int kv_heads, int dim,
+                                             const Tensor& k_pool, const Tensor& v_pool) const {
+  if (options_.qsa_attention == QsaAttentionKernel::PerQuery) return {};
+  if (options_.qsa_attention == QsaAttentionKernel::Auto) {
+    int64_t longest = 0;
+    for (int64_t s = 0; s < batch.num_seqs; ++s) longest = std::max(longest, batch.rows_of(s));
+    if (longest < kQsaTileUnionMinRows) return {};
+  }
+  // Cache rows as int32 in the union lists; float4 loads of the caches.
+  if (k_pool.dim(0) > std::numeric_limits<int32_t>::max() || reinterpret_cast<uintptr_t>(k_pool.data()) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(v_pool.data()) % 16 != 0)
+    return {};
+  return detail::qsa_union_plan(heads, kv_heads, dim);
 }
 
 }  // namespace flashnext::cuda

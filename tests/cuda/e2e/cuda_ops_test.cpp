@@ -1,7 +1,7 @@
 // What the CUDA backend (make_cuda_ops) does beyond the op values, which the op-case registry (tests/ops, run
 // with FLASHNEXT_TEST_BACKEND=cuda) compares with the CPU oracle: FP16 weight conversion and its range error, the
-// random weights and host tables of `flashnext bench`, device sampling, bad input reported by the kernels, and the
-// gated delta rule's few-row steps equal to decode steps bit for bit.
+// random weights and host tables of `flashnext bench`, device sampling, bad input reported by the kernels (sparse
+// attention's selections included), and the gated delta rule's few-row steps equal to decode steps bit for bit.
 #include "ops/cuda/cuda_ops.h"
 
 #include <cuda_fp16.h>
@@ -308,6 +308,55 @@ TEST_P(CudaOps, GdnFewRowsEqualDecodeStepsBitForBit) {
   }
   EXPECT_NE(s0, host(g, step.state));  // the step moved the states of slots 2 and 0
   EXPECT_NE(c0, host(g, step.conv));
+}
+
+// Sparse attention's kernels (per-query, and tile-union on SM80+: QsaAttentionKernel) skip a selected position after
+// its query, which no indexer selects, and report it at the next synchronisation; every output is that of the
+// selection without it, bit for bit. A 20-row prefill of one sequence (4 query heads, 1 KV head, head dim
+// 64): query t selects positions 0 and t, query 5 also position 9.
+TEST_P(CudaOps, SparseAttentionReportsAPositionAfterItsQuery) {
+  constexpr int64_t T = 20, nh = 4, D = 64, W = 3;
+  const std::vector<int32_t> table = {0, 1};
+  const std::vector<float> qv = normal(size_t(T * nh * D), 11, 1.f, false), kv = normal(size_t(32 * D), 12, 1.f, false),
+                           vv = normal(size_t(32 * D), 13, 1.f, false), gv = normal(size_t(T * nh * D), 14, 1.f, false);
+  std::vector<int32_t> clean(size_t(T * W), -1);
+  for (int64_t t = 0; t < T; ++t) {
+    clean[size_t(t * W)] = 0;
+    if (t > 0) clean[size_t(t * W + 1)] = int32_t(t);
+  }
+  std::vector<int32_t> bad = clean;
+  bad[size_t(5 * W + 2)] = 9;
+  for (QsaAttentionKernel kernel : {QsaAttentionKernel::PerQuery, QsaAttentionKernel::TileUnion}) {
+    CudaOpsOptions o{PleTablePlacement::Host, GetParam()};
+    o.qsa_attention = kernel;
+    const std::shared_ptr<Ops> ops = make_cuda_ops(0, o);
+    Ops& g = *ops;
+    const StepSequence seq{T, 0, 0, table};
+    const StepBatch batch = make_step_batch(g, {&seq, 1}, 16);
+    const Tensor q = g.upload(qv.data(), DType::F32, {T, nh, D}), gate = g.upload(gv.data(), DType::F32, {T, nh, D});
+    const Tensor k = g.upload(kv.data(), DType::F32, {32, 1, D}), v = g.upload(vv.data(), DType::F32, {32, 1, D});
+    const auto run = [&](const std::vector<int32_t>& sel) {
+      Tensor out = g.empty({T, nh, D});
+      g.sparse_attention_batch(q, k, v, g.upload(sel.data(), DType::I32, {T, W}), gate, 1.0 / std::sqrt(double(D)),
+                               batch, out);
+      return out;
+    };
+    const std::vector<float> want = host(g, run(clean));
+    const Tensor out = run(bad);
+    std::vector<float> got(size_t(T * nh * D));
+    const std::string name = kernel == QsaAttentionKernel::PerQuery ? "per-query" : "tile-union";
+    try {
+      g.download(out, got.data());
+      ADD_FAILURE() << name << ": position 9 selected by the query at position 5 was not reported";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("sparse_attention: cache indices outside the cache"), std::string::npos)
+          << name << ": " << e.what();
+    }
+    g.download(out, got.data());  // reported once, then clear
+    for (int64_t t = 0; t < T; ++t)
+      EXPECT_EQ(0, std::memcmp(want.data() + t * nh * D, got.data() + t * nh * D, sizeof(float) * nh * D))
+          << name << ": query " << t;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Activations, CudaOps,
