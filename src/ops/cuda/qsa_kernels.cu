@@ -419,15 +419,14 @@ __device__ __forceinline__ void split_pair(float a, float b, uint32_t* hi, uint3
 }
 
 // Block = (group of up to qpc consecutive rows of one sequence, KV head g). The groups: each sequence's rows
-// (seq_starts) in runs of qpc, sequence by sequence. words: this launch's zeroed scratch, words_ld per block; lists:
-// list_ld (cache row, query bits) entries per block (at least the union's size: qpc times the selection width, or
-// the positions); cache rows below 2^31.
-// Writes o * sigmoid(gate) (gate may be null). Requires dim % 4 == 0, 16-byte aligned caches, qpc * G <= 96 and
-// qpc <= 8.
+// (seq_starts) in runs of qpc, sequence by sequence; this launch's are groups group0 .. group0 + gridDim.x - 1, the
+// last first. words: this launch's zeroed scratch, words_ld per block; lists: list_ld (cache row, query bits) entries
+// per block (at least the union's size: qpc times the selection width, or the positions); cache rows below 2^31. Writes
+// o * sigmoid(gate) (gate may be null). Requires dim % 4 == 0, 16-byte aligned caches, qpc * G <= 96 and qpc <= 8.
 template <int NT>
 __global__ void __launch_bounds__(kUnionThreads, 1)
     qsa_union_attention_kernel(const float* __restrict__ q, int64_t ldq, const int32_t* __restrict__ seq_starts,
-                               int num_seqs, int qpc, const int32_t* __restrict__ tok_pos,
+                               int num_seqs, int qpc, int group0, const int32_t* __restrict__ tok_pos,
                                const int32_t* __restrict__ selected, int64_t ld_sel, const int32_t* __restrict__ counts,
                                QsaPaging pg, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
                                int heads, int kv_heads, int dim, const float* __restrict__ gate, int64_t ld_gate,
@@ -448,7 +447,7 @@ __global__ void __launch_bounds__(kUnionThreads, 1)
   // The group: sequence, first row, queries, largest position.
   if (threadIdx.x == 0) {
     // Groups in reverse: a prefill's later queries, with the longer contexts, first (the shorter ones fill the tail).
-    int b = gridDim.x - 1 - blockIdx.x, s = 0, t0 = 0, nq = 0, pmax = -1;
+    int b = group0 + int(gridDim.x - 1 - blockIdx.x), s = 0, t0 = 0, nq = 0, pmax = -1;
     for (; s < num_seqs; ++s) {
       const int n = seq_starts[s + 1] - seq_starts[s], groups = (n + qpc - 1) / qpc;
       if (b < groups) {
@@ -705,10 +704,10 @@ __global__ void __launch_bounds__(kUnionThreads, 1)
 }
 
 // The head-dim paddings 32, 64, 128 and 256 (compiled by NVRTC too, for the SM70 check).
-#define FN_QSA_UNION(NT)                                                                                        \
-  template __global__ void qsa_union_attention_kernel<NT>(                                                      \
-      const float*, int64_t, const int32_t*, int, int, const int32_t*, const int32_t*, int64_t, const int32_t*, \
-      QsaPaging, const float*, const float*, int, int, int, const float*, int64_t, int64_t, float*, int64_t,    \
+#define FN_QSA_UNION(NT)                                                                                             \
+  template __global__ void qsa_union_attention_kernel<NT>(                                                           \
+      const float*, int64_t, const int32_t*, int, int, int, const int32_t*, const int32_t*, int64_t, const int32_t*, \
+      QsaPaging, const float*, const float*, int, int, int, const float*, int64_t, int64_t, float*, int64_t,         \
       uint32_t*, int64_t, uint2*, int64_t, int32_t*);
 FN_QSA_UNION(2)
 FN_QSA_UNION(4)
@@ -768,21 +767,26 @@ cudaError_t launch_qsa_union_attention(const QsaUnionPlan& plan, const float* q,
                                        const float* v_cache, int heads, int kv_heads, int dim, const float* gate,
                                        int64_t ld_gate, int64_t gate_head_stride, float* out, int64_t ldo,
                                        uint32_t* words, int64_t words_ld, uint2* lists, int64_t list_ld,
-                                       int32_t* status, cudaStream_t stream) {
+                                       int group_batch, int32_t* status, cudaStream_t stream) {
   if (groups == 0) return cudaSuccess;
-  if (plan.qpc < 1) return cudaErrorInvalidValue;
-  cudaError_t err = cudaMemsetAsync(words, 0, sizeof(uint32_t) * size_t(groups) * kv_heads * words_ld, stream);
-  if (err != cudaSuccess) return err;
+  if (plan.qpc < 1 || group_batch < 1) return cudaErrorInvalidValue;
   const auto kernel = plan.nt == 2   ? qsa_union_attention_kernel<2>
                       : plan.nt == 4 ? qsa_union_attention_kernel<4>
                       : plan.nt == 8 ? qsa_union_attention_kernel<8>
                                      : qsa_union_attention_kernel<16>;
-  err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), plan.smem);
+  cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), plan.smem);
   if (err != cudaSuccess) return err;
-  launch(kernel, dim3(groups, kv_heads), kUnionThreads, plan.smem, stream, q, ldq, seq_starts, num_seqs, plan.qpc,
-         tok_pos, selected, ld_sel, counts, pg, k_cache, v_cache, heads, kv_heads, dim, gate, ld_gate, gate_head_stride,
-         out, ldo, words, words_ld, lists, list_ld, status);
-  return cudaGetLastError();
+  for (int g0 = 0; g0 < groups; g0 += group_batch) {
+    const int n = std::min(group_batch, groups - g0);
+    err = cudaMemsetAsync(words, 0, sizeof(uint32_t) * size_t(n) * kv_heads * words_ld, stream);
+    if (err != cudaSuccess) return err;
+    launch(kernel, dim3(n, kv_heads), kUnionThreads, plan.smem, stream, q, ldq, seq_starts, num_seqs, plan.qpc, g0,
+           tok_pos, selected, ld_sel, counts, pg, k_cache, v_cache, heads, kv_heads, dim, gate, ld_gate,
+           gate_head_stride, out, ldo, words, words_ld, lists, list_ld, status);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 #endif
 

@@ -51,18 +51,19 @@ QsaUnionPlan qsa_union_plan(int heads, int kv_heads, int dim);
 
 /// Sparse attention by groups of plan.qpc consecutive rows of a sequence: `groups` = the sum over the step's
 /// sequences (seq_starts [num_seqs + 1]) of ceil(rows / qpc); each group's (KV head's) block reads the union of its
-/// queries' selections (compact rows of `counts` logical positions, as launch_qsa_attention's) once. Scratch: words
-/// [groups * kv_heads, words_ld] (words_ld >= largest position / 4 + 1; zeroed here) and lists [groups * kv_heads,
-/// list_ld] (list_ld >= the union's size). Caches 16-byte aligned, dim % 4 == 0 and cache rows below 2^31 (the
-/// caller checks). Out-of-range positions and pages set kQsaBadPosition / kQsaBadPage in `status`
-/// and are skipped. Writes out = softmax(q k / sqrt(dim)) v * sigmoid(gate) (gate may be null).
+/// queries' selections (compact rows of `counts` logical positions, as launch_qsa_attention's) once. Launches of
+/// group_batch groups at most, each over the same scratch: words [group_batch * kv_heads, words_ld] (words_ld >=
+/// largest position / 4 + 1; zeroed here) and lists [group_batch * kv_heads, list_ld] (list_ld >= the union's size).
+/// Caches 16-byte aligned, dim % 4 == 0 and cache rows below 2^31 (the caller checks). Out-of-range positions and pages
+/// set kQsaBadPosition / kQsaBadPage in `status` and are skipped. Writes out = softmax(q k / sqrt(dim)) v *
+/// sigmoid(gate) (gate may be null).
 cudaError_t launch_qsa_union_attention(const QsaUnionPlan& plan, const float* q, int64_t ldq, const int32_t* seq_starts,
                                        int num_seqs, int groups, const int32_t* tok_pos, const int32_t* selected,
                                        int64_t ld_sel, const int32_t* counts, QsaPaging pg, const float* k_cache,
                                        const float* v_cache, int heads, int kv_heads, int dim, const float* gate,
                                        int64_t ld_gate, int64_t gate_head_stride, float* out, int64_t ldo,
                                        uint32_t* words, int64_t words_ld, uint2* lists, int64_t list_ld,
-                                       int32_t* status, cudaStream_t stream);
+                                       int group_batch, int32_t* status, cudaStream_t stream);
 #endif
 
 }  // namespace flashnext::cuda::detail

@@ -25,6 +25,10 @@ struct QsaAttentionPlan {
   int64_t partial_floats = 0;
 };
 
+/// Scratch the tile-union attention takes at most (its blocks' position words and union lists): 256 MiB, launches
+/// of fewer groups beyond (a chunk of 8K queries at a 128K context would take twice that in one).
+constexpr int64_t kQsaUnionScratchBytes = int64_t(256) << 20;
+
 QsaAttentionPlan qsa_attention_plan(int tokens, int heads, int kv_heads, int head_dim, int max_selected) {
   constexpr int kTargetBlocks = 264;  // about two blocks per multiprocessor on the GPUs we target
   constexpr int kTile = 64;
@@ -155,18 +159,20 @@ void CudaOps::sparse_attention_batch(const Tensor& q, const Tensor& k_pool, cons
     int64_t groups = 0;
     for (int64_t s = 0; s < batch.num_seqs; ++s) groups += (batch.rows_of(s) + up.qpc - 1) / up.qpc;
     // Scratch of a block: a word per 4 positions of the group's context, and the union (at most the group's
-    // selections or the positions).
+    // selections or the positions); launches of as many groups as kQsaUnionScratchBytes holds.
     const int64_t words_ld = (batch.max_context / 4 + 4) & ~int64_t(3);
     const int64_t list_ld = std::min<int64_t>(up.qpc * n_sel, batch.max_context);
-    Tensor words = alloc({groups * nkv, words_ld}, DType::I32, "attention union words");
-    Tensor lists = alloc({groups * nkv, list_ld, 2}, DType::I32, "attention union lists");
+    const int64_t group_batch =
+        std::clamp<int64_t>(kQsaUnionScratchBytes / (4 * nkv * (words_ld + 2 * list_ld)), 1, groups);
+    Tensor words = alloc({group_batch * nkv, words_ld}, DType::I32, "attention union words");
+    Tensor lists = alloc({group_batch * nkv, list_ld, 2}, DType::I32, "attention union lists");
     FN_CUDA_CHECK(
         detail::launch_qsa_union_attention(
             up, dp<const float>(q), nh * D, dp<int32_t>(batch.seq_starts), int(batch.num_seqs),
             to_int(groups, op, "groups"), dp<int32_t>(batch.positions), dp<int32_t>(compact), n_sel,
             dp<int32_t>(counts), pg, dp<const float>(k_pool), dp<const float>(v_pool), int(nh), int(nkv), int(D),
             dp<const float>(gate), nh * D, D, dp<float>(out), nh * D, static_cast<uint32_t*>(words.data()), words_ld,
-            static_cast<uint2*>(lists.data()), list_ld, status(kStatusQsa), stream()),
+            static_cast<uint2*>(lists.data()), list_ld, int(group_batch), status(kStatusQsa), stream()),
         op);
     return;
   }

@@ -5,18 +5,21 @@
 #include "ops/cuda/cuda_ops.h"
 
 #include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "core/error.h"
+#include "ops/cuda/qsa_kernels.h"
 #include "ops/ops.h"
 #include "ops/step_batch.h"
 
@@ -356,6 +359,78 @@ TEST_P(CudaOps, SparseAttentionReportsAPositionAfterItsQuery) {
     for (int64_t t = 0; t < T; ++t)
       EXPECT_EQ(0, std::memcmp(want.data() + t * nh * D, got.data() + t * nh * D, sizeof(float) * nh * D))
           << name << ": query " << t;
+  }
+}
+
+// The tile-union attention launched in batches of groups over one scratch (what sparse_attention_batch does when a
+// step's groups would take more than its scratch bound) writes what one launch of every group writes, bit for bit:
+// sequences of 37 and 20 rows (5 + 3 groups of 8), released head geometry, each query selecting random positions.
+TEST(CudaQsaTileUnion, GroupBatchesEqualOneLaunch) {
+  namespace detail = cuda::detail;
+  const int64_t rows[2] = {37, 20}, pos0[2] = {50, 0}, T = rows[0] + rows[1], nh = 24, nkv = 2, D = 256, W = 40;
+  const detail::QsaUnionPlan plan = [] {
+    const std::shared_ptr<Ops> keep = gpu();  // the device current, the kernel's attributes known
+    return detail::qsa_union_plan(24, 2, 256);
+  }();
+  if (cuda_device_info(0).major < 8) GTEST_SKIP() << "the tile-union kernel is SM80+ (mma.sync)";
+  ASSERT_EQ(plan.qpc, 8) << "8 queries of 12 heads a block on an SM80+ GPU";
+  Ops& g = *gpu();
+  const std::vector<int32_t> tables[2] = {{0, 1, 2, 3, 4, 5}, {6, 7}};
+  const StepSequence seqs[2] = {{rows[0], pos0[0], 0, tables[0]}, {rows[1], pos0[1], 1, tables[1]}};
+  const StepBatch batch = make_step_batch(g, seqs, 16);
+  const int64_t pool_rows = 8 * 16;
+  const std::vector<float> qv = normal(size_t(T * nh * D), 21, 1.f, false),
+                           kv = normal(size_t(pool_rows * nkv * D), 22, 1.f, false),
+                           vv = normal(size_t(pool_rows * nkv * D), 23, 1.f, false),
+                           gv = normal(size_t(T * nh * D), 24, 1.f, false);
+  // Compact selections: query t at position p takes up to W distinct random positions of 0..p.
+  std::vector<int32_t> sel(size_t(T * W), -1), counts(static_cast<size_t>(T));
+  std::mt19937 rng(25);
+  for (int s = 0, t = 0; s < 2; ++s)
+    for (int64_t i = 0; i < rows[s]; ++i, ++t) {
+      std::vector<int32_t> all(size_t(pos0[s] + i + 1));
+      std::iota(all.begin(), all.end(), 0);
+      std::shuffle(all.begin(), all.end(), rng);
+      const size_t n = std::min<size_t>(all.size(), size_t(W));
+      std::copy_n(all.begin(), n, sel.begin() + t * W);
+      counts[size_t(t)] = int32_t(n);
+    }
+  const Tensor q = g.upload(qv.data(), DType::F32, {T, nh, D}), gate = g.upload(gv.data(), DType::F32, {T, nh, D});
+  const Tensor k = g.upload(kv.data(), DType::F32, {pool_rows, nkv, D});
+  const Tensor v = g.upload(vv.data(), DType::F32, {pool_rows, nkv, D});
+  const Tensor sel_d = g.upload(sel.data(), DType::I32, {T, W}), counts_d = g.upload(counts.data(), DType::I32, {T});
+  const int groups = 5 + 3;
+  const int64_t words_ld = 128, list_ld = 8 * W;
+  const Tensor words = g.zeros({groups * nkv, words_ld}, DType::I32),
+               lists = g.zeros({groups * nkv, list_ld, 2}, DType::I32);
+  const Tensor status = g.zeros({1}, DType::I32);
+  std::vector<float> first;
+  for (int batch_groups : {groups, 3, 1}) {
+    const Tensor out = g.zeros({T, nh, D});
+    std::vector<float> sync(1);
+    g.download(g.zeros({1}), sync.data());  // the backend's stream has made the tensors
+    const detail::QsaPaging pg{static_cast<const int32_t*>(batch.block_tables.data()), batch.max_blocks, 8, 16};
+    ASSERT_EQ(
+        cudaSuccess,
+        detail::launch_qsa_union_attention(
+            plan, static_cast<const float*>(q.data()), nh * D, static_cast<const int32_t*>(batch.seq_starts.data()), 2,
+            groups, static_cast<const int32_t*>(batch.positions.data()), static_cast<const int32_t*>(sel_d.data()), W,
+            static_cast<const int32_t*>(counts_d.data()), pg, static_cast<const float*>(k.data()),
+            static_cast<const float*>(v.data()), int(nh), int(nkv), int(D), static_cast<const float*>(gate.data()),
+            nh * D, D, static_cast<float*>(out.data()), nh * D, static_cast<uint32_t*>(words.data()), words_ld,
+            static_cast<uint2*>(lists.data()), list_ld, batch_groups, static_cast<int32_t*>(status.data()), nullptr));
+    ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+    const std::vector<float> got = host(g, out);
+    EXPECT_EQ(host_as<int32_t>(g, status)[0], 0) << batch_groups << " groups a launch: an index error";
+    if (first.empty()) {
+      first = got;
+      size_t zeros = 0;
+      for (float x : got) zeros += x == 0.f;
+      EXPECT_LT(zeros, got.size() / 100) << "rows left unwritten";
+    } else {
+      EXPECT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * sizeof(float)))
+          << batch_groups << " groups a launch";
+    }
   }
 }
 
