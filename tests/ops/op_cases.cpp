@@ -188,6 +188,9 @@ void add_qsa(std::vector<OpCase>& v) {
   v.push_back(qsa_indexer_select_batch_case(2, 128, 16, 4, plan({0}, {{18}, {1}, {1}, {1}, {1}}, 8), 0));
   v.push_back(qsa_indexer_select_batch_case(2, 64, 16, 4, plan({0}, {{1100}}, 8), 3));
   v.push_back(qsa_indexer_select_batch_case(2, 64, 16, 4, plan({0, 0}, {{40, 3}, {1, 1}}, 8), 2));
+  // Prefill chunks of 70 and 33 rows (the tiled scores: 32 rows a block, one block across the two sequences), 3 heads
+  // of dim 20 (a partial chunk of 32 dims).
+  v.push_back(qsa_indexer_select_batch_case(3, 20, 16, 4, plan({0, 0}, {{70, 33}}, 8), 0));
   // Released indexer (4 heads of 128, budget 2048 = 512 blocks): a 2047-token prefill, then decodes at positions
   // 2047 .. 2051 (512 complete blocks at 2047, 513 at 2051); every 5th query zero (ties).
   v.push_back(

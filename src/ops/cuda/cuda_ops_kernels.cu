@@ -681,6 +681,104 @@ __global__ void qsa_block_scores_f32_kernel(Layout lay, const float* __restrict_
   }
 }
 
+// The same scores for a prefill's queries, tiled: block = (32 consecutive rows of the chunk, 64 block keys). When the
+// tile's rows are of one sequence they share its keys: the keys and the rows' queries pass through shared memory in
+// chunks of 32 dims, and thread (tq, tk) accumulates the dot products of rows 2tq, 2tq + 1 with keys tk + 16m (m <
+// 4) for every head in registers (FP32 FMAs, as the warp-per-key kernel's products; the sum's order differs). A tile
+// of rows of two sequences takes the warp-per-key loop over its keys.
+constexpr int kScoreRows = 32, kScoreKeys = 64, kScoreDims = 32, kScorePitch = kScoreDims + 4;
+constexpr int kScoreMaxHeads = 8;
+template <class Layout>
+__global__ void __launch_bounds__(kThreads)
+    qsa_block_scores_tiled_f32_kernel(Layout lay, const float* __restrict__ qn, int heads, int dim,
+                                      const float* __restrict__ bkeys, int block, int t0, int t1,
+                                      float* __restrict__ scores, int64_t ld) {
+  pdl_begin();
+  __shared__ __align__(16) float qs[kScoreMaxHeads * kScoreRows * kScorePitch];
+  __shared__ __align__(16) float ks[kScoreKeys * kScorePitch];
+  __shared__ int64_t key_rows[kScoreKeys];
+  const int r0 = t0 + blockIdx.x * kScoreRows, r1 = min(t1, r0 + kScoreRows);
+  const int64_t j0 = int64_t(blockIdx.y) * kScoreKeys;
+  int64_t nb_max = 0;
+  for (int t = r0; t < r1; ++t) nb_max = max(nb_max, (lay.position(t) + 1) / block);
+  if (j0 >= nb_max) return;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const float sqrt_d = sqrtf(float(dim));  // divided by, as the warp-per-key kernel and the CPU
+  const int width = heads * dim;
+  if (lay.tok_seq[r0] != lay.tok_seq[r1 - 1]) {  // rows of two sequences: a warp per (row, key)
+    for (int t = r0 + warp; t < r1; t += kWarps) {
+      const int64_t nb = (lay.position(t) + 1) / block;
+      for (int64_t j = j0; j < min(nb, j0 + kScoreKeys); ++j) {
+        const float* kr = bkeys + lay.block_row(t, j) * dim;
+        float acc = 0.f;
+        for (int h = 0; h < heads; ++h) {
+          float dot = 0.f;
+          for (int d = lane; d < dim; d += 32) dot += qn[int64_t(t) * width + h * dim + d] * kr[d];
+          acc += fmaxf(warp_sum(dot), 0.f);
+        }
+        if (lane == 0) scores[int64_t(t - t0) * ld + j] = acc / sqrt_d;
+      }
+    }
+    return;
+  }
+  if (threadIdx.x < kScoreKeys) {
+    const int64_t j = j0 + threadIdx.x;
+    key_rows[threadIdx.x] = j < nb_max ? lay.block_row(r0, j) : -1;
+  }
+  const int tq = threadIdx.x / 16, tk = threadIdx.x % 16;
+  float acc[kScoreMaxHeads][2][4] = {};
+  for (int d0 = 0; d0 < dim; d0 += kScoreDims) {
+    __syncthreads();  // key_rows written; the previous chunk's products done
+    for (int e = threadIdx.x; e < kScoreKeys * kScoreDims / 4; e += kThreads) {
+      const int r = e / (kScoreDims / 4), d = 4 * (e % (kScoreDims / 4));
+      const int64_t row = key_rows[r];
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (row >= 0 && d0 + d < dim) v = *reinterpret_cast<const float4*>(bkeys + row * dim + d0 + d);
+      *reinterpret_cast<float4*>(ks + r * kScorePitch + d) = v;
+    }
+    for (int e = threadIdx.x; e < heads * kScoreRows * kScoreDims / 4; e += kThreads) {
+      const int hr = e / (kScoreDims / 4), d = 4 * (e % (kScoreDims / 4)), h = hr / kScoreRows, r = hr % kScoreRows;
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (r0 + r < r1 && d0 + d < dim)
+        v = *reinterpret_cast<const float4*>(qn + int64_t(r0 + r) * width + h * dim + d0 + d);
+      *reinterpret_cast<float4*>(qs + hr * kScorePitch + d) = v;
+    }
+    __syncthreads();
+#pragma unroll 2
+    for (int d = 0; d < kScoreDims; d += 4) {
+      float4 kv[4];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) kv[m] = *reinterpret_cast<const float4*>(ks + (tk + 16 * m) * kScorePitch + d);
+#pragma unroll
+      for (int h = 0; h < kScoreMaxHeads; ++h) {
+        if (h >= heads) break;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float4 qv = *reinterpret_cast<const float4*>(qs + (h * kScoreRows + 2 * tq + i) * kScorePitch + d);
+#pragma unroll
+          for (int m = 0; m < 4; ++m) acc[h][i][m] += qv.x * kv[m].x + qv.y * kv[m].y + qv.z * kv[m].z + qv.w * kv[m].w;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int t = r0 + 2 * tq + i;
+    if (t >= r1) continue;
+    const int64_t nb = (lay.position(t) + 1) / block;
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int64_t j = j0 + tk + 16 * m;
+      if (j >= nb) continue;
+      float sc = 0.f;
+#pragma unroll
+      for (int h = 0; h < kScoreMaxHeads; ++h)
+        if (h < heads) sc += fmaxf(acc[h][i][m], 0.f);
+      scores[int64_t(t - t0) * ld + j] = sc / sqrt_d;
+    }
+  }
+}
+
 // One block per query token: writes its row of selected positions (see launch_qsa_expand_selection_paged).
 template <class Layout>
 __global__ void qsa_expand_selection_kernel(Layout lay, const int32_t* __restrict__ top, int block, int top_blocks,
@@ -810,6 +908,8 @@ template __global__ void qsa_block_keys_f32_kernel<PagedIndex>(PagedIndex, const
                                                                int, float, float, float*);
 template __global__ void qsa_block_scores_f32_kernel<PagedIndex>(PagedIndex, const float*, int, int, const float*, int,
                                                                  int, float*, int64_t);
+template __global__ void qsa_block_scores_tiled_f32_kernel<PagedIndex>(PagedIndex, const float*, int, int, const float*,
+                                                                       int, int, int, float*, int64_t);
 template __global__ void qsa_expand_selection_kernel<PagedIndex>(PagedIndex, const int32_t*, int, int, int, int32_t*,
                                                                  int64_t);
 
@@ -1236,10 +1336,17 @@ cudaError_t launch_qsa_pool_blocks_paged_f32(const QsaPagedIndex& pi, const floa
 
 cudaError_t launch_qsa_block_scores_paged_f32(const QsaPagedIndex& pi, const float* qn, int heads, int dim,
                                               const float* pooled_pool, int t0, int t1, float* scores, int64_t ld,
-                                              cudaStream_t stream) {
+                                              bool tiled, cudaStream_t stream) {
   if (t1 <= t0) return cudaSuccess;
   if (heads * dim > kMaxIndexQuery || pi.page % pi.block != 0) return cudaErrorInvalidValue;
   const PagedIndex lay{pi.tok_seq, pi.positions, pi.tables, pi.ld, pi.page, pi.block};
+  if (tiled && heads <= kScoreMaxHeads && dim % 4 == 0 && reinterpret_cast<uintptr_t>(qn) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(pooled_pool) % 16 == 0) {
+    const dim3 grid(unsigned((t1 - t0 + kScoreRows - 1) / kScoreRows), unsigned((ld + kScoreKeys - 1) / kScoreKeys));
+    launch(qsa_block_scores_tiled_f32_kernel<PagedIndex>, grid, kThreads, 0, stream, lay, qn, heads, dim, pooled_pool,
+           pi.block, t0, t1, scores, ld);
+    return cudaGetLastError();
+  }
   const dim3 grid(unsigned(t1 - t0), score_slices(t1 - t0, ld));
   launch(qsa_block_scores_f32_kernel<PagedIndex>, grid, kThreads, 0, stream, lay, qn, heads, dim, pooled_pool, pi.block,
          t0, scores, ld);

@@ -140,10 +140,12 @@ cudaError_t launch_qsa_pool_blocks_paged_f32(const QsaPagedIndex& pi, const floa
                                              const __half* k_norm, int rotary_dims, float theta, float eps,
                                              float* pooled_pool, cudaStream_t stream);
 /// Indexer scores over the paged pooled keys: scores[(t - t0) * ld + j] = sum_h relu(qn_h(t) . key_j) / sqrt(dim)
-/// for j < (positions[t]+1)/block.
+/// for j < (positions[t]+1)/block. `tiled` (for steps with long runs of one sequence's rows: prefill): 32 rows x 64
+/// keys a block sharing the keys through shared memory, where heads <= 8, dim % 4 == 0 and the pointers are 16-byte
+/// aligned; otherwise a warp per key of one query.
 cudaError_t launch_qsa_block_scores_paged_f32(const QsaPagedIndex& pi, const float* qn, int heads, int dim,
                                               const float* pooled_pool, int t0, int t1, float* scores, int64_t ld,
-                                              cudaStream_t stream);
+                                              bool tiled, cudaStream_t stream);
 /// The indexer's top-k on the GPU, as torch.topk (CPU) chooses (ties included: ops/torch_topk_order.h): for every
 /// token t in [t0, t1) whose position has more than top_blocks complete blocks, top[(t - t0) * top_blocks + i] receives
 /// the chosen block indices of its scores row scores[(t - t0) * ld ...] (index order, or torch's order after a tie

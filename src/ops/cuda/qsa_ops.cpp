@@ -29,6 +29,9 @@ struct QsaAttentionPlan {
 /// of fewer groups beyond (a chunk of 8K queries at a 128K context would take twice that in one).
 constexpr int64_t kQsaUnionScratchBytes = int64_t(256) << 20;
 
+/// Rows of one sequence in a step from which the indexer's scores are tiled (32 rows a block share their keys).
+constexpr int64_t kIndexerTiledMinRows = 32;
+
 QsaAttentionPlan qsa_attention_plan(int tokens, int heads, int kv_heads, int head_dim, int max_selected) {
   constexpr int kTargetBlocks = 264;  // about two blocks per multiprocessor on the GPUs we target
   constexpr int kTile = 64;
@@ -108,6 +111,10 @@ void CudaOps::qsa_indexer_select_batch(const Tensor& qi, const Tensor& index_key
   // launch_qsa_topk_paged) and the expansion, all on the GPU without a host round trip. Rows in chunks of
   // bounded score memory.
   const int64_t ld = std::max<int64_t>(batch.max_context / block, 1);
+  // Scores tiled over runs of rows of one sequence (prefill chunks), a warp per key of one query otherwise (decode).
+  int64_t longest = 0;
+  for (int64_t s = 0; s < batch.num_seqs; ++s) longest = std::max(longest, batch.rows_of(s));
+  const bool tiled_scores = longest >= kIndexerTiledMinRows;
   const int64_t rows_per_chunk = std::max<int64_t>(1, (int64_t(1) << 24) / ld);
   for (int64_t t0 = 0; t0 < T; t0 += rows_per_chunk) {
     const int64_t t1 = std::min(T, t0 + rows_per_chunk), n = t1 - t0;
@@ -116,7 +123,7 @@ void CudaOps::qsa_indexer_select_batch(const Tensor& qi, const Tensor& index_key
     Tensor scratch = alloc({n, ld, 2}, DType::I32, "indexer top-k scratch");  // (score, index) items
     FN_CUDA_CHECK(detail::launch_qsa_block_scores_paged_f32(pi, dp<const float>(qn), int(ni), int(Di),
                                                             dp<const float>(pooled_key_pool), int(t0), int(t1),
-                                                            dp<float>(sc), ld, stream()),
+                                                            dp<float>(sc), ld, tiled_scores, stream()),
                   "qsa_indexer_select_batch scores");
     FN_CUDA_CHECK(detail::launch_qsa_topk_paged(pi, dp<const float>(sc), ld, int(max_blocks), int(t0), int(t1),
                                                 static_cast<topk::Scored*>(scratch.data()), dp<int32_t>(top), stream()),
