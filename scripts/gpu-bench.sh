@@ -164,6 +164,14 @@ run_tests() {
       --gtest_filter='-KernelSource.*' >"$OUT/$label-ops-$prec.log" 2>&1 || status=1
     grep -E "^\[  (PASSED|FAILED) |tests ran|^\[  FAILED  \]" "$OUT/$label-ops-$prec.log" | head -40 | tee -a "$S"
   done
+  # The QSA attention cases through each kernel (Auto takes the tile-union kernel only for steps of a full wave of
+  # blocks, which the small cases are not).
+  for qsa in tile_union per_query; do
+    echo "gpu-bench: [$label] test_ops QSA attention cases, FLASHNEXT_CUDA_QSA=$qsa" | tee -a "$S"
+    FLASHNEXT_TEST_BACKEND=cuda FLASHNEXT_CUDA_QSA=$qsa timeout 120 "$bin/test_ops" --gtest_color=no \
+      --gtest_filter='*sparseattention*' >"$OUT/$label-ops-qsa-$qsa.log" 2>&1 || status=1
+    grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$OUT/$label-ops-qsa-$qsa.log" | head -20 | tee -a "$S"
+  done
   echo "gpu-bench: [$label] test_cuda (W4A16 kernels)" | tee -a "$S"
   timeout 300 "$bin/test_cuda" --gtest_color=no >"$OUT/$label-test_cuda.log" 2>&1 || status=1
   grep -E "^\[  (PASSED|FAILED) |tests ran" "$OUT/$label-test_cuda.log" | tee -a "$S"

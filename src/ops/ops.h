@@ -378,7 +378,8 @@ class Ops {
   /// (kv head h / (nh/nkv)), o = softmax_j(q . K[sel_j] * scale) V[sel_j] over the non-negative entries of
   /// selected[t] (logical positions of the token's own sequence, read through its block table; softmax in
   /// float32); out = o * sigmoid(gate). q, gate, out [T, nh, D]; k_pool, v_pool [num_blocks*block_size, nkv, D];
-  /// selected [T, n_sel] I32 (-1 = unused; at least one valid entry per query).
+  /// selected [T, n_sel] I32 (-1 = unused; at least one valid entry per query; a query's positions distinct, as
+  /// the indexer's are: a repeated one is counted once by some kernels, twice by others).
   virtual void sparse_attention_batch(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
                                       const Tensor& selected, const Tensor& gate, double scale, const StepBatch& batch,
                                       const Tensor& out) = 0;

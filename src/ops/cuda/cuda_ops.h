@@ -62,7 +62,8 @@ enum class ActivationPrecision : uint8_t {
 
 /// Which kernel computes QSA sparse attention (sparse_attention_batch).
 enum class QsaAttentionKernel : uint8_t {
-  Auto,  ///< tile-union for steps with a sequence of at least kQsaTileUnionMinRows rows where it runs, else per-query
+  Auto,       ///< tile-union where it runs for steps with a sequence of at least kQsaTileUnionMinRows rows and at least
+              ///< one of its blocks (8 queries x KV head) per SM, else per-query
   PerQuery,   ///< a block per (query, KV head, split of the selection): decode, and every step on SM70
   TileUnion,  ///< a block per (8 consecutive queries of a sequence, KV head) over their selections' union (SM80+;
               ///< per-query where it cannot run)

@@ -481,15 +481,20 @@ __global__ void __launch_bounds__(kUnionThreads, 1)
     const int t = t0 + qi, p = tok_pos[t], cnt = counts[t];
     for (int e = threadIdx.x; e < cnt; e += kUnionThreads) {
       const int pos = selected[int64_t(t) * ld_sel + e];
-      if (pos < 0 || pos > p)
+      if (pos < 0 || pos > p || (pos >> 2) >= words_ld)
         flag(status, kQsaBadPosition);
       else
         atomicOr(wd + (pos >> 2), 1u << (8 * (pos & 3) + qi));
     }
   }
   __syncthreads();
-  // The union in logical order: an ordered compaction of the non-zero bytes of words 0 .. pmax / 4.
-  const int n_words = (pmax >> 2) + 1;
+  // The union in logical order: an ordered compaction of the non-zero bytes of words 0 .. pmax / 4 (at most the
+  // block's words: a position past them is flagged and not followed).
+  int n_words = (pmax >> 2) + 1;
+  if (n_words > words_ld) {
+    if (threadIdx.x == 0) flag(status, kQsaBadPosition);
+    n_words = int(words_ld);
+  }
   int n_union = 0;
   for (int r0 = 0; r0 < n_words; r0 += kUnionThreads * kUnionScanPer) {
     const int w0 = r0 + int(threadIdx.x) * kUnionScanPer;
@@ -528,7 +533,10 @@ __global__ void __launch_bounds__(kUnionThreads, 1)
     n_union += total;
     __syncthreads();  // ints[] is rewritten by the next round
   }
-  n_union = min(n_union, int(list_ld));
+  if (n_union > list_ld) {  // the caller's bound: never, but said and cut rather than written past
+    if (threadIdx.x == 0) flag(status, kQsaCountOverflow);
+    n_union = int(list_ld);
+  }
   const int n_tiles = (n_union + kUnionTile - 1) / kUnionTile;
   if (warp < 2) union_entry_store(sm, warp, lane, union_entry(list, n_union, kUnionTile * warp + lane));
   __syncthreads();
@@ -746,7 +754,8 @@ QsaUnionPlan qsa_union_plan(int heads, int kv_heads, int dim) {
   p.nt = dim <= 32 ? 2 : dim <= 64 ? 4 : dim <= 128 ? 8 : 16;
   int device = 0, optin = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&p.multiprocessors, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
     cudaGetLastError();
     return p;
   }

@@ -41,11 +41,12 @@ cudaError_t launch_qsa_attention(const float* q, int64_t ldq, const int32_t* tok
 /// current device: qpc consecutive queries of a sequence a block (at most 8, qpc * G <= 96 rows for G = heads /
 /// kv_heads; the most that fit the device's shared memory), the head dim padded to 16 nt (32, 64, 128 or 256), smem
 /// bytes of dynamic shared memory. qpc = 0: the kernel cannot run it here (its code is not SM80+ on this device,
-/// dim % 4 != 0 or dim > 256, or too little shared memory).
+/// dim % 4 != 0 or dim > 256, or too little shared memory). multiprocessors: the device's (one block an SM).
 struct QsaUnionPlan {
   int qpc = 0;
   int nt = 0;
   size_t smem = 0;
+  int multiprocessors = 0;
 };
 QsaUnionPlan qsa_union_plan(int heads, int kv_heads, int dim);
 

@@ -137,8 +137,8 @@ void CudaOps::qsa_indexer_select_batch(const Tensor& qi, const Tensor& index_key
 /// Valid selections packed to the front with their counts, then one attention launch that maps each selected
 /// logical position through the sequence's block table; positions at or beyond the step's longest context are
 /// invalid (recorded in the status words). The launch: the tile-union kernel (groups of consecutive queries of a
-/// sequence over their selections' union) for steps with a sequence of at least kQsaTileUnionMinRows rows where it
-/// runs (QsaAttentionKernel), else the per-query kernel.
+/// sequence over their selections' union) for steps with a sequence of at least kQsaTileUnionMinRows rows and a full
+/// wave of its blocks where it runs (QsaAttentionKernel), else the per-query kernel.
 void CudaOps::sparse_attention_batch(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
                                      const Tensor& selected, const Tensor& gate, double scale, const StepBatch& batch,
                                      const Tensor& out) {
@@ -162,9 +162,14 @@ void CudaOps::sparse_attention_batch(const Tensor& q, const Tensor& k_pool, cons
       detail::launch_compact_selection(dp<int32_t>(selected), t, int(n_sel), batch.max_context, dp<int32_t>(compact),
                                        dp<int32_t>(counts), status(kStatusSelection), stream()),
       op);
-  if (const detail::QsaUnionPlan up = qsa_union_plan(batch, int(nh), int(nkv), int(D), k_pool, v_pool); up.qpc > 0) {
-    int64_t groups = 0;
-    for (int64_t s = 0; s < batch.num_seqs; ++s) groups += (batch.rows_of(s) + up.qpc - 1) / up.qpc;
+  const detail::QsaUnionPlan up = qsa_union_plan(batch, int(nh), int(nkv), int(D), k_pool, v_pool);
+  int64_t groups = 0;
+  for (int64_t s = 0; up.qpc > 0 && s < batch.num_seqs; ++s) groups += (batch.rows_of(s) + up.qpc - 1) / up.qpc;
+  // Auto: the tile-union kernel for a full wave of its blocks (one an SM); fewer blocks, each over a whole union
+  // without the per-query kernel's splits, leave the GPU idle (a short chunk at a long context).
+  const bool tile_union =
+      up.qpc > 0 && (options_.qsa_attention == QsaAttentionKernel::TileUnion || groups * nkv >= up.multiprocessors);
+  if (tile_union) {
     // Scratch of a block: a word per 4 positions of the group's context, and the union (at most the group's
     // selections or the positions); launches of as many groups as kQsaUnionScratchBytes holds.
     const int64_t words_ld = (batch.max_context / 4 + 4) & ~int64_t(3);
