@@ -23,10 +23,12 @@
 #include <chrono>
 #include <condition_variable>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <sstream>
 #include <thread>
 #include <unordered_set>
+#include <vector>
 
 #include "core/error.h"
 
@@ -617,10 +619,15 @@ void HttpServer::run() {
     m.accept_retry.cancel();
   });
   {
-    std::lock_guard lock(m.conns_mu);
-    for (Connection* c : m.conns) {
-      if (auto conn = c->weak_from_this().lock()) net::post(conn->executor(), [conn] { conn->stop_if_waiting(); });
+    // The live connections, then their stops posted outside conns_mu: a connection that ends meanwhile may be
+    // released here by its last owner, and its destructor takes conns_mu (under it, this thread deadlocked).
+    std::vector<std::shared_ptr<Connection>> live;
+    {
+      std::lock_guard lock(m.conns_mu);
+      for (Connection* c : m.conns)
+        if (auto conn = c->weak_from_this().lock()) live.push_back(std::move(conn));
     }
+    for (auto& conn : live) net::post(conn->executor(), [conn] { conn->stop_if_waiting(); });
   }
   m.workers->join();  // the requests being handled are answered to their end
   {
