@@ -52,6 +52,12 @@ struct StepBatch {
   int64_t metadata_words() const { return 3 * num_tokens + num_seqs * max_blocks + 2 * num_seqs + 1; }
   /// Rows (tokens) sequence `s` feeds this step.
   int64_t rows_of(int64_t s) const { return cu_seqlens[size_t(s) + 1] - cu_seqlens[size_t(s)]; }
+  /// Rows the step's longest run of one sequence feeds (0 for no sequence).
+  int64_t max_rows() const {
+    int64_t n = 0;
+    for (int64_t s = 0; s < num_seqs; ++s) n = rows_of(s) > n ? rows_of(s) : n;
+    return n;
+  }
   /// Cache pool row of logical position `p` of sequence `s`.
   int64_t cache_row(int64_t s, int64_t p) const {
     return int64_t(host_block_tables[size_t(s * max_blocks + p / block_size)]) * block_size + p % block_size;

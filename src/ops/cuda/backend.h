@@ -269,11 +269,7 @@ class CudaOps final : public Ops {
   /// each sequence's rows in one launch over the state slots, as decode steps do and equal to them bit for bit: a
   /// speculative verify of 1 + K <= 9 rows, its replay, a short chunk. Longer chunks take the prefill kernels.
   static constexpr int64_t kFewRows = 16;
-  static bool few_rows(const StepBatch& b) {
-    for (int64_t s = 0; s < b.num_seqs; ++s)
-      if (b.rows_of(s) > kFewRows) return false;
-    return b.num_seqs > 0;
-  }
+  static bool few_rows(const StepBatch& b) { return b.num_seqs > 0 && b.max_rows() <= kFewRows; }
   /// seq_starts for the kernels that walk a sequence's rows: null in a decode step (row s is sequence s).
   static const int32_t* row_starts(const StepBatch& b) {
     return all_decode(b) ? nullptr : static_cast<const int32_t*>(b.seq_starts.data());

@@ -112,9 +112,7 @@ void CudaOps::qsa_indexer_select_batch(const Tensor& qi, const Tensor& index_key
   // bounded score memory.
   const int64_t ld = std::max<int64_t>(batch.max_context / block, 1);
   // Scores tiled over runs of rows of one sequence (prefill chunks), a warp per key of one query otherwise (decode).
-  int64_t longest = 0;
-  for (int64_t s = 0; s < batch.num_seqs; ++s) longest = std::max(longest, batch.rows_of(s));
-  const bool tiled_scores = longest >= kIndexerTiledMinRows;
+  const bool tiled_scores = batch.max_rows() >= kIndexerTiledMinRows;
   const int64_t rows_per_chunk = std::max<int64_t>(1, (int64_t(1) << 24) / ld);
   for (int64_t t0 = 0; t0 < T; t0 += rows_per_chunk) {
     const int64_t t1 = std::min(T, t0 + rows_per_chunk), n = t1 - t0;
@@ -203,9 +201,7 @@ detail::QsaUnionPlan CudaOps::qsa_union_plan(const StepBatch& batch, int heads, 
                                              const Tensor& k_pool, const Tensor& v_pool) const {
   if (options_.qsa_attention == QsaAttentionKernel::PerQuery) return {};
   if (options_.qsa_attention == QsaAttentionKernel::Auto) {
-    int64_t longest = 0;
-    for (int64_t s = 0; s < batch.num_seqs; ++s) longest = std::max(longest, batch.rows_of(s));
-    if (longest < kQsaTileUnionMinRows) return {};
+    if (batch.max_rows() < kQsaTileUnionMinRows) return {};
   }
   // Cache rows as int32 in the union lists; float4 loads of the caches.
   if (k_pool.dim(0) > std::numeric_limits<int32_t>::max() || reinterpret_cast<uintptr_t>(k_pool.data()) % 16 != 0 ||
