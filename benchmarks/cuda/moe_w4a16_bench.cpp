@@ -1,7 +1,9 @@
 // bench_moe_w4a16: the W4A16 routed-expert MoE (ops/cuda/moe_w4a16.h) at the released geometry: 512 experts,
 // hidden 2560, expert width 640, top-10, experts in NVFP4 and in int4 group 32 (symmetric). Random routing (10
 // distinct experts per token), random weights in the repacked layout. One markdown row per (format, tokens, path;
-// the GEMV paths up to 256 tokens, the two GEMM kernels at every size):
+// the GEMV paths up to 256 tokens, the two GEMM kernels at every size). 8-bit experts (W8A16: GPTQ 8-bit group 128,
+// compressed-tensors int8 per channel) run as two 4-bit planes over the inputs twice (moe_w4a16.h int8_planes):
+// formats int8-g128 and int8-channel.
 // time per moe_w4a16_routed call (grouping + both expert GEMMs + combine; CUDA events, mean of the timed calls after
 // warm-up), the achieved bandwidth of the expert weight bytes read (the experts hit, each read once) against the
 // 4.3 TB/s measured copy bandwidth of LIMITS.md (and this run's own copy measurement), and the arithmetic rate
@@ -36,8 +38,9 @@ constexpr double kMeasuredTflops = 790; // LIMITS.md: 8192^3 GEMM as measured
 double g_copy_gbs = 0;
 
 // Random repacked weights (valid codes, scales and global multipliers; no checkpoint needed).
-W4Packed random_packed(W4Format f, int E, int rows, int cols, int group, uint32_t seed) {
-  W4Packed p(f, E, rows, cols, group, false);
+// planes 2: an 8-bit matrix [rows, cols] as two 4-bit planes [rows, 2 cols] with zero points.
+W4Packed random_packed(W4Format f, int E, int rows, int cols, int group, uint32_t seed, int planes = 1) {
+  W4Packed p(f, E, rows, planes * cols, group, planes == 2);
   uint32_t x = seed * 2654435761u + 1;
   for (auto& w : p.codes) {
     x ^= x << 13;
@@ -49,6 +52,7 @@ W4Packed random_packed(W4Format f, int E, int rows, int cols, int group, uint32_
   for (auto& h : p.scales) h = __float2half_rn(s);
   const float g = f == W4Format::Nvfp4 ? 0.5f / std::sqrt(float(cols)) : 0.25f / std::sqrt(float(cols)) / 1024.f;
   std::fill(p.global.begin(), p.global.end(), g);
+  for (size_t i = 0; i < p.zeros.size(); ++i) p.zeros[i] = uint8_t(i % 17);
   return p;
 }
 
@@ -62,12 +66,14 @@ DeviceArray<__half> halfs(size_t n, uint32_t seed) {
 
 std::vector<int> g_tokens = {1, 4, 16, 64, 256, 1024, 4096};
 
-void bench_format(const char* name, W4Format f, int group) {
+// group 0: one group a row of each plane (the row's inputs).
+void bench_format(const char* name, W4Format f, int group, int planes = 1) {
   const int E = 512, H = 2560, I = 640, k = 10;
-  const W4Packed gu = random_packed(f, E, 2 * I, H, group, 1), dn = random_packed(f, E, H, I, group, 2);
+  const W4Packed gu = random_packed(f, E, 2 * I, H, group ? group : H, 1, planes),
+                 dn = random_packed(f, E, H, I, group ? group : I, 2, planes);
   const double expert_bytes = double(gu.expert_bytes() + dn.expert_bytes());
   const W4DeviceMatrix dgu(gu), ddn(dn);
-  const MoeW4A16Experts experts{&dgu, &ddn, E, H, I};
+  const MoeW4A16Experts experts{&dgu, &ddn, E, H, I, planes};
   std::mt19937 rng(5);
   std::vector<int> perm(E);
   std::iota(perm.begin(), perm.end(), 0);
@@ -82,7 +88,7 @@ void bench_format(const char* name, W4Format f, int group) {
     auto dw = to_device(std::vector<float>(size_t(T) * k, 1.f / k));
     auto u = halfs(size_t(T) * H, 3);
     DeviceArray<__half> out(size_t(T) * H, "out");
-    MoeW4A16Workspace ws(T, k, E, H, I);
+    MoeW4A16Workspace ws(T, k, E, H, I, planes);
     const W4Path chosen = moe_w4a16_auto_path(experts, T, k);
     for (W4Path path : {W4Path::Gemv, W4Path::GemvFma, W4Path::Gemm, W4Path::GemmWmma}) {
       if (T >= 1024 && (path == W4Path::Gemv || path == W4Path::GemvFma)) continue;  // 20-110 ms a call
@@ -146,6 +152,10 @@ int main(int argc, char** argv) {
     if (!filter || std::string("nvfp4").find(filter) != std::string::npos) bench_format("nvfp4", W4Format::Nvfp4, 16);
     if (!filter || std::string("int4-g32").find(filter) != std::string::npos)
       bench_format("int4-g32", W4Format::Int4, 32);
+    if (!filter || std::string("int8-g128").find(filter) != std::string::npos)
+      bench_format("int8-g128", W4Format::Int4, 128, 2);
+    if (!filter || std::string("int8-channel").find(filter) != std::string::npos)
+      bench_format("int8-channel", W4Format::Int4, 0, 2);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_moe_w4a16: %s\n", e.what());
     return 1;

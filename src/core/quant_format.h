@@ -45,6 +45,17 @@ constexpr bool w4a16_holds(QuantFormat f, int64_t bits) {
          (f == QuantFormat::Gptq && bits >= 2 && bits <= 4);
 }
 
+/// How the CUDA backend's W4A16 expert kernels hold an integer weight of format `f` (`bits` per value for GPTQ):
+/// 1: as one matrix of 4-bit codes (w4a16_holds); 2: as two 4-bit planes, an 8-bit value q - z written as
+/// 16 (q_hi - z_hi) + (q_lo - z_lo) over twice the inputs (8-bit GPTQ / AutoRound, compressed-tensors int8 channel
+/// or tensor; exact: ops/cuda/moe_w4a16.h Int8Plain); 0: not at all (FP8 channel / block, the FP16 path). A block of
+/// routed experts takes the largest value of its matrices when none is 0 (a 4-bit matrix in a block of planes has a
+/// zero high plane), else FP16 as a whole.
+constexpr int w4a16_planes(QuantFormat f, int64_t bits) {
+  if (w4a16_holds(f, bits)) return 1;
+  return f == QuantFormat::CtInt8 || (f == QuantFormat::Gptq && bits == 8) ? 2 : 0;
+}
+
 /// A short name for reports and messages ("nvfp4-modelopt", "fp8-block", "int4-gptq", "int4-awq", ...).
 constexpr const char* quant_format_name(QuantFormat f) {
   switch (f) {

@@ -294,22 +294,33 @@ json inspect_model(const std::string& path, const InspectOptions& opt) {
     std::map<std::string, Component> component_of;
     for (const ExpectedTensor& e : expected_tensors(cfg)) component_of.emplace(e.name, e.component);
     // The CUDA backend repacks a block of routed experts for its W4A16 kernels only when every matrix of the block is
-    // of a format they hold (core/quant_format.h w4a16_holds; ops/cuda/weights_ops.cpp load_quantized_experts).
+    // of a format they hold, as 4-bit codes or, for a block with 8-bit integer matrices, as two 4-bit planes
+    // (core/quant_format.h w4a16_planes; ops/cuda/weights_ops.cpp load_quantized_experts).
     auto block_of = [](const std::string& name) { return name.substr(0, name.find(".experts.")); };
-    std::set<std::string> fp16_blocks;
-    for (const auto& [name, w] : scheme.weights())
-      if (name.find(".mlp.experts.") != std::string::npos && !w4a16_holds(w.format, w.bits))
-        fp16_blocks.insert(block_of(name));
+    std::map<std::string, int> block_planes;  // 0: FP16, 1: 4-bit codes, 2: two planes
+    for (const auto& [name, w] : scheme.weights()) {
+      if (name.find(".mlp.experts.") == std::string::npos) continue;
+      const int p = w4a16_planes(w.format, w.bits);
+      auto [it, fresh] = block_planes.emplace(block_of(name), p);
+      if (!fresh) it->second = p == 0 || it->second == 0 ? 0 : std::max(it->second, p);
+    }
     for (const auto& [name, w] : scheme.weights()) {
       auto it = component_of.find(name);
       if (it == component_of.end()) continue;
       const int c = int(it->second);
-      const bool w4_format = w4a16_holds(w.format, w.bits) && !fp16_blocks.count(block_of(name));
-      const bool w4 = it->second == Component::RoutedExperts && w4_format && cfg.hidden_size % 8 == 0 &&
+      const auto bp = block_planes.find(block_of(name));
+      const int planes = bp == block_planes.end() ? 0 : bp->second;
+      const bool w4 = it->second == Component::RoutedExperts && planes > 0 && cfg.hidden_size % 8 == 0 &&
                       cfg.moe_intermediate_size % 8 == 0 &&
                       (w.format == QuantFormat::Nvfp4 || w.format == QuantFormat::CtNvfp4 || w.group % 8 == 0);
       q_elements[c] += w.rows * w.cols;
-      if (w4) {
+      if (w4 && planes == 2) {
+        q_cuda_bytes[c] += w4a16_packed_bytes(w.rows, 2 * w.cols, w.group ? w.group : w.cols, true);
+        q_cuda_form[component_name(it->second)].insert(
+            fmt::format("w8a16 from {} (two 4-bit planes over the inputs twice: 4-bit codes, FP16 group scales, "
+                        "uint8 zero points, F32 row scales)",
+                        weight_format_name(w)));
+      } else if (w4) {
         const bool zeros = w.format == QuantFormat::Gptq || w.zero_point != nullptr;
         const bool nv = w.format == QuantFormat::Nvfp4 || w.format == QuantFormat::CtNvfp4;
         q_cuda_bytes[c] += w4a16_packed_bytes(w.rows, w.cols, nv ? 16 : w.group, zeros);

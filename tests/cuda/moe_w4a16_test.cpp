@@ -3,11 +3,16 @@
 // symmetric and asymmetric, AutoAWQ GEMM with and without zero points, groups 16/32/128 with partial last groups
 // where the format allows them) W4Packed::unpack equals, bit for bit, a
 // straightforward float32 dequantization of the checkpoint tensors written here from src/loader/quant.h's formulas.
+// 8-bit weights (GPTQ of 8 bits v1/v2, compressed-tensors int8 per row and per tensor) as two 4-bit planes
+// (int8_planes): the planes' values add up to the checkpoint dequantization (each plane's value is one float
+// product, so the sum is compared within 2^-22 of the planes' magnitudes; a wrong code or zero point is off by a
+// whole scale).
 // Kernels: both paths (GEMV and WMMA GEMM) against a CPU loop in double over the dequantized weights, over expert
-// counts {1, 3, 16, 33}, top-k {1, 2, 10}, tokens {1, 2, 5, 16, 17, 100, 1000}, H {256, 200}, I {160, 40}.
-// Tolerance atol 3e-3 + rtol 1e-2 on outputs of magnitude ~0.1-0.5, h ~0.3 (as moe_test): the kernels round the activation
-// h = silu(g) * u and every weighted slot output to FP16 (relative 2^-11 each; up to 10 slots per token), the int4
-// GEMM path rounds each weight once to FP16, sums run in FP32 in another order; the CPU loop rounds nothing. A
+// counts {1, 3, 16, 33}, top-k {1, 2, 10}, tokens {1, 2, 5, 16, 17, 100, 1000}, H {256, 200}, I {160, 40}; the
+// 8-bit formats over the shapes whose widths their groups divide.
+// Tolerance atol 3e-3 + rtol 1e-2 on outputs of magnitude ~0.1-0.5, h ~0.3 (as moe_test): the kernels round the
+// activation h = silu(g) * u and every weighted slot output to FP16 (relative 2^-11 each; up to 10 slots per token),
+// the int4 GEMM path rounds each weight once to FP16, sums run in FP32 in another order; the CPU loop rounds nothing. A
 // wrong code, scale, zero point, group or row costs errors of order 0.1.
 #include "ops/cuda/moe_w4a16.h"
 
@@ -54,7 +59,20 @@ float f16_round(float x) {
 }
 
 // The formats as checkpoint tensors for one expert matrix [N, K].
-enum class Fmt { Nvfp4ModelOpt, Nvfp4Ct, CtInt4Sym, CtInt4Asym, GptqV1, GptqV2, Awq, AwqSym };
+enum class Fmt {
+  Nvfp4ModelOpt,
+  Nvfp4Ct,
+  CtInt4Sym,
+  CtInt4Asym,
+  GptqV1,
+  GptqV2,
+  Awq,
+  AwqSym,
+  Gptq8V1,
+  Gptq8V2,
+  CtInt8Row,
+  CtInt8Tensor
+};
 
 // AutoAWQ GEMM (awq/modules/linear/gemm.py WQLinear_GEMM.from_linear): nibble i of a word holds output
 // 8j + kAwqOrder[i].
@@ -70,6 +88,14 @@ const char* fmt_name(Fmt f) {
     case Fmt::GptqV2: return "gptq_v2";
     case Fmt::Awq: return "awq";
     case Fmt::AwqSym: return "awq_sym";
+    case Fmt::Gptq8V1:
+      return "gptq8_v1";
+    case Fmt::Gptq8V2:
+      return "gptq8_v2";
+    case Fmt::CtInt8Row:
+      return "ct_int8_row";
+    case Fmt::CtInt8Tensor:
+      return "ct_int8_tensor";
   }
   return "?";
 }
@@ -83,11 +109,21 @@ bool has_zeros(Fmt f) {
 bool is_awq(Fmt f) {
   return f == Fmt::Awq || f == Fmt::AwqSym;
 }
+bool is_gptq8(Fmt f) {
+  return f == Fmt::Gptq8V1 || f == Fmt::Gptq8V2;
+}
+bool is_ct_int8(Fmt f) {
+  return f == Fmt::CtInt8Row || f == Fmt::CtInt8Tensor;
+}
+// 8-bit formats are held as two 4-bit planes over the inputs twice (moe_w4a16.h int8_planes).
+int planes(Fmt f) {
+  return is_gptq8(f) || is_ct_int8(f) ? 2 : 1;
+}
 
 struct Checkpoint {
   Fmt fmt;
   int64_t N = 0, K = 0, group = 0;
-  std::vector<uint8_t> packed, e4m3;  // NVFP4
+  std::vector<uint8_t> packed, e4m3;  // NVFP4 (packed: also the int8 values of compressed-tensors int8)
   float global = 1.f;
   std::vector<int32_t> words, zwords;  // int4: weight_packed / qweight, weight_zero_point / qzeros
   std::vector<float> scales;           // int4: [N, G] (compressed-tensors) or [G, N] (GPTQ, AWQ)
@@ -111,14 +147,25 @@ Checkpoint make_checkpoint(Fmt fmt, int64_t N, int64_t K, int64_t group, float m
     c.global = fmt == Fmt::Nvfp4ModelOpt ? g : 1.f / g;
     return c;
   }
+  if (is_ct_int8(fmt)) {  // int8 [N, K]; F32 scales per row or one (any float: the row scale path)
+    c.group = K;
+    c.packed.resize(size_t(N * K));
+    for (auto& b : c.packed) b = uint8_t(rng());
+    c.scales.resize(fmt == Fmt::CtInt8Row ? size_t(N) : 1);
+    for (auto& s : c.scales) s = mag / 74.f * u01(rng);  // |q| averages 64
+    return c;
+  }
   const int64_t G = cdiv(K, c.group);
-  const float base = mag / 4.5f;
-  const bool gptq = fmt == Fmt::GptqV1 || fmt == Fmt::GptqV2;
+  const float base = mag / (is_gptq8(fmt) ? 85.f : 4.5f);  // |q - z| averages 85 (8 bits) or 4.5 (4 bits)
+  const bool gptq = fmt == Fmt::GptqV1 || fmt == Fmt::GptqV2 || is_gptq8(fmt);
   c.scales.resize(size_t(N * G));
   for (auto& s : c.scales) s = gptq || is_awq(fmt) ? f16_round(base * u01(rng)) : bf16_round(base * u01(rng));
   if (is_awq(fmt)) {  // qweight [K, N/8], qzeros [G, N/8]
     c.words.resize(size_t(K * N / 8));
     if (fmt == Fmt::Awq) c.zwords.resize(size_t(G * N / 8));
+  } else if (is_gptq8(fmt)) {  // qweight [K/4, N], qzeros [G, N/4]
+    c.words.resize(size_t(K / 4 * N));
+    c.zwords.resize(size_t(G * N / 4));
   } else if (gptq) {
     c.words.resize(size_t(K / 8 * N));
     c.zwords.resize(size_t(G * N / 8));
@@ -179,6 +226,19 @@ std::vector<float> oracle(const Checkpoint& c) {
           v = float(q - z) * c.scales[size_t(g * N + n)];
           break;
         }
+        case Fmt::Gptq8V1:
+        case Fmt::Gptq8V2: {
+          const uint32_t word = uint32_t(c.words[size_t((k / 4) * N + n)]);
+          const int32_t q = int32_t((word >> (8 * (k % 4))) & 0xffu);
+          const uint32_t zw = uint32_t(c.zwords[size_t(g * (N / 4) + n / 4)]);
+          const int32_t z = int32_t((zw >> (8 * (n % 4))) & 0xffu) + (c.fmt == Fmt::Gptq8V1 ? 1 : 0);
+          v = float(q - z) * c.scales[size_t(g * N + n)];
+          break;
+        }
+        case Fmt::CtInt8Row:
+        case Fmt::CtInt8Tensor:
+          v = float(int8_t(c.packed[size_t(n * K + k)])) * c.scales[c.fmt == Fmt::CtInt8Row ? size_t(n) : 0];
+          break;
       }
       w[size_t(n * K + k)] = v;
     }
@@ -190,6 +250,18 @@ std::vector<float> oracle(const Checkpoint& c) {
 void set_rows(W4Packed& p, int e, int row0, const Checkpoint& c) {
   if (is_nvfp4(c.fmt)) {
     p.set_rows(e, row0, Nvfp4Source{c.N, c.K, c.packed.data(), c.e4m3.data(), c.global, c.fmt == Fmt::Nvfp4Ct});
+    return;
+  }
+  if (planes(c.fmt) == 2) {
+    const Int8Plain p8 = is_gptq8(c.fmt) ? unpack_gptq_int8(c.words.data(), c.zwords.data(), c.scales.data(), c.N, c.K,
+                                                            c.group, c.fmt == Fmt::Gptq8V2)
+                                         : unpack_ct_int8(reinterpret_cast<const int8_t*>(c.packed.data()),
+                                                          c.scales.data(), c.fmt == Fmt::CtInt8Row, c.N, c.K);
+    std::vector<float> row_scale;
+    const Int4Plain both = int8_planes(p8, &row_scale);
+    Int4Source src = both.source();
+    src.row_scale = row_scale.empty() ? nullptr : row_scale.data();
+    p.set_rows(e, row0, src);
     return;
   }
   Int4Plain plain;
@@ -206,6 +278,8 @@ void set_rows(W4Packed& p, int e, int row0, const Checkpoint& c) {
 }
 
 W4Packed make_packed(Fmt f, int experts, int rows, int cols, int group) {
+  if (planes(f) == 2)  // [rows, 2 cols], groups of `group` (or a row's) inputs, zero points
+    return W4Packed(W4Format::Int4, experts, rows, 2 * cols, is_ct_int8(f) || !group ? cols : group, true);
   return W4Packed(is_nvfp4(f) ? W4Format::Nvfp4 : W4Format::Int4, experts, rows, cols, is_nvfp4(f) ? 16 : group,
                   has_zeros(f));
 }
@@ -270,6 +344,112 @@ INSTANTIATE_TEST_SUITE_P(Formats, W4Repack,
                                   "_" + std::to_string(info.param.rows) + "x" + std::to_string(info.param.cols);
                          });
 
+// 8-bit weights as two planes: expert e's unpacked [2 rows, 2 cols] matrix holds the high plane in columns
+// [0, cols) and the low one in [cols, 2 cols); their sum is the checkpoint's dequantized weight.
+class W8Repack : public ::testing::TestWithParam<RepackCase> {};
+
+TEST_P(W8Repack, PlanesAddUpToCheckpointDequant) {
+  const auto p = GetParam();
+  std::mt19937 rng(17);
+  const int E = 2, C = p.cols;
+  W4Packed packed = make_packed(p.fmt, E, 2 * p.rows, C, p.group);
+  for (int e = 0; e < E; ++e) {
+    const Checkpoint a = make_checkpoint(p.fmt, p.rows, C, p.group, 0.05f, rng);
+    const Checkpoint b = make_checkpoint(p.fmt, p.rows, C, p.group, 3e-4f, rng);
+    set_rows(packed, e, 0, a);
+    set_rows(packed, e, p.rows, b);
+    std::vector<float> want = oracle(a);
+    const auto wb = oracle(b);
+    want.insert(want.end(), wb.begin(), wb.end());
+    const std::vector<float> got = packed.unpack(e);
+    size_t bad = 0;
+    for (int n = 0; n < 2 * p.rows; ++n) {
+      for (int k = 0; k < C; ++k) {
+        const double hi = got[size_t(n) * 2 * C + k], lo = got[size_t(n) * 2 * C + C + k];
+        const double w = want[size_t(n) * C + k];
+        if (std::fabs(hi + lo - w) > std::ldexp(std::fabs(hi) + std::fabs(lo) + std::fabs(w), -22)) {
+          if (bad++ < 3)
+            ADD_FAILURE() << "expert " << e << " row " << n << " input " << k << ": " << hi << " + " << lo << " vs "
+                          << w;
+        }
+      }
+    }
+    EXPECT_EQ(bad, 0u) << "expert " << e;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, W8Repack,
+                         ::testing::Values(RepackCase{Fmt::Gptq8V1, 32, 40, 256},
+                                           RepackCase{Fmt::Gptq8V2, 128, 16, 256}, RepackCase{Fmt::Gptq8V1, 0, 8, 64},
+                                           RepackCase{Fmt::Gptq8V2, 32, 24, 160},
+                                           RepackCase{Fmt::CtInt8Row, 0, 24, 200},
+                                           RepackCase{Fmt::CtInt8Tensor, 0, 16, 40}),
+                         [](const auto& info) {
+                           return std::string(fmt_name(info.param.fmt)) + "_g" + std::to_string(info.param.group) +
+                                  "_" + std::to_string(info.param.rows) + "x" + std::to_string(info.param.cols);
+                         });
+
+// int8_planes on every value and the extreme zero points: 16 (q_hi - z_hi) + (q_lo - z_lo) = q - z, and the
+// scales: 16 s / s with groups, 16 / 1 and the row scale s with one group a row.
+TEST(W8Repack, PlanesOfEveryValue) {
+  for (const uint16_t z : {uint16_t(0), uint16_t(128), uint16_t(255), uint16_t(256)}) {
+    Int8Plain p;
+    p.rows = 1;
+    p.cols = 256;
+    p.group = 128;
+    for (int q = 0; q < 256; ++q) p.q.push_back(uint8_t(q));
+    p.zeros = {z, uint16_t(256 - z)};
+    p.scales = {0.375f, 0.0078125f};
+    std::vector<float> rs(3, 7.f);
+    const Int4Plain r = int8_planes(p, &rs);
+    EXPECT_TRUE(rs.empty());
+    ASSERT_EQ(r.cols, 512);
+    ASSERT_EQ(r.group, 128);
+    for (int k = 0; k < 256; ++k) {
+      const int g = k / 128, zz = p.zeros[size_t(g)];
+      EXPECT_EQ(16 * (int(r.q[size_t(k)]) - int(r.zeros[size_t(g)])) +
+                    (int(r.q[size_t(256 + k)]) - int(r.zeros[size_t(2 + g)])),
+                k - zz)
+          << "q " << k << " z " << zz;
+      EXPECT_LE(r.zeros[size_t(g)], 16);
+      EXPECT_LE(r.q[size_t(k)], 15);
+    }
+    EXPECT_EQ(r.scales, (std::vector<float>{6.f, 0.125f, 0.375f, 0.0078125f}));
+  }
+  const std::vector<int8_t> w = {-128, -1, 0, 127, 5, 6, 7, 8};
+  const float s = 0.1f;  // not exact in FP16: kept as the row scale
+  std::vector<float> rs;
+  const Int4Plain r = int8_planes(unpack_ct_int8(w.data(), &s, false, 1, 8), &rs);
+  EXPECT_EQ(rs, std::vector<float>{0.1f});
+  EXPECT_EQ(r.scales, (std::vector<float>{16.f, 1.f}));
+  for (int k = 0; k < 8; ++k)
+    EXPECT_EQ(16 * (int(r.q[size_t(k)]) - int(r.zeros[0])) + (int(r.q[size_t(8 + k)]) - int(r.zeros[1])),
+              int(w[size_t(k)]));
+  W4Packed packed(W4Format::Int4, 1, 1, 16, 8, true);
+  Int4Source src = r.source();
+  src.row_scale = rs.data();
+  packed.set_rows(0, 0, src);
+  const auto got = packed.unpack(0);
+  for (int k = 0; k < 8; ++k) EXPECT_FLOAT_EQ(got[size_t(k)] + got[size_t(8 + k)], float(w[size_t(k)]) * s) << k;
+  // Bad input: a group that does not divide the inputs, a zero point past 256, a non-finite row scale.
+  Int8Plain bad;
+  bad.rows = 1;
+  bad.cols = 24;
+  bad.group = 16;
+  bad.q.assign(24, 1);
+  bad.scales = {1.f, 1.f};
+  EXPECT_THROW(int8_planes(bad, &rs), Error);
+  bad.group = 8;
+  bad.scales = {1.f, 1.f, 1.f};
+  bad.zeros = {1, 257, 3};
+  EXPECT_THROW(int8_planes(bad, &rs), Error);
+  const float inf = INFINITY;
+  const Int4Plain r2 = int8_planes(unpack_ct_int8(w.data(), &inf, false, 1, 8), &rs);
+  src = r2.source();
+  src.row_scale = rs.data();
+  EXPECT_THROW(packed.set_rows(0, 0, src), Error);
+}
+
 TEST(W4Repack, EveryE4m3AndE2m1CodeIsExact) {
   // All 256 x 16 (scale, code) pairs except the E4M3 NaNs, as one row each of 16 equal codes.
   std::vector<uint8_t> bytes, scales;
@@ -330,6 +510,7 @@ TEST_P(W4Moe, BothPathsMatchReference) {
   const int E = p.experts, H = p.hidden, I = p.inter, T = p.tokens, k = p.top_k;
   ASSERT_LE(k, E) << "a case picks more experts per token than it has";
   std::mt19937 rng(uint32_t(E * 1000 + k * 100 + T + H + I));
+  const int P = planes(fc.fmt);
   W4Packed gu = make_packed(fc.fmt, E, 2 * I, H, fc.group), dn = make_packed(fc.fmt, E, H, I, fc.group);
   std::vector<std::vector<float>> wgu(E), wdn(E);
   for (int e = 0; e < E; ++e) {
@@ -346,7 +527,7 @@ TEST_P(W4Moe, BothPathsMatchReference) {
     wdn[e] = oracle(down);
   }
   const W4DeviceMatrix dgu(gu), ddn(dn);
-  const MoeW4A16Experts experts{&dgu, &ddn, E, H, I};
+  const MoeW4A16Experts experts{&dgu, &ddn, E, H, I, P};
 
   const auto u = rand_f16_values(size_t(T) * H, 7);
   std::vector<int32_t> ids(size_t(T) * k);
@@ -400,7 +581,7 @@ TEST_P(W4Moe, BothPathsMatchReference) {
   auto du = dev_half(u), dsh = dev_half(sh);
   auto dids = to_device(ids);
   auto dw = to_device(wts), dsg = to_device(sg);
-  MoeW4A16Workspace ws(T, k, E, H, I);
+  MoeW4A16Workspace ws(T, k, E, H, I, P);
   DeviceArray<__half> out(size_t(T) * H, "out");
   DeviceArray<float> out32(size_t(T) * H, "out32");
   for (W4Path path : {W4Path::Gemv, W4Path::GemvFma, W4Path::Gemm, W4Path::GemmWmma}) {
@@ -443,6 +624,44 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(m.top_k) + "_T" + std::to_string(m.tokens) + "_H" + std::to_string(m.hidden) + "_I" +
              std::to_string(m.inter) + (m.shared ? "_shared" : "");
     });
+
+// 8-bit experts as two planes (groups must divide H and I: g32 over H 256 / I 160, g128 over H 256 / I 128; one
+// group a row at any width, past 4,096 inputs a plane and the odd GEMM stage counts included).
+INSTANTIATE_TEST_SUITE_P(
+    Int8Shapes, W4Moe,
+    ::testing::Combine(::testing::Values(FmtCase{Fmt::Gptq8V1, 32}, FmtCase{Fmt::CtInt8Row, 0}),
+                       ::testing::Values(MoeCase{1, 1, 1, 256, 160, false}, MoeCase{3, 1, 1000, 256, 160, false},
+                                         MoeCase{16, 10, 5, 256, 160, true}, MoeCase{16, 10, 100, 256, 160, false},
+                                         MoeCase{33, 10, 17, 256, 160, false}, MoeCase{33, 10, 1000, 256, 160, true})),
+    [](const auto& info) {
+      const FmtCase f = std::get<0>(info.param);
+      const MoeCase m = std::get<1>(info.param);
+      return std::string(fmt_name(f.fmt)) + "_g" + std::to_string(f.group) + "_E" + std::to_string(m.experts) + "_k" +
+             std::to_string(m.top_k) + "_T" + std::to_string(m.tokens) + (m.shared ? "_shared" : "");
+    });
+INSTANTIATE_TEST_SUITE_P(
+    Int8OddShapes, W4Moe,
+    ::testing::Combine(::testing::Values(FmtCase{Fmt::Gptq8V2, 128}, FmtCase{Fmt::CtInt8Tensor, 0}),
+                       ::testing::Values(MoeCase{3, 2, 2, 256, 128, false}, MoeCase{16, 10, 100, 256, 128, true})),
+    [](const auto& info) {
+      const FmtCase f = std::get<0>(info.param);
+      const MoeCase m = std::get<1>(info.param);
+      return std::string(fmt_name(f.fmt)) + "_g" + std::to_string(f.group) + "_E" + std::to_string(m.experts) + "_k" +
+             std::to_string(m.top_k) + "_T" + std::to_string(m.tokens) + (m.shared ? "_shared" : "");
+    });
+INSTANTIATE_TEST_SUITE_P(Int8RowShapes, W4Moe,
+                         ::testing::Combine(::testing::Values(FmtCase{Fmt::CtInt8Row, 0}),
+                                            ::testing::Values(MoeCase{1, 1, 1000, 200, 40, true},
+                                                              MoeCase{3, 2, 3, 4352, 40, true},
+                                                              MoeCase{9, 4, 40, 384, 328, true})),
+                         [](const auto& info) {
+                           const FmtCase f = std::get<0>(info.param);
+                           const MoeCase m = std::get<1>(info.param);
+                           return std::string(fmt_name(f.fmt)) + "_E" + std::to_string(m.experts) + "_k" +
+                                  std::to_string(m.top_k) + "_T" + std::to_string(m.tokens) + "_H" +
+                                  std::to_string(m.hidden) + "_I" + std::to_string(m.inter) +
+                                  (m.shared ? "_shared" : "");
+                         });
 
 // AWQ groups must divide H and I: the H 256 / I 160 shapes with group 32.
 INSTANTIATE_TEST_SUITE_P(

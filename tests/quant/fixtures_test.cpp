@@ -287,14 +287,27 @@ TEST(QuantInspect, CudaMemoryPlan) {
             "w4a16 from int4-awq (4-bit codes, FP16 group scales, uint8 zero points, F32 row scales)");
   EXPECT_EQ(aw["quantization"]["cuda_storage"]["shared_expert"][0], "fp16 (dequantized from int4-awq at load)");
   // AutoRound mixed bits: the 2-, 3- and 4-bit layers (0, 1, 3, 4, 6, 7) as W4A16 with zero points (as GPTQ g32),
-  // the 8-bit layer 2 dequantized to FP16 and the BF16 layer 5 as FP16 (3 x 32 x 64 elements per expert).
+  // the 8-bit layer 2 as two 4-bit planes over twice the inputs (gate_up [64, 128]: 16 words * 4 + 4 groups *
+  // (2 + 1) + 4 = 80 bytes a row; down [64, 64]: 8 * 4 + 2 * 3 + 4 = 42) and the BF16 layer 5 as FP16 (3 x 32 x 64
+  // elements per expert).
+  const std::string planes =
+      " (two 4-bit planes over the inputs twice: 4-bit codes, FP16 group scales, uint8 zero "
+      "points, F32 row scales)";
   const nlohmann::json ar = plan("autoround-mixed-g32");
-  EXPECT_EQ(ar["memory_cuda"]["routed_expert_bytes"], 6 * 8 * (64 * 42 + 64 * 23) + 2 * 8 * 3 * 32 * 64 * 2);
+  EXPECT_EQ(ar["memory_cuda"]["routed_expert_bytes"],
+            6 * 8 * (64 * 42 + 64 * 23) + 8 * (64 * 80 + 64 * 42) + 8 * 3 * 32 * 64 * 2);
   EXPECT_EQ(ar["quantization"]["cuda_storage"]["routed_experts"],
-            nlohmann::json::parse(R"js(["fp16 (dequantized from int8-gptq at load)",
-              "w4a16 from int2-gptq (4-bit codes, FP16 group scales, uint8 zero points, F32 row scales)",
+            nlohmann::json::parse(
+                R"js(["w4a16 from int2-gptq (4-bit codes, FP16 group scales, uint8 zero points, F32 row scales)",
               "w4a16 from int3-gptq (4-bit codes, FP16 group scales, uint8 zero points, F32 row scales)",
-              "w4a16 from int4-gptq (4-bit codes, FP16 group scales, uint8 zero points, F32 row scales)"])js"));
+              "w4a16 from int4-gptq (4-bit codes, FP16 group scales, uint8 zero points, F32 row scales)",
+              "w8a16 from int8-gptq)js" +
+                planes + R"js("])js"));
+  // compressed-tensors int8 per channel: one group a row over each plane (gate_up [64, 128]: 16 * 4 + 2 * 3 + 4 =
+  // 74 bytes a row; down [64, 64]: 42).
+  const nlohmann::json w8 = plan("ct-w8a8-int8");
+  EXPECT_EQ(w8["memory_cuda"]["routed_expert_bytes"], experts * (64 * 74 + 64 * 42));
+  EXPECT_EQ(w8["quantization"]["cuda_storage"]["routed_experts"][0], "w8a16 from int8-channel" + planes);
   // The int8 table stays as stored, its group scales included: 2 tables of 4,160 rows (4 shards) x 16 columns, I8
   // codes and 2 F16 scales a row.
   const nlohmann::json p8 = plan("awq-int4-g32-ple-int8");

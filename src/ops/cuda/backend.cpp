@@ -93,13 +93,14 @@ int to_int(int64_t v, const char* op, const char* what) {
   return int(v);
 }
 
-CudaW4Experts::CudaW4Experts(const W4Packed& gu, const W4Packed& dn, int device_, std::string what)
+CudaW4Experts::CudaW4Experts(const W4Packed& gu, const W4Packed& dn, int device_, int planes_, std::string what)
     : gate_up(gu),
       down(dn),
       device(device_),
       experts(gu.experts),
-      hidden(gu.cols),
-      inter(dn.cols),
+      hidden(gu.cols / planes_),
+      inter(dn.cols / planes_),
+      planes(planes_),
       bytes_(int64_t(gu.expert_bytes() + dn.expert_bytes()) * gu.experts),
       format_(std::move(what)) {}
 CudaW4Experts::CudaW4Experts(W4DeviceMatrix gu, W4DeviceMatrix dn, int device_, int E, int H, int I, std::string what)
@@ -109,6 +110,7 @@ CudaW4Experts::CudaW4Experts(W4DeviceMatrix gu, W4DeviceMatrix dn, int device_, 
       experts(E),
       hidden(H),
       inter(I),
+      planes(1),
       bytes_(int64_t(E) * int64_t(gate_up.expert_bytes() + down.expert_bytes())),
       format_(std::move(what)) {}
 

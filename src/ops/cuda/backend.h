@@ -83,18 +83,21 @@ inline bool aligned16(const Tensor& t) {
 int to_int(int64_t v, const char* op, const char* what);
 
 /// Routed experts repacked for the W4A16 kernels (moe_w4a16.h): gate and up fused as gate_up [E, 2I, H], down
-/// [E, H, I], in device memory of GPU `device`.
+/// [E, H, I], in device memory of GPU `device`; 8-bit experts as two 4-bit planes (planes 2: [E, 2I, 2H] and
+/// [E, H, 2I], MoeW4A16Experts::planes).
 class CudaW4Experts final : public PackedExperts {
  public:
   /// Experts packed on the host (load_quantized_experts), uploaded here.
-  CudaW4Experts(const W4Packed& gu, const W4Packed& dn, int device_, std::string what);
+  CudaW4Experts(const W4Packed& gu, const W4Packed& dn, int device_, int planes, std::string what);
   /// Experts already on the device (random ones: W4DeviceMatrix::random_nvfp4).
   CudaW4Experts(W4DeviceMatrix gu, W4DeviceMatrix dn, int device_, int E, int H, int I, std::string what);
   std::string format() const override { return format_; }
   int64_t device_bytes() const override { return bytes_; }
 
   W4DeviceMatrix gate_up, down;
-  int device, experts, hidden, inter;
+  int device, experts, hidden, inter, planes;
+  /// The kernels' view (moe_w4a16_routed).
+  MoeW4A16Experts view() const { return {&gate_up, &down, experts, hidden, inter, planes}; }
 
  private:
   int64_t bytes_;
@@ -326,8 +329,9 @@ class CudaOps final : public Ops {
   };
   /// Rows [row0, row0 + slice.rows) of expert `e` of `dst` from the slice of one checkpoint matrix (lossless,
   /// moe_w4a16.h; int4 groups split by slice_int4 where the slice needs smaller ones).
+  /// planes 2: the block is held as two 4-bit planes (moe_w4a16.h int8_planes), each matrix through its 8-bit form.
   static void pack_rows(W4Packed& dst, int64_t e, int64_t row0, const QuantMatrix& m, QuantFormat format,
-                        const Slice& slice, bool zeros);
+                        const Slice& slice, bool zeros, int planes);
 
   // ------------------------------------------------ dense_ops.cpp
 
@@ -374,11 +378,11 @@ class CudaOps final : public Ops {
   /// moe_experts on stacked FP16 experts (FP16x2: per-expert cuBLAS products; FP16: the WMMA grouped kernels).
   void moe_experts_f16(const Tensor& u, const Tensor& ids, const Tensor& weights, const MoeWeights& w,
                        const Tensor& out, int64_t E, int64_t I);
-  /// The W4A16 scratch for (top_k, E, H, I), grown to at least `tokens` tokens (a replaced one is freed with
+  /// The W4A16 scratch for (top_k, E, H, I, planes), grown to at least `tokens` tokens (a replaced one is freed with
   /// cudaFree, which waits for the work that uses it).
-  MoeW4A16Workspace& w4_workspace(int tokens, int top_k, int experts, int hidden, int inter);
+  MoeW4A16Workspace& w4_workspace(int tokens, int top_k, int experts, int hidden, int inter, int planes);
 
-  std::map<std::array<int, 4>, std::unique_ptr<MoeW4A16Workspace>> w4_workspaces_;
+  std::map<std::array<int, 5>, std::unique_ptr<MoeW4A16Workspace>> w4_workspaces_;
 
   // ------------------------------------------------ ple_ops.cpp
 

@@ -125,9 +125,8 @@ void CudaOps::moe_experts_w4a16(const Tensor& u, const Tensor& ids, const Tensor
   if (T == 0) return;
   Tensor uh = half_copy(u, op);
   MoeW4A16Workspace& ws =
-      w4_workspace(to_int(T, op, "tokens"), to_int(k, op, "top_k"), p->experts, p->hidden, p->inter);
-  const MoeW4A16Experts ex{&p->gate_up, &p->down, p->experts, p->hidden, p->inter};
-  moe_w4a16_routed(ex, dp<__half>(uh), p->hidden, int(T), dp<int32_t>(ids), dp<float>(weights), nullptr, nullptr,
+      w4_workspace(to_int(T, op, "tokens"), to_int(k, op, "top_k"), p->experts, p->hidden, p->inter, p->planes);
+  moe_w4a16_routed(p->view(), dp<__half>(uh), p->hidden, int(T), dp<int32_t>(ids), dp<float>(weights), nullptr, nullptr,
                    dp<float>(out), p->hidden, ws, stream());
 }
 
@@ -183,13 +182,13 @@ void CudaOps::moe_shared_expert(const Tensor& u, const MoeWeights& w, const Tens
       detail::launch_gated_accumulate(dp<float>(out), dp<const float>(s), dp<const float>(logit), t, h, stream()), op);
 }
 
-MoeW4A16Workspace& CudaOps::w4_workspace(int tokens, int top_k, int experts, int hidden, int inter) {
-  auto& ws = w4_workspaces_[{top_k, experts, hidden, inter}];
+MoeW4A16Workspace& CudaOps::w4_workspace(int tokens, int top_k, int experts, int hidden, int inter, int planes) {
+  auto& ws = w4_workspaces_[{top_k, experts, hidden, inter, planes}];
   if (!ws || ws->max_tokens < tokens) {
     const int n = std::max(tokens, ws ? std::min(2 * ws->max_tokens, 1 << 16) : 64);
     ++memory_generation_;  // recorded steps that used the old one are stale (also if making the new one fails)
     ws.reset();
-    ws = std::make_unique<MoeW4A16Workspace>(n, top_k, experts, hidden, inter);
+    ws = std::make_unique<MoeW4A16Workspace>(n, top_k, experts, hidden, inter, planes);
   }
   return *ws;
 }

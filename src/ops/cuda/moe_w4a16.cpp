@@ -131,14 +131,18 @@ Int4Plain unpack_ct_int4(const int32_t* weight_packed, const int32_t* zero_point
   return p;
 }
 
-Int4Plain slice_int4(const Int4Plain& p, int64_t r0, int64_t rows, int64_t c0, int64_t cols, int64_t group) {
+namespace {
+
+// Rows [r0, r0 + rows) and columns [c0, c0 + cols) of an int4 or int8 plain weight, groups of `group` (0: one).
+template <class Plain>
+Plain slice_plain(const Plain& p, int64_t r0, int64_t rows, int64_t c0, int64_t cols, int64_t group, const char* op) {
   const int64_t src_group = p.group ? p.group : p.cols, g = group ? group : cols;
   FN_CHECK(r0 >= 0 && rows > 0 && r0 + rows <= p.rows && c0 >= 0 && cols > 0 && c0 + cols <= p.cols,
-           "slice_int4: rows [{}, +{}) and columns [{}, +{}) of a [{}, {}] matrix", r0, rows, c0, cols, p.rows, p.cols);
+           "{}: rows [{}, +{}) and columns [{}, +{}) of a [{}, {}] matrix", op, r0, rows, c0, cols, p.rows, p.cols);
   FN_CHECK(c0 % g == 0 && cols % g == 0 && src_group % g == 0,
-           "slice_int4: groups of {} do not tile columns [{}, +{}) inside source groups of {}", g, c0, cols, src_group);
+           "{}: groups of {} do not tile columns [{}, +{}) inside source groups of {}", op, g, c0, cols, src_group);
   const int64_t G = ceil_div(p.cols, src_group), Gs = cols / g;
-  Int4Plain s;
+  Plain s;
   s.rows = rows;
   s.cols = cols;
   s.group = group;
@@ -154,6 +158,110 @@ Int4Plain slice_int4(const Int4Plain& p, int64_t r0, int64_t rows, int64_t c0, i
     }
   }
   return s;
+}
+
+}  // namespace
+
+Int4Plain slice_int4(const Int4Plain& p, int64_t r0, int64_t rows, int64_t c0, int64_t cols, int64_t group) {
+  return slice_plain(p, r0, rows, c0, cols, group, "slice_int4");
+}
+
+Int8Plain slice_int8(const Int8Plain& p, int64_t r0, int64_t rows, int64_t c0, int64_t cols, int64_t group) {
+  return slice_plain(p, r0, rows, c0, cols, group, "slice_int8");
+}
+
+Int8Plain unpack_gptq_int8(const int32_t* qweight, const int32_t* qzeros, const float* scales, int64_t rows,
+                           int64_t cols, int64_t group, bool gptq_v2) {
+  FN_CHECK(rows > 0 && cols > 0 && rows % 8 == 0 && cols % 8 == 0,
+           "unpack_gptq_int8: 8-bit GPTQ packing needs both dimensions divisible by 8, got [{}, {}]", rows, cols);
+  FN_CHECK(group >= 0, "unpack_gptq_int8: group size {}", group);
+  FN_CHECK(qweight && qzeros && scales, "unpack_gptq_int8: null pointer");
+  const int64_t G = group ? ceil_div(cols, group) : 1, zrow = rows / 4;
+  Int8Plain p;
+  p.rows = rows;
+  p.cols = cols;
+  p.group = group;
+  p.q.resize(size_t(rows * cols));
+  p.zeros.resize(size_t(rows * G));
+  p.scales.resize(size_t(rows * G));
+  // core/quant_format.h gptq_packed_value: qweight column n, qzeros row g.
+  for (int64_t k = 0; k < cols; ++k)
+    for (int64_t n = 0; n < rows; ++n)
+      p.q[size_t(n * cols + k)] = uint8_t(gptq_packed_value([&](int64_t j) { return qweight[j * rows + n]; }, 8, k));
+  const uint16_t off = gptq_v2 ? 0 : 1;
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t n = 0; n < rows; ++n) {
+      p.zeros[size_t(n * G + g)] =
+          uint16_t(gptq_packed_value([&](int64_t j) { return qzeros[g * zrow + j]; }, 8, n) + off);
+      p.scales[size_t(n * G + g)] = scales[g * rows + n];
+    }
+  }
+  return p;
+}
+
+Int8Plain unpack_ct_int8(const int8_t* weight, const float* scales, bool per_row, int64_t rows, int64_t cols) {
+  FN_CHECK(rows > 0 && cols > 0, "unpack_ct_int8: shape [{}, {}]", rows, cols);
+  FN_CHECK(weight && scales, "unpack_ct_int8: null pointer");
+  Int8Plain p;
+  p.rows = rows;
+  p.cols = cols;
+  p.q.resize(size_t(rows * cols));
+  for (size_t i = 0; i < p.q.size(); ++i) p.q[i] = uint8_t(int(weight[i]) + 128);  // z = 128 (zeros left empty)
+  p.scales.resize(size_t(rows));
+  for (int64_t n = 0; n < rows; ++n) p.scales[size_t(n)] = scales[per_row ? n : 0];
+  return p;
+}
+
+Int8Plain int8_from_int4(const Int4Plain& p) {
+  Int8Plain e;
+  e.rows = p.rows;
+  e.cols = p.cols;
+  e.group = p.group;
+  e.q = p.q;
+  e.scales = p.scales;
+  e.zeros.assign(p.scales.size(), uint16_t(8));  // symmetric int4: z = 8
+  for (size_t i = 0; i < p.zeros.size(); ++i) e.zeros[i] = p.zeros[i];
+  return e;
+}
+
+Int4Plain int8_planes(const Int8Plain& p, std::vector<float>* row_scale) {
+  const int64_t C = p.cols, g = p.group ? p.group : C;
+  FN_CHECK(C > 0 && C % g == 0, "int8_planes: groups of {} do not divide the {} inputs", g, C);
+  FN_CHECK(row_scale, "int8_planes: null row_scale");
+  const int64_t G = C / g;
+  FN_CHECK(p.q.size() == size_t(p.rows * C) && p.scales.size() == size_t(p.rows * G) &&
+               (p.zeros.empty() || p.zeros.size() == p.scales.size()),
+           "int8_planes: arrays do not fit [{}, {}] with groups of {}", p.rows, C, g);
+  Int4Plain r;
+  r.rows = p.rows;
+  r.cols = 2 * C;
+  r.group = g;
+  r.q.resize(size_t(p.rows * 2 * C));
+  r.zeros.resize(size_t(p.rows * 2 * G));
+  r.scales.resize(size_t(p.rows * 2 * G));
+  const bool per_row = G == 1;
+  if (per_row)
+    row_scale->assign(size_t(p.rows), 1.f);
+  else
+    row_scale->clear();
+  for (int64_t n = 0; n < p.rows; ++n) {
+    for (int64_t k = 0; k < C; ++k) {
+      const uint8_t q = p.q[size_t(n * C + k)];
+      r.q[size_t(n * 2 * C + k)] = uint8_t(q >> 4);
+      r.q[size_t(n * 2 * C + C + k)] = uint8_t(q & 15);
+    }
+    for (int64_t j = 0; j < G; ++j) {
+      const uint16_t z = p.zeros.empty() ? uint16_t(128) : p.zeros[size_t(n * G + j)];
+      FN_CHECK(z <= 256, "int8_planes: zero point {} at row {} group {} (0..256)", z, n, j);
+      const float s = p.scales[size_t(n * G + j)];
+      r.zeros[size_t(n * 2 * G + j)] = uint8_t(z >> 4);
+      r.zeros[size_t(n * 2 * G + G + j)] = uint8_t(z & 15);
+      r.scales[size_t(n * 2 * G + j)] = per_row ? 16.f : 16.f * s;  // exact: a power of two
+      r.scales[size_t(n * 2 * G + G + j)] = per_row ? 1.f : s;
+      if (per_row) (*row_scale)[size_t(n)] = s;
+    }
+  }
+  return r;
 }
 
 W4Packed::W4Packed(W4Format format_, int experts_, int rows_, int cols_, int group_, bool with_zeros)
@@ -261,7 +369,9 @@ void W4Packed::set_rows(int expert, int row0, const Int4Source& src) {
       }
     }
     for (int64_t g = G; g < groups; ++g) scales[row * groups + size_t(g)] = __float2half_rn(0.f);
-    global[row] = std::ldexp(1.f, p);
+    const float rs = src.row_scale ? src.row_scale[r] : 1.f;
+    FN_CHECK(std::isfinite(rs), "W4Packed::set_rows: row scale {} at expert {} row {}", rs, expert, row0 + r);
+    global[row] = std::ldexp(rs, p);  // exact: a power-of-two multiple
   }
 }
 
@@ -280,7 +390,7 @@ std::vector<float> W4Packed::unpack(int expert) const {
         v = divide ? a / global[row] : a * global[row];
       } else {
         const int z = has_zeros ? zeros[gi] : 8;
-        v = float(int(c) - z) * (s * global[row]);  // s * 2^p: the source scale, exactly
+        v = float(int(c) - z) * (s * global[row]);  // s * 2^p (* the row scale): the source scale, exactly
       }
       out[size_t(n) * cols + k] = v;
     }
@@ -352,12 +462,13 @@ W4DeviceMatrix W4DeviceMatrix::random_nvfp4(int experts, int rows, int cols, flo
   return m;
 }
 
-MoeW4A16Workspace::MoeW4A16Workspace(int max_tokens_, int top_k_, int experts_, int hidden_, int inter_)
+MoeW4A16Workspace::MoeW4A16Workspace(int max_tokens_, int top_k_, int experts_, int hidden_, int inter_, int planes_)
     : max_tokens(max_tokens_),
       top_k(top_k_),
       experts(experts_),
       hidden(hidden_),
       inter(inter_),
+      planes(planes_),
       max_tiles((max_tokens_ * top_k_ + detail::kMoeTileM - 1) / detail::kMoeTileM +
                 std::min(experts_, max_tokens_ * top_k_)),
       offsets(size_t(experts_) + 1, "moe expert offsets"),
@@ -369,11 +480,13 @@ MoeW4A16Workspace::MoeW4A16Workspace(int max_tokens_, int top_k_, int experts_, 
       status(1, "moe status"),
       h(size_t(max_tokens_) * top_k_ * inter_, "moe expert activations"),
       ys(size_t(max_tokens_) * top_k_ * hidden_, "moe expert outputs"),
-      done(size_t(std::max(1, max_tokens_)) * std::max(1, detail::w4_gemv_down_row_blocks(hidden_, inter_)),
+      u2(planes_ == 2 ? size_t(max_tokens_) * 2 * hidden_ : 1, "moe repeated expert inputs"),
+      h2(planes_ == 2 ? size_t(max_tokens_) * top_k_ * 2 * inter_ : 1, "moe repeated expert activations"),
+      done(size_t(std::max(1, max_tokens_)) * std::max(1, detail::w4_gemv_down_row_blocks(hidden_, planes_ * inter_)),
            "w4a16 gemv counters") {
-  FN_CHECK(max_tokens > 0 && top_k > 0 && experts > 0 && hidden > 0 && inter > 0,
-           "MoeW4A16Workspace: bad sizes tokens={} top_k={} experts={} hidden={} inter={}", max_tokens, top_k, experts,
-           hidden, inter);
+  FN_CHECK(max_tokens > 0 && top_k > 0 && experts > 0 && hidden > 0 && inter > 0 && (planes == 1 || planes == 2),
+           "MoeW4A16Workspace: bad sizes tokens={} top_k={} experts={} hidden={} inter={} planes={}", max_tokens, top_k,
+           experts, hidden, inter, planes);
   FN_CUDA_CHECK(cudaMemset(status.get(), 0, sizeof(int32_t)), "MoeW4A16Workspace status");
   FN_CUDA_CHECK(cudaMemset(done.get(), 0, done.size() * sizeof(int32_t)), "MoeW4A16Workspace counters");
 }
@@ -431,15 +544,17 @@ void routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, 
            "moe_w4a16_routed: hidden {} and expert width {} must be positive multiples of 8", H, I);
   const auto& gu = w.gate_up->view();
   const auto& dn = w.down->view();
-  FN_CHECK(w.gate_up->experts == E && gu.rows == 2 * I && gu.cols == H,
-           "moe_w4a16_routed: gate_up holds {} experts of [{}, {}], expected {} of [2I = {}, H = {}]",
-           w.gate_up->experts, gu.rows, gu.cols, E, 2 * I, H);
-  FN_CHECK(w.down->experts == E && dn.rows == H && dn.cols == I,
-           "moe_w4a16_routed: down holds {} experts of [{}, {}], expected {} of [H = {}, I = {}]", w.down->experts,
-           dn.rows, dn.cols, E, H, I);
-  FN_CHECK(ws.experts == E && ws.hidden == H && ws.inter == I,
-           "moe_w4a16_routed: workspace made for E={} H={} I={}, weights have E={} H={} I={}", ws.experts, ws.hidden,
-           ws.inter, E, H, I);
+  const int P = w.planes;
+  FN_CHECK(P == 1 || P == 2, "moe_w4a16_routed: {} planes (1 or 2)", P);
+  FN_CHECK(w.gate_up->experts == E && gu.rows == 2 * I && gu.cols == P * H,
+           "moe_w4a16_routed: gate_up holds {} experts of [{}, {}], expected {} of [2I = {}, {} x H = {}]",
+           w.gate_up->experts, gu.rows, gu.cols, E, 2 * I, P, P * H);
+  FN_CHECK(w.down->experts == E && dn.rows == H && dn.cols == P * I,
+           "moe_w4a16_routed: down holds {} experts of [{}, {}], expected {} of [H = {}, {} x I = {}]", w.down->experts,
+           dn.rows, dn.cols, E, H, P, P * I);
+  FN_CHECK(ws.experts == E && ws.hidden == H && ws.inter == I && ws.planes == P,
+           "moe_w4a16_routed: workspace made for E={} H={} I={} planes={}, weights have E={} H={} I={} planes={}",
+           ws.experts, ws.hidden, ws.inter, ws.planes, E, H, I, P);
   FN_CHECK(tokens >= 0 && tokens <= ws.max_tokens, "moe_w4a16_routed: {} tokens exceed the workspace's {}", tokens,
            ws.max_tokens);
   FN_CHECK(ldu >= H && ldu % 8 == 0 && ldo >= H, "moe_w4a16_routed: row strides u {} / out {} (H {})", ldu, ldo, H);
@@ -448,13 +563,27 @@ void routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, 
   FN_CHECK(u && ids && weights && out, "moe_w4a16_routed: null pointer");
   const int slots = tokens * ws.top_k;
   if (path == W4Path::Auto) path = moe_w4a16_auto_path(w, tokens, ws.top_k);
+  // Two planes: the products read [u, u] and [h, h] (the planes' inputs side by side).
+  if (P == 2) {
+    FN_CUDA_CHECK(detail::launch_repeat_cols_f16(u, ldu, tokens, H, 2, ws.u2.get(), stream),
+                  "moe_w4a16_routed repeat u");
+    u = ws.u2.get();
+    ldu = 2 * int64_t(H);
+  }
+  const auto repeat_h = [&] {
+    if (P == 2)
+      FN_CUDA_CHECK(detail::launch_repeat_cols_f16(ws.h.get(), I, slots, I, 2, ws.h2.get(), stream),
+                    "moe_w4a16_routed repeat h");
+  };
+  const __half* hin = P == 2 ? ws.h2.get() : ws.h.get();  // down's input rows, P * I wide
   if (path == W4Path::Gemv || path == W4Path::GemvFma) {  // two launches, no grouping pass
     const bool mma = path == W4Path::Gemv && gemv_tensor_cores_allowed();
     FN_CUDA_CHECK(detail::launch_w4_gemv_gate_up(gu, u, ldu, ids, slots, ws.top_k, E, I, ws.h.get(), ws.status.get(),
                                                  mma && detail::w4_gemv_tensor_cores(gu), stream),
                   "moe_w4a16_routed gemv gate_up");
+    repeat_h();
     FN_CUDA_CHECK(
-        detail::launch_w4_gemv_down(dn, ws.h.get(), ids, weights, tokens, ws.top_k, E, H, I, ws.ys.get(), ws.done.get(),
+        detail::launch_w4_gemv_down(dn, hin, ids, weights, tokens, ws.top_k, E, H, P * I, ws.ys.get(), ws.done.get(),
                                     shared, shared_gate, out, ldo, mma && detail::w4_gemv_tensor_cores(dn), stream),
         "moe_w4a16_routed gemv down");
     return;
@@ -469,7 +598,8 @@ void routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, 
                                                ws.tile_expert.get(), ws.tile_row.get(), ws.num_tiles.get(), max_tiles,
                                                ws.h.get(), mma && detail::w4_gemm_tensor_cores(gu), stream),
                 "moe_w4a16_routed gemm gate_up");
-  FN_CUDA_CHECK(detail::launch_w4_gemm_down(dn, ws.h.get(), H, I, ws.offsets.get(), ws.sorted_slots.get(), weights,
+  repeat_h();
+  FN_CUDA_CHECK(detail::launch_w4_gemm_down(dn, hin, H, P * I, ws.offsets.get(), ws.sorted_slots.get(), weights,
                                             ws.tile_expert.get(), ws.tile_row.get(), ws.num_tiles.get(), max_tiles,
                                             ws.ys.get(), mma && detail::w4_gemm_tensor_cores(dn), stream),
                 "moe_w4a16_routed gemm down");

@@ -9,6 +9,9 @@
 //   int4    one value q in 0..15 per input, a float scale per group of `group` inputs, an optional zero point z in
 //           0..16 per group (absent: z = 8):  w = (q - z) * s. GPTQ, AutoAWQ and compressed-tensors packings are
 //           unpacked to this form by unpack_gptq / unpack_awq / unpack_ct_int4 below.
+//   int8    (W8A16) one value q in 0..255 per input, w = (q - z) * s (8-bit GPTQ / AutoRound, compressed-tensors
+//           int8 with z = 128), held as two int4 planes over the inputs repeated twice: int8_planes below; the
+//           kernels are those of int4 (MoeW4A16Experts::planes), the bytes one per weight.
 //
 // Repacked layout (W4Packed; E experts of a logical [rows, cols] matrix, cols a multiple of 8):
 //   codes   uint32 [E][rows][wpr], wpr = 4 * ceil(cols / 32) (rows padded to 16 bytes with code 0); word i holds
@@ -66,6 +69,7 @@ struct Int4Source {
   const uint8_t* q = nullptr;       ///< [rows, cols] one value 0..15 per byte
   const float* scales = nullptr;    ///< [rows, ceil(cols/group)] exact float copies of the checkpoint scales
   const uint8_t* zeros = nullptr;   ///< [rows, ceil(cols/group)] zero points 0..16, or null (symmetric: z = 8)
+  const float* row_scale = nullptr;  ///< [rows] or null (1): a float32 factor of each row, kept in its global scale
 };
 
 /// An int4 weight unpacked from a checkpoint packing (owns the arrays; source() views them).
@@ -100,11 +104,43 @@ Int4Plain unpack_awq(const int32_t* qweight, const int32_t* qzeros, const float*
 Int4Plain unpack_ct_int4(const int32_t* weight_packed, const int32_t* zero_point, const float* scales, int64_t rows,
                          int64_t cols, int64_t group);
 
+/// An 8-bit integer weight in plain form (W8A16 through two 4-bit planes, int8_planes): w = (q - z) * s.
+struct Int8Plain {
+  int64_t rows = 0, cols = 0, group = 0;  ///< group: inputs per scale (0: one group spans cols)
+  std::vector<uint8_t> q;                 ///< [rows, cols] values 0..255
+  std::vector<uint16_t> zeros;            ///< [rows, ceil(cols/group)] zero points 0..256, or empty (z = 128)
+  std::vector<float> scales;              ///< [rows, ceil(cols/group)] exact float copies of the checkpoint scales
+};
+
+/// GPTQ / AutoRound of 8 bits (quant.h; the packing of unpack_gptq with bits 8: qweight I32 [cols/4, rows], qzeros
+/// I32 [ceil(cols/group), rows/4], scales [ceil(cols/group), rows] as float); z = zero + 1 (v1) or the zero (v2).
+/// Throws Error for rows or cols not multiples of 8.
+Int8Plain unpack_gptq_int8(const int32_t* qweight, const int32_t* qzeros, const float* scales, int64_t rows,
+                           int64_t cols, int64_t group, bool gptq_v2);
+
+/// compressed-tensors int-quantized (quant.h CtInt8): signed int8 `weight` [rows, cols], one scale per row
+/// (`per_row`, scales [rows]) or one for the tensor (scales [1]); symmetric: q = weight + 128, z = 128.
+Int8Plain unpack_ct_int8(const int8_t* weight, const float* scales, bool per_row, int64_t rows, int64_t cols);
+
+/// A 4-bit weight as an 8-bit one (q and z unchanged: its high plane is zero), for a block that mixes widths.
+Int8Plain int8_from_int4(const Int4Plain& p);
+
+/// The two 4-bit planes of `p` as one int4 matrix [rows, 2 * cols] over the inputs repeated twice (x, x): columns
+/// [0, cols) the high plane, q >> 4 with zero point z >> 4 (0..16) and scale 16 s; columns [cols, 2 cols) the low
+/// plane, q & 15 with zero point z & 15 and scale s, so that 16 (q_hi - z_hi) + (q_lo - z_lo) = q - z: exact. With
+/// one group per row the scales become 16 and 1 and *row_scale receives each row's s (W4Packed keeps it in the row's
+/// float32 global scale: exact for any float s); otherwise row_scale is cleared and the group scales must meet
+/// W4Packed's FP16 rule. The groups of the result: p.group, or cols when 0 (a group never spans both planes).
+/// Throws Error for a group that does not divide cols.
+Int4Plain int8_planes(const Int8Plain& p, std::vector<float>* row_scale);
+
 /// Rows [r0, r0 + rows) and columns [c0, c0 + cols) of `p` (a tensor-parallel rank's slice) with groups of `group`
 /// inputs (0: one group over the slice's columns), each holding the scale and zero point of the source group it lies
 /// in: exact when `group` divides c0 and cols and the source's group (0: all of p.cols) is a multiple of it. Throws
 /// Error for a slice outside p or a group that does not fit.
 Int4Plain slice_int4(const Int4Plain& p, int64_t r0, int64_t rows, int64_t c0, int64_t cols, int64_t group);
+/// The same for an 8-bit weight.
+Int8Plain slice_int8(const Int8Plain& p, int64_t r0, int64_t rows, int64_t c0, int64_t cols, int64_t group);
 
 /// Host-side repacked weights of `experts` experts of a logical [rows, cols] matrix (layout above). Fill every
 /// expert's rows with set_rows (several calls may fill row ranges of one expert, e.g. gate rows 0..I-1 and up rows
@@ -118,9 +154,10 @@ class W4Packed {
   /// Rows [row0, row0 + src.rows) of expert `expert` from an NVFP4 source (format Nvfp4; src.cols == cols). Throws
   /// Error for mismatched shapes, an E4M3 NaN scale, or a divisor/multiplier kind different from earlier rows.
   void set_rows(int expert, int row0, const Nvfp4Source& src);
-  /// The same from an int4 source (format Int4; src.group equal to the matrix's). Throws Error for q > 15, zero
-  /// points > 16, zero points given to a matrix made without them, a non-finite scale, or a scale that FP16 cannot
-  /// hold exactly after the row's power-of-two shift.
+  /// The same from an int4 source (format Int4; src.group equal to the matrix's; src.row_scale multiplies the
+  /// rows' global scales). Throws Error for q > 15, zero points > 16, zero points given to a matrix made without
+  /// them, a non-finite scale or row scale, or a scale that FP16 cannot hold exactly after the row's power-of-two
+  /// shift.
   void set_rows(int expert, int row0, const Int4Source& src);
 
   /// The exact float32 values of expert `expert`, row-major [rows, cols] (what the checkpoint formulas give).
@@ -172,22 +209,26 @@ class W4DeviceMatrix {
 };
 
 /// Routed experts: gate_up [E, 2I, H] (gate rows 0..I-1, then up rows) and down [E, H, I]; H and I multiples of 8.
+/// planes 2: 8-bit experts as two 4-bit planes (int8_planes): the matrices hold [E, 2I, 2H] and [E, H, 2I] and
+/// read their inputs twice over (moe_w4a16_routed repeats u and h into the workspace).
 struct MoeW4A16Experts {
   const W4DeviceMatrix* gate_up = nullptr;
   const W4DeviceMatrix* down = nullptr;
   int experts = 0, hidden = 0, inter = 0;
+  int planes = 1;
 };
 
 /// Scratch for moe_w4a16_routed, for up to max_tokens tokens with top_k slots each: the grouping of slots by expert
 /// (offsets [E+1], sorted_slots / slot_row [max_tokens*top_k], GEMM tiles [max_tiles], num_tiles, the expert-id
-/// status word), the activations h [slots, I] and expert outputs ys [slots, H] (FP16), and the GEMV path's
-/// completion counters `done` [max_tokens, detail::w4_gemv_down_row_blocks(hidden, inter)] (zero between calls).
+/// status word), the activations h [slots, I] and expert outputs ys [slots, H] (FP16), the GEMV path's
+/// completion counters `done` [max_tokens, detail::w4_gemv_down_row_blocks(hidden, planes * inter)] (zero between
+/// calls), and for experts of two planes the repeated inputs u2 [max_tokens, 2H] and h2 [slots, 2I].
 class MoeW4A16Workspace {
  public:
-  MoeW4A16Workspace(int max_tokens, int top_k, int experts, int hidden, int inter);
-  int max_tokens, top_k, experts, hidden, inter, max_tiles;
+  MoeW4A16Workspace(int max_tokens, int top_k, int experts, int hidden, int inter, int planes = 1);
+  int max_tokens, top_k, experts, hidden, inter, planes, max_tiles;
   DeviceArray<int32_t> offsets, sorted_slots, slot_row, tile_expert, tile_row, num_tiles, status;
-  DeviceArray<__half> h, ys;
+  DeviceArray<__half> h, ys, u2, h2;
   DeviceArray<int32_t> done;
 };
 

@@ -1030,6 +1030,20 @@ __global__ void __launch_bounds__(kW4MmaGemmWarps * 32)
 FN_W4_GEMM(w4_gemm_mma_kernel)
 #undef FN_W4_GEMM
 
+// dst[r, c * cols + j] = src[r * ld + j] for c < copies, 8 halves (16 bytes) a thread and step.
+__global__ void repeat_cols_f16_kernel(const __half* __restrict__ src, int64_t ld, int rows, int cols, int copies,
+                                       __half* __restrict__ dst) {
+  pdl_begin();
+  const int v = cols / 8;
+  const int64_t n = int64_t(rows) * v;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / v;
+    const int j = int(i % v);
+    const uint4 x = reinterpret_cast<const uint4*>(src + r * ld)[j];
+    for (int c = 0; c < copies; ++c) reinterpret_cast<uint4*>(dst + (r * copies + c) * cols)[j] = x;
+  }
+}
+
 }  // namespace
 
 #ifndef __CUDACC_RTC__  // host launchers (NVRTC, used by the SM70 check, compiles device code only)
@@ -1038,6 +1052,17 @@ cudaError_t launch_w4_align(const int32_t* ids, int slots, int experts, int32_t*
                             int32_t* status, cudaStream_t stream) {
   launch(w4_align_kernel, 1, kMoeMaxExperts, 0, stream, ids, slots, experts, offsets, sorted_slots, slot_row,
          tile_expert, tile_row, num_tiles, status);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_repeat_cols_f16(const __half* src, int64_t ld, int rows, int cols, int copies, __half* dst,
+                                   cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  if (cols % 8 != 0 || ld % 8 != 0 || copies < 1) return cudaErrorInvalidValue;
+  const int64_t n = int64_t(rows) * (cols / 8);
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  launch(repeat_cols_f16_kernel, int(blocks < 1024 ? blocks : 1024), kThreads, 0, stream, src, ld, rows, cols, copies,
+         dst);
   return cudaGetLastError();
 }
 

@@ -58,6 +58,11 @@ bool w4_gemv_tensor_cores(const W4Mat& w);
 /// Whether this build's tensor-core GEMV code for the current device holds the SM80 instructions (any format).
 bool w4_gemv_tensor_cores_compiled();
 
+/// dst [rows, copies * cols] = `copies` copies of each row of src [rows, cols] (row stride ld) side by side: the
+/// inputs of experts held as two 4-bit planes (moe_w4a16.h MoeW4A16Experts::planes). cols and ld multiples of 8,
+/// both pointers 16-byte aligned (cudaErrorInvalidValue otherwise).
+cudaError_t launch_repeat_cols_f16(const __half* src, int64_t ld, int rows, int cols, int copies, __half* dst,
+                                   cudaStream_t stream);
 /// Groups token slots by expert for the GEMM path (one block, parallel scan; experts <= kMoeMaxExperts): offsets
 /// [E+1], sorted_slots / slot_row [slots], GEMM tiles of kW4TileM rows (tile_expert / tile_row, count in
 /// *num_tiles). Ids outside [0, E) get slot_row -1 and set *status.

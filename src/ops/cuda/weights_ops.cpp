@@ -35,6 +35,50 @@ std::vector<float> float_copy(const HostArray& a, const std::string& what) {
   return v;
 }
 
+/// The int4 plain form of a GPTQ (2-4 bits), AutoAWQ or compressed-tensors int4 checkpoint matrix [R, C].
+Int4Plain int4_plain(const QuantMatrix& m, QuantFormat kind, bool zeros) {
+  const char* op = "load_quantized_experts";
+  FN_CHECK(m.data.dtype == DType::I32, "{}: int4 weight '{}' needs I32 packed codes", op, m.name);
+  const int64_t R = m.rows, C = m.cols;
+  const std::vector<int32_t> packed = host_copy<int32_t>(m.data);
+  const std::vector<float> scales = float_copy(m.scale, "the scales of '" + m.name + "'");
+  if (kind == QuantFormat::Gptq) {
+    FN_CHECK(m.zero_point.defined() && m.zero_point.dtype == DType::I32, "{}: GPTQ weight '{}' needs I32 qzeros", op,
+             m.name);
+    const std::vector<int32_t> z = host_copy<int32_t>(m.zero_point);
+    return unpack_gptq(packed.data(), z.data(), scales.data(), R, C, m.group, m.gptq_v2, int(m.bits));
+  }
+  FN_CHECK(m.zero_point.defined() == zeros && (!zeros || m.zero_point.dtype == DType::I32),
+           "{}: '{}' {} zero points, the first expert {}", op, m.name, m.zero_point.defined() ? "has" : "lacks",
+           zeros ? "has them" : "does not");
+  const std::vector<int32_t> z = zeros ? host_copy<int32_t>(m.zero_point) : std::vector<int32_t>();
+  if (kind == QuantFormat::Awq)
+    return unpack_awq(packed.data(), zeros ? z.data() : nullptr, scales.data(), R, C, m.group);
+  return unpack_ct_int4(packed.data(), zeros ? z.data() : nullptr, scales.data(), R, C, m.group);
+}
+
+/// The 8-bit plain form of a matrix of a block held as two 4-bit planes: compressed-tensors int8, GPTQ of 8 bits,
+/// or a GPTQ matrix of 2-4 bits beside them (its high plane zero).
+Int8Plain int8_plain(const QuantMatrix& m, QuantFormat kind) {
+  const char* op = "load_quantized_experts";
+  if (kind == QuantFormat::CtInt8) {
+    FN_CHECK(m.data.dtype == DType::I8 && shape_numel(m.data.shape) == m.rows * m.cols,
+             "{}: int8 weight '{}' needs I8 values [{}, {}]", op, m.name, m.rows, m.cols);
+    const std::vector<float> scales = float_copy(m.scale, "the scales of '" + m.name + "'");
+    FN_CHECK(scales.size() == 1 || int64_t(scales.size()) == m.rows,
+             "{}: int8 weight '{}' has {} scales, expected one per row ({}) or one", op, m.name, scales.size(), m.rows);
+    return unpack_ct_int8(static_cast<const int8_t*>(m.data.data), scales.data(), scales.size() != 1, m.rows, m.cols);
+  }
+  FN_CHECK(kind == QuantFormat::Gptq, "{}: '{}' ({}) cannot be held as 8-bit planes", op, m.name,
+           quant_format_name(kind));
+  if (m.bits != 8) return int8_from_int4(int4_plain(m, kind, true));
+  FN_CHECK(m.data.dtype == DType::I32 && m.zero_point.defined() && m.zero_point.dtype == DType::I32,
+           "{}: GPTQ weight '{}' needs I32 qweight and qzeros", op, m.name);
+  const std::vector<int32_t> packed = host_copy<int32_t>(m.data), z = host_copy<int32_t>(m.zero_point);
+  const std::vector<float> scales = float_copy(m.scale, "the scales of '" + m.name + "'");
+  return unpack_gptq_int8(packed.data(), z.data(), scales.data(), m.rows, m.cols, m.group, m.gptq_v2);
+}
+
 }  // namespace
 
 Tensor CudaOps::load_weight(const void* host, DType dtype, const Shape& shape) {
@@ -122,18 +166,23 @@ RoutedExperts CudaOps::load_quantized_experts(const QuantExperts& q) {
   const int64_t E = q.experts, H = q.hidden, I = q.inter, F = q.full(), b = q.inter_begin;
   const QuantFormat kind = q.gate[0].format;
   const bool nvfp4 = kind == QuantFormat::Nvfp4 || kind == QuantFormat::CtNvfp4;
-  // GPTQ of 2, 3 and 4 bits alike is held as 4-bit codes (exact; core/quant_format.h w4a16_holds); a block with an
-  // 8-bit matrix takes the dequantized FP16 path as a whole.
-  bool held = true;
+  // GPTQ of 2, 3 and 4 bits alike is held as 4-bit codes (exact), a block with 8-bit integer matrices as two 4-bit
+  // planes, one with FP8 matrices takes the dequantized FP16 path as a whole (core/quant_format.h w4a16_planes).
+  int planes = 1;
   for (const auto* list : {&q.gate, &q.up, &q.down})
-    for (const QuantMatrix& m : *list) held = held && w4a16_holds(m.format, m.bits);
-  const bool int4 = held && (kind == QuantFormat::CtInt4 || kind == QuantFormat::Awq || kind == QuantFormat::Gptq);
+    for (const QuantMatrix& m : *list) {
+      const int p = w4a16_planes(m.format, m.bits);
+      planes = p == 0 || planes == 0 ? 0 : std::max(planes, p);
+    }
+  const bool int4 =
+      planes == 1 && (kind == QuantFormat::CtInt4 || kind == QuantFormat::Awq || kind == QuantFormat::Gptq);
+  const bool int8 = planes == 2;
   const int64_t g_gu = nvfp4 ? 16 : q.gate[0].group;
   // down's inputs are the intermediate: a rank's slice [b, b + I) of it keeps whole scale groups, int4 groups split
   // into equal smaller ones (each with its source group's scale and zero point: exact) where they must.
   int64_t g_dn = nvfp4 ? 16 : q.down[0].group;
-  if (q.sliced() && int4) g_dn = std::gcd(std::gcd(g_dn ? g_dn : F, b), I);
-  if ((!nvfp4 && !int4) || H % 8 != 0 || I % 8 != 0 || g_gu % 8 != 0 || E > detail::kMoeMaxExperts) {
+  if (q.sliced() && (int4 || int8)) g_dn = std::gcd(std::gcd(g_dn ? g_dn : F, b), I);
+  if ((!nvfp4 && !int4 && !int8) || H % 8 != 0 || I % 8 != 0 || g_gu % 8 != 0 || E > detail::kMoeMaxExperts) {
     return Ops::load_quantized_experts(q);
   }
   if (q.sliced()) {
@@ -149,23 +198,30 @@ RoutedExperts CudaOps::load_quantized_experts(const QuantExperts& q) {
   }
   if (g_dn % 8 != 0) return Ops::load_quantized_experts(q);
   use_device();
-  const bool zeros = kind == QuantFormat::Gptq ||
+  const bool zeros = int8 || kind == QuantFormat::Gptq ||
                      ((kind == QuantFormat::CtInt4 || kind == QuantFormat::Awq) && q.gate[0].zero_point.defined());
   const W4Format f = nvfp4 ? W4Format::Nvfp4 : W4Format::Int4;
-  W4Packed gu(f, int(E), int(2 * I), int(H), int(g_gu), zeros), dn(f, int(E), int(H), int(I), int(g_dn), zeros);
+  // Two planes: each row's inputs twice over, groups never across the planes (int8_planes).
+  const int P = int8 ? 2 : 1;
+  W4Packed gu(f, int(E), int(2 * I), int(P * H), int(int8 && !g_gu ? H : g_gu), zeros),
+      dn(f, int(E), int(H), int(P * I), int(int8 && !g_dn ? I : g_dn), zeros);
   const Slice rows_slice{b, I, 0, H, F, H, g_gu}, cols_slice{0, H, b, I, H, F, g_dn};
   for (int64_t e = 0; e < E; ++e) {
-    pack_rows(gu, e, 0, q.gate[size_t(e)], kind, rows_slice, zeros);
-    pack_rows(gu, e, I, q.up[size_t(e)], kind, rows_slice, zeros);
-    pack_rows(dn, e, 0, q.down[size_t(e)], kind, cols_slice, zeros);
+    pack_rows(gu, e, 0, q.gate[size_t(e)], kind, rows_slice, zeros, P);
+    pack_rows(gu, e, I, q.up[size_t(e)], kind, rows_slice, zeros, P);
+    pack_rows(dn, e, 0, q.down[size_t(e)], kind, cols_slice, zeros, P);
   }
   RoutedExperts r;
-  r.packed = std::make_shared<CudaW4Experts>(gu, dn, ctx_->device, fmt::format("w4a16 ({})", quant_format_name(kind)));
+  r.packed =
+      std::make_shared<CudaW4Experts>(gu, dn, ctx_->device, P,
+                                      int8 ? fmt::format("w8a16 as two 4-bit planes ({}{})", quant_format_name(kind),
+                                                         kind == QuantFormat::Gptq ? ", 8 bits" : "")
+                                           : fmt::format("w4a16 ({})", quant_format_name(kind)));
   return r;
 }
 
 void CudaOps::pack_rows(W4Packed& dst, int64_t e, int64_t row0, const QuantMatrix& m, QuantFormat kind, const Slice& sl,
-                        bool zeros) {
+                        bool zeros, int planes) {
   const char* op = "load_quantized_experts";
   const int64_t rows = sl.rows, cols = sl.cols;
   FN_CHECK(
@@ -204,33 +260,30 @@ void CudaOps::pack_rows(W4Packed& dst, int64_t e, int64_t row0, const QuantMatri
     }
     return;
   }
-  FN_CHECK(m.data.dtype == DType::I32, "{}: int4 weight '{}' needs I32 packed codes", op, m.name);
   const int64_t R = sl.full_rows, C = sl.full_cols;
-  const std::vector<int32_t> packed = host_copy<int32_t>(m.data);
-  const std::vector<float> scales = float_copy(m.scale, "the scales of '" + m.name + "'");
-  Int4Plain plain;
-  if (kind == QuantFormat::Gptq) {
-    FN_CHECK(m.zero_point.defined() && m.zero_point.dtype == DType::I32, "{}: GPTQ weight '{}' needs I32 qzeros", op,
-             m.name);
-    const std::vector<int32_t> z = host_copy<int32_t>(m.zero_point);
-    plain = unpack_gptq(packed.data(), z.data(), scales.data(), R, C, m.group, m.gptq_v2, int(m.bits));
-  } else if (kind == QuantFormat::Awq) {
-    FN_CHECK(m.zero_point.defined() == zeros && (!zeros || m.zero_point.dtype == DType::I32),
-             "{}: AWQ weight '{}' {} qzeros, the first expert {}", op, m.name, m.zero_point.defined() ? "has" : "lacks",
-             zeros ? "has them" : "does not");
-    const std::vector<int32_t> z = zeros ? host_copy<int32_t>(m.zero_point) : std::vector<int32_t>();
-    plain = unpack_awq(packed.data(), zeros ? z.data() : nullptr, scales.data(), R, C, m.group);
-  } else {
-    FN_CHECK(m.zero_point.defined() == zeros && (!zeros || m.zero_point.dtype == DType::I32),
-             "{}: '{}' {} zero points, the first expert {}", op, m.name, m.zero_point.defined() ? "has" : "lacks",
-             zeros ? "has them" : "does not");
-    const std::vector<int32_t> z = zeros ? host_copy<int32_t>(m.zero_point) : std::vector<int32_t>();
-    plain = unpack_ct_int4(packed.data(), zeros ? z.data() : nullptr, scales.data(), R, C, m.group);
+  const auto sliced = [&](int64_t group) {
+    return rows != R || cols != C || (group ? group : C) != (sl.group ? sl.group : cols);
+  };
+  if (planes == 2) {
+    Int8Plain p8 = int8_plain(m, kind);
+    FN_CHECK((p8.group ? p8.group : C) % (sl.group ? sl.group : C) == 0,
+             "{}: 8-bit weight '{}' has groups of {}, its block {}", op, m.name, p8.group, sl.group);
+    if (sliced(p8.group)) p8 = slice_int8(p8, sl.r0, rows, sl.c0, cols, sl.group);
+    std::vector<float> row_scale;
+    try {
+      const Int4Plain both = int8_planes(p8, &row_scale);
+      Int4Source src = both.source();
+      src.row_scale = row_scale.empty() ? nullptr : row_scale.data();
+      dst.set_rows(int(e), int(row0), src);
+    } catch (const Error& err) {
+      fail("{}: '{}': {}", op, m.name, err.what());
+    }
+    return;
   }
+  Int4Plain plain = int4_plain(m, kind, zeros);
   FN_CHECK((plain.group ? plain.group : C) % (sl.group ? sl.group : C) == 0,
            "{}: int4 weight '{}' has groups of {}, its block {}", op, m.name, plain.group, sl.group);
-  if (rows != R || cols != C || (plain.group ? plain.group : C) != (sl.group ? sl.group : cols))
-    plain = slice_int4(plain, sl.r0, rows, sl.c0, cols, sl.group);
+  if (sliced(plain.group)) plain = slice_int4(plain, sl.r0, rows, sl.c0, cols, sl.group);
   try {
     dst.set_rows(int(e), int(row0), plain.source());
   } catch (const Error& err) {

@@ -111,9 +111,10 @@ TEST_P(QuantGpu, LogitsMatchReference) {
   for (const std::string P : {"short", "eos_inside"}) {
     const auto ids = ref.ids(P);
     const int64_t T = int64_t(ids.size());
-    // 8-bit weights: the CUDA backend holds them as FP16, which rounds them (cuda_ops.h); the fixture carries the
-    // reference's logits with its weights rounded the same way, and the GPU is held to those (the distance to the
-    // exact logits is printed: what FP16 storage costs).
+    // 8-bit dense weights (and FP8 experts): the CUDA backend holds them as FP16, which rounds them (cuda_ops.h);
+    // the fixture carries the reference's logits with those weights rounded the same way (int8 routed experts
+    // exact: two 4-bit planes), and the GPU is held to those (the distance to the exact logits is printed: what
+    // FP16 storage costs).
     const bool fp16w = ref.has(P + ".logits_fp16_weights");
     const std::vector<float> want = ref.f32(P + (fp16w ? ".logits_fp16_weights" : ".logits"));
     std::vector<int64_t> am = ref.i64(P + ".argmax");
@@ -212,15 +213,20 @@ std::pair<double, double> expert_error(Ops& cpu, const MoeWeights& wc, Ops& gpu,
   return {err, scale};
 }
 
-// The routed experts of layer 3 on the CUDA backend (W4A16 for NVFP4 / int4, FP16 for FP8 block) against the CPU
+// The routed experts of layer 3 on the CUDA backend (W4A16 for NVFP4 / int4, two 4-bit planes for int8, FP16 for
+// FP8) against the CPU
 // oracle's float32 experts (exact dequantization), for token counts that take the GEMV path (1, 3) and the WMMA
 // GEMM path (16, 200); the packed bytes equal what `flashnext inspect` plans (loader/quant.h w4a16_packed_bytes).
-/// Whether the CUDA backend repacks these experts for W4A16 (core/quant_format.h w4a16_holds, every matrix).
-bool held_as_w4(const QuantExperts& qe) {
+/// How the CUDA backend holds these experts (core/quant_format.h w4a16_planes over every matrix): 0 FP16, 1 W4A16
+/// codes, 2 two 4-bit planes (8-bit integers).
+int held_planes(const QuantExperts& qe) {
+  int planes = 1;
   for (const auto* list : {&qe.gate, &qe.up, &qe.down})
-    for (const QuantMatrix& m : *list)
-      if (!w4a16_holds(m.format, m.bits)) return false;
-  return true;
+    for (const QuantMatrix& m : *list) {
+      const int p = w4a16_planes(m.format, m.bits);
+      planes = p == 0 || planes == 0 ? 0 : std::max(planes, p);
+    }
+  return planes;
 }
 
 void routed_experts_match_cpu_oracle(const std::string& fmt, int layer);
@@ -243,18 +249,24 @@ void routed_experts_match_cpu_oracle(const std::string& fmt, int layer) {
   auto gpu = make_cuda_ops(0, CudaOpsOptions{});
   const MoeWeights wc = as_moe_weights(cpu->load_quantized_experts(*qe)),
                    wg = as_moe_weights(gpu->load_quantized_experts(*qe));
-  if (!held_as_w4(*qe)) {
-    EXPECT_EQ(wg.packed, nullptr) << fmt << " layer " << layer << ": FP8 and 8-bit experts are FP16 weights";
+  const int planes = held_planes(*qe);
+  if (planes == 0) {
+    EXPECT_EQ(wg.packed, nullptr) << fmt << " layer " << layer << ": FP8 experts are FP16 weights";
   } else {
-    ASSERT_NE(wg.packed, nullptr) << fmt << " layer " << layer << ": NVFP4 / int2-4 experts are repacked for W4A16";
+    ASSERT_NE(wg.packed, nullptr) << fmt << " layer " << layer
+                                  << ": NVFP4 / int2-4 experts are repacked for W4A16, int8 ones as two planes";
     int64_t planned = 0;
     for (const auto& list : {qe->gate, qe->up, qe->down}) {
       for (const QuantMatrix& q : list) {
         const bool nv = q.format == QuantFormat::Nvfp4 || q.format == QuantFormat::CtNvfp4;
-        planned += w4a16_packed_bytes(q.rows, q.cols, nv ? 16 : q.group, q.zero_point.defined());
+        planned += planes == 2 ? w4a16_packed_bytes(q.rows, 2 * q.cols, q.group ? q.group : q.cols, true)
+                               : w4a16_packed_bytes(q.rows, q.cols, nv ? 16 : q.group, q.zero_point.defined());
       }
     }
     EXPECT_EQ(wg.packed->device_bytes(), planned) << fmt << " layer " << layer;
+    const auto* p = dynamic_cast<const cuda::CudaW4Experts*>(wg.packed.get());
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(p->planes, planes) << fmt << " layer " << layer;
   }
   std::mt19937 rng(1234);
   for (int64_t T : {int64_t(1), int64_t(3), int64_t(16), int64_t(200)}) {
@@ -262,8 +274,8 @@ void routed_experts_match_cpu_oracle(const std::string& fmt, int layer) {
     EXPECT_LE(err, kExpertTol * scale) << fmt << " layer " << layer << " T=" << T;
     const char* path = "fp16";
     if (const auto* p = dynamic_cast<const cuda::CudaW4Experts*>(wg.packed.get())) {
-      const cuda::MoeW4A16Experts ex{&p->gate_up, &p->down, p->experts, p->hidden, p->inter};
-      path = cuda::moe_w4a16_auto_path(ex, int(T), int(k)) == cuda::W4Path::Gemv ? "w4a16 gemv" : "w4a16 gemm";
+      const bool gemv = cuda::moe_w4a16_auto_path(p->view(), int(T), int(k)) == cuda::W4Path::Gemv;
+      path = p->planes == 2 ? (gemv ? "w8a16 planes gemv" : "w8a16 planes gemm") : (gemv ? "w4a16 gemv" : "w4a16 gemm");
     }
     std::printf(
         "E2E-QUANT: %s routed experts layer %d, T=%lld (%s%s): max|d| %.3e, oracle scale %.3f, ratio %.2e "
@@ -307,10 +319,10 @@ TEST_P(QuantGpu, TensorParallelExpertSlicesMatchCpuOracle) {
       }
       const MoeWeights wc = as_moe_weights(cpu->load_quantized_experts(*qe)),
                        wg = as_moe_weights(gpu->load_quantized_experts(*qe));
-      if (held_as_w4(*qe)) {
-        ASSERT_NE(wg.packed, nullptr) << what << ": the slice is packed for W4A16";
+      if (held_planes(*qe) > 0) {
+        ASSERT_NE(wg.packed, nullptr) << what << ": the slice is packed for W4A16 (int8: as two planes)";
       } else {
-        EXPECT_EQ(wg.packed, nullptr) << what << ": FP8 and 8-bit experts are FP16 weights";
+        EXPECT_EQ(wg.packed, nullptr) << what << ": FP8 experts are FP16 weights";
       }
       for (int64_t T : {int64_t(1), int64_t(40)}) {
         const auto [err, scale] = expert_error(*cpu, wc, *gpu, wg, T, H, E, k, rng);
