@@ -19,7 +19,7 @@ using json = nlohmann::json;
 
 std::string TensorView::shape_str() const { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+SafetensorsFile::SafetensorsFile(const std::string& path, const std::string& name_prefix) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail("{}: cannot open safetensors file ({})", path, std::strerror(errno));
   struct stat st {};
@@ -68,7 +68,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
         fail("{}: tensor '{}' needs dtype, shape and data_offsets", path, name);
       }
       TensorView t;
-      t.name = name;
+      t.name = name_prefix + name;
       t.file = path;
       if (!entry["dtype"].is_string()) fail("{}: tensor '{}': dtype is not a string", path, name);
       std::string dt = entry["dtype"];
@@ -104,7 +104,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       t.nbytes = expected;
       ranges.emplace_back(begin, end);
       range_names.push_back(name);
-      tensors_.emplace(name, std::move(t));
+      std::string key = t.name;
+      tensors_.emplace(std::move(key), std::move(t));
     }
     std::vector<size_t> order(ranges.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -168,19 +169,65 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     }
   } else if (fs::exists(single)) {
     shard_names.push_back("model.safetensors");
-  } else {
+  }
+  // A PLE table kept in files of its own beside the shards (ple_table.json; see the class comment).
+  const fs::path ple_desc = fs::path(dir) / "ple_table.json";
+  std::vector<std::string> ple_files;
+  std::string ple_prefix;
+  if (fs::exists(ple_desc)) {
+    std::ifstream in(ple_desc);
+    json j;
+    try {
+      j = json::parse(in);
+    } catch (const json::exception& e) {
+      fail("{}: not valid JSON ({})", ple_desc.string(), e.what());
+    }
+    if (!j.is_object() || !j.contains("files") || !j["files"].is_array() || j["files"].empty())
+      fail("{}: expected an object with \"files\", a non-empty array of safetensors file names", ple_desc.string());
+    for (const auto& f : j["files"]) {
+      if (!f.is_string()) fail("{}: \"files\" entry {} is not a file name", ple_desc.string(), f.dump());
+      const std::string name = f.get<std::string>();
+      if (name.empty() || fs::path(name).has_parent_path() || !fs::exists(fs::path(dir) / name))
+        fail("{}: \"files\" names '{}', which is not a file of {}", ple_desc.string(), name, dir);
+      if (std::find(shard_names.begin(), shard_names.end(), name) != shard_names.end())
+        fail("{}: '{}' is a shard of the checkpoint itself, not a separate PLE table file", ple_desc.string(), name);
+      ple_files.push_back(name);
+    }
+    if (j.contains("tensor_prefix")) {
+      if (!j["tensor_prefix"].is_string())
+        fail("{}: \"tensor_prefix\" must be a string, got {}", ple_desc.string(), j["tensor_prefix"].dump());
+      ple_prefix = j["tensor_prefix"].get<std::string>();
+    }
+    for (const auto& [k, v] : j.items())
+      if (k != "files" && k != "tensor_prefix")
+        fail("{}: unknown field \"{}\" (the descriptor has \"files\" and \"tensor_prefix\")", ple_desc.string(), k);
+  }
+  if (!fs::exists(index) && !fs::exists(single)) {
     for (auto& e : fs::directory_iterator(dir)) {
-      if (e.path().extension() == ".safetensors") shard_names.push_back(e.path().filename().string());
+      const std::string name = e.path().filename().string();
+      if (e.path().extension() == ".safetensors" &&
+          std::find(ple_files.begin(), ple_files.end(), name) == ple_files.end())
+        shard_names.push_back(name);
     }
     std::sort(shard_names.begin(), shard_names.end());
     if (shard_names.empty()) fail("{}: no model.safetensors, no model.safetensors.index.json and no *.safetensors", dir);
   }
-  for (auto& s : shard_names) {
-    files_.push_back(std::make_unique<SafetensorsFile>((fs::path(dir) / s).string()));
+  auto add_file = [&](const std::string& s, const std::string& prefix) {
+    files_.push_back(std::make_unique<SafetensorsFile>((fs::path(dir) / s).string(), prefix));
     for (auto& [name, t] : files_.back()->tensors()) {
       auto [it, inserted] = by_name_.emplace(name, &t);
       if (!inserted) fail("{}: tensor '{}' appears in both {} and {}", dir, name, it->second->file, t.file);
     }
+  };
+  for (auto& s : shard_names) add_file(s, "");
+  for (auto& s : ple_files) {
+    add_file(s, ple_prefix);
+    for (auto& [name, t] : files_.back()->tensors())
+      if (name.find(".ple.ple_embedding.ngram_embedding.") == std::string::npos)
+        fail(
+            "{}: tensor '{}' of {} is not a PLE table tensor (expected a name with "
+            "'.ple.ple_embedding.ngram_embedding.'; a \"tensor_prefix\" is prepended to the file's names)",
+            ple_desc.string(), name, t.file);
   }
   for (auto& [name, shard] : weight_map) {
     auto it = by_name_.find(name);

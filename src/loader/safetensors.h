@@ -39,8 +39,9 @@ struct TensorView {
 /// One memory-mapped .safetensors file.
 class SafetensorsFile {
  public:
-  /// Maps `path` and validates its header. Throws Error on any malformed input.
-  explicit SafetensorsFile(const std::string& path);
+  /// Maps `path` and validates its header; every tensor's name is `name_prefix` + its name in the header (a PLE
+  /// table file whose descriptor gives a prefix). Throws Error on any malformed input.
+  explicit SafetensorsFile(const std::string& path, const std::string& name_prefix = "");
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
@@ -61,6 +62,12 @@ class SafetensorsFile {
 /// All tensors of a checkpoint folder: `model.safetensors`, or the shards listed in `model.safetensors.index.json`,
 /// or (when neither exists) every `*.safetensors` file in the folder. A tensor name that appears twice, a shard that
 /// the index names but is missing, and a tensor the index places in a shard that does not hold it are errors.
+/// A PLE table may sit in files of its own beside the shards, which the index does not list: `ple_table.json` in the
+/// folder, {"files": ["NAME.safetensors", ...], "tensor_prefix": "..."} (the prefix optional, default empty), adds
+/// those files' tensors, each named tensor_prefix + its name in the file. They must be PLE table tensors (names with
+/// ".ple.ple_embedding.ngram_embedding.": shards `shard_K.weight` in BF16 / F16 / F32 / F8_E4M3 / I8 and their
+/// scales, as loader/manifest.h reads them wherever they are stored); a file that is also a shard, a missing file,
+/// another field or another tensor is an error naming the descriptor.
 class Checkpoint {
  public:
   /// Opens the checkpoint in `dir`. Throws Error naming the file on failure.

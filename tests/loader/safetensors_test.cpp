@@ -245,6 +245,54 @@ TEST(Checkpoint, IndexDisagreesWithShards) {
   EXPECT_THAT(checkpoint_error(dir.path), HasSubstr("missing the \"weight_map\" object"));
 }
 
+// A PLE table in files of its own (ple_table.json): their tensors join the checkpoint under tensor_prefix; the
+// descriptor's mistakes are named errors.
+TEST(Checkpoint, PleTableInSeparateFiles) {
+  const std::string prefix = "model.language_model.layers.1.ple.ple_embedding.ngram_embedding.";
+  TempDir dir;
+  write_file(dir.path / "model.safetensors", safetensors_bytes({{"x", "F32", {1}, std::vector<uint8_t>(4)}}));
+  write_file(dir.path / "ple-fp8.safetensors",
+             safetensors_bytes({{"shard_0.weight", "F8_E4M3", {2, 3}, std::vector<uint8_t>(6, 0x38)},
+                                {"weight_scale", "BF16", {1}, bytes_of({0x80, 0x3f})}}));
+  write_json(dir.path / "ple_table.json", {{"files", {"ple-fp8.safetensors"}}, {"tensor_prefix", prefix}});
+  {
+    Checkpoint c(dir.str());
+    EXPECT_EQ(c.tensors().size(), 3u);
+    const TensorView* t = c.find(prefix + "shard_0.weight");
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(t->name, prefix + "shard_0.weight");
+    EXPECT_EQ(t->shape, (std::vector<int64_t>{2, 3}));
+    EXPECT_THAT(t->file, HasSubstr("ple-fp8.safetensors"));
+    EXPECT_NE(c.find(prefix + "weight_scale"), nullptr);
+    EXPECT_EQ(c.files().size(), 2u);
+  }
+  // Loose shards: the table's file is not read as a shard too.
+  fs::rename(dir.path / "model.safetensors", dir.path / "a.safetensors");
+  EXPECT_EQ(Checkpoint(dir.str()).tensors().size(), 3u);
+  fs::rename(dir.path / "a.safetensors", dir.path / "model.safetensors");
+  // Mistakes: no prefix (names that are no PLE table tensors), a missing file, a shard named as the table's file,
+  // another field, no files, not JSON.
+  write_json(dir.path / "ple_table.json", {{"files", {"ple-fp8.safetensors"}}});
+  EXPECT_THAT(checkpoint_error(dir.path),
+              AllOf(HasSubstr("ple_table.json: tensor 'shard_0.weight'"), HasSubstr("is not a PLE table tensor")));
+  write_json(dir.path / "ple_table.json", {{"files", {"nope.safetensors"}}});
+  EXPECT_THAT(checkpoint_error(dir.path), HasSubstr("\"files\" names 'nope.safetensors', which is not a file of"));
+  write_json(dir.path / "ple_table.json", {{"files", {"model.safetensors"}}});
+  EXPECT_THAT(checkpoint_error(dir.path), HasSubstr("'model.safetensors' is a shard of the checkpoint itself"));
+  write_json(dir.path / "ple_table.json",
+             {{"files", {"ple-fp8.safetensors"}}, {"tensor_prefix", prefix}, {"scale", 2}});
+  EXPECT_THAT(checkpoint_error(dir.path), HasSubstr("unknown field \"scale\""));
+  write_json(dir.path / "ple_table.json", {{"files", nlohmann::json::array()}});
+  EXPECT_THAT(checkpoint_error(dir.path), HasSubstr("a non-empty array of safetensors file names"));
+  write_file(dir.path / "ple_table.json", "{");
+  EXPECT_THAT(checkpoint_error(dir.path), HasSubstr("ple_table.json: not valid JSON"));
+  // A table tensor also in the shards.
+  write_file(dir.path / "model.safetensors",
+             safetensors_bytes({{prefix + "weight_scale", "BF16", {1}, bytes_of({0x80, 0x3f})}}));
+  write_json(dir.path / "ple_table.json", {{"files", {"ple-fp8.safetensors"}}, {"tensor_prefix", prefix}});
+  EXPECT_THAT(checkpoint_error(dir.path), HasSubstr("weight_scale' appears in both"));
+}
+
 TEST(Checkpoint, NotAModelFolder) {
   TempDir dir;
   EXPECT_THAT(checkpoint_error(dir.path), HasSubstr("no model.safetensors, no model.safetensors.index.json"));

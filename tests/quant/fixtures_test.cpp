@@ -332,6 +332,39 @@ TEST(QuantInspect, CudaMemoryPlan) {
               (long long)f8["memory_cuda"]["routed_expert_bytes"].get<int64_t>());
 }
 
+// A PLE table kept in a file of its own beside the shards (ple_table.json, loader/safetensors.h): the FP8 table with
+// its scale, the int8 one with its group scales and a BF16 one moved out of the checkpoint give the logits of the
+// checkpoint as published, bit for bit (CPU).
+TEST(QuantPleFile, TableInItsOwnFileGivesTheSameLogits) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {fixture("nvfp4-radixark") + "/model", "fp8"},
+      {fixture("awq-int4-g32-ple-int8") + "/model", "int8"},
+      {testing::source_path("tests/data/fixtures/tiny-a/model"), "bf16"}};
+  const std::vector<int32_t> ids = {3, 17, 5, 99, 240, 17, 5, 99, 1, 7};
+  testing::TempDir tmp;
+  for (const auto& [src, what] : cases) {
+    const fs::path dir = tmp.path / what;
+    fs::create_directories(dir);
+    for (const auto& e : fs::directory_iterator(src))
+      if (e.path().extension() != ".safetensors" && e.path().filename() != "model.safetensors.index.json")
+        fs::copy_file(e.path(), dir / e.path().filename());
+    std::vector<testing::RawTensor> rest, table;
+    for (auto& [name, t] : testing::read_checkpoint(src))
+      (name.find(".ple.ple_embedding.ngram_embedding.") != std::string::npos ? table : rest).push_back(t);
+    ASSERT_FALSE(table.empty()) << what;
+    testing::write_file(dir / "model.safetensors", testing::safetensors_bytes(rest));
+    testing::write_file(dir / "ple-table.safetensors", testing::safetensors_bytes(table));
+    testing::write_json(dir / "ple_table.json", {{"files", {"ple-table.safetensors"}}});
+    const auto a = Model::load(src), b = Model::load(dir.string());
+    SequenceState sa = a->new_sequence(), sb = b->new_sequence();
+    const std::vector<float> la = a->forward(sa, ids, LogitsMode::All), lb = b->forward(sb, ids, LogitsMode::All);
+    ASSERT_EQ(la.size(), lb.size()) << what;
+    EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)), 0) << what << ": logits differ";
+    const nlohmann::json r = inspect_model(dir.string());
+    EXPECT_EQ(r["quantization"]["formats"], inspect_model(src)["quantization"]["formats"]) << what;
+  }
+}
+
 /// ops.ple_gather of table rows `ids` ([T, 2]: two heads per token; an even count) as [T, 2 * hd] floats.
 std::vector<float> gather_rows(Ops& ops, const PleTable& table, const std::vector<int64_t>& ids, int64_t hd) {
   const int64_t T = int64_t(ids.size()) / 2;
