@@ -298,12 +298,16 @@ json inspect_model(const std::string& path, const InspectOptions& opt) {
     // (core/quant_format.h w4a16_planes; ops/cuda/weights_ops.cpp load_quantized_experts).
     auto block_of = [](const std::string& name) { return name.substr(0, name.find(".experts.")); };
     std::map<std::string, int> block_planes;  // 0: FP16, 1: 4-bit codes, 2: two planes
+    std::set<std::string> untiled;            // blocks with a group that does not tile its rows (no planes)
     for (const auto& [name, w] : scheme.weights()) {
       if (name.find(".mlp.experts.") == std::string::npos) continue;
       const int p = w4a16_planes(w.format, w.bits);
       auto [it, fresh] = block_planes.emplace(block_of(name), p);
       if (!fresh) it->second = p == 0 || it->second == 0 ? 0 : std::max(it->second, p);
+      if (w.group > 0 && w.group < w.cols && w.cols % w.group != 0) untiled.insert(block_of(name));
     }
+    for (auto& [block, p] : block_planes)
+      if (p == 2 && untiled.count(block)) p = 0;
     for (const auto& [name, w] : scheme.weights()) {
       auto it = component_of.find(name);
       if (it == component_of.end()) continue;
@@ -315,7 +319,7 @@ json inspect_model(const std::string& path, const InspectOptions& opt) {
                       (w.format == QuantFormat::Nvfp4 || w.format == QuantFormat::CtNvfp4 || w.group % 8 == 0);
       q_elements[c] += w.rows * w.cols;
       if (w4 && planes == 2) {
-        q_cuda_bytes[c] += w4a16_packed_bytes(w.rows, 2 * w.cols, w.group ? w.group : w.cols, true);
+        q_cuda_bytes[c] += w4a16_packed_bytes(w.rows, 2 * w.cols, w.group && w.group < w.cols ? w.group : w.cols, true);
         q_cuda_form[component_name(it->second)].insert(
             fmt::format("w8a16 from {} (two 4-bit planes over the inputs twice: 4-bit codes, FP16 group scales, "
                         "uint8 zero points, F32 row scales)",

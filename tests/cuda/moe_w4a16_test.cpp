@@ -13,7 +13,8 @@
 // Tolerance atol 3e-3 + rtol 1e-2 on outputs of magnitude ~0.1-0.5, h ~0.3 (as moe_test): the kernels round the
 // activation h = silu(g) * u and every weighted slot output to FP16 (relative 2^-11 each; up to 10 slots per token),
 // the int4 GEMM path rounds each weight once to FP16, sums run in FP32 in another order; the CPU loop rounds nothing. A
-// wrong code, scale, zero point, group or row costs errors of order 0.1.
+// wrong code, scale, zero point, group or row costs errors of order 0.1 (of 4-bit weights; for 8-bit ones a low
+// plane's code off by one moves a weight by about 1/85, which W8Repack's exact check catches instead).
 #include "ops/cuda/moe_w4a16.h"
 
 #include <gtest/gtest.h>
@@ -152,7 +153,7 @@ Checkpoint make_checkpoint(Fmt fmt, int64_t N, int64_t K, int64_t group, float m
     c.packed.resize(size_t(N * K));
     for (auto& b : c.packed) b = uint8_t(rng());
     c.scales.resize(fmt == Fmt::CtInt8Row ? size_t(N) : 1);
-    for (auto& s : c.scales) s = mag / 74.f * u01(rng);  // |q| averages 64
+    for (auto& s : c.scales) s = mag / 64.f * u01(rng);  // |q| averages 64
     return c;
   }
   const int64_t G = cdiv(K, c.group);
@@ -448,6 +449,33 @@ TEST(W8Repack, PlanesOfEveryValue) {
   src = r2.source();
   src.row_scale = rs.data();
   EXPECT_THROW(packed.set_rows(0, 0, src), Error);
+}
+
+// A 2- or 3-bit GPTQ matrix in a block held as planes: int8_from_int4 keeps q and z (v1 zeros up to 2^bits),
+// its high plane is zero, and the planes add up to (q - z) s.
+TEST(W8Repack, FourBitMatricesBesideEightBitOnes) {
+  std::mt19937 rng(5);
+  for (const int bits : {2, 3}) {
+    const int64_t N = 32, K = 64, group = 32, G = K / group;
+    std::vector<int32_t> qweight(size_t(K * bits / 32 * N)), qzeros(size_t(G * N * bits / 32));
+    for (auto& w : qweight) w = int32_t(rng());
+    for (auto& w : qzeros) w = int32_t(rng()) | int32_t(0x49249249u);  // many maximal codes: v1 zeros reach 2^bits
+    std::vector<float> scales(size_t(G * N));
+    for (auto& v : scales) v = f16_round(0.01f * float(1 + rng() % 100));
+    const Int4Plain p4 = unpack_gptq(qweight.data(), qzeros.data(), scales.data(), N, K, group, false, bits);
+    std::vector<float> rs;
+    const Int4Plain both = int8_planes(int8_from_int4(p4), &rs);
+    EXPECT_TRUE(rs.empty());
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t g = k / group;
+        EXPECT_EQ(both.q[size_t(n * 2 * K + k)], 0);
+        EXPECT_EQ(both.zeros[size_t(n * 2 * G + g)], p4.zeros[size_t(n * G + g)] >> 4);
+        const int hi = int(both.q[size_t(n * 2 * K + k)]) - int(both.zeros[size_t(n * 2 * G + g)]);
+        const int lo = int(both.q[size_t(n * 2 * K + K + k)]) - int(both.zeros[size_t(n * 2 * G + G + g)]);
+        ASSERT_EQ(16 * hi + lo, int(p4.q[size_t(n * K + k)]) - int(p4.zeros[size_t(n * G + g)])) << n << " " << k;
+      }
+  }
 }
 
 TEST(W4Repack, EveryE4m3AndE2m1CodeIsExact) {

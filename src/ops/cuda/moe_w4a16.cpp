@@ -225,7 +225,7 @@ Int8Plain int8_from_int4(const Int4Plain& p) {
 }
 
 Int4Plain int8_planes(const Int8Plain& p, std::vector<float>* row_scale) {
-  const int64_t C = p.cols, g = p.group ? p.group : C;
+  const int64_t C = p.cols, g = p.group && p.group < C ? p.group : C;  // a group of a row or more: the row
   FN_CHECK(C > 0 && C % g == 0, "int8_planes: groups of {} do not divide the {} inputs", g, C);
   FN_CHECK(row_scale, "int8_planes: null row_scale");
   const int64_t G = C / g;
@@ -358,7 +358,8 @@ void W4Packed::set_rows(int expert, int row0, const Int4Source& src) {
       const __half h = __float2half_rn(v);
       FN_CHECK(__half2float(h) == v && std::ldexp(__half2float(h), p) == s[g],
                "W4Packed::set_rows: int4 scale {} at expert {} row {} group {} is not exact in FP16 next to the row's "
-               "largest scale {} (more than 11 significant bits or a range above 2^24)",
+               "largest scale {} (more than 11 significant bits or a range above 2^24; 2^20 for 8-bit planes, whose "
+               "high plane's scale is 16 times the group's)",
                s[g], expert, row0 + r, g, mx);
       scales[row * groups + size_t(g)] = h;
       if (has_zeros) {

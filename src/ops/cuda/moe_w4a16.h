@@ -129,9 +129,10 @@ Int8Plain int8_from_int4(const Int4Plain& p);
 /// [0, cols) the high plane, q >> 4 with zero point z >> 4 (0..16) and scale 16 s; columns [cols, 2 cols) the low
 /// plane, q & 15 with zero point z & 15 and scale s, so that 16 (q_hi - z_hi) + (q_lo - z_lo) = q - z: exact. With
 /// one group per row the scales become 16 and 1 and *row_scale receives each row's s (W4Packed keeps it in the row's
-/// float32 global scale: exact for any float s); otherwise row_scale is cleared and the group scales must meet
-/// W4Packed's FP16 rule. The groups of the result: p.group, or cols when 0 (a group never spans both planes).
-/// Throws Error for a group that does not divide cols.
+/// float32 global scale, times a power of two: exact for any float s of a normal range); otherwise row_scale is
+/// cleared and the group scales must meet W4Packed's FP16 rule (with the high plane's 16 s, a row's scales may span
+/// 2^20 rather than 2^24). The groups of the result: p.group, or cols when 0 or larger (a group never spans both
+/// planes). Throws Error for a group that does not divide cols.
 Int4Plain int8_planes(const Int8Plain& p, std::vector<float>* row_scale);
 
 /// Rows [r0, r0 + rows) and columns [c0, c0 + cols) of `p` (a tensor-parallel rank's slice) with groups of `group`

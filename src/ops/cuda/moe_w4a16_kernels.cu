@@ -1058,7 +1058,9 @@ cudaError_t launch_w4_align(const int32_t* ids, int slots, int experts, int32_t*
 cudaError_t launch_repeat_cols_f16(const __half* src, int64_t ld, int rows, int cols, int copies, __half* dst,
                                    cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  if (cols % 8 != 0 || ld % 8 != 0 || copies < 1) return cudaErrorInvalidValue;
+  if (cols % 8 != 0 || ld % 8 != 0 || copies < 1 ||
+      (reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) % 16 != 0)
+    return cudaErrorInvalidValue;
   const int64_t n = int64_t(rows) * (cols / 8);
   const int64_t blocks = (n + kThreads - 1) / kThreads;
   launch(repeat_cols_f16_kernel, int(blocks < 1024 ? blocks : 1024), kThreads, 0, stream, src, ld, rows, cols, copies,

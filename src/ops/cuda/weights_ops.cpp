@@ -49,8 +49,8 @@ Int4Plain int4_plain(const QuantMatrix& m, QuantFormat kind, bool zeros) {
     return unpack_gptq(packed.data(), z.data(), scales.data(), R, C, m.group, m.gptq_v2, int(m.bits));
   }
   FN_CHECK(m.zero_point.defined() == zeros && (!zeros || m.zero_point.dtype == DType::I32),
-           "{}: '{}' {} zero points, the first expert {}", op, m.name, m.zero_point.defined() ? "has" : "lacks",
-           zeros ? "has them" : "does not");
+           "{}: '{}' {} {}, the first expert {}", op, m.name, m.zero_point.defined() ? "has" : "lacks",
+           kind == QuantFormat::Awq ? "qzeros" : "zero points", zeros ? "has them" : "does not");
   const std::vector<int32_t> z = zeros ? host_copy<int32_t>(m.zero_point) : std::vector<int32_t>();
   if (kind == QuantFormat::Awq)
     return unpack_awq(packed.data(), zeros ? z.data() : nullptr, scales.data(), R, C, m.group);
@@ -177,11 +177,18 @@ RoutedExperts CudaOps::load_quantized_experts(const QuantExperts& q) {
   const bool int4 =
       planes == 1 && (kind == QuantFormat::CtInt4 || kind == QuantFormat::Awq || kind == QuantFormat::Gptq);
   const bool int8 = planes == 2;
-  const int64_t g_gu = nvfp4 ? 16 : q.gate[0].group;
+  int64_t g_gu = nvfp4 ? 16 : q.gate[0].group;
   // down's inputs are the intermediate: a rank's slice [b, b + I) of it keeps whole scale groups, int4 groups split
   // into equal smaller ones (each with its source group's scale and zero point: exact) where they must.
   int64_t g_dn = nvfp4 ? 16 : q.down[0].group;
   if (q.sliced() && (int4 || int8)) g_dn = std::gcd(std::gcd(g_dn ? g_dn : F, b), I);
+  if (int8) {
+    // Two planes side by side: a group never spans both, so the groups must tile a row (a group of a row or more
+    // is the whole row); a block whose groups do not (a partial last group) takes the FP16 path.
+    g_gu = g_gu == 0 || g_gu >= H ? H : g_gu;
+    g_dn = g_dn == 0 || g_dn >= I ? I : g_dn;
+    if (H % g_gu != 0 || I % g_dn != 0) return Ops::load_quantized_experts(q);
+  }
   if ((!nvfp4 && !int4 && !int8) || H % 8 != 0 || I % 8 != 0 || g_gu % 8 != 0 || E > detail::kMoeMaxExperts) {
     return Ops::load_quantized_experts(q);
   }
@@ -192,9 +199,9 @@ RoutedExperts CudaOps::load_quantized_experts(const QuantExperts& q) {
              q.name, b, b + I, F);
     FN_CHECK(nvfp4 || g_dn % 8 == 0,
              "load_quantized_experts: {}: this tensor-parallel rank's slice [{}, {}) of the {}-wide intermediate cuts "
-             "the int4 groups of {} inputs of down_proj into pieces of {} (the W4A16 kernels need multiples of 8); use "
+             "the {} groups of {} inputs of down_proj into pieces of {} (the W4A16 kernels need multiples of 8); use "
              "a degree whose slices are multiples of 8 that tile the groups",
-             q.name, b, b + I, F, q.down[0].group ? q.down[0].group : F, g_dn);
+             q.name, b, b + I, F, int8 ? "8-bit" : "int4", q.down[0].group ? q.down[0].group : F, g_dn);
   }
   if (g_dn % 8 != 0) return Ops::load_quantized_experts(q);
   use_device();
@@ -203,8 +210,7 @@ RoutedExperts CudaOps::load_quantized_experts(const QuantExperts& q) {
   const W4Format f = nvfp4 ? W4Format::Nvfp4 : W4Format::Int4;
   // Two planes: each row's inputs twice over, groups never across the planes (int8_planes).
   const int P = int8 ? 2 : 1;
-  W4Packed gu(f, int(E), int(2 * I), int(P * H), int(int8 && !g_gu ? H : g_gu), zeros),
-      dn(f, int(E), int(H), int(P * I), int(int8 && !g_dn ? I : g_dn), zeros);
+  W4Packed gu(f, int(E), int(2 * I), int(P * H), int(g_gu), zeros), dn(f, int(E), int(H), int(P * I), int(g_dn), zeros);
   const Slice rows_slice{b, I, 0, H, F, H, g_gu}, cols_slice{0, H, b, I, H, F, g_dn};
   for (int64_t e = 0; e < E; ++e) {
     pack_rows(gu, e, 0, q.gate[size_t(e)], kind, rows_slice, zeros, P);
