@@ -533,6 +533,15 @@ struct FmtCase {
 
 class W4Moe : public ::testing::TestWithParam<std::tuple<FmtCase, MoeCase>> {};
 
+// "<format>_g<group>_E<experts>_k<top_k>_T<tokens>[_H<hidden>_I<inter>][_shared]"
+std::string moe_case_name(const std::tuple<FmtCase, MoeCase>& param, bool with_widths) {
+  const auto& [f, m] = param;
+  return std::string(fmt_name(f.fmt)) + "_g" + std::to_string(f.group) + "_E" + std::to_string(m.experts) + "_k" +
+         std::to_string(m.top_k) + "_T" + std::to_string(m.tokens) +
+         (with_widths ? "_H" + std::to_string(m.hidden) + "_I" + std::to_string(m.inter) : "") +
+         (m.shared ? "_shared" : "");
+}
+
 TEST_P(W4Moe, BothPathsMatchReference) {
   const auto [fc, p] = GetParam();
   const int E = p.experts, H = p.hidden, I = p.inter, T = p.tokens, k = p.top_k;
@@ -645,13 +654,7 @@ INSTANTIATE_TEST_SUITE_P(
                                          // the mma.sync GEMM over an odd number of 128-input stages (3 and 3, the
                                          // last one partial), 17 slots an expert
                                          MoeCase{9, 4, 40, 384, 328, true})),
-    [](const auto& info) {
-      const FmtCase f = std::get<0>(info.param);
-      const MoeCase m = std::get<1>(info.param);
-      return std::string(fmt_name(f.fmt)) + "_g" + std::to_string(f.group) + "_E" + std::to_string(m.experts) + "_k" +
-             std::to_string(m.top_k) + "_T" + std::to_string(m.tokens) + "_H" + std::to_string(m.hidden) + "_I" +
-             std::to_string(m.inter) + (m.shared ? "_shared" : "");
-    });
+    [](const auto& info) { return moe_case_name(info.param, true); });
 
 // 8-bit experts as two planes (groups must divide H and I: g32 over H 256 / I 160, g128 over H 256 / I 128; one
 // group a row at any width, past 4,096 inputs a plane and the odd GEMM stage counts included).
@@ -661,35 +664,18 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(MoeCase{1, 1, 1, 256, 160, false}, MoeCase{3, 1, 1000, 256, 160, false},
                                          MoeCase{16, 10, 5, 256, 160, true}, MoeCase{16, 10, 100, 256, 160, false},
                                          MoeCase{33, 10, 17, 256, 160, false}, MoeCase{33, 10, 1000, 256, 160, true})),
-    [](const auto& info) {
-      const FmtCase f = std::get<0>(info.param);
-      const MoeCase m = std::get<1>(info.param);
-      return std::string(fmt_name(f.fmt)) + "_g" + std::to_string(f.group) + "_E" + std::to_string(m.experts) + "_k" +
-             std::to_string(m.top_k) + "_T" + std::to_string(m.tokens) + (m.shared ? "_shared" : "");
-    });
+    [](const auto& info) { return moe_case_name(info.param, false); });
 INSTANTIATE_TEST_SUITE_P(
     Int8OddShapes, W4Moe,
     ::testing::Combine(::testing::Values(FmtCase{Fmt::Gptq8V2, 128}, FmtCase{Fmt::CtInt8Tensor, 0}),
                        ::testing::Values(MoeCase{3, 2, 2, 256, 128, false}, MoeCase{16, 10, 100, 256, 128, true})),
-    [](const auto& info) {
-      const FmtCase f = std::get<0>(info.param);
-      const MoeCase m = std::get<1>(info.param);
-      return std::string(fmt_name(f.fmt)) + "_g" + std::to_string(f.group) + "_E" + std::to_string(m.experts) + "_k" +
-             std::to_string(m.top_k) + "_T" + std::to_string(m.tokens) + (m.shared ? "_shared" : "");
-    });
+    [](const auto& info) { return moe_case_name(info.param, false); });
 INSTANTIATE_TEST_SUITE_P(Int8RowShapes, W4Moe,
                          ::testing::Combine(::testing::Values(FmtCase{Fmt::CtInt8Row, 0}),
                                             ::testing::Values(MoeCase{1, 1, 1000, 200, 40, true},
                                                               MoeCase{3, 2, 3, 4352, 40, true},
                                                               MoeCase{9, 4, 40, 384, 328, true})),
-                         [](const auto& info) {
-                           const FmtCase f = std::get<0>(info.param);
-                           const MoeCase m = std::get<1>(info.param);
-                           return std::string(fmt_name(f.fmt)) + "_E" + std::to_string(m.experts) + "_k" +
-                                  std::to_string(m.top_k) + "_T" + std::to_string(m.tokens) + "_H" +
-                                  std::to_string(m.hidden) + "_I" + std::to_string(m.inter) +
-                                  (m.shared ? "_shared" : "");
-                         });
+                         [](const auto& info) { return moe_case_name(info.param, true); });
 
 // AWQ groups must divide H and I: the H 256 / I 160 shapes with group 32.
 INSTANTIATE_TEST_SUITE_P(
@@ -698,12 +684,7 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(MoeCase{1, 1, 1, 256, 160, false}, MoeCase{3, 1, 1000, 256, 160, false},
                                          MoeCase{16, 10, 5, 256, 160, true}, MoeCase{16, 10, 100, 256, 160, false},
                                          MoeCase{33, 10, 17, 256, 160, false}, MoeCase{33, 10, 1000, 256, 160, true})),
-    [](const auto& info) {
-      const FmtCase f = std::get<0>(info.param);
-      const MoeCase m = std::get<1>(info.param);
-      return std::string(fmt_name(f.fmt)) + "_g" + std::to_string(f.group) + "_E" + std::to_string(m.experts) + "_k" +
-             std::to_string(m.top_k) + "_T" + std::to_string(m.tokens) + (m.shared ? "_shared" : "");
-    });
+    [](const auto& info) { return moe_case_name(info.param, false); });
 
 // unpack_awq against hand-computed words (the format definition, not the oracle above): word 0x76543210 (nibble i
 // holds i) gives outputs 0..7 the values 0 4 1 5 2 6 3 7; zero word 0x00000030 gives output 2 (AWQ_ORDER[1]) zero 3.

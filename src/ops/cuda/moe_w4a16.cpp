@@ -46,37 +46,47 @@ uint32_t code_at(const std::vector<uint32_t>& codes, size_t row_base, int k) {
 
 }  // namespace
 
-Int4Plain unpack_gptq(const int32_t* qweight, const int32_t* qzeros, const float* scales, int64_t rows, int64_t cols,
-                      int64_t group, bool gptq_v2, int bits) {
-  FN_CHECK(bits >= 2 && bits <= 4, "unpack_gptq: {}-bit values do not fit the 4-bit codes (2, 3 or 4 bits)", bits);
-  FN_CHECK(
-      rows > 0 && cols > 0 && rows % 8 == 0 && cols % 8 == 0 && (rows * bits) % 32 == 0 && (cols * bits) % 32 == 0,
-      "unpack_gptq: {}-bit GPTQ packing needs both dimensions divisible by 8 and by 32 / gcd({}, 32), got [{}, {}]",
-      bits, bits, rows, cols);
-  FN_CHECK(group >= 0, "unpack_gptq: group size {}", group);
-  FN_CHECK(qweight && qzeros && scales, "unpack_gptq: null pointer");
-  const int64_t G = group ? ceil_div(cols, group) : 1;
-  Int4Plain p;
+namespace {
+
+// GPTQ's b-bit packing into an int4 (b <= 4) or int8 plain weight: qweight column n and qzeros row g are bit streams
+// (core/quant_format.h gptq_packed_value); z = zero + 1 (v1) or the zero (v2).
+template <class Plain>
+Plain unpack_gptq_plain(const int32_t* qweight, const int32_t* qzeros, const float* scales, int64_t rows, int64_t cols,
+                        int64_t group, bool gptq_v2, int bits, const char* op) {
+  using Q = typename decltype(Plain::q)::value_type;
+  using Z = typename decltype(Plain::zeros)::value_type;
+  FN_CHECK(rows > 0 && cols > 0 && rows % 8 == 0 && cols % 8 == 0 && (rows * bits) % 32 == 0 && (cols * bits) % 32 == 0,
+           "{}: {}-bit GPTQ packing needs both dimensions divisible by 8 and by 32 / gcd({}, 32), got [{}, {}]", op,
+           bits, bits, rows, cols);
+  FN_CHECK(group >= 0, "{}: group size {}", op, group);
+  FN_CHECK(qweight && qzeros && scales, "{}: null pointer", op);
+  const int64_t G = group ? ceil_div(cols, group) : 1, zrow = rows * bits / 32;
+  Plain p;
   p.rows = rows;
   p.cols = cols;
   p.group = group;
   p.q.resize(size_t(rows * cols));
   p.zeros.resize(size_t(rows * G));
   p.scales.resize(size_t(rows * G));
-  // core/quant_format.h gptq_packed_value: qweight column n, qzeros row g.
   for (int64_t k = 0; k < cols; ++k)
     for (int64_t n = 0; n < rows; ++n)
-      p.q[size_t(n * cols + k)] = uint8_t(gptq_packed_value([&](int64_t j) { return qweight[j * rows + n]; }, bits, k));
-  const uint8_t off = gptq_v2 ? 0 : 1;
-  const int64_t zrow = rows * bits / 32;
+      p.q[size_t(n * cols + k)] = Q(gptq_packed_value([&](int64_t j) { return qweight[j * rows + n]; }, bits, k));
+  const Z off = gptq_v2 ? 0 : 1;
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t n = 0; n < rows; ++n) {
-      p.zeros[size_t(n * G + g)] =
-          uint8_t(gptq_packed_value([&](int64_t j) { return qzeros[g * zrow + j]; }, bits, n) + off);
+      p.zeros[size_t(n * G + g)] = Z(gptq_packed_value([&](int64_t j) { return qzeros[g * zrow + j]; }, bits, n) + off);
       p.scales[size_t(n * G + g)] = scales[g * rows + n];
     }
   }
   return p;
+}
+
+}  // namespace
+
+Int4Plain unpack_gptq(const int32_t* qweight, const int32_t* qzeros, const float* scales, int64_t rows, int64_t cols,
+                      int64_t group, bool gptq_v2, int bits) {
+  FN_CHECK(bits >= 2 && bits <= 4, "unpack_gptq: {}-bit values do not fit the 4-bit codes (2, 3 or 4 bits)", bits);
+  return unpack_gptq_plain<Int4Plain>(qweight, qzeros, scales, rows, cols, group, gptq_v2, bits, "unpack_gptq");
 }
 
 Int4Plain unpack_awq(const int32_t* qweight, const int32_t* qzeros, const float* scales, int64_t rows, int64_t cols,
@@ -172,31 +182,7 @@ Int8Plain slice_int8(const Int8Plain& p, int64_t r0, int64_t rows, int64_t c0, i
 
 Int8Plain unpack_gptq_int8(const int32_t* qweight, const int32_t* qzeros, const float* scales, int64_t rows,
                            int64_t cols, int64_t group, bool gptq_v2) {
-  FN_CHECK(rows > 0 && cols > 0 && rows % 8 == 0 && cols % 8 == 0,
-           "unpack_gptq_int8: 8-bit GPTQ packing needs both dimensions divisible by 8, got [{}, {}]", rows, cols);
-  FN_CHECK(group >= 0, "unpack_gptq_int8: group size {}", group);
-  FN_CHECK(qweight && qzeros && scales, "unpack_gptq_int8: null pointer");
-  const int64_t G = group ? ceil_div(cols, group) : 1, zrow = rows / 4;
-  Int8Plain p;
-  p.rows = rows;
-  p.cols = cols;
-  p.group = group;
-  p.q.resize(size_t(rows * cols));
-  p.zeros.resize(size_t(rows * G));
-  p.scales.resize(size_t(rows * G));
-  // core/quant_format.h gptq_packed_value: qweight column n, qzeros row g.
-  for (int64_t k = 0; k < cols; ++k)
-    for (int64_t n = 0; n < rows; ++n)
-      p.q[size_t(n * cols + k)] = uint8_t(gptq_packed_value([&](int64_t j) { return qweight[j * rows + n]; }, 8, k));
-  const uint16_t off = gptq_v2 ? 0 : 1;
-  for (int64_t g = 0; g < G; ++g) {
-    for (int64_t n = 0; n < rows; ++n) {
-      p.zeros[size_t(n * G + g)] =
-          uint16_t(gptq_packed_value([&](int64_t j) { return qzeros[g * zrow + j]; }, 8, n) + off);
-      p.scales[size_t(n * G + g)] = scales[g * rows + n];
-    }
-  }
-  return p;
+  return unpack_gptq_plain<Int8Plain>(qweight, qzeros, scales, rows, cols, group, gptq_v2, 8, "unpack_gptq_int8");
 }
 
 Int8Plain unpack_ct_int8(const int8_t* weight, const float* scales, bool per_row, int64_t rows, int64_t cols) {
