@@ -142,11 +142,10 @@ __device__ __forceinline__ void for_lane_slices_f16(const uint4* __restrict__ wr
 // 32 part, then + 32 parts each, < K/8 of w[8v .. 8v+8) . x_t[8v .. 8v+8), x_t = x + t * ldx (float32, 16-byte
 // aligned), w 16-byte aligned with K % 8 == 0; the caller sums the lanes (warp_sum) and the parts. Weights are read
 // once, with 16-byte loads.
-// P: slices in flight per lane (gemv_prefetch by default).
-template <int T, int P = gemv_prefetch<T>()>
+template <int T>
 __device__ __forceinline__ void lane_dots_f16w(const __half* __restrict__ w, const float* __restrict__ x, int64_t ldx,
                                                int K, int lane, float (&acc)[T], int part = 0, int parts = 1) {
-  for_lane_slices_f16<P>(
+  for_lane_slices_f16<gemv_prefetch<T>()>(
       reinterpret_cast<const uint4*>(w), K / 8, lane,
       [&](int v, const float(&wf)[8]) {
 #pragma unroll
@@ -207,8 +206,8 @@ __device__ __forceinline__ void lane_dots_rows_f16w(const __half* __restrict__ w
 // parallelism unused; warp p of a group takes its 8-wide slices p, p + parts, ... and the partial sums are added in
 // warp order), 16-byte weight loads (8 FP16 values) shared by the T tokens and activation loads shared by the R rows,
 // float32 products and sums (the decode GEMV: as exact as a float32 product of the FP16 weights, reading the weights
-// once). K % 8 == 0, rows of x 16-byte aligned. P: the slices a lane has in flight where R = 1 (lane_dots_f16w).
-template <int T, int R, int P = gemv_prefetch<T>()>
+// once). K % 8 == 0, rows of x 16-byte aligned.
+template <int T, int R>
 __global__ void gemv_f16w_f32x_kernel(const float* __restrict__ x, int64_t ldx, int K, GemvSegments seg, int parts) {
   pdl_begin();
   __shared__ float red[kWarps][R * T];
@@ -227,7 +226,7 @@ __global__ void gemv_f16w_f32x_kernel(const float* __restrict__ x, int64_t ldx, 
     n0 = (g - (s ? seg.groups_end[s - 1] : 0)) * R;
     nr = min(R, seg.rows_end[s] - first - n0);
     if constexpr (R == 1) {
-      lane_dots_f16w<T, P>(seg.w[s] + int64_t(n0) * K, x, ldx, K, lane, acc[0], part, parts);
+      lane_dots_f16w<T>(seg.w[s] + int64_t(n0) * K, x, ldx, K, lane, acc[0], part, parts);
     } else {
       lane_dots_rows_f16w<T, R>(seg.w[s] + int64_t(n0) * K, nr, x, ldx, K, lane, acc, part, parts);
     }
@@ -885,8 +884,6 @@ __global__ void qsa_topk_kernel(Layout lay, const float* __restrict__ scores, in
 }
 
 // The templates as sm_70 kernels for the NVRTC check (scripts/check-sm70.sh compiles device code only).
-template __global__ void gemv_f16w_f32x_kernel<1, 1, 8>(const float*, int64_t, int, GemvSegments, int);
-template __global__ void gemv_f16w_f32x_kernel<1, 1, 16>(const float*, int64_t, int, GemvSegments, int);
 #define FN_DECODE_KERNELS(TT)                                                                                          \
   template __global__ void gemv_f16w_f32x_kernel<TT, 1>(const float*, int64_t, int, GemvSegments, int);                \
   template __global__ void gemv_f16w_f32x_kernel<TT, kGemvRows>(const float*, int64_t, int, GemvSegments, int);        \
@@ -1206,18 +1203,6 @@ cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, int K, const Gemv
   while (parts < max_parts && int64_t(groups) * parts < 4096) parts *= 2;
   const int groups_per_block = kWarps / parts;
   const unsigned blocks = unsigned((int64_t(groups) + groups_per_block - 1) / groups_per_block);
-  // FLASHNEXT_CUDA_GEMV_DEPTH=8|16: one token's slices in flight per lane (default gemv_prefetch: 4), for
-  // measurements of the depth.
-  static const int depth = [] {
-    const char* v = std::getenv("FLASHNEXT_CUDA_GEMV_DEPTH");
-    const int d = v ? std::atoi(v) : 0;
-    return d == 8 || d == 16 ? d : 0;
-  }();
-  if (tokens == 1 && R == 1 && depth) {
-    launch(depth == 8 ? gemv_f16w_f32x_kernel<1, 1, 8> : gemv_f16w_f32x_kernel<1, 1, 16>, blocks, kThreads, 0, stream,
-           x, ldx, K, seg, parts);
-    return cudaGetLastError();
-  }
   switch (tokens * 2 + (R == 1 ? 0 : 1)) {
 #define FN_GEMV_CASE(TT)                                                                              \
   case TT * 2:                                                                                        \
