@@ -320,10 +320,11 @@ json inspect_model(const std::string& path, const InspectOptions& opt) {
       q_elements[c] += w.rows * w.cols;
       if (w4 && planes == 2) {
         q_cuda_bytes[c] += w4a16_packed_bytes(w.rows, 2 * w.cols, w.group && w.group < w.cols ? w.group : w.cols, true);
+        const bool low = w4a16_planes(w.format, w.bits) == 1;  // a 2-4-bit matrix in a block with 8-bit ones
         q_cuda_form[component_name(it->second)].insert(
-            fmt::format("w8a16 from {} (two 4-bit planes over the inputs twice: 4-bit codes, FP16 group scales, "
+            fmt::format("w8a16 from {} (two 4-bit planes over the inputs twice{}: 4-bit codes, FP16 group scales, "
                         "uint8 zero points, F32 row scales)",
-                        weight_format_name(w)));
+                        weight_format_name(w), low ? ", in a layer with 8-bit experts: its high plane zero" : ""));
       } else if (w4) {
         const bool zeros = w.format == QuantFormat::Gptq || w.zero_point != nullptr;
         const bool nv = w.format == QuantFormat::Nvfp4 || w.format == QuantFormat::CtNvfp4;
@@ -574,7 +575,7 @@ std::string format_inspect(const json& r) {
   }
   if (r.contains("memory_cuda")) {
     const json& c = r["memory_cuda"];
-    o << "CUDA backend, one GPU (FP16 weights, W4A16 NVFP4/int4 experts):\n";
+    o << "CUDA backend, one GPU (as loaded):\n";
     line("weights on the GPU", c["gpu_weight_bytes"].get<int64_t>());
     line("  of which routed experts", c["routed_expert_bytes"].get<int64_t>());
     line("PLE table (pinned host or GPU)", c["ple_table_bytes"].get<int64_t>());

@@ -375,6 +375,12 @@ WeightManifest WeightManifest::build(const ModelConfig& cfg, const Checkpoint& c
       }
       const bool fp8 = t.dtype == DType::F8_E4M3 || t.dtype == DType::F8_E5M2, int8 = t.dtype == DType::I8;
       const std::string group_scales = fmt::format("{}.shard_{}.weight_scale", table, k);
+      if (fp8 && !scaled_table) {
+        fail(
+            "{}: tensor '{}' is an FP8 PLE table shard without its table scale '{}' (not in the checkpoint; a PLE "
+            "table kept in files of its own needs the file that holds it named in ple_table.json too)",
+            t.file, ckpt_name(logical), ckpt_name(table + ".weight_scale"));
+      }
       if (!is_float(t.dtype) && !(fp8 && scaled_table) && !(int8 && has(group_scales))) {
         fail(
             "{}: tensor '{}' is {}: PLE table shards must be BF16, F16, F32, FP8 with '{}', or I8 with group scales "

@@ -43,7 +43,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path, const std::string& nam
     uint64_t header_len = 0;
     std::memcpy(&header_len, base, 8);  // little-endian on every platform we build for
     if (header_len > size_ - 8) {
-      fail("{}: header length {} runs past the end of the file ({} bytes)", path, header_len, size_);
+      fail("{}: header length {} runs past the end of the file ({} bytes): not a safetensors file?", path, header_len,
+           size_);
     }
     json header;
     try {
@@ -145,6 +146,7 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   std::map<std::string, std::string> weight_map;  // tensor -> shard file name
   std::vector<std::string> shard_names;
   if (fs::exists(index)) {
+    if (!fs::is_regular_file(index)) fail("{}: not a file", index.string());
     std::ifstream in(index);
     json j;
     try {
@@ -175,6 +177,7 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   std::vector<std::string> ple_files;
   std::string ple_prefix;
   if (fs::exists(ple_desc)) {
+    if (!fs::is_regular_file(ple_desc)) fail("{}: not a file", ple_desc.string());
     std::ifstream in(ple_desc);
     json j;
     try {
@@ -182,15 +185,24 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     } catch (const json::exception& e) {
       fail("{}: not valid JSON ({})", ple_desc.string(), e.what());
     }
-    if (!j.is_object() || !j.contains("files") || !j["files"].is_array() || j["files"].empty())
-      fail("{}: expected an object with \"files\", a non-empty array of safetensors file names", ple_desc.string());
+    if (!j.is_object()) fail("{}: expected a JSON object, got {}", ple_desc.string(), j.dump());
+    for (const auto& [k, v] : j.items())
+      if (k != "files" && k != "tensor_prefix")
+        fail("{}: unknown field \"{}\" (the descriptor has \"files\" and \"tensor_prefix\")", ple_desc.string(), k);
+    if (!j.contains("files") || !j["files"].is_array() || j["files"].empty())
+      fail("{}: \"files\" must be a non-empty array of safetensors file names", ple_desc.string());
     for (const auto& f : j["files"]) {
       if (!f.is_string()) fail("{}: \"files\" entry {} is not a file name", ple_desc.string(), f.dump());
       const std::string name = f.get<std::string>();
-      if (name.empty() || fs::path(name).has_parent_path() || !fs::exists(fs::path(dir) / name))
+      if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
+        fail("{}: \"files\" entry '{}' must be the bare name of a file in {} (no directory part)", ple_desc.string(),
+             name, dir);
+      if (!fs::is_regular_file(fs::path(dir) / name))
         fail("{}: \"files\" names '{}', which is not a file of {}", ple_desc.string(), name, dir);
       if (std::find(shard_names.begin(), shard_names.end(), name) != shard_names.end())
         fail("{}: '{}' is a shard of the checkpoint itself, not a separate PLE table file", ple_desc.string(), name);
+      if (std::find(ple_files.begin(), ple_files.end(), name) != ple_files.end())
+        fail("{}: \"files\" lists '{}' twice", ple_desc.string(), name);
       ple_files.push_back(name);
     }
     if (j.contains("tensor_prefix")) {
@@ -198,9 +210,6 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
         fail("{}: \"tensor_prefix\" must be a string, got {}", ple_desc.string(), j["tensor_prefix"].dump());
       ple_prefix = j["tensor_prefix"].get<std::string>();
     }
-    for (const auto& [k, v] : j.items())
-      if (k != "files" && k != "tensor_prefix")
-        fail("{}: unknown field \"{}\" (the descriptor has \"files\" and \"tensor_prefix\")", ple_desc.string(), k);
   }
   if (!fs::exists(index) && !fs::exists(single)) {
     for (auto& e : fs::directory_iterator(dir)) {
@@ -223,11 +232,11 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   for (auto& s : ple_files) {
     add_file(s, ple_prefix);
     for (auto& [name, t] : files_.back()->tensors())
-      if (name.find(".ple.ple_embedding.ngram_embedding.") == std::string::npos)
+      if (name.find(".ple.ple_embedding.ngram_embedding.") == std::string::npos || name.rfind("model.", 0) != 0)
         fail(
-            "{}: tensor '{}' of {} is not a PLE table tensor (expected a name with "
-            "'.ple.ple_embedding.ngram_embedding.'; a \"tensor_prefix\" is prepended to the file's names)",
-            ple_desc.string(), name, t.file);
+            "{}: tensor '{}' of {} is not a PLE table tensor (expected a name model.[language_model.]layers.N."
+            "ple.ple_embedding.ngram_embedding.*: \"tensor_prefix\" '{}' is prepended to the file's names)",
+            ple_desc.string(), name, t.file, ple_prefix);
   }
   for (auto& [name, shard] : weight_map) {
     auto it = by_name_.find(name);

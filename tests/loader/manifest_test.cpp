@@ -317,7 +317,9 @@ TEST(Manifest, Fp8PleTableNeedsItsScale) {
     s.dtype = "F8_E4M3";
     s.bytes.resize(s.bytes.size() / 2);
   }
-  EXPECT_THAT(build_error(dir, t.config, t.tensors), HasSubstr("PLE table shards must be BF16, F16, F32, FP8 with"));
+  EXPECT_THAT(build_error(dir, t.config, t.tensors),
+              HasSubstr("is an FP8 PLE table shard without its table scale "
+                        "'model.layers.1.ple.ple_embedding.ngram_embedding.weight_scale'"));
   const std::string sc = "model.layers.1.ple.ple_embedding.ngram_embedding.weight_scale";
   t.tensors.emplace(sc, RawTensor{sc, "BF16", {1}, {0x51, 0x39}});
   EXPECT_EQ(build_error(dir, t.config, t.tensors), "");

@@ -284,6 +284,22 @@ TEST(Checkpoint, PleTableInSeparateFiles) {
   EXPECT_THAT(checkpoint_error(dir.path), HasSubstr("unknown field \"scale\""));
   write_json(dir.path / "ple_table.json", {{"files", nlohmann::json::array()}});
   EXPECT_THAT(checkpoint_error(dir.path), HasSubstr("a non-empty array of safetensors file names"));
+  write_json(dir.path / "ple_table.json", {{"file", {"ple-fp8.safetensors"}}});  // a typo is named first
+  EXPECT_THAT(checkpoint_error(dir.path), HasSubstr("unknown field \"file\""));
+  write_json(dir.path / "ple_table.json", {{"files", {"./ple-fp8.safetensors"}}, {"tensor_prefix", prefix}});
+  EXPECT_THAT(checkpoint_error(dir.path), HasSubstr("must be the bare name of a file"));
+  write_json(dir.path / "ple_table.json",
+             {{"files", {"ple-fp8.safetensors", "ple-fp8.safetensors"}}, {"tensor_prefix", prefix}});
+  EXPECT_THAT(checkpoint_error(dir.path), HasSubstr("lists 'ple-fp8.safetensors' twice"));
+  write_json(dir.path / "ple_table.json", {{"files", {"ple-fp8.safetensors"}}, {"tensor_prefix", "layers.1.x"}});
+  EXPECT_THAT(checkpoint_error(dir.path), HasSubstr("is not a PLE table tensor"));
+  fs::create_directories(dir.path / "sub.safetensors");
+  write_json(dir.path / "ple_table.json", {{"files", {"sub.safetensors"}}});
+  EXPECT_THAT(checkpoint_error(dir.path), HasSubstr("names 'sub.safetensors', which is not a file of"));
+  fs::remove_all(dir.path / "ple_table.json");
+  fs::create_directories(dir.path / "ple_table.json");
+  EXPECT_THAT(checkpoint_error(dir.path), HasSubstr("ple_table.json: not a file"));
+  fs::remove_all(dir.path / "ple_table.json");
   write_file(dir.path / "ple_table.json", "{");
   EXPECT_THAT(checkpoint_error(dir.path), HasSubstr("ple_table.json: not valid JSON"));
   // A table tensor also in the shards.
