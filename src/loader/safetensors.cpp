@@ -139,6 +139,21 @@ SafetensorsFile::~SafetensorsFile() {
   if (map_) ::munmap(map_, size_);
 }
 
+namespace {
+
+// The JSON document in file `p` (a checkpoint folder's index or PLE table descriptor); Error naming it otherwise.
+json read_json_file(const fs::path& p) {
+  if (!fs::is_regular_file(p)) fail("{}: not a file", p.string());
+  std::ifstream in(p);
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    fail("{}: not valid JSON ({})", p.string(), e.what());
+  }
+}
+
+}  // namespace
+
 Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   if (!fs::is_directory(dir)) fail("{}: not a directory (expected a Hugging Face model folder)", dir);
   fs::path index = fs::path(dir) / "model.safetensors.index.json";
@@ -146,14 +161,7 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   std::map<std::string, std::string> weight_map;  // tensor -> shard file name
   std::vector<std::string> shard_names;
   if (fs::exists(index)) {
-    if (!fs::is_regular_file(index)) fail("{}: not a file", index.string());
-    std::ifstream in(index);
-    json j;
-    try {
-      j = json::parse(in);
-    } catch (const json::exception& e) {
-      fail("{}: not valid JSON ({})", index.string(), e.what());
-    }
+    const json j = read_json_file(index);
     if (!j.contains("weight_map") || !j["weight_map"].is_object()) {
       fail("{}: missing the \"weight_map\" object", index.string());
     }
@@ -177,14 +185,7 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   std::vector<std::string> ple_files;
   std::string ple_prefix;
   if (fs::exists(ple_desc)) {
-    if (!fs::is_regular_file(ple_desc)) fail("{}: not a file", ple_desc.string());
-    std::ifstream in(ple_desc);
-    json j;
-    try {
-      j = json::parse(in);
-    } catch (const json::exception& e) {
-      fail("{}: not valid JSON ({})", ple_desc.string(), e.what());
-    }
+    const json j = read_json_file(ple_desc);
     if (!j.is_object()) fail("{}: expected a JSON object, got {}", ple_desc.string(), j.dump());
     for (const auto& [k, v] : j.items())
       if (k != "files" && k != "tensor_prefix")
