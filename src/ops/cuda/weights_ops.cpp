@@ -218,11 +218,11 @@ RoutedExperts CudaOps::load_quantized_experts(const QuantExperts& q) {
     pack_rows(dn, e, 0, q.down[size_t(e)], kind, cols_slice, zeros, P);
   }
   RoutedExperts r;
-  r.packed =
-      std::make_shared<CudaW4Experts>(gu, dn, ctx_->device, P,
-                                      int8 ? fmt::format("w8a16 as two 4-bit planes ({}{})", quant_format_name(kind),
-                                                         kind == QuantFormat::Gptq ? ", 8 bits" : "")
-                                           : fmt::format("w4a16 ({})", quant_format_name(kind)));
+  r.packed = std::make_shared<CudaW4Experts>(
+      gu, dn, ctx_->device, P,
+      int8 ? fmt::format("w8a16 as two 4-bit planes ({})",
+                         kind == QuantFormat::Gptq ? "gptq, a layer with 8-bit experts" : quant_format_name(kind))
+           : fmt::format("w4a16 ({})", quant_format_name(kind)));
   return r;
 }
 
