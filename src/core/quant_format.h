@@ -37,9 +37,8 @@ constexpr uint32_t gptq_packed_value(Word&& word, int bits, int64_t i) {
 }
 
 /// Whether the CUDA backend's W4A16 expert kernels hold a weight of format `f` (`bits` per value for GPTQ) as 4-bit
-/// codes: NVFP4, int4, and GPTQ / AutoRound of 2, 3 or 4 bits (exact: ops/cuda/moe_w4a16.h). A block of routed
-/// experts with any other weight is dequantized to FP16 at load as a whole (ops/cuda/weights_ops.cpp; `flashnext
-/// inspect` plans the same).
+/// codes: NVFP4, int4, and GPTQ / AutoRound of 2, 3 or 4 bits (exact: ops/cuda/moe_w4a16.h). Blocks with other
+/// weights: w4a16_planes.
 constexpr bool w4a16_holds(QuantFormat f, int64_t bits) {
   return f == QuantFormat::Nvfp4 || f == QuantFormat::CtNvfp4 || f == QuantFormat::CtInt4 || f == QuantFormat::Awq ||
          (f == QuantFormat::Gptq && bits >= 2 && bits <= 4);
@@ -54,6 +53,14 @@ constexpr bool w4a16_holds(QuantFormat f, int64_t bits) {
 constexpr int w4a16_planes(QuantFormat f, int64_t bits) {
   if (w4a16_holds(f, bits)) return 1;
   return f == QuantFormat::CtInt8 || (f == QuantFormat::Gptq && bits == 8) ? 2 : 0;
+}
+
+/// A block's holding (w4a16_planes; start from 1) with one more matrix of format `f` and `bits` folded in: 0 once any
+/// matrix is 0, else the largest. The one rule of ops/cuda/weights_ops.cpp load_quantized_experts and `flashnext
+/// inspect`.
+constexpr int w4a16_block_planes(int block, QuantFormat f, int64_t bits) {
+  const int p = w4a16_planes(f, bits);
+  return p == 0 || block == 0 ? 0 : (p > block ? p : block);
 }
 
 /// A short name for reports and messages ("nvfp4-modelopt", "fp8-block", "int4-gptq", "int4-awq", ...).

@@ -301,9 +301,8 @@ json inspect_model(const std::string& path, const InspectOptions& opt) {
     std::set<std::string> untiled;            // blocks with a group that does not tile its rows (no planes)
     for (const auto& [name, w] : scheme.weights()) {
       if (name.find(".mlp.experts.") == std::string::npos) continue;
-      const int p = w4a16_planes(w.format, w.bits);
-      auto [it, fresh] = block_planes.emplace(block_of(name), p);
-      if (!fresh) it->second = p == 0 || it->second == 0 ? 0 : std::max(it->second, p);
+      int& bp = block_planes.try_emplace(block_of(name), 1).first->second;
+      bp = w4a16_block_planes(bp, w.format, w.bits);
       if (w.group > 0 && w.group < w.cols && w.cols % w.group != 0) untiled.insert(block_of(name));
     }
     for (auto& [block, p] : block_planes)
@@ -319,7 +318,7 @@ json inspect_model(const std::string& path, const InspectOptions& opt) {
                       (w.format == QuantFormat::Nvfp4 || w.format == QuantFormat::CtNvfp4 || w.group % 8 == 0);
       q_elements[c] += w.rows * w.cols;
       if (w4 && planes == 2) {
-        q_cuda_bytes[c] += w4a16_packed_bytes(w.rows, 2 * w.cols, w.group && w.group < w.cols ? w.group : w.cols, true);
+        q_cuda_bytes[c] += w4a16_planes_packed_bytes(w.rows, w.cols, w.group);
         const bool low = w4a16_planes(w.format, w.bits) == 1;  // a 2-4-bit matrix in a block with 8-bit ones
         q_cuda_form[component_name(it->second)].insert(
             fmt::format("w8a16 from {} (two 4-bit planes over the inputs twice{}: 4-bit codes, FP16 group scales, "

@@ -706,6 +706,10 @@ int64_t w4a16_packed_bytes(int64_t rows, int64_t cols, int64_t group, bool zeros
   return rows * (wpr * 4 + groups * (2 + (zeros ? 1 : 0)) + 4);
 }
 
+int64_t w4a16_planes_packed_bytes(int64_t rows, int64_t cols, int64_t group) {
+  return w4a16_packed_bytes(rows, 2 * cols, group > 0 && group < cols ? group : cols, true);
+}
+
 int64_t ple_int8_group(const TensorView& shard, const TensorView& scales, bool check_values) {
   if (shard.dtype != DType::I8) {
     fail("{}: PLE table shard '{}' is {}, expected I8 to go with the group scales '{}'", shard.file, shard.name,

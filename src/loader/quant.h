@@ -192,6 +192,9 @@ float ple_table_scale(const TensorView& shard, const TensorView& weight_scale);
 /// g) FP16 group scales (g = group, or cols when 0) plus as many uint8 zero points when `zeros`, and one F32 row
 /// scale. Used by `flashnext inspect` for the GPU memory plan (the loader does not link the CUDA code).
 int64_t w4a16_packed_bytes(int64_t rows, int64_t cols, int64_t group, bool zeros);
+/// The same for an 8-bit matrix [rows, cols] held as two 4-bit planes (moe_w4a16.h int8_planes): [rows, 2 cols] with
+/// zero points, groups of `group` inputs (0 or a row or more: one group a row of each plane).
+int64_t w4a16_planes_packed_bytes(int64_t rows, int64_t cols, int64_t group);
 
 /// The quantization of one checkpoint: every quantized language-model weight of a manifest, matched against the
 /// declared QuantConfig.

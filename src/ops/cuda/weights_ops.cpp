@@ -170,10 +170,7 @@ RoutedExperts CudaOps::load_quantized_experts(const QuantExperts& q) {
   // planes, one with FP8 matrices takes the dequantized FP16 path as a whole (core/quant_format.h w4a16_planes).
   int planes = 1;
   for (const auto* list : {&q.gate, &q.up, &q.down})
-    for (const QuantMatrix& m : *list) {
-      const int p = w4a16_planes(m.format, m.bits);
-      planes = p == 0 || planes == 0 ? 0 : std::max(planes, p);
-    }
+    for (const QuantMatrix& m : *list) planes = w4a16_block_planes(planes, m.format, m.bits);
   const bool int4 =
       planes == 1 && (kind == QuantFormat::CtInt4 || kind == QuantFormat::Awq || kind == QuantFormat::Gptq);
   const bool int8 = planes == 2;

@@ -222,10 +222,7 @@ std::pair<double, double> expert_error(Ops& cpu, const MoeWeights& wc, Ops& gpu,
 int held_planes(const QuantExperts& qe) {
   int planes = 1;
   for (const auto* list : {&qe.gate, &qe.up, &qe.down})
-    for (const QuantMatrix& m : *list) {
-      const int p = w4a16_planes(m.format, m.bits);
-      planes = p == 0 || planes == 0 ? 0 : std::max(planes, p);
-    }
+    for (const QuantMatrix& m : *list) planes = w4a16_block_planes(planes, m.format, m.bits);
   return planes;
 }
 
@@ -259,9 +256,8 @@ void routed_experts_match_cpu_oracle(const std::string& fmt, int layer) {
     for (const auto& list : {qe->gate, qe->up, qe->down}) {
       for (const QuantMatrix& q : list) {
         const bool nv = q.format == QuantFormat::Nvfp4 || q.format == QuantFormat::CtNvfp4;
-        planned += planes == 2
-                       ? w4a16_packed_bytes(q.rows, 2 * q.cols, q.group && q.group < q.cols ? q.group : q.cols, true)
-                       : w4a16_packed_bytes(q.rows, q.cols, nv ? 16 : q.group, q.zero_point.defined());
+        planned += planes == 2 ? w4a16_planes_packed_bytes(q.rows, q.cols, q.group)
+                               : w4a16_packed_bytes(q.rows, q.cols, nv ? 16 : q.group, q.zero_point.defined());
       }
     }
     EXPECT_EQ(wg.packed->device_bytes(), planned) << fmt << " layer " << layer;
