@@ -39,8 +39,6 @@ BUILD=${BUILD:-build-cudabe}
 BUNDLE=${BUNDLE:-gpu/bench/bundle.tar.xz}
 BUILD_PTX70=${BUILD_PTX70:-build-ptx70}
 BUNDLE_PTX70=gpu/bench/bundle-ptx70.tar.xz
-# Quantized fixtures scripts/gpu-slim.sh may leave behind: their test cases are skipped (and said) when absent.
-QUANT_LEFT_BEHIND="awq-int4-g128 awq-int4-g32 nvfp4-nvidia gptq-int4-g32 autoround-mixed-g32"
 
 if [ "${1:-}" = "--prepare" ]; then
   set -e
@@ -124,9 +122,11 @@ run_nodes() {
 # precisions and the W4A16 kernel tests, from the binaries in BIN; logs in $OUT/LABEL*.log; sets status=1 on failure.
 run_tests() {
   local bin=$1 label=$2 prec absent=""
-  # A quantized fixture left behind by scripts/gpu-slim.sh (the copy's 64 MiB) is named and its cases skipped.
+  # A quantized fixture left behind by scripts/gpu-slim.sh (the copy's 64 MiB; SLIM_EXTRA's included) is named and
+  # its cases skipped: the fixtures are the parameters of the binary's QuantGpu cases.
   local fx
-  for fx in $QUANT_LEFT_BEHIND; do
+  for fx in $("$bin/test_cuda_e2e" --gtest_list_tests --gtest_filter='*QuantGpu*' 2>/dev/null |
+    sed -n 's/.*GetParam() = "\([^"]*\)".*/\1/p' | sort -u); do
     if [ ! -f "tests/data/quant/$fx/reference.safetensors" ]; then
       absent="$absent:*/${fx//-/_}"
       echo "gpu-bench: [$label] tests/data/quant/$fx absent: its cases NOT run" | tee -a "$S"
