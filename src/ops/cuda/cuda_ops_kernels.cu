@@ -118,21 +118,39 @@ __host__ __device__ constexpr int gemv_prefetch() {
   return T <= 2 ? 4 : T <= 4 ? 2 : 1;
 }
 
-// With `part` of `parts` warps on the row (split-K, gemv_f16w_f32x_kernel): the slices lane + 32 * (part + parts * i).
-template <int P, class Body>
-__device__ __forceinline__ void for_lane_slices_f16(const uint4* __restrict__ wr, int n8, int lane, Body&& body,
-                                                    int part = 0, int parts = 1) {
-  const int stride = 32 * parts;
-  for (int v0 = lane + 32 * part; v0 < n8; v0 += stride * P) {
-    uint4 raw[P];
+// P of a lane's 16-byte weight slices in registers: load() takes slices v0, v0 + stride, ... (those below n8) of
+// `wr`, R rows of n8 slices each, rows past nr left unloaded.
+template <int P, int R = 1>
+struct LaneSlicesF16 {
+  uint4 raw[P][R];
+  __device__ __forceinline__ void load(const uint4* __restrict__ wr, int nr, int v0, int n8, int stride) {
 #pragma unroll
     for (int u = 0; u < P; ++u)
-      if (v0 + stride * u < n8) raw[u] = __ldg(wr + v0 + stride * u);
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (v0 + stride * u < n8 && r < nr) raw[u][r] = __ldg(wr + int64_t(r) * n8 + v0 + stride * u);
+  }
+};
+
+// The first slice of a lane (split-K, gemv_f16w_f32x_kernel: `part` of `parts` warps on the row takes the slices
+// lane + 32 * (part + parts * i)) and the stride between its slices.
+__device__ __forceinline__ int lane_slice0(int lane, int part) {
+  return lane + 32 * part;
+}
+
+// The loop over a lane's slices with its first P already in `cur` (cur.load(wr, 1, lane_slice0(lane, part), n8,
+// 32 * parts), e.g. before the kernel's wait: pdl_begin_after_weights); it loads the later ones into `cur`.
+template <int P, class Body>
+__device__ __forceinline__ void for_lane_slices_f16(const uint4* __restrict__ wr, int n8, int lane,
+                                                    LaneSlicesF16<P>& cur, Body&& body, int part = 0, int parts = 1) {
+  const int stride = 32 * parts, v_first = lane_slice0(lane, part);
+  for (int v0 = v_first; v0 < n8; v0 += stride * P) {
+    if (v0 != v_first) cur.load(wr, 1, v0, n8, stride);
 #pragma unroll
     for (int u = 0; u < P; ++u) {
       if (v0 + stride * u >= n8) break;
       float wf[8];
-      unpack_f16x8(raw[u], wf);
+      unpack_f16x8(cur.raw[u][0], wf);
       body(v0 + stride * u, wf);
     }
   }
@@ -140,13 +158,14 @@ __device__ __forceinline__ void for_lane_slices_f16(const uint4* __restrict__ wr
 
 // One lane's share of T dot products with one FP16 weight row: acc[t] += sum over the 8-wide slices v = lane +
 // 32 part, then + 32 parts each, < K/8 of w[8v .. 8v+8) . x_t[8v .. 8v+8), x_t = x + t * ldx (float32, 16-byte
-// aligned), w 16-byte aligned with K % 8 == 0; the caller sums the lanes (warp_sum) and the parts. Weights are read
-// once, with 16-byte loads.
+// aligned), w 16-byte aligned with K % 8 == 0, the first slices already in `first` (for_lane_slices_f16); the caller
+// sums the lanes (warp_sum) and the parts. Weights are read once, with 16-byte loads.
 template <int T>
 __device__ __forceinline__ void lane_dots_f16w(const __half* __restrict__ w, const float* __restrict__ x, int64_t ldx,
-                                               int K, int lane, float (&acc)[T], int part = 0, int parts = 1) {
+                                               int K, int lane, LaneSlicesF16<gemv_prefetch<T>()>& first,
+                                               float (&acc)[T], int part, int parts) {
   for_lane_slices_f16<gemv_prefetch<T>()>(
-      reinterpret_cast<const uint4*>(w), K / 8, lane,
+      reinterpret_cast<const uint4*>(w), K / 8, lane, first,
       [&](int v, const float(&wf)[8]) {
 #pragma unroll
         for (int t = 0; t < T; ++t) {
@@ -159,24 +178,27 @@ __device__ __forceinline__ void lane_dots_f16w(const __half* __restrict__ w, con
       part, parts);
 }
 
+// Slices in flight per row of lane_dots_rows_f16w.
+template <int T>
+__host__ __device__ constexpr int gemv_rows_prefetch() {
+  return T <= 4 ? 2 : 1;
+}
+
 // One lane's share of the T dot products of each of R consecutive FP16 weight rows (rows nr..R-1 absent: the end of
-// a segment): acc[r][t] += sum over the 8-wide slices v (as lane_dots_f16w) of w_r[8v .. 8v+8) . x_t[8v .. 8v+8). The
-// activations of a slice are loaded once for the R rows: at T tokens a slice brings 32 T bytes of activations (L1
-// hits) per 16 R bytes of weights, so one row per warp makes the L1, not DRAM, the limit past 2 tokens.
+// a segment): acc[r][t] += sum over the 8-wide slices v (as lane_dots_f16w) of w_r[8v .. 8v+8) . x_t[8v .. 8v+8), the
+// first slices already in `cur`. The activations of a slice are loaded once for the R rows: at T tokens a slice
+// brings 32 T bytes of activations (L1 hits) per 16 R bytes of weights, so one row per warp makes the L1, not DRAM,
+// the limit past 2 tokens.
 template <int T, int R>
 __device__ __forceinline__ void lane_dots_rows_f16w(const __half* __restrict__ w, int nr, const float* __restrict__ x,
-                                                    int64_t ldx, int K, int lane, float (&acc)[R][T], int part,
-                                                    int parts) {
-  constexpr int P = T <= 4 ? 2 : 1;  // slices in flight per row
+                                                    int64_t ldx, int K, int lane,
+                                                    LaneSlicesF16<gemv_rows_prefetch<T>(), R>& cur, float (&acc)[R][T],
+                                                    int part, int parts) {
+  constexpr int P = gemv_rows_prefetch<T>();
   const uint4* wr = reinterpret_cast<const uint4*>(w);
-  const int n8 = K / 8, stride = 32 * parts;
-  for (int v0 = lane + 32 * part; v0 < n8; v0 += stride * P) {
-    uint4 raw[P][R];
-#pragma unroll
-    for (int u = 0; u < P; ++u)
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-        if (v0 + stride * u < n8 && r < nr) raw[u][r] = __ldg(wr + int64_t(r) * n8 + v0 + stride * u);
+  const int n8 = K / 8, stride = 32 * parts, v_first = lane_slice0(lane, part);
+  for (int v0 = v_first; v0 < n8; v0 += stride * P) {
+    if (v0 != v_first) cur.load(wr, nr, v0, n8, stride);
 #pragma unroll
     for (int u = 0; u < P; ++u) {
       const int v = v0 + stride * u;
@@ -184,7 +206,7 @@ __device__ __forceinline__ void lane_dots_rows_f16w(const __half* __restrict__ w
       float wf[R][8];
 #pragma unroll
       for (int r = 0; r < R; ++r)
-        if (r < nr) unpack_f16x8(raw[u][r], wf[r]);
+        if (r < nr) unpack_f16x8(cur.raw[u][r], wf[r]);
 #pragma unroll
       for (int t = 0; t < T; ++t) {
         const float4* xp = reinterpret_cast<const float4*>(x + t * ldx + int64_t(v) * 8);
@@ -206,29 +228,38 @@ __device__ __forceinline__ void lane_dots_rows_f16w(const __half* __restrict__ w
 // parallelism unused; warp p of a group takes its 8-wide slices p, p + parts, ... and the partial sums are added in
 // warp order), 16-byte weight loads (8 FP16 values) shared by the T tokens and activation loads shared by the R rows,
 // float32 products and sums (the decode GEMV: as exact as a float32 product of the FP16 weights, reading the weights
-// once). K % 8 == 0, rows of x 16-byte aligned.
+// once). With `early` each lane's first weight slices are loaded before the wait on the kernel ahead
+// (pdl_begin_after_weights). K % 8 == 0, rows of x 16-byte aligned.
 template <int T, int R>
-__global__ void gemv_f16w_f32x_kernel(const float* __restrict__ x, int64_t ldx, int K, GemvSegments seg, int parts) {
-  pdl_begin();
-  __shared__ float red[kWarps][R * T];
+__global__ void gemv_f16w_f32x_kernel(const float* __restrict__ x, int64_t ldx, int K, GemvSegments seg, int parts,
+                                      bool early) {
   const int warp = int(threadIdx.x >> 5), lane = threadIdx.x & 31, part = warp % parts;
   const int g = int(blockIdx.x) * (kWarps / parts) + warp / parts;
   const bool active = g < seg.groups_end[seg.count - 1];
   int s = 0, n0 = 0, nr = 0;
+  if (active) {
+    while (g >= seg.groups_end[s]) ++s;
+    const int first = s ? seg.rows_end[s - 1] : 0;
+    n0 = (g - (s ? seg.groups_end[s - 1] : 0)) * R;
+    nr = min(R, seg.rows_end[s] - first - n0);
+  }
+  const __half* w = seg.w[s] + int64_t(n0) * K;
+  constexpr int P = R == 1 ? gemv_prefetch<T>() : gemv_rows_prefetch<T>();
+  LaneSlicesF16<P, R> slices;
+  pdl_begin_after_weights(early, [&] {
+    if (active) slices.load(reinterpret_cast<const uint4*>(w), nr, lane_slice0(lane, part), K / 8, 32 * parts);
+  });
+  __shared__ float red[kWarps][R * T];
   float acc[R][T];
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int t = 0; t < T; ++t) acc[r][t] = 0.f;
   if (active) {
-    while (g >= seg.groups_end[s]) ++s;
-    const int first = s ? seg.rows_end[s - 1] : 0;
-    n0 = (g - (s ? seg.groups_end[s - 1] : 0)) * R;
-    nr = min(R, seg.rows_end[s] - first - n0);
     if constexpr (R == 1) {
-      lane_dots_f16w<T>(seg.w[s] + int64_t(n0) * K, x, ldx, K, lane, acc[0], part, parts);
+      lane_dots_f16w<T>(w, x, ldx, K, lane, slices, acc[0], part, parts);
     } else {
-      lane_dots_rows_f16w<T, R>(seg.w[s] + int64_t(n0) * K, nr, x, ldx, K, lane, acc, part, parts);
+      lane_dots_rows_f16w<T, R>(w, nr, x, ldx, K, lane, slices, acc, part, parts);
     }
   }
 #pragma unroll
@@ -265,20 +296,24 @@ __global__ void gemv_f16w_f32x_kernel(const float* __restrict__ x, int64_t ldx, 
 // The shared expert's down projection for T <= kGemvMaxTokens tokens with its activation and gate fused in (one warp
 // per output column c of H): out[t, c] += sigmoid(gate_logit[t]) * sum_k down[c, k] * silu(g[t, k]) * up[t, k]; g,
 // up [T, I] float32, down [H, I] FP16, I % 8 == 0, every pointer 16-byte aligned. Float32 throughout, the products
-// and the order of the sums as silu_mul_f32 + gemv_f16w_f32x + gated_accumulate compute them.
+// and the order of the sums as silu_mul_f32 + gemv_f16w_f32x + gated_accumulate compute them. With `early` the first
+// weight slices are loaded before the wait on the kernel ahead (pdl_begin_after_weights).
 template <int T>
 __global__ void shared_down_decode_kernel(const float* __restrict__ g, const float* __restrict__ up,
                                           const __half* __restrict__ down, const float* __restrict__ gate_logit, int I,
-                                          int H, float* __restrict__ out) {
-  pdl_begin();
+                                          int H, float* __restrict__ out, bool early) {
   const int c = int((int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5);
   const int lane = threadIdx.x & 31;
+  const uint4* wr = reinterpret_cast<const uint4*>(down + int64_t(c < H ? c : 0) * I);
+  LaneSlicesF16<gemv_prefetch<T>()> slices;
+  pdl_begin_after_weights(early, [&] {
+    if (c < H) slices.load(wr, 1, lane_slice0(lane, 0), I / 8, 32);
+  });
   if (c >= H) return;
-  const uint4* wr = reinterpret_cast<const uint4*>(down + int64_t(c) * I);
   float acc[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) acc[t] = 0.f;
-  for_lane_slices_f16<gemv_prefetch<T>()>(wr, I / 8, lane, [&](int v, const float(&wf)[8]) {
+  for_lane_slices_f16<gemv_prefetch<T>()>(wr, I / 8, lane, slices, [&](int v, const float(&wf)[8]) {
 #pragma unroll
     for (int t = 0; t < T; ++t) {
       const float* gr = g + int64_t(t) * I + int64_t(v) * 8;
@@ -309,6 +344,8 @@ __global__ void shared_down_decode_kernel(const float* __restrict__ g, const flo
 //            hidden column j, lane group b (32 / S lanes) for stream b: m_b = up[b*H + j] . d[t];
 //            u[t, j] = mean_b sigmoid(m_b) * n[t, b*H + j]. The up weights and the X' elements are loaded before the
 //            prologue.
+// Both kernels load their first weights (and norm weights) before the wait on the kernel ahead where `early`
+// (pdl_begin_after_weights).
 // With a pending injection (add_out [T, H], add_inj [T, S]; hc_inject_read) both kernels read X' = X + add_inj[t, b] *
 // add_out[t, j] (the expression of hc_inject_kernel) instead of X, and hc_up, whose lanes own one X element each,
 // stores X' in place. Needs H, R multiples of 8, S a power of two <= kHcMaxStreamsDecode, rows 16-byte aligned.
@@ -345,10 +382,8 @@ __global__ void __launch_bounds__(kHcDownThreads, kHcDownMinBlocks<T>)
     hc_down_kernel(const float* __restrict__ X, const float* __restrict__ add_out, const float* __restrict__ add_inj,
                    const __half* __restrict__ norm_w, const __half* __restrict__ down,
                    const __half* __restrict__ inject, int S, int H, int R, int rows, float* __restrict__ part,
-                   float* __restrict__ ss_out) {
-  pdl_begin();
+                   float* __restrict__ ss_out, bool early) {
   constexpr int RB = kHcDownRows, V = T * (RB + 1);  // per token: RB row dots, then the square sum
-  __shared__ float red[kHcDownThreads / 32][V];
   const int g = int(blockIdx.x), b = int(blockIdx.y), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t W = int64_t(S) * H;
   const int n8 = H / 8;
@@ -358,18 +393,28 @@ __global__ void __launch_bounds__(kHcDownThreads, kHcDownMinBlocks<T>)
     const int r = min(g * RB + i, rows - 1);
     wr[i] = reinterpret_cast<const uint4*>(r < R ? down + int64_t(r) * W : inject + int64_t(r - R) * W);
   }
+  // The weight and norm slices of this thread's first 8-wide slice (the only one at the released width), loaded
+  // before the wait with `early`; the loop loads the later ones.
+  uint4 wraw[RB], graw;
+  auto load_slice = [&](int v) {
+    const int64_t k8 = int64_t(b) * n8 + v;  // the slice in a row of S*H inputs
+#pragma unroll
+    for (int i = 0; i < RB; ++i) wraw[i] = __ldg(wr[i] + k8);
+    graw = __ldg(reinterpret_cast<const uint4*>(norm_w) + k8);
+  };
+  pdl_begin_after_weights(early, [&] {
+    if (int(threadIdx.x) < n8) load_slice(int(threadIdx.x));
+  });
+  __shared__ float red[kHcDownThreads / 32][V];
   float acc[T][RB + 1];
 #pragma unroll
   for (int t = 0; t < T; ++t)
 #pragma unroll
     for (int i = 0; i <= RB; ++i) acc[t][i] = 0.f;
   for (int v = threadIdx.x; v < n8; v += blockDim.x) {
-    const int64_t k8 = int64_t(b) * n8 + v;  // the slice in a row of S*H inputs
-    uint4 wraw[RB];
-#pragma unroll
-    for (int i = 0; i < RB; ++i) wraw[i] = __ldg(wr[i] + k8);
+    if (v != int(threadIdx.x)) load_slice(v);
     float gf[8];
-    unpack_f16x8(__ldg(reinterpret_cast<const uint4*>(norm_w) + k8), gf);
+    unpack_f16x8(graw, gf);
 #pragma unroll
     for (int t = 0; t < T; ++t) {
       const float4 p = hc_x4(X, add_out, add_inj, t, b, 2 * v, S, H),
@@ -417,8 +462,7 @@ __global__ void hc_up_kernel(float* __restrict__ X, const float* __restrict__ ad
                              const float* __restrict__ add_inj, const __half* __restrict__ norm_w,
                              const __half* __restrict__ up, const float* __restrict__ part,
                              const float* __restrict__ ss, int S, int H, int R, int rows, float eps,
-                             float* __restrict__ u, float* __restrict__ inj) {
-  pdl_begin();
+                             float* __restrict__ u, float* __restrict__ inj, bool early) {
   extern __shared__ float d_s[];  // [T, R]
   __shared__ float rstd[T][kHcMaxStreamsDecode];
   constexpr int P = kHcUpSlices;
@@ -426,13 +470,17 @@ __global__ void hc_up_kernel(float* __restrict__ X, const float* __restrict__ ad
   const int j = int(blockIdx.x) * kWarps + warp, r8 = R / 8;
   const bool active = j < H;  // per warp
   const uint4* wr = reinterpret_cast<const uint4*>(up + (int64_t(b) * H + (active ? j : 0)) * R);
-  uint4 raw[P];
-#pragma unroll
-  for (int i = 0; i < P; ++i)
-    if (active && sub + i * L < r8) raw[i] = __ldg(wr + sub + i * L);
-  // The X' element this lane group mixes (its first lane), with the pending injection stored in place.
   const int64_t W = int64_t(S) * H, c = int64_t(b) * H + j;
-  const float gn = active ? 1.f + to_f(norm_w[c]) : 0.f;
+  // The first up-row slices and the norm weight of this lane's element, before the wait with `early`.
+  uint4 raw[P];
+  float gn = 0.f;
+  pdl_begin_after_weights(early, [&] {
+#pragma unroll
+    for (int i = 0; i < P; ++i)
+      if (active && sub + i * L < r8) raw[i] = __ldg(wr + sub + i * L);
+    if (active) gn = 1.f + to_f(norm_w[c]);
+  });
+  // The X' element this lane group mixes (its first lane), with the pending injection stored in place.
   float xv[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) {
@@ -885,14 +933,15 @@ __global__ void qsa_topk_kernel(Layout lay, const float* __restrict__ scores, in
 
 // The templates as sm_70 kernels for the NVRTC check (scripts/check-sm70.sh compiles device code only).
 #define FN_DECODE_KERNELS(TT)                                                                                          \
-  template __global__ void gemv_f16w_f32x_kernel<TT, 1>(const float*, int64_t, int, GemvSegments, int);                \
-  template __global__ void gemv_f16w_f32x_kernel<TT, kGemvRows>(const float*, int64_t, int, GemvSegments, int);        \
+  template __global__ void gemv_f16w_f32x_kernel<TT, 1>(const float*, int64_t, int, GemvSegments, int, bool);          \
+  template __global__ void gemv_f16w_f32x_kernel<TT, kGemvRows>(const float*, int64_t, int, GemvSegments, int, bool);  \
   template __global__ void shared_down_decode_kernel<TT>(const float*, const float*, const __half*, const float*, int, \
-                                                         int, float*);                                                 \
+                                                         int, float*, bool);                                           \
   template __global__ void hc_down_kernel<TT>(const float*, const float*, const float*, const __half*, const __half*,  \
-                                              const __half*, int, int, int, int, float*, float*);                      \
+                                              const __half*, int, int, int, int, float*, float*, bool);                \
   template __global__ void hc_up_kernel<TT>(float*, const float*, const float*, const __half*, const __half*,          \
-                                            const float*, const float*, int, int, int, int, float, float*, float*);
+                                            const float*, const float*, int, int, int, int, float, float*, float*,     \
+                                            bool);
 FN_DECODE_KERNELS(1)
 FN_DECODE_KERNELS(2)
 FN_DECODE_KERNELS(3)
@@ -1203,13 +1252,14 @@ cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, int K, const Gemv
   while (parts < max_parts && int64_t(groups) * parts < 4096) parts *= 2;
   const int groups_per_block = kWarps / parts;
   const unsigned blocks = unsigned((int64_t(groups) + groups_per_block - 1) / groups_per_block);
+  const bool early = early_weights();
   switch (tokens * 2 + (R == 1 ? 0 : 1)) {
-#define FN_GEMV_CASE(TT)                                                                              \
-  case TT * 2:                                                                                        \
-    launch(gemv_f16w_f32x_kernel<TT, 1>, blocks, kThreads, 0, stream, x, ldx, K, seg, parts);         \
-    break;                                                                                            \
-  case TT * 2 + 1:                                                                                    \
-    launch(gemv_f16w_f32x_kernel<TT, kGemvRows>, blocks, kThreads, 0, stream, x, ldx, K, seg, parts); \
+#define FN_GEMV_CASE(TT)                                                                                     \
+  case TT * 2:                                                                                               \
+    launch(gemv_f16w_f32x_kernel<TT, 1>, blocks, kThreads, 0, stream, x, ldx, K, seg, parts, early);         \
+    break;                                                                                                   \
+  case TT * 2 + 1:                                                                                           \
+    launch(gemv_f16w_f32x_kernel<TT, kGemvRows>, blocks, kThreads, 0, stream, x, ldx, K, seg, parts, early); \
     break;
     FN_GEMV_CASE(1) FN_GEMV_CASE(2) FN_GEMV_CASE(3) FN_GEMV_CASE(4)
     FN_GEMV_CASE(5) FN_GEMV_CASE(6) FN_GEMV_CASE(7) FN_GEMV_CASE(8)
@@ -1225,9 +1275,10 @@ cudaError_t launch_shared_down_decode(const float* g, const float* up, const __h
   if (inter % 8 != 0) return cudaErrorInvalidValue;
   const unsigned blocks = unsigned((int64_t(hidden) + kWarps - 1) / kWarps);
   switch (tokens) {
-#define FN_SHARED_CASE(TT)                                                                                           \
-  case TT:                                                                                                           \
-    launch(shared_down_decode_kernel<TT>, blocks, kThreads, 0, stream, g, up, down, gate_logit, inter, hidden, out); \
+#define FN_SHARED_CASE(TT)                                                                                          \
+  case TT:                                                                                                          \
+    launch(shared_down_decode_kernel<TT>, blocks, kThreads, 0, stream, g, up, down, gate_logit, inter, hidden, out, \
+           early_weights());                                                                                        \
     break;
     FN_SHARED_CASE(1) FN_SHARED_CASE(2) FN_SHARED_CASE(3) FN_SHARED_CASE(4)
     FN_SHARED_CASE(5) FN_SHARED_CASE(6) FN_SHARED_CASE(7) FN_SHARED_CASE(8)
@@ -1260,13 +1311,14 @@ cudaError_t launch_hc_read_decode(float* X, const float* add_out, const float* a
   const unsigned down_threads = unsigned(std::min(kHcDownThreads, (hidden / 8 + 31) / 32 * 32));
   const unsigned up_blocks = unsigned((hidden + kWarps - 1) / kWarps);
   const size_t up_smem = size_t(tokens) * rank * sizeof(float);
+  const bool early = early_weights();
   switch (tokens) {
 #define FN_HC_CASE(TT)                                                                                                 \
   case TT:                                                                                                             \
     launch(hc_down_kernel<TT>, down_grid, down_threads, 0, stream, X, add_out, add_inj, norm_w, down, inject, streams, \
-           hidden, rank, rows, part, ss);                                                                              \
+           hidden, rank, rows, part, ss, early);                                                                       \
     launch(hc_up_kernel<TT>, up_blocks, kThreads, up_smem, stream, X, add_out, add_inj, norm_w, up, part, ss, streams, \
-           hidden, rank, rows, eps, u, inj);                                                                           \
+           hidden, rank, rows, eps, u, inj, early);                                                                    \
     break;
     FN_HC_CASE(1) FN_HC_CASE(2) FN_HC_CASE(3) FN_HC_CASE(4)
     FN_HC_CASE(5) FN_HC_CASE(6) FN_HC_CASE(7) FN_HC_CASE(8)

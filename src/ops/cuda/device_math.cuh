@@ -21,6 +21,23 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 
+/// pdl_begin() with a weights prologue, the only other way a kernel launched by launch() may begin: with `early`,
+/// load_weights() runs first, so that its loads are in flight while the kernel ahead still runs, then pdl_begin();
+/// without, pdl_begin() first. load_weights may read only weights, memory that no kernel writes while steps run (the
+/// model's weights, written at load: the weight operands of the ops, ops.h), and may write only registers; the
+/// caller passes `early` from early_weights() (kernel_attributes.h: FLASHNEXT_CUDA_EARLY_WEIGHTS=0 turns it off).
+/// Below compute capability 9.0 the order makes no difference: the kernel starts after the one ahead has finished.
+template <class LoadWeights>
+__device__ __forceinline__ void pdl_begin_after_weights(bool early, LoadWeights&& load_weights) {
+  if (early) {
+    load_weights();
+    pdl_begin();
+  } else {
+    pdl_begin();
+    load_weights();
+  }
+}
+
 __device__ __forceinline__ float to_f(__half x) {
   return __half2float(x);
 }

@@ -40,6 +40,18 @@ inline std::atomic<int>& programmatic_launch_setting() {
   return setting;
 }
 
+/// Whether the kernels that begin with pdl_begin_after_weights (device_math.cuh: the decode GEMV, the shared
+/// expert's down product, the decode hyper-connection read) load their first weights before the wait on the kernel
+/// ahead: true unless the environment says FLASHNEXT_CUDA_EARLY_WEIGHTS=0 (read once; for before/after
+/// measurements). The results do not depend on it.
+inline bool early_weights() {
+  static const bool on = [] {
+    const char* v = std::getenv("FLASHNEXT_CUDA_EARLY_WEIGHTS");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
 /// The PTX version (major * 10 + minor of the compute capability it was compiled for) of `kernel`'s code for the
 /// current device, the image cudaFuncGetAttributes picks; 0 when a query fails. It says which instructions the code
 /// holds: a build whose only device code is compute_70 PTX (scripts/nvcc-ptx70.py), JIT-compiled on an H100, reports
