@@ -398,16 +398,17 @@ OpCase gated_rms_norm_case(int64_t T, int64_t heads, int64_t D, GateAct act, Wei
 
 // ---------------------------------------------------------------- hyper-connections
 
-OpCase hc_read_case(int64_t T, int64_t S, int64_t H, int64_t R, bool inject, Weights wk) {
+OpCase hc_read_case(int64_t T, int64_t S, int64_t H, int64_t R, bool inject, Weights wk, float x_scale) {
   OpCase c;
-  c.name = fmt::format("hc_read/T={}/S={}/H={}/R={}{}", T, S, H, R, inject ? "/inject" : "/mixer");
+  c.name = fmt::format("hc_read/T={}/S={}/H={}/R={}{}{}", T, S, H, R, inject ? "/inject" : "/mixer",
+                       x_scale == 2.f ? std::string() : fmt::format("/x={:g}", x_scale));
   c.family = OpFamily::Hc;
   const int64_t SH = S * H;
   c.bytes = kW * double(SH * (2 * R + 1 + (inject ? S : 0))) + kF * double(T * (SH + H + (inject ? S : 0)));
   c.flops = 2.0 * double(T) * double(SH) * double(2 * R + (inject ? S : 0)) + 10.0 * double(T * SH);
   c.build = [=](Ops& ops, uint64_t seed) {
     Gen g(ops, seed, wk);
-    Tensor X = g.act({T, SH}, 2.f);
+    Tensor X = g.act({T, SH}, x_scale);
     HcWeights hc{g.weight({SH}, 0.2f), g.weight({R, SH}, float(std::sqrt(3.0 / double(SH)))),
                  g.weight({SH, R}, float(std::sqrt(3.0 / double(R)))),
                  inject ? g.weight({S, SH}, float(std::sqrt(3.0 / double(SH)))) : Tensor()};

@@ -51,7 +51,10 @@ OpCase zc_rms_norm_case(int64_t T, int64_t L, int64_t W, int64_t group, bool in_
 OpCase gated_rms_norm_case(int64_t T, int64_t heads, int64_t D, GateAct act, Weights wk = Weights::HostFp16);
 
 // ---------------------------------------------------------------- hyper-connections
-OpCase hc_read_case(int64_t T, int64_t S, int64_t H, int64_t R, bool inject, Weights wk = Weights::HostFp16);
+/// x_scale: X uniform in [-x_scale, x_scale] (the normed values, and so the outputs, do not depend on it; a large or
+/// small residual checks that no kernel rounds X itself to FP16).
+OpCase hc_read_case(int64_t T, int64_t S, int64_t H, int64_t R, bool inject, Weights wk = Weights::HostFp16,
+                    float x_scale = 2.f);
 /// hc_inject_read: the injection of a sublayer output into X, then the next read (X, u and inj compared).
 OpCase hc_inject_read_case(int64_t T, int64_t S, int64_t H, int64_t R, bool inject, Weights wk = Weights::HostFp16);
 OpCase hc_inject_case(int64_t T, int64_t S, int64_t H);

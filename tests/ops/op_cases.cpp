@@ -136,6 +136,12 @@ void add_hc(std::vector<OpCase>& v) {
     v.push_back(hc_read_case(2, kS, kH, kR, inject));  // released width
     v.push_back(hc_read_case(33, kS, kH, kR, inject));  // released width, the prefill kernels
     v.push_back(hc_read_case(11, 2, 30, 24, inject));   // prefill mix without vector loads (H not a multiple of 4)
+    // The tensor-core prefill kernels (SM80+): 2 and 4 streams, token tiles of 64 cut short, column tiles past H,
+    // row tiles of 192 past R + S.
+    v.push_back(hc_read_case(70, 2, 192, 64, inject));
+    v.push_back(hc_read_case(45, 4, 64, 128, inject));
+    v.push_back(hc_read_case(130, 4, 64, 320, inject));
+    for (float x : {7e4f, 1e-3f}) v.push_back(hc_read_case(70, 4, 64, 64, inject, Weights::HostFp16, x));
   }
   for (bool inject : {true, false}) {
     for (int64_t T : {1, 3, 8}) {
@@ -145,6 +151,8 @@ void add_hc(std::vector<OpCase>& v) {
     v.push_back(hc_inject_read_case(1, 2, 40, 24, inject));
     v.push_back(hc_inject_read_case(4, 8, 16, 32, inject));
     v.push_back(hc_inject_read_case(9, 3, 40, 24, inject));  // past the decode kernels: inject, then read
+    v.push_back(hc_inject_read_case(70, 2, 192, 64, inject));  // the tensor-core prefill kernels, injection folded in
+    v.push_back(hc_inject_read_case(33, kS, kH, kR, inject));
     v.push_back(hc_inject_read_case(0, 4, 64, 32, inject));
     v.push_back(hc_inject_read_case(2, kS, kH, kR, inject));
   }

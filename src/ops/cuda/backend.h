@@ -177,8 +177,8 @@ class CudaOps final : public Ops {
 
   void hc_read(const Tensor& X, const HcWeights& hc, double eps, const Tensor& u, const Tensor& inj) override;
   void hc_inject(const Tensor& X, const Tensor& out, const Tensor& inj) override;
-  /// Decode (hc_read_decode_supported): the injection computed inside the two read kernels, the second of which
-  /// stores the injected X; otherwise the default.
+  /// Decode (hc_read_decode_supported) and, on SM80+, prefill (hc_read_prefill_supported): the injection computed
+  /// inside the two read kernels, the second of which stores the injected X; otherwise the default.
   void hc_inject_read(const Tensor& X, const Tensor& out, const Tensor& inj_prev, const HcWeights& hc, double eps,
                       const Tensor& u, const Tensor& inj) override;
 
@@ -357,6 +357,11 @@ class CudaOps final : public Ops {
   /// returns false (nothing done) where they do not apply. Shapes checked by the caller.
   bool hc_read_decode(const Tensor& X, const Tensor& out, const Tensor& inj_prev, const HcWeights& hc, double eps,
                       const Tensor& u, const Tensor& inj);
+  /// hc_read of more rows through launch_hc_read_prefill (SM80+, hc_read_prefill_supported, 16-byte aligned rows;
+  /// FP16x2 activations whatever split() says; FLASHNEXT_CUDA_HC_PREFILL=cublas turns it off), the injection folded
+  /// in as hc_read_decode; returns false (nothing done) where it does not apply. Shapes checked by the caller.
+  bool hc_read_prefill(const Tensor& X, const Tensor& out, const Tensor& inj_prev, const HcWeights& hc, double eps,
+                       const Tensor& u, const Tensor& inj);
 
   // ------------------------------------------------ gdn_ops.cpp
 

@@ -44,6 +44,24 @@ cudaError_t launch_hc_act_split(const float* y2, __half* a2, int tokens, int ran
 /// up product over a2 (16-byte aligned rows where H is a multiple of 4: vector loads).
 cudaError_t launch_hc_mix_split(const float* m2, const __half* n2, float* u, int tokens, int streams, int hidden,
                                 cudaStream_t stream);
+
+/// The prefill read on the tensor cores (hc_kernels.cu "prefill read"): whether this device runs it (its kernels
+/// compiled for compute capability 8.0+) for these sizes: streams 2 or 4, hidden and rank multiples of 64, the up
+/// weights and the activations' halves (2 * tokens * rank) fewer than 2^31 values.
+bool hc_read_prefill_supported(int tokens, int streams, int hidden, int rank);
+/// Floats of scratch launch_hc_read_prefill needs on the current device: the down product's partial sums [splits,
+/// tokens, rank (+ streams with inject rows)], its activations as FP16 halves [2, tokens, rank] and rstd [tokens,
+/// streams].
+int64_t hc_read_prefill_scratch(int tokens, int streams, int hidden, int rank, bool inject);
+/// hc_read of X [tokens, streams * hidden] FP32 into u [tokens, hidden] and (with `inject`, the block_inject rows
+/// [streams, streams * hidden]) inj [tokens, streams], FP16x2 activations on mma.sync; with add_out
+/// [tokens, hidden] and add_inj [tokens, streams] (hc_inject_read) X' = X + add_inj * add_out is read and stored in
+/// X. down [rank, S*H], up [S*H, rank], norm_w [S*H] FP16. Four launches. cudaErrorInvalidValue outside
+/// hc_read_prefill_supported; every pointer and row 16-byte aligned.
+cudaError_t launch_hc_read_prefill(float* X, const float* add_out, const float* add_inj, const __half* norm_w,
+                                   const __half* down, const __half* up, const __half* inject, int tokens, int streams,
+                                   int hidden, int rank, float eps, float* scratch, float* u, float* inj,
+                                   cudaStream_t stream);
 #endif
 
 }  // namespace flashnext::cuda::detail

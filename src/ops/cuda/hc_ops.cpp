@@ -1,7 +1,11 @@
-// The CUDA backend's hyper-connection ops: the gated residual read (two float32 GEMV launches in decode; norm,
-// FP16x2 or FP16 products and the mix in prefill: three kernels around two cuBLAS products), the injection into every
-// stream, and in decode the injection folded into the next read's two launches (hc_inject_read).
+// The CUDA backend's hyper-connection ops: the gated residual read (two float32 GEMV launches in decode; in prefill
+// on SM80+ four launches around two tensor-core products with FP16x2 activations in either precision, else norm,
+// FP16x2 or FP16 products and the mix: three kernels around two cuBLAS products), the injection into every stream, and
+// in decode and the tensor-core prefill the injection folded into the next read (hc_inject_read).
 #include <cuda_fp16.h>
+
+#include <cstdlib>
+#include <cstring>
 
 #include "ops/contract/hc.h"
 #include "ops/cuda/backend.h"
@@ -31,11 +35,39 @@ bool CudaOps::hc_read_decode(const Tensor& X, const Tensor& out, const Tensor& i
   return true;
 }
 
+bool CudaOps::hc_read_prefill(const Tensor& X, const Tensor& out, const Tensor& inj_prev, const HcWeights& hc,
+                              double eps, const Tensor& u, const Tensor& inj) {
+  static const bool off = [] {
+    const char* v = std::getenv("FLASHNEXT_CUDA_HC_PREFILL");
+    return v && std::strcmp(v, "cublas") == 0;
+  }();
+  const int64_t T = X.dim(0), H = u.dim(1), S = X.dim(1) / H, R = hc.down.dim(0);
+  const bool with_inject = hc.inject.defined();
+  if (off || T <= detail::kGemvMaxTokens ||
+      !detail::hc_read_prefill_supported(to_int(T, "hc_read", "tokens"), int(S), to_int(H, "hc_read", "hidden"),
+                                         to_int(R, "hc_read", "rank")) ||
+      !aligned16(X) || !aligned16(hc.norm) || !aligned16(hc.down) || !aligned16(hc.up) ||
+      (with_inject && !aligned16(hc.inject)) || !aligned16(u) || (out.defined() && !aligned16(out)))
+    return false;
+  const int t = to_int(T, "hc_read", "tokens");
+  Tensor scratch = alloc({detail::hc_read_prefill_scratch(t, int(S), int(H), int(R), with_inject)}, DType::F32,
+                         "hc_read prefill scratch");
+  FN_CUDA_CHECK(detail::launch_hc_read_prefill(
+                    dp<float>(X), out.defined() ? dp<const float>(out) : nullptr,
+                    out.defined() ? dp<const float>(inj_prev) : nullptr, dp<__half>(hc.norm), dp<__half>(hc.down),
+                    dp<__half>(hc.up), with_inject ? dp<__half>(hc.inject) : nullptr, t, int(S), int(H), int(R),
+                    float(eps), dp<float>(scratch), dp<float>(u), with_inject ? dp<float>(inj) : nullptr, stream()),
+                out.defined() ? "hc_inject_read prefill" : "hc_read prefill");
+  return true;
+}
+
 void CudaOps::hc_inject_read(const Tensor& X, const Tensor& out, const Tensor& inj_prev, const HcWeights& hc,
                              double eps, const Tensor& u, const Tensor& inj) {
   contract::hc_inject(spec(), X, out, inj_prev);
   const auto dims = contract::hc_read(spec(), X, hc, u, inj);
-  if (dims.tokens > 0 && hc_read_decode(X, out, inj_prev, hc, eps, u, inj)) return;
+  if (dims.tokens > 0 &&
+      (hc_read_decode(X, out, inj_prev, hc, eps, u, inj) || hc_read_prefill(X, out, inj_prev, hc, eps, u, inj)))
+    return;
   Ops::hc_inject_read(X, out, inj_prev, hc, eps, u, inj);
 }
 
@@ -47,7 +79,8 @@ void CudaOps::hc_read(const Tensor& X, const HcWeights& hc, double eps, const Te
            detail::kHcMaxStreams);
   const int t = to_int(T, op, "tokens"), w = to_int(W, op, "width"), r = to_int(R, op, "rank");
   if (t == 0) return;
-  if (hc_read_decode(X, Tensor(), Tensor(), hc, eps, u, inj)) return;
+  if (hc_read_decode(X, Tensor(), Tensor(), hc, eps, u, inj) || hc_read_prefill(X, Tensor(), Tensor(), hc, eps, u, inj))
+    return;
   if (split()) {  // float32 statistics and sums, products with FP16x2 inputs
     // n2 = [n_hi; n_lo] and a2 = [a_hi; a_lo] feed cuBLAS as 2T rows; the mix adds the output halves.
     Tensor n2 = alloc({2 * T, W}, DType::F16, "hc_read normed"), y2 = alloc({2 * T, R}, DType::F32, "hc_read down");

@@ -1,5 +1,6 @@
 // Tensor-core instructions of compute capability 8.0 and newer that the faster kernels beside the SM70 baseline use:
-// mma.sync m16n8k16 (FP16 inputs, FP32 accumulation) and ldmatrix (shared memory to fragments, PTX ISA 7.0). Below
+// mma.sync m16n8k16 (FP16 inputs, FP32 accumulation), ldmatrix (shared memory to fragments) and cp.async (global to
+// shared memory without registers), PTX ISA 7.0. Below
 // 8.0 they compile to nothing: a kernel built on them is an empty body there, and the host picks it only where its
 // code holds them (kernel_ptx_version >= 80, kernel_attributes.h). Fragment layouts: PTX ISA "Matrix fragments for
 // mma.m16n8k16" (g = lane / 4, t = lane % 4).
@@ -39,6 +40,29 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem_r
                  : "r"(a));
 #else
   r[0] = r[1] = r[2] = r[3] = 0;
+#endif
+}
+
+/// 16 bytes from global to shared memory, asynchronously (cp.async.cg: through L2 only); with valid false the 16
+/// bytes are zeros and nothing is read (gmem must still be a mapped address). Both 16-byte aligned.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned dst = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
+#endif
+}
+/// Closes the group of the cp.async issued since the last commit.
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+/// Waits until at most N committed groups of this thread are pending (their shared memory then written; a barrier
+/// makes it visible to the other threads).
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 #endif
 }
 

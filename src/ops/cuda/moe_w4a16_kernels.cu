@@ -861,24 +861,6 @@ constexpr int kW4MmaGemmOutputs = GATE_UP ? kW4MmaGemmRows / 2 : kW4MmaGemmRows;
 constexpr int kW4MmaGemmGroups = kW4TileM / 8;  // 8-slot groups of a tile
 constexpr int kW4MmaGemmRowWords = 18;          // 16-byte words a slot's row of one stage takes (16 + 2 padding)
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned dst = unsigned(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-#endif
-}
-
 // Without a register bound the kernel takes 254-255 registers (two blocks an SM) and does not spill.
 template <bool GATE_UP, bool NVFP4>
 __global__ void __launch_bounds__(kW4MmaGemmWarps * 32)
