@@ -205,6 +205,35 @@ __device__ __forceinline__ void split_f16(float v, __half& hi, __half& lo) {
   lo = __float2half_rn(v - __half2float(hi));
 }
 
+// The A fragments of a warp's two 16-token tiles (rows row0 ..) at k-step ks of a staged stage a [hi, lo]: ah from the
+// hi halves, al from the lo halves (ldmatrix rows lane % 16 at column 8 (lane / 16)).
+__device__ __forceinline__ void hc_mma_a(const __half (&a)[2][kHcMmaTokens][kHcMmaPitch], int row0, int ks, int lane,
+                                         uint32_t (&ah)[2][4], uint32_t (&al)[2][4]) {
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+    ldmatrix_x4(ah[mi], &a[0][row0 + 16 * mi + (lane & 15)][16 * ks + 8 * (lane >> 4)]);
+    ldmatrix_x4(al[mi], &a[1][row0 + 16 * mi + (lane & 15)][16 * ks + 8 * (lane >> 4)]);
+  }
+}
+
+// acc[mi][n0 + n] += (A_hi + A_lo)[mi] B_n for the two n8 tiles of the 16 staged weight rows w16 (k-step ks; ldmatrix
+// matrices (rows 0-7, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 0-7), (rows 8-15, k 8-15)).
+template <int N>
+__device__ __forceinline__ void hc_mma_b16(const __half (*w16)[kHcMmaPitch], int ks, int lane,
+                                           const uint32_t (&ah)[2][4], const uint32_t (&al)[2][4],
+                                           float (&acc)[2][N][4], int n0) {
+  const int bm = lane >> 3;
+  uint32_t bw[4];
+  ldmatrix_x4(bw, &w16[8 * (bm >> 1) + (lane & 7)][16 * ks + 8 * (bm & 1)]);
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      mma_m16n8k16(acc[mi][n0 + n], ah[mi][0], ah[mi][1], ah[mi][2], ah[mi][3], bw[2 * n], bw[2 * n + 1]);
+      mma_m16n8k16(acc[mi][n0 + n], al[mi][0], al[mi][1], al[mi][2], al[mi][3], bw[2 * n], bw[2 * n + 1]);
+    }
+}
+
 // rstd[t][b] of X' (a warp per (t, b); H a multiple of 4, rows 16-byte aligned).
 __global__ void hc_stats_prefill_kernel(const float* __restrict__ X, const float* __restrict__ add_out,
                                         const float* __restrict__ add_inj, int T, int S, int H, float eps,
@@ -303,8 +332,6 @@ __global__ void __launch_bounds__(kHcMmaThreads, 2)
   for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
     for (int n = 0; n < kHcDownWarpTiles; ++n) acc[mi][n][0] = acc[mi][n][1] = acc[mi][n][2] = acc[mi][n][3] = 0.f;
-  const int a_row = lane & 15, a_col = 8 * (lane >> 4);
-  const int bm = lane >> 3, b_row = 8 * (bm >> 1) + (lane & 7), b_col = 8 * (bm & 1);
 
   if (st0 < st1) {
     load_w(0, st0);
@@ -323,23 +350,10 @@ __global__ void __launch_bounds__(kHcMmaThreads, 2)
 #pragma unroll
     for (int ks = 0; ks < kHcMmaK / 16; ++ks) {
       uint32_t ah[2][4], al[2][4];
+      hc_mma_a(sm.a[buf], 32 * wm, ks, lane, ah, al);
 #pragma unroll
-      for (int mi = 0; mi < 2; ++mi) {
-        ldmatrix_x4(ah[mi], &sm.a[buf][0][32 * wm + 16 * mi + a_row][16 * ks + a_col]);
-        ldmatrix_x4(al[mi], &sm.a[buf][1][32 * wm + 16 * mi + a_row][16 * ks + a_col]);
-      }
-#pragma unroll
-      for (int np = 0; np < kHcDownWarpTiles / 2; ++np) {
-        uint32_t bw[4];
-        ldmatrix_x4(bw, &sm.w[buf][48 * wn + 16 * np + b_row][16 * ks + b_col]);
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-          for (int n = 0; n < 2; ++n) {
-            mma_m16n8k16(acc[mi][2 * np + n], ah[mi][0], ah[mi][1], ah[mi][2], ah[mi][3], bw[2 * n], bw[2 * n + 1]);
-            mma_m16n8k16(acc[mi][2 * np + n], al[mi][0], al[mi][1], al[mi][2], al[mi][3], bw[2 * n], bw[2 * n + 1]);
-          }
-      }
+      for (int np = 0; np < kHcDownWarpTiles / 2; ++np)
+        hc_mma_b16(&sm.w[buf][48 * wn + 16 * np], ks, lane, ah, al, acc, 2 * np);
     }
     if (next) store_x(buf ^ 1);
     cp_async_wait<0>();
@@ -425,8 +439,6 @@ __global__ void __launch_bounds__(kHcMmaThreads, 2)
   for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
     for (int n = 0; n < 8; ++n) acc[mi][n][0] = acc[mi][n][1] = acc[mi][n][2] = acc[mi][n][3] = 0.f;
-  const int a_row = lane & 15, a_col = 8 * (lane >> 4);
-  const int bm = lane >> 3, b_row = 8 * (bm >> 1) + (lane & 7), b_col = 8 * (bm & 1);
   load(0, 0);
   for (int st = 0; st < stages; ++st) {
     const int buf = st & 1;
@@ -440,23 +452,11 @@ __global__ void __launch_bounds__(kHcMmaThreads, 2)
 #pragma unroll
     for (int ks = 0; ks < kHcMmaK / 16; ++ks) {
       uint32_t ah[2][4], al[2][4];
-#pragma unroll
-      for (int mi = 0; mi < 2; ++mi) {
-        ldmatrix_x4(ah[mi], &sm.a[buf][0][32 * wm + 16 * mi + a_row][16 * ks + a_col]);
-        ldmatrix_x4(al[mi], &sm.a[buf][1][32 * wm + 16 * mi + a_row][16 * ks + a_col]);
-      }
+      hc_mma_a(sm.a[buf], 32 * wm, ks, lane, ah, al);
 #pragma unroll
       for (int p = 0; p < 4; ++p) {  // n8 tiles 2p, 2p + 1: stream b = 2p / NJ, column tiles jt, jt + 1
         const int b = 2 * p / NJ, jt = 2 * p % NJ;
-        uint32_t bw[4];
-        ldmatrix_x4(bw, &sm.w[buf][b * JB + JW * wj + 8 * jt + b_row][16 * ks + b_col]);
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-          for (int n = 0; n < 2; ++n) {
-            mma_m16n8k16(acc[mi][2 * p + n], ah[mi][0], ah[mi][1], ah[mi][2], ah[mi][3], bw[2 * n], bw[2 * n + 1]);
-            mma_m16n8k16(acc[mi][2 * p + n], al[mi][0], al[mi][1], al[mi][2], al[mi][3], bw[2 * n], bw[2 * n + 1]);
-          }
+        hc_mma_b16(&sm.w[buf][b * JB + JW * wj + 8 * jt], ks, lane, ah, al, acc, 2 * p);
       }
     }
     __syncthreads();  // the stage is read: the load after the next wait may overwrite it
