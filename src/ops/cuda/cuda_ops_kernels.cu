@@ -133,7 +133,7 @@ struct LaneSlicesF16 {
 };
 
 // The first slice of a lane (split-K, gemv_f16w_f32x_kernel: `part` of `parts` warps on the row takes the slices
-// lane + 32 * (part + parts * i)) and the stride between its slices.
+// lane + 32 * (part + parts * i), so the stride between a lane's slices is 32 * parts).
 __device__ __forceinline__ int lane_slice0(int lane, int part) {
   return lane + 32 * part;
 }
