@@ -352,16 +352,13 @@ class CudaOps final : public Ops {
 
   // ------------------------------------------------ hc_ops.cpp
 
-  /// hc_read in the two decode kernels (at most kGemvMaxTokens rows, hc_read_decode_supported, 16-byte aligned
-  /// rows), with the injection X += inj_prev (x) out folded in and stored when `out` is defined (hc_inject_read);
-  /// returns false (nothing done) where they do not apply. Shapes checked by the caller.
-  bool hc_read_decode(const Tensor& X, const Tensor& out, const Tensor& inj_prev, const HcWeights& hc, double eps,
-                      const Tensor& u, const Tensor& inj);
-  /// hc_read of more rows through launch_hc_read_prefill (SM80+, hc_read_prefill_supported, 16-byte aligned rows;
-  /// FP16x2 activations whatever split() says; FLASHNEXT_CUDA_HC_PREFILL=cublas turns it off), the injection folded
-  /// in as hc_read_decode; returns false (nothing done) where it does not apply. Shapes checked by the caller.
-  bool hc_read_prefill(const Tensor& X, const Tensor& out, const Tensor& inj_prev, const HcWeights& hc, double eps,
-                       const Tensor& u, const Tensor& inj);
+  /// hc_read in the backend's own kernels, with the injection X += inj_prev (x) out folded in and stored when `out`
+  /// is defined (hc_inject_read): the two decode kernels for at most kGemvMaxTokens rows (hc_read_decode_supported),
+  /// else on SM80+ launch_hc_read_prefill (hc_read_prefill_supported; FP16x2 activations whatever split() says;
+  /// FLASHNEXT_CUDA_HC_PREFILL=cublas turns it off); rows 16-byte aligned. Returns false (nothing done) where they
+  /// do not apply. Shapes checked by the caller.
+  bool hc_read_fused(const Tensor& X, const Tensor& out, const Tensor& inj_prev, const HcWeights& hc, double eps,
+                     const Tensor& u, const Tensor& inj);
 
   // ------------------------------------------------ gdn_ops.cpp
 

@@ -13,51 +13,35 @@
 
 namespace flashnext::cuda {
 
-// The decode read: float32 throughout, two launches (per-stream partial dots of the down and inject rows; the
-// statistics, the up rows and the mix).
-bool CudaOps::hc_read_decode(const Tensor& X, const Tensor& out, const Tensor& inj_prev, const HcWeights& hc,
-                             double eps, const Tensor& u, const Tensor& inj) {
-  const int64_t T = X.dim(0), H = u.dim(1), S = X.dim(1) / H, R = hc.down.dim(0);
-  const bool with_inject = hc.inject.defined();
-  if (T > detail::kGemvMaxTokens ||
-      !detail::hc_read_decode_supported(int(T), int(S), int(H), to_int(R, "hc_read", "rank")) || !aligned16(X) ||
-      !aligned16(hc.norm) || !aligned16(hc.down) || !aligned16(hc.up) || (with_inject && !aligned16(hc.inject)) ||
-      (out.defined() && !aligned16(out)))
-    return false;
-  Tensor scratch =
-      alloc({detail::hc_read_decode_scratch(int(T), int(S), int(R), with_inject)}, DType::F32, "hc_read scratch");
-  FN_CUDA_CHECK(detail::launch_hc_read_decode(
-                    dp<float>(X), out.defined() ? dp<const float>(out) : nullptr,
-                    out.defined() ? dp<const float>(inj_prev) : nullptr, dp<__half>(hc.norm), dp<__half>(hc.down),
-                    dp<__half>(hc.up), with_inject ? dp<__half>(hc.inject) : nullptr, int(T), int(S), int(H), int(R),
-                    float(eps), dp<float>(scratch), dp<float>(u), with_inject ? dp<float>(inj) : nullptr, stream()),
-                out.defined() ? "hc_inject_read decode" : "hc_read decode");
-  return true;
-}
-
-bool CudaOps::hc_read_prefill(const Tensor& X, const Tensor& out, const Tensor& inj_prev, const HcWeights& hc,
-                              double eps, const Tensor& u, const Tensor& inj) {
-  static const bool off = [] {
+// The read in the backend's own kernels: decode (at most kGemvMaxTokens rows: float32 throughout, two launches, the
+// per-stream partial dots of the down and inject rows, then the statistics, the up rows and the mix) or prefill on
+// SM80+ (hc_kernels.h: four launches around two tensor-core products), the same arguments either way.
+bool CudaOps::hc_read_fused(const Tensor& X, const Tensor& out, const Tensor& inj_prev, const HcWeights& hc, double eps,
+                            const Tensor& u, const Tensor& inj) {
+  static const bool prefill_off = [] {
     const char* v = std::getenv("FLASHNEXT_CUDA_HC_PREFILL");
     return v && std::strcmp(v, "cublas") == 0;
   }();
-  const int64_t T = X.dim(0), H = u.dim(1), S = X.dim(1) / H, R = hc.down.dim(0);
-  const bool with_inject = hc.inject.defined();
-  if (off || T <= detail::kGemvMaxTokens ||
-      !detail::hc_read_prefill_supported(to_int(T, "hc_read", "tokens"), int(S), to_int(H, "hc_read", "hidden"),
-                                         to_int(R, "hc_read", "rank")) ||
-      !aligned16(X) || !aligned16(hc.norm) || !aligned16(hc.down) || !aligned16(hc.up) ||
+  const char* op = "hc_read";
+  const int64_t H = u.dim(1), S = X.dim(1) / H;
+  const int T = to_int(X.dim(0), op, "tokens"), R = to_int(hc.down.dim(0), op, "rank");
+  const bool with_inject = hc.inject.defined(), decode = T <= detail::kGemvMaxTokens;
+  const bool supported = decode
+                             ? detail::hc_read_decode_supported(T, int(S), int(H), R)
+                             : !prefill_off && detail::hc_read_prefill_supported(T, int(S), to_int(H, op, "hidden"), R);
+  if (!supported || !aligned16(X) || !aligned16(hc.norm) || !aligned16(hc.down) || !aligned16(hc.up) ||
       (with_inject && !aligned16(hc.inject)) || !aligned16(u) || (out.defined() && !aligned16(out)))
     return false;
-  const int t = to_int(T, "hc_read", "tokens");
-  Tensor scratch = alloc({detail::hc_read_prefill_scratch(t, int(S), int(H), int(R), with_inject)}, DType::F32,
-                         "hc_read prefill scratch");
-  FN_CUDA_CHECK(detail::launch_hc_read_prefill(
-                    dp<float>(X), out.defined() ? dp<const float>(out) : nullptr,
-                    out.defined() ? dp<const float>(inj_prev) : nullptr, dp<__half>(hc.norm), dp<__half>(hc.down),
-                    dp<__half>(hc.up), with_inject ? dp<__half>(hc.inject) : nullptr, t, int(S), int(H), int(R),
-                    float(eps), dp<float>(scratch), dp<float>(u), with_inject ? dp<float>(inj) : nullptr, stream()),
-                out.defined() ? "hc_inject_read prefill" : "hc_read prefill");
+  const int64_t floats = decode ? detail::hc_read_decode_scratch(T, int(S), R, with_inject)
+                                : detail::hc_read_prefill_scratch(T, int(S), int(H), R, with_inject);
+  Tensor scratch = alloc({floats}, DType::F32, "hc_read scratch");
+  const auto launch = decode ? detail::launch_hc_read_decode : detail::launch_hc_read_prefill;
+  FN_CUDA_CHECK(launch(dp<float>(X), out.defined() ? dp<const float>(out) : nullptr,
+                       out.defined() ? dp<const float>(inj_prev) : nullptr, dp<__half>(hc.norm), dp<__half>(hc.down),
+                       dp<__half>(hc.up), with_inject ? dp<__half>(hc.inject) : nullptr, T, int(S), int(H), R,
+                       float(eps), dp<float>(scratch), dp<float>(u), with_inject ? dp<float>(inj) : nullptr, stream()),
+                out.defined() ? (decode ? "hc_inject_read decode" : "hc_inject_read prefill")
+                              : (decode ? "hc_read decode" : "hc_read prefill"));
   return true;
 }
 
@@ -65,9 +49,7 @@ void CudaOps::hc_inject_read(const Tensor& X, const Tensor& out, const Tensor& i
                              double eps, const Tensor& u, const Tensor& inj) {
   contract::hc_inject(spec(), X, out, inj_prev);
   const auto dims = contract::hc_read(spec(), X, hc, u, inj);
-  if (dims.tokens > 0 &&
-      (hc_read_decode(X, out, inj_prev, hc, eps, u, inj) || hc_read_prefill(X, out, inj_prev, hc, eps, u, inj)))
-    return;
+  if (dims.tokens > 0 && hc_read_fused(X, out, inj_prev, hc, eps, u, inj)) return;
   Ops::hc_inject_read(X, out, inj_prev, hc, eps, u, inj);
 }
 
@@ -79,8 +61,7 @@ void CudaOps::hc_read(const Tensor& X, const HcWeights& hc, double eps, const Te
            detail::kHcMaxStreams);
   const int t = to_int(T, op, "tokens"), w = to_int(W, op, "width"), r = to_int(R, op, "rank");
   if (t == 0) return;
-  if (hc_read_decode(X, Tensor(), Tensor(), hc, eps, u, inj) || hc_read_prefill(X, Tensor(), Tensor(), hc, eps, u, inj))
-    return;
+  if (hc_read_fused(X, Tensor(), Tensor(), hc, eps, u, inj)) return;
   if (split()) {  // float32 statistics and sums, products with FP16x2 inputs
     // n2 = [n_hi; n_lo] and a2 = [a_hi; a_lo] feed cuBLAS as 2T rows; the mix adds the output halves.
     Tensor n2 = alloc({2 * T, W}, DType::F16, "hc_read normed"), y2 = alloc({2 * T, R}, DType::F32, "hc_read down");
