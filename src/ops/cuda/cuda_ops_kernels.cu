@@ -1009,17 +1009,11 @@ __global__ void compact_selection_kernel(const int32_t* __restrict__ selected, i
   if (threadIdx.x == 0) counts[t] = base;
 }
 
-__device__ __forceinline__ void split_store(float x, __half* hi, __half* lo) {
-  const __half h = __float2half_rn(x);
-  *hi = h;
-  *lo = __float2half_rn(x - __half2float(h));
-}
-
 __global__ void split_f16x2_kernel(const float* __restrict__ x, __half* __restrict__ x2, int64_t rows, int cols) {
   pdl_begin();
   const int64_t n = rows * cols;
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
-    split_store(x[i], &x2[i], &x2[n + i]);
+    split_f16x2(x[i], &x2[i], &x2[n + i]);
 }
 
 __global__ void sum_halves_kernel(const float* __restrict__ y2, float* __restrict__ y, int64_t rows, int cols,
@@ -1059,7 +1053,7 @@ __global__ void moe_gather_f16x2_kernel(const float* __restrict__ u, const int32
   int64_t hi, lo;
   moe_split_rows(ids, offsets, s, r, &hi, &lo);
   const float* src = u + int64_t(s / top_k) * hidden;
-  for (int c = threadIdx.x; c < hidden; c += kThreads) split_store(src[c], &x2[hi * hidden + c], &x2[lo * hidden + c]);
+  for (int c = threadIdx.x; c < hidden; c += kThreads) split_f16x2(src[c], &x2[hi * hidden + c], &x2[lo * hidden + c]);
 }
 
 __global__ void moe_act_f16x2_kernel(const float* __restrict__ g2, const float* __restrict__ up2,
@@ -1071,7 +1065,7 @@ __global__ void moe_act_f16x2_kernel(const float* __restrict__ g2, const float* 
   moe_split_rows(ids, offsets, sorted[r], r, &hi, &lo);
   for (int c = threadIdx.x; c < inter; c += kThreads) {
     const float g = g2[hi * inter + c] + g2[lo * inter + c], v = up2[hi * inter + c] + up2[lo * inter + c];
-    split_store(siluf_(g) * v, &a2[hi * inter + c], &a2[lo * inter + c]);
+    split_f16x2(siluf_(g) * v, &a2[hi * inter + c], &a2[lo * inter + c]);
   }
 }
 

@@ -47,6 +47,15 @@ __device__ __forceinline__ float to_f(float x) {
 __device__ __forceinline__ __half to_h(float x) {
   return __float2half_rn(x);
 }
+
+/// FP16x2 halves of a float: x = hi + lo up to about 2^-22 relative (where |x| >= 2^-3; smaller, lo is an FP16
+/// subnormal: at most 2^-25 absolute); products of the halves on the tensor cores (hi·hi + hi·lo + lo·hi, or hi·w +
+/// lo·w against FP16 weights) keep float32 accuracy.
+__device__ __forceinline__ void split_f16x2(float x, __half* hi, __half* lo) {
+  const __half h = __float2half_rn(x);
+  *hi = h;
+  *lo = __float2half_rn(x - __half2float(h));
+}
 /// float -> T for the kernels templated on their activation type (FP16 storage, or FP32 for the ops interface's
 /// float32 activations).
 template <class T>

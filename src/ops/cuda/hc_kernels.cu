@@ -90,10 +90,7 @@ __global__ void hc_act_split_kernel(const float* __restrict__ y2, __half* __rest
   pdl_begin();
   const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= n) return;
-  const float a = siluf_((y2[i] + y2[n + i]) * inv_streams);
-  const __half hi = to_h(a);
-  a2[i] = hi;
-  a2[n + i] = to_h(a - to_f(hi));
+  split_f16x2(siluf_((y2[i] + y2[n + i]) * inv_streams), &a2[i], &a2[n + i]);
 }
 
 // The FP16x2 form of hc_mix: m = m2[c] + m2[T*W + c] (the up product's halves), n = n2[c] + n2[T*W + c] (n's FP16x2
@@ -198,12 +195,6 @@ struct HcUpMmaSmem {
   __half a[2][2][kHcMmaTokens][kHcMmaPitch];  // [stage][hi, lo][token][rank input]
   __half w[2][256][kHcMmaPitch];              // [stage][stream b * (256 / S) + column][rank input]
 };
-
-// The FP16 halves of v: hi = fp16(v), lo = fp16(v - hi).
-__device__ __forceinline__ void split_f16(float v, __half& hi, __half& lo) {
-  hi = __float2half_rn(v);
-  lo = __float2half_rn(v - __half2float(hi));
-}
 
 // The A fragments of a warp's two 16-token tiles (rows row0 ..) at k-step ks of a staged stage a [hi, lo]: ah from the
 // hi halves, al from the lo halves (ldmatrix rows lane % 16 at column 8 (lane / 16)).
@@ -310,7 +301,7 @@ __global__ void __launch_bounds__(kHcMmaThreads, 2)
       const float v[4] = {xv[i].x, xv[i].y, xv[i].z, xv[i].w};
       __align__(8) __half hi[4], lo[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) split_f16(v[e] * gv[e], hi[e], lo[e]);
+      for (int e = 0; e < 4; ++e) split_f16x2(v[e] * gv[e], &hi[e], &lo[e]);
       *reinterpret_cast<uint2*>(&sm.a[buf][0][lt + XR * i][4 * q4]) = *reinterpret_cast<const uint2*>(hi);
       *reinterpret_cast<uint2*>(&sm.a[buf][1][lt + XR * i][4 * q4]) = *reinterpret_cast<const uint2*>(lo);
     }
@@ -388,7 +379,7 @@ __global__ void hc_act_prefill_kernel(const float* __restrict__ part, int splits
   d /= float(S);
   if (r < R) {
     __half hi, lo;
-    split_f16(siluf_(d), hi, lo);
+    split_f16x2(siluf_(d), &hi, &lo);
     a2[t * R + r] = hi;
     a2[(int64_t(T) + t) * R + r] = lo;
   } else {

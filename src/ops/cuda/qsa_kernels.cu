@@ -47,14 +47,6 @@ __device__ __forceinline__ int64_t phys_token(const QsaPaging& pg, int seq, int 
   return int64_t(page) * pg.page_size + pos % pg.page_size;
 }
 
-// FP16x2 halves of a float: x = hi + lo up to about 2^-22 relative (products of the halves on the tensor cores,
-// hi·hi + hi·lo + lo·hi, keep float32 accuracy).
-__device__ __forceinline__ void split_f16x2(float x, __half* hi, __half* lo) {
-  const __half h = __float2half_rn(x);
-  *hi = h;
-  *lo = __float2half_rn(x - __half2float(h));
-}
-
 // A float4 as FP16x2 halves: 8-byte stores of its 4 hi halves at hi and 4 lo halves at lo (8-byte aligned).
 __device__ __forceinline__ void store_f16x2_4(float4 x, __half* hi, __half* lo) {
   const float xs[4] = {x.x, x.y, x.z, x.w};
