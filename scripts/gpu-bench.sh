@@ -172,6 +172,11 @@ run_tests() {
       --gtest_filter='*sparseattention*' >"$OUT/$label-ops-qsa-$qsa.log" 2>&1 || status=1
     grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$OUT/$label-ops-qsa-$qsa.log" | head -20 | tee -a "$S"
   done
+  # The gated delta rule cases through the float32 FMA chunk kernels too (Auto takes the tensor-core ones).
+  echo "gpu-bench: [$label] test_ops gated delta rule cases, FLASHNEXT_CUDA_GDN_CHUNK=cuda_cores" | tee -a "$S"
+  FLASHNEXT_TEST_BACKEND=cuda FLASHNEXT_CUDA_GDN_CHUNK=cuda_cores timeout 120 "$bin/test_ops" --gtest_color=no \
+    --gtest_filter='*gdnrulebatch*' >"$OUT/$label-ops-gdn-cuda_cores.log" 2>&1 || status=1
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$OUT/$label-ops-gdn-cuda_cores.log" | head -20 | tee -a "$S"
   echo "gpu-bench: [$label] test_cuda (W4A16 kernels)" | tee -a "$S"
   timeout 300 "$bin/test_cuda" --gtest_color=no >"$OUT/$label-test_cuda.log" 2>&1 || status=1
   grep -E "^\[  (PASSED|FAILED) |tests ran" "$OUT/$label-test_cuda.log" | tee -a "$S"

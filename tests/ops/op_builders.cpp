@@ -499,10 +499,11 @@ OpCase gdn_conv_batch_case(const GdnDims& d, int64_t K, const StepPlan& plan, We
   return c;
 }
 
-OpCase gdn_rule_batch_case(const GdnDims& d, const StepPlan& plan, Weights wk) {
+OpCase gdn_rule_batch_case(const GdnDims& d, const StepPlan& plan, Weights wk, float state_scale) {
   OpCase c;
   const int64_t C = d.conv_dim(), nv = d.num_v_heads, dk = d.k_head_dim, dv = d.v_head_dim;
-  c.name = fmt::format("gdn_rule_batch/nk={}/nv={}/dk={}/dv={}/{}", d.num_k_heads, nv, dk, dv, plan.describe());
+  c.name = fmt::format("gdn_rule_batch/nk={}/nv={}/dk={}/dv={}/{}{}", d.num_k_heads, nv, dk, dv, plan.describe(),
+                       state_scale == 0.1f ? std::string() : fmt::format("/state={:g}", state_scale));
   c.family = OpFamily::Gdn;
   const int64_t T = plan_tokens(plan);
   c.bytes = kF * double(T * (C + 2 * nv + nv * dv) + 2 * plan_seq_steps(plan) * nv * dk * dv);
@@ -512,7 +513,7 @@ OpCase gdn_rule_batch_case(const GdnDims& d, const StepPlan& plan, Weights wk) {
     const Paging p = make_paging(plan);
     // A_log, dt_bias are float32 parameters in the checkpoint; here FP16-exact too.
     GdnWeights w{g.weight({nv}, 0.5f), g.weight({nv}, 0.5f)};
-    Tensor pool = g.act({p.num_slots, nv, dk, dv}, 0.1f);
+    Tensor pool = g.act({p.num_slots, nv, dk, dv}, state_scale);
     std::vector<Tensor> qkv, a, b, o;
     std::vector<StepBatch> batches;
     for (size_t i = 0; i < plan.steps.size(); ++i) {

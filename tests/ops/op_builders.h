@@ -61,7 +61,9 @@ OpCase hc_inject_case(int64_t T, int64_t S, int64_t H);
 
 // ---------------------------------------------------------------- Gated DeltaNet
 OpCase gdn_conv_batch_case(const GdnDims& d, int64_t K, const StepPlan& plan, Weights wk = Weights::HostFp16);
-OpCase gdn_rule_batch_case(const GdnDims& d, const StepPlan& plan, Weights wk = Weights::HostFp16);
+/// state_scale: the initial states uniform in [-state_scale, state_scale] (0.1; 1e5 passes FP16's range).
+OpCase gdn_rule_batch_case(const GdnDims& d, const StepPlan& plan, Weights wk = Weights::HostFp16,
+                           float state_scale = 0.1f);
 
 // ---------------------------------------------------------------- QSA
 OpCase qsa_prepare_qk_batch_case(int64_t nh, int64_t nkv, int64_t D, int64_t rotary, const StepPlan& plan,

@@ -179,6 +179,14 @@ void add_gdn(std::vector<OpCase>& v) {
   for (const StepPlan& p : {decode_step_5(), mixed_step_5()}) v.push_back(gdn_rule_batch_case(odd, p));
   v.push_back(gdn_rule_batch_case(kGdnTp4, plan({0, 40}, {{65, 1}})));
   v.push_back(gdn_rule_batch_case(kGdnTp2, decode_batch(3, 17)));
+  // The chunked form's tensor-core walk: 3 and 5 tiles of 16 key dims, value columns cut at dv = 48 and 24 (a block
+  // of 64, warps of 16), sequences of 1-3 chunks over two steps, one of 16 chunks; a state past FP16's range (its
+  // power-of-two scaling); dk = 20 (not a multiple of 16: float32 FMAs).
+  v.push_back(gdn_rule_batch_case({2, 4, 48, 48}, plan({0, 10, 3}, {{130, 40, 17}, {70, 1, 20}})));
+  v.push_back(gdn_rule_batch_case(d, one_sequence(100), Weights::HostFp16, 1e5f));
+  v.push_back(gdn_rule_batch_case({1, 2, 80, 24}, plan({0, 5}, {{129, 64}})));  // 5 key tiles, a warp's columns cut
+  v.push_back(gdn_rule_batch_case({1, 2, 128, 128}, one_sequence(1000), Weights::HostFp16, 1.f));  // 16 chunks
+  v.push_back(gdn_rule_batch_case({1, 2, 20, 40}, one_sequence(70)));
 }
 
 void add_qsa(std::vector<OpCase>& v) {

@@ -56,6 +56,15 @@ CudaOpsOptions CudaOpsOptions::from_env() {
     else
       fail("FLASHNEXT_CUDA_QSA must be 'auto', 'per_query' or 'tile_union', got '{}'", s);
   }
+  if (const char* v = std::getenv("FLASHNEXT_CUDA_GDN_CHUNK"); v && *v) {
+    const std::string s = v;
+    if (s == "auto")
+      o.gdn_chunk = GdnChunkKernel::Auto;
+    else if (s == "cuda_cores")
+      o.gdn_chunk = GdnChunkKernel::CudaCores;
+    else
+      fail("FLASHNEXT_CUDA_GDN_CHUNK must be 'auto' or 'cuda_cores', got '{}'", s);
+  }
   return o;
 }
 

@@ -71,6 +71,13 @@ enum class QsaAttentionKernel : uint8_t {
 /// Rows of one sequence in a step from which Auto takes the tile-union kernel.
 constexpr int64_t kQsaTileUnionMinRows = 16;
 
+/// Which kernels compute the chunked gated delta rule of prefill steps (gdn_rule_batch past CudaOps::kFewRows rows).
+enum class GdnChunkKernel : uint8_t {
+  Auto,       ///< the state walk and the outputs in one kernel of FP16x2 mma.sync products where dk is a multiple of
+              ///< 16 (SM80+), else CudaCores
+  CudaCores,  ///< float32 FMAs throughout (SM70 always)
+};
+
 /// Options of the CUDA backend.
 struct CudaOpsOptions {
   PleTablePlacement ple_table = PleTablePlacement::Host;
@@ -78,10 +85,12 @@ struct CudaOpsOptions {
   /// Decode steps recorded as CUDA graphs and replayed (Ops::captures_steps; docs/ENGINE.md "CUDA graphs").
   bool step_graphs = true;
   QsaAttentionKernel qsa_attention = QsaAttentionKernel::Auto;
+  GdnChunkKernel gdn_chunk = GdnChunkKernel::Auto;
 
   /// The defaults, overridden by the environment: FLASHNEXT_PLE_TABLE=host|device,
-  /// FLASHNEXT_CUDA_ACTIVATIONS=fp16x2|fp16, FLASHNEXT_CUDA_GRAPHS=1|0 and
-  /// FLASHNEXT_CUDA_QSA=auto|per_query|tile_union. Throws Error for another value.
+  /// FLASHNEXT_CUDA_ACTIVATIONS=fp16x2|fp16, FLASHNEXT_CUDA_GRAPHS=1|0,
+  /// FLASHNEXT_CUDA_QSA=auto|per_query|tile_union and FLASHNEXT_CUDA_GDN_CHUNK=auto|cuda_cores. Throws Error for
+  /// another value.
   static CudaOpsOptions from_env();
 };
 

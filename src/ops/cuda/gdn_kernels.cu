@@ -2,7 +2,8 @@
 // causal_conv1d_fn / causal_conv1d_update, torch_recurrent_gated_delta_rule, torch_chunk_gated_delta_rule).
 // The gated delta rule: the recurrence (decode) and the chunked form (prefill), FP32 activations and arithmetic,
 // FP32 recurrent state [slot, nv, dk, dv]. The causal conv of the ops interface is in cuda_ops_kernels.cu. Only SM70
-// instructions (CUDA cores, shuffles, shared memory).
+// instructions (CUDA cores, shuffles, shared memory), but for the chunked form's tensor-core state walk
+// (gdn_chunk_walk_mma_kernel, SM80+: mma.sync, ldmatrix, cp.async).
 #ifndef __CUDACC_RTC__
 #include <algorithm>
 
@@ -11,6 +12,7 @@
 
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/gdn_kernels.h"
+#include "ops/cuda/mma_sm80.cuh"
 
 namespace flashnext::cuda::detail {
 namespace {
@@ -128,13 +130,37 @@ __global__ void __launch_bounds__(kThreads)
 constexpr int kChunk = kGdnChunk;
 constexpr int kSlice = 32;  // value columns per gdn_chunk_state block
 
-// Per (slot, head) arrays of the scratch: W, Kl (= k e^{G_{L-1}-G}), Qg (= q e^{G}) [C, dk]; U (then v_new) [C, dv];
-// M [C, C]; Sc (the state before the chunk) [dk, dv]; eL (e^{G_{L-1}}).
+// Per (slot, head) arrays of the scratch: W, Kl (= k e^{G_{L-1}-G}), Qg (= q e^{G}) [C, dk]; U [C, dv]; M [C, C];
+// Sc (the state before the chunk) [dk, dv]; eL (e^{G_{L-1}}). The CUDA-core kernels write v_new over U. The split
+// form, for the tensor-core walk (gdn_chunk_walk_mma_kernel), holds W, Kl, Qg and M as FP16x2 planes (a pair's n
+// floats hold its hi plane of n halves, then its lo plane), U transposed [dv, C], and no Sc.
 struct ChunkScratch {
   float *W, *Kl, *Qg, *U, *M, *Sc, *eL;
   int heads;  // heads of this pass: the arrays are indexed by slot * heads + (head - first head)
   __device__ int64_t pair(int slot, int h) const { return int64_t(slot) * heads + h; }
 };
+
+// Powers of two the split form's W, Kl, Qg and M are stored times (exact): they bring the elements of the released
+// widths (dk = 128: q l2-normalised times dk^-1/2, about 2^-7; k normalised, about 2^-3.5) near 1, where the lo
+// half of an FP16x2 pair is no FP16 subnormal; the walk takes them out of its products exactly.
+constexpr float kSplitQgScale = 128.f, kSplitKwScale = 16.f, kSplitMScale = 16.f;
+
+// The hi plane of pair P's array of n floats in the split form (the lo plane follows it at + n).
+__device__ __forceinline__ __half* hi_plane(float* region, int64_t P, int64_t n) {
+  return reinterpret_cast<__half*>(region + P * n);
+}
+
+// Element e of pair P's array of n floats in a scratch region: the float, or (Split) its FP16x2 halves at e of the
+// pair's hi plane and of its lo plane.
+template <bool Split>
+__device__ __forceinline__ void put(float* region, int64_t P, int64_t n, int64_t e, float v) {
+  if constexpr (Split) {
+    __half* hi = hi_plane(region, P, n);
+    split_f16x2(v, hi + e, hi + n + e);
+  } else {
+    region[P * n + e] = v;
+  }
+}
 
 // acc[m][n] += a_m b_n: the 4 x 4 outer product of a thread's register tile.
 __device__ __forceinline__ void outer4_add(float (&acc)[4][4], float4 a, float4 b) {
@@ -177,7 +203,8 @@ __host__ __device__ inline int prep_smem_floats(int dk) {
 }
 
 // Block = (slot, head of the pass). Shared: Kn [C][dk+1], Qn [C][dk+1] (reused for T [C][C+1]), A [C][C+1], beta, G,
-// eG, eL, and the block products of T's inversion.
+// eG, eL, and the block products of T's inversion. Split: the tensor-core walk's form (ChunkScratch).
+template <bool Split>
 __global__ void __launch_bounds__(kThreads)
     gdn_chunk_prep_kernel(const float* __restrict__ qkv, int64_t ld_qkv, const float* __restrict__ a,
                           const float* __restrict__ bb, int64_t ld_ab, const float* __restrict__ a_log,
@@ -247,8 +274,8 @@ __global__ void __launch_bounds__(kThreads)
   // The decayed q and k for the state and output kernels.
   for (int e = threadIdx.x; e < C * d.dk; e += kThreads) {
     const int r = e / d.dk, i = e % d.dk;
-    sc.Qg[P * C * d.dk + e] = Qn[r * ldk + i] * eG[r];
-    sc.Kl[P * C * d.dk + e] = Kn[r * ldk + i] * eLv[r];
+    put<Split>(sc.Qg, P, C * d.dk, e, Qn[r * ldk + i] * eG[r] * (Split ? kSplitQgScale : 1.f));
+    put<Split>(sc.Kl, P, C * d.dk, e, Kn[r * ldk + i] * eLv[r] * (Split ? kSplitKwScale : 1.f));
   }
   // (b) A and M, a 4x4 tile of (r, c) per thread; tiles wholly above the diagonal are zero.
   {
@@ -280,7 +307,7 @@ __global__ void __launch_bounds__(kThreads)
         const bool lower = c <= r && r < L;
         const float dec = lower ? expf(G[r] - G[c]) : 0.f;
         A[r * (C + 1) + c] = (lower && c < r) ? beta[r] * kk[m][n] * dec : 0.f;
-        sc.M[P * C * C + r * C + c] = lower ? qk[m][n] * dec : 0.f;
+        put<Split>(sc.M, P, C * C, r * C + c, lower ? qk[m][n] * dec * (Split ? kSplitMScale : 1.f) : 0.f);
       }
   }
   __syncthreads();
@@ -331,8 +358,8 @@ __global__ void __launch_bounds__(kThreads)
   // thread. T[r][c] = 0 for c > r, and the right-hand sides' rows past L are zero.
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16, r0 = 4 * ty;
   const int cmax = min(r0 + 3, L - 1);
-  // dst[r][col0 + j] = sum_c T[r][c] src[c][j] for the `cols` columns of src (row stride ldk), dst row length ld.
-  auto t_times = [&](const float* src, int cols, float* dst, int ld, int col0) {
+  // store(r, j, sum_c T[r][c] src[c][j]) for the `cols` columns of src (row stride ldk).
+  auto t_times = [&](const float* src, int cols, auto&& store) {
     float acc[4][8] = {};
     for (int c = 0; c <= cmax; ++c) {
       float tr[4];
@@ -351,10 +378,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int n = 0; n < 8; ++n) {
         const int j = tx + 16 * n;
-        if (j < cols) dst[(r0 + m) * ld + col0 + j] = acc[m][n];
+        if (j < cols) store(r0 + m, j, acc[m][n]);
       }
   };
-  t_times(Kn, d.dk, sc.W + P * C * d.dk, d.dk, 0);
+  t_times(Kn, d.dk, [&](int r, int j, float v) {
+    put<Split>(sc.W, P, C * d.dk, r * d.dk + j, v * (Split ? kSplitKwScale : 1.f));
+  });
   float* Vb = Kn;  // beta v, a block of up to min(dk + 1, 128) columns at a time (Kn is free now)
   const int vcols = min(d.dv, min(ldk, 128));
   for (int j0 = 0; j0 < d.dv; j0 += vcols) {
@@ -366,7 +395,12 @@ __global__ void __launch_bounds__(kThreads)
       Vb[r * ldk + j] = r < L ? beta[r] * vrow[j0 + j] : 0.f;
     }
     __syncthreads();
-    t_times(Vb, cols, sc.U + P * C * d.dv, d.dv, j0);
+    t_times(Vb, cols, [&](int r, int j, float v) {
+      if constexpr (Split)
+        sc.U[P * C * d.dv + (j0 + j) * C + r] = v;
+      else
+        sc.U[P * C * d.dv + r * d.dv + j0 + j] = v;
+    });
   }
 }
 
@@ -572,6 +606,284 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+// ---------------------------------------------------------------- the state walk on the tensor cores (SM80+)
+// gdn_chunk_walk_mma_kernel replaces the state and output kernels where mma.sync exists, over the split scratch of
+// gdn_chunk_prep_kernel<true>. The state is held transposed, S^T [value column][key dim], in mma.sync m16n8k16
+// accumulators, so that it is the A operand of the products with it as it stands (an accumulator pair of n8 tiles is
+// an A fragment of 16 k-slots), and so are the v_new^T products:
+//   v_new^T = U^T - S^T W^T;   o^T = S^T Qg^T + v_new^T M^T;   S'^T = e^{G_{L-1}} S^T + v_new^T Kl
+// FP16x2 products (hi·hi + hi·lo + lo·hi, float32 accumulation). S^T enters its products scaled by a power of two
+// sigma that brings the warp's max |S| into [2^14, 2^15) (its FP16 halves cannot overflow and keep about 2^-22 of
+// the largest element), v_new the same way (scaled up by at most 2^10), the staged operands times the kSplit*Scale
+// of the prep kernel; every scale is taken out of the products again exactly.
+constexpr int kWalkThreads = 128;                  // 4 warps, 16 value columns each
+constexpr int kWalkCols = 16 * kWalkThreads / 32;  // value columns per block
+constexpr int kWalkTiles = kGdnMaxDk / 8;          // n8 tiles of a warp's S^T rows
+
+constexpr int kWalkUPitch = kChunk + 8;  // floats per row of the staged U^T (no bank conflicts)
+
+// Bytes of the walk's shared memory: the chunk's W, Qg, Kl [2][C][dk + 8] and M [2][C][C + 8] FP16 planes, and the
+// block's rows of U^T [kWalkCols][kWalkUPitch] floats.
+__host__ __device__ inline size_t walk_smem_bytes(int dk) {
+  return sizeof(__half) * (size_t(6) * kChunk * (dk + 8) + size_t(2) * kChunk * (kChunk + 8)) +
+         sizeof(float) * size_t(kWalkCols) * kWalkUPitch;
+}
+
+// sigma = 2^e with max_abs sigma in [2^14, 2^15), e at most max_e; 1 for a zero or non-finite max_abs.
+__device__ __forceinline__ void pow2_scale(float max_abs, int max_e, float* sigma, float* inv_sigma) {
+  int e2 = 0;
+  if (max_abs > 0.f && max_abs < __int_as_float(0x7f800000)) {
+    int ex = 0;
+    (void)frexpf(max_abs, &ex);
+    e2 = max(-126, min(max_e, 15 - ex));
+  }
+  *sigma = ldexpf(1.f, e2);
+  *inv_sigma = ldexpf(1.f, -e2);
+}
+
+// The A fragment of the k-step over accumulator tiles t0 (k-slots 0-7) and t1 (8-15), each value times `scale`, as
+// FP16x2 halves ah + al (a0 = t0 row g, a1 = t0 row g + 8, a2 = t1 row g, a3 = t1 row g + 8).
+__device__ __forceinline__ void acc_to_a_f16x2(const float (&t0)[4], const float (&t1)[4], float scale,
+                                               uint32_t (&ah)[4], uint32_t (&al)[4]) {
+  const float v[8] = {t0[0], t0[1], t0[2], t0[3], t1[0], t1[1], t1[2], t1[3]};
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    __half h0, l0, h1, l1;
+    split_f16x2(v[2 * p] * scale, &h0, &l0);
+    split_f16x2(v[2 * p + 1] * scale, &h1, &l1);
+    ah[p] = h2_bits(__halves2half2(h0, h1));
+    al[p] = h2_bits(__halves2half2(l0, l1));
+  }
+}
+
+// acc[n0], acc[n0 + 1] += (A_hi + A_lo) (B_hi + B_lo) less lo·lo, B the two n8 tiles in bh / bl (ldmatrix x4:
+// b0, b1 of tile n0, then of n0 + 1).
+__device__ __forceinline__ void mma_pair_f16x2(float (&acc0)[4], float (&acc1)[4], const uint32_t (&ah)[4],
+                                               const uint32_t (&al)[4], const uint32_t (&bh)[4],
+                                               const uint32_t (&bl)[4]) {
+  mma_m16n8k16(acc0, ah[0], ah[1], ah[2], ah[3], bh[0], bh[1]);
+  mma_m16n8k16(acc0, ah[0], ah[1], ah[2], ah[3], bl[0], bl[1]);
+  mma_m16n8k16(acc0, al[0], al[1], al[2], al[3], bh[0], bh[1]);
+  mma_m16n8k16(acc1, ah[0], ah[1], ah[2], ah[3], bh[2], bh[3]);
+  mma_m16n8k16(acc1, ah[0], ah[1], ah[2], ah[3], bl[2], bl[3]);
+  mma_m16n8k16(acc1, al[0], al[1], al[2], al[3], bh[2], bh[3]);
+}
+
+// Block = (sequence, head of the pass, kWalkCols value columns); warp w the columns 16 w .. 16 w + 15 of them, lane
+// (g, t) = (lane / 4, lane % 4) the accumulator rows ca = g and cb = g + 8. Walks the sequence's chunks in order: the
+// chunk's W, Qg and the block's rows of U^T (one cp.async group) and Kl and M (another) are staged while the chunk
+// before computes. Writes o for the chunk's rows and, after the last chunk, the state. dk a multiple of 16 and at
+// most kGdnMaxDk.
+__global__ void __launch_bounds__(kWalkThreads)
+    gdn_chunk_walk_mma_kernel(float* __restrict__ state, const int32_t* __restrict__ slots,
+                              const int32_t* __restrict__ cu, GdnHeads d, int head0, ChunkScratch sc,
+                              float* __restrict__ out, int64_t ld_out) {
+  pdl_begin();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  extern __shared__ __align__(16) unsigned char smem_walk[];
+  constexpr int C = kChunk;
+  const int dk = d.dk, pk = dk + 8, pm = C + 8, nt = dk / 8;
+  __half* Ws = reinterpret_cast<__half*>(smem_walk);  // [hi, lo][C][pk]
+  __half* Qs = Ws + 2 * C * pk;
+  __half* Ks = Qs + 2 * C * pk;
+  __half* Ms = Ks + 2 * C * pk;                           // [hi, lo][C][pm]
+  float* Us = reinterpret_cast<float*>(Ms + 2 * C * pm);  // [kWalkCols][kWalkUPitch]
+  const int seq = blockIdx.x, hp = blockIdx.y, head = head0 + hp;
+  const int start = cu[seq], len = cu[seq + 1] - start;
+  if (len <= 0) return;
+  const int base = chunk_slot_base(cu, seq);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, bm = lane >> 3;
+  const int col0 = blockIdx.z * kWalkCols, ca = col0 + 16 * warp + g, cb = ca + 8;
+  const bool va = ca < d.dv, vb = cb < d.dv;
+  float* Sg = state + (int64_t(slots[seq]) * d.nv + head) * dk * d.dv;
+  // S^T tile n (key dims 8n ..): [0] (ca, 8n + 2t), [1] (ca, 8n + 2t + 1), [2], [3] the same of cb.
+  float s[kWalkTiles][4];
+#pragma unroll
+  for (int n = 0; n < kWalkTiles; ++n) {
+    const int64_t i = 8 * n + 2 * t;
+    const bool in = n < nt;
+    s[n][0] = in && va ? Sg[i * d.dv + ca] : 0.f;
+    s[n][1] = in && va ? Sg[(i + 1) * d.dv + ca] : 0.f;
+    s[n][2] = in && vb ? Sg[i * d.dv + cb] : 0.f;
+    s[n][3] = in && vb ? Sg[(i + 1) * d.dv + cb] : 0.f;
+  }
+  // The hi and lo planes [C][cols] of pair P's array into dst [2][C][pitch], 16 bytes a cp.async.
+  auto stage = [&](float* region, int64_t P, __half* dst, int cols, int pitch) {
+    const int64_t n = int64_t(C) * cols;
+    const __half* src = hi_plane(region, P, n);
+    const int per_row = cols / 8;
+    for (int e = threadIdx.x; e < 2 * C * per_row; e += kWalkThreads) {
+      const int plane = e / (C * per_row), r = (e / per_row) % C, c8 = 8 * (e % per_row);
+      cp_async16(dst + (plane * C + r) * pitch + c8, src + plane * n + int64_t(r) * cols + c8, true);
+    }
+  };
+  auto stage_wq = [&](int ci) {
+    const int64_t P = sc.pair(base + ci, hp);
+    stage(sc.W, P, Ws, dk, pk);
+    stage(sc.Qg, P, Qs, dk, pk);
+    const float* Ut = sc.U + P * C * d.dv;  // U^T [dv][C]; the block's rows, zeros past dv
+    for (int e = threadIdx.x; e < kWalkCols * C / 4; e += kWalkThreads) {
+      const int c = e / (C / 4), r4 = 4 * (e % (C / 4));
+      const bool in = col0 + c < d.dv;
+      cp_async16(Us + c * kWalkUPitch + r4, in ? Ut + int64_t(col0 + c) * C + r4 : Ut, in);
+    }
+    cp_async_commit();
+  };
+  auto stage_km = [&](int ci) {
+    const int64_t P = sc.pair(base + ci, hp);
+    stage(sc.Kl, P, Ks, dk, pk);
+    stage(sc.M, P, Ms, C, pm);
+    cp_async_commit();
+  };
+  stage_wq(0);
+  stage_km(0);
+  // Every wait below leaves one group pending: the groups alternate (W, Qg, U^T), (Kl, M), an empty one past the
+  // last chunk.
+  for (int ci = 0; ci * C < len; ++ci) {
+    const int64_t P = sc.pair(base + ci, hp);
+    const int L = min(C, len - ci * C), c0 = start + ci * C;
+    const bool more = (ci + 1) * C < len;
+    float pv[8][4], po[8][4];  // tile j: chunk rows 8j + 2t, 8j + 2t + 1 of ca, then of cb
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) pv[j][e] = po[j][e] = 0.f;
+    const float el = sc.eL[P];
+    float mx = 0.f;
+#pragma unroll
+    for (int n = 0; n < kWalkTiles; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mx = fmaxf(mx, fabsf(s[n][e]));
+    float sig, isig;
+    pow2_scale(warp_max(mx), 126, &sig, &isig);
+    // acc[j] += (S^T sigma) B^T for the staged rows B [C][pk] (W or Qg): k-steps over the key dims.
+    auto s_times = [&](const __half* Bs, float(&acc)[8][4]) {
+#pragma unroll
+      for (int k = 0; k < kWalkTiles / 2; ++k) {
+        if (2 * k >= nt) break;
+        uint32_t ah[4], al[4];
+        acc_to_a_f16x2(s[2 * k], s[2 * k + 1], sig, ah, al);
+#pragma unroll
+        for (int jp = 0; jp < 4; ++jp) {
+          if (16 * jp >= L) break;  // the rows past L are zero
+          const int off = (16 * jp + 8 * (bm >> 1) + (lane & 7)) * pk + 16 * k + 8 * (bm & 1);
+          uint32_t bh[4], bl[4];
+          ldmatrix_x4(bh, Bs + off);
+          ldmatrix_x4(bl, Bs + C * pk + off);
+          mma_pair_f16x2(acc[2 * jp], acc[2 * jp + 1], ah, al, bh, bl);
+        }
+      }
+    };
+    cp_async_wait<1>();
+    __syncthreads();  // W, Qg and U^T of this chunk are in
+    s_times(Ws, pv);
+    const int ua = (16 * warp + g) * kWalkUPitch, ub = ua + 8 * kWalkUPitch;
+    const float iw = isig * (1.f / kSplitKwScale);
+    mx = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {  // v_new^T = U^T - P_v / (sigma kSplitKwScale)
+      const float2 a = *reinterpret_cast<const float2*>(Us + ua + 8 * j + 2 * t);
+      const float2 b = *reinterpret_cast<const float2*>(Us + ub + 8 * j + 2 * t);
+      pv[j][0] = a.x - pv[j][0] * iw;
+      pv[j][1] = a.y - pv[j][1] * iw;
+      pv[j][2] = b.x - pv[j][2] * iw;
+      pv[j][3] = b.y - pv[j][3] * iw;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mx = fmaxf(mx, fabsf(pv[j][e]));
+    }
+    float sv, isv;
+    pow2_scale(warp_max(mx), 10, &sv, &isv);
+    uint32_t vh[4][4], vl[4][4];  // A fragments of v_new^T sv, k-steps over the chunk rows
+#pragma unroll
+    for (int k = 0; k < 4; ++k) acc_to_a_f16x2(pv[2 * k], pv[2 * k + 1], sv, vh[k], vl[k]);
+    s_times(Qs, po);
+    __syncthreads();  // every warp is done with W, Qg and U^T
+    if (more)
+      stage_wq(ci + 1);
+    else
+      cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();  // Kl and M of this chunk are in
+    // S^T sv kSplitKwScale = e^{G_{L-1}} S^T sv kSplitKwScale + (v_new^T sv) (Kl kSplitKwScale); B from Kl's rows
+    // transposed (k = chunk row, n = key dim).
+    const float es = el * sv * kSplitKwScale;
+#pragma unroll
+    for (int n = 0; n < kWalkTiles; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] *= es;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (16 * k >= L) break;  // v_new's rows past L are zero
+#pragma unroll
+      for (int np = 0; np < kWalkTiles / 2; ++np) {
+        if (2 * np >= nt) break;
+        const int off = (16 * k + 8 * (bm & 1) + (lane & 7)) * pk + 16 * np + 8 * (bm >> 1);
+        uint32_t bh[4], bl[4];
+        ldmatrix_x4<true>(bh, Ks + off);
+        ldmatrix_x4<true>(bl, Ks + C * pk + off);
+        mma_pair_f16x2(s[2 * np], s[2 * np + 1], vh[k], vl[k], bh, bl);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kWalkTiles; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] *= isv * (1.f / kSplitKwScale);
+    // o^T sv kSplitMScale = (S^T Qg^T) sv kSplitMScale + (v_new^T sv) (M^T kSplitMScale); B from M's rows.
+    const float om = isig * (1.f / kSplitQgScale) * sv * kSplitMScale;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) po[j][e] *= om;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (16 * k >= L) break;
+#pragma unroll
+      for (int jp = 0; jp < 4; ++jp) {
+        if (16 * jp >= L) break;  // output rows past L are not written
+        const int off = (16 * jp + 8 * (bm >> 1) + (lane & 7)) * pm + 16 * k + 8 * (bm & 1);
+        uint32_t bh[4], bl[4];
+        ldmatrix_x4(bh, Ms + off);
+        ldmatrix_x4(bl, Ms + C * pm + off);
+        mma_pair_f16x2(po[2 * jp], po[2 * jp + 1], vh[k], vl[k], bh, bl);
+      }
+    }
+    float* orow = out + int64_t(c0) * ld_out + int64_t(head) * d.dv;
+    const float io = isv * (1.f / kSplitMScale);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int r = 8 * j + 2 * t;
+      if (r < L) {
+        if (va) orow[int64_t(r) * ld_out + ca] = po[j][0] * io;
+        if (vb) orow[int64_t(r) * ld_out + cb] = po[j][2] * io;
+      }
+      if (r + 1 < L) {
+        if (va) orow[int64_t(r + 1) * ld_out + ca] = po[j][1] * io;
+        if (vb) orow[int64_t(r + 1) * ld_out + cb] = po[j][3] * io;
+      }
+    }
+    __syncthreads();  // every warp is done with Kl and M
+    if (more)
+      stage_km(ci + 1);
+    else
+      cp_async_commit();
+  }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int n = 0; n < kWalkTiles; ++n) {
+    if (n >= nt) break;
+    const int64_t i = 8 * n + 2 * t;
+    if (va) {
+      Sg[i * d.dv + ca] = s[n][0];
+      Sg[(i + 1) * d.dv + ca] = s[n][1];
+    }
+    if (vb) {
+      Sg[i * d.dv + cb] = s[n][2];
+      Sg[(i + 1) * d.dv + cb] = s[n][3];
+    }
+  }
+#endif
+}
+
 // Both activation types are compiled in every build (NVRTC included, for the SM70 check).
 #define FN_GDN_INSTANTIATE(T)                                                                                          \
   template __global__ void gdn_recurrent_kernel<T>(const T*, int64_t, const T*, const T*, int64_t, const float*,       \
@@ -579,6 +891,14 @@ __global__ void __launch_bounds__(kThreads)
                                                    int64_t);
 FN_GDN_INSTANTIATE(float)
 #undef FN_GDN_INSTANTIATE
+// Both scratch forms of the chunk preparation (the launcher's choice is fenced off under NVRTC).
+#define FN_GDN_PREP_INSTANTIATE(SPLIT)                                                                              \
+  template __global__ void gdn_chunk_prep_kernel<SPLIT>(const float*, int64_t, const float*, const float*, int64_t, \
+                                                        const float*, const float*, const int32_t*, int, GdnHeads,  \
+                                                        int, ChunkScratch);
+FN_GDN_PREP_INSTANTIATE(false)
+FN_GDN_PREP_INSTANTIATE(true)
+#undef FN_GDN_PREP_INSTANTIATE
 
 }  // namespace
 
@@ -596,31 +916,42 @@ cudaError_t launch_gdn_recurrent(const float* qkv, int64_t ld_qkv, const float* 
 }
 
 namespace {
-// Scratch floats per (slot, head): W, Kl, Qg, U, M, Sc, eL (ChunkScratch).
-int64_t chunk_pair_floats(GdnHeads d) {
-  return int64_t(kChunk) * (3 * d.dk + d.dv) + int64_t(kChunk) * kChunk + int64_t(d.dk) * d.dv + 1;
+// Scratch floats per (slot, head): W, Kl, Qg, U, M, eL, and Sc but for the tensor-core walk (ChunkScratch).
+int64_t chunk_pair_floats(GdnHeads d, bool tensor_cores) {
+  return int64_t(kChunk) * (3 * d.dk + d.dv) + int64_t(kChunk) * kChunk + 1 + (tensor_cores ? 0 : int64_t(d.dk) * d.dv);
 }
 int64_t chunk_slots(int num_seqs, int64_t rows) { return num_seqs + rows / kChunk + 1; }
 }  // namespace
 
-int gdn_chunked_heads_per_pass(int num_seqs, int64_t rows, GdnHeads dims, int64_t max_scratch_floats) {
-  const int64_t per_head = chunk_slots(num_seqs, rows) * chunk_pair_floats(dims);
+bool gdn_chunked_tensor_cores_supported(GdnHeads dims) {
+  if (dims.dk % 16 != 0 || dims.dk > kGdnMaxDk) return false;
+  if (kernel_ptx_version(reinterpret_cast<const void*>(gdn_chunk_walk_mma_kernel)) < 80) return false;
+  int device = 0, optin = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess &&
+         walk_smem_bytes(dims.dk) <= size_t(optin);
+}
+
+int gdn_chunked_heads_per_pass(int num_seqs, int64_t rows, GdnHeads dims, bool tensor_cores,
+                               int64_t max_scratch_floats) {
+  const int64_t per_head = chunk_slots(num_seqs, rows) * chunk_pair_floats(dims, tensor_cores);
   return int(std::max<int64_t>(1, std::min<int64_t>(dims.nv, max_scratch_floats / per_head)));
 }
 
-int64_t gdn_chunked_scratch_floats(int num_seqs, int64_t rows, GdnHeads dims, int heads_per_pass) {
-  return chunk_slots(num_seqs, rows) * chunk_pair_floats(dims) * heads_per_pass;
+int64_t gdn_chunked_scratch_floats(int num_seqs, int64_t rows, GdnHeads dims, bool tensor_cores, int heads_per_pass) {
+  return chunk_slots(num_seqs, rows) * chunk_pair_floats(dims, tensor_cores) * heads_per_pass;
 }
 
 cudaError_t launch_gdn_chunked_prefill(const float* qkv, int64_t ld_qkv, const float* a, const float* b, int64_t ld_ab,
                                        const float* a_log, const float* dt_bias, float* state, const int32_t* slots,
-                                       const int32_t* cu, int num_seqs, int64_t rows, GdnHeads dims,
+                                       const int32_t* cu, int num_seqs, int64_t rows, GdnHeads dims, bool tensor_cores,
                                        int heads_per_pass, float* scratch, float* out, int64_t ld_out,
                                        cudaStream_t stream) {
   if (num_seqs == 0 || rows == 0) return cudaSuccess;
+  if (tensor_cores && !gdn_chunked_tensor_cores_supported(dims)) return cudaErrorInvalidValue;
   const int64_t nslots = chunk_slots(num_seqs, rows);
   const int hp = heads_per_pass;
-  ChunkScratch sc;
+  ChunkScratch sc{};
   sc.heads = hp;
   const int64_t pairs = nslots * hp;
   float* p = scratch;
@@ -629,22 +960,31 @@ cudaError_t launch_gdn_chunked_prefill(const float* qkv, int64_t ld_qkv, const f
   sc.Qg = p, p += pairs * kChunk * dims.dk;
   sc.U = p, p += pairs * kChunk * dims.dv;
   sc.M = p, p += pairs * kChunk * kChunk;
-  sc.Sc = p, p += pairs * dims.dk * dims.dv;
+  if (!tensor_cores) sc.Sc = p, p += pairs * dims.dk * dims.dv;
   sc.eL = p;
   const size_t prep_smem = sizeof(float) * size_t(prep_smem_floats(dims.dk));
-  const size_t state_smem = sizeof(float) * StateSmem::floats(dims.dk);
-  cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(gdn_chunk_prep_kernel), prep_smem);
-  if (err == cudaSuccess) err = ensure_dynamic_smem(reinterpret_cast<const void*>(gdn_chunk_state_kernel), state_smem);
+  const size_t walk_smem = tensor_cores ? walk_smem_bytes(dims.dk) : sizeof(float) * StateSmem::floats(dims.dk);
+  auto prep = tensor_cores ? gdn_chunk_prep_kernel<true> : gdn_chunk_prep_kernel<false>;
+  auto walk = tensor_cores ? reinterpret_cast<const void*>(gdn_chunk_walk_mma_kernel)
+                           : reinterpret_cast<const void*>(gdn_chunk_state_kernel);
+  cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(prep), prep_smem);
+  if (err == cudaSuccess) err = ensure_dynamic_smem(walk, walk_smem);
   if (err != cudaSuccess) return err;
   for (int h0 = 0; h0 < dims.nv; h0 += hp) {
     sc.heads = std::min(hp, dims.nv - h0);
-    launch(gdn_chunk_prep_kernel, dim3(unsigned(nslots), unsigned(sc.heads)), kThreads, prep_smem, stream, qkv, ld_qkv,
-           a, b, ld_ab, a_log, dt_bias, cu, num_seqs, dims, h0, sc);
-    launch(gdn_chunk_state_kernel,
-           dim3(unsigned(num_seqs), unsigned(sc.heads), unsigned((dims.dv + kSlice - 1) / kSlice)), kThreads,
-           state_smem, stream, state, slots, cu, dims, h0, sc);
-    launch(gdn_chunk_output_kernel, dim3(unsigned(nslots), unsigned(sc.heads), unsigned((dims.dv + 63) / 64)), kThreads,
-           0, stream, cu, num_seqs, dims, h0, sc, out, ld_out);
+    launch(prep, dim3(unsigned(nslots), unsigned(sc.heads)), kThreads, prep_smem, stream, qkv, ld_qkv, a, b, ld_ab,
+           a_log, dt_bias, cu, num_seqs, dims, h0, sc);
+    if (tensor_cores) {
+      launch(gdn_chunk_walk_mma_kernel,
+             dim3(unsigned(num_seqs), unsigned(sc.heads), unsigned((dims.dv + kWalkCols - 1) / kWalkCols)),
+             kWalkThreads, walk_smem, stream, state, slots, cu, dims, h0, sc, out, ld_out);
+    } else {
+      launch(gdn_chunk_state_kernel,
+             dim3(unsigned(num_seqs), unsigned(sc.heads), unsigned((dims.dv + kSlice - 1) / kSlice)), kThreads,
+             walk_smem, stream, state, slots, cu, dims, h0, sc);
+      launch(gdn_chunk_output_kernel, dim3(unsigned(nslots), unsigned(sc.heads), unsigned((dims.dv + 63) / 64)),
+             kThreads, 0, stream, cu, num_seqs, dims, h0, sc, out, ld_out);
+    }
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   return cudaSuccess;

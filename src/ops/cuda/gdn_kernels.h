@@ -30,18 +30,27 @@ cudaError_t launch_gdn_recurrent(const float* qkv, int64_t ld_qkv, const float* 
                                  cudaStream_t stream);
 
 /// The chunked form over the rows cu_seqlens[s] .. cu_seqlens[s+1] of every sequence s (`rows` in all), state in
-/// slot slots[s] read and written. Three launches per pass of `heads_per_pass` value heads (gdn_kernels.cu: chunk
-/// preparation, the state walk, the outputs) with their intermediates in `scratch`, which holds
-/// gdn_chunked_scratch_floats(num_seqs, rows, dims, heads_per_pass) floats. Needs dk <= kGdnMaxDk, dk % 4 == 0.
+/// slot slots[s] read and written. Per pass of `heads_per_pass` value heads (gdn_kernels.cu): the chunk preparation,
+/// then the state walk and the outputs (one tensor-core launch, or two float32 ones), with their intermediates in
+/// `scratch`, which holds
+/// gdn_chunked_scratch_floats(num_seqs, rows, dims, tensor_cores, heads_per_pass) floats (256-byte aligned). Needs
+/// dk <= kGdnMaxDk, dk % 4 == 0. tensor_cores: the state walk and the outputs in one kernel of FP16x2 mma.sync
+/// products (float32-accurate), where gdn_chunked_tensor_cores_supported (else cudaErrorInvalidValue); otherwise
+/// float32 FMAs.
 cudaError_t launch_gdn_chunked_prefill(const float* qkv, int64_t ld_qkv, const float* a, const float* b, int64_t ld_ab,
                                        const float* a_log, const float* dt_bias, float* state, const int32_t* slots,
                                        const int32_t* cu_seqlens, int num_seqs, int64_t rows, GdnHeads dims,
-                                       int heads_per_pass, float* scratch, float* out, int64_t ld_out,
-                                       cudaStream_t stream);
+                                       bool tensor_cores, int heads_per_pass, float* scratch, float* out,
+                                       int64_t ld_out, cudaStream_t stream);
+/// Whether the tensor-core form of launch_gdn_chunked_prefill runs on the current device for these heads: its kernel
+/// compiled for SM80+ there, dk a multiple of 16, and its shared memory (about 137 KB at dk = 128) within the
+/// device's per-block limit.
+bool gdn_chunked_tensor_cores_supported(GdnHeads dims);
 /// Value heads per pass of launch_gdn_chunked_prefill so that its scratch stays within max_scratch_floats (at least
 /// one head), and the scratch that takes.
-int gdn_chunked_heads_per_pass(int num_seqs, int64_t rows, GdnHeads dims, int64_t max_scratch_floats);
-int64_t gdn_chunked_scratch_floats(int num_seqs, int64_t rows, GdnHeads dims, int heads_per_pass);
+int gdn_chunked_heads_per_pass(int num_seqs, int64_t rows, GdnHeads dims, bool tensor_cores,
+                               int64_t max_scratch_floats);
+int64_t gdn_chunked_scratch_floats(int num_seqs, int64_t rows, GdnHeads dims, bool tensor_cores, int heads_per_pass);
 #endif
 
 }  // namespace flashnext::cuda::detail

@@ -57,19 +57,23 @@ void CudaOps::gdn_rule_batch(const Tensor& qkv, const Tensor& a, const Tensor& b
         op);
     return;
   }
-  // A step with prefill chunks: every sequence's rows (cu_seqlens), state in slot slots[s]. The chunk kernels'
-  // intermediates take about 3.3 KB per row and value head at dk = dv = 128; passes over the heads keep them within
-  // 1 GiB (one head's may exceed it, past about 320K rows in one step).
+  // A step with prefill chunks: every sequence's rows (cu_seqlens), state in slot slots[s]; the state walk and the
+  // outputs on the tensor cores (SM80+) unless FLASHNEXT_CUDA_GDN_CHUNK=cuda_cores or dk is not a multiple of 16. The
+  // chunk kernels' intermediates take about 3.3 KB per row and value head at dk = dv = 128 (2.3 KB with the
+  // tensor-core walk, which stores no per-chunk state); passes over the heads keep them within 1 GiB (one head's may
+  // exceed it, past about 320K rows in one step).
   FN_CHECK(d.k_head_dim % 4 == 0, "{}: key head dim {} is not a multiple of 4 (the chunked kernels' vector loads)", op,
            d.k_head_dim);
   const int num_seqs = int(batch.num_seqs);
-  const int per_pass = detail::gdn_chunked_heads_per_pass(num_seqs, T, heads, int64_t(1) << 28);
-  Tensor scratch =
-      alloc({detail::gdn_chunked_scratch_floats(num_seqs, T, heads, per_pass)}, DType::F32, "gdn chunk scratch");
+  const bool tensor_cores =
+      options_.gdn_chunk != GdnChunkKernel::CudaCores && detail::gdn_chunked_tensor_cores_supported(heads);
+  const int per_pass = detail::gdn_chunked_heads_per_pass(num_seqs, T, heads, tensor_cores, int64_t(1) << 28);
+  Tensor scratch = alloc({detail::gdn_chunked_scratch_floats(num_seqs, T, heads, tensor_cores, per_pass)}, DType::F32,
+                         "gdn chunk scratch");
   FN_CUDA_CHECK(detail::launch_gdn_chunked_prefill(dp<const float>(qkv), C, dp<const float>(a), dp<const float>(b), nv,
                                                    a_log, dt_bias, dp<float>(state_pool), dp<int32_t>(batch.slots),
-                                                   dp<int32_t>(batch.seq_starts), num_seqs, T, heads, per_pass,
-                                                   dp<float>(scratch), dp<float>(o), ld_o, stream()),
+                                                   dp<int32_t>(batch.seq_starts), num_seqs, T, heads, tensor_cores,
+                                                   per_pass, dp<float>(scratch), dp<float>(o), ld_o, stream()),
                 op);
 }
 
