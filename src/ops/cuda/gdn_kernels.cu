@@ -614,8 +614,11 @@ __global__ void __launch_bounds__(kThreads)
 //   v_new^T = U^T - S^T W^T;   o^T = S^T Qg^T + v_new^T M^T;   S'^T = e^{G_{L-1}} S^T + v_new^T Kl
 // FP16x2 products (hi·hi + hi·lo + lo·hi, float32 accumulation). S^T enters its products scaled by a power of two
 // sigma that brings the warp's max |S| into [2^14, 2^15) (its FP16 halves cannot overflow and keep about 2^-22 of
-// the largest element), v_new the same way (scaled up by at most 2^10), the staged operands times the kSplit*Scale
-// of the prep kernel; every scale is taken out of the products again exactly.
+// the largest element), v_new the same way (scaled up by at most 2^10, so that its products cannot overflow the state:
+// entries of v_new below about 2^-34 are lost, which float32 FMAs keep), the staged operands times the kSplit*Scale
+// of the prep kernel; every scale is taken out of the products again exactly. Accuracy: about 2^-22 of the largest
+// element of the warp's operand (its 16 value columns of the state, or of v_new, in the chunk), where float32 FMAs
+// keep 2^-24 of each element.
 constexpr int kWalkThreads = 128;                  // 4 warps, 16 value columns each
 constexpr int kWalkCols = 16 * kWalkThreads / 32;  // value columns per block
 constexpr int kWalkTiles = kGdnMaxDk / 8;          // n8 tiles of a warp's S^T rows
