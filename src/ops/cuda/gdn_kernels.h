@@ -33,17 +33,17 @@ cudaError_t launch_gdn_recurrent(const float* qkv, int64_t ld_qkv, const float* 
 /// slot slots[s] read and written. Per pass of `heads_per_pass` value heads (gdn_kernels.cu): the chunk preparation,
 /// then the state walk and the outputs (one tensor-core launch, or two float32 ones), with their intermediates in
 /// `scratch`, which holds
-/// gdn_chunked_scratch_floats(num_seqs, rows, dims, tensor_cores, heads_per_pass) floats (256-byte aligned). Needs
-/// dk <= kGdnMaxDk, dk % 4 == 0. tensor_cores: the state walk and the outputs in one kernel of FP16x2 mma.sync
-/// products (float32-accurate), where gdn_chunked_tensor_cores_supported (else cudaErrorInvalidValue); otherwise
-/// float32 FMAs.
+/// gdn_chunked_scratch_floats(num_seqs, rows, dims, tensor_cores, heads_per_pass) floats (16-byte aligned: the walk's
+/// cp.async). Needs dk <= kGdnMaxDk, dk % 4 == 0. tensor_cores: the state walk and the outputs in one kernel of FP16x2
+/// mma.sync products (about 2^-22 of the largest element of each warp's operand: gdn_kernels.cu), where
+/// gdn_chunked_tensor_cores_supported (else cudaErrorInvalidValue); otherwise float32 FMAs.
 cudaError_t launch_gdn_chunked_prefill(const float* qkv, int64_t ld_qkv, const float* a, const float* b, int64_t ld_ab,
                                        const float* a_log, const float* dt_bias, float* state, const int32_t* slots,
                                        const int32_t* cu_seqlens, int num_seqs, int64_t rows, GdnHeads dims,
                                        bool tensor_cores, int heads_per_pass, float* scratch, float* out,
                                        int64_t ld_out, cudaStream_t stream);
 /// Whether the tensor-core form of launch_gdn_chunked_prefill runs on the current device for these heads: its kernel
-/// compiled for SM80+ there, dk a multiple of 16, and its shared memory (about 137 KB at dk = 128) within the
+/// compiled for SM80+ there, dk a multiple of 16, and its shared memory (about 138 KB at dk = 128) within the
 /// device's per-block limit.
 bool gdn_chunked_tensor_cores_supported(GdnHeads dims);
 /// Value heads per pass of launch_gdn_chunked_prefill so that its scratch stays within max_scratch_floats (at least
