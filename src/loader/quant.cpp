@@ -272,17 +272,29 @@ void parse_gptq(const Fields& c, QuantConfig& q) {
 }
 
 // AutoRound (auto_round's export; vLLM / SGLang AutoRoundConfig): bits, group_size, sym, packing_format
-// "auto_round:auto_gptq" (GPTQ v1 packing; the default), data_type "int", and extra_config: per module name its own
-// bits (16 or more: not quantized), group_size and sym.
+// "auto_round:auto_gptq" (GPTQ v1 packing; the default) or "auto_round:auto_awq" (AutoAWQ's GEMM packing, 4 bits:
+// vLLM reads it as AWQ with zero_point = not sym), data_type "int", and extra_config: per module name its own bits
+// (16 or more: not quantized), group_size and sym.
 void parse_auto_round(const Fields& c, QuantConfig& q) {
-  q.bits = c.integer("bits", 4);
-  if (!gptq_bits_ok(q.bits))
-    fail("{}.bits is {}: AutoRound packings of 2, 3, 4 or 8 bits are supported", c.where, q.bits);
-  q.group_size = group_size_field(c, 128);
   const std::string packing = c.str("packing_format", "auto_round:auto_gptq");
-  if (packing != "auto_round:auto_gptq") {
-    fail("{}.packing_format is '{}': only 'auto_round:auto_gptq' (GPTQ packing) is supported", c.where, packing);
+  if (packing != "auto_round:auto_gptq" && packing != "auto_round:auto_awq") {
+    fail(
+        "{}.packing_format is '{}': 'auto_round:auto_gptq' (GPTQ packing) or 'auto_round:auto_awq' (AutoAWQ GEMM "
+        "packing) are supported",
+        c.where, packing);
   }
+  q.auto_round_awq = packing == "auto_round:auto_awq";
+  // The bits an entry may take with this packing (16 or more: not quantized).
+  auto bits_ok = [&](int64_t b) { return q.auto_round_awq ? b == 4 : gptq_bits_ok(b); };
+  const char* supported = q.auto_round_awq ? "AutoRound's AWQ packing holds 4 bits"
+                                           : "AutoRound packings of 2, 3, 4 or 8 bits are supported";
+  const char* supported_or_16 = q.auto_round_awq
+                                    ? "AutoRound's AWQ packing holds 4 bits (or 16: unquantized)"
+                                    : "AutoRound packings of 2, 3, 4 or 8 bits (or 16: unquantized) are supported";
+  q.bits = c.integer("bits", 4);
+  if (!bits_ok(q.bits)) fail("{}.bits is {}: {}", c.where, q.bits, supported);
+  q.group_size = group_size_field(c, 128);
+  q.auto_round_sym = c.boolean("sym", true);
   const std::string data_type = c.str("data_type", "int");
   if (data_type != "int")
     fail("{}.data_type is '{}': only integer AutoRound weights are supported", c.where, data_type);
@@ -299,10 +311,8 @@ void parse_auto_round(const Fields& c, QuantConfig& q) {
       const Fields f{spec, c.where + ".extra_config." + module};
       AutoRoundLayer l;
       l.bits = f.integer("bits", q.bits);
-      if (l.bits < 16 && !gptq_bits_ok(l.bits)) {
-        fail("{}.bits is {}: AutoRound packings of 2, 3, 4 or 8 bits (or 16: unquantized) are supported", f.where,
-             l.bits);
-      }
+      if (l.bits < 16 && !bits_ok(l.bits)) fail("{}.bits is {}: {}", f.where, l.bits, supported_or_16);
+      l.sym = f.boolean("sym", q.auto_round_sym);
       l.group_size = group_size_field(f, q.group_size == 0 ? -1 : q.group_size);
       const std::string dt = f.str("data_type", "int");
       if (l.bits < 16 && dt != "int") fail("{}.data_type is '{}': only integer weights are supported", f.where, dt);
@@ -868,7 +878,7 @@ QuantScheme QuantScheme::build(const QuantConfig& cfg, const ModelConfig& model,
     QuantizedWeight q;
     q.name = stem + ".weight";
     if (view("qweight")) {  // GPTQ [K/8, N] or AutoAWQ GEMM [K, N/8]: the config says which
-      q.format = cfg.method == "awq" ? QuantFormat::Awq : QuantFormat::Gptq;
+      q.format = cfg.method == "awq" || cfg.auto_round_awq ? QuantFormat::Awq : QuantFormat::Gptq;
     } else if (const TensorView* p = view("weight_packed")) {
       if (p->dtype == DType::I32) {
         q.format = QuantFormat::CtInt4;
@@ -992,9 +1002,14 @@ QuantScheme QuantScheme::build(const QuantConfig& cfg, const ModelConfig& model,
         }
       }
     } else if (cfg.method == "auto-round") {
-      if (q.format != QuantFormat::Gptq) mismatch("quant_method auto-round (GPTQ packing)");
+      if (cfg.auto_round_awq) {
+        if (q.format != QuantFormat::Awq) mismatch("quant_method auto-round (AutoAWQ GEMM packing)");
+      } else if (q.format != QuantFormat::Gptq) {
+        mismatch("quant_method auto-round (GPTQ packing)");
+      }
       q.bits = cfg.bits;
       q.group = cfg.group_size;
+      bool sym = cfg.auto_round_sym;
       // AutoRound's own reading (auto_round/inference/utils.py _expand_regex_config): an entry named exactly for the
       // module wins; else the first regex key (one with a regex metacharacter; re.search) that matches it.
       const AutoRoundLayer* layer = nullptr;
@@ -1017,6 +1032,16 @@ QuantScheme QuantScheme::build(const QuantConfig& cfg, const ModelConfig& model,
         }
         q.bits = layer->bits;
         q.group = layer->group_size;
+        sym = layer->sym;
+      }
+      if (cfg.auto_round_awq) {
+        // AutoAWQ's GEMM modules carry qzeros whether or not the rounding was symmetric (zero 8 then): they are read
+        // when present; an asymmetric module must have them.
+        q.zero_point = view("qzeros");
+        if (!sym && !q.zero_point) {
+          fail("{}: '{}' has no '{}.qzeros', but {} declares it asymmetric (AutoRound sym false)", file, source, module,
+               cfg.source);
+        }
       }
     } else if (cfg.method == "gptq") {
       q.bits = cfg.bits;

@@ -27,7 +27,9 @@
 //                     GPTQ `bits` and `dynamic` overrides, or AutoRound (quant_method `auto-round`, packing_format
 //                     `auto_round:auto_gptq`, v1) `bits` and per-module `extra_config` (bits 16: unquantized).
 //                     Sources: AutoGPTQ / GPTQModel QuantLinear.pack (the 3-bit word layout), vLLM AutoRoundConfig.
-//   INT4 AutoAWQ GEMM (quant_method `awq`, version `gemm`)  `qweight` I32 [K, N/8], packed along the OUTPUTS: word j
+//   INT4 AutoAWQ GEMM (quant_method `awq`, version `gemm`; or `auto-round` with packing_format `auto_round:auto_awq`,
+//                     4 bits, qzeros read where present and required where `sym` is false)
+//                     `qweight` I32 [K, N/8], packed along the OUTPUTS: word j
 //                     of input row k holds outputs 8j..8j+7, output 8j+m at bits 4*p(m), p = {0, 4, 1, 5, 2, 6, 3, 7}
 //                     (AutoAWQ writes nibble i from output 8j + {0, 2, 4, 6, 1, 3, 5, 7}[i]: AWQ_ORDER, whose
 //                     inverse is p); `qzeros` I32 [K/g, N/8] packed the same way, stored as is (no offset);
@@ -89,6 +91,7 @@ struct CtGroup {
 struct AutoRoundLayer {
   int64_t bits = 4;
   int64_t group_size = 0;  ///< 0: one group spans K
+  bool sym = true;         ///< symmetric (no zero points needed); the config's `sym` unless the entry says
 };
 
 /// One GPTQModel `dynamic` rule: a module-name regex (Python re.match) that excludes modules (`-:`) or overrides
@@ -122,6 +125,8 @@ struct QuantConfig {
   bool gptq_v2 = false;  ///< checkpoint_format "gptq_v2": zero points stored without the v1 "-1"
   std::vector<GptqRule> gptq_dynamic;
   std::map<std::string, AutoRoundLayer> auto_round_layers;  ///< AutoRound extra_config by module name
+  bool auto_round_awq = false;  ///< AutoRound packing_format "auto_round:auto_awq": AutoAWQ GEMM tensors, 4 bits
+  bool auto_round_sym = true;   ///< AutoRound `sym`
   // awq (bits and group_size above)
   bool awq_zero_point = true;            ///< `zero_point`: qzeros present; false: symmetric, zero 8
   std::vector<std::string> not_convert;  ///< `modules_to_not_convert`: module-name substrings kept unquantized

@@ -695,6 +695,48 @@ TEST(QuantAutoRound, RegexExtraConfigKeys) {
                                             "packed along the input dimension)"));
 }
 
+// AutoRound's AWQ packing ("auto_round:auto_awq": AutoAWQ GEMM qweight / qzeros / scales, read by vLLM as AWQ with
+// zero_point = not sym): the AWQ fixture's tensors under such a config are the same model, bit for bit, with sym
+// false or true (AutoAWQ's modules keep qzeros either way; they are read when present); an asymmetric module without
+// qzeros is named.
+TEST(QuantAutoRound, AwqPackingReadsAutoAwqTensors) {
+  const std::vector<int32_t> ids = {3, 17, 5, 99, 240, 17, 5, 99, 1, 7};
+  const std::string src = fixture("awq-int4-g32") + "/model";
+  const auto awq = Model::load(src);
+  SequenceState sa = awq->new_sequence();
+  const std::vector<float> want = awq->forward(sa, ids, LogitsMode::All);
+  for (const bool sym : {false, true}) {
+    TempDir d;
+    broken_copy("awq-int4-g32", d.path, [](auto&) {});
+    auto cfg = testing::read_json(d.path / "config.json");
+    cfg["quantization_config"] = {{"quant_method", "auto-round"},
+                                  {"packing_format", "auto_round:auto_awq"},
+                                  {"bits", 4},
+                                  {"group_size", 32},
+                                  {"sym", sym},
+                                  {"data_type", "int"}};
+    testing::write_json(d.path / "config.json", cfg);
+    const auto model = Model::load(d.path.string());
+    SequenceState s = model->new_sequence();
+    const std::vector<float> got = model->forward(s, ids, LogitsMode::All);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << "sym " << sym;
+    EXPECT_EQ(inspect_model(d.path.string())["quantization"]["formats"], inspect_model(src)["quantization"]["formats"]);
+  }
+  TempDir z;  // asymmetric, one module's zero points missing
+  broken_copy("awq-int4-g32", z.path, [](auto& t) { t.erase(std::string(kExpert) + "qzeros"); });
+  auto cfg = testing::read_json(z.path / "config.json");
+  cfg["quantization_config"] = {{"quant_method", "auto-round"},
+                                {"packing_format", "auto_round:auto_awq"},
+                                {"bits", 4},
+                                {"group_size", 32},
+                                {"sym", false}};
+  testing::write_json(z.path / "config.json", cfg);
+  EXPECT_THAT(load_error(z.path),
+              HasSubstr("has no 'model.language_model.layers.2.mlp.experts.5.up_proj.qzeros', but"));
+  EXPECT_THAT(load_error(z.path), HasSubstr("declares it asymmetric (AutoRound sym false)"));
+}
+
 TEST(QuantBadInput, AutoRoundBitsAndPacking) {
   const std::string two_bit = "model.language_model.layers.0.mlp.experts.5.up_proj.";
   auto with = [](
@@ -718,8 +760,12 @@ TEST(QuantBadInput, AutoRoundBitsAndPacking) {
                                             two_bit.substr(0, two_bit.size() - 1) + "' for module '" +
                                             two_bit.substr(0, two_bit.size() - 1) + "'"));
   TempDir p;
-  with(p.path, [](auto& q) { q["packing_format"] = "auto_round:auto_awq"; });
-  EXPECT_THAT(load_error(p.path), HasSubstr("packing_format is 'auto_round:auto_awq': only 'auto_round:auto_gptq'"));
+  with(p.path, [](auto& q) { q["packing_format"] = "auto_round:gptqmodel"; });
+  EXPECT_THAT(load_error(p.path), HasSubstr("packing_format is 'auto_round:gptqmodel': 'auto_round:auto_gptq' (GPTQ "
+                                            "packing) or 'auto_round:auto_awq' (AutoAWQ GEMM packing) are supported"));
+  TempDir a;  // AWQ packing holds 4 bits: the 2-bit entries are refused, named
+  with(a.path, [](auto& q) { q["packing_format"] = "auto_round:auto_awq"; });
+  EXPECT_THAT(load_error(a.path), HasSubstr(".bits is 2: AutoRound's AWQ packing holds 4 bits (or 16: unquantized)"));
   TempDir z;  // 2-bit zero points with the 4-bit row length
   with(
       z.path, [](auto&) {},
