@@ -930,9 +930,12 @@ bool gdn_chunked_tensor_cores_supported(GdnHeads dims) {
   if (dims.dk % 16 != 0 || dims.dk > kGdnMaxDk) return false;
   if (kernel_ptx_version(reinterpret_cast<const void*>(gdn_chunk_walk_mma_kernel)) < 80) return false;
   int device = 0, optin = 0;
-  return cudaGetDevice(&device) == cudaSuccess &&
-         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess &&
-         walk_smem_bytes(dims.dk) <= size_t(optin);
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    cudaGetLastError();  // a failed query means the float32 kernels, not an error left for their launch check
+    return false;
+  }
+  return walk_smem_bytes(dims.dk) <= size_t(optin);
 }
 
 int gdn_chunked_heads_per_pass(int num_seqs, int64_t rows, GdnHeads dims, bool tensor_cores,
