@@ -23,6 +23,8 @@
 #      BASELINE_ENV="VAR=VALUE ...": the full-size run once more with those variables (bench-full-baseline.json), the
 #      before of a before/after on one machine (e.g. FLASHNEXT_CUDA_PDL=0: plain launches); BASELINE_BIN=PATH with
 #      --prepare packs a flashnext built from the baseline commit, and the run then benches it as that baseline;
+#      BASELINE_OPS=DIR with --prepare packs the bench_ops and bench_moe_w4a16 of DIR (built from the baseline commit),
+#      and OPS_PERF / W4_BENCH then run them too (ops-perf-PREC-baseline.txt, bench-moe-w4a16-baseline.txt);
 #      BASELINE2_ENV="VAR=VALUE ...": the baseline build once more with those variables (bench-full-baseline2.json),
 #      e.g. BASELINE_BIN=<main> BASELINE2_ENV=FLASHNEXT_CUDA_GRAPHS=0: a change, its parent, and the parent without
 #      graphs in one call;
@@ -50,6 +52,12 @@ if [ "${1:-}" = "--prepare" ]; then
   if [ -n "${BASELINE_BIN:-}" ]; then  # a flashnext built from the baseline commit, packed as bin/flashnext-baseline
     mkdir -p gpu/bench/baseline && cp "$BASELINE_BIN" gpu/bench/baseline/flashnext-baseline
     extra=(gpu/bench/baseline/flashnext-baseline)
+  fi
+  if [ -n "${BASELINE_OPS:-}" ]; then  # the op benchmarks of the baseline commit, as bin/*-baseline
+    mkdir -p gpu/bench/baseline
+    cp "$BASELINE_OPS/bench_ops" gpu/bench/baseline/bench_ops-baseline
+    cp "$BASELINE_OPS/bench_moe_w4a16" gpu/bench/baseline/bench_moe_w4a16-baseline
+    extra+=(gpu/bench/baseline/bench_ops-baseline gpu/bench/baseline/bench_moe_w4a16-baseline)
   fi
   pack_bundle "$BUNDLE" "$BUILD/flashnext" "$BUILD/tests/test_cuda_e2e" "$BUILD/tests/test_ops" "$BUILD/tests/test_cuda" \
     "$BUILD/benchmarks/bench_ops" "$BUILD/benchmarks/bench_moe_w4a16" "${extra[@]}"
@@ -218,22 +226,29 @@ if [ "${MEDIUM:-0}" = 1 ]; then
 else
   echo "gpu-bench: the medium fixture tests NOT run (MEDIUM=0; scripts/gpu-e2e.sh runs them)" | tee -a "$S"
 fi
+# The op benchmarks, and those of the baseline build where --prepare packed them (BASELINE_OPS).
+op_bench_suffixes=("")
+[ -x "$G/bin/bench_ops-baseline" ] && op_bench_suffixes+=("-baseline")
 if [ "${OPS_PERF:-0}" = 1 ]; then
-  for prec in ${OPS_PRECISIONS:-fp16x2 fp16}; do
-    echo "gpu-bench: bench_ops --backend cuda --precision $prec ${OPS_FILTER:+--filter $OPS_FILTER}" | tee -a "$S"
-    timeout 300 "$G/bin/bench_ops" --backend cuda --precision $prec ${OPS_FILTER:+--filter "$OPS_FILTER"} \
-      --json "$OUT/ops-perf-$prec.json" \
-      >"$OUT/ops-perf-$prec.txt" 2>&1 || { echo "gpu-bench: bench_ops failed" | tee -a "$S"; tail -n 5 "$OUT/ops-perf-$prec.txt"; }
-    cat "$OUT/ops-perf-$prec.txt" | tee -a "$S"
+  for suffix in "${op_bench_suffixes[@]}"; do
+    for prec in ${OPS_PRECISIONS:-fp16x2 fp16}; do
+      echo "gpu-bench: bench_ops$suffix --backend cuda --precision $prec ${OPS_FILTER:+--filter $OPS_FILTER}" | tee -a "$S"
+      timeout 300 "$G/bin/bench_ops$suffix" --backend cuda --precision $prec ${OPS_FILTER:+--filter "$OPS_FILTER"} \
+        --json "$OUT/ops-perf-$prec$suffix.json" >"$OUT/ops-perf-$prec$suffix.txt" 2>&1 ||
+        { echo "gpu-bench: bench_ops$suffix failed" | tee -a "$S"; tail -n 5 "$OUT/ops-perf-$prec$suffix.txt"; }
+      cat "$OUT/ops-perf-$prec$suffix.txt" | tee -a "$S"
+    done
   done
 fi
 if [ "${W4_BENCH:-0}" = 1 ]; then
   # The W4A16 routed experts alone at the released expert geometry (512 x [1280, 2560] + [2560, 640], top-10): the
   # tensor-core GEMV, the FP32-FMA GEMV and the GEMM at 1..4096 tokens, per format.
-  echo "gpu-bench: bench_moe_w4a16 ${W4_FILTER:-}" | tee -a "$S"
-  timeout 300 "$G/bin/bench_moe_w4a16" ${W4_FILTER:-} >"$OUT/bench-moe-w4a16.txt" 2>&1 ||
-    echo "gpu-bench: bench_moe_w4a16 failed" | tee -a "$S"
-  cat "$OUT/bench-moe-w4a16.txt" | tee -a "$S"
+  for suffix in "${op_bench_suffixes[@]}"; do
+    echo "gpu-bench: bench_moe_w4a16$suffix ${W4_FILTER:-}" | tee -a "$S"
+    timeout 300 "$G/bin/bench_moe_w4a16$suffix" ${W4_FILTER:-} >"$OUT/bench-moe-w4a16$suffix.txt" 2>&1 ||
+      echo "gpu-bench: bench_moe_w4a16$suffix failed" | tee -a "$S"
+    cat "$OUT/bench-moe-w4a16$suffix.txt" | tee -a "$S"
+  done
 fi
 if [ -n "${NCU_OPS:-}" ]; then
   # Per-kernel figures of the op cases OPS_FILTER selects (bench_ops, one timed run each), for the kernels whose
