@@ -25,6 +25,7 @@
 #      --prepare packs a flashnext built from the baseline commit, and the run then benches it as that baseline;
 #      BASELINE_OPS=DIR with --prepare packs the bench_ops and bench_moe_w4a16 of DIR (built from the baseline commit),
 #      and OPS_PERF / W4_BENCH then run them too (ops-perf-PREC-baseline.txt, bench-moe-w4a16-baseline.txt);
+#      BASELINE=0 skips the packed baseline build's bench (one bundle, a run that needs no before);
 #      BASELINE2_ENV="VAR=VALUE ...": the baseline build once more with those variables (bench-full-baseline2.json),
 #      e.g. BASELINE_BIN=<main> BASELINE2_ENV=FLASHNEXT_CUDA_GRAPHS=0: a change, its parent, and the parent without
 #      graphs in one call;
@@ -306,7 +307,7 @@ if [ "$status" = 0 ] && [ "${FULL:-1}" != 0 ]; then
     echo "gpu-bench: the fp16 run NOT done (FP16=${FP16:-0}, status $status)" | tee -a "$S"
   fi
   baseline_bin="$G/bin/flashnext"
-  [ -x "$G/bin/flashnext-baseline" ] && baseline_bin="$G/bin/flashnext-baseline"
+  [ -x "$G/bin/flashnext-baseline" ] && [ "${BASELINE:-1}" != 0 ] && baseline_bin="$G/bin/flashnext-baseline"
   if { [ -n "${BASELINE_ENV:-}" ] || [ "$baseline_bin" != "$G/bin/flashnext" ]; } && [ "$status" = 0 ]; then
     # The same bench once more under BASELINE_ENV (e.g. FLASHNEXT_CUDA_PDL=0) and/or with the baseline build packed by
     # --prepare BASELINE_BIN=..., on the same machine: before/after.
