@@ -25,6 +25,27 @@ struct Registrar {
   explicit Registrar(Subcommand s) { registry().push_back(std::move(s)); }
 };
 
+/// Option checks with plain messages (CLI11's PositiveNumber / NonNegativeNumber print "Value 0 not in range 0 to
+/// 1.797...e308"): a number > 0, and a number >= 0. CLI11 prefixes the option's name to the message.
+inline CLI::Validator positive_number() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v)) return "must be a number, got '" + text + "'";
+        return v > 0 ? std::string() : "must be > 0, got " + text;
+      },
+      "POSITIVE");
+}
+inline CLI::Validator non_negative_number() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v)) return "must be a number, got '" + text + "'";
+        return v >= 0 ? std::string() : "must be >= 0, got " + text;
+      },
+      "NONNEGATIVE");
+}
+
 }  // namespace flashnext::cli
 
 #define FLASHNEXT_SUBCOMMAND(ident, ...) \

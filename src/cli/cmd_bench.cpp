@@ -965,9 +965,9 @@ FLASHNEXT_SUBCOMMAND(
       sub.add_option("--model", a->model, "benchmark this checkpoint folder instead of a random-weight model");
       sub.add_option("--config", a->config, "config.json of the random-weight model (default: models/release/config.json)");
       sub.add_option("--device", a->device, "cuda (default) or cpu")->check(CLI::IsMember({"cpu", "cuda"}));
-      sub.add_option("--threads", a->threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+      sub.add_option("--threads", a->threads, "CPU threads (0 = all cores)")->check(cli::non_negative_number());
       sub.add_option("--tp", a->tp, "tensor-parallel ranks (rank r on GPU r; on the CPU threads of this process)")
-          ->check(CLI::PositiveNumber);
+          ->check(cli::positive_number());
       cli::add_node_options(sub, a->nodes);
       sub.add_option("--layers", a->layers, "first N layers of the config's layer_types (PLE layers beyond N dropped)");
       sub.add_option("--experts", a->experts, "routed experts per MoE layer");

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "cli/generation_options.h"
+#include "server/openai_schema.h"
 
 namespace {
 
@@ -41,7 +42,12 @@ json read_messages(const std::string& path, json& tools) {
   }
   if (!doc.is_array() || doc.empty())
     fail("--messages: {} must hold a non-empty array of {{\"role\", \"content\"}} messages", path);
-  return doc;
+  try {  // the checks and normalisation of a server chat request (roles, contents, tool calls, tools)
+    if (!tools.is_null()) server::check_tools(tools);
+    return server::normalize_messages(doc);
+  } catch (const server::ApiError& e) {
+    fail("--messages: {}: {}", path, e.what());
+  }
 }
 
 std::string join_ids(const std::vector<TokenId>& ids) {
@@ -54,7 +60,11 @@ int run(const GenerateArgs& a) {
   if (a.prompt && a.prompt->empty()) fail("the prompt is empty: --prompt needs some text");
   if (a.raw && have_messages) fail("--raw applies to --prompt only (--messages always uses the chat template)");
 
-  const SpeculativeConfig spec = SpeculativeConfig::parse(a.speculative);  // before any weight is read
+  // Everything that can be checked without the model is checked before any weight is read (the sampling options in
+  // load_for_generation).
+  const SpeculativeConfig spec = SpeculativeConfig::parse(a.speculative);
+  json tools = nullptr;
+  const json messages = have_messages ? read_messages(a.messages, tools) : json();
   cli::GenerationArgs gen_args = a.gen;
   gen_args.load_mtp = spec.method == SpeculativeConfig::Method::Mtp;
   LoadedModel m = [&] {
@@ -70,10 +80,8 @@ int run(const GenerateArgs& a) {
   if (a.raw) {
     prompt = m.raw_prompt(*a.prompt);
   } else {
-    json tools = nullptr;
-    json messages = have_messages ? read_messages(a.messages, tools)
-                                  : json::array({json{{"role", "user"}, {"content", *a.prompt}}});
-    prompt = m.chat_prompt(messages, cli::template_vars(a.gen), tools);
+    prompt = m.chat_prompt(have_messages ? messages : json::array({json{{"role", "user"}, {"content", *a.prompt}}}),
+                           cli::template_vars(a.gen), tools);
   }
   GenerationRequest request{std::move(prompt), cli::sampling_params(a.gen, m.generation), spec};
   Generator gen = generate(*m.model, m.tokenizer, m.generation, std::move(request), cli::emit);

@@ -252,18 +252,18 @@ FLASHNEXT_SUBCOMMAND(
       sub.add_option("--port", a->port, "TCP port (default 8000; 0 = any free port)")->check(CLI::Range(0, 65535));
       sub.add_option("--max-model-len", a->max_model_len,
                      "most tokens per sequence, prompt + output (default: max_position_embeddings)")
-          ->check(CLI::NonNegativeNumber);
+          ->check(cli::non_negative_number());
       sub.add_option("--max-num-seqs", a->max_num_seqs, "most sequences in one batch (default 64)")
-          ->check(CLI::PositiveNumber);
+          ->check(cli::positive_number());
       sub.add_option("--max-num-batched-tokens", a->max_num_batched_tokens,
                      "most tokens fed in one engine step (default 2048)")
-          ->check(CLI::PositiveNumber);
+          ->check(cli::positive_number());
       sub.add_option("--prefill-chunk-size", a->prefill_chunk_size,
                      "prefill chunk length (default: max-num-batched-tokens - max-num-seqs + 1)")
-          ->check(CLI::NonNegativeNumber);
+          ->check(cli::non_negative_number());
       sub.add_option("--max-queued-requests", a->max_queued_requests,
                      "most requests waiting for a batch slot; more get 503 (default 256)")
-          ->check(CLI::NonNegativeNumber);
+          ->check(cli::non_negative_number());
       sub.add_option("--scheduling-policy", a->scheduling_policy,
                      "fcfs (arrival order) or priority (the requests' `priority`, lower first; vLLM's policy)")
           ->check(CLI::IsMember({"fcfs", "priority"}));
@@ -272,9 +272,9 @@ FLASHNEXT_SUBCOMMAND(
           ->check(CLI::Range(0.0, 1.0));
       sub.add_option("--kv-cache-memory-bytes", a->kv_cache_memory_bytes,
                      "bytes for the KV cache and sequence states on the CPU (default 4 GiB)")
-          ->check(CLI::PositiveNumber);
+          ->check(cli::positive_number());
       sub.add_option("--block-size", a->block_size, "tokens per KV cache block (default 16)")
-          ->check(CLI::PositiveNumber);
+          ->check(cli::positive_number());
       CLI::Option* enable = sub.add_flag_function(
           "--enable-prefix-caching",
           [a](int64_t) {
@@ -320,24 +320,24 @@ FLASHNEXT_SUBCOMMAND(
       sub.add_option("--max-request-bytes", a->max_request_bytes,
                      "most bytes of a request body; larger ones get 413 before they are read (default: 1 MiB + 32 "
                      "bytes per token of --max-model-len)")
-          ->check(CLI::NonNegativeNumber);
+          ->check(cli::non_negative_number());
       sub.add_option("--http-threads", a->http_threads,
                      "HTTP worker threads = most requests handled at once; connections waiting for a request hold "
-                     "none (default: max-num-seqs + max-queued-requests + 16)")
-          ->check(CLI::NonNegativeNumber);
+                     "none (0 or unset: max-num-seqs + max-queued-requests + 16)")
+          ->check(cli::non_negative_number());
       sub.add_option("--max-connections", a->max_connections,
                      "most open connections; one more is answered 503 and closed (default 1024)")
-          ->check(CLI::PositiveNumber);
+          ->check(cli::positive_number());
       sub.add_option("--header-timeout", a->header_timeout,
                      "seconds a request's line and headers may take to arrive whole; slower ones get 408 "
                      "(default 10)")
-          ->check(CLI::PositiveNumber);
+          ->check(cli::positive_number());
       sub.add_option("--read-timeout", a->read_timeout,
                      "seconds a connection may stay silent while a request is read; then 408 (default 10)")
-          ->check(CLI::PositiveNumber);
+          ->check(cli::positive_number());
       sub.add_option("--body-timeout", a->body_timeout,
                      "seconds a request body may take to arrive whole; slower ones get 408 (default 30)")
-          ->check(CLI::PositiveNumber);
+          ->check(cli::positive_number());
       sub.add_flag("--strict-requests", a->strict_requests,
                    "answer 400 to request fields this server does not know (default: ignore them and log each name "
                    "once, as vLLM does)");
@@ -350,7 +350,7 @@ FLASHNEXT_SUBCOMMAND(
                      "CORS: request headers a preflight may ask for, JSON list or comma-separated (default *)");
       sub.add_flag("--allow-credentials", a->allow_credentials,
                    "CORS: allow credentials (Access-Control-Allow-Credentials: true)");
-      sub.add_option("--threads", a->threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+      sub.add_option("--threads", a->threads, "CPU threads (0 = all cores)")->check(cli::non_negative_number());
       sub.add_option("--tp", a->tp, "tensor-parallel ranks (default 1; threads of this process, docs/ENGINE.md)");
       cli::add_node_options(sub, a->nodes);
       sub.add_option("--log-level", a->log_level, "trace, debug, info (default), warn, error")

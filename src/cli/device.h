@@ -77,9 +77,9 @@ inline void add_node_options(CLI::App& sub, NodeArgs& a) {
   sub.add_option("--nnodes", a.nnodes,
                  "processes (nodes) the --tp ranks are spread over, --tp/--nnodes each (default 1); start the same "
                  "command on every node with its --node-rank; node 0 runs the command, the others follow it")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_number());
   sub.add_option("--node-rank", a.node_rank, "this process's node, 0 .. nnodes-1 (default 0)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative_number());
   sub.add_option("--master-addr", a.master_addr, "host name or address of node 0 (default 127.0.0.1)");
   sub.add_option("--master-port", a.master_port, "port node 0 listens on for the other nodes (default 29500)");
 }

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -39,7 +40,7 @@ inline void add_generation_options(CLI::App& sub, GenerationArgs& a) {
   sub.add_option("--model", a.model,
                  fmt::format("model folder (Hugging Face layout); default: the bundled {}", kBundledModel));
   sub.add_option("--device", a.device, "cpu (default) or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-  sub.add_option("--threads", a.threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+  sub.add_option("--threads", a.threads, "CPU threads (0 = all cores)")->check(cli::non_negative_number());
   sub.add_option("--tp", a.tp, "tensor-parallel ranks (default 1; threads of this process, docs/ENGINE.md)");
   add_node_options(sub, a.nodes);
   sub.add_option("--max-tokens", a.max_tokens, "most tokens to generate (default 256, or the model's max_new_tokens)");
@@ -91,8 +92,23 @@ inline nlohmann::ordered_json template_vars(const GenerationArgs& a) {
   return vars;
 }
 
-/// Checks the device, finds the model folder and loads it; says on stderr what was loaded and how long it took.
+/// Checks the sampling options given, and the --var values, before any weight is read (the model's defaults fill
+/// the others later and are checked with the request): --max-tokens must be >= 1 (a generation emits at least one
+/// token; vLLM's rule), every other value the range of engine/sampling.h validate(). Throws Error naming the value.
+inline void check_sampling_options(const GenerationArgs& a) {
+  if (a.max_tokens && *a.max_tokens < 1) fail("--max-tokens must be >= 1, got {}", *a.max_tokens);
+  try {
+    validate(sampling_params(a, GenerationConfig{}), std::numeric_limits<int64_t>::max());
+  } catch (const Error& e) {
+    fail("a sampling option is out of range: {}", e.what());
+  }
+  template_vars(a);
+}
+
+/// Checks the sampling options (check_sampling_options), the device, finds the model folder and loads it; says on
+/// stderr what was loaded and how long it took.
 inline LoadedModel load_for_generation(const GenerationArgs& a, bool with_chat_template) {
+  check_sampling_options(a);
   ModelOptions options;
   const std::string dir = resolve_model_dir(a.model);
   set_backend(options, a.device, a.threads, a.tp, a.nodes, node_fingerprint(a.nodes, dir, a.load_mtp));

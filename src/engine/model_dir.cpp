@@ -31,9 +31,21 @@ std::vector<fs::path> search_roots() {
 }  // namespace
 
 std::string resolve_model_dir(const std::string& requested) {
-  if (!requested.empty()) return requested;
-  std::string searched;
   std::error_code ec;
+  if (!requested.empty()) {
+    if (!fs::exists(requested, ec))
+      fail(
+          "--model {}: no such file or directory (expected a Hugging Face model folder: config.json and the "
+          "*.safetensors shards)",
+          requested);
+    if (!fs::is_directory(requested, ec))
+      fail("--model {}: not a folder (expected a Hugging Face model folder: config.json and the *.safetensors shards)",
+           requested);
+    if (!fs::is_regular_file(fs::path(requested) / "config.json", ec))
+      fail("--model {}: the folder has no config.json (expected a Hugging Face model folder)", requested);
+    return requested;
+  }
+  std::string searched;
   for (const auto& root : search_roots()) {
     const fs::path candidate = root / kBundledModel;
     if (fs::is_regular_file(candidate / "config.json", ec)) return candidate.string();

@@ -14,10 +14,11 @@ inline constexpr const char* kBundledModel = "models/tiny-fortunes";
 inline constexpr const char* kBundledModelNote =
     "the bundled tiny model (10.8 M parameters, trained on fortune cookies): expect jokes and quotes, not answers";
 
-/// Returns `requested` when it is non-empty. Otherwise looks for the bundled model in the folder of the running
-/// executable and its parents (up to four levels: `build/flashnext`, `build/tests/test_engine`, ...), then in the
-/// current directory, and returns the first folder holding a config.json. Throws Error listing the places searched
-/// when none does.
+/// Returns `requested` when it is non-empty and a folder holding a config.json (throws Error naming `--model` and the
+/// path when it is not: missing, not a folder, no config.json). Otherwise looks for the bundled model in the folder of
+/// the running executable and its parents (up to four levels: `build/flashnext`, `build/tests/test_engine`, ...), then
+/// in the current directory, and returns the first folder holding a config.json. Throws Error listing the places
+/// searched when none does.
 std::string resolve_model_dir(const std::string& requested);
 
 /// The path of `relative` (a file of the source tree, e.g. "models/release/config.json") found the same way as the

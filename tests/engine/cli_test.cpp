@@ -121,7 +121,24 @@ TEST_F(Cli, BadInputFailsWithAClearMessage) {
   expect_error({"generate", "--model", test::kModelDir, "--messages", (cli_scratch() / "missing.json").string()},
                "cannot open");
   expect_error({"generate", "--model", test::kModelDir, "--prompt", "hi", "--top-p", "0"}, "top_p must be in (0, 1]");
-  expect_error({"generate", "--prompt", "hi", "--model", (cli_scratch() / "no-model").string()}, "no-model");
+  expect_error({"generate", "--prompt", "hi", "--model", (cli_scratch() / "no-model").string()},
+               "no-model: no such file or directory");
+  // Checked before any weight is read (no "loaded" line): sampling options, --max-tokens (>= 1 as the server asks),
+  // the messages file (the server's checks: roles, contents).
+  const std::string wizard = (cli_scratch() / "wizard.json").string();
+  std::ofstream(wizard) << R"([{"role": "wizard", "content": "hi"}])";
+  for (const auto& [args, text] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--prompt", "hi", "--max-tokens", "0"}, "--max-tokens must be >= 1, got 0"},
+           {{"--prompt", "hi", "--top-p", "1.5"}, "top_p must be in (0, 1], got 1.5"},
+           {{"--prompt", "hi", "--temperature", "-1"}, "temperature must be a finite number >= 0"},
+           {{"--messages", wizard}, "field \"messages[0].role\" must be one of system, developer, user"}}) {
+    std::vector<std::string> full = {"generate", "--model", test::kModelDir};
+    full.insert(full.end(), args.begin(), args.end());
+    CliRun early = run_cli(full);
+    EXPECT_EQ(early.status, 1) << early.err;
+    EXPECT_NE(early.err.find(text), std::string::npos) << early.err;
+    EXPECT_EQ(early.err.find("flashnext: loaded"), std::string::npos) << early.err;
+  }
   std::string long_prompt;
   for (int i = 0; i < 9000; ++i) long_prompt += " a";  // > 8192 tokens (max_position_embeddings of tiny-b)
   expect_error({"generate", "--model", test::kModelDir, "--raw", "--prompt", long_prompt}, "max_position_embeddings");
@@ -146,6 +163,9 @@ TEST_F(Cli, BadInputFailsWithAClearMessage) {
     EXPECT_NE(r.status, 0) << r.err;  // CLI11's exit codes
     EXPECT_NE(r.err.find(text), std::string::npos) << r.err;
   };
+  expect_parse_error({"serve", "--model", test::kModelDir, "--port", "0", "--max-num-seqs", "0"},
+                     "--max-num-seqs: must be > 0, got 0");
+  expect_parse_error({"generate", "--prompt", "hi", "--threads", "-2"}, "--threads: must be >= 0, got -2");
   expect_error({"serve", "--model", test::kModelDir, "--port", "0", "--no-enable-prefix-caching",
                 "--prefix-cache-snapshots", "8"},
                "--prefix-cache-snapshots needs prefix caching, which --no-enable-prefix-caching turned off");
@@ -166,6 +186,15 @@ TEST_F(Cli, BadInputFailsWithAClearMessage) {
   EXPECT_NE(s.err.find("--speculative mtp:2: "), std::string::npos) << s.err;
   EXPECT_NE(s.err.find("no mtp.* tensors"), std::string::npos) << s.err;
   EXPECT_EQ(s.err.find("listening on"), std::string::npos) << s.err;
+}
+
+// --version names the build (git describe of the source tree, build type, CUDA architectures), as vllm --version
+// and llama.cpp's --version do.
+TEST_F(Cli, VersionNamesTheBuild) {
+  CliRun r = run_cli({"--version"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("flashnext ", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find(" build, "), std::string::npos) << r.out;
 }
 
 // --speculative: generate reproduces the reference's greedy ids with ngram drafts and prints acceptance figures;

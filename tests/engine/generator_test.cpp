@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include "core/error.h"
 #include "engine/loaded_model.h"
 #include "engine/model_dir.h"
@@ -113,7 +116,28 @@ TEST(ModelDir, BundledModelIsFoundFromTheTestBinary) {
   EXPECT_TRUE(std::filesystem::is_regular_file(std::filesystem::path(dir) / "config.json"));
   EXPECT_EQ(std::filesystem::canonical(dir),
             std::filesystem::canonical(std::filesystem::path(FLASHNEXT_SOURCE_DIR) / kBundledModel));
-  EXPECT_EQ(resolve_model_dir("/some/dir"), "/some/dir");
+  EXPECT_EQ(resolve_model_dir(dir), dir);
+}
+
+TEST(ModelDir, AGivenFolderMustHoldAConfig) {
+  auto message = [](const std::string& path) {
+    try {
+      resolve_model_dir(path);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string missing = "/nonexistent/flashnext-model";
+  EXPECT_NE(message(missing).find("--model " + missing + ": no such file or directory"), std::string::npos)
+      << message(missing);
+  const std::filesystem::path empty = std::filesystem::path(::testing::TempDir()) / "flashnext-model-dir-test";
+  std::filesystem::create_directories(empty);
+  EXPECT_NE(message(empty.string()).find("has no config.json"), std::string::npos) << message(empty.string());
+  const std::filesystem::path file = empty / "weights.bin";
+  std::ofstream(file) << "x";
+  EXPECT_NE(message(file.string()).find("not a folder"), std::string::npos) << message(file.string());
+  std::filesystem::remove_all(empty);
 }
 
 }  // namespace
