@@ -587,9 +587,15 @@ HttpServer::~HttpServer() {
 int HttpServer::bind() {
   Impl& m = *impl_;
   error_code ec;
-  const auto address = net::ip::make_address(m.options.host, ec);
-  if (ec) fail("server: {} is not an IP address", m.options.host);
-  const tcp::endpoint ep(address, static_cast<unsigned short>(m.options.port));
+  tcp::endpoint ep(net::ip::make_address(m.options.host, ec), static_cast<unsigned short>(m.options.port));
+  if (ec) {  // a host name (e.g. localhost): its first address, as uvicorn (vLLM) and llama.cpp's server bind
+    tcp::resolver resolver(m.ioc);
+    const auto found = resolver.resolve(m.options.host, std::to_string(m.options.port), ec);
+    if (ec || found.empty())
+      fail("server: --host {} is neither an IP address nor a name this machine resolves ({})", m.options.host,
+           ec ? ec.message() : std::string("no address"));
+    ep = found.begin()->endpoint();
+  }
   m.acceptor.open(ep.protocol(), ec);
   if (!ec) m.acceptor.set_option(net::socket_base::reuse_address(true), ec);
   if (!ec) m.acceptor.bind(ep, ec);

@@ -297,7 +297,10 @@ struct Server::Impl {
     for (auto& n : options.served_model_names) {
       if (n == model) return;
     }
-    bad_request("model", "the model \"{}\" does not exist; this server serves \"{}\"", clip(model), model_name());
+    // 404 as OpenAI (model_not_found) and vLLM (NotFoundError) answer it.
+    throw ApiError(404,
+                   fmt::format("the model \"{}\" does not exist; this server serves \"{}\"", clip(model), model_name()),
+                   "model");
   }
 
   // Renders a chat for the template; template errors become 400 with the template's message.
@@ -1215,10 +1218,19 @@ std::optional<HttpResponse> Server::Impl::on_headers(HttpRequest& req) {
     }
     const bool get = req.method == "GET" || req.method == "HEAD";
     const auto& routes = get ? get_routes : post_routes;
-    if ((!get && req.method != "POST") || !routes.count(req.path))
-      return decorate(
-          &req,
-          error_response(&req, 404, fmt::format("no route for {} {}", clip(req.method, 16), clip(req.path, 200))));
+    if ((!get && req.method != "POST") || !routes.count(req.path)) {
+      const bool as_get = get_routes.count(req.path) > 0, as_post = post_routes.count(req.path) > 0;
+      if (!as_get && !as_post)
+        return decorate(
+            &req,
+            error_response(&req, 404, fmt::format("no route for {} {}", clip(req.method, 16), clip(req.path, 200))));
+      // A route of another method: 405 with the methods it takes (RFC 9110 15.5.6).
+      const std::string allow = as_get && as_post ? "GET, HEAD, POST" : as_get ? "GET, HEAD" : "POST";
+      HttpResponse res = error_response(
+          &req, 405, fmt::format("{} {}: method not allowed (allowed: {})", clip(req.method, 16), req.path, allow));
+      res.headers.emplace_back("Allow", allow);
+      return decorate(&req, std::move(res));
+    }
   } catch (const std::exception& e) {
     return decorate(&req, error_response(&req, 500, fmt::format("internal error: {}", e.what())));
   }

@@ -508,17 +508,18 @@ def test_non_streaming_answer_is_valid_json_after_heartbeats(hs, reference):
 def test_error_messages_quote_only_excerpts(hs, reference):
     big = "z" * 300_000
     chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-    cases = [("/v1/chat/completions", {**chat, "model": big}, "does not exist"),
-             ("/v1/chat/completions", {**chat, big: 1}, "unknown field"),
-             ("/v1/chat/completions", {**chat, "messages": [{"role": big, "content": "x"}]}, "must be one of"),
-             ("/v1/chat/completions", {**chat, "tool_choice": big}, "tool_choice must be"),
-             ("/v1/chat/completions", {**chat, "messages": [{"role": "user", "content": [{"type": big}]}]},
+    cases = [("/v1/chat/completions", {**chat, "model": big}, 404, "does not exist"),
+             ("/v1/chat/completions", {**chat, big: 1}, 400, "unknown field"),
+             ("/v1/chat/completions", {**chat, "messages": [{"role": big, "content": "x"}]}, 400, "must be one of"),
+             ("/v1/chat/completions", {**chat, "tool_choice": big}, 400, "tool_choice must be"),
+             ("/v1/chat/completions", {**chat, "messages": [{"role": "user", "content": [{"type": big}]}]}, 400,
               "not supported"),
-             ("/tokenize", {"prompt": "x", "model": big}, "does not exist"),
-             ("/v1/completions", {"model": "tiny", "prompt": "x", "stop": [big, 5]}, "must be a string")]
-    for path, body, needle in cases:
+             ("/tokenize", {"prompt": "x", "model": big}, 404, "does not exist"),
+             ("/v1/completions", {"model": "tiny", "prompt": "x", "stop": [big, 5]}, 400, "must be a string")]
+    for path, body, status, needle in cases:
         r = requests.post(hs.url + path, json=body, timeout=30)
-        err = assert_error(r, 400, needle)  # asserts a message under 400 characters
+        err = assert_error(r, status, needle,  # asserts a message under 400 characters
+                           "not_found_error" if status == 404 else "invalid_request_error")
         assert len(r.content) < 1000 and len(err.get("param") or "") <= 200
     with connect(hs) as s:  # a garbage request line
         s.sendall(b"\x00\xff" * 2000 + b"\r\n\r\n")

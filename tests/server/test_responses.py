@@ -228,7 +228,6 @@ def error_of(server, body):
      "input[0].arguments", "not valid JSON"),
     ({"input": "hi", "temperature": -1}, "temperature", "temperature"),
     ({"input": []}, "input", "must not be empty"),
-    ({"model": "gpt-9", "input": "hi"}, "model", "does not exist"),
 ])
 def test_errors_name_the_responses_field(server, client, body, param, needle):
     err = error_of(server, body)
@@ -237,6 +236,16 @@ def test_errors_name_the_responses_field(server, client, body, param, needle):
         client.responses.create(model=body.get("model", "tiny"),
                                 extra_body={k: v for k, v in body.items() if k != "model"})
     assert e.value.param == param
+
+
+def test_an_unknown_model_is_not_found(server, client):
+    # 404, as OpenAI (model_not_found) and vLLM (NotFoundError) answer it; the client raises NotFoundError.
+    r = requests.post(server.v1 + "/responses", json={"model": "gpt-9", "input": "hi"}, timeout=30)
+    assert r.status_code == 404, r.text
+    err = r.json()["error"]
+    assert err["type"] == "not_found_error" and err["param"] == "model" and "does not exist" in err["message"], err
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="gpt-9", input="hi")
 
 
 def test_unknown_fields_are_ignored_as_in_chat(server):

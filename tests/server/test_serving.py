@@ -90,7 +90,7 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_t
     ({**CHAT, "temperature": "hot"}, None, 400, "must be a number", "temperature"),
     ({**CHAT, "max_tokens": "ten"}, None, 400, "must be an integer", "max_tokens"),
     ({**CHAT, "messages": "hi"}, None, 400, "must be an array", "messages"),
-    ({**CHAT, "model": "gpt-5"}, None, 400, 'the model "gpt-5" does not exist', "model"),
+    ({**CHAT, "model": "gpt-5"}, None, 404, 'the model "gpt-5" does not exist', "model"),
     ({**CHAT, "temperature": -1}, None, 400, "temperature", "temperature"),
     ({**CHAT, "top_p": 1.5}, None, 400, "top_p", "top_p"),
     ({**CHAT, "top_k": -5}, None, 400, "top_k", "top_k"),
@@ -136,6 +136,11 @@ def test_bad_completion_and_other_requests(server):
     assert_error(post(server, "/tokenize", {"prompt": 5}), 400, "must be a string", "prompt")
     r = requests.get(server.url + "/v1/nothing", timeout=10)
     assert_error(r, 404, "no route")
+    r = requests.get(server.url + "/v1/chat/completions", timeout=10)  # a route of another method
+    assert_error(r, 405, "method not allowed (allowed: POST)")
+    assert r.headers["Allow"] == "POST"
+    r = requests.delete(server.url + "/health", timeout=10)
+    assert_error(r, 405, "method not allowed (allowed: GET, HEAD)")
     # The openai client turns the error body into its exception with our message.
     client = openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0)
     with pytest.raises(openai.BadRequestError, match="top_p"):
