@@ -32,13 +32,13 @@ QWEN38_TEMPLATE = ROOT / "tests" / "data" / "tokenizers" / "qwen3.8" / "chat_tem
 class Server:
     """One `flashnext serve` process."""
 
-    def __init__(self, *args: str, model: Path = BUNDLED, env: dict | None = None):
+    def __init__(self, *args: str, model: Path = BUNDLED, env: dict | None = None, host: str = "127.0.0.1"):
         if not BIN.exists():
             pytest.fail(f"{BIN} does not exist: build the flashnext target or set FLASHNEXT_BIN")
         extra = shlex.split(os.environ.get("FLASHNEXT_TEST_SERVE_ARGS", ""))
         if "--tp" in args:
             extra = []
-        cmd = [str(BIN), "serve", "--model", str(model), "--host", "127.0.0.1", "--port", "0", *args, *extra]
+        cmd = [str(BIN), "serve", "--model", str(model), "--host", host, "--port", "0", *args, *extra]
         self.log: list[str] = []
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, **(env or {})})
@@ -48,7 +48,7 @@ class Server:
         def reader():
             for line in self.proc.stdout:
                 self.log.append(line.rstrip("\n"))
-                m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+                m = re.search(r"listening on http://\S+:(\d+)", line)
                 if m and self.port is None:
                     self.port = int(m.group(1))
                     port_found.set()
@@ -59,7 +59,7 @@ class Server:
         if not port_found.wait(120) or self.port is None:
             self.stop()
             pytest.fail("the server did not start:\n" + "\n".join(self.log[-30:]))
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         deadline = time.time() + 60
         while time.time() < deadline:
             try:

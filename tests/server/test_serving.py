@@ -407,3 +407,17 @@ def test_two_nodes_serve_the_reference_tokens_and_end_together():
             follower.kill()
     assert follower.returncode == 0, out
     assert "node 0 ended the group" in out, out
+
+
+def test_host_takes_a_name():
+    # --host localhost binds the name's first address (as uvicorn and llama.cpp's server do), not only an IP literal.
+    s = Server("--max-model-len", "1024", "--served-model-name", "tiny", host="localhost")
+    try:
+        r = requests.get(s.url + "/health", timeout=10)
+        assert r.status_code == 200, r.text
+    finally:
+        s.stop()
+    bad = subprocess.run([str(BIN), "serve", "--model", str(BUNDLED), "--port", "0", "--host", "no-such-host.invalid"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "--host no-such-host.invalid is neither an IP address nor a name" in bad.stderr, \
+        bad.stderr
