@@ -379,13 +379,14 @@ class Session {
   /// `constraint`: the structured-output constraint of every choice (null: none).
   Session(Server::Impl& srv, ApiRequest req, std::vector<Prompt> prompts, bool starts_in_reasoning,
           std::shared_ptr<const TokenConstraint> constraint, std::string id, Clock::time_point arrival,
-          std::string path, std::string request_id)
+          std::string path, std::string request_id, std::string remote)
       : srv_(srv),
         req_(std::move(req)),
         prompts_(std::move(prompts)),
         id_(std::move(id)),
         path_(std::move(path)),
         request_id_(std::move(request_id)),
+        remote_(std::move(remote)),
         arrival_(arrival),
         created_(unix_now()) {
     req_.sampling.constraint = std::move(constraint);
@@ -946,9 +947,9 @@ class Session {
     int64_t prompt_tokens = 0;
     for (const auto& p : prompts_) prompt_tokens += int64_t(p.ids.size());
     const double ttft = first ? seconds_between(arrival_, *first) : 0;
-    spdlog::info("POST {} {} {} request_id={}: prompt={} completion={}{} finish={} ttft={:.3f}s e2e={:.3f}s{}{}", path_,
-                 error_.empty() ? 200 : error_status_, id_, request_id_, prompt_tokens, completion_tokens(),
-                 choices_.size() > 1 ? fmt::format(" choices={}", choices_.size()) : std::string(),
+    spdlog::info("{} POST {} {} {} request_id={}: prompt={} completion={}{} finish={} ttft={:.3f}s e2e={:.3f}s{}{}",
+                 remote_, path_, error_.empty() ? 200 : error_status_, id_, request_id_, prompt_tokens,
+                 completion_tokens(), choices_.size() > 1 ? fmt::format(" choices={}", choices_.size()) : std::string(),
                  error_.empty() ? reasons : "error", ttft, seconds_between(arrival_, now), req_.stream ? " stream" : "",
                  error_.empty() ? "" : " error: " + error_);
   }
@@ -956,7 +957,7 @@ class Session {
   Server::Impl& srv_;
   ApiRequest req_;
   std::vector<Prompt> prompts_;
-  std::string id_, path_, request_id_;
+  std::string id_, path_, request_id_, remote_;
   Clock::time_point arrival_;
   int64_t created_;
   std::vector<std::unique_ptr<Choice>> choices_;  // prompt-major: choice i is sample i % n of prompt i / n
@@ -1048,7 +1049,7 @@ HttpResponse Server::Impl::handle_generation(const HttpRequest& req, Endpoint en
       rr->echo["top_p"] = ar.sampling.top_p;
     }
     session = std::make_shared<Session>(*this, std::move(ar), std::move(prompts), starts_in_reasoning,
-                                        std::move(constraint), id, arrival, req.path, req.request_id);
+                                        std::move(constraint), id, arrival, req.path, req.request_id, req.remote_addr);
     if (rr)
       session->answer_as_responses(
           std::make_unique<ResponsesWriter>(std::move(rr->echo), id, model_name(), unix_now(), stream));

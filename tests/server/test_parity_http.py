@@ -243,11 +243,12 @@ def test_request_id_is_echoed(lenient):
     assert e.status_code == 400 and e.headers["X-Request-Id"] == "client-id-3"
     h = requests.get(lenient.url + "/health", headers={"X-Request-Id": "client-id-4"}, timeout=30)
     assert h.headers["X-Request-Id"] == "client-id-4"
-    # The request's log lines name it: the generation's summary line and an error's line.
-    done = wait_for_log(lenient, lambda line: "POST /v1/chat/completions 200 chatcmpl-" in line
+    # The request's log lines name it and the client's address: the generation's summary line and an error's line.
+    done = wait_for_log(lenient, lambda line: "127.0.0.1 POST /v1/chat/completions 200 chatcmpl-" in line
                         and "request_id=client-id-1:" in line)
     assert len(done) == 1 and "completion=6" in done[0], done
-    assert wait_for_log(lenient, lambda line: "POST /v1/completions 400" in line and "request_id=client-id-3:" in line
+    assert wait_for_log(lenient, lambda line: "127.0.0.1 POST /v1/completions 400" in line
+                        and "request_id=client-id-3:" in line
                         and "max_tokens" in line)
     assert wait_for_log(lenient, lambda line: "GET /health 200 request_id=client-id-4" in line)
 
