@@ -20,9 +20,10 @@ inline std::string clip(std::string_view text, size_t max = 60) {
 /// Longest message and param an ApiError keeps: a backstop so that no error echoes unbounded request text.
 inline constexpr size_t kMaxErrorMessage = 1024, kMaxErrorParam = 200;
 
-/// An error to send to the client with `status` (400 bad request, 401 wrong API key, 404 unknown route, 408 body
-/// too slow, 413 body too large, 415 not JSON, 503 full queue, 500 internal). `param` names the offending request
-/// field ("" when none). Message and param are clipped to kMaxErrorMessage / kMaxErrorParam bytes.
+/// An error to send to the client with `status` (400 bad request, 401 wrong API key, 404 unknown route or model, 405
+/// a route of another method, 408 body too slow, 413 body too large, 415 not JSON, 503 full queue, 500 internal).
+/// `param` names the offending request field ("" when none). Message and param are clipped to kMaxErrorMessage /
+/// kMaxErrorParam bytes.
 class ApiError : public Error {
  public:
   ApiError(int status, std::string message, std::string param = {})
