@@ -142,7 +142,11 @@ struct ChunkScratch {
 
 // Powers of two the split form's W, Kl, Qg and M are stored times (exact): they bring the elements of the released
 // widths (dk = 128: q l2-normalised times dk^-1/2, about 2^-7; k normalised, about 2^-3.5) near 1, where the lo
-// half of an FP16x2 pair is no FP16 subnormal; the walk takes them out of its products exactly.
+// half of an FP16x2 pair is no FP16 subnormal; the walk takes them out of its products exactly. They are fixed: the
+// decay factors e^{G_r} of Qg and of W's right-hand side beta e^{G} k, and q nearly orthogonal to k in M, can still
+// bring a chunk's elements down to where the lo halves are subnormal (g_0 = -6, beta 0.5: elements near 2^-9, an
+// error near 2^-16 of the largest element instead of 2^-22; a review of Session 24). Per-chunk powers of two stored
+// beside eL would remove that; not done yet.
 constexpr float kSplitQgScale = 128.f, kSplitKwScale = 16.f, kSplitMScale = 16.f;
 
 // The hi plane of pair P's array of n floats in the split form (the lo plane follows it at + n).
