@@ -9,6 +9,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <string>
+#include <utility>
 
 #include "ops/contract/memory.h"
 #include "ops/cuda/kernel_attributes.h"
@@ -16,55 +19,39 @@
 
 namespace flashnext {
 
+namespace {
+
+/// The value of environment variable `name` among `choices` (spelling, value), or `fallback` when it is unset or
+/// empty. Throws Error naming the variable, the spellings it takes and what it got.
+template <class T>
+T env_choice(const char* name, std::initializer_list<std::pair<const char*, T>> choices, T fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  std::string allowed;
+  for (const auto& [text, value] : choices) {
+    if (std::strcmp(v, text) == 0) return value;
+    allowed += fmt::format("{}'{}'", allowed.empty() ? "" : ", ", text);
+  }
+  fail("{} must be one of {}, got '{}'", name, allowed, v);
+}
+
+}  // namespace
+
 CudaOpsOptions CudaOpsOptions::from_env() {
   CudaOpsOptions o;
-  if (const char* v = std::getenv("FLASHNEXT_PLE_TABLE"); v && *v) {
-    const std::string s = v;
-    if (s == "host")
-      o.ple_table = PleTablePlacement::Host;
-    else if (s == "device")
-      o.ple_table = PleTablePlacement::Device;
-    else
-      fail("FLASHNEXT_PLE_TABLE must be 'host' or 'device', got '{}'", s);
-  }
-  if (const char* v = std::getenv("FLASHNEXT_CUDA_ACTIVATIONS"); v && *v) {
-    const std::string s = v;
-    if (s == "fp16x2")
-      o.activations = ActivationPrecision::Fp16x2;
-    else if (s == "fp16")
-      o.activations = ActivationPrecision::Fp16;
-    else
-      fail("FLASHNEXT_CUDA_ACTIVATIONS must be 'fp16x2' or 'fp16', got '{}'", s);
-  }
-  if (const char* v = std::getenv("FLASHNEXT_CUDA_GRAPHS"); v && *v) {
-    const std::string s = v;
-    if (s == "1")
-      o.step_graphs = true;
-    else if (s == "0")
-      o.step_graphs = false;
-    else
-      fail("FLASHNEXT_CUDA_GRAPHS must be '1' or '0', got '{}'", s);
-  }
-  if (const char* v = std::getenv("FLASHNEXT_CUDA_QSA"); v && *v) {
-    const std::string s = v;
-    if (s == "auto")
-      o.qsa_attention = QsaAttentionKernel::Auto;
-    else if (s == "per_query")
-      o.qsa_attention = QsaAttentionKernel::PerQuery;
-    else if (s == "tile_union")
-      o.qsa_attention = QsaAttentionKernel::TileUnion;
-    else
-      fail("FLASHNEXT_CUDA_QSA must be 'auto', 'per_query' or 'tile_union', got '{}'", s);
-  }
-  if (const char* v = std::getenv("FLASHNEXT_CUDA_GDN_CHUNK"); v && *v) {
-    const std::string s = v;
-    if (s == "auto")
-      o.gdn_chunk = GdnChunkKernel::Auto;
-    else if (s == "cuda_cores")
-      o.gdn_chunk = GdnChunkKernel::CudaCores;
-    else
-      fail("FLASHNEXT_CUDA_GDN_CHUNK must be 'auto' or 'cuda_cores', got '{}'", s);
-  }
+  o.ple_table = env_choice("FLASHNEXT_PLE_TABLE",
+                           {{"host", PleTablePlacement::Host}, {"device", PleTablePlacement::Device}}, o.ple_table);
+  o.activations =
+      env_choice("FLASHNEXT_CUDA_ACTIVATIONS",
+                 {{"fp16x2", ActivationPrecision::Fp16x2}, {"fp16", ActivationPrecision::Fp16}}, o.activations);
+  o.step_graphs = env_choice("FLASHNEXT_CUDA_GRAPHS", {{"1", true}, {"0", false}}, o.step_graphs);
+  o.qsa_attention = env_choice("FLASHNEXT_CUDA_QSA",
+                               {{"auto", QsaAttentionKernel::Auto},
+                                {"per_query", QsaAttentionKernel::PerQuery},
+                                {"tile_union", QsaAttentionKernel::TileUnion}},
+                               o.qsa_attention);
+  o.gdn_chunk = env_choice("FLASHNEXT_CUDA_GDN_CHUNK",
+                           {{"auto", GdnChunkKernel::Auto}, {"cuda_cores", GdnChunkKernel::CudaCores}}, o.gdn_chunk);
   return o;
 }
 
