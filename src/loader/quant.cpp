@@ -288,9 +288,6 @@ void parse_auto_round(const Fields& c, QuantConfig& q) {
   auto bits_ok = [&](int64_t b) { return q.auto_round_awq ? b == 4 : gptq_bits_ok(b); };
   const char* supported = q.auto_round_awq ? "AutoRound's AWQ packing holds 4 bits"
                                            : "AutoRound packings of 2, 3, 4 or 8 bits are supported";
-  const char* supported_or_16 = q.auto_round_awq
-                                    ? "AutoRound's AWQ packing holds 4 bits (or 16: unquantized)"
-                                    : "AutoRound packings of 2, 3, 4 or 8 bits (or 16: unquantized) are supported";
   q.bits = c.integer("bits", 4);
   if (!bits_ok(q.bits)) fail("{}.bits is {}: {}", c.where, q.bits, supported);
   q.group_size = group_size_field(c, 128);
@@ -311,7 +308,7 @@ void parse_auto_round(const Fields& c, QuantConfig& q) {
       const Fields f{spec, c.where + ".extra_config." + module};
       AutoRoundLayer l;
       l.bits = f.integer("bits", q.bits);
-      if (l.bits < 16 && !bits_ok(l.bits)) fail("{}.bits is {}: {}", f.where, l.bits, supported_or_16);
+      if (l.bits < 16 && !bits_ok(l.bits)) fail("{}.bits is {}: {} (or 16: unquantized)", f.where, l.bits, supported);
       l.sym = f.boolean("sym", q.auto_round_sym);
       l.group_size = group_size_field(f, q.group_size == 0 ? -1 : q.group_size);
       const std::string dt = f.str("data_type", "int");

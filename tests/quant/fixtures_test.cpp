@@ -752,8 +752,8 @@ TEST(QuantBadInput, AutoRoundBitsAndPacking) {
   EXPECT_THAT(load_error(b.path), HasSubstr("tensor '" + two_bit + "qweight' is I32 [4, 32], expected I32 [8, 32]"));
   TempDir w;  // an unsupported width
   with(w.path, [&](auto& q) { q["extra_config"][two_bit.substr(0, two_bit.size() - 1)]["bits"] = 5; });
-  EXPECT_THAT(load_error(w.path), HasSubstr(".bits is 5: AutoRound packings of 2, 3, 4 or 8 bits (or 16: "
-                                            "unquantized) are supported"));
+  EXPECT_THAT(load_error(w.path), HasSubstr(".bits is 5: AutoRound packings of 2, 3, 4 or 8 bits are supported (or "
+                                            "16: unquantized)"));
   TempDir u;  // a module the config keeps unquantized, stored quantized
   with(u.path, [&](auto& q) { q["extra_config"][two_bit.substr(0, two_bit.size() - 1)] = {{"bits", 16}}; });
   EXPECT_THAT(load_error(u.path), HasSubstr("declares 16 bits (not quantized) in extra_config entry '" +
