@@ -44,23 +44,31 @@ constexpr bool w4a16_holds(QuantFormat f, int64_t bits) {
          (f == QuantFormat::Gptq && bits >= 2 && bits <= 4);
 }
 
-/// How the CUDA backend's W4A16 expert kernels hold an integer weight of format `f` (`bits` per value for GPTQ):
+/// w4a16_planes' value for FP8 weights: one E4M3 byte a weight in the same kernels (W8A16, ops/cuda/moe_w4a16.h).
+inline constexpr int kW4a16Fp8 = 3;
+
+/// How the CUDA backend's W4A16 expert kernels hold a weight of format `f` (`bits` per value for GPTQ):
 /// 1: as one matrix of 4-bit codes (w4a16_holds); 2: as two 4-bit planes, an 8-bit value q - z written as
 /// 16 (q_hi - z_hi) + (q_lo - z_lo) over twice the inputs (8-bit GPTQ / AutoRound, compressed-tensors int8 channel
-/// or tensor; exact: ops/cuda/moe_w4a16.h Int8Plain); 0: not at all (FP8 channel / block, the FP16 path). A block of
-/// routed experts takes the largest value of its matrices when none is 0 (a 4-bit matrix in a block of planes has a
-/// zero high plane), else FP16 as a whole.
+/// or tensor; exact: ops/cuda/moe_w4a16.h Int8Plain); kW4a16Fp8 (3): as FP8 bytes (compressed-tensors
+/// float-quantized, the FP8 block format; ops/cuda/moe_w4a16.h Fp8Plain); 0: not at all (the FP16 path). A block of
+/// routed experts takes the largest of 1 and 2 over its matrices (a 4-bit matrix in a block of planes has a zero
+/// high plane), 3 when every matrix is FP8, else (a 0, or FP8 beside integers) FP16 as a whole.
 constexpr int w4a16_planes(QuantFormat f, int64_t bits) {
   if (w4a16_holds(f, bits)) return 1;
+  if (f == QuantFormat::CtFp8 || f == QuantFormat::Fp8Block) return kW4a16Fp8;
   return f == QuantFormat::CtInt8 || (f == QuantFormat::Gptq && bits == 8) ? 2 : 0;
 }
 
 /// A block's holding (w4a16_planes; start from 1) with one more matrix of format `f` and `bits` folded in: 0 once any
-/// matrix is 0, else the largest. The one rule of ops/cuda/weights_ops.cpp load_quantized_experts and `flashnext
-/// inspect`.
+/// matrix is 0; kW4a16Fp8 while every matrix is FP8 (a block at 1 that takes an FP8 matrix: the start); 0 for FP8
+/// beside planes or a 4-bit matrix after FP8 ones; else the largest. The one rule of ops/cuda/weights_ops.cpp
+/// load_quantized_experts and `flashnext inspect`.
 constexpr int w4a16_block_planes(int block, QuantFormat f, int64_t bits) {
   const int p = w4a16_planes(f, bits);
-  return p == 0 || block == 0 ? 0 : (p > block ? p : block);
+  if (p == 0 || block == 0) return 0;
+  if (p == kW4a16Fp8 || block == kW4a16Fp8) return p == kW4a16Fp8 && (block == 1 || block == kW4a16Fp8) ? p : 0;
+  return p > block ? p : block;
 }
 
 /// A short name for reports and messages ("nvfp4-modelopt", "fp8-block", "int4-gptq", "int4-awq", ...).

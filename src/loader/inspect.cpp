@@ -294,10 +294,14 @@ json inspect_model(const std::string& path, const InspectOptions& opt) {
     std::map<std::string, Component> component_of;
     for (const ExpectedTensor& e : expected_tensors(cfg)) component_of.emplace(e.name, e.component);
     // The CUDA backend repacks a block of routed experts for its W4A16 kernels only when every matrix of the block is
-    // of a format they hold, as 4-bit codes or, for a block with 8-bit integer matrices, as two 4-bit planes
-    // (core/quant_format.h w4a16_planes; ops/cuda/weights_ops.cpp load_quantized_experts).
+    // of a format they hold, as 4-bit codes, for a block with 8-bit integer matrices as two 4-bit planes, for one of
+    // FP8 matrices as FP8 bytes (core/quant_format.h w4a16_planes; ops/cuda/weights_ops.cpp load_quantized_experts).
     auto block_of = [](const std::string& name) { return name.substr(0, name.find(".experts.")); };
-    std::map<std::string, int> block_planes;  // 0: FP16, 1: 4-bit codes, 2: two planes
+    // An FP8 matrix's inputs per scale in the CUDA layout (ops/cuda/weights_ops.cpp fp8_group): 0 for one a row.
+    auto fp8_group = [](const QuantizedWeight& w) {
+      return w.format == QuantFormat::Fp8Block && w.block_cols < w.cols ? w.block_cols : int64_t(0);
+    };
+    std::map<std::string, int> block_planes;  // 0: FP16, 1: 4-bit codes, 2: two planes, 3 (kW4a16Fp8): FP8 bytes
     std::set<std::string> untiled;            // blocks with a group that does not tile its rows (no planes)
     for (const auto& [name, w] : scheme.weights()) {
       if (name.find(".mlp.experts.") == std::string::npos) continue;
@@ -315,9 +319,15 @@ json inspect_model(const std::string& path, const InspectOptions& opt) {
       const int planes = bp == block_planes.end() ? 0 : bp->second;
       const bool w4 = it->second == Component::RoutedExperts && planes > 0 && cfg.hidden_size % 8 == 0 &&
                       cfg.moe_intermediate_size % 8 == 0 &&
-                      (w.format == QuantFormat::Nvfp4 || w.format == QuantFormat::CtNvfp4 || w.group % 8 == 0);
+                      (w.format == QuantFormat::Nvfp4 || w.format == QuantFormat::CtNvfp4 || w.group % 8 == 0) &&
+                      (planes != kW4a16Fp8 || fp8_group(w) % 8 == 0);
       q_elements[c] += w.rows * w.cols;
-      if (w4 && planes == 2) {
+      if (w4 && planes == kW4a16Fp8) {
+        const int64_t group = fp8_group(w);
+        q_cuda_bytes[c] += w8a16_fp8_packed_bytes(w.rows, w.cols, group);
+        q_cuda_form[component_name(it->second)].insert(
+            fmt::format("w8a16 from {} (FP8 E4M3 bytes, F32 group scales, F32 row scales)", weight_format_name(w)));
+      } else if (w4 && planes == 2) {
         q_cuda_bytes[c] += w4a16_planes_packed_bytes(w.rows, w.cols, w.group);
         const bool low = w4a16_planes(w.format, w.bits) == 1;  // a 2-4-bit matrix in a block with 8-bit ones
         q_cuda_form[component_name(it->second)].insert(

@@ -717,6 +717,12 @@ int64_t w4a16_planes_packed_bytes(int64_t rows, int64_t cols, int64_t group) {
   return w4a16_packed_bytes(rows, 2 * cols, group > 0 && group < cols ? group : cols, true);
 }
 
+int64_t w8a16_fp8_packed_bytes(int64_t rows, int64_t cols, int64_t group) {
+  const int64_t wpr = 4 * ceil_div(cols, 16), g = group > 0 ? group : cols;
+  const int64_t groups = g > 0 ? ceil_div(4 * wpr, g) : 0;
+  return rows * (wpr * 4 + groups * 4 + 4);
+}
+
 int64_t ple_int8_group(const TensorView& shard, const TensorView& scales, bool check_values) {
   if (shard.dtype != DType::I8) {
     fail("{}: PLE table shard '{}' is {}, expected I8 to go with the group scales '{}'", shard.file, shard.name,

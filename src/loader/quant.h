@@ -200,6 +200,9 @@ int64_t w4a16_packed_bytes(int64_t rows, int64_t cols, int64_t group, bool zeros
 /// The same for an 8-bit matrix [rows, cols] held as two 4-bit planes (moe_w4a16.h int8_planes): [rows, 2 cols] with
 /// zero points, groups of `group` inputs (0 or a row or more: one group a row of each plane).
 int64_t w4a16_planes_packed_bytes(int64_t rows, int64_t cols, int64_t group);
+/// The same for an FP8 matrix [rows, cols] held as FP8 bytes (moe_w4a16.h W4Format::Fp8): 4 bytes x 4*ceil(cols/16)
+/// words per row, per row ceil(16*ceil(cols/16) / g) F32 group scales (g = group, or cols when 0), one F32 row scale.
+int64_t w8a16_fp8_packed_bytes(int64_t rows, int64_t cols, int64_t group);
 
 /// The quantization of one checkpoint: every quantized language-model weight of a manifest, matched against the
 /// declared QuantConfig.

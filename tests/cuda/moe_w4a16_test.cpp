@@ -6,7 +6,9 @@
 // 8-bit weights (GPTQ of 8 bits v1/v2, compressed-tensors int8 per row and per tensor) as two 4-bit planes
 // (int8_planes): the planes' values add up to the checkpoint dequantization (each plane's value is one float
 // product, so the sum is compared within 2^-22 of the planes' magnitudes; a wrong code or zero point is off by a
-// whole scale).
+// whole scale). FP8 weights (compressed-tensors float-quantized per row and per tensor, the FP8 block format with
+// blocks of kFp8BlockRows rows x `group` inputs) held as FP8 bytes: W4Packed::unpack equals the dequantization bit for
+// bit, as the 4-bit formats.
 // Kernels: both paths (GEMV and WMMA GEMM) against a CPU loop in double over the dequantized weights, over expert
 // counts {1, 3, 16, 33}, top-k {1, 2, 10}, tokens {1, 2, 5, 16, 17, 100, 1000}, H {256, 200}, I {160, 40}; the
 // 8-bit formats over the shapes whose widths their groups divide.
@@ -72,8 +74,14 @@ enum class Fmt {
   Gptq8V1,
   Gptq8V2,
   CtInt8Row,
-  CtInt8Tensor
+  CtInt8Tensor,
+  Fp8CtRow,
+  Fp8CtTensor,
+  Fp8Block
 };
+
+// Rows of an FP8 block of the Fp8Block cases (their inputs: the case's group); odd, so blocks end inside gate_up.
+constexpr int64_t kFp8BlockRows = 24;
 
 // AutoAWQ GEMM (awq/modules/linear/gemm.py WQLinear_GEMM.from_linear): nibble i of a word holds output
 // 8j + kAwqOrder[i].
@@ -97,6 +105,12 @@ const char* fmt_name(Fmt f) {
       return "ct_int8_row";
     case Fmt::CtInt8Tensor:
       return "ct_int8_tensor";
+    case Fmt::Fp8CtRow:
+      return "fp8_ct_row";
+    case Fmt::Fp8CtTensor:
+      return "fp8_ct_tensor";
+    case Fmt::Fp8Block:
+      return "fp8_block";
   }
   return "?";
 }
@@ -116,7 +130,10 @@ bool is_gptq8(Fmt f) {
 bool is_ct_int8(Fmt f) {
   return f == Fmt::CtInt8Row || f == Fmt::CtInt8Tensor;
 }
-// 8-bit formats are held as two 4-bit planes over the inputs twice (moe_w4a16.h int8_planes).
+bool is_fp8(Fmt f) {
+  return f == Fmt::Fp8CtRow || f == Fmt::Fp8CtTensor || f == Fmt::Fp8Block;
+}
+// 8-bit integer formats are held as two 4-bit planes over the inputs twice (moe_w4a16.h int8_planes), FP8 as bytes.
 int planes(Fmt f) {
   return is_gptq8(f) || is_ct_int8(f) ? 2 : 1;
 }
@@ -127,8 +144,16 @@ struct Checkpoint {
   std::vector<uint8_t> packed, e4m3;  // NVFP4 (packed: also the int8 values of compressed-tensors int8)
   float global = 1.f;
   std::vector<int32_t> words, zwords;  // int4: weight_packed / qweight, weight_zero_point / qzeros
-  std::vector<float> scales;           // int4: [N, G] (compressed-tensors) or [G, N] (GPTQ, AWQ)
+  std::vector<float> scales;           // int4: [N, G] (compressed-tensors) or [G, N] (GPTQ, AWQ); FP8 block:
+                                       // [ceil(N / kFp8BlockRows), G]
 };
+
+// A random E4M3 byte of magnitude about 2 (exponents 2^-3 .. 2^2, one in 16 a subnormal), never a NaN.
+uint8_t random_e4m3(std::mt19937& rng) {
+  const uint32_t r = rng();
+  const uint32_t e = (r & 15) == 0 ? 0u : 4u + (r >> 4) % 6u, m = (r >> 8) & 7u, sign = (r >> 11) & 1u;
+  return uint8_t((sign << 7) | (e << 3) | m);
+}
 
 // Random checkpoint tensors whose weights have magnitude about `mag`.
 Checkpoint make_checkpoint(Fmt fmt, int64_t N, int64_t K, int64_t group, float mag, std::mt19937& rng) {
@@ -146,6 +171,16 @@ Checkpoint make_checkpoint(Fmt fmt, int64_t N, int64_t K, int64_t group, float m
     // code * e4m3 has magnitude ~2 * 2: the global brings it to `mag` (a multiplier, or a divisor for CT)
     const float g = mag / 4.f * 1.0371f;
     c.global = fmt == Fmt::Nvfp4ModelOpt ? g : 1.f / g;
+    return c;
+  }
+  if (is_fp8(fmt)) {  // E4M3 [N, K]; F32 scales per row, one, or per block (any float)
+    c.group = fmt == Fmt::Fp8Block && group && group < K ? group : K;
+    c.packed.resize(size_t(N * K));
+    for (auto& b : c.packed) b = random_e4m3(rng);
+    c.scales.resize(fmt == Fmt::Fp8CtRow      ? size_t(N)
+                    : fmt == Fmt::Fp8CtTensor ? 1
+                                              : size_t(cdiv(N, kFp8BlockRows) * cdiv(K, c.group)));
+    for (auto& s : c.scales) s = mag / 2.f * u01(rng);
     return c;
   }
   if (is_ct_int8(fmt)) {  // int8 [N, K]; F32 scales per row or one (any float: the row scale path)
@@ -240,6 +275,13 @@ std::vector<float> oracle(const Checkpoint& c) {
         case Fmt::CtInt8Tensor:
           v = float(int8_t(c.packed[size_t(n * K + k)])) * c.scales[c.fmt == Fmt::CtInt8Row ? size_t(n) : 0];
           break;
+        case Fmt::Fp8CtRow:
+        case Fmt::Fp8CtTensor:
+          v = ref_e4m3(c.packed[size_t(n * K + k)]) * c.scales[c.fmt == Fmt::Fp8CtRow ? size_t(n) : 0];
+          break;
+        case Fmt::Fp8Block:
+          v = ref_e4m3(c.packed[size_t(n * K + k)]) * c.scales[size_t((n / kFp8BlockRows) * G + g)];
+          break;
       }
       w[size_t(n * K + k)] = v;
     }
@@ -251,6 +293,13 @@ std::vector<float> oracle(const Checkpoint& c) {
 void set_rows(W4Packed& p, int e, int row0, const Checkpoint& c) {
   if (is_nvfp4(c.fmt)) {
     p.set_rows(e, row0, Nvfp4Source{c.N, c.K, c.packed.data(), c.e4m3.data(), c.global, c.fmt == Fmt::Nvfp4Ct});
+    return;
+  }
+  if (is_fp8(c.fmt)) {
+    p.set_rows(e, row0,
+               c.fmt == Fmt::Fp8Block
+                   ? unpack_fp8_block(c.packed.data(), c.scales.data(), c.N, c.K, kFp8BlockRows, c.group)
+                   : unpack_ct_fp8(c.packed.data(), c.scales.data(), c.fmt == Fmt::Fp8CtRow, c.N, c.K));
     return;
   }
   if (planes(c.fmt) == 2) {
@@ -279,6 +328,8 @@ void set_rows(W4Packed& p, int e, int row0, const Checkpoint& c) {
 }
 
 W4Packed make_packed(Fmt f, int experts, int rows, int cols, int group) {
+  if (is_fp8(f))  // one group a row unless the block format's blocks divide it
+    return W4Packed(W4Format::Fp8, experts, rows, cols, f == Fmt::Fp8Block && group < cols ? group : 0, false);
   if (planes(f) == 2)  // [rows, 2 cols], groups of `group` (or a row's) inputs, zero points
     return W4Packed(W4Format::Int4, experts, rows, 2 * cols, is_ct_int8(f) || !group ? cols : group, true);
   return W4Packed(is_nvfp4(f) ? W4Format::Nvfp4 : W4Format::Int4, experts, rows, cols, is_nvfp4(f) ? 16 : group,
@@ -327,19 +378,18 @@ TEST_P(W4Repack, UnpackEqualsCheckpointDequantBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, W4Repack,
-                         ::testing::Values(RepackCase{Fmt::Nvfp4ModelOpt, 16, 40, 200},
-                                           RepackCase{Fmt::Nvfp4Ct, 16, 40, 200},
-                                           RepackCase{Fmt::Nvfp4ModelOpt, 16, 16, 40},
-                                           RepackCase{Fmt::CtInt4Sym, 32, 24, 200},
-                                           RepackCase{Fmt::CtInt4Asym, 32, 20, 160},
-                                           RepackCase{Fmt::CtInt4Asym, 128, 24, 200},
-                                           RepackCase{Fmt::CtInt4Sym, 128, 8, 40},
-                                           RepackCase{Fmt::GptqV1, 32, 40, 200}, RepackCase{Fmt::GptqV2, 32, 16, 40},
-                                           RepackCase{Fmt::GptqV1, 128, 24, 256},
-                                           RepackCase{Fmt::GptqV2, 128, 40, 200}, RepackCase{Fmt::GptqV1, 0, 16, 64},
-                                           RepackCase{Fmt::Awq, 32, 24, 160}, RepackCase{Fmt::Awq, 128, 40, 256},
-                                           RepackCase{Fmt::AwqSym, 32, 16, 64}, RepackCase{Fmt::Awq, 0, 16, 64},
-                                           RepackCase{Fmt::Awq, 64, 8, 192}),
+                         ::testing::Values(
+                             RepackCase{Fmt::Nvfp4ModelOpt, 16, 40, 200}, RepackCase{Fmt::Nvfp4Ct, 16, 40, 200},
+                             RepackCase{Fmt::Nvfp4ModelOpt, 16, 16, 40}, RepackCase{Fmt::CtInt4Sym, 32, 24, 200},
+                             RepackCase{Fmt::CtInt4Asym, 32, 20, 160}, RepackCase{Fmt::CtInt4Asym, 128, 24, 200},
+                             RepackCase{Fmt::CtInt4Sym, 128, 8, 40}, RepackCase{Fmt::GptqV1, 32, 40, 200},
+                             RepackCase{Fmt::GptqV2, 32, 16, 40}, RepackCase{Fmt::GptqV1, 128, 24, 256},
+                             RepackCase{Fmt::GptqV2, 128, 40, 200}, RepackCase{Fmt::GptqV1, 0, 16, 64},
+                             RepackCase{Fmt::Awq, 32, 24, 160}, RepackCase{Fmt::Awq, 128, 40, 256},
+                             RepackCase{Fmt::AwqSym, 32, 16, 64}, RepackCase{Fmt::Awq, 0, 16, 64},
+                             RepackCase{Fmt::Awq, 64, 8, 192}, RepackCase{Fmt::Fp8CtRow, 0, 24, 200},
+                             RepackCase{Fmt::Fp8CtTensor, 0, 16, 40}, RepackCase{Fmt::Fp8Block, 128, 40, 200},
+                             RepackCase{Fmt::Fp8Block, 32, 24, 168}, RepackCase{Fmt::Fp8Block, 0, 16, 64}),
                          [](const auto& info) {
                            return std::string(fmt_name(info.param.fmt)) + "_g" + std::to_string(info.param.group) +
                                   "_" + std::to_string(info.param.rows) + "x" + std::to_string(info.param.cols);
@@ -517,6 +567,52 @@ TEST(W4Repack, BadInputIsAnError) {
   EXPECT_THROW(fp4.set_rows(0, 1, Nvfp4Source{1, 64, codes.data(), e4.data(), 2.f, true}), Error);  // mixed kinds
   EXPECT_THROW(fp4.set_rows(0, 0, Int4Source{1, 64, 16, q.data(), s.data(), nullptr}), Error);      // wrong format
   sym.set_rows(0, 0, Int4Source{1, 64, 32, q.data(), s.data(), nullptr});  // and a good one passes
+  // FP8: a NaN code (either sign), a group the matrix was not made for, FP8 rows to a 4-bit matrix and 4-bit rows to
+  // an FP8 one, zero points, a non-finite scale or row scale.
+  const std::vector<uint8_t> f8(64, 0x38);
+  const float one = 1.f;
+  Fp8Plain good = unpack_ct_fp8(f8.data(), &one, false, 1, 64);
+  W4Packed fp8(W4Format::Fp8, 1, 1, 64, 0, false);
+  for (const uint8_t nan : {uint8_t(0x7f), uint8_t(0xff)}) {
+    Fp8Plain bad = good;
+    bad.q[37] = nan;
+    EXPECT_THROW(fp8.set_rows(0, 0, bad), Error);
+  }
+  const std::vector<float> two = {1.f, 2.f};
+  EXPECT_THROW(fp8.set_rows(0, 0, unpack_fp8_block(f8.data(), two.data(), 1, 64, 1, 32)), Error);  // group 32
+  EXPECT_THROW(sym.set_rows(0, 0, good), Error);
+  EXPECT_THROW(fp8.set_rows(0, 0, Int4Source{1, 64, 0, q.data(), s.data(), nullptr}), Error);
+  EXPECT_THROW(W4Packed(W4Format::Fp8, 1, 1, 64, 0, true), Error);
+  for (const float v : {INFINITY, NAN}) {
+    Fp8Plain bad = good;
+    bad.scales[0] = v;
+    EXPECT_THROW(fp8.set_rows(0, 0, bad), Error);
+    bad = good;
+    bad.row_scale[0] = v;
+    EXPECT_THROW(fp8.set_rows(0, 0, bad), Error);
+  }
+  fp8.set_rows(0, 0, good);  // and a good one passes
+}
+
+// Every E4M3 byte but the NaNs through the FP8 layout: unpack gives e4m3 * scale, for a per-row scale of any bits
+// (compressed-tensors) and block scales of any bits (the block format), bit for bit.
+TEST(W4Repack, EveryE4m3WeightIsExact) {
+  std::vector<uint8_t> q;
+  for (int b = 0; b < 256; ++b)
+    if ((b & 0x7f) != 0x7f) q.push_back(uint8_t(b));
+  ASSERT_EQ(q.size(), 254u);
+  q.resize(256, 0x00);  // two zero inputs more: two groups of 128
+  const float rs = 0.1f;
+  W4Packed a(W4Format::Fp8, 1, 1, 256, 0, false);
+  a.set_rows(0, 0, unpack_ct_fp8(q.data(), &rs, true, 1, 256));
+  const std::vector<float> block = {3.3e-3f, 7.77f};
+  W4Packed b(W4Format::Fp8, 1, 1, 256, 128, false);
+  b.set_rows(0, 0, unpack_fp8_block(q.data(), block.data(), 1, 256, 128, 128));
+  const auto ga = a.unpack(0), gb = b.unpack(0);
+  for (int64_t k = 0; k < 256; ++k) {
+    ASSERT_EQ(ga[size_t(k)], ref_e4m3(q[size_t(k)]) * rs) << "byte " << int(q[size_t(k)]);
+    ASSERT_EQ(gb[size_t(k)], ref_e4m3(q[size_t(k)]) * block[size_t(k / 128)]) << "byte " << int(q[size_t(k)]);
+  }
 }
 
 // ------------------------------------------------------------------ kernels vs a CPU loop
@@ -637,24 +733,39 @@ TEST_P(W4Moe, BothPathsMatchReference) {
   expect_close(download(out32.get(), size_t(T) * H), ref, 3e-3f, 1e-2f, "auto path, FP32 output");
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, W4Moe,
-    ::testing::Combine(::testing::Values(FmtCase{Fmt::Nvfp4ModelOpt, 16}, FmtCase{Fmt::Nvfp4Ct, 16},
-                                         FmtCase{Fmt::CtInt4Sym, 32}, FmtCase{Fmt::GptqV1, 32},
-                                         FmtCase{Fmt::CtInt4Asym, 128}, FmtCase{Fmt::GptqV2, 128}),
-                       ::testing::Values(MoeCase{1, 1, 1, 256, 160, false}, MoeCase{1, 1, 1000, 200, 40, true},
-                                         MoeCase{3, 2, 2, 256, 40, false}, MoeCase{3, 2, 17, 200, 160, true},
-                                         MoeCase{3, 1, 1000, 256, 160, false}, MoeCase{16, 10, 5, 256, 160, true},
-                                         MoeCase{16, 2, 16, 200, 40, false}, MoeCase{16, 10, 100, 200, 160, false},
-                                         MoeCase{33, 10, 1, 200, 40, false}, MoeCase{33, 10, 17, 256, 160, false},
-                                         MoeCase{33, 2, 100, 256, 40, true}, MoeCase{33, 10, 1000, 256, 160, true},
-                                         // rows of more than 4,096 inputs: the tensor-core GEMV stages the rest of
-                                         // the activations past its registers' share
-                                         MoeCase{3, 2, 3, 4352, 40, true},
-                                         // the mma.sync GEMM over an odd number of 128-input stages (3 and 3, the
-                                         // last one partial), 17 slots an expert
-                                         MoeCase{9, 4, 40, 384, 328, true})),
-    [](const auto& info) { return moe_case_name(info.param, true); });
+// The shapes of the 4-bit and FP8 formats.
+const std::vector<MoeCase> kShapes = {
+    MoeCase{1, 1, 1, 256, 160, false}, MoeCase{1, 1, 1000, 200, 40, true}, MoeCase{3, 2, 2, 256, 40, false},
+    MoeCase{3, 2, 17, 200, 160, true}, MoeCase{3, 1, 1000, 256, 160, false}, MoeCase{16, 10, 5, 256, 160, true},
+    MoeCase{16, 2, 16, 200, 40, false}, MoeCase{16, 10, 100, 200, 160, false}, MoeCase{33, 10, 1, 200, 40, false},
+    MoeCase{33, 10, 17, 256, 160, false}, MoeCase{33, 2, 100, 256, 40, true}, MoeCase{33, 10, 1000, 256, 160, true},
+    // rows of more than 4,096 inputs: the tensor-core GEMV stages the rest of the activations past its registers'
+    // share
+    MoeCase{3, 2, 3, 4352, 40, true},
+    // the mma.sync GEMM over an odd number of 128-input stages (3 and 3, the last one partial), 17 slots an expert
+    MoeCase{9, 4, 40, 384, 328, true}};
+
+INSTANTIATE_TEST_SUITE_P(Shapes, W4Moe,
+                         ::testing::Combine(::testing::Values(FmtCase{Fmt::Nvfp4ModelOpt, 16},
+                                                              FmtCase{Fmt::Nvfp4Ct, 16}, FmtCase{Fmt::CtInt4Sym, 32},
+                                                              FmtCase{Fmt::GptqV1, 32}, FmtCase{Fmt::CtInt4Asym, 128},
+                                                              FmtCase{Fmt::GptqV2, 128}),
+                                            ::testing::ValuesIn(kShapes)),
+                         [](const auto& info) { return moe_case_name(info.param, true); });
+
+// FP8 experts as bytes (the FP32-FMA GEMV and the WMMA GEMM on every GPU; the Gemv and Gemm paths take them too):
+// per-row scales, and blocks of 128 inputs (a partial last block at H 200 and 384, one block a row at I 40), over the
+// shapes above; per-tensor scales over a few.
+INSTANTIATE_TEST_SUITE_P(Fp8Shapes, W4Moe,
+                         ::testing::Combine(::testing::Values(FmtCase{Fmt::Fp8CtRow, 0}, FmtCase{Fmt::Fp8Block, 128}),
+                                            ::testing::ValuesIn(kShapes)),
+                         [](const auto& info) { return moe_case_name(info.param, true); });
+INSTANTIATE_TEST_SUITE_P(Fp8TensorShapes, W4Moe,
+                         ::testing::Combine(::testing::Values(FmtCase{Fmt::Fp8CtTensor, 0}),
+                                            ::testing::Values(MoeCase{1, 1, 1, 256, 160, false},
+                                                              MoeCase{16, 10, 100, 200, 160, false},
+                                                              MoeCase{33, 10, 1000, 256, 160, true})),
+                         [](const auto& info) { return moe_case_name(info.param, true); });
 
 // 8-bit experts as two planes (groups must divide H and I: g32 over H 256 / I 160, g128 over H 256 / I 128; one
 // group a row at any width, past 4,096 inputs a plane and the odd GEMM stage counts included).

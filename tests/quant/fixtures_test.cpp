@@ -264,7 +264,7 @@ TEST(QuantInspect, ReportsFormatsByComponent) {
 // The GPU memory plan of `flashnext inspect`: tiny-a's routed experts (8 layers x 8 experts, H = 64, I = 32) as the
 // CUDA backend's W4A16 repacking holds them (moe_w4a16.h W4Packed): per row 4*ceil(K/32) code words of 4 bytes,
 // ceil(32*ceil(K/32) / g) FP16 group scales (+ as many uint8 zero points), one F32 row scale; gate_up [64, 64] and
-// down [64, 32]. FP8-block experts are FP16 on the GPU, the FP8 PLE table stays as stored.
+// down [64, 32]. FP8 experts as FP8 bytes (4*ceil(K/16) words a row, F32 group scales), the FP8 PLE table as stored.
 TEST(QuantInspect, CudaMemoryPlan) {
   auto plan = [](const std::string& fmt) { return inspect_model(fixture(fmt) + "/model"); };
   const int64_t experts = 8 * 8;
@@ -314,12 +314,18 @@ TEST(QuantInspect, CudaMemoryPlan) {
   EXPECT_EQ(p8["memory_cuda"]["ple_table_bytes"], 2 * 4160 * (16 + 2 * 2));
   EXPECT_EQ(p8["quantization"]["cuda_storage"]["ple_table"][0],
             "int8-g8 kept as stored with its group scales (pinned host or GPU), rows converted in the gather");
-  // FP8 block: FP16, 3 * 32 * 64 elements per expert.
+  // FP8 block (blocks of 128 x 128: one group a row here) and compressed-tensors FP8 per channel: one byte a weight,
+  // gate_up rows 16 words * 4 + 1 F32 group scale + 4 = 72 bytes, down rows 8 * 4 + 4 + 4 = 40.
   const nlohmann::json f8 = plan("fp8-block");
-  EXPECT_EQ(f8["memory_cuda"]["routed_expert_bytes"], experts * 3 * 32 * 64 * 2);
+  EXPECT_EQ(f8["memory_cuda"]["routed_expert_bytes"], experts * (64 * 72 + 64 * 40));
+  const nlohmann::json fc = plan("ct-fp8-channel");
+  EXPECT_EQ(fc["memory_cuda"]["routed_expert_bytes"], experts * (64 * 72 + 64 * 40));
+  EXPECT_EQ(fc["quantization"]["cuda_storage"]["routed_experts"][0],
+            "w8a16 from fp8-channel (FP8 E4M3 bytes, F32 group scales, F32 row scales)");
   // The FP8 table stays one byte per element (its stored bytes, scales included).
   EXPECT_EQ(f8["memory_cuda"]["ple_table_bytes"], f8["stored"]["bytes_by_component"]["ple_table"]);
-  EXPECT_EQ(f8["quantization"]["cuda_storage"]["routed_experts"][0], "fp16 (dequantized from fp8-block at load)");
+  EXPECT_EQ(f8["quantization"]["cuda_storage"]["routed_experts"][0],
+            "w8a16 from fp8-block (FP8 E4M3 bytes, F32 group scales, F32 row scales)");
   // The GPTQ lm_head is dequantized to FP16: 1024 x 64 x 2 bytes.
   EXPECT_EQ(gq["memory_cuda"]["weight_bytes_by_component"]["lm_head"], 1024 * 64 * 2);
   const std::string text = format_inspect(nv);

@@ -83,8 +83,8 @@ inline bool aligned16(const Tensor& t) {
 int to_int(int64_t v, const char* op, const char* what);
 
 /// Routed experts repacked for the W4A16 kernels (moe_w4a16.h): gate and up fused as gate_up [E, 2I, H], down
-/// [E, H, I], in device memory of GPU `device`; 8-bit experts as two 4-bit planes (planes 2: [E, 2I, 2H] and
-/// [E, H, 2I], MoeW4A16Experts::planes).
+/// [E, H, I], in device memory of GPU `device`; 8-bit integer experts as two 4-bit planes (planes 2: [E, 2I, 2H] and
+/// [E, H, 2I], MoeW4A16Experts::planes), FP8 ones as FP8 bytes (W4Format::Fp8, planes 1).
 class CudaW4Experts final : public PackedExperts {
  public:
   /// Experts packed on the host (load_quantized_experts), uploaded here.
@@ -329,7 +329,8 @@ class CudaOps final : public Ops {
   };
   /// Rows [row0, row0 + slice.rows) of expert `e` of `dst` from the slice of one checkpoint matrix (lossless,
   /// moe_w4a16.h; int4 groups split by slice_int4 where the slice needs smaller ones).
-  /// planes 2: the block is held as two 4-bit planes (moe_w4a16.h int8_planes), each matrix through its 8-bit form.
+  /// planes 2: the block is held as two 4-bit planes (moe_w4a16.h int8_planes), each matrix through its 8-bit form;
+  /// an FP8 matrix (format CtFp8 / Fp8Block) goes to an FP8 `dst` through its Fp8Plain form (slice_fp8 where sliced).
   static void pack_rows(W4Packed& dst, int64_t e, int64_t row0, const QuantMatrix& m, QuantFormat format,
                         const Slice& slice, bool zeros, int planes);
 

@@ -158,13 +158,22 @@ Plain slice_plain(const Plain& p, int64_t r0, int64_t rows, int64_t c0, int64_t 
   s.group = group;
   s.q.resize(size_t(rows * cols));
   s.scales.resize(size_t(rows * Gs));
-  if (!p.zeros.empty()) s.zeros.resize(size_t(rows * Gs));
+  constexpr bool kZeros = requires {
+    p.zeros;
+  };  // int4 and int8 (FP8 has none, but a row scale)
+  if constexpr (kZeros) {
+    if (!p.zeros.empty()) s.zeros.resize(size_t(rows * Gs));
+  } else {
+    if (!p.row_scale.empty()) s.row_scale.assign(p.row_scale.begin() + r0, p.row_scale.begin() + r0 + rows);
+  }
   for (int64_t n = 0; n < rows; ++n) {
     std::copy_n(p.q.begin() + (r0 + n) * p.cols + c0, cols, s.q.begin() + n * cols);
     for (int64_t j = 0; j < Gs; ++j) {
       const size_t from = size_t((r0 + n) * G + (c0 + j * g) / src_group), to = size_t(n * Gs + j);
       s.scales[to] = p.scales[from];
-      if (!p.zeros.empty()) s.zeros[to] = p.zeros[from];
+      if constexpr (kZeros) {
+        if (!p.zeros.empty()) s.zeros[to] = p.zeros[from];
+      }
     }
   }
   return s;
@@ -178,6 +187,40 @@ Int4Plain slice_int4(const Int4Plain& p, int64_t r0, int64_t rows, int64_t c0, i
 
 Int8Plain slice_int8(const Int8Plain& p, int64_t r0, int64_t rows, int64_t c0, int64_t cols, int64_t group) {
   return slice_plain(p, r0, rows, c0, cols, group, "slice_int8");
+}
+
+Fp8Plain slice_fp8(const Fp8Plain& p, int64_t r0, int64_t rows, int64_t c0, int64_t cols, int64_t group) {
+  return slice_plain(p, r0, rows, c0, cols, group, "slice_fp8");
+}
+
+Fp8Plain unpack_ct_fp8(const uint8_t* weight, const float* scales, bool per_row, int64_t rows, int64_t cols) {
+  FN_CHECK(rows > 0 && cols > 0, "unpack_ct_fp8: shape [{}, {}]", rows, cols);
+  FN_CHECK(weight && scales, "unpack_ct_fp8: null pointer");
+  Fp8Plain p;
+  p.rows = rows;
+  p.cols = cols;
+  p.q.assign(weight, weight + rows * cols);
+  p.scales.assign(size_t(rows), 1.f);  // one group of scale 1; the channel (or tensor) scale a row scale
+  p.row_scale.resize(size_t(rows));
+  for (int64_t n = 0; n < rows; ++n) p.row_scale[size_t(n)] = scales[per_row ? n : 0];
+  return p;
+}
+
+Fp8Plain unpack_fp8_block(const uint8_t* weight, const float* scales, int64_t rows, int64_t cols, int64_t block_rows,
+                          int64_t block_cols) {
+  FN_CHECK(rows > 0 && cols > 0 && block_rows > 0 && block_cols > 0,
+           "unpack_fp8_block: shape [{}, {}] with blocks of [{}, {}]", rows, cols, block_rows, block_cols);
+  FN_CHECK(weight && scales, "unpack_fp8_block: null pointer");
+  Fp8Plain p;
+  p.rows = rows;
+  p.cols = cols;
+  p.group = block_cols < cols ? block_cols : 0;
+  p.q.assign(weight, weight + rows * cols);
+  const int64_t G = ceil_div(cols, block_cols);
+  p.scales.resize(size_t(rows * G));
+  for (int64_t n = 0; n < rows; ++n)
+    for (int64_t j = 0; j < G; ++j) p.scales[size_t(n * G + j)] = scales[(n / block_rows) * G + j];
+  return p;
 }
 
 Int8Plain unpack_gptq_int8(const int32_t* qweight, const int32_t* qzeros, const float* scales, int64_t rows,
@@ -254,18 +297,23 @@ W4Packed::W4Packed(W4Format format_, int experts_, int rows_, int cols_, int gro
     : format(format_), experts(experts_), rows(rows_), cols(cols_), group(group_ ? group_ : cols_), has_zeros(with_zeros) {
   FN_CHECK(experts > 0 && rows > 0 && cols > 0 && cols % 8 == 0,
            "W4Packed: {} experts of [{}, {}]: need positive sizes and cols a multiple of 8", experts, rows, cols);
-  FN_CHECK(format == W4Format::Int4 || (group == 16 && !with_zeros),
+  FN_CHECK(format != W4Format::Nvfp4 || (group == 16 && !with_zeros),
            "W4Packed: NVFP4 has groups of 16 inputs and no zero points (group {}, zeros {})", group_, with_zeros);
+  FN_CHECK(format != W4Format::Fp8 || !with_zeros, "W4Packed: FP8 has no zero points");
   FN_CHECK(group > 0 && group % 8 == 0, "W4Packed: group size {} must be a positive multiple of 8 (or 0: all {})",
            group_, cols);
   // The kernels index the stacked rows [E * rows] in 32 bits.
   FN_CHECK(int64_t(experts) * rows < (int64_t(1) << 31), "W4Packed: {} experts of {} rows exceed 2^31 stacked rows",
            experts, rows);
-  wpr = int(ceil_div(cols, 32) * detail::kW4WordsAlign);
-  groups = int(ceil_div(int64_t(wpr) * 8, group));
+  const int per_word = format == W4Format::Fp8 ? 4 : 8;  // inputs a code word holds
+  wpr = int(ceil_div(cols, 4 * per_word) * detail::kW4WordsAlign);
+  groups = int(ceil_div(int64_t(wpr) * per_word, group));
   const size_t er = size_t(experts) * rows;
   codes.assign(er * wpr, 0u);
-  scales.assign(er * groups, __float2half_rn(0.f));
+  if (format == W4Format::Fp8)
+    fscales.assign(er * groups, 0.f);
+  else
+    scales.assign(er * groups, __float2half_rn(0.f));
   if (has_zeros) zeros.assign(er * groups, uint8_t(8));
   global.assign(er, 1.f);
 }
@@ -362,14 +410,75 @@ void W4Packed::set_rows(int expert, int row0, const Int4Source& src) {
   }
 }
 
+void W4Packed::set_rows(int expert, int row0, const Fp8Plain& src) {
+  FN_CHECK(format == W4Format::Fp8, "W4Packed::set_rows: FP8 rows given to a 4-bit matrix");
+  FN_CHECK(expert >= 0 && expert < experts && row0 >= 0 && src.rows > 0 && row0 + src.rows <= rows && src.cols == cols,
+           "W4Packed::set_rows: expert {} rows [{}, {}) x {} do not fit {} experts of [{}, {}]", expert, row0,
+           row0 + src.rows, src.cols, experts, rows, cols);
+  FN_CHECK((src.group ? src.group : src.cols) == group, "W4Packed::set_rows: FP8 group {} (matrix made for {})",
+           src.group, group);
+  const int64_t G = ceil_div(cols, group);
+  FN_CHECK(src.q.size() == size_t(src.rows * cols) && src.scales.size() == size_t(src.rows * G) &&
+               (src.row_scale.empty() || src.row_scale.size() == size_t(src.rows)),
+           "W4Packed::set_rows: FP8 arrays do not fit [{}, {}] with groups of {}", src.rows, cols, group);
+  for (int64_t r = 0; r < src.rows; ++r) {
+    const size_t row = size_t(expert) * rows + size_t(row0 + r);
+    uint32_t* dst = &codes[row * wpr];
+    std::fill(dst, dst + wpr, 0u);
+    const uint8_t* in = src.q.data() + r * cols;
+    for (int k = 0; k < cols; ++k) {
+      FN_CHECK((in[k] & 0x7f) != 0x7f,
+               "W4Packed::set_rows: FP8 value at expert {} row {} input {} is an E4M3 NaN "
+               "(0x{:02x})",
+               expert, row0 + r, k, in[k]);
+      dst[k / 4] |= uint32_t(in[k]) << (8 * (k % 4));
+    }
+    const float* s = src.scales.data() + r * G;
+    float mx = 0.f;
+    for (int64_t g = 0; g < G; ++g) {
+      FN_CHECK(std::isfinite(s[g]), "W4Packed::set_rows: FP8 scale {} at expert {} row {} group {}", s[g], expert,
+               row0 + r, g);
+      mx = std::max(mx, std::fabs(s[g]));
+    }
+    int p = 0;
+    if (mx > 0.f) {
+      int ex = 0;
+      std::frexp(mx, &ex);  // mx in [2^(ex-1), 2^ex)
+      p = ex - 1 - 14;      // max |s| * 2^-p in [2^14, 2^15)
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      const float v = std::ldexp(s[g], -p);
+      FN_CHECK(std::ldexp(v, p) == s[g],
+               "W4Packed::set_rows: FP8 scale {} at expert {} row {} group {} does not keep "
+               "its bits next to the row's largest scale {} (the row's scales span more than float32's range)",
+               s[g], expert, row0 + r, g, mx);
+      fscales[row * groups + size_t(g)] = v;
+    }
+    for (int64_t g = G; g < groups; ++g) fscales[row * groups + size_t(g)] = 0.f;
+    const float rs = src.row_scale.empty() ? 1.f : src.row_scale[size_t(r)];
+    FN_CHECK(std::isfinite(rs), "W4Packed::set_rows: FP8 row scale {} at expert {} row {}", rs, expert, row0 + r);
+    global[row] = std::ldexp(rs, 8 + p);  // exact: a power-of-two multiple
+    FN_CHECK(rs == 0.f || (std::isfinite(global[row]) && std::ldexp(global[row], -8 - p) == rs),
+             "W4Packed::set_rows: FP8 row scale {} at expert {} row {} leaves float32's range times 2^{}", rs, expert,
+             row0 + r, 8 + p);
+  }
+}
+
 std::vector<float> W4Packed::unpack(int expert) const {
   FN_CHECK(expert >= 0 && expert < experts, "W4Packed::unpack: expert {} of {}", expert, experts);
   std::vector<float> out(size_t(rows) * cols);
   for (int n = 0; n < rows; ++n) {
     const size_t row = size_t(expert) * rows + n;
     for (int k = 0; k < cols; ++k) {
-      const uint32_t c = code_at(codes, row * wpr, k);
       const size_t gi = row * groups + size_t(k / group);
+      if (format == W4Format::Fp8) {
+        // e4m3 * (s' * G * 2^-8) = e4m3 * (s_group * s_row): one of the two is a power of two (one group of scale 1,
+        // or no row scale), so the product is the source's scale and e4m3 times it one rounding, as the loader's.
+        const uint8_t b = uint8_t(codes[row * wpr + size_t(k / 4)] >> (8 * (k % 4)));
+        out[size_t(n) * cols + k] = e4m3(b) * std::ldexp(fscales[gi] * global[row], -8);
+        continue;
+      }
+      const uint32_t c = code_at(codes, row * wpr, k);
       const float s = __half2float(scales[gi]);
       float v;
       if (format == W4Format::Nvfp4) {
@@ -386,22 +495,26 @@ std::vector<float> W4Packed::unpack(int expert) const {
 }
 
 size_t W4Packed::expert_bytes() const {
-  return size_t(rows) * (size_t(wpr) * 4 + size_t(groups) * (2 + (has_zeros ? 1 : 0)) + 4);
+  const size_t per_group = format == W4Format::Fp8 ? 4 : 2 + (has_zeros ? 1 : 0);
+  return size_t(rows) * (size_t(wpr) * 4 + size_t(groups) * per_group + 4);
 }
 
 W4DeviceMatrix::W4DeviceMatrix(const W4Packed& p)
     : experts(p.experts),
       format(p.format),
       codes_(p.codes.size(), "w4a16 codes"),
-      scales_(p.scales.size(), "w4a16 scales"),
+      scales_(std::max<size_t>(1, p.scales.size()), "w4a16 scales"),
       zeros_(std::max<size_t>(1, p.zeros.size()), "w4a16 zero points"),
-      global_(p.global.size(), "w4a16 global scales") {
+      global_(p.global.size(), "w4a16 global scales"),
+      fscales_(std::max<size_t>(1, p.fscales.size()), "w8a16 fp8 scales") {
   upload(codes_, p.codes);
-  upload(scales_, p.scales);
+  if (!p.scales.empty()) upload(scales_, p.scales);
   if (!p.zeros.empty()) upload(zeros_, p.zeros);
   upload(global_, p.global);
+  if (!p.fscales.empty()) upload(fscales_, p.fscales);
   view_.codes = codes_.get();
-  view_.scales = scales_.get();
+  view_.scales = p.scales.empty() ? nullptr : scales_.get();
+  view_.fscales = p.fscales.empty() ? nullptr : fscales_.get();
   view_.zeros = p.has_zeros ? zeros_.get() : nullptr;
   view_.global = global_.get();
   view_.rows = p.rows;
@@ -412,6 +525,7 @@ W4DeviceMatrix::W4DeviceMatrix(const W4Packed& p)
   for (int k = 0; 32 << k <= p.group; ++k)
     if (32 << k == p.group) view_.chunk_shift = k;
   view_.nvfp4 = p.format == W4Format::Nvfp4;
+  view_.fp8 = p.format == W4Format::Fp8;
   view_.divide = p.divide;
 }
 
@@ -469,7 +583,8 @@ MoeW4A16Workspace::MoeW4A16Workspace(int max_tokens_, int top_k_, int experts_, 
       ys(size_t(max_tokens_) * top_k_ * hidden_, "moe expert outputs"),
       u2(planes_ == 2 ? size_t(max_tokens_) * 2 * hidden_ : 1, "moe repeated expert inputs"),
       h2(planes_ == 2 ? size_t(max_tokens_) * top_k_ * 2 * inter_ : 1, "moe repeated expert activations"),
-      done(size_t(std::max(1, max_tokens_)) * std::max(1, detail::w4_gemv_down_row_blocks(hidden_, planes_ * inter_)),
+      // Row blocks of the widest down matrix in code columns: two planes (2I) or FP8 (2I; w4_code_cols).
+      done(size_t(std::max(1, max_tokens_)) * std::max(1, detail::w4_gemv_down_row_blocks(hidden_, 2 * inter_)),
            "w4a16 gemv counters") {
   FN_CHECK(max_tokens > 0 && top_k > 0 && experts > 0 && hidden > 0 && inter > 0 && (planes == 1 || planes == 2),
            "MoeW4A16Workspace: bad sizes tokens={} top_k={} experts={} hidden={} inter={} planes={}", max_tokens, top_k,

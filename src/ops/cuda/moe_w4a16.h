@@ -12,6 +12,10 @@
 //   int8    (W8A16) one value q in 0..255 per input, w = (q - z) * s (8-bit GPTQ / AutoRound, compressed-tensors
 //           int8 with z = 128), held as two int4 planes over the inputs repeated twice: int8_planes below; the
 //           kernels are those of int4 (MoeW4A16Experts::planes), the bytes one per weight.
+//   FP8     (W8A16) one E4M3 byte per input (OCP FN, bias 7), a float scale per group of `group` inputs and an
+//           optional float scale per row: w = e4m3(q) * s_group * s_row (compressed-tensors float-quantized: one
+//           group, the channel or tensor scale; the FP8 block format: groups of block_cols inputs, each row the
+//           scale of its block of rows). Fp8Plain below.
 //
 // Repacked layout (W4Packed; E experts of a logical [rows, cols] matrix, cols a multiple of 8):
 //   codes   uint32 [E][rows][wpr], wpr = 4 * ceil(cols / 32) (rows padded to 16 bytes with code 0); word i holds
@@ -21,8 +25,16 @@
 //           [2^10, 2^11) (exact; repacking throws Error when a scale would not be)
 //   zeros   uint8 [E][rows][groups] (int4 with zero points only)
 //   global  F32 [E][rows]: NVFP4 the source's global scale (a divisor for compressed-tensors), int4 2^p
+// FP8 matrices (W4Format::Fp8) hold one byte per input in the same words: codes uint32 [E][rows][wpr], wpr =
+// 4 * ceil(cols / 16) (16-byte rows), word i holding inputs 4i..4i+3 in bytes 0..3; `fscales` F32 [E][rows][groups]
+// (groups = ceil(4 * wpr / group)) instead of the FP16 scales, no zeros. The kernels decode a byte to FP16 exactly as
+// e4m3(q) * 2^-8 (the 7 magnitude bits one place right of their E4M3 position: kernels file), so with s' = fscale and
+// G = global: w = (e4m3(q) * 2^-8) * s' * G, where s' = s_group * 2^-p with the row's power of two p placing the
+// largest |s'| in [2^14, 2^15) and G = 2^(8 + p) * s_row: the FP16 product (e4m3(q) * 2^-8) * s' stays below
+// 1.75 * 2^15 < 65504. compressed-tensors' channel or tensor scale is a row scale (its groups 1: s' = 2^14).
 // Repacking is lossless: W4Packed::unpack returns, bit for bit, the float32 values of the formulas above
-// (NVFP4: float(e2m1 * e4m3) then one multiply or divide by g; int4: float(q - z) * s).
+// (NVFP4: float(e2m1 * e4m3) then one multiply or divide by g; int4: float(q - z) * s; FP8: e4m3(q) times the
+// group's (and row's) scale, one multiply).
 //
 // What the kernels compute (per expert row n, input vector x in FP16):
 //   GEMV path (decode)  per token slot (no grouping pass; the down kernel also combines each token's slots), G_n the
@@ -36,6 +48,11 @@
 //                       NVFP4 and int4 groups of 32k), else WMMA m16n16k16 from shared memory (every GPU). NVFP4: w16
 //                       is exact (e2m1 * e4m3 has <= 6 significant bits, |value| in 2^-10..2688). int4: w16 is
 //                       (q - z) * s * 2^-p rounded once to FP16 (relative error <= 2^-11).
+//   FP8                 FP32-FMA GEMV and WMMA GEMM only (w4_gemv_tensor_cores / w4_gemm_tensor_cores are false):
+//                       GEMV y_n = G_n( sum over words of (sum_4 float(v_k) * float(x_k)) * s'_g ), v = e4m3 * 2^-8
+//                       exact; GEMM w16 = fp16(float(v) * s'_g): exact where the group scales are powers of two
+//                       (compressed-tensors: s' = 2^14, v has 4 significant bits), else one rounding (relative
+//                       error <= 2^-11, the FP8 block format), as int4.
 //   Then, as moe_routed: h = fp16(silu(gate) * up), each slot's output fp16(weight * down(h)), the top_k slots of a
 //   token summed in FP32 in slot order (+ the gated shared expert), rounded to the output type.
 #pragma once
@@ -51,7 +68,7 @@
 
 namespace flashnext::cuda {
 
-enum class W4Format : uint8_t { Nvfp4, Int4 };
+enum class W4Format : uint8_t { Nvfp4, Int4, Fp8 };
 
 /// One NVFP4 weight of one expert, [rows, cols] logical (host pointers, row-major, checkpoint layout).
 struct Nvfp4Source {
@@ -112,6 +129,29 @@ struct Int8Plain {
   std::vector<float> scales;              ///< [rows, ceil(cols/group)] exact float copies of the checkpoint scales
 };
 
+/// An FP8 E4M3 weight in plain form: w = e4m3(q) * scales[row, k / group] (* row_scale[row] where given).
+struct Fp8Plain {
+  int64_t rows = 0, cols = 0, group = 0;  ///< group: inputs per scale (0: one group spans cols)
+  std::vector<uint8_t> q;                 ///< [rows, cols] E4M3 bytes (NaN codes 0x7F / 0xFF refused by set_rows)
+  std::vector<float> scales;              ///< [rows, ceil(cols/group)] exact float copies of the checkpoint scales
+  std::vector<float> row_scale;           ///< [rows] or empty (1): a second factor of each row
+};
+
+/// compressed-tensors float-quantized (quant.h CtFp8): E4M3 `weight` [rows, cols] with one scale per row (`per_row`,
+/// scales [rows]) or one for the tensor (scales [1]): one group of scale 1, the scale a row scale (exact on every
+/// path, the GEMM's FP16 weights included).
+Fp8Plain unpack_ct_fp8(const uint8_t* weight, const float* scales, bool per_row, int64_t rows, int64_t cols);
+
+/// The FP8 block format (quant.h Fp8Block): E4M3 `weight` [rows, cols], weight_scale_inv [ceil(rows/block_rows),
+/// ceil(cols/block_cols)] as float: groups of block_cols inputs, row n the scales of its block n / block_rows.
+/// Throws Error for non-positive block sizes.
+Fp8Plain unpack_fp8_block(const uint8_t* weight, const float* scales, int64_t rows, int64_t cols, int64_t block_rows,
+                          int64_t block_cols);
+
+/// Rows [r0, r0 + rows) and columns [c0, c0 + cols) of an FP8 plain weight with groups of `group` inputs, as
+/// slice_int4 (exact under the same conditions).
+Fp8Plain slice_fp8(const Fp8Plain& p, int64_t r0, int64_t rows, int64_t c0, int64_t cols, int64_t group);
+
 /// GPTQ / AutoRound of 8 bits (quant.h; the packing of unpack_gptq with bits 8: qweight I32 [cols/4, rows], qzeros
 /// I32 [ceil(cols/group), rows/4], scales [ceil(cols/group), rows] as float); z = zero + 1 (v1) or the zero (v2).
 /// Throws Error for rows or cols not multiples of 8.
@@ -160,6 +200,9 @@ class W4Packed {
   /// them, a non-finite scale or row scale, or a scale that FP16 cannot hold exactly after the row's power-of-two
   /// shift.
   void set_rows(int expert, int row0, const Int4Source& src);
+  /// The same from an FP8 plain weight (format Fp8; src.group equal to the matrix's). Throws Error for an E4M3 NaN
+  /// code, a non-finite or zero-range scale, or a scale whose power-of-two shift leaves float32's normal range.
+  void set_rows(int expert, int row0, const Fp8Plain& src);
 
   /// The exact float32 values of expert `expert`, row-major [rows, cols] (what the checkpoint formulas give).
   std::vector<float> unpack(int expert) const;
@@ -175,6 +218,7 @@ class W4Packed {
   std::vector<__half> scales;
   std::vector<uint8_t> zeros;
   std::vector<float> global;
+  std::vector<float> fscales;  ///< FP8: F32 [E][rows][groups] (the FP16 `scales` stay empty)
 
  private:
   int divide_known_ = 0;  // 0: no NVFP4 rows yet, 1: multiplier, 2: divisor
@@ -196,7 +240,11 @@ class W4DeviceMatrix {
   const detail::W4Mat& view() const { return view_; }
   /// Bytes the kernels read for one expert (as W4Packed::expert_bytes).
   size_t expert_bytes() const {
-    return size_t(view_.rows) * (size_t(view_.wpr) * 4 + size_t(view_.groups) * (view_.zeros ? 3 : 2) + 4);
+    return size_t(view_.rows) * (size_t(view_.wpr) * 4 +
+                                 size_t(view_.groups) * (view_.fp8     ? 4
+                                                         : view_.zeros ? 3
+                                                                       : 2) +
+                                 4);
   }
   int experts = 0;
   W4Format format = W4Format::Int4;
@@ -206,6 +254,7 @@ class W4DeviceMatrix {
   DeviceArray<__half> scales_;
   DeviceArray<uint8_t> zeros_;
   DeviceArray<float> global_;
+  DeviceArray<float> fscales_;
   detail::W4Mat view_;
 };
 
@@ -222,7 +271,7 @@ struct MoeW4A16Experts {
 /// Scratch for moe_w4a16_routed, for up to max_tokens tokens with top_k slots each: the grouping of slots by expert
 /// (offsets [E+1], sorted_slots / slot_row [max_tokens*top_k], GEMM tiles [max_tiles], num_tiles, the expert-id
 /// status word), the activations h [slots, I] and expert outputs ys [slots, H] (FP16), the GEMV path's
-/// completion counters `done` [max_tokens, detail::w4_gemv_down_row_blocks(hidden, planes * inter)] (zero between
+/// completion counters `done` [max_tokens, detail::w4_gemv_down_row_blocks(hidden, 2 * inter)] (zero between
 /// calls), and for experts of two planes the repeated inputs u2 [max_tokens, 2H] and h2 [slots, 2I].
 class MoeW4A16Workspace {
  public:

@@ -12,6 +12,8 @@
 //          1024 + z gives (q - z) exactly (integers below 2048 are exact in FP16).
 //   NVFP4: the 3 magnitude bits index the FP16 high bytes of {0, .5, 1, 1.5, 2, 3, 4, 6} (all low bytes are 0)
 //          through a byte permute, the sign bit moves to bit 15: the exact E2M1 value as FP16.
+// FP8 matrices (W4Mat::fp8) hold 4 E4M3 bytes a word, input 4i + b in byte b (decode_word_fp8); only the FP32-FMA
+// GEMV and the WMMA GEMM take them (the kernels' FMT parameter: kInt4, kNvfp4, kFp8).
 #include <mma.h>
 
 #ifndef __CUDACC_RTC__
@@ -61,6 +63,19 @@ __device__ __forceinline__ void decode_word_nvfp4_scaled(uint32_t w, __half2 (&v
 #pragma unroll
   for (int j = 0; j < 4; ++j)
     v[j] = bits_h2((((w >> (4 * j)) & 0x00070007u) << 9) | ((w << (12 - 4 * j)) & 0x80008000u));
+}
+
+// The weight formats of the FP32-FMA GEMV and WMMA GEMM kernels (template parameter FMT).
+constexpr int kInt4 = 0, kNvfp4 = 1, kFp8 = 2;
+
+// FP8 (W4Mat::fp8): the 4 E4M3 bytes of a code word as the half2 pairs (k0,k1) (k2,k3), each value e4m3 * 2^-8
+// exactly. Byte b goes to bits 8..15 of its half (its sign at bit 15); its 7 magnitude bits (exponent e, mantissa m)
+// one place right read as FP16 exponent e and mantissa m << 7: 2^(e-15) (1 + m/8) = 2^-8 * 2^(e-7) (1 + m/8), and
+// for e = 0 the FP16 subnormal 2^-14 (m/8) = 2^-8 * 2^-6 (m/8), the E4M3 subnormal. (Repacking refuses the NaN codes.)
+__device__ __forceinline__ void decode_word_fp8(uint32_t w, __half2 (&v)[2]) {
+  const uint32_t a = __byte_perm(w, 0u, 0x1404u), b = __byte_perm(w, 0u, 0x3424u);  // bytes 0, 1 / 2, 3 at bits 8, 24
+  v[0] = bits_h2((a & 0x80008000u) | ((a >> 1) & 0x3F803F80u));
+  v[1] = bits_h2((b & 0x80008000u) | ((b >> 1) & 0x3F803F80u));
 }
 
 __device__ __forceinline__ float apply_global(float acc, float g, bool divide) {
@@ -246,6 +261,72 @@ __device__ __forceinline__ void w4_dot_rows(const W4Mat& w, const int64_t (&row)
   }
 }
 
+// w4_dot_rows for FP8 matrices: a 16-byte chunk holds 4 words of 4 inputs (16 inputs); lane `sub` takes chunks sub,
+// sub + lanes, ... (lanes from the row's code bytes: w4_code_cols), kW4GemvChunks of them per row loaded ahead with
+// their F32 group scale where a chunk lies in one group. Per word: the 4 products of e4m3 * 2^-8 (exact,
+// decode_word_fp8) and the FP16 activations summed in FP32, times the F32 group scale, into acc[r].
+template <int R>
+__device__ __forceinline__ void fp8_dot_rows(const W4Mat& w, const int64_t (&row)[R], const __half* __restrict__ x,
+                                             int sub, int lanes, float (&acc)[R]) {
+  constexpr int C = kW4GemvChunks;
+  const int words = w.cols / 4, chunks = w.wpr / 4;
+  const bool chunk_scale = w.group % 16 == 0;  // one group per chunk (else looked up per word)
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.f;
+  for (int c0 = sub; c0 < chunks; c0 += lanes * C) {
+    uint4 code[R][C];
+    float sc[R][C];
+#pragma unroll
+    for (int i = 0; i < C; ++i) {
+      const int c = c0 + i * lanes;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        code[r][i] = make_uint4(0, 0, 0, 0);
+        sc[r][i] = 0.f;
+        if (c < chunks) {
+          code[r][i] = __ldg(reinterpret_cast<const uint4*>(w.codes + row[r] * w.wpr) + c);
+          if (chunk_scale) sc[r][i] = __ldg(w.fscales + row[r] * w.groups + (c * 16) / w.group);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < C; ++i) {
+      const int c = c0 + i * lanes;
+      if (c >= chunks) break;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int wi = 4 * c + q;
+        if (wi >= words) break;  // padding words of the last chunk
+        const uint2 xr = __ldg(reinterpret_cast<const uint2*>(x + wi * 4));
+        const float2 x01 = __half22float2(bits_h2(xr.x)), x23 = __half22float2(bits_h2(xr.y));
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const float s = chunk_scale ? sc[r][i] : __ldg(w.fscales + row[r] * w.groups + (wi * 4) / w.group);
+          const uint32_t cw[4] = {code[r][i].x, code[r][i].y, code[r][i].z, code[r][i].w};
+          __half2 v[2];
+          decode_word_fp8(cw[q], v);
+          const float2 f01 = __half22float2(v[0]), f23 = __half22float2(v[1]);
+          float p = f01.x * x01.x;
+          p = fmaf(f01.y, x01.y, p);
+          p = fmaf(f23.x, x23.x, p);
+          p = fmaf(f23.y, x23.y, p);
+          acc[r] = fmaf(p, s, acc[r]);
+        }
+      }
+    }
+  }
+}
+
+// The dot products of the GEMV kernels for format FMT.
+template <int FMT, int R>
+__device__ __forceinline__ void gemv_dot_rows(const W4Mat& w, const int64_t (&row)[R], const __half* __restrict__ x,
+                                              int sub, int lanes, float (&acc)[R]) {
+  if constexpr (FMT == kFp8)
+    fp8_dot_rows<R>(w, row, x, sub, lanes, acc);
+  else
+    w4_dot_rows<FMT == kNvfp4, R>(w, row, x, sub, lanes, acc);
+}
+
 // First output column of this thread's lane group; the block covers O * (threads / lanes) columns.
 template <int O>
 __device__ __forceinline__ int gemv_col0(int lanes) {
@@ -253,7 +334,7 @@ __device__ __forceinline__ int gemv_col0(int lanes) {
 }
 
 // Block (s, y): slot s, kW4GemvOutsGateUp gate and up rows per lane group. h[s, n] = fp16(silu(G(g)) * G(u)).
-template <bool NVFP4>
+template <int FMT>
 __global__ void __launch_bounds__(kW4GemvThreads)
     w4_gemv_gate_up_kernel(W4Mat w, const __half* __restrict__ u, int64_t ldu, const int32_t* __restrict__ ids,
                            int top_k, int experts, int inter, int lanes, __half* __restrict__ h,
@@ -275,7 +356,7 @@ __global__ void __launch_bounds__(kW4GemvThreads)
     row[O + o] = int64_t(e) * w.rows + inter + n;
   }
   float acc[2 * O];
-  w4_dot_rows<NVFP4>(w, row, u + int64_t(s / top_k) * ldu, int(threadIdx.x) % lanes, lanes, acc);
+  gemv_dot_rows<FMT>(w, row, u + int64_t(s / top_k) * ldu, int(threadIdx.x) % lanes, lanes, acc);
 #pragma unroll
   for (int o = 0; o < O; ++o) {
     const float g = apply_global(group_sum(acc[o], lanes), w.global[row[o]], w.divide);
@@ -321,7 +402,7 @@ __device__ __forceinline__ void w4_gemv_combine(const int32_t* __restrict__ ids,
 
 // Block (s, y): slot s, kW4GemvOutsDown down rows per lane group: ys[s, n] = fp16(weights[s] * G(y)), then
 // w4_gemv_combine.
-template <bool NVFP4, class TO>
+template <int FMT, class TO>
 __global__ void __launch_bounds__(kW4GemvThreads)
     w4_gemv_down_kernel(W4Mat w, const __half* __restrict__ h, const int32_t* __restrict__ ids,
                         const float* __restrict__ weights, int top_k, int experts, int hidden, int inter, int lanes,
@@ -337,7 +418,7 @@ __global__ void __launch_bounds__(kW4GemvThreads)
 #pragma unroll
       for (int o = 0; o < O; ++o) row[o] = int64_t(e) * w.rows + min(n0 + o, hidden - 1);
       float acc[O];
-      w4_dot_rows<NVFP4>(w, row, h + int64_t(s) * inter, int(threadIdx.x) % lanes, lanes, acc);
+      gemv_dot_rows<FMT>(w, row, h + int64_t(s) * inter, int(threadIdx.x) % lanes, lanes, acc);
       const float ws = weights[s];
 #pragma unroll
       for (int o = 0; o < O; ++o) {
@@ -351,19 +432,19 @@ __global__ void __launch_bounds__(kW4GemvThreads)
 }
 
 // Every instance is compiled in every build (NVRTC included, for the SM70 check).
-template __global__ void w4_gemv_gate_up_kernel<true>(W4Mat, const __half*, int64_t, const int32_t*, int, int, int,
-                                                      int, __half*, int32_t*);
-template __global__ void w4_gemv_gate_up_kernel<false>(W4Mat, const __half*, int64_t, const int32_t*, int, int, int,
-                                                       int, __half*, int32_t*);
-#define FN_W4_GEMV_DOWN(NV, TO)                                                                                   \
-  template __global__ void w4_gemv_down_kernel<NV, TO>(W4Mat, const __half*, const int32_t*, const float*, int, int, \
-                                                       int, int, int, __half*, int32_t*, const __half*,            \
-                                                       const float*, TO*, int64_t);
-FN_W4_GEMV_DOWN(true, __half)
-FN_W4_GEMV_DOWN(true, float)
-FN_W4_GEMV_DOWN(false, __half)
-FN_W4_GEMV_DOWN(false, float)
-#undef FN_W4_GEMV_DOWN
+#define FN_W4_GEMV(FMT)                                                                                              \
+  template __global__ void w4_gemv_gate_up_kernel<FMT>(W4Mat, const __half*, int64_t, const int32_t*, int, int, int, \
+                                                       int, __half*, int32_t*);                                      \
+  template __global__ void w4_gemv_down_kernel<FMT, __half>(W4Mat, const __half*, const int32_t*, const float*, int, \
+                                                            int, int, int, int, __half*, int32_t*, const __half*,    \
+                                                            const float*, __half*, int64_t);                         \
+  template __global__ void w4_gemv_down_kernel<FMT, float>(W4Mat, const __half*, const int32_t*, const float*, int,  \
+                                                           int, int, int, int, __half*, int32_t*, const __half*,     \
+                                                           const float*, float*, int64_t);
+FN_W4_GEMV(kInt4)
+FN_W4_GEMV(kNvfp4)
+FN_W4_GEMV(kFp8)
+#undef FN_W4_GEMV
 
 // ---------------------------------------------------------------- GEMV path on tensor cores (decode, SM80+)
 //
@@ -656,16 +737,15 @@ constexpr int kBN = 64, kBK = 64, kLd = kBK + 8, kLdc = kBN + 4, kThreads = 128;
 
 // One block: a tile of kW4TileM sorted slots of one expert x kBN output columns (GATE_UP: kBN gate rows and the
 // matching kBN up rows). Per K step of kBK inputs the codes are decoded to FP16 weights in shared memory,
-// w16 = fp16(value * scale16) (exact for NVFP4; int4: one rounding of (q - z) * scale16), then WMMA m16n16k16 with
-// FP32 accumulation; 4 warps of 32 x 32 outputs. The next step's codes and activations are loaded into registers
-// before the current step's MMAs (SM70 has no cp.async). Epilogue: the row's global scale in FP32, then
-// h = fp16(silu(g) * u) or ys = fp16(weight(slot) * y).
-template <bool GATE_UP, bool NVFP4>
+// w16 = fp16(value * scale16) (exact for NVFP4; int4: one rounding of (q - z) * scale16; FP8: fp16(float(e4m3 *
+// 2^-8) * fscale), moe_w4a16.h), then WMMA m16n16k16 with FP32 accumulation; 4 warps of 32 x 32 outputs. The next
+// step's codes and activations are loaded into registers before the current step's MMAs (SM70 has no cp.async).
+// Epilogue: the row's global scale in FP32, then h = fp16(silu(g) * u) or ys = fp16(weight(slot) * y).
+template <bool GATE_UP, int FMT>
 __device__ __forceinline__ void w4_gemm_body(const W4Mat& w, const __half* __restrict__ a_src, int64_t lda, int top_k,
                                              int n_out, const int32_t* __restrict__ offsets,
                                              const int32_t* __restrict__ sorted_slots,
-                                             const float* __restrict__ weights,
-                                             const int32_t* __restrict__ tile_expert,
+                                             const float* __restrict__ weights, const int32_t* __restrict__ tile_expert,
                                              const int32_t* __restrict__ tile_row,
                                              const int32_t* __restrict__ num_tiles, __half* __restrict__ out) {
   constexpr int NB = GATE_UP ? 2 : 1;
@@ -688,17 +768,20 @@ __device__ __forceinline__ void w4_gemm_body(const W4Mat& w, const __half* __res
     if (r < row_end) p = GATE_UP ? a_src + int64_t(sorted_slots[r] / top_k) * lda : a_src + int64_t(r) * lda;
     arow[tid] = p;
   }
-  // This thread's B row (one per matrix) and its half of each K step's 8 code words.
-  const int bn = tid >> 1, bw = (tid & 1) * 4;
+  // This thread's B row (one per matrix) and its half of each K step's code words (4-bit: 4 of 8; FP8: 8 of 16).
+  constexpr bool FP8 = FMT == kFp8;
+  constexpr int kBW = FP8 ? 8 : 4;  // words per thread and step
+  const int bn = tid >> 1, bw = (tid & 1) * kBW;
   int64_t brow[NB];
 #pragma unroll
   for (int b = 0; b < NB; ++b) brow[b] = n0 + bn < n_out ? int64_t(e) * w.rows + n0 + bn + b * n_out : -1;
   __syncthreads();
 
   constexpr int kAV = kW4TileM * (kBK / 8) / kThreads;  // uint4 of A per thread per step
-  uint4 ra[kAV], rb[NB];
+  uint4 ra[kAV], rb[NB][kBW / 4];
   __half rs[NB][4];
   uint32_t rz[NB][4];
+  float rf[NB][FP8 ? kBW : 1];  // FP8: the F32 group scale of each word
   auto load = [&](int k0) {
 #pragma unroll
     for (int i = 0; i < kAV; ++i) {
@@ -706,17 +789,36 @@ __device__ __forceinline__ void w4_gemm_body(const W4Mat& w, const __half* __res
       ra[i] = make_uint4(0, 0, 0, 0);
       if (arow[r] && k0 + c < K) ra[i] = *reinterpret_cast<const uint4*>(arow[r] + k0 + c);
     }
+    if constexpr (FP8) {
+      const int wbase = k0 / 4 + bw;
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+#pragma unroll
+        for (int j = 0; j < kBW / 4; ++j) {
+          rb[b][j] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+          for (int q = 0; q < 4; ++q) rf[b][4 * j + q] = 0.f;
+          if (brow[b] >= 0 && wbase + 4 * j < w.wpr) {  // wpr is a multiple of 4: each uint4 is in the row or not
+            rb[b][j] = __ldg(reinterpret_cast<const uint4*>(w.codes + brow[b] * w.wpr + wbase + 4 * j));
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+              rf[b][4 * j + q] = w.fscales[brow[b] * w.groups + ((wbase + 4 * j + q) * 4) / w.group];
+          }
+        }
+      }
+      return;
+    }
     const int wbase = k0 / 8 + bw;
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
-      rb[b] = make_uint4(0, 0, 0, 0);
+      rb[b][0] = make_uint4(0, 0, 0, 0);
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         rs[b][q] = __ushort_as_half(0);
         rz[b][q] = 0;
       }
       if (brow[b] >= 0 && wbase < w.wpr) {  // wpr is a multiple of 4: the 4 words are in the row
-        rb[b] = __ldg(reinterpret_cast<const uint4*>(w.codes + brow[b] * w.wpr + wbase));
+        rb[b][0] = __ldg(reinterpret_cast<const uint4*>(w.codes + brow[b] * w.wpr + wbase));
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           // The group of word wbase + q: a shift where the group is 32 * 2^k inputs (a division per word cost the
@@ -735,13 +837,32 @@ __device__ __forceinline__ void w4_gemm_body(const W4Mat& w, const __half* __res
       const int v = tid + i * kThreads, r = v / (kBK / 8), c = (v % (kBK / 8)) * 8;
       *reinterpret_cast<uint4*>(As + r * kLd + c) = ra[i];
     }
+    if constexpr (FP8) {
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+#pragma unroll
+        for (int q = 0; q < kBW; ++q) {
+          const uint4 r4 = rb[b][q / 4];
+          const uint32_t words[4] = {r4.x, r4.y, r4.z, r4.w};
+          __half2 v[2];
+          decode_word_fp8(words[q % 4], v);
+          const float sf = rf[b][q];
+          const float2 f01 = __half22float2(v[0]), f23 = __half22float2(v[1]);
+          uint2 o;
+          o.x = h2_bits(__floats2half2_rn(f01.x * sf, f01.y * sf));
+          o.y = h2_bits(__floats2half2_rn(f23.x * sf, f23.y * sf));
+          *reinterpret_cast<uint2*>(Bs + (b * kBN + bn) * kLd + (bw + q) * 4) = o;
+        }
+      }
+      return;
+    }
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
-      const uint32_t words[4] = {rb[b].x, rb[b].y, rb[b].z, rb[b].w};
+      const uint32_t words[4] = {rb[b][0].x, rb[b][0].y, rb[b][0].z, rb[b][0].w};
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         __half2 v[4];
-        decode_word<NVFP4>(words[q], rz[b][q], v);
+        decode_word<FMT == kNvfp4>(words[q], rz[b][q], v);
         const __half2 s2 = __half2half2(rs[b][q]);
         uint4 o;
         o.x = h2_bits(__hmul2(v[0], s2));
@@ -808,7 +929,7 @@ __device__ __forceinline__ void w4_gemm_body(const W4Mat& w, const __half* __res
 }
 
 // One kernel per (matrix, format): each instance holds one body and its shared memory.
-template <bool GATE_UP, bool NVFP4>
+template <bool GATE_UP, int FMT>
 __global__ void __launch_bounds__(kThreads)
     w4_gemm_kernel(W4Mat w, const __half* __restrict__ a_src, int64_t lda, int top_k, int n_out,
                    const int32_t* __restrict__ offsets, const int32_t* __restrict__ sorted_slots,
@@ -816,11 +937,11 @@ __global__ void __launch_bounds__(kThreads)
                    const int32_t* __restrict__ tile_row, const int32_t* __restrict__ num_tiles,
                    __half* __restrict__ out) {
   pdl_begin();
-  w4_gemm_body<GATE_UP, NVFP4>(w, a_src, lda, top_k, n_out, offsets, sorted_slots, weights, tile_expert, tile_row,
-                               num_tiles, out);
+  w4_gemm_body<GATE_UP, FMT>(w, a_src, lda, top_k, n_out, offsets, sorted_slots, weights, tile_expert, tile_row,
+                             num_tiles, out);
 }
 
-// The four (matrix, format) instances of a GEMM kernel (this one and w4_gemm_mma_kernel below).
+// The four (matrix, format) instances of w4_gemm_mma_kernel (below: NVFP4 and int4).
 #define FN_W4_GEMM(KERNEL)                                                                                             \
   template __global__ void KERNEL<true, true>(W4Mat, const __half*, int64_t, int, int, const int32_t*, const int32_t*, \
                                               const float*, const int32_t*, const int32_t*, const int32_t*, __half*);  \
@@ -833,7 +954,18 @@ __global__ void __launch_bounds__(kThreads)
   template __global__ void KERNEL<false, false>(W4Mat, const __half*, int64_t, int, int, const int32_t*,               \
                                                 const int32_t*, const float*, const int32_t*, const int32_t*,          \
                                                 const int32_t*, __half*);
-FN_W4_GEMM(w4_gemm_kernel)
+// The (matrix, format) instances of w4_gemm_kernel.
+#define FN_W4_GEMM_WMMA(GU, FMT)                                                                                 \
+  template __global__ void w4_gemm_kernel<GU, FMT>(W4Mat, const __half*, int64_t, int, int, const int32_t*,      \
+                                                   const int32_t*, const float*, const int32_t*, const int32_t*, \
+                                                   const int32_t*, __half*);
+FN_W4_GEMM_WMMA(true, kInt4)
+FN_W4_GEMM_WMMA(true, kNvfp4)
+FN_W4_GEMM_WMMA(true, kFp8)
+FN_W4_GEMM_WMMA(false, kInt4)
+FN_W4_GEMM_WMMA(false, kNvfp4)
+FN_W4_GEMM_WMMA(false, kFp8)
+#undef FN_W4_GEMM_WMMA
 
 // ---------------------------------------------------------------- tensor-core GEMM with mma.sync (prefill, SM80+)
 
@@ -1053,7 +1185,7 @@ cudaError_t launch_repeat_cols_f16(const __half* src, int64_t ld, int rows, int 
 bool w4_gemv_tensor_cores(const W4Mat& w) {
   // Dynamic shared memory within the 48 KB a launch gets without opting in, with 1 KB left for the kernels' static
   // arrays (at most 400 bytes).
-  if ((!w.nvfp4 && w.group % 32 != 0) || w4_mma_smem(w.cols) > 47 * 1024) return false;
+  if (w.fp8 || (!w.nvfp4 && w.group % 32 != 0) || w4_mma_smem(w.cols) > 47 * 1024) return false;
   return w4_gemv_tensor_cores_compiled();
 }
 
@@ -1071,9 +1203,12 @@ cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const __half* u, int64_t ldu,
            w4_mma_smem(w.cols), stream, w, u, ldu, ids, top_k, experts, inter, h, status);
     return cudaGetLastError();
   }
-  const dim3 grid(slots, w4_gemv_row_blocks(inter, w.cols, kW4GemvOutsGateUp));
-  launch((w.nvfp4 ? w4_gemv_gate_up_kernel<true> : w4_gemv_gate_up_kernel<false>), grid, kW4GemvThreads, 0, stream, w,
-         u, ldu, ids, top_k, experts, inter, w4_gemv_lanes(w.cols), h, status);
+  const dim3 grid(slots, w4_gemv_row_blocks(inter, w4_code_cols(w), kW4GemvOutsGateUp));
+  launch((w.fp8     ? w4_gemv_gate_up_kernel<kFp8>
+          : w.nvfp4 ? w4_gemv_gate_up_kernel<kNvfp4>
+                    : w4_gemv_gate_up_kernel<kInt4>),
+         grid, kW4GemvThreads, 0, stream, w, u, ldu, ids, top_k, experts, inter, w4_gemv_lanes(w4_code_cols(w)), h,
+         status);
   return cudaGetLastError();
 }
 
@@ -1090,9 +1225,12 @@ cudaError_t launch_w4_gemv_down(const W4Mat& w, const __half* h, const int32_t* 
            shared_gate, out, ldo);
     return cudaGetLastError();
   }
-  const dim3 grid(tokens * top_k, w4_gemv_row_blocks(hidden, inter, kW4GemvOutsDown));
-  launch((w.nvfp4 ? w4_gemv_down_kernel<true, TO> : w4_gemv_down_kernel<false, TO>), grid, kW4GemvThreads, 0, stream, w,
-         h, ids, weights, top_k, experts, hidden, inter, w4_gemv_lanes(inter), ys, done, shared, shared_gate, out, ldo);
+  const dim3 grid(tokens * top_k, w4_gemv_row_blocks(hidden, w4_code_cols(w), kW4GemvOutsDown));
+  launch((w.fp8     ? w4_gemv_down_kernel<kFp8, TO>
+          : w.nvfp4 ? w4_gemv_down_kernel<kNvfp4, TO>
+                    : w4_gemv_down_kernel<kInt4, TO>),
+         grid, kW4GemvThreads, 0, stream, w, h, ids, weights, top_k, experts, hidden, inter,
+         w4_gemv_lanes(w4_code_cols(w)), ys, done, shared, shared_gate, out, ldo);
   return cudaGetLastError();
 }
 template cudaError_t launch_w4_gemv_down<__half>(const W4Mat&, const __half*, const int32_t*, const float*, int, int,
@@ -1111,7 +1249,7 @@ static void launch_w4_gemm_mma(const W4Mat& w, int n_out, int max_tiles, cudaStr
 }
 
 bool w4_gemm_tensor_cores(const W4Mat& w) {
-  return (w.nvfp4 || w.group % 32 == 0) && w4_gemv_tensor_cores_compiled();
+  return !w.fp8 && (w.nvfp4 || w.group % 32 == 0) && w4_gemv_tensor_cores_compiled();
 }
 
 cudaError_t launch_w4_gemm_gate_up(const W4Mat& w, const __half* u, int64_t ldu, int top_k, int inter,
@@ -1125,8 +1263,11 @@ cudaError_t launch_w4_gemm_gate_up(const W4Mat& w, const __half* u, int64_t ldu,
     return cudaGetLastError();
   }
   const dim3 grid((inter + kBN - 1) / kBN, max_tiles);
-  launch((w.nvfp4 ? w4_gemm_kernel<true, true> : w4_gemm_kernel<true, false>), grid, kThreads, 0, stream, w, u, ldu,
-         top_k, inter, offsets, sorted_slots, nullptr, tile_expert, tile_row, num_tiles, h);
+  launch((w.fp8     ? w4_gemm_kernel<true, kFp8>
+          : w.nvfp4 ? w4_gemm_kernel<true, kNvfp4>
+                    : w4_gemm_kernel<true, kInt4>),
+         grid, kThreads, 0, stream, w, u, ldu, top_k, inter, offsets, sorted_slots, nullptr, tile_expert, tile_row,
+         num_tiles, h);
   return cudaGetLastError();
 }
 
@@ -1141,8 +1282,11 @@ cudaError_t launch_w4_gemm_down(const W4Mat& w, const __half* h, int hidden, int
     return cudaGetLastError();
   }
   const dim3 grid((hidden + kBN - 1) / kBN, max_tiles);
-  launch((w.nvfp4 ? w4_gemm_kernel<false, true> : w4_gemm_kernel<false, false>), grid, kThreads, 0, stream, w, h, inter,
-         1, hidden, offsets, sorted_slots, weights, tile_expert, tile_row, num_tiles, ys);
+  launch((w.fp8     ? w4_gemm_kernel<false, kFp8>
+          : w.nvfp4 ? w4_gemm_kernel<false, kNvfp4>
+                    : w4_gemm_kernel<false, kInt4>),
+         grid, kThreads, 0, stream, w, h, inter, 1, hidden, offsets, sorted_slots, weights, tile_expert, tile_row,
+         num_tiles, ys);
   return cudaGetLastError();
 }
 #endif

@@ -22,11 +22,14 @@ constexpr int kW4MmaDownTiles = 2;  // 16-row tiles per tensor-core down GEMV bl
 /// One repacked W4 matrix stack on the device (layout: moe_w4a16.h, W4Packed).
 struct W4Mat {
   const uint32_t* codes = nullptr;  ///< [E][rows][wpr] words of 8 codes, nibble order k0 k2 k4 k6 k1 k3 k5 k7
-  const __half* scales = nullptr;   ///< [E][rows][groups] FP16 group scales
+                                    ///< (FP8: 4 E4M3 bytes, input 4i + b in byte b)
+  const __half* scales = nullptr;   ///< [E][rows][groups] FP16 group scales (not FP8)
+  const float* fscales = nullptr;   ///< FP8: [E][rows][groups] F32 group scales
   const uint8_t* zeros = nullptr;   ///< [E][rows][groups] int4 zero points 0..16, or null (implicit 8)
   const float* global = nullptr;    ///< [E][rows] FP32 row multipliers (divisors when `divide`)
   int rows = 0, cols = 0, wpr = 0, groups = 0, group = 0;
   bool nvfp4 = false, divide = false;
+  bool fp8 = false;      ///< W4Format::Fp8: one byte a weight (only the FP32-FMA GEMV and the WMMA GEMM take it)
   int chunk_shift = -1;  ///< log2(group / 32) where group is 32 * 2^k (chunk c's group: c >> chunk_shift), else -1
 };
 
@@ -39,12 +42,18 @@ constexpr int w4_gemv_lanes(int cols) {
   while (lanes < 32 && (chunks + lanes - 1) / lanes > kW4GemvChunks) lanes *= 2;
   return lanes;
 }
+/// The `cols` argument of w4_gemv_lanes / w4_gemv_row_blocks for a matrix: its width in 4-bit code columns (an FP8
+/// row of C inputs has the code bytes of a 4-bit row of 2C).
+constexpr int w4_code_cols(const W4Mat& w) {
+  return w.fp8 ? 2 * w.cols : w.cols;
+}
 /// GEMV blocks over `rows` output columns of `cols` inputs, `outs` columns per lane group (the grid's y extent).
 constexpr int w4_gemv_row_blocks(int rows, int cols, int outs) {
   const int per_block = outs * (kW4GemvThreads / w4_gemv_lanes(cols));
   return (rows + per_block - 1) / per_block;
 }
-/// Row blocks of the down GEMV, either kernel (the completion counters per token: at least this many).
+/// Row blocks of the down GEMV, either kernel (the completion counters per token: at least this many), `inter` in
+/// code columns (w4_code_cols).
 constexpr int w4_gemv_down_row_blocks(int hidden, int inter) {
   const int fma = w4_gemv_row_blocks(hidden, inter, kW4GemvOutsDown),
             mma = (hidden + 16 * kW4MmaDownTiles - 1) / (16 * kW4MmaDownTiles);
@@ -53,7 +62,7 @@ constexpr int w4_gemv_down_row_blocks(int hidden, int inter) {
 
 /// Whether the tensor-core GEMV kernels (mma.sync m16n8k16, compute capability 8.0+) can compute `w` on the current
 /// device: the build holds them for 8.0+ (kernel_ptx_version: not so in the compute_70 PTX build) and the format is
-/// NVFP4 or int4 with groups of a multiple of 32 inputs. Otherwise the FP32-FMA kernels (every GPU) run.
+/// NVFP4 or int4 with groups of a multiple of 32 inputs (not FP8). Otherwise the FP32-FMA kernels (every GPU) run.
 bool w4_gemv_tensor_cores(const W4Mat& w);
 /// Whether this build's tensor-core GEMV code for the current device holds the SM80 instructions (any format).
 bool w4_gemv_tensor_cores_compiled();
@@ -85,8 +94,8 @@ cudaError_t launch_w4_gemv_down(const W4Mat& w, const __half* h, const int32_t* 
                                 const __half* shared, const float* shared_gate, TO* out, int64_t ldo, bool tensor_cores,
                                 cudaStream_t stream);
 /// Whether the mma.sync GEMM kernels (compute capability 8.0+) can compute `w` on the current device: compiled for
-/// it (as w4_gemv_tensor_cores_compiled) and NVFP4 or int4 with groups of a multiple of 32 inputs. Otherwise the
-/// WMMA GEMM (every GPU) runs.
+/// it (as w4_gemv_tensor_cores_compiled) and NVFP4 or int4 with groups of a multiple of 32 inputs (not FP8).
+/// Otherwise the WMMA GEMM (every GPU) runs.
 bool w4_gemm_tensor_cores(const W4Mat& w);
 /// GEMM path (prefill) over the sorted rows of launch_w4_align, FP32 accumulation: h[r, n] = fp16(silu(g) * u) and
 /// ys[r, n] = fp16(weight(slot) * y) for every sorted row r (combined afterwards by launch_moe_combine).

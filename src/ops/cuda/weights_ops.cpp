@@ -1,5 +1,5 @@
 // The CUDA backend's weights: FP16 conversion at load (with the range check), PLE host tables, random weights made
-// on the device (flashnext bench), and the lossless W4A16 repacking of NVFP4 / int4 routed experts.
+// on the device (flashnext bench), and the lossless W4A16 repacking of NVFP4 / int4 / 8-bit / FP8 routed experts.
 #include <cuda_fp16.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -77,6 +77,33 @@ Int8Plain int8_plain(const QuantMatrix& m, QuantFormat kind) {
   const std::vector<int32_t> packed = host_copy<int32_t>(m.data), z = host_copy<int32_t>(m.zero_point);
   const std::vector<float> scales = float_copy(m.scale, "the scales of '" + m.name + "'");
   return unpack_gptq_int8(packed.data(), z.data(), scales.data(), m.rows, m.cols, m.group, m.gptq_v2);
+}
+
+/// The FP8 plain form of a compressed-tensors float-quantized or FP8 block matrix [R, C].
+Fp8Plain fp8_plain(const QuantMatrix& m, QuantFormat kind) {
+  const char* op = "load_quantized_experts";
+  FN_CHECK(m.data.dtype == DType::F8_E4M3 && shape_numel(m.data.shape) == m.rows * m.cols,
+           "{}: FP8 weight '{}' needs F8_E4M3 values [{}, {}]", op, m.name, m.rows, m.cols);
+  const std::vector<float> scales = float_copy(m.scale, "the scales of '" + m.name + "'");
+  const auto* q = static_cast<const uint8_t*>(m.data.data);
+  if (kind == QuantFormat::Fp8Block) {
+    const int64_t n = m.block_rows > 0 && m.block_cols > 0
+                          ? ((m.rows + m.block_rows - 1) / m.block_rows) * ((m.cols + m.block_cols - 1) / m.block_cols)
+                          : -1;
+    FN_CHECK(int64_t(scales.size()) == n, "{}: FP8 block weight '{}' has {} scales, expected {} (blocks of [{}, {}])",
+             op, m.name, scales.size(), n, m.block_rows, m.block_cols);
+    return unpack_fp8_block(q, scales.data(), m.rows, m.cols, m.block_rows, m.block_cols);
+  }
+  FN_CHECK(kind == QuantFormat::CtFp8, "{}: '{}' ({}) is not FP8", op, m.name, quant_format_name(kind));
+  FN_CHECK(scales.size() == 1 || int64_t(scales.size()) == m.rows,
+           "{}: FP8 weight '{}' has {} scales, expected one per row ({}) or one", op, m.name, scales.size(), m.rows);
+  return unpack_ct_fp8(q, scales.data(), scales.size() != 1, m.rows, m.cols);
+}
+
+/// Inputs per scale of an FP8 matrix of `cols` inputs in the W4A16 layout: the FP8 block format's block_cols where a
+/// row holds several blocks, else 0 (one group: compressed-tensors' channel or tensor scale is a row scale).
+int64_t fp8_group(const QuantMatrix& m, int64_t cols) {
+  return m.format == QuantFormat::Fp8Block && m.block_cols < cols ? m.block_cols : 0;
 }
 
 }  // namespace
@@ -167,18 +194,19 @@ RoutedExperts CudaOps::load_quantized_experts(const QuantExperts& q) {
   const QuantFormat kind = q.gate[0].format;
   const bool nvfp4 = kind == QuantFormat::Nvfp4 || kind == QuantFormat::CtNvfp4;
   // GPTQ of 2, 3 and 4 bits alike is held as 4-bit codes (exact), a block with 8-bit integer matrices as two 4-bit
-  // planes, one with FP8 matrices takes the dequantized FP16 path as a whole (core/quant_format.h w4a16_planes).
+  // planes, one of FP8 matrices as FP8 bytes, any other the dequantized FP16 path as a whole (core/quant_format.h
+  // w4a16_planes).
   int planes = 1;
   for (const auto* list : {&q.gate, &q.up, &q.down})
     for (const QuantMatrix& m : *list) planes = w4a16_block_planes(planes, m.format, m.bits);
   const bool int4 =
       planes == 1 && (kind == QuantFormat::CtInt4 || kind == QuantFormat::Awq || kind == QuantFormat::Gptq);
-  const bool int8 = planes == 2;
-  int64_t g_gu = nvfp4 ? 16 : q.gate[0].group;
-  // down's inputs are the intermediate: a rank's slice [b, b + I) of it keeps whole scale groups, int4 groups split
-  // into equal smaller ones (each with its source group's scale and zero point: exact) where they must.
-  int64_t g_dn = nvfp4 ? 16 : q.down[0].group;
-  if (q.sliced() && (int4 || int8)) g_dn = std::gcd(std::gcd(g_dn ? g_dn : F, b), I);
+  const bool int8 = planes == 2, fp8 = planes == kW4a16Fp8;
+  int64_t g_gu = nvfp4 ? 16 : fp8 ? fp8_group(q.gate[0], H) : q.gate[0].group;
+  // down's inputs are the intermediate: a rank's slice [b, b + I) of it keeps whole scale groups, int4 (int8, FP8)
+  // groups split into equal smaller ones (each with its source group's scale and zero point: exact) where they must.
+  int64_t g_dn = nvfp4 ? 16 : fp8 ? fp8_group(q.down[0], F) : q.down[0].group;
+  if (q.sliced() && (int4 || int8 || fp8)) g_dn = std::gcd(std::gcd(g_dn ? g_dn : F, b), I);
   if (int8) {
     // Two planes side by side: a group never spans both, so the groups must tile a row (a group of a row or more
     // is the whole row); a block whose groups do not (a partial last group) takes the FP16 path.
@@ -186,7 +214,7 @@ RoutedExperts CudaOps::load_quantized_experts(const QuantExperts& q) {
     g_dn = g_dn == 0 || g_dn >= I ? I : g_dn;
     if (H % g_gu != 0 || I % g_dn != 0) return Ops::load_quantized_experts(q);
   }
-  if ((!nvfp4 && !int4 && !int8) || H % 8 != 0 || I % 8 != 0 || g_gu % 8 != 0 || E > detail::kMoeMaxExperts) {
+  if ((!nvfp4 && !int4 && !int8 && !fp8) || H % 8 != 0 || I % 8 != 0 || g_gu % 8 != 0 || E > detail::kMoeMaxExperts) {
     return Ops::load_quantized_experts(q);
   }
   if (q.sliced()) {
@@ -198,13 +226,20 @@ RoutedExperts CudaOps::load_quantized_experts(const QuantExperts& q) {
              "load_quantized_experts: {}: this tensor-parallel rank's slice [{}, {}) of the {}-wide intermediate cuts "
              "the {} groups of {} inputs of down_proj into pieces of {} (the W4A16 kernels need multiples of 8); use "
              "a degree whose slices are multiples of 8 that tile the groups",
-             q.name, b, b + I, F, int8 ? "8-bit" : "int4", q.down[0].group ? q.down[0].group : F, g_dn);
+             q.name, b, b + I, F,
+             int8  ? "8-bit"
+             : fp8 ? "FP8"
+                   : "int4",
+             fp8               ? (fp8_group(q.down[0], F) ? fp8_group(q.down[0], F) : F)
+             : q.down[0].group ? q.down[0].group
+                               : F,
+             g_dn);
   }
   if (g_dn % 8 != 0) return Ops::load_quantized_experts(q);
   use_device();
   const bool zeros = int8 || kind == QuantFormat::Gptq ||
                      ((kind == QuantFormat::CtInt4 || kind == QuantFormat::Awq) && q.gate[0].zero_point.defined());
-  const W4Format f = nvfp4 ? W4Format::Nvfp4 : W4Format::Int4;
+  const W4Format f = nvfp4 ? W4Format::Nvfp4 : fp8 ? W4Format::Fp8 : W4Format::Int4;
   // Two planes: each row's inputs twice over, groups never across the planes (int8_planes).
   const int P = int8 ? 2 : 1;
   W4Packed gu(f, int(E), int(2 * I), int(P * H), int(g_gu), zeros), dn(f, int(E), int(H), int(P * I), int(g_dn), zeros);
@@ -217,9 +252,10 @@ RoutedExperts CudaOps::load_quantized_experts(const QuantExperts& q) {
   RoutedExperts r;
   r.packed = std::make_shared<CudaW4Experts>(
       gu, dn, ctx_->device, P,
-      int8 ? fmt::format("w8a16 as two 4-bit planes ({})",
+      int8  ? fmt::format("w8a16 as two 4-bit planes ({})",
                          kind == QuantFormat::Gptq ? "gptq, a layer with 8-bit experts" : quant_format_name(kind))
-           : fmt::format("w4a16 ({})", quant_format_name(kind)));
+       : fp8 ? fmt::format("w8a16 fp8 e4m3 ({})", quant_format_name(kind))
+            : fmt::format("w4a16 ({})", quant_format_name(kind)));
   return r;
 }
 
@@ -267,6 +303,18 @@ void CudaOps::pack_rows(W4Packed& dst, int64_t e, int64_t row0, const QuantMatri
   const auto sliced = [&](int64_t group) {
     return rows != R || cols != C || (group ? group : C) != (sl.group ? sl.group : cols);
   };
+  if (kind == QuantFormat::CtFp8 || kind == QuantFormat::Fp8Block) {
+    Fp8Plain p8 = fp8_plain(m, kind);
+    FN_CHECK((p8.group ? p8.group : C) % (sl.group ? sl.group : C) == 0,
+             "{}: FP8 weight '{}' has groups of {}, its block {}", op, m.name, p8.group, sl.group);
+    if (sliced(p8.group)) p8 = slice_fp8(p8, sl.r0, rows, sl.c0, cols, sl.group);
+    try {
+      dst.set_rows(int(e), int(row0), p8);
+    } catch (const Error& err) {
+      fail("{}: '{}': {}", op, m.name, err.what());
+    }
+    return;
+  }
   if (planes == 2) {
     Int8Plain p8 = int8_plain(m, kind);
     FN_CHECK((p8.group ? p8.group : C) % (sl.group ? sl.group : C) == 0,
