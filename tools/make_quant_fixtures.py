@@ -449,7 +449,7 @@ FORMATS = {
     "ct-fp8-channel": dict(experts=lambda w: q_w8(w, True), dense=lambda w: q_w8(w, True, per_tensor=True),
                            dense_of=w8_dense_linears, ple_fp8=True, naming="standard",
                            quantization_config=lambda c: w8_config(True), hf_quant=None, text_extra={}, greedy=8,
-                           fp16_weights=True),
+                           fp16_weights=True, fp16_exact=(".mlp.experts.",)),
     # AutoRound mixed bits (issue 22): routed experts of 2, 3, 4 and 8 bits by layer (AUTOROUND_LAYERS), one layer
     # left BF16 by extra_config, FP8 PLE table.
     "autoround-mixed-g32": dict(experts_of=autoround_experts, ple_fp8=True, naming="standard",
@@ -554,9 +554,9 @@ def reference_model(base=BASE):
 def logits_fp16_weights(model, ids, exact=()):
     """The reference's logits with every weight rounded to FP16, as the CUDA backend stores them (the PLE table
     excepted: it stays as stored and is converted in float32; so do the weights whose names contain a string of
-    `exact`: int8 routed experts, which the CUDA backend holds exactly as two 4-bit planes). For formats whose weights
-    FP16 does not hold exactly (8-bit codes times 16-bit scales need up to 20 significant bits): the GPU tests hold the
-    GPU to these logits and report the distance to the exact ones."""
+    `exact`: int8 and FP8 routed experts, which the CUDA backend holds exactly, as two 4-bit planes and as FP8
+    bytes). For formats whose weights FP16 does not hold exactly (8-bit codes times 16-bit scales need up to 20
+    significant bits): the GPU tests hold the GPU to these logits and report the distance to the exact ones."""
     saved = {n: p.detach().clone() for n, p in model.named_parameters()}
     with torch.no_grad():
         for n, p in model.named_parameters():

@@ -3,7 +3,9 @@
 // distinct experts per token), random weights in the repacked layout. One markdown row per (format, tokens, path;
 // the GEMV paths up to 256 tokens, the two GEMM kernels at every size). 8-bit experts (W8A16: GPTQ 8-bit group 128,
 // compressed-tensors int8 per channel) run as two 4-bit planes over the inputs twice (moe_w4a16.h int8_planes):
-// formats int8-g128 and int8-channel.
+// formats int8-g128 and int8-channel. FP8 experts (W8A16: compressed-tensors float-quantized per channel, the FP8
+// block format's 128-input blocks) as FP8 bytes (moe_w4a16.h W4Format::Fp8; the FP32-FMA GEMV and the WMMA GEMM):
+// formats fp8-channel and fp8-block128.
 // time per moe_w4a16_routed call (grouping + both expert GEMMs + combine; CUDA events, mean of the timed calls after
 // warm-up), the achieved bandwidth of the expert weight bytes read (the experts hit, each read once) against the
 // 4.3 TB/s measured copy bandwidth of LIMITS.md (and this run's own copy measurement), and the arithmetic rate
@@ -50,6 +52,7 @@ W4Packed random_packed(W4Format f, int E, int rows, int cols, int group, uint32_
   }
   const float s = f == W4Format::Nvfp4 ? 1.f : 1024.f;  // int4: scales live in [2^10, 2^11) after the row shift
   for (auto& h : p.scales) h = __float2half_rn(s);
+  for (auto& v : p.fscales) v = 16384.f;  // FP8: group scales in [2^14, 2^15) after the row shift
   const float g = f == W4Format::Nvfp4 ? 0.5f / std::sqrt(float(cols)) : 0.25f / std::sqrt(float(cols)) / 1024.f;
   std::fill(p.global.begin(), p.global.end(), g);
   for (size_t i = 0; i < p.zeros.size(); ++i) p.zeros[i] = uint8_t(i % 17);
@@ -156,6 +159,10 @@ int main(int argc, char** argv) {
       bench_format("int8-g128", W4Format::Int4, 128, 2);
     if (!filter || std::string("int8-channel").find(filter) != std::string::npos)
       bench_format("int8-channel", W4Format::Int4, 0, 2);
+    if (!filter || std::string("fp8-channel").find(filter) != std::string::npos)
+      bench_format("fp8-channel", W4Format::Fp8, 0);
+    if (!filter || std::string("fp8-block128").find(filter) != std::string::npos)
+      bench_format("fp8-block128", W4Format::Fp8, 128);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_moe_w4a16: %s\n", e.what());
     return 1;

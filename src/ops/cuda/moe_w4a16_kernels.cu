@@ -806,27 +806,27 @@ __device__ __forceinline__ void w4_gemm_body(const W4Mat& w, const __half* __res
           }
         }
       }
-      return;
-    }
-    const int wbase = k0 / 8 + bw;
+    } else {
+      const int wbase = k0 / 8 + bw;
 #pragma unroll
-    for (int b = 0; b < NB; ++b) {
-      rb[b][0] = make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        rs[b][q] = __ushort_as_half(0);
-        rz[b][q] = 0;
-      }
-      if (brow[b] >= 0 && wbase < w.wpr) {  // wpr is a multiple of 4: the 4 words are in the row
-        rb[b][0] = __ldg(reinterpret_cast<const uint4*>(w.codes + brow[b] * w.wpr + wbase));
+      for (int b = 0; b < NB; ++b) {
+        rb[b][0] = make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          // The group of word wbase + q: a shift where the group is 32 * 2^k inputs (a division per word cost the
-          // int4 g32 GEMM 4% at 4,096 tokens on the H100); the same shift in the chunk scales of the mma.sync
-          // kernels measured 3-9% slower there (one H100 run), so they keep the division.
-          const int gi = w.chunk_shift >= 0 ? (wbase + q) >> (w.chunk_shift + 2) : ((wbase + q) * 8) / w.group;
-          rs[b][q] = w.scales[brow[b] * w.groups + gi];
-          rz[b][q] = w.zeros ? uint32_t(w.zeros[brow[b] * w.groups + gi]) : 8u;
+          rs[b][q] = __ushort_as_half(0);
+          rz[b][q] = 0;
+        }
+        if (brow[b] >= 0 && wbase < w.wpr) {  // wpr is a multiple of 4: the 4 words are in the row
+          rb[b][0] = __ldg(reinterpret_cast<const uint4*>(w.codes + brow[b] * w.wpr + wbase));
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            // The group of word wbase + q: a shift where the group is 32 * 2^k inputs (a division per word cost the
+            // int4 g32 GEMM 4% at 4,096 tokens on the H100); the same shift in the chunk scales of the mma.sync
+            // kernels measured 3-9% slower there (one H100 run), so they keep the division.
+            const int gi = w.chunk_shift >= 0 ? (wbase + q) >> (w.chunk_shift + 2) : ((wbase + q) * 8) / w.group;
+            rs[b][q] = w.scales[brow[b] * w.groups + gi];
+            rz[b][q] = w.zeros ? uint32_t(w.zeros[brow[b] * w.groups + gi]) : 8u;
+          }
         }
       }
     }
@@ -854,22 +854,22 @@ __device__ __forceinline__ void w4_gemm_body(const W4Mat& w, const __half* __res
           *reinterpret_cast<uint2*>(Bs + (b * kBN + bn) * kLd + (bw + q) * 4) = o;
         }
       }
-      return;
-    }
+    } else {
 #pragma unroll
-    for (int b = 0; b < NB; ++b) {
-      const uint32_t words[4] = {rb[b][0].x, rb[b][0].y, rb[b][0].z, rb[b][0].w};
+      for (int b = 0; b < NB; ++b) {
+        const uint32_t words[4] = {rb[b][0].x, rb[b][0].y, rb[b][0].z, rb[b][0].w};
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        __half2 v[4];
-        decode_word<FMT == kNvfp4>(words[q], rz[b][q], v);
-        const __half2 s2 = __half2half2(rs[b][q]);
-        uint4 o;
-        o.x = h2_bits(__hmul2(v[0], s2));
-        o.y = h2_bits(__hmul2(v[1], s2));
-        o.z = h2_bits(__hmul2(v[2], s2));
-        o.w = h2_bits(__hmul2(v[3], s2));
-        *reinterpret_cast<uint4*>(Bs + (b * kBN + bn) * kLd + (bw + q) * 8) = o;
+        for (int q = 0; q < 4; ++q) {
+          __half2 v[4];
+          decode_word<FMT == kNvfp4>(words[q], rz[b][q], v);
+          const __half2 s2 = __half2half2(rs[b][q]);
+          uint4 o;
+          o.x = h2_bits(__hmul2(v[0], s2));
+          o.y = h2_bits(__hmul2(v[1], s2));
+          o.z = h2_bits(__hmul2(v[2], s2));
+          o.w = h2_bits(__hmul2(v[3], s2));
+          *reinterpret_cast<uint4*>(Bs + (b * kBN + bn) * kLd + (bw + q) * 8) = o;
+        }
       }
     }
   };

@@ -1,8 +1,8 @@
 // Quantized checkpoints on the GPU (issue 6): every fixture of tests/data/quant (tiny-a in NVFP4 ModelOpt /
 // compressed-tensors, FP8 block, int4 compressed-tensors / GPTQ / AutoAWQ GEMM g32, and tiny-a-wide in AutoAWQ GEMM
 // g128 (issue 22), whose AWQ shared experts are dequantized to FP16; see its README) loaded with the CUDA backend,
-// whose NVFP4 and int4 routed experts run on the W4A16 kernels (moe_w4a16.h, FP16 activations) and whose FP8 PLE tables
-// stay FP8.
+// whose NVFP4, int4, 8-bit and FP8 routed experts run on the W4A16 kernels (moe_w4a16.h, FP16 activations; 8-bit as
+// two 4-bit planes, FP8 as bytes) and whose FP8 PLE tables stay FP8.
 //
 // Acceptance: the CUDA issue's criteria (model_e2e_test.cpp) against each fixture's reference (transformers in
 // float32 on the dequantized weights): at every position the argmax equals the reference's except near-ties (top-2
@@ -111,10 +111,10 @@ TEST_P(QuantGpu, LogitsMatchReference) {
   for (const std::string P : {"short", "eos_inside"}) {
     const auto ids = ref.ids(P);
     const int64_t T = int64_t(ids.size());
-    // 8-bit dense weights (and FP8 experts): the CUDA backend holds them as FP16, which rounds them (cuda_ops.h);
-    // the fixture carries the reference's logits with those weights rounded the same way (int8 routed experts
-    // exact: two 4-bit planes), and the GPU is held to those (the distance to the exact logits is printed: what
-    // FP16 storage costs).
+    // 8-bit dense weights: the CUDA backend holds them as FP16, which rounds them (cuda_ops.h); the fixture carries
+    // the reference's logits with those weights rounded the same way (the routed experts exact: int8 as two 4-bit
+    // planes, FP8 as bytes), and the GPU is held to those (the distance to the exact logits is printed: what FP16
+    // storage costs).
     const bool fp16w = ref.has(P + ".logits_fp16_weights");
     const std::vector<float> want = ref.f32(P + (fp16w ? ".logits_fp16_weights" : ".logits"));
     std::vector<int64_t> am = ref.i64(P + ".argmax");
@@ -213,12 +213,12 @@ std::pair<double, double> expert_error(Ops& cpu, const MoeWeights& wc, Ops& gpu,
   return {err, scale};
 }
 
-// The routed experts of layer 3 on the CUDA backend (W4A16 for NVFP4 / int4, two 4-bit planes for int8, FP16 for
-// FP8) against the CPU
-// oracle's float32 experts (exact dequantization), for token counts that take the GEMV path (1, 3) and the WMMA
-// GEMM path (16, 200); the packed bytes equal what `flashnext inspect` plans (loader/quant.h w4a16_packed_bytes).
+// The routed experts of layer 3 on the CUDA backend (W4A16 for NVFP4 / int4, two 4-bit planes for int8, FP8 bytes
+// for FP8) against the CPU oracle's float32 experts (exact dequantization), for token counts that take the GEMV path
+// (1, 3) and the WMMA GEMM path (16, 200); the packed bytes equal what `flashnext inspect` plans (loader/quant.h
+// w4a16_packed_bytes).
 /// How the CUDA backend holds these experts (core/quant_format.h w4a16_planes over every matrix): 0 FP16, 1 W4A16
-/// codes, 2 two 4-bit planes (8-bit integers).
+/// codes, 2 two 4-bit planes (8-bit integers), kW4a16Fp8 FP8 bytes.
 int held_planes(const QuantExperts& qe) {
   int planes = 1;
   for (const auto* list : {&qe.gate, &qe.up, &qe.down})
@@ -248,22 +248,26 @@ void routed_experts_match_cpu_oracle(const std::string& fmt, int layer) {
                    wg = as_moe_weights(gpu->load_quantized_experts(*qe));
   const int planes = held_planes(*qe);
   if (planes == 0) {
-    EXPECT_EQ(wg.packed, nullptr) << fmt << " layer " << layer << ": FP8 experts are FP16 weights";
+    EXPECT_EQ(wg.packed, nullptr) << fmt << " layer " << layer << ": a block the W4A16 kernels do not hold is FP16";
   } else {
     ASSERT_NE(wg.packed, nullptr) << fmt << " layer " << layer
-                                  << ": NVFP4 / int2-4 experts are repacked for W4A16, int8 ones as two planes";
+                                  << ": NVFP4 / int2-4 experts are repacked for W4A16, int8 ones as two planes, FP8 "
+                                     "ones as bytes";
     int64_t planned = 0;
     for (const auto& list : {qe->gate, qe->up, qe->down}) {
       for (const QuantMatrix& q : list) {
         const bool nv = q.format == QuantFormat::Nvfp4 || q.format == QuantFormat::CtNvfp4;
-        planned += planes == 2 ? w4a16_planes_packed_bytes(q.rows, q.cols, q.group)
-                               : w4a16_packed_bytes(q.rows, q.cols, nv ? 16 : q.group, q.zero_point.defined());
+        const int64_t fp8_group = q.format == QuantFormat::Fp8Block && q.block_cols < q.cols ? q.block_cols : 0;
+        planned += planes == kW4a16Fp8 ? w8a16_fp8_packed_bytes(q.rows, q.cols, fp8_group)
+                   : planes == 2       ? w4a16_planes_packed_bytes(q.rows, q.cols, q.group)
+                                       : w4a16_packed_bytes(q.rows, q.cols, nv ? 16 : q.group, q.zero_point.defined());
       }
     }
     EXPECT_EQ(wg.packed->device_bytes(), planned) << fmt << " layer " << layer;
     const auto* p = dynamic_cast<const cuda::CudaW4Experts*>(wg.packed.get());
     ASSERT_NE(p, nullptr);
-    EXPECT_EQ(p->planes, planes) << fmt << " layer " << layer;
+    EXPECT_EQ(p->planes, planes == kW4a16Fp8 ? 1 : planes) << fmt << " layer " << layer;
+    EXPECT_EQ(p->gate_up.format == cuda::W4Format::Fp8, planes == kW4a16Fp8) << fmt << " layer " << layer;
   }
   std::mt19937 rng(1234);
   for (int64_t T : {int64_t(1), int64_t(3), int64_t(16), int64_t(200)}) {
@@ -272,7 +276,9 @@ void routed_experts_match_cpu_oracle(const std::string& fmt, int layer) {
     const char* path = "fp16";
     if (const auto* p = dynamic_cast<const cuda::CudaW4Experts*>(wg.packed.get())) {
       const bool gemv = cuda::moe_w4a16_auto_path(p->view(), int(T), int(k)) == cuda::W4Path::Gemv;
-      path = p->planes == 2 ? (gemv ? "w8a16 planes gemv" : "w8a16 planes gemm") : (gemv ? "w4a16 gemv" : "w4a16 gemm");
+      path = p->planes == 2                             ? (gemv ? "w8a16 planes gemv" : "w8a16 planes gemm")
+             : p->gate_up.format == cuda::W4Format::Fp8 ? (gemv ? "w8a16 fp8 gemv" : "w8a16 fp8 gemm")
+                                                        : (gemv ? "w4a16 gemv" : "w4a16 gemm");
     }
     std::printf(
         "E2E-QUANT: %s routed experts layer %d, T=%lld (%s%s): max|d| %.3e, oracle scale %.3f, ratio %.2e "
@@ -320,9 +326,10 @@ TEST_P(QuantGpu, TensorParallelExpertSlicesMatchCpuOracle) {
         const MoeWeights wc = as_moe_weights(cpu->load_quantized_experts(*qe)),
                          wg = as_moe_weights(gpu->load_quantized_experts(*qe));
         if (held_planes(*qe) > 0) {
-          ASSERT_NE(wg.packed, nullptr) << what << ": the slice is packed for W4A16 (int8: as two planes)";
+          ASSERT_NE(wg.packed, nullptr) << what
+                                        << ": the slice is packed for W4A16 (int8: as two planes; FP8 as bytes)";
         } else {
-          EXPECT_EQ(wg.packed, nullptr) << what << ": FP8 experts are FP16 weights";
+          EXPECT_EQ(wg.packed, nullptr) << what << ": a block the W4A16 kernels do not hold is FP16";
         }
         for (int64_t T : {int64_t(1), int64_t(40)}) {
           const auto [err, scale] = expert_error(*cpu, wc, *gpu, wg, T, H, E, k, rng);
