@@ -39,7 +39,7 @@ constexpr double kPeakTflops = 990;     // LIMITS.md: FP16 dense tensor peak
 constexpr double kMeasuredTflops = 790; // LIMITS.md: 8192^3 GEMM as measured
 double g_copy_gbs = 0;
 
-// Random repacked weights (valid codes, scales and global multipliers; no checkpoint needed).
+// Random repacked weights (valid codes: FP8 without its NaN bytes; scales and global multipliers; no checkpoint).
 // planes 2: an 8-bit matrix [rows, cols] as two 4-bit planes [rows, 2 cols] with zero points.
 W4Packed random_packed(W4Format f, int E, int rows, int cols, int group, uint32_t seed, int planes = 1) {
   W4Packed p(f, E, rows, planes * cols, group, planes == 2);
@@ -49,6 +49,9 @@ W4Packed random_packed(W4Format f, int E, int rows, int cols, int group, uint32_
     x ^= x >> 17;
     x ^= x << 5;
     w = x;
+    if (f == W4Format::Fp8)  // an E4M3 NaN byte (0x7f / 0xff) becomes 0x7e / 0xfe
+      for (int b = 0; b < 4; ++b)
+        if (((w >> (8 * b)) & 0x7fu) == 0x7fu) w ^= 1u << (8 * b);
   }
   const float s = f == W4Format::Nvfp4 ? 1.f : 1024.f;  // int4: scales live in [2^10, 2^11) after the row shift
   for (auto& h : p.scales) h = __float2half_rn(s);
@@ -92,9 +95,13 @@ void bench_format(const char* name, W4Format f, int group, int planes = 1) {
     auto u = halfs(size_t(T) * H, 3);
     DeviceArray<__half> out(size_t(T) * H, "out");
     MoeW4A16Workspace ws(T, k, E, H, I, planes);
-    const W4Path chosen = moe_w4a16_auto_path(experts, T, k);
+    // FP8 runs the FP32-FMA GEMV and the WMMA GEMM only: its auto choice is marked on those rows.
+    const bool fp8 = f == W4Format::Fp8;
+    W4Path chosen = moe_w4a16_auto_path(experts, T, k);
+    if (fp8) chosen = chosen == W4Path::Gemv ? W4Path::GemvFma : chosen == W4Path::Gemm ? W4Path::GemmWmma : chosen;
     for (W4Path path : {W4Path::Gemv, W4Path::GemvFma, W4Path::Gemm, W4Path::GemmWmma}) {
       if (T >= 1024 && (path == W4Path::Gemv || path == W4Path::GemvFma)) continue;  // 20-110 ms a call
+      if (fp8 && (path == W4Path::Gemv || path == W4Path::Gemm)) continue;  // the same kernels as the next rows
       const int iters = T >= 1024 ? 10 : 50;
       const double ms = time_ms(
           [&] {

@@ -60,14 +60,17 @@ constexpr int w4a16_planes(QuantFormat f, int64_t bits) {
   return f == QuantFormat::CtInt8 || (f == QuantFormat::Gptq && bits == 8) ? 2 : 0;
 }
 
-/// A block's holding (w4a16_planes; start from 1) with one more matrix of format `f` and `bits` folded in: 0 once any
-/// matrix is 0; kW4a16Fp8 while every matrix is FP8 (a block at 1 that takes an FP8 matrix: the start); 0 for FP8
-/// beside planes or a 4-bit matrix after FP8 ones; else the largest. The one rule of ops/cuda/weights_ops.cpp
-/// load_quantized_experts and `flashnext inspect`.
+/// The start of a fold of w4a16_block_planes (a block with no matrix yet).
+inline constexpr int kW4a16BlockStart = -1;
+/// A block's holding (w4a16_planes; start from kW4a16BlockStart) with one more matrix of format `f` and `bits` folded
+/// in: 0 once any matrix is 0; kW4a16Fp8 while every matrix is FP8; 0 for FP8 beside integer matrices (in either
+/// order); else the largest of 1 and 2. The one rule of ops/cuda/weights_ops.cpp load_quantized_experts and
+/// `flashnext inspect`.
 constexpr int w4a16_block_planes(int block, QuantFormat f, int64_t bits) {
   const int p = w4a16_planes(f, bits);
+  if (block == kW4a16BlockStart) return p;
   if (p == 0 || block == 0) return 0;
-  if (p == kW4a16Fp8 || block == kW4a16Fp8) return p == kW4a16Fp8 && (block == 1 || block == kW4a16Fp8) ? p : 0;
+  if ((p == kW4a16Fp8) != (block == kW4a16Fp8)) return 0;
   return p > block ? p : block;
 }
 

@@ -305,7 +305,7 @@ json inspect_model(const std::string& path, const InspectOptions& opt) {
     std::set<std::string> untiled;            // blocks with a group that does not tile its rows (no planes)
     for (const auto& [name, w] : scheme.weights()) {
       if (name.find(".mlp.experts.") == std::string::npos) continue;
-      int& bp = block_planes.try_emplace(block_of(name), 1).first->second;
+      int& bp = block_planes.try_emplace(block_of(name), kW4a16BlockStart).first->second;
       bp = w4a16_block_planes(bp, w.format, w.bits);
       if (w.group > 0 && w.group < w.cols && w.cols % w.group != 0) untiled.insert(block_of(name));
     }

@@ -148,9 +148,14 @@ struct Checkpoint {
                                        // [ceil(N / kFp8BlockRows), G]
 };
 
-// A random E4M3 byte of magnitude about 2 (exponents 2^-3 .. 2^2, one in 16 a subnormal), never a NaN.
+// A random E4M3 byte, never a NaN: one in 16 any of the 254 others (exponents 2^-6 .. 2^8, up to 448), else of
+// magnitude about 2 (exponents 2^-3 .. 2^2, one in 16 of those a subnormal).
 uint8_t random_e4m3(std::mt19937& rng) {
   const uint32_t r = rng();
+  if ((r >> 12) % 16 == 0) {
+    const uint32_t b = (r >> 16) % 254;  // skip 0x7f and 0xff
+    return uint8_t(b < 127 ? b : b + 1);
+  }
   const uint32_t e = (r & 15) == 0 ? 0u : 4u + (r >> 4) % 6u, m = (r >> 8) & 7u, sign = (r >> 11) & 1u;
   return uint8_t((sign << 7) | (e << 3) | m);
 }
@@ -594,6 +599,24 @@ TEST(W4Repack, BadInputIsAnError) {
   fp8.set_rows(0, 0, good);  // and a good one passes
 }
 
+// A tensor-parallel rank's rows of an FP8 block matrix whose inputs end in a partial block (200 = 128 + 72): the
+// slice keeps the partial last group, and columns that stop short of the end must tile the groups.
+TEST(W4Repack, Fp8SliceKeepsAPartialLastBlock) {
+  std::mt19937 rng(21);
+  const Checkpoint c = make_checkpoint(Fmt::Fp8Block, 64, 200, 128, 0.05f, rng);
+  const Fp8Plain all = unpack_fp8_block(c.packed.data(), c.scales.data(), 64, 200, kFp8BlockRows, 128);
+  const Fp8Plain rows = slice_fp8(all, 32, 32, 0, 200, 128);
+  W4Packed packed(W4Format::Fp8, 1, 32, 200, 128, false);
+  packed.set_rows(0, 0, rows);
+  const std::vector<float> want = oracle(c);
+  expect_bits_equal(packed.unpack(0), std::vector<float>(want.begin() + 32 * 200, want.end()), "rows [32, 64)");
+  EXPECT_THROW(slice_fp8(all, 0, 64, 0, 192, 128), Error);  // 192 columns: 1.5 groups, not at the end
+  const Fp8Plain cols = slice_fp8(all, 0, 64, 128, 72, 8);  // the partial block alone, in groups of 8
+  ASSERT_EQ(cols.scales.size(), 64u * 9);
+  for (size_t n = 0; n < 64; ++n)
+    for (size_t j = 0; j < 9; ++j) EXPECT_EQ(cols.scales[n * 9 + j], all.scales[n * 2 + 1]) << n << " " << j;
+}
+
 // Every E4M3 byte but the NaNs through the FP8 layout: unpack gives e4m3 * scale, for a per-row scale of any bits
 // (compressed-tensors) and block scales of any bits (the block format), bit for bit.
 TEST(W4Repack, EveryE4m3WeightIsExact) {
@@ -759,6 +782,13 @@ INSTANTIATE_TEST_SUITE_P(Shapes, W4Moe,
 INSTANTIATE_TEST_SUITE_P(Fp8Shapes, W4Moe,
                          ::testing::Combine(::testing::Values(FmtCase{Fmt::Fp8CtRow, 0}, FmtCase{Fmt::Fp8Block, 128}),
                                             ::testing::ValuesIn(kShapes)),
+                         [](const auto& info) { return moe_case_name(info.param, true); });
+// Blocks of 40 inputs: a scale looked up per word of 4 inputs (not a multiple of 16), several a row.
+INSTANTIATE_TEST_SUITE_P(Fp8Block40Shapes, W4Moe,
+                         ::testing::Combine(::testing::Values(FmtCase{Fmt::Fp8Block, 40}),
+                                            ::testing::Values(MoeCase{1, 1, 1, 200, 160, false},
+                                                              MoeCase{3, 2, 17, 200, 160, true},
+                                                              MoeCase{16, 10, 100, 200, 160, false})),
                          [](const auto& info) { return moe_case_name(info.param, true); });
 INSTANTIATE_TEST_SUITE_P(Fp8TensorShapes, W4Moe,
                          ::testing::Combine(::testing::Values(FmtCase{Fmt::Fp8CtTensor, 0}),

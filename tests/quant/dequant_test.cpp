@@ -512,5 +512,34 @@ TEST(QuantConfig, AwqUnsupportedFieldsAreClearErrors) {
       "quantization_config.modules_to_not_convert must be a list of strings, got \"visual\"");
 }
 
+// How the CUDA backend holds a block of routed experts (core/quant_format.h w4a16_block_planes), folded over its
+// matrices in either order: 4-bit codes, two planes where an 8-bit integer matrix is among them, FP8 bytes only when
+// every matrix is FP8, FP16 (0) for anything else.
+TEST(QuantFormat, ExpertBlockHoldingIsTheSameInEveryOrder) {
+  using F = QuantFormat;
+  struct M {
+    F f;
+    int64_t bits;
+  };
+  const auto fold = [](std::vector<M> ms) {
+    int forward = kW4a16BlockStart, backward = kW4a16BlockStart;
+    for (const M& m : ms) forward = w4a16_block_planes(forward, m.f, m.bits);
+    for (auto it = ms.rbegin(); it != ms.rend(); ++it) backward = w4a16_block_planes(backward, it->f, it->bits);
+    EXPECT_EQ(forward, backward);
+    return forward;
+  };
+  EXPECT_EQ(fold({{F::Nvfp4, 4}, {F::Nvfp4, 4}}), 1);
+  EXPECT_EQ(fold({{F::Gptq, 2}, {F::Gptq, 3}, {F::Gptq, 4}}), 1);
+  EXPECT_EQ(fold({{F::Gptq, 4}, {F::Gptq, 8}}), 2);
+  EXPECT_EQ(fold({{F::CtInt8, 8}, {F::CtInt8, 8}}), 2);
+  EXPECT_EQ(fold({{F::CtFp8, 8}, {F::CtFp8, 8}}), kW4a16Fp8);
+  EXPECT_EQ(fold({{F::Fp8Block, 8}}), kW4a16Fp8);
+  EXPECT_EQ(fold({{F::Nvfp4, 4}, {F::CtFp8, 8}}), 0);
+  EXPECT_EQ(fold({{F::CtInt4, 4}, {F::Fp8Block, 8}}), 0);
+  EXPECT_EQ(fold({{F::CtInt8, 8}, {F::CtFp8, 8}}), 0);
+  EXPECT_EQ(fold({{F::Nvfp4, 4}, {F::None, 16}}), 0);
+  EXPECT_EQ(fold({{F::Gptq, 8}, {F::Gptq, 16}}), 0);
+}
+
 }  // namespace
 }  // namespace flashnext

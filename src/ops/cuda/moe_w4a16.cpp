@@ -149,9 +149,10 @@ Plain slice_plain(const Plain& p, int64_t r0, int64_t rows, int64_t c0, int64_t 
   const int64_t src_group = p.group ? p.group : p.cols, g = group ? group : cols;
   FN_CHECK(r0 >= 0 && rows > 0 && r0 + rows <= p.rows && c0 >= 0 && cols > 0 && c0 + cols <= p.cols,
            "{}: rows [{}, +{}) and columns [{}, +{}) of a [{}, {}] matrix", op, r0, rows, c0, cols, p.rows, p.cols);
-  FN_CHECK(c0 % g == 0 && cols % g == 0 && src_group % g == 0,
+  // A slice that ends where the matrix ends may end in a partial group, as the source's last one.
+  FN_CHECK(c0 % g == 0 && (cols % g == 0 || c0 + cols == p.cols) && src_group % g == 0,
            "{}: groups of {} do not tile columns [{}, +{}) inside source groups of {}", op, g, c0, cols, src_group);
-  const int64_t G = ceil_div(p.cols, src_group), Gs = cols / g;
+  const int64_t G = ceil_div(p.cols, src_group), Gs = ceil_div(cols, g);
   Plain s;
   s.rows = rows;
   s.cols = cols;
@@ -319,7 +320,7 @@ W4Packed::W4Packed(W4Format format_, int experts_, int rows_, int cols_, int gro
 }
 
 void W4Packed::set_rows(int expert, int row0, const Nvfp4Source& src) {
-  FN_CHECK(format == W4Format::Nvfp4, "W4Packed::set_rows: NVFP4 rows given to an int4 matrix");
+  FN_CHECK(format == W4Format::Nvfp4, "W4Packed::set_rows: NVFP4 rows given to a matrix of another format");
   FN_CHECK(expert >= 0 && expert < experts && row0 >= 0 && src.rows > 0 && row0 + src.rows <= rows &&
                src.cols == cols,
            "W4Packed::set_rows: expert {} rows [{}, {}) x {} do not fit {} experts of [{}, {}]", expert, row0,
@@ -354,7 +355,7 @@ void W4Packed::set_rows(int expert, int row0, const Nvfp4Source& src) {
 }
 
 void W4Packed::set_rows(int expert, int row0, const Int4Source& src) {
-  FN_CHECK(format == W4Format::Int4, "W4Packed::set_rows: int4 rows given to an NVFP4 matrix");
+  FN_CHECK(format == W4Format::Int4, "W4Packed::set_rows: int4 rows given to a matrix of another format");
   FN_CHECK(expert >= 0 && expert < experts && row0 >= 0 && src.rows > 0 && row0 + src.rows <= rows &&
                src.cols == cols,
            "W4Packed::set_rows: expert {} rows [{}, {}) x {} do not fit {} experts of [{}, {}]", expert, row0,
@@ -472,10 +473,11 @@ std::vector<float> W4Packed::unpack(int expert) const {
     for (int k = 0; k < cols; ++k) {
       const size_t gi = row * groups + size_t(k / group);
       if (format == W4Format::Fp8) {
-        // e4m3 * (s' * G * 2^-8) = e4m3 * (s_group * s_row): one of the two is a power of two (one group of scale 1,
-        // or no row scale), so the product is the source's scale and e4m3 times it one rounding, as the loader's.
+        // (s' * 2^-8) * G = s_group * s_row, exactly where one of the two is a power of two (unpack_ct_fp8: group
+        // scales 1; unpack_fp8_block: no row scale): the source's scale, and e4m3 times it one rounding, as the
+        // loader's.
         const uint8_t b = uint8_t(codes[row * wpr + size_t(k / 4)] >> (8 * (k % 4)));
-        out[size_t(n) * cols + k] = e4m3(b) * std::ldexp(fscales[gi] * global[row], -8);
+        out[size_t(n) * cols + k] = e4m3(b) * (std::ldexp(fscales[gi], -8) * global[row]);
         continue;
       }
       const uint32_t c = code_at(codes, row * wpr, k);
@@ -522,7 +524,7 @@ W4DeviceMatrix::W4DeviceMatrix(const W4Packed& p)
   view_.wpr = p.wpr;
   view_.groups = p.groups;
   view_.group = p.group;
-  for (int k = 0; 32 << k <= p.group; ++k)
+  for (int k = 0; p.format != W4Format::Fp8 && 32 << k <= p.group; ++k)  // (FP8 looks its groups up by division)
     if (32 << k == p.group) view_.chunk_shift = k;
   view_.nvfp4 = p.format == W4Format::Nvfp4;
   view_.fp8 = p.format == W4Format::Fp8;

@@ -51,8 +51,9 @@
 //   FP8                 FP32-FMA GEMV and WMMA GEMM only (w4_gemv_tensor_cores / w4_gemm_tensor_cores are false):
 //                       GEMV y_n = G_n( sum over words of (sum_4 float(v_k) * float(x_k)) * s'_g ), v = e4m3 * 2^-8
 //                       exact; GEMM w16 = fp16(float(v) * s'_g): exact where the group scales are powers of two
-//                       (compressed-tensors: s' = 2^14, v has 4 significant bits), else one rounding (relative
-//                       error <= 2^-11, the FP8 block format), as int4.
+//                       (compressed-tensors: s' = 2^14, v has 4 significant bits), else rounded (the float32
+//                       product, then FP16: relative error about 2^-11 for |w16| >= 2^-14, the FP8 block format; a
+//                       weight more than about 2^28 below its row's largest falls below FP16's range).
 //   Then, as moe_routed: h = fp16(silu(gate) * up), each slot's output fp16(weight * down(h)), the top_k slots of a
 //   token summed in FP32 in slot order (+ the gated shared expert), rounded to the output type.
 #pragma once
@@ -200,8 +201,9 @@ class W4Packed {
   /// them, a non-finite scale or row scale, or a scale that FP16 cannot hold exactly after the row's power-of-two
   /// shift.
   void set_rows(int expert, int row0, const Int4Source& src);
-  /// The same from an FP8 plain weight (format Fp8; src.group equal to the matrix's). Throws Error for an E4M3 NaN
-  /// code, a non-finite or zero-range scale, or a scale whose power-of-two shift leaves float32's normal range.
+  /// The same from an FP8 plain weight (format Fp8; src.group equal to the matrix's). Throws Error for arrays that do
+  /// not fit the shape, an E4M3 NaN code, a non-finite scale or row scale, or a scale or row scale that does not
+  /// survive the row's power-of-two shift exactly (scales of a row spanning more than float32's range).
   void set_rows(int expert, int row0, const Fp8Plain& src);
 
   /// The exact float32 values of expert `expert`, row-major [rows, cols] (what the checkpoint formulas give).

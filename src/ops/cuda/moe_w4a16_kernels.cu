@@ -800,9 +800,16 @@ __device__ __forceinline__ void w4_gemm_body(const W4Mat& w, const __half* __res
           for (int q = 0; q < 4; ++q) rf[b][4 * j + q] = 0.f;
           if (brow[b] >= 0 && wbase + 4 * j < w.wpr) {  // wpr is a multiple of 4: each uint4 is in the row or not
             rb[b][j] = __ldg(reinterpret_cast<const uint4*>(w.codes + brow[b] * w.wpr + wbase + 4 * j));
+            // The thread's 32 inputs lie in one group where groups are multiples of 32: one scale, else per word.
+            if (w.group % 32 == 0) {
+              const float sf = j == 0 ? w.fscales[brow[b] * w.groups + (wbase * 4) / w.group] : rf[b][0];
 #pragma unroll
-            for (int q = 0; q < 4; ++q)
-              rf[b][4 * j + q] = w.fscales[brow[b] * w.groups + ((wbase + 4 * j + q) * 4) / w.group];
+              for (int q = 0; q < 4; ++q) rf[b][4 * j + q] = sf;
+            } else {
+#pragma unroll
+              for (int q = 0; q < 4; ++q)
+                rf[b][4 * j + q] = w.fscales[brow[b] * w.groups + ((wbase + 4 * j + q) * 4) / w.group];
+            }
           }
         }
       }
@@ -1197,7 +1204,7 @@ cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const __half* u, int64_t ldu,
                                    int top_k, int experts, int inter, __half* h, int32_t* status, bool tensor_cores,
                                    cudaStream_t stream) {
   if (slots == 0) return cudaSuccess;
-  if (tensor_cores) {
+  if (tensor_cores && !w.fp8) {  // (callers ask only where w4_gemv_tensor_cores(w))
     const dim3 grid(slots, (inter + 7) / 8);
     launch((w.nvfp4 ? w4_gemv_mma_gate_up_kernel<true> : w4_gemv_mma_gate_up_kernel<false>), grid, kW4MmaWarps * 32,
            w4_mma_smem(w.cols), stream, w, u, ldu, ids, top_k, experts, inter, h, status);
@@ -1218,7 +1225,7 @@ cudaError_t launch_w4_gemv_down(const W4Mat& w, const __half* h, const int32_t* 
                                 const __half* shared, const float* shared_gate, TO* out, int64_t ldo, bool tensor_cores,
                                 cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  if (tensor_cores) {
+  if (tensor_cores && !w.fp8) {
     const dim3 grid(tokens * top_k, (hidden + 16 * kW4MmaDownTiles - 1) / (16 * kW4MmaDownTiles));
     launch((w.nvfp4 ? w4_gemv_mma_down_kernel<true, TO> : w4_gemv_mma_down_kernel<false, TO>), grid, kW4MmaWarps * 32,
            w4_mma_smem(w.cols), stream, w, h, ids, weights, top_k, experts, hidden, inter, ys, done, shared,
@@ -1257,7 +1264,7 @@ cudaError_t launch_w4_gemm_gate_up(const W4Mat& w, const __half* u, int64_t ldu,
                                    const int32_t* tile_row, const int32_t* num_tiles, int max_tiles, __half* h,
                                    bool tensor_cores, cudaStream_t stream) {
   if (max_tiles == 0) return cudaSuccess;
-  if (tensor_cores) {
+  if (tensor_cores && !w.fp8) {  // (callers ask only where w4_gemm_tensor_cores(w))
     launch_w4_gemm_mma<true>(w, inter, max_tiles, stream, w, u, ldu, top_k, inter, offsets, sorted_slots,
                              static_cast<const float*>(nullptr), tile_expert, tile_row, num_tiles, h);
     return cudaGetLastError();
@@ -1276,7 +1283,7 @@ cudaError_t launch_w4_gemm_down(const W4Mat& w, const __half* h, int hidden, int
                                 const int32_t* tile_row, const int32_t* num_tiles, int max_tiles, __half* ys,
                                 bool tensor_cores, cudaStream_t stream) {
   if (max_tiles == 0) return cudaSuccess;
-  if (tensor_cores) {
+  if (tensor_cores && !w.fp8) {  // (callers ask only where w4_gemm_tensor_cores(w))
     launch_w4_gemm_mma<false>(w, hidden, max_tiles, stream, w, h, int64_t(inter), 1, hidden, offsets, sorted_slots,
                               weights, tile_expert, tile_row, num_tiles, ys);
     return cudaGetLastError();

@@ -85,9 +85,10 @@ cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const __half* u, int64_t ldu,
                                    int top_k, int experts, int inter, __half* h, int32_t* status, bool tensor_cores,
                                    cudaStream_t stream);
 /// GEMV path, down and combine in one kernel: ys[s, n] = fp16(weights[s] * down_{ids[s]}(h[s])); the last block of
-/// each (token, row block) to finish (counted in done [tokens, w4_gemv_down_row_blocks(H, I)], zero before and
-/// after) writes out[t, n] = the FP32 sum of the token's valid slots in slot order (+ sigmoid(shared_gate[t]) *
-/// shared[t, n]), as launch_moe_combine. TO: __half or float. tensor_cores as in launch_w4_gemv_gate_up.
+/// each (token, row block) to finish (counted in done [tokens, w4_gemv_down_row_blocks(H, w4_code_cols(w))], zero
+/// before and after) writes out[t, n] = the FP32 sum of the token's valid slots in slot order (+
+/// sigmoid(shared_gate[t])
+/// * shared[t, n]), as launch_moe_combine. TO: __half or float. tensor_cores as in launch_w4_gemv_gate_up.
 template <class TO>
 cudaError_t launch_w4_gemv_down(const W4Mat& w, const __half* h, const int32_t* ids, const float* weights, int tokens,
                                 int top_k, int experts, int hidden, int inter, __half* ys, int32_t* done,

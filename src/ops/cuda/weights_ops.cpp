@@ -196,7 +196,7 @@ RoutedExperts CudaOps::load_quantized_experts(const QuantExperts& q) {
   // GPTQ of 2, 3 and 4 bits alike is held as 4-bit codes (exact), a block with 8-bit integer matrices as two 4-bit
   // planes, one of FP8 matrices as FP8 bytes, any other the dequantized FP16 path as a whole (core/quant_format.h
   // w4a16_planes).
-  int planes = 1;
+  int planes = kW4a16BlockStart;
   for (const auto* list : {&q.gate, &q.up, &q.down})
     for (const QuantMatrix& m : *list) planes = w4a16_block_planes(planes, m.format, m.bits);
   const bool int4 =

@@ -220,7 +220,7 @@ std::pair<double, double> expert_error(Ops& cpu, const MoeWeights& wc, Ops& gpu,
 /// How the CUDA backend holds these experts (core/quant_format.h w4a16_planes over every matrix): 0 FP16, 1 W4A16
 /// codes, 2 two 4-bit planes (8-bit integers), kW4a16Fp8 FP8 bytes.
 int held_planes(const QuantExperts& qe) {
-  int planes = 1;
+  int planes = kW4a16BlockStart;
   for (const auto* list : {&qe.gate, &qe.up, &qe.down})
     for (const QuantMatrix& m : *list) planes = w4a16_block_planes(planes, m.format, m.bits);
   return planes;
