@@ -44,6 +44,22 @@ uint32_t code_at(const std::vector<uint32_t>& codes, size_t row_base, int k) {
   return (codes[row_base + size_t(k / 8)] >> (4 * kNibble[k % 8])) & 0xfu;
 }
 
+// The power of two p of a row's G group scales s (set_rows): the largest |s| * 2^-p in [2^top, 2^(top+1)) (p = 0 when
+// every scale is 0); *largest receives that |s|. Throws Error for a non-finite scale, naming the format `what`.
+int row_shift(const float* s, int64_t G, int top, const char* what, int expert, int64_t row, float* largest) {
+  float mx = 0.f;
+  for (int64_t g = 0; g < G; ++g) {
+    FN_CHECK(std::isfinite(s[g]), "W4Packed::set_rows: {} scale {} at expert {} row {} group {}", what, s[g], expert,
+             row, g);
+    mx = std::max(mx, std::fabs(s[g]));
+  }
+  *largest = mx;
+  if (mx == 0.f) return 0;
+  int ex = 0;
+  std::frexp(mx, &ex);  // mx in [2^(ex-1), 2^ex)
+  return ex - 1 - top;
+}
+
 }  // namespace
 
 namespace {
@@ -377,17 +393,7 @@ void W4Packed::set_rows(int expert, int row0, const Int4Source& src) {
     }
     const float* s = src.scales + r * G;
     float mx = 0.f;
-    for (int64_t g = 0; g < G; ++g) {
-      FN_CHECK(std::isfinite(s[g]), "W4Packed::set_rows: int4 scale {} at expert {} row {} group {}", s[g], expert,
-               row0 + r, g);
-      mx = std::max(mx, std::fabs(s[g]));
-    }
-    int p = 0;
-    if (mx > 0.f) {
-      int ex = 0;
-      std::frexp(mx, &ex);  // mx in [2^(ex-1), 2^ex)
-      p = ex - 1 - 10;      // max |s| * 2^-p in [2^10, 2^11)
-    }
+    const int p = row_shift(s, G, 10, "int4", expert, row0 + r, &mx);
     for (int64_t g = 0; g < G; ++g) {
       const float v = std::ldexp(s[g], -p);
       const __half h = __float2half_rn(v);
@@ -436,17 +442,7 @@ void W4Packed::set_rows(int expert, int row0, const Fp8Plain& src) {
     }
     const float* s = src.scales.data() + r * G;
     float mx = 0.f;
-    for (int64_t g = 0; g < G; ++g) {
-      FN_CHECK(std::isfinite(s[g]), "W4Packed::set_rows: FP8 scale {} at expert {} row {} group {}", s[g], expert,
-               row0 + r, g);
-      mx = std::max(mx, std::fabs(s[g]));
-    }
-    int p = 0;
-    if (mx > 0.f) {
-      int ex = 0;
-      std::frexp(mx, &ex);  // mx in [2^(ex-1), 2^ex)
-      p = ex - 1 - 14;      // max |s| * 2^-p in [2^14, 2^15)
-    }
+    const int p = row_shift(s, G, 14, "FP8", expert, row0 + r, &mx);
     for (int64_t g = 0; g < G; ++g) {
       const float v = std::ldexp(s[g], -p);
       FN_CHECK(std::ldexp(v, p) == s[g],
