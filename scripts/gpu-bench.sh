@@ -16,6 +16,9 @@
 #      OPS_PERF=1 adds the per-op table (bench_ops, both precisions); W4_BENCH=1 the W4A16 expert kernels alone
 #      (bench_moe_w4a16; W4_FILTER: a format name, e.g. nvfp4);
 #      OPS_FILTER (a regex of case names) and OPS_PRECISIONS (default "fp16x2 fp16") narrow that table;
+#      E2E_FILTER: a gtest filter that narrows test_cuda_e2e (e.g. '*QuantGpu*'; with it the NCCL pass is not run);
+#      TEST_OPS=0 leaves out the op-case registry runs (test_ops), for a call that checks only the W4A16 kernels and
+#      the end-to-end tests (e.g. E2E_FILTER='*QuantGpu*' TEST_OPS=0);
 #      FULL=0 skips the released-geometry bench; PTX70=1 (also with --prepare) runs the tests again from binaries
 #      whose device code is compute_70 PTX only (scripts/nvcc-ptx70.py), JIT-compiled by the driver as for a V100;
 #      MEDIUM=1 adds the medium fixture's tests (made with tools/make_fixtures.py into FIXTURE_DIR, default /tmp/fx);
@@ -142,10 +145,11 @@ run_tests() {
     fi
   done
   echo "gpu-bench: [$label] test_cuda_e2e on the tiny fixtures" | tee -a "$S"
-  timeout 300 "$bin/test_cuda_e2e" --gtest_color=no --gtest_filter="-*Medium*:*MultiGpu*$absent" >"$OUT/$label-e2e.log" 2>&1 ||
+  timeout 300 "$bin/test_cuda_e2e" --gtest_color=no --gtest_filter="${E2E_FILTER:-*}-*Medium*:*MultiGpu*$absent" \
+    >"$OUT/$label-e2e.log" 2>&1 ||
     status=1
   grep -E "^\[  (PASSED|FAILED) |tests ran" "$OUT/$label-e2e.log" | tee -a "$S"
-  if [ "$label" = sm90 ] && [ "${E2E_NCCL:-1}" != 0 ]; then
+  if [ "$label" = sm90 ] && [ "${E2E_NCCL:-1}" != 0 ] && [ -z "${E2E_FILTER:-}" ]; then
     # Every end-to-end test again through the tensor-parallel code path as a group of one over NCCL
     # (tests/cuda/e2e/gpu_model_options.h); then TP over NCCL across GPUs where the machine has several.
     echo "gpu-bench: [$label] test_cuda_e2e through a TP group of one over NCCL (FLASHNEXT_TEST_TP1_NCCL=1)" | tee -a "$S"
@@ -166,7 +170,12 @@ run_tests() {
     fi
     run_nodes "$bin" "$label" "$gpus"
   fi
-  for prec in fp16x2 fp16; do
+  local precs="fp16x2 fp16" qsas="tile_union per_query"
+  if [ "${TEST_OPS:-1}" = 0 ]; then
+    precs="" qsas=""
+    echo "gpu-bench: [$label] test_ops NOT run (TEST_OPS=0)" | tee -a "$S"
+  fi
+  for prec in $precs; do
     echo "gpu-bench: [$label] test_ops (op-case registry vs the CPU oracle), FLASHNEXT_TEST_PRECISION=$prec" | tee -a "$S"
     # (KernelSource reads src/, which scripts/gpu-slim.sh leaves behind: it runs in the CPU test suite.)
     FLASHNEXT_TEST_BACKEND=cuda FLASHNEXT_TEST_PRECISION=$prec timeout 300 "$bin/test_ops" --gtest_color=no \
@@ -175,17 +184,19 @@ run_tests() {
   done
   # The QSA attention cases through each kernel (Auto takes the tile-union kernel only for steps of a full wave of
   # blocks, which the small cases are not).
-  for qsa in tile_union per_query; do
+  for qsa in $qsas; do
     echo "gpu-bench: [$label] test_ops QSA attention cases, FLASHNEXT_CUDA_QSA=$qsa" | tee -a "$S"
     FLASHNEXT_TEST_BACKEND=cuda FLASHNEXT_CUDA_QSA=$qsa timeout 120 "$bin/test_ops" --gtest_color=no \
       --gtest_filter='*sparseattention*' >"$OUT/$label-ops-qsa-$qsa.log" 2>&1 || status=1
     grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$OUT/$label-ops-qsa-$qsa.log" | head -20 | tee -a "$S"
   done
   # The gated delta rule cases through the float32 FMA chunk kernels too (Auto takes the tensor-core ones).
-  echo "gpu-bench: [$label] test_ops gated delta rule cases, FLASHNEXT_CUDA_GDN_CHUNK=cuda_cores" | tee -a "$S"
-  FLASHNEXT_TEST_BACKEND=cuda FLASHNEXT_CUDA_GDN_CHUNK=cuda_cores timeout 120 "$bin/test_ops" --gtest_color=no \
-    --gtest_filter='*gdnrulebatch*' >"$OUT/$label-ops-gdn-cuda_cores.log" 2>&1 || status=1
-  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$OUT/$label-ops-gdn-cuda_cores.log" | head -20 | tee -a "$S"
+  if [ "${TEST_OPS:-1}" != 0 ]; then
+    echo "gpu-bench: [$label] test_ops gated delta rule cases, FLASHNEXT_CUDA_GDN_CHUNK=cuda_cores" | tee -a "$S"
+    FLASHNEXT_TEST_BACKEND=cuda FLASHNEXT_CUDA_GDN_CHUNK=cuda_cores timeout 120 "$bin/test_ops" --gtest_color=no \
+      --gtest_filter='*gdnrulebatch*' >"$OUT/$label-ops-gdn-cuda_cores.log" 2>&1 || status=1
+    grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$OUT/$label-ops-gdn-cuda_cores.log" | head -20 | tee -a "$S"
+  fi
   echo "gpu-bench: [$label] test_cuda (W4A16 kernels)" | tee -a "$S"
   timeout 300 "$bin/test_cuda" --gtest_color=no >"$OUT/$label-test_cuda.log" 2>&1 || status=1
   grep -E "^\[  (PASSED|FAILED) |tests ran" "$OUT/$label-test_cuda.log" | tee -a "$S"
