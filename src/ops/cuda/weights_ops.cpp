@@ -205,7 +205,8 @@ RoutedExperts CudaOps::load_quantized_experts(const QuantExperts& q) {
   int64_t g_gu = nvfp4 ? 16 : fp8 ? fp8_group(q.gate[0], H) : q.gate[0].group;
   // down's inputs are the intermediate: a rank's slice [b, b + I) of it keeps whole scale groups, int4 (int8, FP8)
   // groups split into equal smaller ones (each with its source group's scale and zero point: exact) where they must.
-  int64_t g_dn = nvfp4 ? 16 : fp8 ? fp8_group(q.down[0], F) : q.down[0].group;
+  const int64_t down_group = fp8 ? fp8_group(q.down[0], F) : q.down[0].group;  // the checkpoint's (0: all of F)
+  int64_t g_dn = nvfp4 ? 16 : down_group;
   if (q.sliced() && (int4 || int8 || fp8)) g_dn = std::gcd(std::gcd(g_dn ? g_dn : F, b), I);
   if (int8) {
     // Two planes side by side: a group never spans both, so the groups must tile a row (a group of a row or more
@@ -218,6 +219,7 @@ RoutedExperts CudaOps::load_quantized_experts(const QuantExperts& q) {
     return Ops::load_quantized_experts(q);
   }
   if (q.sliced()) {
+    const char* kind_name = int8 ? "8-bit" : fp8 ? "FP8" : "int4";
     FN_CHECK(!nvfp4 || (b % 16 == 0 && I % 16 == 0),
              "load_quantized_experts: {}: this tensor-parallel rank's slice [{}, {}) of the {}-wide intermediate cuts "
              "the NVFP4 scale blocks of 16 inputs of down_proj; use a degree whose slices are multiples of 16",
@@ -226,14 +228,7 @@ RoutedExperts CudaOps::load_quantized_experts(const QuantExperts& q) {
              "load_quantized_experts: {}: this tensor-parallel rank's slice [{}, {}) of the {}-wide intermediate cuts "
              "the {} groups of {} inputs of down_proj into pieces of {} (the W4A16 kernels need multiples of 8); use "
              "a degree whose slices are multiples of 8 that tile the groups",
-             q.name, b, b + I, F,
-             int8  ? "8-bit"
-             : fp8 ? "FP8"
-                   : "int4",
-             fp8               ? (fp8_group(q.down[0], F) ? fp8_group(q.down[0], F) : F)
-             : q.down[0].group ? q.down[0].group
-                               : F,
-             g_dn);
+             q.name, b, b + I, F, kind_name, down_group ? down_group : F, g_dn);
   }
   if (g_dn % 8 != 0) return Ops::load_quantized_experts(q);
   use_device();
