@@ -366,7 +366,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, QuantGpu, ::testing::ValuesIn(kFormats), [](co
 
 // inspect's W4A16 byte count (loader/quant.h, no CUDA dependency) equals the repacking's own, over the released
 // expert geometry (H 2560, I 640, also TP-sliced 160) and the fixtures' shapes, NVFP4 and int4 with and without zero
-// points, groups 16 / 32 / 128 / whole row.
+// points, groups 16 / 32 / 128 / whole row; FP8 bytes (w8a16_fp8_packed_bytes) alike.
 TEST(QuantGpuPlan, InspectW4BytesEqualRepacking) {
   struct Case {
     cuda::W4Format f;
@@ -381,6 +381,14 @@ TEST(QuantGpuPlan, InspectW4BytesEqualRepacking) {
     const cuda::W4Packed p(c.f, 1, c.rows, c.cols, c.group, c.zeros);
     EXPECT_EQ(w4a16_packed_bytes(c.rows, c.cols, c.group, c.zeros), int64_t(p.expert_bytes()))
         << c.rows << "x" << c.cols << " group " << c.group;
+  }
+  // FP8 bytes: blocks of 128 inputs (the FP8 block format, a partial last block at 200), one group a row.
+  for (const Case& c : {Case{cuda::W4Format::Fp8, 1280, 2560, 128, false},
+                        Case{cuda::W4Format::Fp8, 2560, 640, 0, false}, Case{cuda::W4Format::Fp8, 2560, 160, 32, false},
+                        Case{cuda::W4Format::Fp8, 64, 200, 128, false}, Case{cuda::W4Format::Fp8, 64, 32, 0, false}}) {
+    const cuda::W4Packed p(c.f, 1, c.rows, c.cols, c.group, false);
+    EXPECT_EQ(w8a16_fp8_packed_bytes(c.rows, c.cols, c.group), int64_t(p.expert_bytes()))
+        << "FP8 " << c.rows << "x" << c.cols << " group " << c.group;
   }
 }
 
