@@ -60,6 +60,12 @@ constexpr int w4a16_planes(QuantFormat f, int64_t bits) {
   return f == QuantFormat::CtInt8 || (f == QuantFormat::Gptq && bits == 8) ? 2 : 0;
 }
 
+/// Inputs per scale of an FP8 matrix of `cols` inputs held as FP8 bytes (kW4a16Fp8): the FP8 block format's
+/// `block_cols` where a row holds several blocks, else 0 (one group a row; compressed-tensors' channel or tensor scale
+/// is a row scale). The one rule of ops/cuda/weights_ops.cpp, `flashnext inspect` and the GPU tests.
+constexpr int64_t w8a16_fp8_group(QuantFormat f, int64_t block_cols, int64_t cols) {
+  return f == QuantFormat::Fp8Block && block_cols < cols ? block_cols : 0;
+}
 /// The start of a fold of w4a16_block_planes (a block with no matrix yet).
 inline constexpr int kW4a16BlockStart = -1;
 /// A block's holding (w4a16_planes; start from kW4a16BlockStart) with one more matrix of format `f` and `bits` folded

@@ -297,10 +297,7 @@ json inspect_model(const std::string& path, const InspectOptions& opt) {
     // of a format they hold, as 4-bit codes, for a block with 8-bit integer matrices as two 4-bit planes, for one of
     // FP8 matrices as FP8 bytes (core/quant_format.h w4a16_planes; ops/cuda/weights_ops.cpp load_quantized_experts).
     auto block_of = [](const std::string& name) { return name.substr(0, name.find(".experts.")); };
-    // An FP8 matrix's inputs per scale in the CUDA layout (ops/cuda/weights_ops.cpp fp8_group): 0 for one a row.
-    auto fp8_group = [](const QuantizedWeight& w) {
-      return w.format == QuantFormat::Fp8Block && w.block_cols < w.cols ? w.block_cols : int64_t(0);
-    };
+    auto fp8_group = [](const QuantizedWeight& w) { return w8a16_fp8_group(w.format, w.block_cols, w.cols); };
     std::map<std::string, int> block_planes;  // 0: FP16, 1: 4-bit codes, 2: two planes, 3 (kW4a16Fp8): FP8 bytes
     std::set<std::string> untiled;            // blocks with a group that does not tile its rows (no planes)
     for (const auto& [name, w] : scheme.weights()) {

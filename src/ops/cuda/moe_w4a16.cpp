@@ -231,7 +231,7 @@ Fp8Plain unpack_fp8_block(const uint8_t* weight, const float* scales, int64_t ro
   Fp8Plain p;
   p.rows = rows;
   p.cols = cols;
-  p.group = block_cols < cols ? block_cols : 0;
+  p.group = w8a16_fp8_group(QuantFormat::Fp8Block, block_cols, cols);
   p.q.assign(weight, weight + rows * cols);
   const int64_t G = ceil_div(cols, block_cols);
   p.scales.resize(size_t(rows * G));

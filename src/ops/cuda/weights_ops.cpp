@@ -100,12 +100,6 @@ Fp8Plain fp8_plain(const QuantMatrix& m, QuantFormat kind) {
   return unpack_ct_fp8(q, scales.data(), scales.size() != 1, m.rows, m.cols);
 }
 
-/// Inputs per scale of an FP8 matrix of `cols` inputs in the W4A16 layout: the FP8 block format's block_cols where a
-/// row holds several blocks, else 0 (one group: compressed-tensors' channel or tensor scale is a row scale).
-int64_t fp8_group(const QuantMatrix& m, int64_t cols) {
-  return m.format == QuantFormat::Fp8Block && m.block_cols < cols ? m.block_cols : 0;
-}
-
 }  // namespace
 
 Tensor CudaOps::load_weight(const void* host, DType dtype, const Shape& shape) {
@@ -202,10 +196,11 @@ RoutedExperts CudaOps::load_quantized_experts(const QuantExperts& q) {
   const bool int4 =
       planes == 1 && (kind == QuantFormat::CtInt4 || kind == QuantFormat::Awq || kind == QuantFormat::Gptq);
   const bool int8 = planes == 2, fp8 = planes == kW4a16Fp8;
-  int64_t g_gu = nvfp4 ? 16 : fp8 ? fp8_group(q.gate[0], H) : q.gate[0].group;
+  int64_t g_gu = nvfp4 ? 16 : fp8 ? w8a16_fp8_group(q.gate[0].format, q.gate[0].block_cols, H) : q.gate[0].group;
   // down's inputs are the intermediate: a rank's slice [b, b + I) of it keeps whole scale groups, int4 (int8, FP8)
   // groups split into equal smaller ones (each with its source group's scale and zero point: exact) where they must.
-  const int64_t down_group = fp8 ? fp8_group(q.down[0], F) : q.down[0].group;  // the checkpoint's (0: all of F)
+  const int64_t down_group = fp8 ? w8a16_fp8_group(q.down[0].format, q.down[0].block_cols, F)
+                                 : q.down[0].group;  // the checkpoint's (0: all of F)
   int64_t g_dn = nvfp4 ? 16 : down_group;
   if (q.sliced() && (int4 || int8 || fp8)) g_dn = std::gcd(std::gcd(g_dn ? g_dn : F, b), I);
   if (int8) {

@@ -257,10 +257,10 @@ void routed_experts_match_cpu_oracle(const std::string& fmt, int layer) {
     for (const auto& list : {qe->gate, qe->up, qe->down}) {
       for (const QuantMatrix& q : list) {
         const bool nv = q.format == QuantFormat::Nvfp4 || q.format == QuantFormat::CtNvfp4;
-        const int64_t fp8_group = q.format == QuantFormat::Fp8Block && q.block_cols < q.cols ? q.block_cols : 0;
-        planned += planes == kW4a16Fp8 ? w8a16_fp8_packed_bytes(q.rows, q.cols, fp8_group)
-                   : planes == 2       ? w4a16_planes_packed_bytes(q.rows, q.cols, q.group)
-                                       : w4a16_packed_bytes(q.rows, q.cols, nv ? 16 : q.group, q.zero_point.defined());
+        planned += planes == kW4a16Fp8
+                       ? w8a16_fp8_packed_bytes(q.rows, q.cols, w8a16_fp8_group(q.format, q.block_cols, q.cols))
+                   : planes == 2 ? w4a16_planes_packed_bytes(q.rows, q.cols, q.group)
+                                 : w4a16_packed_bytes(q.rows, q.cols, nv ? 16 : q.group, q.zero_point.defined());
       }
     }
     EXPECT_EQ(wg.packed->device_bytes(), planned) << fmt << " layer " << layer;
