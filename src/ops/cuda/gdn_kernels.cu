@@ -663,18 +663,34 @@ __device__ __forceinline__ void acc_to_a_f16x2(const float (&t0)[4], const float
   }
 }
 
-// acc[n0], acc[n0 + 1] += (A_hi + A_lo) (B_hi + B_lo) less lo·lo, B the two n8 tiles in bh / bl (ldmatrix x4:
-// b0, b1 of tile n0, then of n0 + 1).
-__device__ __forceinline__ void mma_pair_f16x2(float (&acc0)[4], float (&acc1)[4], const uint32_t (&ah)[4],
-                                               const uint32_t (&al)[4], const uint32_t (&bh)[4],
-                                               const uint32_t (&bl)[4]) {
-  mma_m16n8k16(acc0, ah[0], ah[1], ah[2], ah[3], bh[0], bh[1]);
-  mma_m16n8k16(acc0, ah[0], ah[1], ah[2], ah[3], bl[0], bl[1]);
-  mma_m16n8k16(acc0, al[0], al[1], al[2], al[3], bh[0], bh[1]);
-  mma_m16n8k16(acc1, ah[0], ah[1], ah[2], ah[3], bh[2], bh[3]);
-  mma_m16n8k16(acc1, ah[0], ah[1], ah[2], ah[3], bl[2], bl[3]);
-  mma_m16n8k16(acc1, al[0], al[1], al[2], al[3], bh[2], bh[3]);
+// acc[2 p], acc[2 p + 1] += (A_hi + A_lo) (B_p,hi + B_p,lo) less lo·lo for the B pairs p0 <= p < N of one A (pair
+// p: ldmatrix x4 of tile 2 p's b0, b1, then of tile 2 p + 1's). Each accumulator gets its three products in the order
+// hi·hi, hi·lo, lo·hi, issued term by term over the pairs, so that 2 (N - p0) independent accumulations are in flight
+// rather than one chain of three.
+template <int N>
+__device__ __forceinline__ void mma_pairs_f16x2(float (*acc)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                                const uint32_t (&bh)[N][4], const uint32_t (&bl)[N][4], int p0 = 0) {
+#pragma unroll
+  for (int term = 0; term < 3; ++term)
+#pragma unroll
+    for (int p = 0; p < N; ++p) {
+      if (p < p0) continue;
+      const uint32_t(&a)[4] = term == 2 ? al : ah;
+      const uint32_t(&b)[4] = term == 1 ? bl[p] : bh[p];
+      mma_m16n8k16(acc[2 * p], a[0], a[1], a[2], a[3], b[0], b[1]);
+      mma_m16n8k16(acc[2 * p + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
+    }
 }
+
+// Compile-time flag of the walk's product loops: true for a whole chunk (L = C) at dk = kGdnMaxDk. Then no tile is
+// past the bounds, the shared pitches are constants (LDSM addresses one register plus immediates), and a k-step's
+// B fragments are loaded at once and its products issued without branches, over up to 8 accumulators; otherwise
+// the loops test the bounds a pair of tiles at a time.
+template <bool B>
+struct WalkFull {
+  static constexpr bool value = B;
+};
+constexpr int kWalkPk = kGdnMaxDk + 8;  // the pitch of W, Qg and Kl at dk = kGdnMaxDk
 
 // Block = (sequence, head of the pass, kWalkCols value columns); warp w the columns 16 w .. 16 w + 15 of them, lane
 // (g, t) = (lane / 4, lane % 4) the accumulator rows ca = g and cb = g + 8. Walks the sequence's chunks in order: the
@@ -763,27 +779,39 @@ __global__ void __launch_bounds__(kWalkThreads)
       for (int e = 0; e < 4; ++e) mx = fmaxf(mx, fabsf(s[n][e]));
     float sig, isig;
     pow2_scale(warp_max(mx), 126, &sig, &isig);
-    // acc[j] += (S^T sigma) B^T for the staged rows B [C][pk] (W or Qg): k-steps over the key dims.
-    auto s_times = [&](const __half* Bs, float(&acc)[8][4]) {
+    const bool full = L == C && nt == kWalkTiles;  // WalkFull
+    const int nj = (L + 15) / 16;                  // pairs of n8 tiles of chunk rows up to L (the rows past are zero)
+    // acc[j] += (S^T sigma) B^T for the staged rows B [C][pk] of W (which 0) or Qg (1): k-steps over the key dims.
+    auto s_times = [&](int which, float(&acc)[8][4], auto full_tag) {
+      constexpr bool F = decltype(full_tag)::value;
+      constexpr int G = F ? 4 : 1;  // pairs of tiles per batch
+      const int pkk = F ? kWalkPk : pk;
+      const __half* Bs = Ws + which * 2 * C * pkk;
 #pragma unroll
       for (int k = 0; k < kWalkTiles / 2; ++k) {
-        if (2 * k >= nt) break;
+        if (!F && 2 * k >= nt) break;
         uint32_t ah[4], al[4];
         acc_to_a_f16x2(s[2 * k], s[2 * k + 1], sig, ah, al);
 #pragma unroll
-        for (int jp = 0; jp < 4; ++jp) {
-          if (16 * jp >= L) break;  // the rows past L are zero
-          const int off = (16 * jp + 8 * (bm >> 1) + (lane & 7)) * pk + 16 * k + 8 * (bm & 1);
-          uint32_t bh[4], bl[4];
-          ldmatrix_x4(bh, Bs + off);
-          ldmatrix_x4(bl, Bs + C * pk + off);
-          mma_pair_f16x2(acc[2 * jp], acc[2 * jp + 1], ah, al, bh, bl);
+        for (int j0 = 0; j0 < 4; j0 += G) {
+          if (!F && j0 >= nj) break;
+          uint32_t bh[G][4], bl[G][4];
+#pragma unroll
+          for (int p = 0; p < G; ++p) {
+            const int off = (16 * (j0 + p) + 8 * (bm >> 1) + (lane & 7)) * pkk + 16 * k + 8 * (bm & 1);
+            ldmatrix_x4(bh[p], Bs + off);
+            ldmatrix_x4(bl[p], Bs + C * pkk + off);
+          }
+          mma_pairs_f16x2<G>(acc + 2 * j0, ah, al, bh, bl);
         }
       }
     };
     cp_async_wait<1>();
     __syncthreads();  // W, Qg and U^T of this chunk are in
-    s_times(Ws, pv);
+    if (full)
+      s_times(0, pv, WalkFull<true>{});
+    else
+      s_times(0, pv, WalkFull<false>{});
     const int ua = (16 * warp + g) * kWalkUPitch, ub = ua + 8 * kWalkUPitch;
     const float iw = isig * (1.f / kSplitKwScale);
     mx = 0.f;
@@ -803,7 +831,10 @@ __global__ void __launch_bounds__(kWalkThreads)
     uint32_t vh[4][4], vl[4][4];  // A fragments of v_new^T sv, k-steps over the chunk rows
 #pragma unroll
     for (int k = 0; k < 4; ++k) acc_to_a_f16x2(pv[2 * k], pv[2 * k + 1], sv, vh[k], vl[k]);
-    s_times(Qs, po);
+    if (full)
+      s_times(1, po, WalkFull<true>{});
+    else
+      s_times(1, po, WalkFull<false>{});
     __syncthreads();  // every warp is done with W, Qg and U^T
     if (more)
       stage_wq(ci + 1);
@@ -811,49 +842,46 @@ __global__ void __launch_bounds__(kWalkThreads)
       cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();  // Kl and M of this chunk are in
-    // S^T sv kSplitKwScale = e^{G_{L-1}} S^T sv kSplitKwScale + (v_new^T sv) (Kl kSplitKwScale); B from Kl's rows
-    // transposed (k = chunk row, n = key dim).
-    const float es = el * sv * kSplitKwScale;
-#pragma unroll
-    for (int n = 0; n < kWalkTiles; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] *= es;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      if (16 * k >= L) break;  // v_new's rows past L are zero
-#pragma unroll
-      for (int np = 0; np < kWalkTiles / 2; ++np) {
-        if (2 * np >= nt) break;
-        const int off = (16 * k + 8 * (bm & 1) + (lane & 7)) * pk + 16 * np + 8 * (bm >> 1);
-        uint32_t bh[4], bl[4];
-        ldmatrix_x4<true>(bh, Ks + off);
-        ldmatrix_x4<true>(bl, Ks + C * pk + off);
-        mma_pair_f16x2(s[2 * np], s[2 * np + 1], vh[k], vl[k], bh, bl);
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < kWalkTiles; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] *= isv * (1.f / kSplitKwScale);
     // o^T sv kSplitMScale = (S^T Qg^T) sv kSplitMScale + (v_new^T sv) (M^T kSplitMScale); B from M's rows.
     const float om = isig * (1.f / kSplitQgScale) * sv * kSplitMScale;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) po[j][e] *= om;
+    // k-steps over the chunk rows c (16 k ..), each over the pairs of output rows r (16 jp ..) from jp = k: the
+    // tiles with every c > r (jp < k) are zero, M being lower triangular.
+    auto m_update = [&](auto full_tag) {
+      constexpr bool F = decltype(full_tag)::value;
+      const __half* Mb = Ws + 6 * C * (F ? kWalkPk : pk);  // Ms
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      if (16 * k >= L) break;
+      for (int k = 0; k < 4; ++k) {
+        if (!F && k >= nj) break;
+        if constexpr (F) {
+          uint32_t bh[4][4], bl[4][4];
 #pragma unroll
-      for (int jp = 0; jp < 4; ++jp) {
-        if (16 * jp >= L) break;  // output rows past L are not written
-        const int off = (16 * jp + 8 * (bm >> 1) + (lane & 7)) * pm + 16 * k + 8 * (bm & 1);
-        uint32_t bh[4], bl[4];
-        ldmatrix_x4(bh, Ms + off);
-        ldmatrix_x4(bl, Ms + C * pm + off);
-        mma_pair_f16x2(po[2 * jp], po[2 * jp + 1], vh[k], vl[k], bh, bl);
+          for (int jp = k; jp < 4; ++jp) {
+            const int off = (16 * jp + 8 * (bm >> 1) + (lane & 7)) * pm + 16 * k + 8 * (bm & 1);
+            ldmatrix_x4(bh[jp], Mb + off);
+            ldmatrix_x4(bl[jp], Mb + C * pm + off);
+          }
+          mma_pairs_f16x2<4>(po, vh[k], vl[k], bh, bl, k);
+        } else {
+#pragma unroll
+          for (int jp = k; jp < 4; ++jp) {
+            if (jp >= nj) break;  // output rows past L are not written
+            const int off = (16 * jp + 8 * (bm >> 1) + (lane & 7)) * pm + 16 * k + 8 * (bm & 1);
+            uint32_t bh[1][4], bl[1][4];
+            ldmatrix_x4(bh[0], Mb + off);
+            ldmatrix_x4(bl[0], Mb + C * pm + off);
+            mma_pairs_f16x2<1>(po + 2 * jp, vh[k], vl[k], bh, bl);
+          }
+        }
       }
-    }
+    };
+    if (full)
+      m_update(WalkFull<true>{});
+    else
+      m_update(WalkFull<false>{});
     float* orow = out + int64_t(c0) * ld_out + int64_t(head) * d.dv;
     const float io = isv * (1.f / kSplitMScale);
 #pragma unroll
@@ -868,6 +896,44 @@ __global__ void __launch_bounds__(kWalkThreads)
         if (vb) orow[int64_t(r + 1) * ld_out + cb] = po[j][3] * io;
       }
     }
+    // S^T sv kSplitKwScale = e^{G_{L-1}} S^T sv kSplitKwScale + (v_new^T sv) (Kl kSplitKwScale); B from Kl's rows
+    // transposed (k = chunk row, n = key dim).
+    const float es = el * sv * kSplitKwScale;
+#pragma unroll
+    for (int n = 0; n < kWalkTiles; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] *= es;
+    // k-steps over the chunk rows, each over the pairs of key-dim tiles (four at a time).
+    auto kl_update = [&](auto full_tag) {
+      constexpr bool F = decltype(full_tag)::value;
+      constexpr int G = F ? 4 : 1;
+      const int pkk = F ? kWalkPk : pk;
+      const __half* Kb = Ws + 4 * C * pkk;  // Ks
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        if (!F && k >= nj) break;  // v_new's rows past L are zero
+#pragma unroll
+        for (int n0 = 0; n0 < kWalkTiles / 2; n0 += G) {
+          if (!F && 2 * n0 >= nt) break;
+          uint32_t bh[G][4], bl[G][4];
+#pragma unroll
+          for (int p = 0; p < G; ++p) {
+            const int off = (16 * k + 8 * (bm & 1) + (lane & 7)) * pkk + 16 * (n0 + p) + 8 * (bm >> 1);
+            ldmatrix_x4<true>(bh[p], Kb + off);
+            ldmatrix_x4<true>(bl[p], Kb + C * pkk + off);
+          }
+          mma_pairs_f16x2<G>(s + 2 * n0, vh[k], vl[k], bh, bl);
+        }
+      }
+    };
+    if (full)
+      kl_update(WalkFull<true>{});
+    else
+      kl_update(WalkFull<false>{});
+#pragma unroll
+    for (int n = 0; n < kWalkTiles; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] *= isv * (1.f / kSplitKwScale);
     __syncthreads();  // every warp is done with Kl and M
     if (more)
       stage_km(ci + 1);
