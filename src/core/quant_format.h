@@ -80,6 +80,13 @@ constexpr int w4a16_block_planes(int block, QuantFormat f, int64_t bits) {
   return p > block ? p : block;
 }
 
+/// Whether a dense (linear) weight of format `f` can be held as 8-bit codes with float32 scales along its inputs
+/// (ops/ops.h W8Linear; the CUDA backend's W8A16 products): compressed-tensors int8 and float per channel or tensor,
+/// and the FP8 block format. The one rule of the loader (model/qwen4_exp/weights.cpp) and `flashnext inspect`.
+constexpr bool w8_linear_holds(QuantFormat f) {
+  return f == QuantFormat::CtInt8 || f == QuantFormat::CtFp8 || f == QuantFormat::Fp8Block;
+}
+
 /// A short name for reports and messages ("nvfp4-modelopt", "fp8-block", "int4-gptq", "int4-awq", ...).
 constexpr const char* quant_format_name(QuantFormat f) {
   switch (f) {

@@ -338,6 +338,14 @@ json inspect_model(const std::string& path, const InspectOptions& opt) {
         q_cuda_form[component_name(it->second)].insert(
             fmt::format("w4a16 from {} (4-bit codes, FP16 group scales{}, F32 row scales)", weight_format_name(w),
                         zeros ? ", uint8 zero points" : ""));
+      } else if (w8_linear_holds(w.format) && w8_linear_weight_name(name)) {
+        // A linear projection of 8-bit codes (model/qwen4_exp/weights.cpp get_linear; TP slices that cut an FP8
+        // block take FP16 there): codes and float32 scales.
+        const int64_t group = w.format == QuantFormat::Fp8Block ? std::min(w.block_cols, w.cols) : w.cols;
+        q_cuda_bytes[c] += w8_linear_bytes(w.rows, w.cols, group);
+        q_cuda_form[component_name(it->second)].insert(
+            fmt::format("w8a16 from {} ({} codes, F32 {} scales)", weight_format_name(w),
+                        w.format == QuantFormat::CtInt8 ? "int8" : "FP8 E4M3", group < w.cols ? "block" : "row"));
       } else {
         q_cuda_bytes[c] += 2 * w.rows * w.cols;
         q_cuda_form[component_name(it->second)].insert(

@@ -690,6 +690,42 @@ std::vector<float> dequantize(const QuantizedWeight& w) {
   return out;
 }
 
+std::vector<float> w8_linear_scales(const QuantizedWeight& w, int64_t* group) {
+  FN_CHECK(w8_linear_holds(w.format), "quantized weight '{}': {} is not held as 8-bit codes with scales", w.name,
+           quant_format_name(w.format));
+  validate_quantized_weight(w);
+  const int64_t N = w.rows, K = w.cols;
+  const std::vector<float> scale = to_float(*w.scale);
+  if (w.format == QuantFormat::Fp8Block) {
+    const int64_t SK = ceil_div(K, w.block_cols), g = std::min(w.block_cols, K);
+    std::vector<float> out(size_t(N * SK));
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < SK; ++j) out[size_t(n * SK + j)] = scale[size_t((n / w.block_rows) * SK + j)];
+    *group = g;
+    return out;
+  }
+  const bool per_row = scale.size() != 1;
+  std::vector<float> out(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) out[size_t(n)] = scale[size_t(per_row ? n : 0)];
+  *group = K;
+  return out;
+}
+
+bool w8_linear_weight_name(std::string_view name) {
+  static constexpr std::string_view kSuffixes[] = {".linear_attn.in_proj_qkv.weight", ".linear_attn.in_proj_z.weight",
+                                                   ".linear_attn.in_proj_b.weight",   ".linear_attn.in_proj_a.weight",
+                                                   ".linear_attn.out_proj.weight",    ".self_attn.q_proj.weight",
+                                                   ".self_attn.k_proj.weight",        ".self_attn.v_proj.weight",
+                                                   ".self_attn.o_proj.weight",        ".indexer.index_qk_proj.weight",
+                                                   ".shared_expert.gate_proj.weight", ".shared_expert.up_proj.weight",
+                                                   ".shared_expert.down_proj.weight", ".ple.key_proj.weight",
+                                                   ".ple.value_proj.weight"};
+  if (name.starts_with("mtp.")) return false;
+  for (std::string_view s : kSuffixes)
+    if (name.ends_with(s)) return true;
+  return false;
+}
+
 float ple_table_scale(const TensorView& shard, const TensorView& weight_scale) {
   if (shard.dtype != DType::F8_E4M3 && shard.dtype != DType::F8_E5M2) {
     fail("{}: PLE table shard '{}' is {}, expected FP8 to go with '{}'", shard.file, shard.name,

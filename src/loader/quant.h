@@ -172,6 +172,24 @@ void validate_quantized_weight(const QuantizedWeight& w);
 /// The exact float32 values of `w` as a row-major [rows, cols] array (validates first).
 std::vector<float> dequantize(const QuantizedWeight& w);
 
+/// The float32 scales of an 8-bit weight that can be held as codes with scales (w8_linear_holds: CtInt8, CtFp8,
+/// Fp8Block), row-major [rows, ceil(cols / *group)]: the row's (or the tensor's) scale with *group = cols, or the FP8
+/// block's scale of the row's block with *group = block_cols (cols when one block spans the row). The codes are
+/// w.data's bytes as they are. float(code) * scale reproduces `dequantize` exactly. Validates first; throws Error for
+/// another format.
+std::vector<float> w8_linear_scales(const QuantizedWeight& w, int64_t* group);
+
+/// Whether logical weight `name` is a linear projection that the loader hands to the backend as 8-bit codes when its
+/// format allows (w8_linear_holds): GDN in_proj_qkv / z / b / a and out_proj, QSA q / k / v / o_proj and the indexer's
+/// index_qk_proj, the shared expert's gate / up / down_proj, the PLE key / value projections (MTP's stay BF16).
+/// The list of model/qwen4_exp/weights.cpp's Loader::get_linear and of `flashnext inspect`'s GPU plan.
+bool w8_linear_weight_name(std::string_view name);
+/// Bytes the CUDA backend holds for an 8-bit linear weight: the codes and the float32 scales (rows * ceil(cols /
+/// group)), `group` as w8_linear_scales gives it.
+inline int64_t w8_linear_bytes(int64_t rows, int64_t cols, int64_t group) {
+  return rows * cols + 4 * rows * ((cols + group - 1) / group);
+}
+
 /// One FP8 PLE table shard [rows, dim] times the table's scalar `weight_scale` (BF16/F16/F32, one element), exact,
 /// as row-major float32. Throws Error naming the tensors for a non-FP8 shard or a scale that is not one element.
 std::vector<float> dequantize_ple_shard(const TensorView& shard, const TensorView& weight_scale);

@@ -161,6 +161,22 @@ struct RoutedExperts {
   std::shared_ptr<const PackedExperts> packed;
 };
 
+/// A linear weight [rows, cols] of 8-bit codes with float32 scales along its inputs, in host memory: the dense
+/// weights of W8A8 INT8 and FP8 releases (compressed-tensors int8 / float per channel or tensor, the FP8 block
+/// format; loader/quant.h w8_linear_scales). value[n, k] = float(code[n, k]) * scales[n, k / group], one float32
+/// multiply: the loader's exact dequantization (loader/quant.h dequantize) of the same weight.
+struct W8Linear {
+  DType code = DType::I8;      ///< I8 (int8 values) or F8_E4M3
+  int64_t rows = 0, cols = 0;  ///< logical [N, K]
+  int64_t group = 0;           ///< inputs per scale: cols (one scale a row) or the FP8 block's columns
+  std::vector<uint8_t> codes;  ///< [rows, cols], row-major
+  std::vector<float> scales;   ///< [rows, ceil(cols / group)], row-major
+
+  int64_t groups() const { return group > 0 ? (cols + group - 1) / group : 0; }
+  /// The exact float32 values [rows, cols] (the formula above). Throws Error for inconsistent sizes or dtype.
+  std::vector<float> dequantize() const;
+};
+
 /// Per-row parameters of Ops::sample_tokens (those of the GPU sampling kernel, ops/cuda/sampling_kernels.h).
 struct TokenSampling {
   float temperature = 0.f;  ///< <= 0: greedy (argmax, lowest id among equal maxima)
@@ -230,6 +246,11 @@ class Ops {
   /// oracle's behaviour). Backends override it to keep formats their kernels read (the CUDA backend: NVFP4 and
   /// int4 repacked for its W4A16 kernels). Throws Error naming the matrix for inconsistent input.
   virtual RoutedExperts load_quantized_experts(const QuantExperts& q);
+  /// A linear weight of 8-bit codes (W8Linear) for linear, linear_group and moe_shared_expert. Default: its exact
+  /// float32 values loaded with load_weight (the CPU oracle's behaviour). The CUDA backend keeps the codes and
+  /// scales (Tensor::with_scales: W8A16, one byte a weight) and its products apply the scales (ops/cuda
+  /// dense_ops.cpp). Throws Error for inconsistent sizes or a code dtype other than I8 / F8_E4M3.
+  virtual Tensor load_w8_linear(const W8Linear& w);
   /// An uninitialised table of `shape` and `dtype` (BF16, F16 or FP8) in host memory that ops read in place, like
   /// the tables of map_host_table, to be filled by the caller through HostTable::host (from any thread, while other
   /// ops run). CPU: ordinary memory; CUDA: pinned and mapped (no GPU copy, whatever CudaOpsOptions::ple_table

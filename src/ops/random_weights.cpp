@@ -1,5 +1,6 @@
 // Default implementations of the weight-making ops of ops/ops.h (the CPU backend's behaviour): random weights and
-// host tables made on the host and loaded like checkpoint data; quantized experts dequantized exactly and stacked.
+// host tables made on the host and loaded like checkpoint data; quantized experts dequantized exactly and stacked;
+// 8-bit linear weights dequantized exactly.
 #include <fmt/ranges.h>
 
 #include <algorithm>
@@ -38,6 +39,28 @@ RoutedExperts Ops::random_experts(int64_t E, int64_t I, int64_t H, uint64_t seed
   r.up = random_weight({E, I, H}, -a, a, seed + 1);
   r.down = random_weight({E, H, I}, -b, b, seed + 2);
   return r;
+}
+
+std::vector<float> W8Linear::dequantize() const {
+  FN_CHECK((code == DType::I8 || code == DType::F8_E4M3) && rows >= 0 && cols > 0 && group > 0 &&
+               codes.size() == size_t(rows * cols) && scales.size() == size_t(rows * groups()),
+           "8-bit linear weight: {} [{}, {}] with group {}, {} codes and {} scales do not fit (I8 or F8_E4M3 codes "
+           "[rows, cols], scales [rows, ceil(cols / group)])",
+           dtype_name(code), rows, cols, group, codes.size(), scales.size());
+  std::vector<float> out(codes.size());
+  const int64_t G = groups();
+  for (int64_t n = 0; n < rows; ++n)
+    for (int64_t k = 0; k < cols; ++k) {
+      const uint8_t b = codes[size_t(n * cols + k)];
+      const float q = code == DType::I8 ? float(int8_t(b)) : f8e4m3_to_float(b);
+      out[size_t(n * cols + k)] = q * scales[size_t(n * G + k / group)];
+    }
+  return out;
+}
+
+Tensor Ops::load_w8_linear(const W8Linear& w) {
+  const std::vector<float> v = w.dequantize();
+  return load_weight(v.data(), DType::F32, {w.rows, w.cols});
 }
 
 RoutedExperts Ops::load_quantized_experts(const QuantExperts& q) {

@@ -70,18 +70,22 @@ class Tensor {
     return static_cast<T*>(data_);
   }
 
-  /// The same memory with another shape of equal element count.
+  /// The same memory with another shape of equal element count. An 8-bit weight (scales() defined) keeps its
+  /// scales only under its own shape; another shape throws Error.
   Tensor view(Shape shape) const {
     FN_CHECK(shape_numel(shape) == numel(), "tensor {}: cannot view as [{}]", str(), fmt::join(shape, ", "));
+    FN_CHECK(!scales_ || shape == shape_, "8-bit weight {}: cannot view as [{}] (its scales follow its rows)", str(),
+             fmt::join(shape, ", "));
     Tensor t = *this;
     t.shape_ = std::move(shape);
     return t;
   }
-  /// Rows [begin, end) of dimension 0, sharing memory.
+  /// Rows [begin, end) of dimension 0, sharing memory (an 8-bit weight's scales: the same rows).
   Tensor rows(int64_t begin, int64_t end) const {
     FN_CHECK(rank() >= 1 && begin >= 0 && begin <= end && end <= shape_[0], "tensor {}: rows [{}, {}) out of range",
              str(), begin, end);
     Tensor t = *this;
+    if (scales_) t.scales_ = std::make_shared<const Tensor>(scales_->rows(begin, end));
     t.shape_[0] = end - begin;
     t.data_ = static_cast<uint8_t*>(data_) + size_t(begin) * (shape_[0] ? nbytes() / size_t(shape_[0]) : 0);
     return t;
@@ -96,11 +100,39 @@ class Tensor {
              "tensor {}: bytes [{}, {}) as {}[{}] out of range or misaligned", str(), offset, end, dtype_name(dtype),
              fmt::join(shape, ", "));
     Tensor t = *this;
+    t.scales_.reset();
+    t.scale_group_ = 0;
     t.data_ = static_cast<uint8_t*>(data_) + offset;
     t.dtype_ = dtype;
     t.shape_ = std::move(shape);
     return t;
   }
+
+  /// An 8-bit linear weight (W8A16, `Ops::load_w8_linear`): this tensor holds the codes [rows, cols] (I8, or
+  /// F8_E4M3), `scales` the float32 scales [rows, ceil(cols / group)] beside them, on the same device:
+  /// value[n, k] = float(code[n, k]) * scales[n, k / group] (one float32 multiply). Returns the codes with the scales
+  /// attached (sharing memory). Throws Error for another dtype or rank, or scales of another shape.
+  Tensor with_scales(Tensor scales, int64_t group) const {
+    FN_CHECK((dtype_ == DType::I8 || dtype_ == DType::F8_E4M3) && rank() == 2 && group > 0,
+             "8-bit weight {}: codes must be I8 or F8_E4M3 [rows, cols] with a positive group (got {})", str(), group);
+    FN_CHECK(scales.dtype() == DType::F32 && scales.rank() == 2 && scales.dim(0) == shape_[0] &&
+                 scales.dim(1) == (shape_[1] + group - 1) / group && scales.device() == device_,
+             "8-bit weight {}: scales {} must be F32 [{}, {}] on the same device", str(), scales.str(), shape_[0],
+             (shape_[1] + group - 1) / group);
+    Tensor t = *this;
+    t.scales_ = std::make_shared<const Tensor>(std::move(scales));
+    t.scale_group_ = group;
+    return t;
+  }
+  /// Whether this is an 8-bit weight (with_scales).
+  bool has_scales() const { return scales_ != nullptr; }
+  /// An 8-bit weight's scales [rows, ceil(cols / scale_group())]; throws Error for another tensor.
+  const Tensor& scales() const {
+    FN_CHECK(scales_ != nullptr, "tensor {} has no scales (not an 8-bit weight)", str());
+    return *scales_;
+  }
+  /// Inputs per scale of an 8-bit weight (cols for one scale a row); 0 for another tensor.
+  int64_t scale_group() const { return scale_group_; }
 
   /// "F32[3, 4]@cpu", for messages.
   std::string str() const {
@@ -114,6 +146,8 @@ class Tensor {
   Shape shape_;
   Device device_ = Device::CPU;
   int device_index_ = 0;
+  std::shared_ptr<const Tensor> scales_;  ///< an 8-bit weight's scales (with_scales), else null
+  int64_t scale_group_ = 0;
 };
 
 }  // namespace flashnext

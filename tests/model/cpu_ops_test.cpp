@@ -68,6 +68,40 @@ TEST(TorchTopk, DistinctValuesAreSortedDescending) {
 }
 
 // ZC-RMSNorm by hand: x = [3, 4], mean(x^2) = 12.5, y = x / sqrt(12.5 + eps) * (1 + w).
+// An 8-bit weight (Tensor::with_scales): its scales follow rows(), a view of another shape and a raw bytes_as drop
+// or refuse them, inconsistent scales are refused, and the CPU oracle's products refuse 8-bit weights by name (its
+// load_w8_linear gives float32 values instead).
+TEST(Tensor, EightBitWeightScalesFollowRows) {
+  auto ops = make_cpu_ops(1);
+  const std::vector<int8_t> codes = {1, -2, 3, 4, 5, -6, 7, 8, 9, 10, 11, 12};
+  const std::vector<float> scales = {0.5f, 2.f, 3.f, 4.f, 5.f, 6.f};  // [3 rows, 2 groups of 2 inputs]
+  const Tensor c = ops->upload(codes.data(), DType::I8, {3, 4});
+  const Tensor w = c.with_scales(ops->upload(scales.data(), DType::F32, {3, 2}), 2);
+  EXPECT_TRUE(w.has_scales());
+  EXPECT_FALSE(c.has_scales());
+  EXPECT_EQ(w.scale_group(), 2);
+  const Tensor r = w.rows(1, 3);
+  ASSERT_TRUE(r.has_scales());
+  EXPECT_EQ(r.scales().shape(), (Shape{2, 2}));
+  EXPECT_EQ(r.scales().data_as<float>()[0], 3.f);
+  EXPECT_EQ(r.data_as<int8_t>()[0], 5);
+  EXPECT_FALSE(w.bytes_as(0, DType::U8, {12}).has_scales());
+  EXPECT_EQ(w.view({3, 4}).scales().data_as<float>(), w.scales().data_as<float>());
+  EXPECT_THROW(w.view({4, 3}), Error);
+  EXPECT_THROW(c.with_scales(ops->upload(scales.data(), DType::F32, {3, 1}), 2), Error);  // 2 groups a row
+  EXPECT_THROW(c.with_scales(ops->upload(scales.data(), DType::F32, {3, 2}), 0), Error);
+  EXPECT_THROW(ops->upload(scales.data(), DType::F32, {3, 2}).with_scales(w.scales(), 1), Error);  // not codes
+  EXPECT_THROW(c.scales(), Error);
+  const std::vector<float> xs = {1.f, 2.f, 3.f, 4.f};
+  const Tensor x = ops->upload(xs.data(), DType::F32, {1, 4}), y = ops->empty({1, 3});
+  try {
+    ops->linear(x, w, y);
+    ADD_FAILURE() << "the CPU backend took an 8-bit weight";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("8-bit weight"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CpuOps, ZeroCentredRmsNormGrouped) {
   const float xs[] = {3, 4, 1, 1};
   const float ws[] = {0, 1, 0.5f, -0.5f};

@@ -59,6 +59,28 @@ class Gen {
     const auto v = values(shape_numel(s), scale, true);
     return ops_.load_weight(v.data(), DType::F32, s);
   }
+  /// An 8-bit linear weight [rows, cols] (Ops::load_w8_linear) of values about `scale`: random int8 codes in
+  /// [-127, 127], or E4M3 codes of exponent field 1..7 (|value| in [2^-6, 1.875], either sign), with float32 scales
+  /// per row and `group` inputs (group = cols: one a row), each scale / 127 (int8) or scale (FP8) times a factor in
+  /// [0.5, 1.5) that FP16 does not hold exactly. The CPU oracle holds their exact float32 values.
+  Tensor w8_weight(const Shape& s, float scale, DType code, int64_t group) {
+    W8Linear w;
+    w.code = code;
+    w.rows = s[0];
+    w.cols = s[1];
+    w.group = group;
+    const uint64_t codes = random_bits(seed_, next_++), scales = random_bits(seed_, next_++);
+    w.codes.resize(size_t(w.rows * w.cols));
+    for (size_t i = 0; i < w.codes.size(); ++i) {
+      const uint64_t r = random_bits(codes, i);
+      w.codes[i] = code == DType::I8 ? uint8_t(int8_t(int(r % 255) - 127))
+                                     : uint8_t(((r >> 8) & 1) << 7 | (1 + r % 7) << 3 | ((r >> 4) & 7));
+    }
+    w.scales.resize(size_t(w.rows * w.groups()));
+    const float unit = code == DType::I8 ? scale / 127.f : scale;
+    for (size_t i = 0; i < w.scales.size(); ++i) w.scales[i] = unit * (0.5f + random_uniform(scales, i)) * 1.0001f;
+    return ops_.load_w8_linear(w);
+  }
   Tensor i32(const std::vector<int32_t>& v, const Shape& s) { return ops_.upload(v.data(), DType::I32, s); }
   Tensor i64(const std::vector<int64_t>& v, const Shape& s) { return ops_.upload(v.data(), DType::I64, s); }
 
@@ -360,6 +382,68 @@ OpCase linear_group_case(int64_t T, int64_t in, std::vector<int64_t> outs, std::
                    std::vector<OpOutput> r;
                    for (size_t i = 0; i < y.size(); ++i)
                      r.push_back(close(ops, fmt::format("y{}", i), y[i], kF32, kGemm16));
+                   return r;
+                 }};
+  };
+  return c;
+}
+
+namespace {
+/// "i8-row", "fp8-g64": an 8-bit weight's code and scale layout in case names.
+std::string w8_name(DType code, int64_t group, int64_t in) {
+  return fmt::format("{}-{}", code == DType::I8 ? "i8" : "fp8",
+                     group >= in ? std::string("row") : fmt::format("g{}", group));
+}
+/// The bound of a product with an 8-bit weight under FP16x2 activations: float32 where the codes stay exact (one
+/// scale a row, or the decode GEMV of at most 8 rows), else an FP16 rounding of code * scale (block scales in a
+/// tensor-core tile).
+Bound w8_bound(int64_t T, int64_t group, int64_t in) {
+  return group >= in || T <= 8 ? kF32 : kGemm16;
+}
+}  // namespace
+
+OpCase linear_w8_case(int64_t T, int64_t in, int64_t out, DType code, int64_t group, bool bias) {
+  OpCase c;
+  c.name = fmt::format("linear/T={}/in={}/out={}/w8={}{}", T, in, out, w8_name(code, group, in), bias ? "/bias" : "");
+  c.family = OpFamily::Dense;
+  const int64_t G = (in + group - 1) / group;
+  c.bytes = double(in * out) + kF * double(out * G) + kW * double(bias ? out : 0) + kF * double(T * (in + out));
+  c.flops = 2.0 * double(T) * double(in) * double(out);
+  c.build = [=](Ops& ops, uint64_t seed) {
+    Gen g(ops, seed, Weights::HostFp16);
+    Tensor x = g.act({T, in}), w = g.w8_weight({out, in}, float(std::sqrt(3.0 / double(in))), code, group),
+           b = bias ? g.weight({out}, 1.f) : Tensor(), y = ops.empty({T, out});
+    return OpRun{[=, &ops] { ops.linear(x, w, y, b); },
+                 [=, &ops] { return std::vector<OpOutput>{close(ops, "y", y, w8_bound(T, group, in), kGemm16)}; }};
+  };
+  return c;
+}
+
+OpCase linear_group_w8_case(int64_t T, int64_t in, std::vector<int64_t> outs, DType code, int64_t group,
+                            bool fp16_last) {
+  OpCase c;
+  c.name = fmt::format("linear_group/T={}/in={}/outs={}/w8={}{}", T, in, join(outs), w8_name(code, group, in),
+                       fp16_last ? "/last_fp16" : "");
+  c.family = OpFamily::Dense;
+  int64_t total = 0;
+  for (int64_t o : outs) total += o;
+  c.bytes = double(in * total) + kF * double(T * (in + total));
+  c.flops = 2.0 * double(T) * double(in) * double(total);
+  c.build = [=](Ops& ops, uint64_t seed) {
+    Gen g(ops, seed, Weights::HostFp16);
+    Tensor x = g.act({T, in});
+    std::vector<Tensor> w, y;
+    const float scale = float(std::sqrt(3.0 / double(in)));
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const bool f16 = fp16_last && i + 1 == outs.size();
+      w.push_back(f16 ? g.weight({outs[i], in}, scale) : g.w8_weight({outs[i], in}, scale, code, group));
+      y.push_back(ops.empty({T, outs[i]}));
+    }
+    return OpRun{[=, &ops] { ops.linear_group(x, w, y, {}); },
+                 [=, &ops] {
+                   std::vector<OpOutput> r;
+                   for (size_t i = 0; i < y.size(); ++i)
+                     r.push_back(close(ops, fmt::format("y{}", i), y[i], w8_bound(T, group, in), kGemm16));
                    return r;
                  }};
   };
@@ -966,6 +1050,26 @@ OpCase moe_shared_expert_case(int64_t T, int64_t H, int64_t Is, Weights wk) {
     w.shared_down_proj = g.weight({H, Is}, float(std::sqrt(3.0 / double(Is))));
     w.shared_expert_gate = g.weight({1, H}, float(std::sqrt(3.0 / double(H))));
     Tensor u = g.act({T, H}), out = g.act({T, H});  // accumulated onto the routed output
+    return OpRun{[=, &ops] { ops.moe_shared_expert(u, w, out); },
+                 [=, &ops] { return std::vector<OpOutput>{close(ops, "out", out, kF32, kExperts16)}; }};
+  };
+  return c;
+}
+
+OpCase moe_shared_expert_w8_case(int64_t T, int64_t H, int64_t Is, DType code) {
+  OpCase c;
+  c.name = fmt::format("moe_shared_expert/T={}/H={}/Is={}/w8={}", T, H, Is, code == DType::I8 ? "i8-row" : "fp8-row");
+  c.family = OpFamily::Moe;
+  c.bytes = double(3 * H * Is) + kW * double(H) + kF * double(3 * T * H);
+  c.flops = 2.0 * double(T) * double(3 * H * Is + H);
+  c.build = [=](Ops& ops, uint64_t seed) {
+    Gen g(ops, seed, Weights::HostFp16);
+    MoeWeights w;
+    w.shared_gate_proj = g.w8_weight({Is, H}, float(std::sqrt(3.0 / double(H))), code, H);
+    w.shared_up_proj = g.w8_weight({Is, H}, float(std::sqrt(3.0 / double(H))), code, H);
+    w.shared_down_proj = g.w8_weight({H, Is}, float(std::sqrt(3.0 / double(Is))), code, Is);
+    w.shared_expert_gate = g.weight({1, H}, float(std::sqrt(3.0 / double(H))));
+    Tensor u = g.act({T, H}), out = g.act({T, H});
     return OpRun{[=, &ops] { ops.moe_shared_expert(u, w, out); },
                  [=, &ops] { return std::vector<OpOutput>{close(ops, "out", out, kF32, kExperts16)}; }};
   };

@@ -46,6 +46,12 @@ OpCase linear_case(int64_t T, int64_t in, int64_t out, bool bias, Weights wk = W
 OpCase linear_group_case(int64_t T, int64_t in, std::vector<int64_t> outs, std::vector<bool> bias,
                          Weights wk = Weights::HostFp16);
 /// zc_rms_norm over [T, L] with weight width W and groups of `group` (W = group: per head; W = L: grouped).
+/// linear with an 8-bit weight (Ops::load_w8_linear: `code` I8 or F8_E4M3, float32 scales per row and `group`
+/// inputs; group = in: one a row) against the oracle's exact float32 values of it.
+OpCase linear_w8_case(int64_t T, int64_t in, int64_t out, DType code, int64_t group, bool bias);
+/// linear_group with 8-bit weights (as linear_w8_case), the last one an FP16 weight when `fp16_last` (a mixed group).
+OpCase linear_group_w8_case(int64_t T, int64_t in, std::vector<int64_t> outs, DType code, int64_t group,
+                            bool fp16_last);
 OpCase zc_rms_norm_case(int64_t T, int64_t L, int64_t W, int64_t group, bool in_place, Weights wk = Weights::HostFp16);
 /// gated_rms_norm over [T, heads * D], in place as the model calls it.
 OpCase gated_rms_norm_case(int64_t T, int64_t heads, int64_t D, GateAct act, Weights wk = Weights::HostFp16);
@@ -87,6 +93,8 @@ OpCase moe_quantized_experts_case(QuantFormat kind, int64_t T, int64_t H, int64_
 /// Experts made by Ops::random_experts (the CUDA backend's W4A16 form): perf only (the backends' weights differ).
 OpCase moe_random_experts_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k);
 OpCase moe_shared_expert_case(int64_t T, int64_t H, int64_t Is, Weights wk = Weights::HostFp16);
+/// moe_shared_expert with 8-bit gate / up / down projections (one scale a row; the gate an FP16 weight).
+OpCase moe_shared_expert_w8_case(int64_t T, int64_t H, int64_t Is, DType code);
 
 // ---------------------------------------------------------------- PLE
 /// Where a ple_gather case's table lives.

@@ -110,6 +110,24 @@ void add_dense(std::vector<OpCase>& v) {
   // GDN projections at TP4 (qkv | z | b | a) and QSA's at TP2 (q | k | v | index q | index k).
   v.push_back(linear_group_case(5, kH, {kGdnTp4.conv_dim(), 12 * 128, 12, 12}, {}));
   v.push_back(linear_group_case(1, kH, {12 * 2 * kHeadDim, kHeadDim, kHeadDim, kNi * kDi, kDi}, {}));
+  // 8-bit weights (W8A16): the decode GEMV (K % 16 == 0, groups of 16s), the FP16 tiles of prefill (one tile, and
+  // several at 4,096 inputs), one scale a row or FP8 blocks with a partial last block, a mixed group.
+  for (int64_t T : {0, 1, 3, 8, 9, 33}) {
+    v.push_back(linear_w8_case(T, 96, 130, DType::I8, 96, T == 3));
+    v.push_back(linear_w8_case(T, 160, 7, DType::F8_E4M3, 160, T == 9));
+    v.push_back(linear_w8_case(T, 160, 70, DType::F8_E4M3, 64, T == 1));
+  }
+  for (int64_t T : {1, 5}) v.push_back(linear_w8_case(T, 200, 33, DType::I8, 200, true));  // K % 16 != 0: tiles
+  v.push_back(linear_w8_case(2, 200, 33, DType::F8_E4M3, 128, false));
+  v.push_back(linear_w8_case(9, 4096, 4200, DType::I8, 4096, true));  // two FP16 tiles
+  for (int64_t T : {1, 4, 11}) {
+    v.push_back(linear_group_w8_case(T, 96, {200, 24, 8}, DType::I8, 96, false));
+    v.push_back(linear_group_w8_case(T, 96, {200, 24, 8}, DType::F8_E4M3, 32, T == 4));
+  }
+  for (int64_t T : {1, 33}) {
+    v.push_back(moe_shared_expert_w8_case(T, 256, 96, DType::I8));
+    v.push_back(moe_shared_expert_w8_case(T, 256, 96, DType::F8_E4M3));
+  }
   v.push_back(zc_rms_norm_case(19, 4 * 640, 4 * 640, 640, false));  // grouped: one weight row, groups of H
   v.push_back(zc_rms_norm_case(19, 4 * 640, 128, 128, true));       // per head, in place
   v.push_back(zc_rms_norm_case(7, 3 * 40, 120, 40, false));
@@ -338,6 +356,11 @@ std::vector<OpCase> perf_cases(bool small) {
     v.push_back(gdn_rule_batch_case(kGdn, rec, dev));
     v.push_back(gated_rms_norm_case(T, 48, 128, GateAct::Sigmoid, dev));
     v.push_back(linear_case(T, 48 * 128, kH, false, dev));  // GDN out_proj (QSA's o_proj has the same shape)
+    if (T == 1 || T == 8 || T == 4096) {                    // the same in 8 bits (W8A16: W8A8 INT8 and FP8 releases)
+      v.push_back(linear_group_w8_case(T, kH, {kGdn.conv_dim(), 48 * 128, 48, 48}, DType::I8, kH, false));
+      v.push_back(linear_group_w8_case(T, kH, {kGdn.conv_dim(), 48 * 128, 48, 48}, DType::F8_E4M3, 128, false));
+      v.push_back(linear_w8_case(T, 48 * 128, kH, DType::I8, 48 * 128, false));
+    }
     v.push_back(linear_group_case(T, kH, {Iq, 2 * kHeadDim, 2 * kHeadDim, kNi * kDi, kDi}, {}, dev));
     v.push_back(qsa_prepare_qk_batch_case(24, 2, kHeadDim, kRotary, attn, dev));
     v.push_back(scatter_rows_case(T * 16 + 4096, 2 * kHeadDim, T));  // a step's K rows into the paged cache

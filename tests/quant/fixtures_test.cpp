@@ -308,6 +308,12 @@ TEST(QuantInspect, CudaMemoryPlan) {
   const nlohmann::json w8 = plan("ct-w8a8-int8");
   EXPECT_EQ(w8["memory_cuda"]["routed_expert_bytes"], experts * (64 * 74 + 64 * 42));
   EXPECT_EQ(w8["quantization"]["cuda_storage"]["routed_experts"][0], "w8a16 from int8-channel" + planes);
+  // Its dense projections stay int8 with a float32 scale a row (W8A16): the shared experts' gate / up [32, 64] and
+  // down [64, 32] of 8 layers, 32 * 64 + 4 * 32 and 64 * 32 + 4 * 64 bytes, and the FP16 shared_expert_gate [1, 64].
+  EXPECT_EQ(w8["memory_cuda"]["weight_bytes_by_component"]["shared_expert"],
+            8 * (2 * (32 * 64 + 4 * 32) + 64 * 32 + 4 * 64) + 8 * 64 * 2);
+  for (const char* c : {"gated_deltanet", "qsa", "shared_expert"})
+    EXPECT_EQ(w8["quantization"]["cuda_storage"][c][0], "w8a16 from int8-channel (int8 codes, F32 row scales)") << c;
   // The int8 table stays as stored, its group scales included: 2 tables of 4,160 rows (4 shards) x 16 columns, I8
   // codes and 2 F16 scales a row.
   const nlohmann::json p8 = plan("awq-int4-g32-ple-int8");
@@ -322,6 +328,8 @@ TEST(QuantInspect, CudaMemoryPlan) {
   EXPECT_EQ(fc["memory_cuda"]["routed_expert_bytes"], experts * (64 * 72 + 64 * 40));
   EXPECT_EQ(fc["quantization"]["cuda_storage"]["routed_experts"][0],
             "w8a16 from fp8-channel (FP8 E4M3 bytes, F32 group scales, F32 row scales)");
+  EXPECT_EQ(fc["quantization"]["cuda_storage"]["gated_deltanet"][0],
+            "w8a16 from fp8-tensor (FP8 E4M3 codes, F32 row scales)");
   // The FP8 table stays one byte per element (its stored bytes, scales included).
   EXPECT_EQ(f8["memory_cuda"]["ple_table_bytes"], f8["stored"]["bytes_by_component"]["ple_table"]);
   EXPECT_EQ(f8["quantization"]["cuda_storage"]["routed_experts"][0],
@@ -515,6 +523,74 @@ TEST(QuantExperts, CpuDefaultStacksTheDequantizedMatrices) {
       EXPECT_EQ(std::memcmp(r.down.data_as<float>() + e * H * I, want.data(), want.size() * 4), 0) << fmt << " " << e;
     }
   }
+}
+
+// 8-bit weights held as codes with float32 scales (ops.h W8Linear, what the CUDA backend keeps of W8A8 INT8 and FP8
+// releases' dense weights): the checkpoint's bytes with w8_linear_scales give the loader's dequantization bit for bit,
+// for one scale a row (compressed-tensors int8 / float, per channel and per tensor) and FP8 blocks (fp8-block's
+// experts: 128 x 128 blocks over the tiny fixture's 64 x 32 matrices, and [32, 64] ones).
+TEST(QuantW8Linear, CodesTimesScalesEqualTheDequantization) {
+  int checked = 0;
+  for (const std::string fmt : {"ct-w8a8-int8", "ct-fp8-channel", "fp8-block"}) {
+    const std::string dir = fixture(fmt) + "/model";
+    const ModelConfig cfg = load_config(dir);
+    const Checkpoint ck(dir);
+    const WeightManifest m = WeightManifest::build(cfg, ck);
+    const QuantScheme scheme = QuantScheme::build(read_quant_config(dir), cfg, m);
+    for (const char* name : {"layers.0.linear_attn.in_proj_qkv.weight", "layers.3.self_attn.o_proj.weight",
+                             "layers.3.mlp.shared_expert.down_proj.weight", "layers.2.mlp.experts.5.up_proj.weight",
+                             "layers.2.mlp.experts.5.down_proj.weight"}) {
+      const QuantizedWeight* q = scheme.find(name);
+      if (!q) continue;
+      ASSERT_TRUE(w8_linear_holds(q->format)) << fmt << " " << name;
+      W8Linear w;
+      w.code = q->format == QuantFormat::CtInt8 ? DType::I8 : DType::F8_E4M3;
+      w.rows = q->rows;
+      w.cols = q->cols;
+      w.codes.assign(q->data->data, q->data->data + q->rows * q->cols);
+      w.scales = w8_linear_scales(*q, &w.group);
+      EXPECT_EQ(w.scales.size(), size_t(w.rows * w.groups())) << fmt << " " << name;
+      const std::vector<float> got = w.dequantize(), want = dequantize(*q);
+      ASSERT_EQ(got.size(), want.size());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << fmt << " " << name;
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 10);
+  // A format without 8-bit codes is refused by name.
+  const std::string dir = fixture("ct-int4-sym-g32") + "/model";
+  const ModelConfig cfg = load_config(dir);
+  const Checkpoint ck(dir);
+  const WeightManifest m = WeightManifest::build(cfg, ck);
+  const QuantScheme scheme = QuantScheme::build(read_quant_config(dir), cfg, m);
+  const QuantizedWeight* q = scheme.find("layers.2.mlp.experts.5.up_proj.weight");
+  ASSERT_NE(q, nullptr);
+  int64_t group = 0;
+  EXPECT_THAT([&] { w8_linear_scales(*q, &group); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("is not held as 8-bit codes")));
+}
+
+// The CPU oracle's load_w8_linear is the exact float32 values; inconsistent sizes are refused.
+TEST(QuantW8Linear, CpuDefaultLoadsTheExactValues) {
+  auto ops = make_cpu_ops(1);
+  W8Linear w;
+  w.code = DType::F8_E4M3;
+  w.rows = 2;
+  w.cols = 3;
+  w.group = 2;
+  w.codes = {0x38, 0xb8, 0x01, 0x40, 0x7e, 0x00};  // 1, -1, 2^-9, 2, 448, 0
+  w.scales = {0.5f, 3.f, 0.25f, 1.f / 3.f};
+  const Tensor t = ops->load_w8_linear(w);
+  ASSERT_EQ(t.shape(), (Shape{2, 3}));
+  const float* v = t.data_as<float>();
+  EXPECT_EQ(v[0], 0.5f);
+  EXPECT_EQ(v[1], -0.5f);
+  EXPECT_EQ(v[2], 3.f * std::ldexp(1.f, -9));
+  EXPECT_EQ(v[3], 0.5f);
+  EXPECT_EQ(v[4], 448.f * 0.25f);
+  EXPECT_EQ(v[5], 0.f);
+  w.scales.pop_back();
+  EXPECT_THAT([&] { ops->load_w8_linear(w); }, ::testing::ThrowsMessage<Error>(::testing::HasSubstr("do not fit")));
 }
 
 // ------------------------------------------------------------------------------------------------ bad input

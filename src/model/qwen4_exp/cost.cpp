@@ -11,8 +11,8 @@ namespace flashnext {
 
 namespace {
 
-double bytes(const Tensor& t) {
-  return t.defined() ? double(t.nbytes()) : 0.0;
+double bytes(const Tensor& t) {  // an 8-bit weight's float32 scales included
+  return t.defined() ? double(t.nbytes()) + (t.has_scales() ? double(t.scales().nbytes()) : 0.0) : 0.0;
 }
 double elems(const Tensor& t) {
   return t.defined() ? double(t.numel()) : 0.0;

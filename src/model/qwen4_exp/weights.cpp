@@ -170,6 +170,62 @@ struct Loader {
            e.what());  // the backend's reason, with the tensor's name
     }
   }
+  /// The rank's part of the linear weight `name`: for a weight held as 8-bit codes (w8_linear_holds: W8A8 INT8 and
+  /// FP8 releases) the codes and float32 scales (Ops::load_w8_linear; the CUDA backend keeps them, one byte a weight),
+  /// otherwise get(name). A column slice that cuts an FP8 block of several per row (a rank's inputs not starting at
+  /// a block edge) takes get()'s exact float32 path instead.
+  Tensor get_linear(const std::string& name) const {
+    FN_CHECK(w8_linear_weight_name(name), "internal: '{}' is not in loader/quant.h w8_linear_weight_name", name);
+    const QuantizedWeight* q = quant.find(name);
+    if (!q || !w8_linear_holds(q->format)) return get(name);
+    const int64_t N = q->rows, K = q->cols;
+    const TensorSplit sp = split(name, {N, K});
+    if (sp.split == Split::None) return Tensor();
+    W8Linear w;
+    w.code = q->format == QuantFormat::CtInt8 ? DType::I8 : DType::F8_E4M3;
+    std::vector<float> scales = w8_linear_scales(*q, &w.group);
+    const int64_t G = (K + w.group - 1) / w.group;  // scale columns of the whole matrix
+    const uint8_t* codes = q->data->data;
+    const auto* scale_bytes = reinterpret_cast<const uint8_t*>(scales.data());
+    if (sp.split == Split::Rows) {
+      slice(codes, 1, {N, K}, sp, w.codes);
+      std::vector<uint8_t> part;
+      slice(scale_bytes, 4, {N, G}, sp, part);
+      w.scales.resize(part.size() / 4);
+      std::memcpy(w.scales.data(), part.data(), part.size());
+    } else if (sp.split == Split::Columns) {
+      TensorSplit groups{Split::Columns, {}};
+      for (size_t i = 0; i < sp.ranges.size(); ++i) {
+        const IndexRange& r = sp.ranges[i];
+        const bool last = i + 1 == sp.ranges.size();
+        if (w.group < K && (r.begin % w.group != 0 || (r.end % w.group != 0 && !(last && r.end == K))))
+          return get(name);  // the slice cuts a block: exact float32 weights instead
+        groups.ranges.push_back({r.begin / w.group, (r.end + w.group - 1) / w.group});
+      }
+      slice(codes, 1, {N, K}, sp, w.codes);
+      if (w.group < K) {
+        std::vector<uint8_t> part;
+        slice(scale_bytes, 4, {N, G}, groups, part);
+        w.scales.resize(part.size() / 4);
+        std::memcpy(w.scales.data(), part.data(), part.size());
+      } else {
+        w.scales = std::move(scales);
+      }
+    } else {
+      w.codes.assign(codes, codes + N * K);
+      w.scales = std::move(scales);
+    }
+    const Shape shape = sp.shape({N, K});
+    w.rows = shape[0];
+    w.cols = shape[1];
+    if (w.group >= K) w.group = w.cols;  // one scale a row: the rank's row
+    consumed(size_t(double(quant_bytes(*q)) * double(shape_numel(shape)) / double(N * K)));
+    try {
+      return ops.load_w8_linear(w);
+    } catch (const Error& e) {
+      fail("{}: tensor '{}': {}", q->data->file, name, e.what());
+    }
+  }
   /// get() with one zero row appended (the rank's vocabulary rows of embed_tokens under tensor parallelism).
   Tensor get_with_zero_row(const std::string& name) const {
     Part p = part(name);
@@ -395,21 +451,21 @@ ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest
     if (lw.kind == LayerKind::GatedDeltaNet) {
       const std::string a = p + ".linear_attn";
       GdnLayerWeights& g = lw.gdn;
-      g.in_proj_qkv = ld.get(a + ".in_proj_qkv.weight");
-      g.in_proj_z = ld.get(a + ".in_proj_z.weight");
-      g.in_proj_b = ld.get(a + ".in_proj_b.weight");
-      g.in_proj_a = ld.get(a + ".in_proj_a.weight");
+      g.in_proj_qkv = ld.get_linear(a + ".in_proj_qkv.weight");
+      g.in_proj_z = ld.get_linear(a + ".in_proj_z.weight");
+      g.in_proj_b = ld.get_linear(a + ".in_proj_b.weight");
+      g.in_proj_a = ld.get_linear(a + ".in_proj_a.weight");
       g.conv1d = ld.get(a + ".conv1d.weight", {rc.gdn_conv_dim(), cfg.linear_conv_kernel_dim});
       g.norm = ld.get(a + ".norm.weight");
-      g.out_proj = ld.get(a + ".out_proj.weight");
+      g.out_proj = ld.get_linear(a + ".out_proj.weight");
       g.rule = GdnWeights{ld.get(a + ".A_log"), ld.get(a + ".dt_bias")};
     } else {
       const std::string a = p + ".self_attn";
       QsaLayerWeights& q = lw.qsa;
-      q.q_proj = ld.get(a + ".q_proj.weight");
-      q.k_proj = ld.get(a + ".k_proj.weight");
-      q.v_proj = ld.get(a + ".v_proj.weight");
-      q.o_proj = ld.get(a + ".o_proj.weight");
+      q.q_proj = ld.get_linear(a + ".q_proj.weight");
+      q.k_proj = ld.get_linear(a + ".k_proj.weight");
+      q.v_proj = ld.get_linear(a + ".v_proj.weight");
+      q.o_proj = ld.get_linear(a + ".o_proj.weight");
       q.q_bias = ld.get_if(a + ".q_proj.bias");
       q.k_bias = ld.get_if(a + ".k_proj.bias");
       q.v_bias = ld.get_if(a + ".v_proj.bias");
@@ -417,7 +473,8 @@ ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest
       q.q_norm = ld.get(a + ".q_norm.weight");
       q.k_norm = ld.get(a + ".k_norm.weight");
       const int64_t qi_rows = cfg.indexer_n_heads * cfg.indexer_head_dim;
-      if (Tensor qk = ld.get(a + ".indexer.index_qk_proj.weight"); qk.defined()) {  // undefined: the rank sits QSA out
+      if (Tensor qk = ld.get_linear(a + ".indexer.index_qk_proj.weight");
+          qk.defined()) {  // undefined: the rank sits QSA out
         q.index_q_proj = qk.rows(0, qi_rows);
         q.index_k_proj = qk.rows(qi_rows, qi_rows + cfg.indexer_head_dim);
       }
@@ -428,9 +485,9 @@ ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest
     const int64_t E = cfg.num_experts, I = rc.moe_intermediate_size;
     lw.moe.router = ld.get(m + ".gate.weight");
     ld.experts(m, E, I, H, lw.moe);
-    lw.moe.shared_gate_proj = ld.get(m + ".shared_expert.gate_proj.weight");
-    lw.moe.shared_up_proj = ld.get(m + ".shared_expert.up_proj.weight");
-    lw.moe.shared_down_proj = ld.get(m + ".shared_expert.down_proj.weight");
+    lw.moe.shared_gate_proj = ld.get_linear(m + ".shared_expert.gate_proj.weight");
+    lw.moe.shared_up_proj = ld.get_linear(m + ".shared_expert.up_proj.weight");
+    lw.moe.shared_down_proj = ld.get_linear(m + ".shared_expert.down_proj.weight");
     lw.moe.shared_expert_gate = ld.get(m + ".shared_expert_gate.weight");
     if (const int m_idx = cfg.ple_index_of_layer(l); m_idx >= 0) {
       const std::string e = p + ".ple";
@@ -491,8 +548,8 @@ ModelWeights load_weights(const ModelConfig& cfg, const WeightManifest& manifest
         }
         pw.table.rows += 1;
       }
-      pw.key_proj = ld.get(e + ".key_proj.weight");
-      pw.value_proj = ld.get(e + ".value_proj.weight");
+      pw.key_proj = ld.get_linear(e + ".key_proj.weight");
+      pw.value_proj = ld.get_linear(e + ".value_proj.weight");
       pw.norm_key = ld.get(e + ".norm_key.weight");
       pw.norm_query = ld.get(e + ".norm_query.weight");
       pw.norm_conv = ld.get(e + ".norm_conv.weight");

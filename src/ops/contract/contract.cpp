@@ -16,6 +16,19 @@ void tensor(const Backend& b, const Tensor& t, DType dt, int rank, const char* o
   FN_CHECK(rank < 0 || t.rank() == rank, "{}: {} is {}, expected rank {}", op, what, t.str(), rank);
 }
 
+void linear_weight(const Backend& b, const Tensor& t, const char* op, const char* what) {
+  if (!t.defined() || !t.has_scales()) return weight(b, t, 2, op, what);
+  FN_CHECK(b.w8_linear, "{}: {} is an 8-bit weight ({}), which this backend's products do not take", op, what, t.str());
+  on_device(b, t, op, what);
+  on_device(b, t.scales(), op, what);
+  FN_CHECK((t.dtype() == DType::I8 || t.dtype() == DType::F8_E4M3) && t.rank() == 2 && t.scale_group() > 0 &&
+               t.scales().dtype() == DType::F32 && t.scales().rank() == 2 && t.scales().dim(0) == t.dim(0) &&
+               t.scales().dim(1) == (t.dim(1) + t.scale_group() - 1) / t.scale_group(),
+           "{}: {} {} with scales {} (group {}) is not an 8-bit weight: I8 or F8_E4M3 [rows, cols] with F32 scales "
+           "[rows, ceil(cols / group)]",
+           op, what, t.str(), t.scales().str(), t.scale_group());
+}
+
 void step_rows(const Tensor& rows, const StepBatch& batch, const char* op, const char* what) {
   FN_CHECK(rows.rank() >= 1 && rows.dim(0) == batch.num_tokens, "{}: {} {} does not have the step's {} rows", op, what,
            rows.str(), batch.num_tokens);

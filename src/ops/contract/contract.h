@@ -16,11 +16,13 @@
 namespace flashnext::contract {
 
 /// What a backend's tensors are: the device they live on and the dtype `Ops::load_weight` stores weights in (the
-/// CPU oracle: F32; the CUDA backend: F16). Activations are F32 on every backend.
+/// CPU oracle: F32; the CUDA backend: F16). Activations are F32 on every backend. `w8_linear`: whether its linear
+/// products take 8-bit weights (Tensor::with_scales, made by its Ops::load_w8_linear; the CUDA backend).
 struct Backend {
   Device device = Device::CPU;
   int device_index = 0;
   DType weight = DType::F32;
+  bool w8_linear = false;
 };
 
 /// `t` is defined and on `b`'s device. Throws Error "<op>: <what> is undefined / is on ..., expected ...".
@@ -35,6 +37,11 @@ inline void activation(const Backend& b, const Tensor& t, int rank, const char* 
 inline void weight(const Backend& b, const Tensor& t, int rank, const char* op, const char* what) {
   tensor(b, t, b.weight, rank, op, what);
 }
+
+/// The weight of a linear product (linear, linear_group, moe_shared_expert) of rank 2: a weight as `weight` checks
+/// it, or, where the backend takes them (b.w8_linear), an 8-bit weight: I8 or F8_E4M3 codes [rows, cols] with F32
+/// scales [rows, ceil(cols / group)] on the backend's device. Throws Error naming `op` and `what` otherwise.
+void linear_weight(const Backend& b, const Tensor& t, const char* op, const char* what);
 
 /// The checks every `*_batch` op makes of its StepBatch: `rows` (an activation of the step) has batch.num_tokens
 /// rows. Throws Error naming `what`.

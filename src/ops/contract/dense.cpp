@@ -16,7 +16,7 @@ EmbeddingDims embedding(const Backend& b, const Tensor& table, const Tensor& ids
 LinearDims linear(const Backend& b, const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& bias,
                   const char* op) {
   activation(b, x, 2, op, "x");
-  weight(b, w, 2, op, "weight");
+  linear_weight(b, w, op, "weight");
   activation(b, y, 2, op, "y");
   FN_CHECK(x.dim(1) == w.dim(1) && y.dim(0) == x.dim(0) && y.dim(1) == w.dim(0),
            "{}: shapes do not match: x {}, weight {}, y {}", op, x.str(), w.str(), y.str());

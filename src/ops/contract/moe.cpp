@@ -41,9 +41,9 @@ ExpertsDims moe_experts(const Backend& b, const Tensor& u, const Tensor& ids, co
 SharedExpertDims moe_shared_expert(const Backend& b, const Tensor& u, const MoeWeights& w, const Tensor& out) {
   const char* op = "moe_shared_expert";
   activation(b, u, 2, op, "u");
-  weight(b, w.shared_gate_proj, 2, op, "shared_expert.gate_proj");
-  weight(b, w.shared_up_proj, 2, op, "shared_expert.up_proj");
-  weight(b, w.shared_down_proj, 2, op, "shared_expert.down_proj");
+  linear_weight(b, w.shared_gate_proj, op, "shared_expert.gate_proj");
+  linear_weight(b, w.shared_up_proj, op, "shared_expert.up_proj");
+  linear_weight(b, w.shared_down_proj, op, "shared_expert.down_proj");
   weight(b, w.shared_expert_gate, 2, op, "shared_expert_gate");
   activation(b, out, 2, op, "out");
   const int64_t T = u.dim(0), H = u.dim(1), Is = w.shared_gate_proj.dim(0);

@@ -417,7 +417,7 @@ void CudaOps::copy_rows_indexed(const char* op, const Tensor& src, const Tensor&
 
 contract::Backend CudaOps::spec() const {
   use_device();
-  return {Device::CUDA, ctx_->device, DType::F16};
+  return {Device::CUDA, ctx_->device, DType::F16, true};
 }
 
 void CudaOps::synchronize(const char* where) {

@@ -163,6 +163,9 @@ class CudaOps final : public Ops {
   /// kernels do not take (H or I not a multiple of 8, an int4 group that is not), take the default path:
   /// dequantized exactly to float32 on the host, stored as FP16 weights (which rounds 8-bit codes times scales).
   RoutedExperts load_quantized_experts(const QuantExperts& q) override;
+  /// The codes (I8 / F8_E4M3, one byte a weight) and float32 scales uploaded as they are (Tensor::with_scales): the
+  /// products of dense_ops.cpp apply the scales (W8A16).
+  Tensor load_w8_linear(const W8Linear& w) override;
 
   // ------------------------------------------------ dense_ops.cpp
 
@@ -343,9 +346,19 @@ class CudaOps final : public Ops {
   void product(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& bias, const char* what,
                bool float32_inputs = false);
   /// y[i] = x w[i]^T (+ bias[i]) as one decode GEMV launch when x has at most kGemvMaxTokens rows, K % 8 == 0 and
-  /// every pointer is 16-byte aligned; returns false (nothing done) otherwise. Shapes checked by the caller.
+  /// every pointer is 16-byte aligned (8-bit weights: gemv_group_w8; a group mixing them with FP16 ones does not
+  /// qualify); returns false (nothing done) otherwise. Shapes checked by the caller.
   bool gemv_group(const Tensor& x, std::span<const Tensor> w, std::span<const Tensor> y, std::span<const Tensor> bias,
                   const char* what);
+  /// product() for an 8-bit weight (Tensor::with_scales, W8A16): the 8-bit decode GEMV where gemv_group takes it,
+  /// else the codes as FP16 tiles (exact where one scale covers a row, which is applied to the product; block
+  /// scales multiplied in first, one rounding) through the tensor-core GEMM of product's precision.
+  void product_w8(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& bias, const char* what,
+                  bool float32_inputs);
+  /// gemv_group for a group of 8-bit weights of one code type (launch_gemv_w8_f32x): K % 16 == 0, groups multiples
+  /// of 16 or whole rows; false (nothing done) otherwise.
+  bool gemv_group_w8(const Tensor& x, std::span<const Tensor> w, std::span<const Tensor> y,
+                     std::span<const Tensor> bias, const char* what);
   /// An FP16 copy of a float32 tensor (the input of a tensor-core product).
   Tensor half_copy(const Tensor& x, const char* op);
 

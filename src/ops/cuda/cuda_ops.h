@@ -7,8 +7,9 @@
 // compressed-tensors) and GPTQ / AutoRound of 2 or 3 bits are repacked once, losslessly, into the W4A16 layout of
 // moe_w4a16.h and run by its grouped kernels with FP16 activations; 8-bit integer experts (8-bit GPTQ / AutoRound,
 // W8A8 INT8) as two 4-bit planes and FP8 experts (W8A8 FP8, the FP8 block format) as their bytes, in the same kernels
-// (moe_w4a16.h). Quantized dense weights are dequantized to FP16 at load, which rounds the 8-bit ones (an 8-bit code
-// times a 16-bit scale needs up to 20 significant bits, FP16 keeps 11). An FP8 or int8 PLE table stays as stored and
+// (moe_w4a16.h). 8-bit dense projections (W8A8 INT8 and FP8 releases: Ops::load_w8_linear) stay codes with float32
+// scales, one byte a weight, which the products apply (W8A16, exact weights; dense_ops.cpp); other quantized dense
+// weights are dequantized to FP16 at load. An FP8 or int8 PLE table stays as stored and
 // is converted row by row in the gather. Activations at the interface stay
 // float32, as the interface defines them: the residual stream, norm statistics, softmaxes, GDN states, QSA caches,
 // indexer scores and the router are FP32. The inputs of tensor-core products are, by default

@@ -293,6 +293,145 @@ __global__ void gemv_f16w_f32x_kernel(const float* __restrict__ x, int64_t ldx, 
   }
 }
 
+// ---------------------------------------------------------------- 8-bit weights (W8A16)
+// Sixteen 8-bit codes (16 bytes) as floats, exactly: int8 through the float bias trick (the byte with its sign bit
+// flipped under 0x4B000000 is 2^23 + 128 + q), E4M3 through FP16 (sign to bit 15, exponent and mantissa shifted
+// into place: e4m3 * 2^-8 exactly, subnormals included), so FP8 values come out 2^-8 times their value.
+template <bool FP8>
+__device__ __forceinline__ void unpack_w8x16(const uint4& raw, float (&wf)[16]) {
+  const uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (FP8) {
+#pragma unroll
+      for (int p = 0; p < 2; ++p) {
+        const uint32_t x = __byte_perm(u[i], 0u, p ? 0x3424u : 0x1404u);  // bytes 2p, 2p + 1 to the high bytes
+        const uint32_t h = ((x >> 1) & 0x3f803f80u) | (x & 0x80008000u);
+        const float2 f = __half22float2(
+            __halves2half2(__ushort_as_half(uint16_t(h & 0xffffu)), __ushort_as_half(uint16_t(h >> 16))));
+        wf[4 * i + 2 * p] = f.x;
+        wf[4 * i + 2 * p + 1] = f.y;
+      }
+    } else {
+      const uint32_t v = u[i] ^ 0x80808080u;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) wf[4 * i + b] = __uint_as_float(__byte_perm(v, 0x4b000000u, 0x7440u + b)) - 8388736.f;
+    }
+  }
+}
+
+// y_s[t, n] = sum_k x[t, k] * code_s[n, k] * scale_s[n, k / group_s] (+ bias_s[n]): launch_gemv_w8_f32x. A warp (or
+// `parts` warps, split-K, partials added in warp order) per row; lane slices of 16 codes, P of them in flight; each
+// slice's 16 products summed in float32, then added to the token's sum, times its group's scale where a row has
+// several groups, else the row's scale once at the end (FP8: times 2^8 as well). K % 16 == 0, groups multiples of 16.
+template <int T, bool FP8>
+__global__ void gemv_w8_f32x_kernel(const float* __restrict__ x, int64_t ldx, int K, GemvSegments8 seg, int parts,
+                                    bool early) {
+  constexpr int P = gemv_prefetch<T>();
+  const int warp = int(threadIdx.x >> 5), lane = threadIdx.x & 31, part = warp % parts;
+  const int n_all = int(blockIdx.x) * (kWarps / parts) + warp / parts;
+  const bool active = n_all < seg.rows_end[seg.count - 1];
+  int s = 0;
+  if (active)
+    while (n_all >= seg.rows_end[s]) ++s;
+  const int n = n_all - (s ? seg.rows_end[s - 1] : 0);
+  const uint4* wr = reinterpret_cast<const uint4*>(seg.w[s] + int64_t(n) * K);
+  const int n16 = K / 16, stride = 32 * parts, v_first = lane + 32 * part;
+  uint4 raw[P];
+  auto load = [&](int v0) {
+#pragma unroll
+    for (int u = 0; u < P; ++u)
+      if (v0 + stride * u < n16) raw[u] = __ldg(wr + v0 + stride * u);
+  };
+  pdl_begin_after_weights(early, [&] {
+    if (active) load(v_first);
+  });
+  __shared__ float red[kWarps][T];
+  float acc[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) acc[t] = 0.f;
+  const int group = seg.group[s], G = (K + group - 1) / group;
+  const bool row_scale = group >= K;
+  const float* sc = seg.scale[s] + int64_t(n) * G;
+  if (active) {
+    for (int v0 = v_first; v0 < n16; v0 += stride * P) {
+      if (v0 != v_first) load(v0);
+#pragma unroll
+      for (int u = 0; u < P; ++u) {
+        const int v = v0 + stride * u;
+        if (v >= n16) break;
+        float wf[16];
+        unpack_w8x16<FP8>(raw[u], wf);
+        const float gs = row_scale ? 1.f : __ldg(sc + (16 * v) / group);
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+          const float4* xp = reinterpret_cast<const float4*>(x + t * ldx + int64_t(v) * 16);
+          float d = 0.f;
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const float4 a = xp[q];
+            d += wf[4 * q] * a.x + wf[4 * q + 1] * a.y + wf[4 * q + 2] * a.z + wf[4 * q + 3] * a.w;
+          }
+          acc[t] = row_scale ? acc[t] + d : fmaf(d, gs, acc[t]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < T; ++t) acc[t] = warp_sum(acc[t]);
+  if (parts > 1) {
+    if (lane == 0)
+#pragma unroll
+      for (int t = 0; t < T; ++t) red[warp][t] = acc[t];
+    __syncthreads();
+    if (part != 0) return;
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      float a = red[warp][t];
+      for (int p = 1; p < parts; ++p) a += red[warp + p][t];
+      acc[t] = a;
+    }
+  }
+  if (!active || lane != 0) return;
+  const float f = (row_scale ? sc[0] : 1.f) * (FP8 ? 256.f : 1.f);
+  const float bias = seg.bias[s] ? to_f(seg.bias[s][n]) : 0.f;
+#pragma unroll
+  for (int t = 0; t < T; ++t) seg.y[s][t * seg.ldy[s] + n] = acc[t] * f + bias;
+}
+
+// dst[n, k] = fp16(code) or fp16(float(code) * scale[n, k / group]): launch_w8_to_f16.
+__global__ void w8_to_f16_kernel(const uint8_t* __restrict__ codes, bool fp8, const float* __restrict__ scale,
+                                 int group, bool apply_scales, int64_t rows, int cols, __half* __restrict__ dst) {
+  pdl_begin();
+  const int G = (cols + group - 1) / group;
+  const int64_t n_all = rows * cols;
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n_all; i += int64_t(gridDim.x) * kThreads) {
+    const uint8_t b = codes[i];
+    float v;
+    if (fp8) {
+      const uint16_t h = uint16_t(((b & 0x7fu) << 7) | ((b & 0x80u) << 8));  // e4m3 * 2^-8 as FP16 bits
+      v = __half2float(__ushort_as_half(h)) * 256.f;
+    } else {
+      v = float(int8_t(b));
+    }
+    if (apply_scales) v *= scale[(i / cols) * G + (i % cols) / group];
+    dst[i] = __float2half_rn(v);
+  }
+}
+
+// y[t, n] = y[t, n] * scale[n] (+ bias[n]): launch_scale_columns.
+__global__ void scale_columns_kernel(float* __restrict__ y, int64_t rows, int cols, int64_t ldy,
+                                     const float* __restrict__ scale, const __half* __restrict__ bias) {
+  pdl_begin();
+  const int64_t n_all = rows * cols;
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n_all; i += int64_t(gridDim.x) * kThreads) {
+    const int64_t t = i / cols;
+    const int c = int(i % cols);
+    float* p = y + t * ldy + c;
+    *p = *p * scale[c] + (bias ? to_f(bias[c]) : 0.f);
+  }
+}
+
 // The shared expert's down projection for T <= kGemvMaxTokens tokens with its activation and gate fused in (one warp
 // per output column c of H): out[t, c] += sigmoid(gate_logit[t]) * sum_k down[c, k] * silu(g[t, k]) * up[t, k]; g,
 // up [T, I] float32, down [H, I] FP16, I % 8 == 0, every pointer 16-byte aligned. Float32 throughout, the products
@@ -934,6 +1073,8 @@ __global__ void qsa_topk_kernel(Layout lay, const float* __restrict__ scores, in
 // The templates as sm_70 kernels for the NVRTC check (scripts/check-sm70.sh compiles device code only).
 #define FN_DECODE_KERNELS(TT)                                                                                          \
   template __global__ void gemv_f16w_f32x_kernel<TT, 1>(const float*, int64_t, int, GemvSegments, int, bool);          \
+  template __global__ void gemv_w8_f32x_kernel<TT, false>(const float*, int64_t, int, GemvSegments8, int, bool);       \
+  template __global__ void gemv_w8_f32x_kernel<TT, true>(const float*, int64_t, int, GemvSegments8, int, bool);        \
   template __global__ void gemv_f16w_f32x_kernel<TT, kGemvRows>(const float*, int64_t, int, GemvSegments, int, bool);  \
   template __global__ void shared_down_decode_kernel<TT>(const float*, const float*, const __half*, const float*, int, \
                                                          int, float*, bool);                                           \
@@ -1260,6 +1401,53 @@ cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, int K, const Gemv
 #undef FN_GEMV_CASE
     default: return cudaErrorInvalidValue;
   }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gemv_w8_f32x(const float* x, int64_t ldx, int K, const GemvSegments8& seg, int tokens,
+                                cudaStream_t stream) {
+  if (tokens == 0 || seg.count == 0) return cudaSuccess;
+  if (seg.count > kGemvMaxSegments || K % 16 != 0) return cudaErrorInvalidValue;
+  for (int i = 0; i < seg.count; ++i)
+    if (seg.group[i] <= 0 || (seg.group[i] < K && seg.group[i] % 16 != 0)) return cudaErrorInvalidValue;
+  const int rows = seg.rows_end[seg.count - 1];
+  if (rows == 0) return cudaSuccess;
+  // Warps per row as launch_gemv_f16w_f32x: enough for about 4,096 warps, at most 8.
+  int parts = 1;
+  while (parts < kWarps && int64_t(rows) * parts < 4096) parts *= 2;
+  const unsigned blocks = unsigned((int64_t(rows) + kWarps / parts - 1) / (kWarps / parts));
+  const bool early = early_weights();
+  switch (tokens * 2 + (seg.fp8 ? 1 : 0)) {
+#define FN_GEMV8_CASE(TT)                                                                              \
+  case TT * 2:                                                                                         \
+    launch(gemv_w8_f32x_kernel<TT, false>, blocks, kThreads, 0, stream, x, ldx, K, seg, parts, early); \
+    break;                                                                                             \
+  case TT * 2 + 1:                                                                                     \
+    launch(gemv_w8_f32x_kernel<TT, true>, blocks, kThreads, 0, stream, x, ldx, K, seg, parts, early);  \
+    break;
+    FN_GEMV8_CASE(1)
+    FN_GEMV8_CASE(2) FN_GEMV8_CASE(3) FN_GEMV8_CASE(4) FN_GEMV8_CASE(5) FN_GEMV8_CASE(6) FN_GEMV8_CASE(7)
+        FN_GEMV8_CASE(8)
+#undef FN_GEMV8_CASE
+            default : return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_w8_to_f16(const uint8_t* codes, bool fp8, const float* scale, int group, bool apply_scales,
+                             int64_t rows, int cols, __half* dst, cudaStream_t stream) {
+  const int64_t n = rows * cols;
+  if (n == 0) return cudaSuccess;
+  if (group <= 0) return cudaErrorInvalidValue;
+  launch(w8_to_f16_kernel, grid_for(n), kThreads, 0, stream, codes, fp8, scale, group, apply_scales, rows, cols, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_scale_columns(float* y, int64_t rows, int cols, int64_t ldy, const float* scale, const __half* bias,
+                                 cudaStream_t stream) {
+  const int64_t n = rows * cols;
+  if (n == 0) return cudaSuccess;
+  launch(scale_columns_kernel, grid_for(n), kThreads, 0, stream, y, rows, cols, ldy, scale, bias);
   return cudaGetLastError();
 }
 

@@ -46,6 +46,21 @@ struct GemvSegments {
   int count;
 };
 
+/// The weights of one 8-bit decode GEMV launch (launch_gemv_w8_f32x; W8A16, ops/ops.h W8Linear): segment s has codes
+/// w[s] [N_s, K] (I8, or F8_E4M3 when fp8), float32 scales scale[s] [N_s, ceil(K / group[s])] (value = code *
+/// scale), an optional FP16 bias[s] [N_s] and the FP32 output y[s] [tokens, ldy[s]]; rows_end[s] = N_0 + ... + N_s.
+struct GemvSegments8 {
+  const uint8_t* w[kGemvMaxSegments];
+  const float* scale[kGemvMaxSegments];
+  int group[kGemvMaxSegments];
+  const __half* bias[kGemvMaxSegments];
+  float* y[kGemvMaxSegments];
+  int64_t ldy[kGemvMaxSegments];
+  int rows_end[kGemvMaxSegments];
+  int count;
+  bool fp8;
+};
+
 #ifndef __CUDACC_RTC__  // host launchers
 /// y[i] = fp16(x[i]) (round to nearest even) for i < n.
 cudaError_t launch_f32_to_f16(const float* x, __half* y, int64_t n, cudaStream_t stream);
@@ -70,6 +85,23 @@ cudaError_t launch_add_bias(float* y, const __half* bias, int64_t rows, int cols
 /// caller's check).
 cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, int K, const GemvSegments& seg, int tokens,
                                   cudaStream_t stream);
+/// y_s[t, n] = sum_k x[t, k] * code_s[n, k] * scale_s[n, k / group_s] (+ bias_s[n]) in float32 for tokens <=
+/// kGemvMaxTokens and every segment of `seg` (GemvSegments8): the codes read once in 16-byte vectors (16 weights) and
+/// decoded exactly (int8 by a float bias trick, E4M3 through FP16 as e4m3 * 2^-8), the scale applied to each group's
+/// partial sum (after the whole row where a group spans it); a warp per row, 1 to 8 warps a row (split-K) as
+/// launch_gemv_f16w_f32x. Needs K % 16 == 0, every group a multiple of 16 (or K), 16-byte aligned code rows and x
+/// rows (cudaErrorInvalidValue for more tokens or segments; alignment is the caller's check).
+cudaError_t launch_gemv_w8_f32x(const float* x, int64_t ldx, int K, const GemvSegments8& seg, int tokens,
+                                cudaStream_t stream);
+/// dst[n, k] = fp16(code[n, k]) (exact for int8 and E4M3), or with `apply_scales` fp16(float(code[n, k]) *
+/// scale[n, k / group]) (one rounding), for n < rows, k < cols; `scale` [rows, ceil(cols / group)]. The 8-bit weight
+/// tile of a prefill product (the tensor cores then take it).
+cudaError_t launch_w8_to_f16(const uint8_t* codes, bool fp8, const float* scale, int group, bool apply_scales,
+                             int64_t rows, int cols, __half* dst, cudaStream_t stream);
+/// y[t, n] = y[t, n] * scale[n] (+ bias[n]) for t < rows, n < cols (row stride ldy): the per-row scale of an 8-bit
+/// weight applied after its product over the exact codes.
+cudaError_t launch_scale_columns(float* y, int64_t rows, int cols, int64_t ldy, const float* scale, const __half* bias,
+                                 cudaStream_t stream);
 /// Whether launch_hc_read_decode takes these sizes: tokens <= kGemvMaxTokens, streams a power of two <= 8, hidden
 /// and rank multiples of 8, tokens * rank floats of d within 48 KiB of shared memory.
 bool hc_read_decode_supported(int tokens, int streams, int hidden, int rank);

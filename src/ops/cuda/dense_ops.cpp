@@ -1,5 +1,6 @@
 // The CUDA backend's dense building blocks: embedding, linear and linear_group (float32 decode GEMV for products of
-// at most kGemvMaxTokens rows; above that cuBLAS FP16 tensor-core GEMMs with FP16x2 or FP16 inputs), zc_rms_norm.
+// at most kGemvMaxTokens rows; above that cuBLAS FP16 tensor-core GEMMs with FP16x2 or FP16 inputs; 8-bit weights,
+// W8A16: a GEMV over the codes, or the codes as FP16 tiles for the tensor cores with the row scale after), zc_rms_norm.
 #include <cuda_fp16.h>
 
 #include "ops/contract/dense.h"
@@ -46,6 +47,7 @@ void CudaOps::product(const Tensor& x, const Tensor& w, const Tensor& y, const T
   const int in = to_int(x.dim(1), what, "in"), out = to_int(w.dim(0), what, "out");
   const __half* b = bias.defined() ? dp<__half>(bias) : nullptr;
   if (T == 0) return;
+  if (w.has_scales()) return product_w8(x, w, y, bias, what, float32_inputs);
   // Decode-sized products: one float32 GEMV launch over the FP16 weights (as exact as FP16x2, read once).
   if (gemv_group(x, {&w, 1}, {&y, 1}, {&bias, 1}, what)) return;
   if (split() || float32_inputs) {
@@ -62,11 +64,79 @@ void CudaOps::product(const Tensor& x, const Tensor& w, const Tensor& y, const T
   if (b) FN_CUDA_CHECK(detail::launch_add_bias(dp<float>(y), b, T, out, stream()), what);
 }
 
+void CudaOps::product_w8(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& bias, const char* what,
+                         bool float32_inputs) {
+  if (gemv_group(x, {&w, 1}, {&y, 1}, {&bias, 1}, what)) return;
+  const int64_t T = x.dim(0);
+  const int in = to_int(x.dim(1), what, "in"), out = to_int(w.dim(0), what, "out");
+  const int group = to_int(std::min(w.scale_group(), x.dim(1)), what, "group");
+  const int64_t G = w.scales().dim(1);
+  const bool row_scale = group >= in, fp8 = w.dtype() == DType::F8_E4M3, halves = split() || float32_inputs;
+  // The codes become FP16 tiles of at most about 32 MiB (exact for one scale a row, whose scale follows the product;
+  // block scales go in before it, one rounding), each the weight of one tensor-core GEMM into its output columns.
+  const int64_t tile = std::min<int64_t>(out, std::max<int64_t>(256, (int64_t(16) << 20) / in / 256 * 256));
+  Tensor wt = alloc({tile, in}, DType::F16, "8-bit weight tile");
+  Tensor xin, y2;
+  if (halves) {
+    xin = alloc({2 * T, in}, DType::F16, "fp16x2 activations");
+    y2 = alloc({2 * T, out}, DType::F32, "product");
+    FN_CUDA_CHECK(detail::launch_split_f16x2(dp<const float>(x), dp<__half>(xin), T, in, stream()), what);
+  } else {
+    xin = half_copy(x, what);
+  }
+  const int m = to_int(halves ? 2 * T : T, what, "rows");
+  float* dst = halves ? dp<float>(y2) : dp<float>(y);
+  for (int64_t n0 = 0; n0 < out; n0 += tile) {
+    const int nc = int(std::min<int64_t>(tile, out - n0));
+    FN_CUDA_CHECK(detail::launch_w8_to_f16(dp<uint8_t>(w) + n0 * in, fp8, dp<float>(w.scales()) + n0 * G, group,
+                                           !row_scale, nc, in, dp<__half>(wt), stream()),
+                  what);
+    blas_.linear(dp<__half>(xin), m, in, dp<__half>(wt), nc, dst + n0, OutType::F32, out, stream(), what);
+  }
+  if (halves)
+    FN_CUDA_CHECK(detail::launch_sum_halves(dp<const float>(y2), dp<float>(y), T, out, nullptr, stream()), what);
+  const __half* b = bias.defined() ? dp<__half>(bias) : nullptr;
+  if (row_scale) {
+    FN_CUDA_CHECK(detail::launch_scale_columns(dp<float>(y), T, out, out, dp<float>(w.scales()), b, stream()), what);
+  } else if (b) {
+    FN_CUDA_CHECK(detail::launch_add_bias(dp<float>(y), b, T, out, stream()), what);
+  }
+}
+
+bool CudaOps::gemv_group_w8(const Tensor& x, std::span<const Tensor> w, std::span<const Tensor> y,
+                            std::span<const Tensor> bias, const char* what) {
+  const int64_t T = x.dim(0), K = x.dim(1);
+  if (K % 16 != 0) return false;
+  detail::GemvSegments8 seg{};
+  int rows = 0;
+  for (size_t i = 0; i < w.size(); ++i) {
+    const int64_t group = w[i].scale_group();
+    if (w[i].dtype() != w[0].dtype() || !aligned16(w[i]) || (group < K && group % 16 != 0)) return false;
+    seg.w[i] = dp<uint8_t>(w[i]);
+    seg.scale[i] = dp<float>(w[i].scales());
+    seg.group[i] = int(std::min(group, K));
+    seg.bias[i] = i < bias.size() && bias[i].defined() ? dp<__half>(bias[i]) : nullptr;
+    seg.y[i] = dp<float>(y[i]);
+    seg.ldy[i] = y[i].dim(1);
+    rows += to_int(w[i].dim(0), what, "out");
+    seg.rows_end[i] = rows;
+  }
+  seg.count = int(w.size());
+  seg.fp8 = w[0].dtype() == DType::F8_E4M3;
+  FN_CUDA_CHECK(detail::launch_gemv_w8_f32x(dp<const float>(x), K, int(K), seg, int(T), stream()), what);
+  return true;
+}
+
 bool CudaOps::gemv_group(const Tensor& x, std::span<const Tensor> w, std::span<const Tensor> y,
                          std::span<const Tensor> bias, const char* what) {
   const int64_t T = x.dim(0), K = x.dim(1);
-  if (T < 1 || T > detail::kGemvMaxTokens || K % 8 != 0 || !aligned16(x) || w.size() > size_t(detail::kGemvMaxSegments))
-    return false;
+  if (T < 1 || T > detail::kGemvMaxTokens || !aligned16(x) || w.size() > size_t(detail::kGemvMaxSegments)) return false;
+  // 8-bit weights: a launch of their own (all of the group 8-bit, of one code type); a mixed group goes weight by
+  // weight.
+  for (const Tensor& wi : w)
+    if (wi.has_scales() != w[0].has_scales()) return false;
+  if (w[0].has_scales()) return gemv_group_w8(x, w, y, bias, what);
+  if (K % 8 != 0) return false;
   detail::GemvSegments seg{};
   int rows = 0;
   for (size_t i = 0; i < w.size(); ++i) {

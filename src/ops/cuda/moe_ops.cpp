@@ -137,13 +137,15 @@ void CudaOps::moe_shared_expert(const Tensor& u, const MoeWeights& w, const Tens
   const int t = to_int(T, op, "tokens"), h = to_int(H, op, "hidden"), is = to_int(Is, op, "width");
   Tensor s, logit = alloc({T}, DType::F32, "shared gate logit");  // s: the unfused paths' down_proj output
   bool gate_done = false;                                         // the gate logit computed with gate_proj / up_proj
-  if (split()) {
+  const bool w8 = w.shared_gate_proj.has_scales() || w.shared_up_proj.has_scales() || w.shared_down_proj.has_scales();
+  if (split() || w8) {  // 8-bit weights: through product(), which applies their scales (either precision)
     Tensor g = alloc({T, Is}, DType::F32, "shared expert gate"), up = alloc({T, Is}, DType::F32, "shared expert up");
     // gate_proj, up_proj and shared_expert_gate read u: one decode GEMV launch when they qualify.
     const Tensor gu_w[3] = {w.shared_gate_proj, w.shared_up_proj, w.shared_expert_gate};
     const Tensor gu_y[3] = {g, up, logit.view({T, 1})};
     gate_done = gemv_group(u, gu_w, gu_y, {}, "shared_expert gate_proj/up_proj/shared_expert_gate");
-    if (gate_done && Is % 8 == 0 && aligned16(w.shared_down_proj) && aligned16(out)) {
+    if (gate_done && !w.shared_down_proj.has_scales() && Is % 8 == 0 && aligned16(w.shared_down_proj) &&
+        aligned16(out)) {
       // Decode: the activation, down projection and gated accumulation in one launch.
       FN_CUDA_CHECK(
           detail::launch_shared_down_decode(dp<const float>(g), dp<const float>(up), dp<__half>(w.shared_down_proj),
