@@ -56,6 +56,7 @@ struct BenchArgs {
   uint64_t seed = 1;
   std::vector<int64_t> prompts{1024, 4096, 8192, 32768};
   int64_t chunk = 8192, block_size = 16;
+  std::vector<int64_t> prefill_chunks;  ///< --prefill-chunks: the prefill runs' chunk sizes (empty: {chunk})
   int64_t decode_context = 8192, decode_tokens = 512, decode_skip = 32;
   std::vector<int64_t> batches{8, 32, 64};
   int64_t batch_context = 8192, batch_steps = 32;
@@ -439,6 +440,7 @@ int run(BenchArgs a) {
     FN_CHECK(!*v || **v >= 1, "{} must be >= 1, got {}", flag, **v);
   FN_CHECK(a.repeat >= 1, "--repeat must be >= 1, got {}", a.repeat);
   FN_CHECK(a.chunk >= 1, "--chunk must be >= 1, got {}", a.chunk);
+  for (int64_t c : a.prefill_chunks) FN_CHECK(c >= 1, "--prefill-chunks: every chunk size must be >= 1, got {}", c);
   FN_CHECK(a.decode_tokens == 0 || a.decode_tokens > a.decode_skip + 1,
            "--decode-tokens {} must exceed --decode-skip {} + 1 (or be 0: no batch-1 decode)", a.decode_tokens,
            a.decode_skip);
@@ -571,33 +573,43 @@ int run(BenchArgs a) {
       }
     }
     const int64_t base = pool.next_block;
-    for (int64_t P : a.prompts) {
-      std::vector<double> runs;
-      StepCost cost;
-      json prof = nullptr;
-      const int runs_of_p = P > kLongPrompt ? 1 : a.repeat;
-      for (int r = 0; r < runs_of_p; ++r) {
-        pool.next_block = base;
-        SequenceState s = pool.take(0, P);
-        const bool profiled = a.profile && r + 1 == runs_of_p;
-        ops->set_profiling(profiled);
-        auto [t, c] = prefill(m, s, random_ids(P, V, a.seed + uint64_t(P) * 7 + uint64_t(r)), a.chunk);
-        if (profiled) prof = profile_json(ops->profile_times(), 1.0);
-        ops->set_profiling(false);
-        runs.push_back(t);
-        cost = c;
-        note_memory();
+    const std::vector<int64_t> chunks = a.prefill_chunks.empty() ? std::vector<int64_t>{a.chunk} : a.prefill_chunks;
+    for (int64_t chunk : chunks)
+      for (int64_t P : a.prompts) {
+        std::vector<double> runs;
+        StepCost cost;
+        json prof = nullptr;
+        const int runs_of_p = P > kLongPrompt ? 1 : a.repeat;
+        for (int r = 0; r < runs_of_p; ++r) {
+          pool.next_block = base;
+          SequenceState s = pool.take(0, P);
+          const bool profiled = a.profile && r + 1 == runs_of_p;
+          ops->set_profiling(profiled);
+          auto [t, c] = prefill(m, s, random_ids(P, V, a.seed + uint64_t(P) * 7 + uint64_t(r)), chunk);
+          if (profiled) prof = profile_json(ops->profile_times(), 1.0);
+          ops->set_profiling(false);
+          runs.push_back(t);
+          cost = c;
+          note_memory();
+        }
+        const double t = median(runs);
+        const double ratio = ceil.known() ? cost.flops / ceil.flops_per_s / t : 0;
+        json j{{"prompt_tokens", P},
+               {"chunk", chunk},
+               {"runs_s", runs},
+               {"ttft_s", t},
+               {"tokens_per_s", double(P) / t},
+               {"flops", cost.flops},
+               {"tflops_per_s", cost.flops / t / 1e12},
+               {"ratio_to_compute_ceiling", ceil.known() ? json(ratio) : json()}};
+        if (a.profile) j["profile_ms"] = prof;
+        prefill_runs.push_back(j);
+        log(
+            fmt::format("prefill {:>6} tokens{}: {:8.0f} tokens/s, TTFT {:.3f} s, {:.1f} TFLOP/s ({} of the compute "
+                        "ceiling)",
+                        P, chunks.size() > 1 || chunk < P ? fmt::format(" (chunks of {})", chunk) : std::string(),
+                        double(P) / t, t, cost.flops / t / 1e12, fmt_ratio(ratio)));
       }
-      const double t = median(runs);
-      const double ratio = ceil.known() ? cost.flops / ceil.flops_per_s / t : 0;
-      json j{{"prompt_tokens", P},  {"chunk", a.chunk},          {"runs_s", runs},
-             {"ttft_s", t},         {"tokens_per_s", double(P) / t}, {"flops", cost.flops},
-             {"tflops_per_s", cost.flops / t / 1e12}, {"ratio_to_compute_ceiling", ceil.known() ? json(ratio) : json()}};
-      if (a.profile) j["profile_ms"] = prof;
-      prefill_runs.push_back(j);
-      log(fmt::format("prefill {:>6} tokens: {:8.0f} tokens/s, TTFT {:.3f} s, {:.1f} TFLOP/s ({} of the compute ceiling)",
-                      P, double(P) / t, t, cost.flops / t / 1e12, fmt_ratio(ratio)));
-    }
 
     if (a.decode_tokens > 0) {  // batch 1: decode_context in, decode_tokens out
       pool.next_block = base;
@@ -898,10 +910,13 @@ int run(BenchArgs a) {
       fmt::print("build {:.1f} s (weights {:.1f} s; PLE table {:.2f} GB: pin {:.1f} s, fill {:.1f} s on {} threads)\n",
                  build_s, built.weights_s, double(ple_bytes) / 1e9, built.ple_alloc_s, built.ple_fill_s,
                  built.ple_fill_threads);
-    for (const json& p : prefill_runs)
-      fmt::print("prefill {:>6}: {:9.0f} tok/s  TTFT {:7.3f} s  {:6.1f} TFLOP/s  {}\n", p["prompt_tokens"].get<int64_t>(),
+    for (const json& p : prefill_runs) {
+      const int64_t P = p["prompt_tokens"].get<int64_t>(), chunk = p["chunk"].get<int64_t>();
+      fmt::print("prefill {:>6}{}: {:9.0f} tok/s  TTFT {:7.3f} s  {:6.1f} TFLOP/s  {}\n", P,
+                 chunk < P || !a.prefill_chunks.empty() ? fmt::format(" (chunks of {})", chunk) : std::string(),
                  p["tokens_per_s"].get<double>(), p["ttft_s"].get<double>(), p["tflops_per_s"].get<double>(),
                  p["ratio_to_compute_ceiling"].is_null() ? "" : fmt_ratio(p["ratio_to_compute_ceiling"].get<double>()));
+    }
     if (!decode.is_null())
       fmt::print(
           "decode b=1 {}/{}: {:7.1f} tok/s  step {:.2f} ms (host issue {:.2f})  {:.2f} GB/step  {}\n", a.decode_context,
@@ -986,6 +1001,10 @@ FLASHNEXT_SUBCOMMAND(
                             "prefill prompt lengths, comma-separated, or 'none' (default 1024,4096,8192,32768)"),
              "64,256");
       scaled(sub.add_option("--chunk", a->chunk, "prefill chunk size in tokens (default 8192)"), "256");
+      auto prefill_chunks = std::make_shared<std::string>();
+      sub.add_option("--prefill-chunks", *prefill_chunks,
+                     "the prefill runs' chunk sizes, comma-separated: every prompt length once per size (default: "
+                     "--chunk); decode and batched decode prefill with --chunk");
       sub.add_option("--block-size", a->block_size, "KV cache block size in positions (default 16, as serve)");
       scaled(sub.add_option("--decode-context", a->decode_context,
                             "prompt tokens before the batch-1 decode (default 8192)"),
@@ -1022,7 +1041,7 @@ FLASHNEXT_SUBCOMMAND(
       sub.add_flag("--profile", a->profile, "per-phase device time of a prefill run and of decode steps");
       sub.add_flag("--json", a->json, "print one JSON object (docs/BENCH.md) instead of the table");
       sub.add_option("--out", a->out, "also write the JSON report to this file");
-      return [a, prompts, batches, cpu_defaults] {
+      return [a, prompts, batches, prefill_chunks, cpu_defaults] {
         if (a->device == "cpu") {
           std::vector<std::string> applied;
           for (const auto& [o, value] : cpu_defaults)
@@ -1038,6 +1057,7 @@ FLASHNEXT_SUBCOMMAND(
         }
         a->prompts = parse_list(*prompts, "--prompts");
         a->batches = parse_list(*batches, "--batches");
+        if (!prefill_chunks->empty()) a->prefill_chunks = parse_list(*prefill_chunks, "--prefill-chunks");
         return run(*a);
       };
     });

@@ -204,6 +204,24 @@ TEST(BenchCli, TableOutput) {
   EXPECT_THAT(r.out, HasSubstr("prefill      4:"));
 }
 
+// --prefill-chunks: every prompt length once per chunk size, the size in each JSON entry and table row.
+TEST(BenchCli, PrefillChunkSizes) {
+  CliRun r = run_flashnext(kSmall + " --batches none --prompts 6 --decode-tokens 0 --prefill-chunks 2,6 --json",
+                           /*merge_stderr=*/false);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const json j = json::parse(r.out);
+  ASSERT_EQ(j["prefill"].size(), 2u);
+  EXPECT_EQ(j["prefill"][0]["chunk"], 2);
+  EXPECT_EQ(j["prefill"][1]["chunk"], 6);
+  for (const json& p : j["prefill"]) EXPECT_EQ(p["prompt_tokens"], 6);
+  r = run_flashnext(kSmall + " --batches none --prompts 6 --decode-tokens 0 --prefill-chunks 3");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("prefill      6 (chunks of 3):"));
+  r = run_flashnext("bench --device cpu --prefill-chunks 8,0");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.out, HasSubstr("--prefill-chunks: every chunk size must be >= 1, got 0"));
+}
+
 TEST(BenchCli, BadFlagsFailBeforeAllocating) {
   CliRun r = run_flashnext("bench --device cpu --layers 0");
   EXPECT_EQ(r.status, 1);
