@@ -173,7 +173,10 @@ struct W8Linear {
   std::vector<float> scales;   ///< [rows, ceil(cols / group)], row-major
 
   int64_t groups() const { return group > 0 ? (cols + group - 1) / group : 0; }
-  /// The exact float32 values [rows, cols] (the formula above). Throws Error for inconsistent sizes or dtype.
+  /// Throws Error for inconsistent sizes, a code dtype other than I8 / F8_E4M3, or an E4M3 NaN code (0x7f, 0xff:
+  /// which the CUDA decode would read as 480).
+  void check() const;
+  /// The exact float32 values [rows, cols] (the formula above). Throws Error as check().
   std::vector<float> dequantize() const;
 };
 

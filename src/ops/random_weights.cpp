@@ -41,12 +41,20 @@ RoutedExperts Ops::random_experts(int64_t E, int64_t I, int64_t H, uint64_t seed
   return r;
 }
 
-std::vector<float> W8Linear::dequantize() const {
+void W8Linear::check() const {
   FN_CHECK((code == DType::I8 || code == DType::F8_E4M3) && rows >= 0 && cols > 0 && group > 0 &&
                codes.size() == size_t(rows * cols) && scales.size() == size_t(rows * groups()),
            "8-bit linear weight: {} [{}, {}] with group {}, {} codes and {} scales do not fit (I8 or F8_E4M3 codes "
            "[rows, cols], scales [rows, ceil(cols / group)])",
            dtype_name(code), rows, cols, group, codes.size(), scales.size());
+  if (code == DType::F8_E4M3)
+    for (size_t i = 0; i < codes.size(); ++i)
+      FN_CHECK((codes[i] & 0x7f) != 0x7f, "8-bit linear weight: the E4M3 code at row {}, column {} is NaN (0x{:02x})",
+               int64_t(i) / cols, int64_t(i) % cols, codes[i]);
+}
+
+std::vector<float> W8Linear::dequantize() const {
+  check();
   std::vector<float> out(codes.size());
   const int64_t G = groups();
   for (int64_t n = 0; n < rows; ++n)

@@ -116,7 +116,8 @@ class Tensor {
     FN_CHECK((dtype_ == DType::I8 || dtype_ == DType::F8_E4M3) && rank() == 2 && group > 0,
              "8-bit weight {}: codes must be I8 or F8_E4M3 [rows, cols] with a positive group (got {})", str(), group);
     FN_CHECK(scales.dtype() == DType::F32 && scales.rank() == 2 && scales.dim(0) == shape_[0] &&
-                 scales.dim(1) == (shape_[1] + group - 1) / group && scales.device() == device_,
+                 scales.dim(1) == (shape_[1] + group - 1) / group && scales.device() == device_ &&
+                 scales.device_index() == device_index_,
              "8-bit weight {}: scales {} must be F32 [{}, {}] on the same device", str(), scales.str(), shape_[0],
              (shape_[1] + group - 1) / group);
     Tensor t = *this;

@@ -67,7 +67,6 @@ TEST(TorchTopk, DistinctValuesAreSortedDescending) {
   EXPECT_EQ(v[size_t(top[2])], 197.0f);
 }
 
-// ZC-RMSNorm by hand: x = [3, 4], mean(x^2) = 12.5, y = x / sqrt(12.5 + eps) * (1 + w).
 // An 8-bit weight (Tensor::with_scales): its scales follow rows(), a view of another shape and a raw bytes_as drop
 // or refuse them, inconsistent scales are refused, and the CPU oracle's products refuse 8-bit weights by name (its
 // load_w8_linear gives float32 values instead).
@@ -102,6 +101,7 @@ TEST(Tensor, EightBitWeightScalesFollowRows) {
   }
 }
 
+// ZC-RMSNorm by hand: x = [3, 4], mean(x^2) = 12.5, y = x / sqrt(12.5 + eps) * (1 + w).
 TEST(CpuOps, ZeroCentredRmsNormGrouped) {
   const float xs[] = {3, 4, 1, 1};
   const float ws[] = {0, 1, 0.5f, -0.5f};

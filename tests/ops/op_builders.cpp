@@ -59,10 +59,10 @@ class Gen {
     const auto v = values(shape_numel(s), scale, true);
     return ops_.load_weight(v.data(), DType::F32, s);
   }
-  /// An 8-bit linear weight [rows, cols] (Ops::load_w8_linear) of values about `scale`: random int8 codes in
-  /// [-127, 127], or E4M3 codes of exponent field 1..7 (|value| in [2^-6, 1.875], either sign), with float32 scales
-  /// per row and `group` inputs (group = cols: one a row), each scale / 127 (int8) or scale (FP8) times a factor in
-  /// [0.5, 1.5) that FP16 does not hold exactly. The CPU oracle holds their exact float32 values.
+  /// An 8-bit linear weight [rows, cols] (Ops::load_w8_linear) of values of RMS about `scale`: every int8 code, or
+  /// every E4M3 code but NaN (subnormals, the largest exponents), equally likely, with float32 scales per row and
+  /// `group` inputs (group = cols: one a row), each scale / RMS(codes) (73.9 for int8, 100.06 for E4M3) times a
+  /// factor in [0.5, 1.5) that FP16 does not hold exactly. The CPU oracle holds their exact float32 values.
   Tensor w8_weight(const Shape& s, float scale, DType code, int64_t group) {
     W8Linear w;
     w.code = code;
@@ -73,11 +73,15 @@ class Gen {
     w.codes.resize(size_t(w.rows * w.cols));
     for (size_t i = 0; i < w.codes.size(); ++i) {
       const uint64_t r = random_bits(codes, i);
-      w.codes[i] = code == DType::I8 ? uint8_t(int8_t(int(r % 255) - 127))
-                                     : uint8_t(((r >> 8) & 1) << 7 | (1 + r % 7) << 3 | ((r >> 4) & 7));
+      if (code == DType::I8) {
+        w.codes[i] = uint8_t(r % 256);
+      } else {
+        const uint8_t b = uint8_t(r % 254);  // 0x00..0x7e, then the sign
+        w.codes[i] = uint8_t(((r >> 8) & 1) << 7 | (b % 127));
+      }
     }
     w.scales.resize(size_t(w.rows * w.groups()));
-    const float unit = code == DType::I8 ? scale / 127.f : scale;
+    const float unit = scale / (code == DType::I8 ? 73.9f : 100.06f);
     for (size_t i = 0; i < w.scales.size(); ++i) w.scales[i] = unit * (0.5f + random_uniform(scales, i)) * 1.0001f;
     return ops_.load_w8_linear(w);
   }
@@ -395,10 +399,10 @@ std::string w8_name(DType code, int64_t group, int64_t in) {
                      group >= in ? std::string("row") : fmt::format("g{}", group));
 }
 /// The bound of a product with an 8-bit weight under FP16x2 activations: float32 where the codes stay exact (one
-/// scale a row, or the decode GEMV of at most 8 rows), else an FP16 rounding of code * scale (block scales in a
-/// tensor-core tile).
+/// scale a row, or the 8-bit GEMV: at most 32 rows, inputs and groups multiples of 16), else an FP16 rounding of
+/// code * scale (block scales in a tensor-core tile).
 Bound w8_bound(int64_t T, int64_t group, int64_t in) {
-  return group >= in || T <= 8 ? kF32 : kGemm16;
+  return group >= in || (T <= 32 && in % 16 == 0 && group % 16 == 0) ? kF32 : kGemm16;
 }
 }  // namespace
 

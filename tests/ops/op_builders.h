@@ -45,13 +45,13 @@ OpCase linear_case(int64_t T, int64_t in, int64_t out, bool bias, Weights wk = W
 /// `outs[i]` output widths; `bias[i]` whether projection i has a bias (empty: none has).
 OpCase linear_group_case(int64_t T, int64_t in, std::vector<int64_t> outs, std::vector<bool> bias,
                          Weights wk = Weights::HostFp16);
-/// zc_rms_norm over [T, L] with weight width W and groups of `group` (W = group: per head; W = L: grouped).
 /// linear with an 8-bit weight (Ops::load_w8_linear: `code` I8 or F8_E4M3, float32 scales per row and `group`
 /// inputs; group = in: one a row) against the oracle's exact float32 values of it.
 OpCase linear_w8_case(int64_t T, int64_t in, int64_t out, DType code, int64_t group, bool bias);
 /// linear_group with 8-bit weights (as linear_w8_case), the last one an FP16 weight when `fp16_last` (a mixed group).
 OpCase linear_group_w8_case(int64_t T, int64_t in, std::vector<int64_t> outs, DType code, int64_t group,
                             bool fp16_last);
+/// zc_rms_norm over [T, L] with weight width W and groups of `group` (W = group: per head; W = L: grouped).
 OpCase zc_rms_norm_case(int64_t T, int64_t L, int64_t W, int64_t group, bool in_place, Weights wk = Weights::HostFp16);
 /// gated_rms_norm over [T, heads * D], in place as the model calls it.
 OpCase gated_rms_norm_case(int64_t T, int64_t heads, int64_t D, GateAct act, Weights wk = Weights::HostFp16);

@@ -110,8 +110,9 @@ void add_dense(std::vector<OpCase>& v) {
   // GDN projections at TP4 (qkv | z | b | a) and QSA's at TP2 (q | k | v | index q | index k).
   v.push_back(linear_group_case(5, kH, {kGdnTp4.conv_dim(), 12 * 128, 12, 12}, {}));
   v.push_back(linear_group_case(1, kH, {12 * 2 * kHeadDim, kHeadDim, kHeadDim, kNi * kDi, kDi}, {}));
-  // 8-bit weights (W8A16): the decode GEMV (K % 16 == 0, groups of 16s), the FP16 tiles of prefill (one tile, and
-  // several at 4,096 inputs), one scale a row or FP8 blocks with a partial last block, a mixed group.
+  // 8-bit weights (W8A16): the 8-bit GEMV (K % 16 == 0, groups of 16s; up to 32 rows in launches of 8), the FP16
+  // tiles of prefill (one tile, and several of 4,096 rows at 1,024 inputs), one scale a row or FP8 blocks with a
+  // partial last block, a mixed group.
   for (int64_t T : {0, 1, 3, 8, 9, 33}) {
     v.push_back(linear_w8_case(T, 96, 130, DType::I8, 96, T == 3));
     v.push_back(linear_w8_case(T, 160, 7, DType::F8_E4M3, 160, T == 9));
@@ -119,7 +120,9 @@ void add_dense(std::vector<OpCase>& v) {
   }
   for (int64_t T : {1, 5}) v.push_back(linear_w8_case(T, 200, 33, DType::I8, 200, true));  // K % 16 != 0: tiles
   v.push_back(linear_w8_case(2, 200, 33, DType::F8_E4M3, 128, false));
-  v.push_back(linear_w8_case(9, 4096, 4200, DType::I8, 4096, true));  // two FP16 tiles
+  v.push_back(linear_w8_case(40, 1024, 4200, DType::I8, 1024, true));       // two FP16 tiles
+  v.push_back(linear_w8_case(33, 1024, 4200, DType::F8_E4M3, 128, false));  // two tiles of 8 block scales a row
+  v.push_back(linear_w8_case(27, 4096, 300, DType::F8_E4M3, 4096, false));  // the GEMV in 4 launches
   for (int64_t T : {1, 4, 11}) {
     v.push_back(linear_group_w8_case(T, 96, {200, 24, 8}, DType::I8, 96, false));
     v.push_back(linear_group_w8_case(T, 96, {200, 24, 8}, DType::F8_E4M3, 32, T == 4));

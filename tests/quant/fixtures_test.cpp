@@ -589,6 +589,10 @@ TEST(QuantW8Linear, CpuDefaultLoadsTheExactValues) {
   EXPECT_EQ(v[3], 0.5f);
   EXPECT_EQ(v[4], 448.f * 0.25f);
   EXPECT_EQ(v[5], 0.f);
+  w.codes[4] = 0x7f;  // NaN: refused, naming where
+  EXPECT_THAT([&] { ops->load_w8_linear(w); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("code at row 1, column 1 is NaN (0x7f)")));
+  w.codes[4] = 0x7e;
   w.scales.pop_back();
   EXPECT_THAT([&] { ops->load_w8_linear(w); }, ::testing::ThrowsMessage<Error>(::testing::HasSubstr("do not fit")));
 }

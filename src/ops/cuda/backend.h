@@ -350,15 +350,20 @@ class CudaOps final : public Ops {
   /// qualify); returns false (nothing done) otherwise. Shapes checked by the caller.
   bool gemv_group(const Tensor& x, std::span<const Tensor> w, std::span<const Tensor> y, std::span<const Tensor> bias,
                   const char* what);
-  /// product() for an 8-bit weight (Tensor::with_scales, W8A16): the 8-bit decode GEMV where gemv_group takes it,
-  /// else the codes as FP16 tiles (exact where one scale covers a row, which is applied to the product; block
-  /// scales multiplied in first, one rounding) through the tensor-core GEMM of product's precision.
+  /// product() for an 8-bit weight (Tensor::with_scales, W8A16): up to kW8GemvMaxTokens rows the 8-bit GEMV where
+  /// gemv_group takes it (8 rows a launch), else the codes as FP16 tiles (exact where one scale covers a row, which is
+  /// applied to the product; block scales multiplied in first, one rounding) through the tensor-core GEMM of product's
+  /// precision.
   void product_w8(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& bias, const char* what,
                   bool float32_inputs);
   /// gemv_group for a group of 8-bit weights of one code type (launch_gemv_w8_f32x): K % 16 == 0, groups multiples
   /// of 16 or whole rows; false (nothing done) otherwise.
   bool gemv_group_w8(const Tensor& x, std::span<const Tensor> w, std::span<const Tensor> y,
                      std::span<const Tensor> bias, const char* what);
+  /// Rows up to which product_w8 takes the 8-bit GEMV (kGemvMaxTokens rows a launch).
+  static constexpr int64_t kW8GemvMaxTokens = 32;
+  /// product_w8's FP16 tile of 8-bit codes (grown on demand, kept between steps).
+  Tensor w8_tile_;
   /// An FP16 copy of a float32 tensor (the input of a tensor-core product).
   Tensor half_copy(const Tensor& x, const char* op);
 

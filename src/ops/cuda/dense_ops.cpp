@@ -3,6 +3,8 @@
 // W8A16: a GEMV over the codes, or the codes as FP16 tiles for the tensor cores with the row scale after), zc_rms_norm.
 #include <cuda_fp16.h>
 
+#include <array>
+
 #include "ops/contract/dense.h"
 #include "ops/cuda/backend.h"
 #include "ops/cuda/norm_kernels.h"
@@ -66,16 +68,31 @@ void CudaOps::product(const Tensor& x, const Tensor& w, const Tensor& y, const T
 
 void CudaOps::product_w8(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& bias, const char* what,
                          bool float32_inputs) {
-  if (gemv_group(x, {&w, 1}, {&y, 1}, {&bias, 1}, what)) return;
   const int64_t T = x.dim(0);
+  // Up to kW8GemvMaxTokens rows: the 8-bit GEMV, kGemvMaxTokens rows a launch (each reads the codes once: at most 4
+  // bytes a weight, against the 5 of a tile: write and read 2, read 1).
+  const int64_t t1 = std::min<int64_t>(T, detail::kGemvMaxTokens);
+  if (T <= kW8GemvMaxTokens && gemv_group(x.rows(0, t1), {&w, 1}, std::array{y.rows(0, t1)}, {&bias, 1}, what)) {
+    for (int64_t t0 = t1; t0 < T; t0 += detail::kGemvMaxTokens) {
+      const int64_t e = std::min<int64_t>(T, t0 + detail::kGemvMaxTokens);
+      FN_CHECK(gemv_group(x.rows(t0, e), {&w, 1}, std::array{y.rows(t0, e)}, {&bias, 1}, what),
+               "internal: {}: the 8-bit GEMV took rows 0..{} but not {}..{}", what, t1, t0, e);
+    }
+    return;
+  }
   const int in = to_int(x.dim(1), what, "in"), out = to_int(w.dim(0), what, "out");
   const int group = to_int(std::min(w.scale_group(), x.dim(1)), what, "group");
   const int64_t G = w.scales().dim(1);
   const bool row_scale = group >= in, fp8 = w.dtype() == DType::F8_E4M3, halves = split() || float32_inputs;
-  // The codes become FP16 tiles of at most about 32 MiB (exact for one scale a row, whose scale follows the product;
-  // block scales go in before it, one rounding), each the weight of one tensor-core GEMM into its output columns.
-  const int64_t tile = std::min<int64_t>(out, std::max<int64_t>(256, (int64_t(16) << 20) / in / 256 * 256));
-  Tensor wt = alloc({tile, in}, DType::F16, "8-bit weight tile");
+  // The codes become FP16 tiles of at most about 8 MiB (exact for one scale a row, whose scale follows the product;
+  // block scales go in before it, one rounding), each the weight of one tensor-core GEMM into its output columns,
+  // in one buffer the backend keeps (grown to the largest tile asked for: steps do not take it from their arena).
+  const int64_t tile = std::min<int64_t>(out, std::max<int64_t>(256, (int64_t(4) << 20) / in / 256 * 256));
+  if (!w8_tile_.defined() || w8_tile_.numel() < tile * in) {
+    ++memory_generation_;  // recorded steps that used the old one are stale
+    w8_tile_ = alloc({tile * in}, DType::F16, "8-bit weight tile", Lifetime::Kept);
+  }
+  const Tensor& wt = w8_tile_;
   Tensor xin, y2;
   if (halves) {
     xin = alloc({2 * T, in}, DType::F16, "fp16x2 activations");

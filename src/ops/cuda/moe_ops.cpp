@@ -144,6 +144,10 @@ void CudaOps::moe_shared_expert(const Tensor& u, const MoeWeights& w, const Tens
     const Tensor gu_w[3] = {w.shared_gate_proj, w.shared_up_proj, w.shared_expert_gate};
     const Tensor gu_y[3] = {g, up, logit.view({T, 1})};
     gate_done = gemv_group(u, gu_w, gu_y, {}, "shared_expert gate_proj/up_proj/shared_expert_gate");
+    // 8-bit gate / up beside the FP16 gate logit: the two in one 8-bit GEMV launch, the logit below.
+    const bool gu_done = gate_done || gemv_group(u, std::span(gu_w, 2), std::span(gu_y, 2), {},
+                                                 "shared_expert "
+                                                 "gate_proj/up_proj");
     if (gate_done && !w.shared_down_proj.has_scales() && Is % 8 == 0 && aligned16(w.shared_down_proj) &&
         aligned16(out)) {
       // Decode: the activation, down projection and gated accumulation in one launch.
@@ -153,7 +157,7 @@ void CudaOps::moe_shared_expert(const Tensor& u, const MoeWeights& w, const Tens
           op);
       return;
     }
-    if (!gate_done) {
+    if (!gu_done) {
       product(u, w.shared_gate_proj, g, Tensor(), "shared_expert.gate_proj");
       product(u, w.shared_up_proj, up, Tensor(), "shared_expert.up_proj");
     }

@@ -103,10 +103,7 @@ Fp8Plain fp8_plain(const QuantMatrix& m, QuantFormat kind) {
 }  // namespace
 
 Tensor CudaOps::load_w8_linear(const W8Linear& w) {
-  FN_CHECK((w.code == DType::I8 || w.code == DType::F8_E4M3) && w.rows >= 0 && w.cols > 0 && w.group > 0 &&
-               w.codes.size() == size_t(w.rows * w.cols) && w.scales.size() == size_t(w.rows * w.groups()),
-           "load_w8_linear: {} [{}, {}] with group {}, {} codes and {} scales do not fit", dtype_name(w.code), w.rows,
-           w.cols, w.group, w.codes.size(), w.scales.size());
+  w.check();
   Tensor codes = alloc({w.rows, w.cols}, w.code, "8-bit weight", Lifetime::Kept);
   Tensor scales = alloc({w.rows, w.groups()}, DType::F32, "8-bit weight scales", Lifetime::Kept);
   FN_CUDA_CHECK(cudaMemcpyAsync(codes.data(), w.codes.data(), codes.nbytes(), cudaMemcpyHostToDevice, stream()),

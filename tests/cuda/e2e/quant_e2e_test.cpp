@@ -119,6 +119,11 @@ TEST_P(QuantGpu, LogitsMatchReference) {
     const std::vector<float> want = ref.f32(P + ".logits");
     const std::vector<int64_t> am = ref.i64(P + ".argmax");
     if (ref.has(P + ".logits_fp16_weights")) {
+      // FP16 storage would stay inside the bound for ct-fp8-channel: check that the weights are the 8-bit ones.
+      const LayerWeights& l0 = model.weights().layers[0];
+      EXPECT_TRUE(l0.gdn.in_proj_qkv.has_scales() && l0.gdn.out_proj.has_scales() &&
+                  l0.moe.shared_down_proj.has_scales())
+          << fmt << ": the dense 8-bit weights are not held as codes with scales";
       const std::vector<float> fp16w = ref.f32(P + ".logits_fp16_weights");
       double d = 0, scale = 0;
       for (size_t i = 0; i < want.size(); ++i) {
