@@ -120,18 +120,14 @@ void CudaOps::product_w8(const Tensor& x, const Tensor& w, const Tensor& y, cons
   }
 }
 
-bool CudaOps::gemv_group_w8(const Tensor& x, std::span<const Tensor> w, std::span<const Tensor> y,
-                            std::span<const Tensor> bias, const char* what) {
-  const int64_t T = x.dim(0), K = x.dim(1);
-  if (K % 16 != 0) return false;
-  detail::GemvSegments8 seg{};
+namespace {
+/// The fields of a GEMV launch's segments that GemvSegments and GemvSegments8 share: segment i's bias, output, its row
+/// stride, the rows up to it, and the count.
+template <class Segments>
+void fill_segments(Segments& seg, std::span<const Tensor> w, std::span<const Tensor> y, std::span<const Tensor> bias,
+                   const char* what) {
   int rows = 0;
   for (size_t i = 0; i < w.size(); ++i) {
-    const int64_t group = w[i].scale_group();
-    if (w[i].dtype() != w[0].dtype() || !aligned16(w[i]) || (group < K && group % 16 != 0)) return false;
-    seg.w[i] = dp<uint8_t>(w[i]);
-    seg.scale[i] = dp<float>(w[i].scales());
-    seg.group[i] = int(std::min(group, K));
     seg.bias[i] = i < bias.size() && bias[i].defined() ? dp<__half>(bias[i]) : nullptr;
     seg.y[i] = dp<float>(y[i]);
     seg.ldy[i] = y[i].dim(1);
@@ -139,6 +135,22 @@ bool CudaOps::gemv_group_w8(const Tensor& x, std::span<const Tensor> w, std::spa
     seg.rows_end[i] = rows;
   }
   seg.count = int(w.size());
+}
+}  // namespace
+
+bool CudaOps::gemv_group_w8(const Tensor& x, std::span<const Tensor> w, std::span<const Tensor> y,
+                            std::span<const Tensor> bias, const char* what) {
+  const int64_t T = x.dim(0), K = x.dim(1);
+  if (K % 16 != 0) return false;
+  detail::GemvSegments8 seg{};
+  for (size_t i = 0; i < w.size(); ++i) {
+    const int64_t group = w[i].scale_group();
+    if (w[i].dtype() != w[0].dtype() || !aligned16(w[i]) || (group < K && group % 16 != 0)) return false;
+    seg.w[i] = dp<uint8_t>(w[i]);
+    seg.scale[i] = dp<float>(w[i].scales());
+    seg.group[i] = int(std::min(group, K));
+  }
+  fill_segments(seg, w, y, bias, what);
   seg.fp8 = w[0].dtype() == DType::F8_E4M3;
   FN_CUDA_CHECK(detail::launch_gemv_w8_f32x(dp<const float>(x), K, int(K), seg, int(T), stream()), what);
   return true;
@@ -155,17 +167,11 @@ bool CudaOps::gemv_group(const Tensor& x, std::span<const Tensor> w, std::span<c
   if (w[0].has_scales()) return gemv_group_w8(x, w, y, bias, what);
   if (K % 8 != 0) return false;
   detail::GemvSegments seg{};
-  int rows = 0;
   for (size_t i = 0; i < w.size(); ++i) {
     if (!aligned16(w[i])) return false;
     seg.w[i] = dp<__half>(w[i]);
-    seg.bias[i] = i < bias.size() && bias[i].defined() ? dp<__half>(bias[i]) : nullptr;
-    seg.y[i] = dp<float>(y[i]);
-    seg.ldy[i] = y[i].dim(1);
-    rows += to_int(w[i].dim(0), what, "out");
-    seg.rows_end[i] = rows;
   }
-  seg.count = int(w.size());
+  fill_segments(seg, w, y, bias, what);
   FN_CUDA_CHECK(detail::launch_gemv_f16w_f32x(dp<const float>(x), K, int(K), seg, int(T), stream()), what);
   return true;
 }
