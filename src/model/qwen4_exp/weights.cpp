@@ -186,13 +186,15 @@ struct Loader {
     std::vector<float> scales = w8_linear_scales(*q, &w.group);
     const int64_t G = (K + w.group - 1) / w.group;  // scale columns of the whole matrix
     const uint8_t* codes = q->data->data;
-    const auto* scale_bytes = reinterpret_cast<const uint8_t*>(scales.data());
-    if (sp.split == Split::Rows) {
-      slice(codes, 1, {N, K}, sp, w.codes);
+    auto slice_scales = [&](const TensorSplit& s) {  // the scales [N, G] as `s` cuts them
       std::vector<uint8_t> part;
-      slice(scale_bytes, 4, {N, G}, sp, part);
+      slice(reinterpret_cast<const uint8_t*>(scales.data()), 4, {N, G}, s, part);
       w.scales.resize(part.size() / 4);
       std::memcpy(w.scales.data(), part.data(), part.size());
+    };
+    if (sp.split == Split::Rows) {
+      slice(codes, 1, {N, K}, sp, w.codes);
+      slice_scales(sp);
     } else if (sp.split == Split::Columns) {
       TensorSplit groups{Split::Columns, {}};
       for (size_t i = 0; i < sp.ranges.size(); ++i) {
@@ -204,10 +206,7 @@ struct Loader {
       }
       slice(codes, 1, {N, K}, sp, w.codes);
       if (w.group < K) {
-        std::vector<uint8_t> part;
-        slice(scale_bytes, 4, {N, G}, groups, part);
-        w.scales.resize(part.size() / 4);
-        std::memcpy(w.scales.data(), part.data(), part.size());
+        slice_scales(groups);
       } else {
         w.scales = std::move(scales);
       }
