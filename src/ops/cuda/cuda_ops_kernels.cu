@@ -321,11 +321,9 @@ __device__ __forceinline__ void unpack_w8x16(const uint4& raw, float (&wf)[16]) 
 }
 
 // y_s[t, n] = sum_k x[t, k] * code_s[n, k] * scale_s[n, k / group_s] (+ bias_s[n]): launch_gemv_w8_f32x. A warp (or
-// `parts` warps, split-K, partials added in warp order) per row; lane slices of 16 codes, P of them a round, the next
-// round's loads issued before this round's arithmetic (a round decodes 16 P weights: without it the loads would wait
-// for that); each slice's 16 products summed in float32, then added to the token's sum, times its group's scale where a
-// row has several groups, else the row's scale once at the end (FP8: times 2^8 as well). K % 16 == 0, groups multiples
-// of 16.
+// `parts` warps, split-K, partials added in warp order) per row; lane slices of 16 codes, P of them in flight; each
+// slice's 16 products summed in float32, then added to the token's sum, times its group's scale where a row has
+// several groups, else the row's scale once at the end (FP8: times 2^8 as well). K % 16 == 0, groups multiples of 16.
 template <int T, bool FP8>
 __global__ void gemv_w8_f32x_kernel(const float* __restrict__ x, int64_t ldx, int K, GemvSegments8 seg, int parts,
                                     bool early) {
@@ -339,14 +337,14 @@ __global__ void gemv_w8_f32x_kernel(const float* __restrict__ x, int64_t ldx, in
   const int n = n_all - (s ? seg.rows_end[s - 1] : 0);
   const uint4* wr = reinterpret_cast<const uint4*>(seg.w[s] + int64_t(n) * K);
   const int n16 = K / 16, stride = 32 * parts, v_first = lane + 32 * part;
-  uint4 raw[P], next[P];
-  auto load = [&](uint4(&dst)[P], int v0) {
+  uint4 raw[P];
+  auto load = [&](int v0) {
 #pragma unroll
     for (int u = 0; u < P; ++u)
-      if (v0 + stride * u < n16) dst[u] = __ldg(wr + v0 + stride * u);
+      if (v0 + stride * u < n16) raw[u] = __ldg(wr + v0 + stride * u);
   };
   pdl_begin_after_weights(early, [&] {
-    if (active) load(raw, v_first);
+    if (active) load(v_first);
   });
   __shared__ float red[kWarps][T];
   float acc[T];
@@ -357,7 +355,7 @@ __global__ void gemv_w8_f32x_kernel(const float* __restrict__ x, int64_t ldx, in
   const float* sc = seg.scale[s] + int64_t(n) * G;
   if (active) {
     for (int v0 = v_first; v0 < n16; v0 += stride * P) {
-      if (v0 + stride * P < n16) load(next, v0 + stride * P);
+      if (v0 != v_first) load(v0);
 #pragma unroll
       for (int u = 0; u < P; ++u) {
         const int v = v0 + stride * u;
@@ -377,8 +375,6 @@ __global__ void gemv_w8_f32x_kernel(const float* __restrict__ x, int64_t ldx, in
           acc[t] = row_scale ? acc[t] + d : fmaf(d, gs, acc[t]);
         }
       }
-#pragma unroll
-      for (int u = 0; u < P; ++u) raw[u] = next[u];
     }
   }
 #pragma unroll
