@@ -570,6 +570,110 @@ TEST(QuantW8Linear, CodesTimesScalesEqualTheDequantization) {
               ::testing::ThrowsMessage<Error>(::testing::HasSubstr("is not held as 8-bit codes")));
 }
 
+// FP8 block weights sliced for tensor parallelism (Loader::get_linear): a copy of fp8-block with blocks of 16 x 16, its
+// experts requantized to them and the dense projections of layers 0 and 3 quantized too, so that TP 2 cuts GDN
+// out_proj's 96 and QSA o_proj's 128 inputs at block edges (codes and block scales sliced) and TP 4 cuts the shared
+// expert's 32-wide down_proj into 8-input pieces (a block cut: the float32 path). On the CPU, which takes the exact
+// values of what the loader hands it, TP 2 and 4 give TP 1's logits.
+TEST(QuantW8Linear, Fp8BlockWeightsSliceForTensorParallelism) {
+  const std::string src = fixture("fp8-block") + "/model";
+  std::map<std::string, testing::RawTensor> tensors = testing::read_checkpoint(src);
+  nlohmann::json cfg = testing::read_json(src + "/config.json");
+  const int64_t old_block = cfg["quantization_config"]["weight_block_size"][0];
+  cfg["quantization_config"]["weight_block_size"] = {16, 16};
+  constexpr int64_t kB = 16;
+  auto encode = [](float v) {  // the nearest finite E4M3 code (the lower one on a tie)
+    uint8_t best = 0;
+    for (int b = 0; b < 256; ++b)
+      if ((b & 0x7f) != 0x7f && std::fabs(f8e4m3_to_float(uint8_t(b)) - v) < std::fabs(f8e4m3_to_float(best) - v))
+        best = uint8_t(b);
+    return best;
+  };
+  auto quantize = [&](const std::string& base, const std::vector<float>& w, int64_t N, int64_t K) {
+    const int64_t SN = (N + kB - 1) / kB, SK = (K + kB - 1) / kB;
+    std::vector<float> scale(size_t(SN * SK), 0.f);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        float& s = scale[size_t((n / kB) * SK + k / kB)];
+        s = std::max(s, std::fabs(w[size_t(n * K + k)]) / 448.f);
+      }
+    for (float& s : scale) s = s > 0.f ? s : 1.f;
+    std::vector<uint8_t> codes(size_t(N * K));
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k)
+        codes[size_t(n * K + k)] = encode(w[size_t(n * K + k)] / scale[size_t((n / kB) * SK + k / kB)]);
+    std::vector<uint8_t> sb(scale.size() * 4);
+    std::memcpy(sb.data(), scale.data(), sb.size());
+    tensors[base + ".weight"] = {base + ".weight", "F8_E4M3", {N, K}, codes};
+    tensors[base + ".weight_scale_inv"] = {base + ".weight_scale_inv", "F32", {SN, SK}, sb};
+  };
+  int requantized = 0;
+  for (const auto& [name, t] : std::map<std::string, testing::RawTensor>(tensors)) {  // the experts, 128 -> 16
+    if (!name.ends_with(".weight_scale_inv")) continue;
+    const std::string base = name.substr(0, name.size() - std::string(".weight_scale_inv").size());
+    const testing::RawTensor& c = tensors.at(base + ".weight");
+    const int64_t N = c.shape[0], K = c.shape[1], SK = t.shape[1];
+    ASSERT_TRUE(t.dtype == "F32" || t.dtype == "BF16") << name << " " << t.dtype;
+    std::vector<float> scale(size_t(t.shape[0] * SK)), w(size_t(N * K));
+    for (size_t i = 0; i < scale.size(); ++i) {
+      if (t.dtype == "F32") {
+        std::memcpy(&scale[i], t.bytes.data() + 4 * i, 4);
+      } else {
+        scale[i] = bf16_to_float(uint16_t(t.bytes[2 * i] | t.bytes[2 * i + 1] << 8));
+      }
+    }
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k)
+        w[size_t(n * K + k)] =
+            f8e4m3_to_float(c.bytes[size_t(n * K + k)]) * scale[size_t((n / old_block) * SK + k / old_block)];
+    quantize(base, w, N, K);
+    ++requantized;
+  }
+  ASSERT_GT(requantized, 100);
+  const std::string L = "model.language_model.layers.";
+  for (const std::string dense :
+       {"0.linear_attn.in_proj_qkv", "0.linear_attn.in_proj_z", "0.linear_attn.out_proj",
+        "0.mlp.shared_expert.gate_proj", "0.mlp.shared_expert.up_proj", "0.mlp.shared_expert.down_proj",
+        "3.self_attn.q_proj", "3.self_attn.o_proj", "3.mlp.shared_expert.down_proj"}) {
+    const testing::RawTensor& t = tensors.at(L + dense + ".weight");
+    ASSERT_EQ(t.dtype, "BF16") << dense;
+    std::vector<float> w(t.bytes.size() / 2);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = bf16_to_float(uint16_t(t.bytes[2 * i] | t.bytes[2 * i + 1] << 8));
+    quantize(L + dense, w, t.shape[0], t.shape[1]);
+  }
+  testing::TempDir tmp;
+  std::vector<testing::RawTensor> list;
+  for (auto& [n, t] : tensors) list.push_back(t);
+  testing::write_checkpoint(tmp.path, cfg, list);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"})
+    if (fs::exists(src + "/" + f)) fs::copy_file(src + "/" + f, tmp.path / f);
+  const nlohmann::json plan = inspect_model(tmp.str());
+  EXPECT_EQ(plan["quantization"]["cuda_storage"]["gated_deltanet"][0],
+            "w8a16 from fp8-block (FP8 E4M3 codes, F32 block scales)");
+  const SafetensorsFile ref(fixture("fp8-block") + "/reference.safetensors");
+  const TensorView& ids_v = ref.tensors().at("short.input_ids");
+  std::vector<int64_t> ids64(size_t(ids_v.numel()));
+  std::memcpy(ids64.data(), ids_v.data, ids64.size() * 8);
+  const std::vector<int32_t> ids(ids64.begin(), ids64.end());
+  const auto tp1 = Model::load(tmp.str());
+  SequenceState s1 = tp1->new_sequence();
+  const std::vector<float> base = tp1->forward(s1, ids, LogitsMode::All);
+  double scale = 0;
+  for (float v : base) scale = std::max(scale, double(std::fabs(v)));
+  for (int tp : {2, 4}) {
+    ModelOptions o;
+    o.tp = tp;
+    const auto m = Model::load(tmp.str(), o);
+    SequenceState s = m->new_sequence();
+    const std::vector<float> got = m->forward(s, ids, LogitsMode::All);
+    ASSERT_EQ(got.size(), base.size());
+    double d = 0;
+    for (size_t i = 0; i < got.size(); ++i) d = std::max(d, double(std::fabs(got[i] - base[i])));
+    std::printf("[ quant    ] fp8 blocks of 16, TP %d: max |logit - TP 1| / scale = %.3g\n", tp, d / scale);
+    EXPECT_LE(d, 1e-5 * scale) << "TP " << tp;
+  }
+}
+
 // The CPU oracle's load_w8_linear is the exact float32 values; inconsistent sizes are refused.
 TEST(QuantW8Linear, CpuDefaultLoadsTheExactValues) {
   auto ops = make_cpu_ops(1);
