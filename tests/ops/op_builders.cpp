@@ -431,7 +431,8 @@ OpCase linear_group_w8_case(int64_t T, int64_t in, std::vector<int64_t> outs, DT
   c.family = OpFamily::Dense;
   int64_t total = 0;
   for (int64_t o : outs) total += o;
-  c.bytes = double(in * total) + kF * double(T * (in + total));
+  // Codes, their float32 scales and the activations (the FP16 weight of a mixed group counted as 8-bit).
+  c.bytes = double(in * total) + kF * double(total * ((in + group - 1) / group)) + kF * double(T * (in + total));
   c.flops = 2.0 * double(T) * double(in) * double(total);
   c.build = [=](Ops& ops, uint64_t seed) {
     Gen g(ops, seed, Weights::HostFp16);
