@@ -1,7 +1,9 @@
 """A bounded soak test of `flashnext serve` (issue 18): mixed valid, invalid, cancelled, oversized and large
 requests from several client threads on 127.0.0.1 for FLASHNEXT_SOAK_SECONDS (default 20; CI may run longer), with
-the server's resident size (RSS) sampled every 0.25 s. After the warm-up (the first quarter) the peaks must not
-trend upwards: the peak of the last quarter may exceed the peak of the second by at most RSS_GROWTH_BOUND. Once idle,
+the server's resident size (RSS) sampled every 0.25 s. After the warm-up (the first quarter) the RSS must not trend
+upwards: the median of the last quarter's samples may exceed the second quarter's by at most RSS_GROWTH_BOUND
+(medians, not peaks: a 16 MiB body in flight holds about three times its size for a moment, so which quarter's peak
+catches two of them at once is chance; a CI run saw peaks 69 MiB apart with nothing growing). Once idle,
 the RSS must be back within RSS_IDLE_BOUND of what it was before the load: large bodies must not leave their memory
 in the worker threads' heaps. Valid greedy requests must keep returning the output they gave at the start.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import statistics
 import threading
 import time
 
@@ -21,7 +24,7 @@ from conftest import Server
 SECONDS = float(os.environ.get("FLASHNEXT_SOAK_SECONDS", "20"))
 MAX_BODY = 24 << 20  # --max-request-bytes: large bodies within it are parsed (then refused for their content)
 LARGE = 16 << 20  # the large, accepted bodies sent
-RSS_GROWTH_BOUND = 64 << 20  # how much the last quarter's RSS peak may exceed the second quarter's
+RSS_GROWTH_BOUND = 64 << 20  # how much the last quarter's median RSS may exceed the second quarter's
 RSS_IDLE_BOUND = 48 << 20  # how far above its pre-load RSS the idle server may stay (measured: about 3 MiB)
 GREEDY = {"model": "tiny", "prompt": "soak reference", "max_tokens": 6, "temperature": 0}
 
@@ -103,10 +106,12 @@ def test_soak_resident_size_stays_bounded():
         s.wait_idle(30)
         time.sleep(0.5)
         idle = rss_bytes(s.proc.pid)
-        early = max(r for t, r in samples if SECONDS / 4 <= t < SECONDS / 2)
-        late = max(r for t, r in samples if t >= 3 * SECONDS / 4)
-        print(f"soak {SECONDS:.0f}s: {counts}; RSS before {baseline >> 20} MiB, peak of the 2nd quarter "
-              f"{early >> 20} MiB, of the last {late >> 20} MiB, idle {idle >> 20} MiB")
+        second = [r for t, r in samples if SECONDS / 4 <= t < SECONDS / 2]
+        last = [r for t, r in samples if t >= 3 * SECONDS / 4]
+        early, late = statistics.median(second), statistics.median(last)
+        print(f"soak {SECONDS:.0f}s: {counts}; RSS before {baseline >> 20} MiB, median (peak) of the 2nd quarter "
+              f"{int(early) >> 20} ({max(second) >> 20}) MiB, of the last {int(late) >> 20} ({max(last) >> 20}) MiB, "
+              f"idle {idle >> 20} MiB")
         assert late - early <= RSS_GROWTH_BOUND, (early, late)
         assert idle - baseline <= RSS_IDLE_BOUND, (baseline, idle)
         r = requests.post(url + "/v1/completions", json=GREEDY, timeout=30)
