@@ -49,6 +49,24 @@ std::vector<float> f32(const TensorView& v) {
   return out;
 }
 
+/// The fixture reference's token ids of prompt `p` ("short", "eos_inside"; I64 in the file).
+std::vector<int32_t> reference_ids(const SafetensorsFile& ref, const std::string& p) {
+  const TensorView& v = ref.tensors().at(p + ".input_ids");
+  std::vector<int64_t> ids64(size_t(v.numel()));
+  std::memcpy(ids64.data(), v.data, ids64.size() * 8);
+  return {ids64.begin(), ids64.end()};
+}
+
+/// The logits of every position of `ids` fed as one prefill to the checkpoint in `dir` (CPU), at tensor-parallel
+/// degree `tp`.
+std::vector<float> prompt_logits(const std::string& dir, const std::vector<int32_t>& ids, int tp = 1) {
+  ModelOptions o;
+  o.tp = tp;
+  const auto m = Model::load(dir, o);
+  SequenceState s = m->new_sequence();
+  return m->forward(s, ids, LogitsMode::All);
+}
+
 class QuantFixture : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(QuantFixture, LogitsMatchTransformersOnDequantizedWeights) {
@@ -57,10 +75,7 @@ TEST_P(QuantFixture, LogitsMatchTransformersOnDequantizedWeights) {
   const auto model = Model::load(fixture(fmt) + "/model");
   const int64_t V = model->config().vocab_size;
   for (const std::string p : {"short", "eos_inside"}) {
-    const TensorView& ids_v = ref.tensors().at(p + ".input_ids");
-    std::vector<int64_t> ids64(size_t(ids_v.numel()));
-    std::memcpy(ids64.data(), ids_v.data, ids64.size() * 8);
-    const std::vector<int32_t> ids(ids64.begin(), ids64.end());
+    const std::vector<int32_t> ids = reference_ids(ref, p);
     SequenceState seq = model->new_sequence();
     const std::vector<float> got = model->forward(seq, ids, LogitsMode::All);
     const std::vector<float> want = f32(ref.tensors().at(p + ".logits"));
@@ -89,22 +104,13 @@ TEST_P(QuantFixture, LogitsMatchTransformersOnDequantizedWeights) {
 TEST_P(QuantFixture, TensorParallelMatchesTp1AndReference) {
   const std::string fmt = GetParam();
   const SafetensorsFile ref(fixture(fmt) + "/reference.safetensors");
-  const TensorView& ids_v = ref.tensors().at("short.input_ids");
-  std::vector<int64_t> ids64(size_t(ids_v.numel()));
-  std::memcpy(ids64.data(), ids_v.data, ids64.size() * 8);
-  const std::vector<int32_t> ids(ids64.begin(), ids64.end());
+  const std::vector<int32_t> ids = reference_ids(ref, "short");
   const std::vector<float> want = f32(ref.tensors().at("short.logits"));
-  const auto tp1 = Model::load(fixture(fmt) + "/model");
-  SequenceState s1 = tp1->new_sequence();
-  const std::vector<float> base = tp1->forward(s1, ids, LogitsMode::All);
+  const std::vector<float> base = prompt_logits(fixture(fmt) + "/model", ids);
   double scale = 0;
   for (float v : base) scale = std::max(scale, double(std::fabs(v)));
   for (int tp : {2, 4}) {
-    ModelOptions o;
-    o.tp = tp;
-    const auto m = Model::load(fixture(fmt) + "/model", o);
-    SequenceState s = m->new_sequence();
-    const std::vector<float> got = m->forward(s, ids, LogitsMode::All);
+    const std::vector<float> got = prompt_logits(fixture(fmt) + "/model", ids, tp);
     ASSERT_EQ(got.size(), base.size());
     double d1 = 0, dr = 0;
     for (size_t i = 0; i < got.size(); ++i) {
@@ -651,21 +657,12 @@ TEST(QuantW8Linear, Fp8BlockWeightsSliceForTensorParallelism) {
   EXPECT_EQ(plan["quantization"]["cuda_storage"]["gated_deltanet"][0],
             "w8a16 from fp8-block (FP8 E4M3 codes, F32 block scales)");
   const SafetensorsFile ref(fixture("fp8-block") + "/reference.safetensors");
-  const TensorView& ids_v = ref.tensors().at("short.input_ids");
-  std::vector<int64_t> ids64(size_t(ids_v.numel()));
-  std::memcpy(ids64.data(), ids_v.data, ids64.size() * 8);
-  const std::vector<int32_t> ids(ids64.begin(), ids64.end());
-  const auto tp1 = Model::load(tmp.str());
-  SequenceState s1 = tp1->new_sequence();
-  const std::vector<float> base = tp1->forward(s1, ids, LogitsMode::All);
+  const std::vector<int32_t> ids = reference_ids(ref, "short");
+  const std::vector<float> base = prompt_logits(tmp.str(), ids);
   double scale = 0;
   for (float v : base) scale = std::max(scale, double(std::fabs(v)));
   for (int tp : {2, 4}) {
-    ModelOptions o;
-    o.tp = tp;
-    const auto m = Model::load(tmp.str(), o);
-    SequenceState s = m->new_sequence();
-    const std::vector<float> got = m->forward(s, ids, LogitsMode::All);
+    const std::vector<float> got = prompt_logits(tmp.str(), ids, tp);
     ASSERT_EQ(got.size(), base.size());
     double d = 0;
     for (size_t i = 0; i < got.size(); ++i) d = std::max(d, double(std::fabs(got[i] - base[i])));
@@ -867,12 +864,7 @@ TEST(QuantAutoRound, RegexExtraConfigKeys) {
   extra["model.language_model.layers.0.mlp.experts.3.up_proj"] = {{"bits", 2}, {"group_size", 32}};
   testing::write_json(d.path / "config.json", cfg);
   const SafetensorsFile ref(fixture("autoround-tool-rtn") + "/reference.safetensors");
-  const auto model = Model::load(d.path.string());
-  const TensorView& ids_v = ref.tensors().at("short.input_ids");
-  std::vector<int64_t> ids64(size_t(ids_v.numel()));
-  std::memcpy(ids64.data(), ids_v.data, ids64.size() * 8);
-  SequenceState seq = model->new_sequence();
-  const std::vector<float> got = model->forward(seq, std::vector<int32_t>(ids64.begin(), ids64.end()), LogitsMode::All);
+  const std::vector<float> got = prompt_logits(d.path.string(), reference_ids(ref, "short"));
   const std::vector<float> want = f32(ref.tensors().at("short.logits"));
   ASSERT_EQ(got.size(), want.size());
   double err = 0;
