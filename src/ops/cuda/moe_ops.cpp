@@ -146,7 +146,7 @@ void CudaOps::moe_shared_expert(const Tensor& u, const MoeWeights& w, const Tens
     gate_done = gemv_group(u, gu_w, gu_y, {}, "shared_expert gate_proj/up_proj/shared_expert_gate");
     // 8-bit gate / up beside the FP16 gate logit: the two in one 8-bit GEMV launch, the logit below.
     const char* gu_what = "shared_expert gate_proj/up_proj";
-    const bool gu_done = gate_done || gemv_group(u, std::span(gu_w, 2), std::span(gu_y, 2), {}, gu_what);
+    const bool gu_done = gate_done || (w8 && gemv_group(u, std::span(gu_w, 2), std::span(gu_y, 2), {}, gu_what));
     if (gate_done && !w.shared_down_proj.has_scales() && Is % 8 == 0 && aligned16(w.shared_down_proj) &&
         aligned16(out)) {
       // Decode: the activation, down projection and gated accumulation in one launch.
