@@ -341,7 +341,7 @@ json inspect_model(const std::string& path, const InspectOptions& opt) {
       } else if (w8_linear_holds(w.format) && w8_linear_weight_name(name)) {
         // A linear projection of 8-bit codes (model/qwen4_exp/weights.cpp get_linear; TP slices that cut an FP8
         // block take FP16 there): codes and float32 scales.
-        const int64_t group = w.format == QuantFormat::Fp8Block ? std::min(w.block_cols, w.cols) : w.cols;
+        const int64_t group = w8_linear_group(w);
         q_cuda_bytes[c] += w8_linear_bytes(w.rows, w.cols, group);
         q_cuda_form[component_name(it->second)].insert(
             fmt::format("w8a16 from {} ({} codes, F32 {} scales)", weight_format_name(w),

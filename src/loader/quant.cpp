@@ -697,17 +697,17 @@ std::vector<float> w8_linear_scales(const QuantizedWeight& w, int64_t* group) {
   const int64_t N = w.rows, K = w.cols;
   const std::vector<float> scale = to_float(*w.scale);
   if (w.format == QuantFormat::Fp8Block) {
-    const int64_t SK = ceil_div(K, w.block_cols), g = std::min(w.block_cols, K);
+    const int64_t SK = ceil_div(K, w.block_cols);
     std::vector<float> out(size_t(N * SK));
     for (int64_t n = 0; n < N; ++n)
       for (int64_t j = 0; j < SK; ++j) out[size_t(n * SK + j)] = scale[size_t((n / w.block_rows) * SK + j)];
-    *group = g;
+    *group = w8_linear_group(w);
     return out;
   }
   const bool per_row = scale.size() != 1;
   std::vector<float> out(static_cast<size_t>(N));
   for (int64_t n = 0; n < N; ++n) out[size_t(n)] = scale[size_t(per_row ? n : 0)];
-  *group = K;
+  *group = w8_linear_group(w);
   return out;
 }
 

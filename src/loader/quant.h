@@ -184,8 +184,13 @@ std::vector<float> w8_linear_scales(const QuantizedWeight& w, int64_t* group);
 /// index_qk_proj, the shared expert's gate / up / down_proj, the PLE key / value projections (MTP's stay BF16).
 /// The list of model/qwen4_exp/weights.cpp's Loader::get_linear and of `flashnext inspect`'s GPU plan.
 bool w8_linear_weight_name(std::string_view name);
+/// Inputs per scale of an 8-bit weight held as codes with scales (w8_linear_holds): the FP8 block format's block_cols
+/// where a row holds several blocks, else cols (one scale a row). The group w8_linear_scales returns.
+inline int64_t w8_linear_group(const QuantizedWeight& w) {
+  return w.format == QuantFormat::Fp8Block && w.block_cols < w.cols ? w.block_cols : w.cols;
+}
 /// Bytes the CUDA backend holds for an 8-bit linear weight: the codes and the float32 scales (rows * ceil(cols /
-/// group)), `group` as w8_linear_scales gives it.
+/// group)), `group` as w8_linear_group gives it.
 inline int64_t w8_linear_bytes(int64_t rows, int64_t cols, int64_t group) {
   return rows * cols + 4 * rows * ((cols + group - 1) / group);
 }
