@@ -418,11 +418,24 @@ class Ops {
 
   /// Routed experts (`Qwen4ExpTextExperts`): out[t] = sum_j weights[t, j] * down_e(silu(gate_e u_t) * up_e u_t),
   /// e = ids[t, j]. Overwrites out [T, H]. Takes w.gate / w.up / w.down, or w.packed when this backend made it.
+  /// With `shared` ([T, H] F32, made by moe_shared_expert_start) out[t] = that sum + shared[t], the sum of
+  /// `Qwen4ExpTextSparseMoeBlock.forward` (the shared term added last, as moe_shared_expert would add it).
   virtual void moe_experts(const Tensor& u, const Tensor& ids, const Tensor& weights, const MoeWeights& w,
-                           const Tensor& out) = 0;
+                           const Tensor& out, const Tensor& shared = Tensor()) = 0;
 
   /// Shared expert, accumulated: out[t] += sigmoid(shared_expert_gate . u_t) * down_s(silu(gate_s u_t) * up_s u_t).
   virtual void moe_shared_expert(const Tensor& u, const MoeWeights& w, const Tensor& out) = 0;
+
+  /// The shared expert's term on its own, begun so that it overlaps with the ops enqueued after it (the router and
+  /// the routed experts): shared[t] = sigmoid(shared_expert_gate . u_t) * down_s(silu(gate_s u_t) * up_s u_t),
+  /// shared [T, H] F32, overwritten, bit for bit what moe_shared_expert adds to zeros. Only moe_experts given it as
+  /// `shared` may read it (the CUDA backend runs a decode step's shared expert on a stream of its own, which that
+  /// call joins before the launch that reads it); u must stay unchanged until then. Errors as moe_shared_expert.
+  /// Default: at once.
+  virtual void moe_shared_expert_start(const Tensor& u, const MoeWeights& w, const Tensor& shared) {
+    fill_zero(shared);
+    moe_shared_expert(u, w, shared);
+  }
 
   // ---------------------------------------------------------------- PLE
 

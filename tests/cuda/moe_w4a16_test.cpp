@@ -717,8 +717,8 @@ TEST_P(W4Moe, BothPathsMatchReference) {
       wts[size_t(t) * k + j] /= sum;
     }
   }
+  // The gated shared expert's term (FP32), added last.
   const auto sh = rand_f16_values(size_t(T) * H, 9, -0.5f, 0.5f);
-  const auto sg = rand_f16_values(size_t(T), 10, -2.f, 2.f);
 
   // Reference in double: no roundings.
   std::vector<float> ref(size_t(T) * H);
@@ -746,20 +746,20 @@ TEST_P(W4Moe, BothPathsMatchReference) {
       }
     }
     for (int c = 0; c < H; ++c) {
-      if (p.shared) acc[c] += 1.0 / (1.0 + std::exp(-double(sg[t]))) * sh[size_t(t) * H + c];
+      if (p.shared) acc[c] += sh[size_t(t) * H + c];
       ref[size_t(t) * H + c] = float(acc[c]);
     }
   }
 
-  auto du = dev_half(u), dsh = dev_half(sh);
+  auto du = dev_half(u);
   auto dids = to_device(ids);
-  auto dw = to_device(wts), dsg = to_device(sg);
+  auto dw = to_device(wts), dsh = to_device(sh);
   MoeW4A16Workspace ws(T, k, E, H, I, P);
   DeviceArray<__half> out(size_t(T) * H, "out");
   DeviceArray<float> out32(size_t(T) * H, "out32");
   for (W4Path path : {W4Path::Gemv, W4Path::GemvFma, W4Path::Gemm, W4Path::GemmWmma}) {
-    moe_w4a16_routed(experts, du.get(), H, T, dids.get(), dw.get(), p.shared ? dsh.get() : nullptr,
-                     p.shared ? dsg.get() : nullptr, out.get(), H, ws, nullptr, path);
+    moe_w4a16_routed(experts, du.get(), H, T, dids.get(), dw.get(), p.shared ? dsh.get() : nullptr, nullptr, out.get(),
+                     H, ws, nullptr, path);
     sync();
     expect_close(host_half(out.get(), size_t(T) * H), ref, 3e-3f, 1e-2f,
                  path == W4Path::Gemv      ? "GEMV path (tensor cores where the GPU has them)"
@@ -767,9 +767,21 @@ TEST_P(W4Moe, BothPathsMatchReference) {
                  : path == W4Path::Gemm    ? "GEMM path (mma.sync where the GPU has it)"
                                            : "GEMM path, WMMA");
   }
-  moe_w4a16_routed(experts, du.get(), H, T, dids.get(), dw.get(), p.shared ? dsh.get() : nullptr,
-                   p.shared ? dsg.get() : nullptr, out32.get(), H, ws, nullptr);
+  // The shared term written on another stream meanwhile, ready at an event that the routed call waits for.
+  cudaStream_t other = nullptr;
+  cudaEvent_t ready = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), cudaSuccess);
+  DeviceArray<float> dsh2(sh.size(), "shared on another stream");
+  ASSERT_EQ(cudaMemsetAsync(dsh2.get(), 0, sh.size() * sizeof(float), other), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(dsh2.get(), sh.data(), sh.size() * sizeof(float), cudaMemcpyHostToDevice, other),
+            cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(ready, other), cudaSuccess);
+  moe_w4a16_routed(experts, du.get(), H, T, dids.get(), dw.get(), p.shared ? dsh2.get() : nullptr,
+                   p.shared ? ready : nullptr, out32.get(), H, ws, nullptr);
   moe_w4a16_check_status(ws, nullptr);
+  cudaEventDestroy(ready);
+  cudaStreamDestroy(other);
   expect_close(download(out32.get(), size_t(T) * H), ref, 3e-3f, 1e-2f, "auto path, FP32 output");
 }
 

@@ -843,17 +843,42 @@ int64_t host_routing(Gen& g, int64_t T, int64_t E, int64_t k, std::vector<int32_
   return std::count(used.begin(), used.end(), true);
 }
 
+/// The shared expert's weights (gate / up [Is, H], down [H, Is], shared_expert_gate [1, H]) set in `w`.
+void shared_expert_weights(Gen& g, int64_t H, int64_t Is, MoeWeights& w) {
+  w.shared_gate_proj = g.weight({Is, H}, float(std::sqrt(3.0 / double(H))));
+  w.shared_up_proj = g.weight({Is, H}, float(std::sqrt(3.0 / double(H))));
+  w.shared_down_proj = g.weight({H, Is}, float(std::sqrt(3.0 / double(Is))));
+  w.shared_expert_gate = g.weight({1, H}, float(std::sqrt(3.0 / double(H))));
+}
+
 /// The routed-experts case body shared by the dense, quantized and random forms: routing made on the host, then
-/// moe_experts with `w`.
-OpRun experts_run(Ops& ops, Gen& g, int64_t T, int64_t H, int64_t E, int64_t k, const MoeWeights& w, Bound fp16x2,
-                  Bound fp16) {
+/// moe_experts with `w`. With `shared` also a shared expert of width I: moe_shared_expert_start first, its term
+/// given to moe_experts (the MoE block after its router, as the model runs it).
+OpRun experts_run(Ops& ops, Gen& g, int64_t T, int64_t H, int64_t E, int64_t k, int64_t I, bool shared, MoeWeights w,
+                  Bound fp16x2, Bound fp16) {
   std::vector<int32_t> id;
   std::vector<float> wt;
   host_routing(g, T, E, k, id, wt);
   Tensor u = g.act({T, H}), ids = g.i32(id, {T, k}), weights = ops.upload(wt.data(), DType::F32, {T, k});
   Tensor out = ops.empty({T, H});
-  return OpRun{[=, &ops] { ops.moe_experts(u, ids, weights, w, out); },
+  if (!shared)
+    return OpRun{[=, &ops] { ops.moe_experts(u, ids, weights, w, out); },
+                 [=, &ops] { return std::vector<OpOutput>{close(ops, "out", out, fp16x2, fp16)}; }};
+  shared_expert_weights(g, H, I, w);
+  Tensor s = ops.empty({T, H});
+  return OpRun{[=, &ops] {
+                 ops.moe_shared_expert_start(u, w, s);
+                 ops.moe_experts(u, ids, weights, w, out, s);
+               },
                [=, &ops] { return std::vector<OpOutput>{close(ops, "out", out, fp16x2, fp16)}; }};
+}
+
+/// A case name's suffix and the bytes of the shared expert (width I) when the case has one.
+std::string shared_suffix(bool shared) {
+  return shared ? "/shared" : "";
+}
+double shared_bytes(bool shared, int64_t H, int64_t I) {
+  return shared ? kW * double(3 * H * I + H) + kF * double(H) : 0.0;
 }
 
 /// Bytes of the routed experts a T-token step touches: min(E, T*k) experts (all of them once T*k >= E).
@@ -863,19 +888,19 @@ double expert_bytes(int64_t T, int64_t E, int64_t k, int64_t H, int64_t I, doubl
 
 }  // namespace
 
-OpCase moe_experts_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, Weights wk) {
+OpCase moe_experts_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, Weights wk, bool shared) {
   OpCase c;
-  c.name = fmt::format("moe_experts/dense/T={}/H={}/I={}/E={}/k={}", T, H, I, E, k);
+  c.name = fmt::format("moe_experts/dense/T={}/H={}/I={}/E={}/k={}{}", T, H, I, E, k, shared_suffix(shared));
   c.family = OpFamily::Moe;
-  c.bytes = expert_bytes(T, E, k, H, I, kW) + kF * double(T * (2 * H + 2 * k));
-  c.flops = 6.0 * double(T * k) * double(H * I);
+  c.bytes = expert_bytes(T, E, k, H, I, kW) + kF * double(T * (2 * H + 2 * k)) + shared_bytes(shared, H, I);
+  c.flops = 6.0 * double(T * k + (shared ? T : 0)) * double(H * I);
   c.build = [=](Ops& ops, uint64_t seed) {
     Gen g(ops, seed, wk);
     MoeWeights w;
     w.gate = g.weight({E, I, H}, float(std::sqrt(3.0 / double(H))));
     w.up = g.weight({E, I, H}, float(std::sqrt(3.0 / double(H))));
     w.down = g.weight({E, H, I}, float(std::sqrt(3.0 / double(I))));
-    return experts_run(ops, g, T, H, E, k, w, Bound{1e-4, 2e-4}, kExperts16);
+    return experts_run(ops, g, T, H, E, k, I, shared, w, Bound{1e-4, 2e-4}, kExperts16);
   };
   return c;
 }
@@ -999,12 +1024,14 @@ const char* quant_kind_name(QuantFormat k) {
 
 }  // namespace
 
-OpCase moe_quantized_experts_case(QuantFormat kind, int64_t T, int64_t H, int64_t I, int64_t E, int64_t k) {
+OpCase moe_quantized_experts_case(QuantFormat kind, int64_t T, int64_t H, int64_t I, int64_t E, int64_t k,
+                                  bool shared) {
   OpCase c;
-  c.name = fmt::format("moe_experts/{}/T={}/H={}/I={}/E={}/k={}", quant_kind_name(kind), T, H, I, E, k);
+  c.name = fmt::format("moe_experts/{}/T={}/H={}/I={}/E={}/k={}{}", quant_kind_name(kind), T, H, I, E, k,
+                       shared_suffix(shared));
   c.family = OpFamily::Moe;
-  c.bytes = expert_bytes(T, E, k, H, I, 4.5 / 8) + kF * double(T * (2 * H + 2 * k));
-  c.flops = 6.0 * double(T * k) * double(H * I);
+  c.bytes = expert_bytes(T, E, k, H, I, 4.5 / 8) + kF * double(T * (2 * H + 2 * k)) + shared_bytes(shared, H, I);
+  c.flops = 6.0 * double(T * k + (shared ? T : 0)) * double(H * I);
   c.build = [=](Ops& ops, uint64_t seed) {
     Gen g(ops, seed, Weights::HostFp16);
     QuantExperts q;
@@ -1020,23 +1047,23 @@ OpCase moe_quantized_experts_case(QuantFormat kind, int64_t T, int64_t H, int64_
     const RoutedExperts r = ops.load_quantized_experts(q);
     MoeWeights w;
     w.gate = r.gate, w.up = r.up, w.down = r.down, w.packed = r.packed;
-    return experts_run(ops, g, T, H, E, k, w, kExpertsW4, kExpertsW4);
+    return experts_run(ops, g, T, H, E, k, I, shared, w, kExpertsW4, kExpertsW4);
   };
   return c;
 }
 
-OpCase moe_random_experts_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k) {
+OpCase moe_random_experts_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, bool shared) {
   OpCase c;
-  c.name = fmt::format("moe_experts/random_experts/T={}/H={}/I={}/E={}/k={}", T, H, I, E, k);
+  c.name = fmt::format("moe_experts/random_experts/T={}/H={}/I={}/E={}/k={}{}", T, H, I, E, k, shared_suffix(shared));
   c.family = OpFamily::Moe;
-  c.bytes = expert_bytes(T, E, k, H, I, 4.5 / 8) + kF * double(T * (2 * H + 2 * k));
-  c.flops = 6.0 * double(T * k) * double(H * I);
+  c.bytes = expert_bytes(T, E, k, H, I, 4.5 / 8) + kF * double(T * (2 * H + 2 * k)) + shared_bytes(shared, H, I);
+  c.flops = 6.0 * double(T * k + (shared ? T : 0)) * double(H * I);
   c.build = [=](Ops& ops, uint64_t seed) {
     Gen g(ops, seed, Weights::DeviceRandom);
     const RoutedExperts r = ops.random_experts(E, I, H, seed);
     MoeWeights w;
     w.gate = r.gate, w.up = r.up, w.down = r.down, w.packed = r.packed;
-    return experts_run(ops, g, T, H, E, k, w, kExpertsW4, kExpertsW4);
+    return experts_run(ops, g, T, H, E, k, I, shared, w, kExpertsW4, kExpertsW4);
   };
   return c;
 }
@@ -1050,10 +1077,7 @@ OpCase moe_shared_expert_case(int64_t T, int64_t H, int64_t Is, Weights wk) {
   c.build = [=](Ops& ops, uint64_t seed) {
     Gen g(ops, seed, wk);
     MoeWeights w;
-    w.shared_gate_proj = g.weight({Is, H}, float(std::sqrt(3.0 / double(H))));
-    w.shared_up_proj = g.weight({Is, H}, float(std::sqrt(3.0 / double(H))));
-    w.shared_down_proj = g.weight({H, Is}, float(std::sqrt(3.0 / double(Is))));
-    w.shared_expert_gate = g.weight({1, H}, float(std::sqrt(3.0 / double(H))));
+    shared_expert_weights(g, H, Is, w);
     Tensor u = g.act({T, H}), out = g.act({T, H});  // accumulated onto the routed output
     return OpRun{[=, &ops] { ops.moe_shared_expert(u, w, out); },
                  [=, &ops] { return std::vector<OpOutput>{close(ops, "out", out, kF32, kExperts16)}; }};

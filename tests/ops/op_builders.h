@@ -85,13 +85,18 @@ OpCase sparse_attention_batch_case(int64_t nh, int64_t nkv, int64_t D, int64_t b
 
 // ---------------------------------------------------------------- MoE
 OpCase moe_router_topk_case(int64_t T, int64_t H, int64_t E, int64_t k, bool norm, Weights wk = Weights::HostFp16);
-/// Dense stacked experts [E, I, H] / [E, H, I] on routing made on the host (distinct ids, positive weights).
-OpCase moe_experts_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, Weights wk = Weights::HostFp16);
+/// Dense stacked experts [E, I, H] / [E, H, I] on routing made on the host (distinct ids, positive weights). The
+/// moe_experts cases with `shared` ("/shared") also have a shared expert of width I, begun first
+/// (moe_shared_expert_start) and added by moe_experts: the MoE block after its router, as the model runs it (on the
+/// CUDA backend a decode step's shared expert then runs on its branch stream).
+OpCase moe_experts_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, Weights wk = Weights::HostFp16,
+                        bool shared = false);
 /// Quantized experts of checkpoint format `kind` (Nvfp4, CtInt4 (symmetric, group 32) or Gptq (group 32)) loaded
 /// with Ops::load_quantized_experts from synthetic checkpoint arrays.
-OpCase moe_quantized_experts_case(QuantFormat kind, int64_t T, int64_t H, int64_t I, int64_t E, int64_t k);
+OpCase moe_quantized_experts_case(QuantFormat kind, int64_t T, int64_t H, int64_t I, int64_t E, int64_t k,
+                                  bool shared = false);
 /// Experts made by Ops::random_experts (the CUDA backend's W4A16 form): perf only (the backends' weights differ).
-OpCase moe_random_experts_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k);
+OpCase moe_random_experts_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, bool shared = false);
 OpCase moe_shared_expert_case(int64_t T, int64_t H, int64_t Is, Weights wk = Weights::HostFp16);
 /// moe_shared_expert with 8-bit gate / up / down projections (one scale a row; the gate an FP16 weight).
 OpCase moe_shared_expert_w8_case(int64_t T, int64_t H, int64_t Is, DType code);

@@ -262,6 +262,10 @@ void add_moe(std::vector<OpCase>& v) {
   v.push_back(moe_quantized_experts_case(QuantFormat::CtInt4, 2, 224, 96, 8, 4));
   for (int64_t T : {0, 1, 33}) v.push_back(moe_shared_expert_case(T, 256, 96));
   v.push_back(moe_shared_expert_case(2, kH, kInter / 2));
+  // The shared expert begun ahead and added by the routed experts: decode rows (the CUDA backend's branch stream)
+  // and a prefill chunk, over dense and NVFP4 experts (the W4A16 GEMV's and GEMM's combines).
+  for (int64_t T : {0, 1, 8, 33}) v.push_back(moe_experts_case(T, 256, 64, 16, 4, Weights::HostFp16, true));
+  for (int64_t T : {1, 5, 40}) v.push_back(moe_quantized_experts_case(QuantFormat::Nvfp4, T, 256, 64, 8, 4, true));
 }
 
 void add_ple(std::vector<OpCase>& v) {
@@ -371,6 +375,7 @@ std::vector<OpCase> perf_cases(bool small) {
     v.push_back(sparse_attention_batch_case(24, 2, kHeadDim, kBudget, kBlock, attn));
     v.push_back(moe_router_topk_case(T, kH, kE, kTopK, true, dev));
     v.push_back(moe_random_experts_case(T, kH, kInter, kE, kTopK));
+    v.push_back(moe_random_experts_case(T, kH, kInter, kE, kTopK, true));  // with the shared expert beside
     v.push_back(moe_experts_case(T, kH, kInter, kE, kTopK, dev));
     v.push_back(moe_shared_expert_case(T, kH, kInter, dev));
     v.push_back(ple_gather_case(T, kPleHeads, kPleHd, 1 << 20, DType::F8_E4M3, 1, TableSource::HostTable));

@@ -17,7 +17,7 @@ RouterDims moe_router_topk(const Backend& b, const Tensor& u, const Tensor& rout
 }
 
 ExpertsDims moe_experts(const Backend& b, const Tensor& u, const Tensor& ids, const Tensor& weights,
-                        const MoeWeights& w, const Tensor& out) {
+                        const MoeWeights& w, const Tensor& out, const Tensor& shared) {
   const char* op = "moe_experts";
   activation(b, u, 2, op, "u");
   tensor(b, ids, DType::I32, 2, op, "ids");
@@ -26,6 +26,11 @@ ExpertsDims moe_experts(const Backend& b, const Tensor& u, const Tensor& ids, co
   const int64_t T = u.dim(0), H = u.dim(1), k = ids.dim(1);
   FN_CHECK(ids.dim(0) == T && weights.shape() == ids.shape() && out.shape() == u.shape() && k >= 1,
            "{}: u {}, ids {}, weights {}, out {} do not fit", op, u.str(), ids.str(), weights.str(), out.str());
+  if (shared.defined()) {
+    activation(b, shared, 2, op, "shared");
+    FN_CHECK(shared.shape() == u.shape() && shared.data() != out.data(),
+             "{}: shared {} does not fit u {} (or is out itself)", op, shared.str(), u.str());
+  }
   if (w.packed) return {T, H, k, 0, 0};
   weight(b, w.gate, 3, op, "experts gate_proj");
   weight(b, w.up, 3, op, "experts up_proj");

@@ -16,14 +16,15 @@ struct RouterDims {
 RouterDims moe_router_topk(const Backend& b, const Tensor& u, const Tensor& router, const Tensor& ids,
                            const Tensor& weights);
 
-/// moe_experts(u, ids, weights, w, out): u, out [T, H], ids [T, k] I32, weights [T, k] F32, k >= 1; without
+/// moe_experts(u, ids, weights, w, out, shared): u, out and shared (if given) [T, H], ids [T, k] I32, weights [T, k]
+/// F32, k >= 1; without
 /// w.packed, w.gate / w.up [E, I, H] and w.down [E, H, I] weights (experts and inter are then set; with w.packed
 /// they are 0 and the backend checks its own form). Expert ids are the backend's to check.
 struct ExpertsDims {
   int64_t tokens, hidden, top_k, experts, inter;
 };
 ExpertsDims moe_experts(const Backend& b, const Tensor& u, const Tensor& ids, const Tensor& weights,
-                        const MoeWeights& w, const Tensor& out);
+                        const MoeWeights& w, const Tensor& out, const Tensor& shared = Tensor());
 
 /// moe_shared_expert(u, w, out): u, out [T, H]; shared gate_proj / up_proj [Is, H], down_proj [H, Is] and
 /// shared_expert_gate [1, H] weights.

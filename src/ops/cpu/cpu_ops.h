@@ -72,8 +72,8 @@ class CpuOps final : public Ops {
 
   void moe_router_topk(const Tensor& u, const Tensor& router, bool norm_topk_prob, const Tensor& ids,
                        const Tensor& weights) override;
-  void moe_experts(const Tensor& u, const Tensor& ids, const Tensor& weights, const MoeWeights& w,
-                   const Tensor& out) override;
+  void moe_experts(const Tensor& u, const Tensor& ids, const Tensor& weights, const MoeWeights& w, const Tensor& out,
+                   const Tensor& shared = Tensor()) override;
   void moe_shared_expert(const Tensor& u, const MoeWeights& w, const Tensor& out) override;
 
   void ple_gather(const PleTable& table, const Tensor& rows, const Tensor& e) override;

@@ -34,9 +34,9 @@ void CpuOps::moe_router_topk(const Tensor& u, const Tensor& router, bool norm_to
 }
 
 void CpuOps::moe_experts(const Tensor& u, const Tensor& ids, const Tensor& weights, const MoeWeights& w,
-                         const Tensor& out) {
+                         const Tensor& out, const Tensor& shared) {
   const char* op = "moe_experts";
-  const auto [T, H, k, E, I] = contract::moe_experts(kCpu, u, ids, weights, w, out);
+  const auto [T, H, k, E, I] = contract::moe_experts(kCpu, u, ids, weights, w, out, shared);
   FN_CHECK(!w.packed, "{}: the packed experts ({}) were made by another backend; the CPU takes stacked experts", op,
            w.packed->format());
   const int32_t* id = ids.data_as<const int32_t>();
@@ -70,6 +70,8 @@ void CpuOps::moe_experts(const Tensor& u, const Tensor& ids, const Tensor& weigh
       const float* y = &slots[(t * k + j) * H];
       for (int64_t c = 0; c < H; ++c) o[c] += y[c] * wt;
     }
+    if (shared.defined())
+      for (int64_t c = 0; c < H; ++c) o[c] += fp(shared)[t * H + c];
   }
 }
 

@@ -52,6 +52,7 @@ CudaOpsOptions CudaOpsOptions::from_env() {
                                o.qsa_attention);
   o.gdn_chunk = env_choice("FLASHNEXT_CUDA_GDN_CHUNK",
                            {{"auto", GdnChunkKernel::Auto}, {"cuda_cores", GdnChunkKernel::CudaCores}}, o.gdn_chunk);
+  o.moe_branch = env_choice("FLASHNEXT_CUDA_MOE_BRANCH", {{"1", true}, {"0", false}}, o.moe_branch);
   return o;
 }
 
@@ -61,6 +62,7 @@ Context::Context(int dev) : device(dev) {
   FN_CUDA_CHECK(cudaSetDevice(dev), "cuda backend: cudaSetDevice");
   FN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cuda backend: stream");
   FN_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "cuda backend: side stream");
+  FN_CUDA_CHECK(cudaStreamCreateWithFlags(&branch, cudaStreamNonBlocking), "cuda backend: branch stream");
   // Keep freed pool memory for reuse instead of returning it to the driver at every synchronisation.
   cudaMemPool_t pool = nullptr;
   FN_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev), "cuda backend: memory pool");
@@ -77,10 +79,12 @@ Context::Context(int dev) : device(dev) {
 Context::~Context() {
   if (stream) cudaStreamSynchronize(stream);
   if (side) cudaStreamSynchronize(side);
+  if (branch) cudaStreamSynchronize(branch);
   if (status) cudaFree(status);
   if (status_host) cudaFreeHost(status_host);
   if (stream) cudaStreamDestroy(stream);
   if (side) cudaStreamDestroy(side);
+  if (branch) cudaStreamDestroy(branch);
 }
 
 int to_int(int64_t v, const char* op, const char* what) {
@@ -123,6 +127,7 @@ CudaOps::CudaOps(int device, const CudaOpsOptions& options) : ctx_(std::make_sha
 CudaOps::~CudaOps() {
   if (ctx_->side) cudaStreamSynchronize(ctx_->side);  // gathers begun but never waited for (a failed step)
   for (PendingGather& g : pending_gathers_) cudaEventDestroy(g.done);
+  for (PendingShared& p : pending_shared_) (void)join_branch(p.done);  // begun, never joined (a failed step)
   for (cudaEvent_t e : profile_events_) cudaEventDestroy(e);
   if (ctx_->stream) cudaStreamSynchronize(ctx_->stream);
 }
@@ -304,6 +309,10 @@ void CudaOps::begin_step(int64_t tokens) {
 void CudaOps::end_step() {
   in_step_ = false;
   arena_.active = false;
+  // A shared expert begun on the branch stream whose moe_experts never came (a failed step): joined, so that no
+  // work of the step is left outside the stream.
+  for (PendingShared& p : pending_shared_) (void)join_branch(p.done);
+  pending_shared_.clear();
 }
 
 namespace {

@@ -54,6 +54,7 @@ struct Context {
   int device = 0;
   cudaStream_t stream = nullptr;
   cudaStream_t side = nullptr;     ///< PLE gathers started ahead of their layer (ple_gather_start)
+  cudaStream_t branch = nullptr;   ///< work beside the main stream's within a layer (moe_shared_expert_start)
   int32_t* status = nullptr;       ///< device [kStatusSlots]
   int32_t* status_host = nullptr;  ///< pinned [kStatusSlots]
   /// While a step is recorded (CudaOps::begin_step_capture): pool memory released meanwhile is freed after the
@@ -221,9 +222,14 @@ class CudaOps final : public Ops {
 
   void moe_router_topk(const Tensor& u, const Tensor& router, bool norm_topk_prob, const Tensor& ids,
                        const Tensor& weights) override;
-  void moe_experts(const Tensor& u, const Tensor& ids, const Tensor& weights, const MoeWeights& w,
-                   const Tensor& out) override;
+  void moe_experts(const Tensor& u, const Tensor& ids, const Tensor& weights, const MoeWeights& w, const Tensor& out,
+                   const Tensor& shared = Tensor()) override;
   void moe_shared_expert(const Tensor& u, const MoeWeights& w, const Tensor& out) override;
+  /// A decode step's shared expert (at most kGemvMaxTokens rows of FP16 weights, FP16x2 activations) on the branch
+  /// stream, joined by the moe_experts call that takes `shared` before its launch that reads it (the W4A16 experts'
+  /// down GEMV or combine; the FP16 experts' combine); otherwise on the stream at once. Off with
+  /// CudaOpsOptions::moe_branch false.
+  void moe_shared_expert_start(const Tensor& u, const MoeWeights& w, const Tensor& shared) override;
 
   // ------------------------------------------------ ple_ops.cpp
 
@@ -245,7 +251,7 @@ class CudaOps final : public Ops {
  private:
   // ------------------------------------------------ backend.cpp
 
-  cudaStream_t stream() const { return ctx_->stream; }
+  cudaStream_t stream() const { return on_branch_ ? ctx_->branch : ctx_->stream; }
   int32_t* status(StatusSlot s) const { return ctx_->status + s; }
   /// The contracts' view of this backend (tensors on this GPU, FP16 weights); makes the GPU current on the calling
   /// thread, which every op needs before its launches: ops begin with it.
@@ -395,10 +401,29 @@ class CudaOps final : public Ops {
   /// moe_experts on W4A16 experts: u rounded to FP16 (the kernels' activations), FP32 accumulation, FP32 output
   /// (moe_w4a16.h for the arithmetic).
   void moe_experts_w4a16(const Tensor& u, const Tensor& ids, const Tensor& weights, const PackedExperts& packed,
-                         const Tensor& out);
+                         const Tensor& out, const float* shared, cudaEvent_t shared_ready);
   /// moe_experts on stacked FP16 experts (FP16x2: per-expert cuBLAS products; FP16: the WMMA grouped kernels).
   void moe_experts_f16(const Tensor& u, const Tensor& ids, const Tensor& weights, const MoeWeights& w,
-                       const Tensor& out, int64_t E, int64_t I);
+                       const Tensor& out, int64_t E, int64_t I, const float* shared);
+  /// The shared expert's term, out[t] (+)= sigmoid(gate . u_t) * down(silu(gate u_t) * up u_t) (accumulated or
+  /// stored), on stream(); with `scratch` (the branch stream) its temporaries are appended there, to live until the
+  /// join, and only the decode GEMV path may run (Error otherwise). Shapes checked by the caller.
+  void shared_expert(const Tensor& u, const MoeWeights& w, const Tensor& out, bool accumulate,
+                     std::vector<Tensor>* scratch);
+  /// The main stream waits for `done` (an event recorded on the branch stream), which is then destroyed and nulled;
+  /// nothing for a null event. Returns the wait's error.
+  cudaError_t join_branch(cudaEvent_t& done) noexcept;
+  /// A shared expert begun on the branch stream and not yet joined: what it reads and writes, its scratch, and the
+  /// event its last launch records.
+  struct PendingShared {
+    Tensor u, shared;
+    std::vector<Tensor> scratch;
+    cudaEvent_t done = nullptr;
+  };
+  std::vector<PendingShared> pending_shared_;
+  /// Whether ops now enqueue on the branch stream (stream() returns it; moe_shared_expert_start sets it around the
+  /// branch's launches).
+  bool on_branch_ = false;
   /// The W4A16 scratch for (top_k, E, H, I, planes), grown to at least `tokens` tokens (a replaced one is freed with
   /// cudaFree, which waits for the work that uses it).
   MoeW4A16Workspace& w4_workspace(int tokens, int top_k, int experts, int hidden, int inter, int planes);

@@ -25,7 +25,8 @@
 // hyper-connection reads run as float32 GEMV kernels.
 //
 // Memory: tensors come from the device's stream-ordered pool (cudaMallocAsync), all work runs on one stream in
-// order (except PLE gathers begun ahead with `ple_gather_start`, on a side stream joined by `ple_gather_wait`), and
+// order (except PLE gathers begun ahead with `ple_gather_start`, on a side stream joined by `ple_gather_wait`, and a
+// decode step's shared expert, on a branch stream joined by the routed experts: `moe_shared_expert_start`), and
 // only `download` waits for it. Batched steps: a pure decode step runs the GDN conv and recurrence and the PLE conv
 // over the state slots in one launch each; the indexer (with a cache of pooled block keys) and sparse attention
 // run once per step over the paged pools through the block tables; the GDN rule of a step with prefill chunks runs
@@ -88,11 +89,14 @@ struct CudaOpsOptions {
   bool step_graphs = true;
   QsaAttentionKernel qsa_attention = QsaAttentionKernel::Auto;
   GdnChunkKernel gdn_chunk = GdnChunkKernel::Auto;
+  /// A decode step's shared expert on a stream of its own, beside the router and the routed experts
+  /// (moe_shared_expert_start); false: in order on the one stream.
+  bool moe_branch = true;
 
   /// The defaults, overridden by the environment: FLASHNEXT_PLE_TABLE=host|device,
   /// FLASHNEXT_CUDA_ACTIVATIONS=fp16x2|fp16, FLASHNEXT_CUDA_GRAPHS=1|0,
-  /// FLASHNEXT_CUDA_QSA=auto|per_query|tile_union and FLASHNEXT_CUDA_GDN_CHUNK=auto|cuda_cores. Throws Error for
-  /// another value.
+  /// FLASHNEXT_CUDA_QSA=auto|per_query|tile_union, FLASHNEXT_CUDA_GDN_CHUNK=auto|cuda_cores and
+  /// FLASHNEXT_CUDA_MOE_BRANCH=1|0. Throws Error for another value.
   static CudaOpsOptions from_env();
 };
 

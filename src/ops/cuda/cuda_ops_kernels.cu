@@ -433,14 +433,15 @@ __global__ void scale_columns_kernel(float* __restrict__ y, int64_t rows, int co
 }
 
 // The shared expert's down projection for T <= kGemvMaxTokens tokens with its activation and gate fused in (one warp
-// per output column c of H): out[t, c] += sigmoid(gate_logit[t]) * sum_k down[c, k] * silu(g[t, k]) * up[t, k]; g,
+// per output column c of H): out[t, c] += sigmoid(gate_logit[t]) * sum_k down[c, k] * silu(g[t, k]) * up[t, k]
+// (without `accumulate`: out[t, c] = that term); g,
 // up [T, I] float32, down [H, I] FP16, I % 8 == 0, every pointer 16-byte aligned. Float32 throughout, the products
 // and the order of the sums as silu_mul_f32 + gemv_f16w_f32x + gated_accumulate compute them. With `early` the first
 // weight slices are loaded before the wait on the kernel ahead (pdl_begin_after_weights).
 template <int T>
 __global__ void shared_down_decode_kernel(const float* __restrict__ g, const float* __restrict__ up,
                                           const __half* __restrict__ down, const float* __restrict__ gate_logit, int I,
-                                          int H, float* __restrict__ out, bool early) {
+                                          int H, float* __restrict__ out, bool accumulate, bool early) {
   const int c = int((int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5);
   const int lane = threadIdx.x & 31;
   const uint4* wr = reinterpret_cast<const uint4*>(down + int64_t(c < H ? c : 0) * I);
@@ -468,7 +469,11 @@ __global__ void shared_down_decode_kernel(const float* __restrict__ g, const flo
 #pragma unroll
   for (int t = 0; t < T; ++t) {
     const float sum = warp_sum(acc[t]);
-    if (lane == 0) out[int64_t(t) * H + c] += sigmoidf_(gate_logit[t]) * sum;
+    if (lane == 0) {
+      float* o = out + int64_t(t) * H + c;
+      const float v = sigmoidf_(gate_logit[t]) * sum;
+      *o = accumulate ? *o + v : v;
+    }
   }
 }
 
@@ -694,10 +699,12 @@ __global__ void hc_up_kernel(float* __restrict__ X, const float* __restrict__ ad
 }
 
 __global__ void gated_accumulate_kernel(float* __restrict__ out, const float* __restrict__ s,
-                                        const float* __restrict__ gate_logit, int64_t n, int hidden) {
+                                        const float* __restrict__ gate_logit, int64_t n, int hidden, bool accumulate) {
   pdl_begin();
-  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
-    out[i] += sigmoidf_(gate_logit[i / hidden]) * s[i];
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
+    const float v = sigmoidf_(gate_logit[i / hidden]) * s[i];
+    out[i] = accumulate ? out[i] + v : v;
+  }
 }
 
 // y[t, c] = silu(sum_k w[c, k] * in(t - (K-1) + k, c)); in(p) = x[p, c] (p >= 0) or state[(K-1) + p, c].
@@ -1077,7 +1084,7 @@ __global__ void qsa_topk_kernel(Layout lay, const float* __restrict__ scores, in
   template __global__ void gemv_w8_f32x_kernel<TT, true>(const float*, int64_t, int, GemvSegments8, int, bool);        \
   template __global__ void gemv_f16w_f32x_kernel<TT, kGemvRows>(const float*, int64_t, int, GemvSegments, int, bool);  \
   template __global__ void shared_down_decode_kernel<TT>(const float*, const float*, const __half*, const float*, int, \
-                                                         int, float*, bool);                                           \
+                                                         int, float*, bool, bool);                                     \
   template __global__ void hc_down_kernel<TT>(const float*, const float*, const float*, const __half*, const __half*,  \
                                               const __half*, int, int, int, int, float*, float*, bool);                \
   template __global__ void hc_up_kernel<TT>(float*, const float*, const float*, const __half*, const __half*,          \
@@ -1213,7 +1220,7 @@ __global__ void moe_act_f16x2_kernel(const float* __restrict__ g2, const float* 
 __global__ void moe_combine_f16x2_kernel(const float* __restrict__ y2, const int32_t* __restrict__ ids,
                                          const int32_t* __restrict__ slot_row, const int32_t* __restrict__ offsets,
                                          const float* __restrict__ weights, int tokens, int top_k, int hidden,
-                                         float* __restrict__ out) {
+                                         const float* __restrict__ shared, float* __restrict__ out) {
   pdl_begin();
   const int64_t n = int64_t(tokens) * hidden;
   for (int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x; idx < n; idx += int64_t(gridDim.x) * kThreads) {
@@ -1226,7 +1233,7 @@ __global__ void moe_combine_f16x2_kernel(const float* __restrict__ y2, const int
       moe_split_rows(ids, offsets, s, r, &hi, &lo);
       acc += (y2[hi * hidden + c] + y2[lo * hidden + c]) * weights[s];
     }
-    out[idx] = acc;
+    out[idx] = shared ? acc + shared[idx] : acc;
   }
 }
 
@@ -1452,7 +1459,8 @@ cudaError_t launch_scale_columns(float* y, int64_t rows, int cols, int64_t ldy, 
 }
 
 cudaError_t launch_shared_down_decode(const float* g, const float* up, const __half* down, const float* gate_logit,
-                                      int tokens, int inter, int hidden, float* out, cudaStream_t stream) {
+                                      int tokens, int inter, int hidden, float* out, bool accumulate,
+                                      cudaStream_t stream) {
   if (tokens == 0 || hidden == 0) return cudaSuccess;
   if (inter % 8 != 0) return cudaErrorInvalidValue;
   const unsigned blocks = unsigned((int64_t(hidden) + kWarps - 1) / kWarps);
@@ -1460,7 +1468,7 @@ cudaError_t launch_shared_down_decode(const float* g, const float* up, const __h
 #define FN_SHARED_CASE(TT)                                                                                          \
   case TT:                                                                                                          \
     launch(shared_down_decode_kernel<TT>, blocks, kThreads, 0, stream, g, up, down, gate_logit, inter, hidden, out, \
-           early_weights());                                                                                        \
+           accumulate, early_weights());                                                                            \
     break;
     FN_SHARED_CASE(1) FN_SHARED_CASE(2) FN_SHARED_CASE(3) FN_SHARED_CASE(4)
     FN_SHARED_CASE(5) FN_SHARED_CASE(6) FN_SHARED_CASE(7) FN_SHARED_CASE(8)
@@ -1511,10 +1519,10 @@ cudaError_t launch_hc_read_decode(float* X, const float* add_out, const float* a
 }
 
 cudaError_t launch_gated_accumulate(float* out, const float* s, const float* gate_logit, int tokens, int hidden,
-                                    cudaStream_t stream) {
+                                    bool accumulate, cudaStream_t stream) {
   const int64_t n = int64_t(tokens) * hidden;
   if (n == 0) return cudaSuccess;
-  launch(gated_accumulate_kernel, grid_for(n), kThreads, 0, stream, out, s, gate_logit, n, hidden);
+  launch(gated_accumulate_kernel, grid_for(n), kThreads, 0, stream, out, s, gate_logit, n, hidden, accumulate);
   return cudaGetLastError();
 }
 
@@ -1649,11 +1657,11 @@ cudaError_t launch_moe_act_f16x2(const float* g2, const float* up2, const int32_
 
 cudaError_t launch_moe_combine_f16x2(const float* y2, const int32_t* ids, const int32_t* slot_row,
                                      const int32_t* offsets, const float* weights, int tokens, int top_k, int hidden,
-                                     float* out, cudaStream_t stream) {
+                                     const float* shared, float* out, cudaStream_t stream) {
   const int64_t n = int64_t(tokens) * hidden;
   if (n == 0) return cudaSuccess;
   launch(moe_combine_f16x2_kernel, grid_for(n), kThreads, 0, stream, y2, ids, slot_row, offsets, weights, tokens, top_k,
-         hidden, out);
+         hidden, shared, out);
   return cudaGetLastError();
 }
 

@@ -123,14 +123,17 @@ cudaError_t launch_hc_read_decode(float* X, const float* add_out, const float* a
 /// that decide discrete choices or gates (MoE router logits, shared_expert_gate). One warp per output.
 cudaError_t launch_linear_f32_narrow(const float* x, const __half* w, float* y, int tokens, int in, int out,
                                      cudaStream_t stream);
-/// out[t, c] += sigmoid(gate_logit[t]) * s[t, c] (the shared expert's gated add), [T, H] FP32.
 /// The shared expert's down projection of a decode step (tokens 1..kGemvMaxTokens), activation and gate fused:
-/// out[t, c] += sigmoid(gate_logit[t]) * sum_k down[c, k] * silu(g[t, k]) * up[t, k]. g, up [tokens, inter] F32,
-/// down [hidden, inter] FP16 (inter % 8 == 0), out [tokens, hidden] F32; every pointer 16-byte aligned.
+/// out[t, c] += sigmoid(gate_logit[t]) * sum_k down[c, k] * silu(g[t, k]) * up[t, k] (without `accumulate`: out[t, c]
+/// = that term). g, up [tokens, inter] F32, down [hidden, inter] FP16 (inter % 8 == 0), out [tokens, hidden] F32;
+/// every pointer 16-byte aligned.
 cudaError_t launch_shared_down_decode(const float* g, const float* up, const __half* down, const float* gate_logit,
-                                      int tokens, int inter, int hidden, float* out, cudaStream_t stream);
+                                      int tokens, int inter, int hidden, float* out, bool accumulate,
+                                      cudaStream_t stream);
+/// out[t, c] += sigmoid(gate_logit[t]) * s[t, c] (the shared expert's gated add; without `accumulate` out[t, c] =
+/// that term), [T, H] FP32.
 cudaError_t launch_gated_accumulate(float* out, const float* s, const float* gate_logit, int tokens, int hidden,
-                                    cudaStream_t stream);
+                                    bool accumulate, cudaStream_t stream);
 /// Causal depthwise conv + SiLU over a chunk: y[t, c] = silu(sum_k w[c, k] * in(t - (K-1) + k, c)) with in(p) =
 /// x[p, c] for p >= 0, else state[(K-1) + p, c]; then state (time-major [K-1, C], oldest first) becomes the last
 /// K-1 inputs. x, y [T, C] FP32 (y must not alias x), w [C, K] FP16.
@@ -209,10 +212,11 @@ cudaError_t launch_moe_gather_f16x2(const float* u, const int32_t* ids, const in
 /// a2 = split(silu(g) * up) per sorted slot, g and up the (hi + lo) sums of g2, up2 [2*slots, inter] FP32.
 cudaError_t launch_moe_act_f16x2(const float* g2, const float* up2, const int32_t* ids, const int32_t* sorted,
                                  const int32_t* offsets, int slots, int inter, __half* a2, cudaStream_t stream);
-/// out[t, c] = sum_j weights[t, j] * (y2 hi + lo rows of slot t*k+j) (slots whose expert id was invalid skipped).
+/// out[t, c] = sum_j weights[t, j] * (y2 hi + lo rows of slot t*k+j) (slots whose expert id was invalid skipped),
+/// + shared[t, c] ([tokens, hidden] F32: the gated shared expert's term) when shared is not null.
 cudaError_t launch_moe_combine_f16x2(const float* y2, const int32_t* ids, const int32_t* slot_row,
                                      const int32_t* offsets, const float* weights, int tokens, int top_k, int hidden,
-                                     float* out, cudaStream_t stream);
+                                     const float* shared, float* out, cudaStream_t stream);
 /// Indexed row copy of `words` 32-bit words per row: gather (scatter false) dst[i] = src[rows[i]], scatter (true)
 /// dst[rows[i]] = src[i], for i < n. A row id outside [0, limit) (limit = rows of the indexed side) is skipped and
 /// ORs 1 into *status.

@@ -268,12 +268,13 @@ __global__ void __launch_bounds__(kGemmThreads)
                        num_tiles, ys);
 }
 
-// out[t, c] = sum_j ys[row of slot t*k+j, c] (slots in order j) + sigmoid(shared_gate[t]) * shared[t, c].
+// out[t, c] = sum_j ys[row of slot t*k+j, c] (slots in order j) + shared[t, c] (the gated shared expert's term, if
+// given).
 // TO: the output type (FP16, or FP32 for the ops interface).
 template <class TO>
 __global__ void moe_combine_kernel(const __half* __restrict__ ys, const int32_t* __restrict__ slot_row, int tokens,
-                                   int top_k, int hidden, const __half* __restrict__ shared,
-                                   const float* __restrict__ shared_gate, TO* __restrict__ out, int64_t ldo) {
+                                   int top_k, int hidden, const float* __restrict__ shared, TO* __restrict__ out,
+                                   int64_t ldo) {
   pdl_begin();
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= int64_t(tokens) * hidden) return;
@@ -283,7 +284,7 @@ __global__ void moe_combine_kernel(const __half* __restrict__ ys, const int32_t*
     const int r = slot_row[t * top_k + j];
     if (r >= 0) acc += to_f(ys[int64_t(r) * hidden + c]);
   }
-  if (shared) acc += sigmoidf_(shared_gate[t]) * to_f(shared[t * hidden + c]);
+  if (shared) acc += shared[t * hidden + c];
   out[t * ldo + c] = from_f<TO>(acc);
 }
 
@@ -303,10 +304,10 @@ FN_ROUTER_TOPK(1)
 FN_ROUTER_TOPK(2) FN_ROUTER_TOPK(4) FN_ROUTER_TOPK(8) FN_ROUTER_TOPK(16) FN_ROUTER_TOPK(32)
 #undef FN_ROUTER_TOPK
     static_assert(kMoeMaxExperts == 32 * 32, "moe_router_topk_kernel: at most 32 logits per lane");
-template __global__ void moe_combine_kernel<__half>(const __half*, const int32_t*, int, int, int, const __half*,
-                                                    const float*, __half*, int64_t);
-template __global__ void moe_combine_kernel<float>(const __half*, const int32_t*, int, int, int, const __half*,
-                                                   const float*, float*, int64_t);
+template __global__ void moe_combine_kernel<__half>(const __half*, const int32_t*, int, int, int, const float*, __half*,
+                                                    int64_t);
+template __global__ void moe_combine_kernel<float>(const __half*, const int32_t*, int, int, int, const float*, float*,
+                                                   int64_t);
 
 }  // namespace
 
@@ -359,22 +360,20 @@ cudaError_t launch_moe_down(const __half* h, const __half* down, int hidden, int
 }
 
 cudaError_t launch_moe_combine(const __half* ys, const int32_t* slot_row, int tokens, int top_k, int hidden,
-                               const __half* shared, const float* shared_gate, __half* out, int64_t ldo,
-                               cudaStream_t stream) {
+                               const float* shared, __half* out, int64_t ldo, cudaStream_t stream) {
   const int64_t n = int64_t(tokens) * hidden;
   if (n == 0) return cudaSuccess;
   launch(moe_combine_kernel<__half>, unsigned((n + 255) / 256), 256, 0, stream, ys, slot_row, tokens, top_k, hidden,
-         shared, shared_gate, out, ldo);
+         shared, out, ldo);
   return cudaGetLastError();
 }
 
 cudaError_t launch_moe_combine(const __half* ys, const int32_t* slot_row, int tokens, int top_k, int hidden,
-                               const __half* shared, const float* shared_gate, float* out, int64_t ldo,
-                               cudaStream_t stream) {
+                               const float* shared, float* out, int64_t ldo, cudaStream_t stream) {
   const int64_t n = int64_t(tokens) * hidden;
   if (n == 0) return cudaSuccess;
   launch(moe_combine_kernel<float>, unsigned((n + 255) / 256), 256, 0, stream, ys, slot_row, tokens, top_k, hidden,
-         shared, shared_gate, out, ldo);
+         shared, out, ldo);
   return cudaGetLastError();
 }
 

@@ -24,9 +24,10 @@ cudaError_t launch_moe_down(const __half* h, const __half* down, int hidden, int
                             const int32_t* sorted_slots, const float* weights, const int32_t* tile_expert,
                             const int32_t* tile_row, const int32_t* num_tiles, int max_tiles, __half* ys,
                             cudaStream_t stream);
+/// out[t, c] = sum_j ys[slot_row[t * top_k + j], c] (rows < 0 skipped, slots in order j), + shared[t, c] (the gated
+/// shared expert's term, [tokens, hidden] F32) when shared is not null; FP32 sums.
 cudaError_t launch_moe_combine(const __half* ys, const int32_t* slot_row, int tokens, int top_k, int hidden,
-                               const __half* shared, const float* shared_gate, __half* out, int64_t ldo,
-                               cudaStream_t stream);
+                               const float* shared, __half* out, int64_t ldo, cudaStream_t stream);
 // Gate/up GEMM over separately stacked gate_proj / up_proj [E, I, H] (expert_rows = I), or any two weight arrays
 // whose expert e, row n starts at (e * expert_rows + n) * H elements.
 cudaError_t launch_moe_gate_up_split(const __half* u, int64_t ldu, int top_k, const __half* gate, const __half* up,
@@ -35,8 +36,7 @@ cudaError_t launch_moe_gate_up_split(const __half* u, int64_t ldu, int top_k, co
                                      const int32_t* num_tiles, int max_tiles, __half* h, cudaStream_t stream);
 /// FP32-output combine (the ops interface's float32 MoE output); same kernel.
 cudaError_t launch_moe_combine(const __half* ys, const int32_t* slot_row, int tokens, int top_k, int hidden,
-                               const __half* shared, const float* shared_gate, float* out, int64_t ldo,
-                               cudaStream_t stream);
+                               const float* shared, float* out, int64_t ldo, cudaStream_t stream);
 cudaError_t launch_silu_mul(const __half* gate, const __half* up, int64_t ld_in, __half* out, int64_t ld_out,
                             int tokens, int width, cudaStream_t stream);
 #endif

@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <exception>
 #include <vector>
 
 #include "ops/contract/moe.h"
@@ -31,19 +32,45 @@ void CudaOps::moe_router_topk(const Tensor& u, const Tensor& router, bool norm_t
 }
 
 void CudaOps::moe_experts(const Tensor& u, const Tensor& ids, const Tensor& weights, const MoeWeights& w,
-                          const Tensor& out) {
+                          const Tensor& out, const Tensor& shared) {
   const char* op = "moe_experts";
-  const auto [T, H, k, E, I] = contract::moe_experts(spec(), u, ids, weights, w, out);
-  if (w.packed) return moe_experts_w4a16(u, ids, weights, *w.packed, out);
+  const auto [T, H, k, E, I] = contract::moe_experts(spec(), u, ids, weights, w, out, shared);
+  // The shared expert begun on the branch stream, if it was: joined before the launch that reads `shared` (and, at
+  // the latest, when this call returns), its scratch released after that.
+  PendingShared branch;
+  if (shared.defined()) {
+    auto it = std::find_if(pending_shared_.begin(), pending_shared_.end(),
+                           [&](const PendingShared& p) { return p.shared.data() == shared.data(); });
+    if (it != pending_shared_.end()) {
+      branch = std::move(*it);
+      pending_shared_.erase(it);
+    }
+  }
+  struct Join {  // also when a check below throws: no branch work is left unjoined
+    CudaOps& ops;
+    PendingShared& p;
+    ~Join() { (void)ops.join_branch(p.done); }
+  } join{*this, branch};
+  const float* sh = shared.defined() ? dp<const float>(shared) : nullptr;
+  if (w.packed) return moe_experts_w4a16(u, ids, weights, *w.packed, out, sh, branch.done);
   FN_CHECK(E <= detail::kMoeMaxExperts && H % 8 == 0 && I % 8 == 0,
            "{}: {} experts (1..{}), hidden {} and expert width {} (multiples of 8) exceed the kernel's limits", op, E,
            detail::kMoeMaxExperts, H, I);
   if (T == 0) return;
-  moe_experts_f16(u, ids, weights, w, out, E, I);
+  FN_CUDA_CHECK(join_branch(branch.done), op);  // the combine at the end reads `shared`
+  moe_experts_f16(u, ids, weights, w, out, E, I, sh);
+}
+
+cudaError_t CudaOps::join_branch(cudaEvent_t& done) noexcept {
+  if (!done) return cudaSuccess;
+  const cudaError_t waited = cudaStreamWaitEvent(ctx_->stream, done, 0);
+  cudaEventDestroy(done);
+  done = nullptr;
+  return waited;
 }
 
 void CudaOps::moe_experts_f16(const Tensor& u, const Tensor& ids, const Tensor& weights, const MoeWeights& w,
-                              const Tensor& out, int64_t E, int64_t I) {
+                              const Tensor& out, int64_t E, int64_t I, const float* shared) {
   const char* op = "moe_experts";
   const int64_t T = u.dim(0), H = u.dim(1), k = ids.dim(1);
   const int t = to_int(T, op, "tokens"), slots = to_int(T * k, op, "slots");
@@ -94,7 +121,7 @@ void CudaOps::moe_experts_f16(const Tensor& u, const Tensor& ids, const Tensor& 
                    dp<float>(y2) + r0 * H, OutType::F32, int(H), stream(), "experts down_proj");
     }
     FN_CUDA_CHECK(detail::launch_moe_combine_f16x2(dp<const float>(y2), id, slot_row, offsets, dp<const float>(weights),
-                                                   t, int(k), int(H), dp<float>(out), stream()),
+                                                   t, int(k), int(H), shared, dp<float>(out), stream()),
                   "moe_experts combine");
     return;
   }
@@ -109,13 +136,13 @@ void CudaOps::moe_experts_f16(const Tensor& u, const Tensor& ids, const Tensor& 
       detail::launch_moe_down(dp<__half>(h), dp<__half>(w.down), int(H), int(I), offsets, sorted, dp<float>(weights),
                               tile_expert, tile_row, num_tiles, max_tiles, dp<__half>(ys), stream()),
       "moe_experts down");
-  FN_CUDA_CHECK(detail::launch_moe_combine(dp<__half>(ys), slot_row, t, int(k), int(H), nullptr, nullptr,
-                                           dp<float>(out), H, stream()),
-                "moe_experts combine");
+  FN_CUDA_CHECK(
+      detail::launch_moe_combine(dp<__half>(ys), slot_row, t, int(k), int(H), shared, dp<float>(out), H, stream()),
+      "moe_experts combine");
 }
 
 void CudaOps::moe_experts_w4a16(const Tensor& u, const Tensor& ids, const Tensor& weights, const PackedExperts& packed,
-                                const Tensor& out) {
+                                const Tensor& out, const float* shared, cudaEvent_t shared_ready) {
   const char* op = "moe_experts";
   const auto* p = dynamic_cast<const CudaW4Experts*>(&packed);
   FN_CHECK(p && p->device == ctx_->device, "{}: the packed experts ({}) were not made by this backend (cuda:{})", op,
@@ -126,14 +153,56 @@ void CudaOps::moe_experts_w4a16(const Tensor& u, const Tensor& ids, const Tensor
   Tensor uh = half_copy(u, op);
   MoeW4A16Workspace& ws =
       w4_workspace(to_int(T, op, "tokens"), to_int(k, op, "top_k"), p->experts, p->hidden, p->inter, p->planes);
-  moe_w4a16_routed(p->view(), dp<__half>(uh), p->hidden, int(T), dp<int32_t>(ids), dp<float>(weights), nullptr, nullptr,
-                   dp<float>(out), p->hidden, ws, stream());
+  moe_w4a16_routed(p->view(), dp<__half>(uh), p->hidden, int(T), dp<int32_t>(ids), dp<float>(weights), shared,
+                   shared_ready, dp<float>(out), p->hidden, ws, stream());
 }
 
 void CudaOps::moe_shared_expert(const Tensor& u, const MoeWeights& w, const Tensor& out) {
-  const char* op = "moe_shared_expert";
   const auto [T, H, Is] = contract::moe_shared_expert(spec(), u, w, out);
   if (T == 0) return;
+  shared_expert(u, w, out, /*accumulate=*/true, nullptr);
+}
+
+void CudaOps::moe_shared_expert_start(const Tensor& u, const MoeWeights& w, const Tensor& shared) {
+  const auto [T, H, Is] = contract::moe_shared_expert(spec(), u, w, shared);
+  if (T == 0) return;
+  // On the branch stream only where every launch is one of the decode GEMV kernels (no cuBLAS, whose workspace
+  // the main stream's products use meanwhile): FP16 weights, at most kGemvMaxTokens rows, 16-byte rows, FP16x2.
+  const Tensor* read[] = {&u,     &w.shared_gate_proj, &w.shared_up_proj, &w.shared_expert_gate, &w.shared_down_proj,
+                          &shared};
+  bool branch = options_.moe_branch && split() && T <= detail::kGemvMaxTokens && H % 8 == 0 && Is % 8 == 0;
+  for (const Tensor* t : read) branch = branch && !t->has_scales() && aligned16(*t);
+  if (!branch) return shared_expert(u, w, shared, /*accumulate=*/false, nullptr);
+  PendingShared p{u, shared, {}, nullptr};
+  cudaEvent_t ready = nullptr;
+  FN_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "moe_shared_expert_start");
+  const cudaError_t recorded = cudaEventRecord(ready, ctx_->stream);
+  const cudaError_t forked = recorded ? recorded : cudaStreamWaitEvent(ctx_->branch, ready, 0);
+  cudaEventDestroy(ready);  // released once the wait is satisfied
+  FN_CUDA_CHECK(forked, "moe_shared_expert_start");
+  on_branch_ = true;
+  std::exception_ptr failed;
+  try {
+    shared_expert(u, w, shared, /*accumulate=*/false, &p.scratch);
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  on_branch_ = false;
+  // The branch ends in an event, also after a failure (joined below then, so that no work is left unjoined).
+  cudaError_t err = cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming);
+  if (err == cudaSuccess) err = cudaEventRecord(p.done, ctx_->branch);
+  if (failed || err != cudaSuccess) {
+    (void)join_branch(p.done);
+    if (failed) std::rethrow_exception(failed);
+    FN_CUDA_CHECK(err, "moe_shared_expert_start");
+  }
+  pending_shared_.push_back(std::move(p));
+}
+
+void CudaOps::shared_expert(const Tensor& u, const MoeWeights& w, const Tensor& out, bool accumulate,
+                            std::vector<Tensor>* scratch) {
+  const char* op = "moe_shared_expert";
+  const int64_t T = u.dim(0), H = u.dim(1), Is = w.shared_gate_proj.dim(0);
   const int t = to_int(T, op, "tokens"), h = to_int(H, op, "hidden"), is = to_int(Is, op, "width");
   Tensor s, logit = alloc({T}, DType::F32, "shared gate logit");  // s: the unfused paths' down_proj output
   bool gate_done = false;                                         // the gate logit computed with gate_proj / up_proj
@@ -143,7 +212,9 @@ void CudaOps::moe_shared_expert(const Tensor& u, const MoeWeights& w, const Tens
     // gate_proj, up_proj and shared_expert_gate read u: one decode GEMV launch when they qualify.
     const Tensor gu_w[3] = {w.shared_gate_proj, w.shared_up_proj, w.shared_expert_gate};
     const Tensor gu_y[3] = {g, up, logit.view({T, 1})};
+    if (scratch) scratch->insert(scratch->end(), {g, up, logit});
     gate_done = gemv_group(u, gu_w, gu_y, {}, "shared_expert gate_proj/up_proj/shared_expert_gate");
+    FN_CHECK(gate_done || !scratch, "{}: the branch stream's shared expert did not fit the decode GEMV", op);
     // 8-bit gate / up beside the FP16 gate logit: the two in one 8-bit GEMV launch, the logit below.
     const char* gu_what = "shared_expert gate_proj/up_proj";
     const bool gu_done = gate_done || (w8 && gemv_group(u, std::span(gu_w, 2), std::span(gu_y, 2), {}, gu_what));
@@ -152,7 +223,7 @@ void CudaOps::moe_shared_expert(const Tensor& u, const MoeWeights& w, const Tens
       // Decode: the activation, down projection and gated accumulation in one launch.
       FN_CUDA_CHECK(
           detail::launch_shared_down_decode(dp<const float>(g), dp<const float>(up), dp<__half>(w.shared_down_proj),
-                                            dp<const float>(logit), t, is, h, dp<float>(out), stream()),
+                                            dp<const float>(logit), t, is, h, dp<float>(out), accumulate, stream()),
           op);
       return;
     }
@@ -183,8 +254,9 @@ void CudaOps::moe_shared_expert(const Tensor& u, const MoeWeights& w, const Tens
     FN_CUDA_CHECK(detail::launch_linear_f32_narrow(dp<const float>(u), dp<__half>(w.shared_expert_gate),
                                                    dp<float>(logit), t, h, 1, stream()),
                   "shared_expert_gate");
-  FN_CUDA_CHECK(
-      detail::launch_gated_accumulate(dp<float>(out), dp<const float>(s), dp<const float>(logit), t, h, stream()), op);
+  FN_CUDA_CHECK(detail::launch_gated_accumulate(dp<float>(out), dp<const float>(s), dp<const float>(logit), t, h,
+                                                accumulate, stream()),
+                op);
 }
 
 MoeW4A16Workspace& CudaOps::w4_workspace(int tokens, int top_k, int experts, int hidden, int inter, int planes) {

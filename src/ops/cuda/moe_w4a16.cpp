@@ -635,7 +635,7 @@ namespace {
 
 template <class TO>
 void routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, const int32_t* ids,
-            const float* weights, const __half* shared, const float* shared_gate, TO* out, int64_t ldo,
+            const float* weights, const float* shared, cudaEvent_t shared_ready, TO* out, int64_t ldo,
             MoeW4A16Workspace& ws, cudaStream_t stream, W4Path path) {
   FN_CHECK(w.gate_up && w.down, "moe_w4a16_routed: missing expert weights");
   const int E = w.experts, H = w.hidden, I = w.inter;
@@ -658,7 +658,6 @@ void routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, 
   FN_CHECK(tokens >= 0 && tokens <= ws.max_tokens, "moe_w4a16_routed: {} tokens exceed the workspace's {}", tokens,
            ws.max_tokens);
   FN_CHECK(ldu >= H && ldu % 8 == 0 && ldo >= H, "moe_w4a16_routed: row strides u {} / out {} (H {})", ldu, ldo, H);
-  FN_CHECK(!shared || shared_gate, "moe_w4a16_routed: the shared expert output needs its gate logits");
   if (tokens == 0) return;
   FN_CHECK(u && ids && weights && out, "moe_w4a16_routed: null pointer");
   const int slots = tokens * ws.top_k;
@@ -676,15 +675,20 @@ void routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, 
                     "moe_w4a16_routed repeat h");
   };
   const __half* hin = P == 2 ? ws.h2.get() : ws.h.get();  // down's input rows, P * I wide
+  const auto wait_for_shared = [&] {                      // before the launch that reads `shared`
+    if (shared && shared_ready)
+      FN_CUDA_CHECK(cudaStreamWaitEvent(stream, shared_ready, 0), "moe_w4a16_routed: wait for the shared expert");
+  };
   if (path == W4Path::Gemv || path == W4Path::GemvFma) {  // two launches, no grouping pass
     const bool mma = path == W4Path::Gemv && gemv_tensor_cores_allowed();
     FN_CUDA_CHECK(detail::launch_w4_gemv_gate_up(gu, u, ldu, ids, slots, ws.top_k, E, I, ws.h.get(), ws.status.get(),
                                                  mma && detail::w4_gemv_tensor_cores(gu), stream),
                   "moe_w4a16_routed gemv gate_up");
     repeat_h();
+    wait_for_shared();
     FN_CUDA_CHECK(
         detail::launch_w4_gemv_down(dn, hin, ids, weights, tokens, ws.top_k, E, H, P * I, ws.ys.get(), ws.done.get(),
-                                    shared, shared_gate, out, ldo, mma && detail::w4_gemv_tensor_cores(dn), stream),
+                                    shared, out, ldo, mma && detail::w4_gemv_tensor_cores(dn), stream),
         "moe_w4a16_routed gemv down");
     return;
   }
@@ -703,23 +707,24 @@ void routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, 
                                             ws.tile_expert.get(), ws.tile_row.get(), ws.num_tiles.get(), max_tiles,
                                             ws.ys.get(), mma && detail::w4_gemm_tensor_cores(dn), stream),
                 "moe_w4a16_routed gemm down");
-  FN_CUDA_CHECK(detail::launch_moe_combine(ws.ys.get(), ws.slot_row.get(), tokens, ws.top_k, H, shared, shared_gate,
-                                           out, ldo, stream),
-                "moe_w4a16_routed combine");
+  wait_for_shared();
+  FN_CUDA_CHECK(
+      detail::launch_moe_combine(ws.ys.get(), ws.slot_row.get(), tokens, ws.top_k, H, shared, out, ldo, stream),
+      "moe_w4a16_routed combine");
 }
 
 }  // namespace
 
 void moe_w4a16_routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, const int32_t* ids,
-                      const float* weights, const __half* shared, const float* shared_gate, __half* out, int64_t ldo,
+                      const float* weights, const float* shared, cudaEvent_t shared_ready, __half* out, int64_t ldo,
                       MoeW4A16Workspace& ws, cudaStream_t stream, W4Path path) {
-  routed(w, u, ldu, tokens, ids, weights, shared, shared_gate, out, ldo, ws, stream, path);
+  routed(w, u, ldu, tokens, ids, weights, shared, shared_ready, out, ldo, ws, stream, path);
 }
 
 void moe_w4a16_routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, const int32_t* ids,
-                      const float* weights, const __half* shared, const float* shared_gate, float* out, int64_t ldo,
+                      const float* weights, const float* shared, cudaEvent_t shared_ready, float* out, int64_t ldo,
                       MoeW4A16Workspace& ws, cudaStream_t stream, W4Path path) {
-  routed(w, u, ldu, tokens, ids, weights, shared, shared_gate, out, ldo, ws, stream, path);
+  routed(w, u, ldu, tokens, ids, weights, shared, shared_ready, out, ldo, ws, stream, path);
 }
 
 void moe_w4a16_check_status(MoeW4A16Workspace& ws, cudaStream_t stream) {

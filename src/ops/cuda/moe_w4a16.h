@@ -314,17 +314,18 @@ W4Path moe_w4a16_auto_path(const MoeW4A16Experts& w, int tokens, int top_k);
 /// (compiled for it and not turned off by FLASHNEXT_CUDA_W4_GEMV=fma), rather than the FP32-FMA one.
 bool moe_w4a16_gemv_tensor_cores();
 
-/// out[t] = sum_j weights[t,j] * down_{ids[t,j]}( silu(gate(u_t)) * up(u_t) )  (+ sigmoid(shared_gate[t]) *
-/// shared[t] when `shared` is given: the shared expert's output [tokens, H] FP16 and its gate logit [tokens] FP32).
-/// u [tokens, H] FP16 with row stride ldu (a multiple of 8); ids / weights [tokens, top_k] (router output);
-/// out [tokens, H] with row stride ldo. Arithmetic as in the file comment. An expert id outside [0, E) is dropped
-/// and reported by moe_w4a16_check_status. Throws Error for mismatched shapes, workspace or null pointers.
+/// out[t] = sum_j weights[t,j] * down_{ids[t,j]}( silu(gate(u_t)) * up(u_t) )  (+ shared[t] when `shared` is given:
+/// the gated shared expert's term [tokens, H] FP32, added last). u [tokens, H] FP16 with row stride ldu (a multiple
+/// of 8); ids / weights [tokens, top_k] (router output); out [tokens, H] with row stride ldo. With `shared_ready` the
+/// stream waits for that event before the launch that reads `shared` (the shared expert computed on another stream
+/// meanwhile). Arithmetic as in the file comment. An expert id outside [0, E) is dropped and reported by
+/// moe_w4a16_check_status. Throws Error for mismatched shapes, workspace or null pointers.
 void moe_w4a16_routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, const int32_t* ids,
-                      const float* weights, const __half* shared, const float* shared_gate, __half* out, int64_t ldo,
+                      const float* weights, const float* shared, cudaEvent_t shared_ready, __half* out, int64_t ldo,
                       MoeW4A16Workspace& ws, cudaStream_t stream, W4Path path = W4Path::Auto);
 /// The same with an FP32 output (the ops interface's float32 MoE output).
 void moe_w4a16_routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, const int32_t* ids,
-                      const float* weights, const __half* shared, const float* shared_gate, float* out, int64_t ldo,
+                      const float* weights, const float* shared, cudaEvent_t shared_ready, float* out, int64_t ldo,
                       MoeW4A16Workspace& ws, cudaStream_t stream, W4Path path = W4Path::Auto);
 
 /// Throws Error if a routed call met expert ids outside [0, E) (waits for the stream).

@@ -368,15 +368,14 @@ __global__ void __launch_bounds__(kW4GemvThreads)
 // The down kernels' epilogue, after the block has written its rows of ys (block (s, y) of a grid of slots x row
 // blocks of `per_block` rows): the last of token t's top_k slot blocks to finish row block y (a counter per (token,
 // y) in `done`, reset by that block) combines those rows as moe_combine_kernel: the valid slots' ys in slot order, in
-// FP32, + the gated shared expert. After a block barrier thread 0 counts with an acquire-release atomic at GPU scope
-// (its release covers the writes the barrier ordered before it; its acquire, in the last block, the other blocks'
-// writes), and the combining block reads the ys from L2 (__ldcg). Every thread of the block calls it.
+// FP32, + the gated shared expert's term (FP32, if given). After a block barrier thread 0 counts with an
+// acquire-release atomic at GPU scope (its release covers the writes the barrier ordered before it; its acquire, in the
+// last block, the other blocks' writes), and the combining block reads the ys from L2 (__ldcg). Every thread of the
+// block calls it.
 template <class TO>
 __device__ __forceinline__ void w4_gemv_combine(const int32_t* __restrict__ ids, int top_k, int experts, int hidden,
                                                 int t, int per_block, const __half* ys, int32_t* __restrict__ done,
-                                                const __half* __restrict__ shared,
-                                                const float* __restrict__ shared_gate, TO* __restrict__ out,
-                                                int64_t ldo) {
+                                                const float* __restrict__ shared, TO* __restrict__ out, int64_t ldo) {
   __shared__ int last;
   __syncthreads();  // the block's ys writes happen before thread 0's release (cumulative over the barrier)
   if (threadIdx.x == 0) {
@@ -395,7 +394,7 @@ __device__ __forceinline__ void w4_gemv_combine(const int32_t* __restrict__ ids,
       const int sj = t * top_k + j, ej = ids[sj];
       if (ej >= 0 && ej < experts) acc += to_f(__ldcg(ys + int64_t(sj) * hidden + c));
     }
-    if (shared) acc += sigmoidf_(shared_gate[t]) * to_f(shared[int64_t(t) * hidden + c]);
+    if (shared) acc += shared[int64_t(t) * hidden + c];
     out[int64_t(t) * ldo + c] = from_f<TO>(acc);
   }
 }
@@ -406,8 +405,8 @@ template <int FMT, class TO>
 __global__ void __launch_bounds__(kW4GemvThreads)
     w4_gemv_down_kernel(W4Mat w, const __half* __restrict__ h, const int32_t* __restrict__ ids,
                         const float* __restrict__ weights, int top_k, int experts, int hidden, int inter, int lanes,
-                        __half* ys, int32_t* __restrict__ done, const __half* __restrict__ shared,
-                        const float* __restrict__ shared_gate, TO* __restrict__ out, int64_t ldo) {
+                        __half* ys, int32_t* __restrict__ done, const float* __restrict__ shared, TO* __restrict__ out,
+                        int64_t ldo) {
   pdl_begin();
   constexpr int O = kW4GemvOutsDown;
   const int s = blockIdx.x, t = s / top_k, e = ids[s];
@@ -427,8 +426,7 @@ __global__ void __launch_bounds__(kW4GemvThreads)
       }
     }
   }
-  w4_gemv_combine(ids, top_k, experts, hidden, t, O * (kW4GemvThreads / lanes), ys, done, shared, shared_gate, out,
-                  ldo);
+  w4_gemv_combine(ids, top_k, experts, hidden, t, O * (kW4GemvThreads / lanes), ys, done, shared, out, ldo);
 }
 
 // Every instance is compiled in every build (NVRTC included, for the SM70 check).
@@ -436,11 +434,11 @@ __global__ void __launch_bounds__(kW4GemvThreads)
   template __global__ void w4_gemv_gate_up_kernel<FMT>(W4Mat, const __half*, int64_t, const int32_t*, int, int, int, \
                                                        int, __half*, int32_t*);                                      \
   template __global__ void w4_gemv_down_kernel<FMT, __half>(W4Mat, const __half*, const int32_t*, const float*, int, \
-                                                            int, int, int, int, __half*, int32_t*, const __half*,    \
-                                                            const float*, __half*, int64_t);                         \
+                                                            int, int, int, int, __half*, int32_t*, const float*,     \
+                                                            __half*, int64_t);                                       \
   template __global__ void w4_gemv_down_kernel<FMT, float>(W4Mat, const __half*, const int32_t*, const float*, int,  \
-                                                           int, int, int, int, __half*, int32_t*, const __half*,     \
-                                                           const float*, float*, int64_t);
+                                                           int, int, int, int, __half*, int32_t*, const float*,      \
+                                                           float*, int64_t);
 FN_W4_GEMV(kInt4)
 FN_W4_GEMV(kNvfp4)
 FN_W4_GEMV(kFp8)
@@ -682,8 +680,8 @@ template <bool NVFP4, class TO>
 __global__ void __launch_bounds__(kW4MmaWarps * 32, kW4MmaMinBlocks)
     w4_gemv_mma_down_kernel(W4Mat w, const __half* __restrict__ h, const int32_t* __restrict__ ids,
                             const float* __restrict__ weights, int top_k, int experts, int hidden, int inter,
-                            __half* ys, int32_t* __restrict__ done, const __half* __restrict__ shared,
-                            const float* __restrict__ shared_gate, TO* __restrict__ out, int64_t ldo) {
+                            __half* ys, int32_t* __restrict__ done, const float* __restrict__ shared,
+                            TO* __restrict__ out, int64_t ldo) {
   pdl_begin();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int kRows = 16 * kW4MmaDownTiles;
@@ -713,7 +711,7 @@ __global__ void __launch_bounds__(kW4MmaWarps * 32, kW4MmaMinBlocks)
       ys[int64_t(s) * hidden + n] = to_h(apply_global(sums[threadIdx.x] * k, gn, w.divide) * ws);
     }
   }
-  w4_gemv_combine(ids, top_k, experts, hidden, t, kRows, ys, done, shared, shared_gate, out, ldo);
+  w4_gemv_combine(ids, top_k, experts, hidden, t, kRows, ys, done, shared, out, ldo);
 #endif
 }
 
@@ -723,8 +721,8 @@ template __global__ void w4_gemv_mma_gate_up_kernel<false>(W4Mat, const __half*,
                                                            __half*, int32_t*);
 #define FN_W4_GEMV_MMA_DOWN(NV, TO)                                                                                 \
   template __global__ void w4_gemv_mma_down_kernel<NV, TO>(W4Mat, const __half*, const int32_t*, const float*, int, \
-                                                           int, int, int, __half*, int32_t*, const __half*,         \
-                                                           const float*, TO*, int64_t);
+                                                           int, int, int, __half*, int32_t*, const float*, TO*,     \
+                                                           int64_t);
 FN_W4_GEMV_MMA_DOWN(true, __half)
 FN_W4_GEMV_MMA_DOWN(true, float)
 FN_W4_GEMV_MMA_DOWN(false, __half)
@@ -1222,14 +1220,12 @@ cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const __half* u, int64_t ldu,
 template <class TO>
 cudaError_t launch_w4_gemv_down(const W4Mat& w, const __half* h, const int32_t* ids, const float* weights, int tokens,
                                 int top_k, int experts, int hidden, int inter, __half* ys, int32_t* done,
-                                const __half* shared, const float* shared_gate, TO* out, int64_t ldo, bool tensor_cores,
-                                cudaStream_t stream) {
+                                const float* shared, TO* out, int64_t ldo, bool tensor_cores, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   if (tensor_cores && !w.fp8) {
     const dim3 grid(tokens * top_k, (hidden + 16 * kW4MmaDownTiles - 1) / (16 * kW4MmaDownTiles));
     launch((w.nvfp4 ? w4_gemv_mma_down_kernel<true, TO> : w4_gemv_mma_down_kernel<false, TO>), grid, kW4MmaWarps * 32,
-           w4_mma_smem(w.cols), stream, w, h, ids, weights, top_k, experts, hidden, inter, ys, done, shared,
-           shared_gate, out, ldo);
+           w4_mma_smem(w.cols), stream, w, h, ids, weights, top_k, experts, hidden, inter, ys, done, shared, out, ldo);
     return cudaGetLastError();
   }
   const dim3 grid(tokens * top_k, w4_gemv_row_blocks(hidden, w4_code_cols(w), kW4GemvOutsDown));
@@ -1237,15 +1233,15 @@ cudaError_t launch_w4_gemv_down(const W4Mat& w, const __half* h, const int32_t* 
           : w.nvfp4 ? w4_gemv_down_kernel<kNvfp4, TO>
                     : w4_gemv_down_kernel<kInt4, TO>),
          grid, kW4GemvThreads, 0, stream, w, h, ids, weights, top_k, experts, hidden, inter,
-         w4_gemv_lanes(w4_code_cols(w)), ys, done, shared, shared_gate, out, ldo);
+         w4_gemv_lanes(w4_code_cols(w)), ys, done, shared, out, ldo);
   return cudaGetLastError();
 }
 template cudaError_t launch_w4_gemv_down<__half>(const W4Mat&, const __half*, const int32_t*, const float*, int, int,
-                                                 int, int, int, __half*, int32_t*, const __half*, const float*, __half*,
-                                                 int64_t, bool, cudaStream_t);
+                                                 int, int, int, __half*, int32_t*, const float*, __half*, int64_t, bool,
+                                                 cudaStream_t);
 template cudaError_t launch_w4_gemv_down<float>(const W4Mat&, const __half*, const int32_t*, const float*, int, int,
-                                                int, int, int, __half*, int32_t*, const __half*, const float*, float*,
-                                                int64_t, bool, cudaStream_t);
+                                                int, int, int, __half*, int32_t*, const float*, float*, int64_t, bool,
+                                                cudaStream_t);
 
 template <bool GU, class... Args>
 static void launch_w4_gemm_mma(const W4Mat& w, int n_out, int max_tiles, cudaStream_t stream, Args... args) {

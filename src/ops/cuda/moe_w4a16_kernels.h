@@ -86,14 +86,13 @@ cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const __half* u, int64_t ldu,
                                    cudaStream_t stream);
 /// GEMV path, down and combine in one kernel: ys[s, n] = fp16(weights[s] * down_{ids[s]}(h[s])); the last block of
 /// each (token, row block) to finish (counted in done [tokens, w4_gemv_down_row_blocks(H, w4_code_cols(w))], zero
-/// before and after) writes out[t, n] = the FP32 sum of the token's valid slots in slot order (+
-/// sigmoid(shared_gate[t])
-/// * shared[t, n]), as launch_moe_combine. TO: __half or float. tensor_cores as in launch_w4_gemv_gate_up.
+/// before and after) writes out[t, n] = the FP32 sum of the token's valid slots in slot order (+ shared[t, n], the
+/// gated shared expert's term in FP32, when shared is not null), as launch_moe_combine. TO: __half or float.
+/// tensor_cores as in launch_w4_gemv_gate_up.
 template <class TO>
 cudaError_t launch_w4_gemv_down(const W4Mat& w, const __half* h, const int32_t* ids, const float* weights, int tokens,
                                 int top_k, int experts, int hidden, int inter, __half* ys, int32_t* done,
-                                const __half* shared, const float* shared_gate, TO* out, int64_t ldo, bool tensor_cores,
-                                cudaStream_t stream);
+                                const float* shared, TO* out, int64_t ldo, bool tensor_cores, cudaStream_t stream);
 /// Whether the mma.sync GEMM kernels (compute capability 8.0+) can compute `w` on the current device: compiled for
 /// it (as w4_gemv_tensor_cores_compiled) and NVFP4 or int4 with groups of a multiple of 32 inputs (not FP8).
 /// Otherwise the WMMA GEMM (every GPU) runs.
