@@ -21,7 +21,8 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kTile = 32;  // selected tokens per attention tile (the kernel's WMMA tiles and softmax lanes assume 32)
+constexpr int kTile = kQsaAttentionTile;  // selected tokens per attention tile (the WMMA tiles and softmax lanes
+                                          // assume 32)
 static_assert(kTile == 32, "qsa_attention_kernel: a softmax lane per tile column, two 16-column WMMA tiles");
 
 __device__ __forceinline__ void flag(int32_t* status, int32_t bit) {
@@ -273,25 +274,49 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
-// Merges the split partials of each (token, head) and applies the output gate.
+// Merges the split partials of each (token, head) and applies the output gate: M = max_s m_s, w_s = e^{m_s - M}
+// (splits with m_s = -inf, which saw no position, skipped), o[d] = sum_s w_s acc_s[d] / sum_s w_s l_s in split order.
+// The split weights and sums are made once a block (shared memory) and every thread's acc loads are issued 8 at a
+// time ahead of their sums (a split's loads used to wait on the one before: 33 dependent rounds at decode).
+// splits <= kQsaMaxSplits.
 template <class T>
 __global__ void qsa_combine_kernel(const float* __restrict__ partial, int heads, int dim, int splits,
                                    const T* __restrict__ gate, int64_t ld_gate, int64_t gate_hs, T* __restrict__ out,
                                    int64_t ldo) {
   pdl_begin();
+  __shared__ float w[kQsaMaxSplits], l[kQsaMaxSplits];
+  __shared__ float scratch[32];
+  __shared__ float total;
   const int t = blockIdx.x / heads, hq = blockIdx.x % heads;
   const float* pp = partial + (int64_t(t) * heads + hq) * splits * (dim + 2);
   const float neg_inf = -__int_as_float(0x7f800000);
   float M = neg_inf;
-  for (int s = 0; s < splits; ++s) M = fmaxf(M, pp[s * (dim + 2)]);
+  for (int s = threadIdx.x; s < splits; s += blockDim.x) {
+    w[s] = pp[s * (dim + 2)];  // m_s for now
+    l[s] = pp[s * (dim + 2) + 1];
+    M = fmaxf(M, w[s]);
+  }
+  M = block_max(M, scratch);
+  for (int s = threadIdx.x; s < splits; s += blockDim.x) w[s] = w[s] == neg_inf ? neg_inf : expf(w[s] - M);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float L = 0.f;
+    for (int s = 0; s < splits; ++s)
+      if (w[s] != neg_inf) L += w[s] * l[s];
+    total = L;
+  }
+  __syncthreads();
+  const float L = total;
+  constexpr int kAhead = 8;
   for (int d = threadIdx.x; d < dim; d += blockDim.x) {
-    float L = 0.f, o = 0.f;
-    for (int s = 0; s < splits; ++s) {
-      const float m = pp[s * (dim + 2)];
-      if (m == neg_inf) continue;
-      const float w = expf(m - M);
-      L += w * pp[s * (dim + 2) + 1];
-      o += w * pp[s * (dim + 2) + 2 + d];
+    float o = 0.f;
+    for (int s0 = 0; s0 < splits; s0 += kAhead) {
+      float a[kAhead];
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) a[u] = s0 + u < splits ? pp[(s0 + u) * (dim + 2) + 2 + d] : 0.f;
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u)
+        if (s0 + u < splits && w[s0 + u] != neg_inf) o += w[s0 + u] * a[u];
     }
     o = L > 0.f ? o / L : 0.f;
     if (gate) o *= sigmoidf_(to_f(gate[int64_t(t) * ld_gate + int64_t(hq) * gate_hs + d]));
@@ -724,6 +749,7 @@ cudaError_t launch_qsa_attention(const float* q, int64_t ldq, const int32_t* tok
                                  int64_t gate_head_stride, float* partial, float* out, int64_t ldo, int32_t* status,
                                  cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
+  if (splits < 1 || splits > kQsaMaxSplits || (splits > 1 && split_len % kTile != 0)) return cudaErrorInvalidValue;
   const size_t smem = AttnSmem::bytes(dim);
   const cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(qsa_attention_kernel), smem);
   if (err != cudaSuccess) return err;

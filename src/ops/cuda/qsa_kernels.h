@@ -16,6 +16,8 @@ constexpr int kQsaMaxDim = 256;     // attention head dim
 constexpr int kQsaMaxIdxHeads = 8;  // indexer query heads
 constexpr int kQsaMaxIdxDim = 256;  // indexer head dim
 constexpr int kQsaMaxBlock = 16;    // tokens per indexer block (compress ratio)
+constexpr int kQsaAttentionTile = 32;  // selected tokens per tile of launch_qsa_attention (splits are multiples)
+constexpr int kQsaMaxSplits = 512;     // splits of a query's selection launch_qsa_attention takes
 
 /// Error bits a QSA kernel ORs into the status word when it meets an index it must not follow.
 enum QsaError : int32_t { kQsaBadPage = 1, kQsaBadPosition = 2, kQsaCountOverflow = 4 };

@@ -34,7 +34,10 @@ constexpr int64_t kIndexerTiledMinRows = 32;
 
 QsaAttentionPlan qsa_attention_plan(int tokens, int heads, int kv_heads, int head_dim, int max_selected) {
   constexpr int kTargetBlocks = 264;  // about two blocks per multiprocessor on the GPUs we target
-  constexpr int kTile = 64;
+  // Splits of whole tiles: a decode query's 2,051 selected positions are 65 splits of one tile (130 blocks for the
+  // released 2 KV heads; splits of two tiles left half of an H100's SMs idle).
+  constexpr int kTile = detail::kQsaAttentionTile;
+  static_assert(kTargetBlocks <= detail::kQsaMaxSplits, "qsa_attention_plan: more splits than the combine takes");
   QsaAttentionPlan p;
   const int64_t pairs = std::max<int64_t>(1, int64_t(tokens) * kv_heads);
   const int max_splits = (max_selected + kTile - 1) / kTile;
