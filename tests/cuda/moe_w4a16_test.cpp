@@ -783,6 +783,23 @@ TEST_P(W4Moe, BothPathsMatchReference) {
   cudaEventDestroy(ready);
   cudaStreamDestroy(other);
   expect_close(download(out32.get(), size_t(T) * H), ref, 3e-3f, 1e-2f, "auto path, FP32 output");
+  // FP32 activations where the tensor-core GEMV takes them: bit for bit the result on their FP16 copy (u scaled off
+  // the FP16 grid, so that the staging has to round).
+  if (moe_w4a16_routed_takes_f32(experts, T, k)) {
+    std::vector<float> u32(u.size()), u16(u.size());
+    for (size_t i = 0; i < u.size(); ++i) {
+      u32[i] = u[i] * (1.f + 3e-4f);
+      u16[i] = f16_round(u32[i]);
+    }
+    auto du32 = to_device(u32);
+    auto du16 = dev_half(u16);
+    DeviceArray<float> from16(size_t(T) * H, "out from FP16"), from32(size_t(T) * H, "out from FP32");
+    moe_w4a16_routed(experts, du16.get(), H, T, dids.get(), dw.get(), nullptr, nullptr, from16.get(), H, ws, nullptr);
+    moe_w4a16_routed(experts, du32.get(), H, T, dids.get(), dw.get(), nullptr, nullptr, from32.get(), H, ws, nullptr);
+    sync();
+    const auto a = download(from16.get(), size_t(T) * H), b = download(from32.get(), size_t(T) * H);
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "output " << i << " of FP32 activations";
+  }
 }
 
 // The shapes of the 4-bit and FP8 formats.

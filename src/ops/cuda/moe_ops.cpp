@@ -150,9 +150,14 @@ void CudaOps::moe_experts_w4a16(const Tensor& u, const Tensor& ids, const Tensor
   const int64_t T = u.dim(0), k = ids.dim(1);
   FN_CHECK(u.dim(1) == p->hidden, "{}: u {} does not fit W4A16 experts of hidden {}", op, u.str(), p->hidden);
   if (T == 0) return;
-  Tensor uh = half_copy(u, op);
   MoeW4A16Workspace& ws =
       w4_workspace(to_int(T, op, "tokens"), to_int(k, op, "top_k"), p->experts, p->hidden, p->inter, p->planes);
+  if (aligned16(u) && moe_w4a16_routed_takes_f32(p->view(), int(T), int(k))) {  // decode: no FP16 copy of u
+    moe_w4a16_routed(p->view(), dp<const float>(u), p->hidden, int(T), dp<int32_t>(ids), dp<float>(weights), shared,
+                     shared_ready, dp<float>(out), p->hidden, ws, stream());
+    return;
+  }
+  Tensor uh = half_copy(u, op);
   moe_w4a16_routed(p->view(), dp<__half>(uh), p->hidden, int(T), dp<int32_t>(ids), dp<float>(weights), shared,
                    shared_ready, dp<float>(out), p->hidden, ws, stream());
 }

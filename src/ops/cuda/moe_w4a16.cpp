@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
+#include <type_traits>
 
 #include "core/quant_format.h"
 #include "ops/cuda/cuda_check.h"
@@ -633,10 +634,12 @@ W4Path moe_w4a16_pick_path(int tokens, int top_k, int experts, bool tensor_core_
 
 namespace {
 
-template <class TO>
-void routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, const int32_t* ids,
-            const float* weights, const float* shared, cudaEvent_t shared_ready, TO* out, int64_t ldo,
-            MoeW4A16Workspace& ws, cudaStream_t stream, W4Path path) {
+// TU: FP16 activations, or FP32 ones for the tensor-core GEMV path alone (moe_w4a16_routed_takes_f32).
+template <class TO, class TU>
+void routed(const MoeW4A16Experts& w, const TU* u, int64_t ldu, int tokens, const int32_t* ids, const float* weights,
+            const float* shared, cudaEvent_t shared_ready, TO* out, int64_t ldo, MoeW4A16Workspace& ws,
+            cudaStream_t stream, W4Path path) {
+  constexpr bool f32_in = std::is_same_v<TU, float>;
   FN_CHECK(w.gate_up && w.down, "moe_w4a16_routed: missing expert weights");
   const int E = w.experts, H = w.hidden, I = w.inter;
   FN_CHECK(E >= 1 && E <= detail::kMoeMaxExperts, "moe_w4a16_routed: {} experts (1..{})", E, detail::kMoeMaxExperts);
@@ -662,8 +665,10 @@ void routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, 
   FN_CHECK(u && ids && weights && out, "moe_w4a16_routed: null pointer");
   const int slots = tokens * ws.top_k;
   if (path == W4Path::Auto) path = moe_w4a16_auto_path(w, tokens, ws.top_k);
-  // Two planes: the products read [u, u] and [h, h] (the planes' inputs side by side).
-  if (P == 2) {
+  if constexpr (f32_in) {
+    FN_CHECK(P == 1 && path == W4Path::Gemv && gemv_tensor_cores_allowed() && detail::w4_gemv_tensor_cores(gu),
+             "moe_w4a16_routed: FP32 activations are taken by the tensor-core GEMV only (moe_w4a16_routed_takes_f32)");
+  } else if (P == 2) {  // two planes: the products read [u, u] and [h, h] (the planes' inputs side by side)
     FN_CUDA_CHECK(detail::launch_repeat_cols_f16(u, ldu, tokens, H, 2, ws.u2.get(), stream),
                   "moe_w4a16_routed repeat u");
     u = ws.u2.get();
@@ -681,9 +686,14 @@ void routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, 
   };
   if (path == W4Path::Gemv || path == W4Path::GemvFma) {  // two launches, no grouping pass
     const bool mma = path == W4Path::Gemv && gemv_tensor_cores_allowed();
-    FN_CUDA_CHECK(detail::launch_w4_gemv_gate_up(gu, u, ldu, ids, slots, ws.top_k, E, I, ws.h.get(), ws.status.get(),
-                                                 mma && detail::w4_gemv_tensor_cores(gu), stream),
-                  "moe_w4a16_routed gemv gate_up");
+    if constexpr (f32_in)
+      FN_CUDA_CHECK(
+          detail::launch_w4_gemv_gate_up(gu, u, ldu, ids, slots, ws.top_k, E, I, ws.h.get(), ws.status.get(), stream),
+          "moe_w4a16_routed gemv gate_up");
+    else
+      FN_CUDA_CHECK(detail::launch_w4_gemv_gate_up(gu, u, ldu, ids, slots, ws.top_k, E, I, ws.h.get(), ws.status.get(),
+                                                   mma && detail::w4_gemv_tensor_cores(gu), stream),
+                    "moe_w4a16_routed gemv gate_up");
     repeat_h();
     wait_for_shared();
     FN_CUDA_CHECK(
@@ -692,25 +702,27 @@ void routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, int tokens, 
         "moe_w4a16_routed gemv down");
     return;
   }
-  const bool mma = path != W4Path::GemmWmma && gemm_mma_allowed();
-  FN_CUDA_CHECK(detail::launch_w4_align(ids, slots, E, ws.offsets.get(), ws.sorted_slots.get(), ws.slot_row.get(),
-                                        ws.tile_expert.get(), ws.tile_row.get(), ws.num_tiles.get(), ws.status.get(),
-                                        stream),
-                "moe_w4a16_routed align");
-  const int max_tiles = int(ceil_div(slots, detail::kW4TileM)) + std::min(E, slots);
-  FN_CUDA_CHECK(detail::launch_w4_gemm_gate_up(gu, u, ldu, ws.top_k, I, ws.offsets.get(), ws.sorted_slots.get(),
-                                               ws.tile_expert.get(), ws.tile_row.get(), ws.num_tiles.get(), max_tiles,
-                                               ws.h.get(), mma && detail::w4_gemm_tensor_cores(gu), stream),
-                "moe_w4a16_routed gemm gate_up");
-  repeat_h();
-  FN_CUDA_CHECK(detail::launch_w4_gemm_down(dn, hin, H, P * I, ws.offsets.get(), ws.sorted_slots.get(), weights,
-                                            ws.tile_expert.get(), ws.tile_row.get(), ws.num_tiles.get(), max_tiles,
-                                            ws.ys.get(), mma && detail::w4_gemm_tensor_cores(dn), stream),
-                "moe_w4a16_routed gemm down");
-  wait_for_shared();
-  FN_CUDA_CHECK(
-      detail::launch_moe_combine(ws.ys.get(), ws.slot_row.get(), tokens, ws.top_k, H, shared, out, ldo, stream),
-      "moe_w4a16_routed combine");
+  if constexpr (!f32_in) {  // (FP32 activations were refused above)
+    const bool mma = path != W4Path::GemmWmma && gemm_mma_allowed();
+    FN_CUDA_CHECK(
+        detail::launch_w4_align(ids, slots, E, ws.offsets.get(), ws.sorted_slots.get(), ws.slot_row.get(),
+                                ws.tile_expert.get(), ws.tile_row.get(), ws.num_tiles.get(), ws.status.get(), stream),
+        "moe_w4a16_routed align");
+    const int max_tiles = int(ceil_div(slots, detail::kW4TileM)) + std::min(E, slots);
+    FN_CUDA_CHECK(detail::launch_w4_gemm_gate_up(gu, u, ldu, ws.top_k, I, ws.offsets.get(), ws.sorted_slots.get(),
+                                                 ws.tile_expert.get(), ws.tile_row.get(), ws.num_tiles.get(), max_tiles,
+                                                 ws.h.get(), mma && detail::w4_gemm_tensor_cores(gu), stream),
+                  "moe_w4a16_routed gemm gate_up");
+    repeat_h();
+    FN_CUDA_CHECK(detail::launch_w4_gemm_down(dn, hin, H, P * I, ws.offsets.get(), ws.sorted_slots.get(), weights,
+                                              ws.tile_expert.get(), ws.tile_row.get(), ws.num_tiles.get(), max_tiles,
+                                              ws.ys.get(), mma && detail::w4_gemm_tensor_cores(dn), stream),
+                  "moe_w4a16_routed gemm down");
+    wait_for_shared();
+    FN_CUDA_CHECK(
+        detail::launch_moe_combine(ws.ys.get(), ws.slot_row.get(), tokens, ws.top_k, H, shared, out, ldo, stream),
+        "moe_w4a16_routed combine");
+  }
 }
 
 }  // namespace
@@ -725,6 +737,17 @@ void moe_w4a16_routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, in
                       const float* weights, const float* shared, cudaEvent_t shared_ready, float* out, int64_t ldo,
                       MoeW4A16Workspace& ws, cudaStream_t stream, W4Path path) {
   routed(w, u, ldu, tokens, ids, weights, shared, shared_ready, out, ldo, ws, stream, path);
+}
+
+bool moe_w4a16_routed_takes_f32(const MoeW4A16Experts& w, int tokens, int top_k) {
+  return w.gate_up && w.down && w.planes == 1 && moe_w4a16_auto_path(w, tokens, top_k) == W4Path::Gemv &&
+         gemv_tensor_cores_allowed() && detail::w4_gemv_tensor_cores(w.gate_up->view());
+}
+
+void moe_w4a16_routed(const MoeW4A16Experts& w, const float* u, int64_t ldu, int tokens, const int32_t* ids,
+                      const float* weights, const float* shared, cudaEvent_t shared_ready, float* out, int64_t ldo,
+                      MoeW4A16Workspace& ws, cudaStream_t stream) {
+  routed(w, u, ldu, tokens, ids, weights, shared, shared_ready, out, ldo, ws, stream, W4Path::Auto);
 }
 
 void moe_w4a16_check_status(MoeW4A16Workspace& ws, cudaStream_t stream) {

@@ -328,6 +328,16 @@ void moe_w4a16_routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, in
                       const float* weights, const float* shared, cudaEvent_t shared_ready, float* out, int64_t ldo,
                       MoeW4A16Workspace& ws, cudaStream_t stream, W4Path path = W4Path::Auto);
 
+/// Whether moe_w4a16_routed takes FP32 activations for `tokens` tokens here: where Auto picks the tensor-core GEMV
+/// (decode) for one plane, whose gate/up kernel rounds them to FP16 as it stages them.
+bool moe_w4a16_routed_takes_f32(const MoeW4A16Experts& w, int tokens, int top_k);
+/// moe_w4a16_routed (W4Path::Auto) with FP32 activations u [tokens, H] (row stride ldu a multiple of 8, rows 16-byte
+/// aligned): the same result as on an FP16 copy of u, without making the copy. Throws Error where
+/// moe_w4a16_routed_takes_f32 is false.
+void moe_w4a16_routed(const MoeW4A16Experts& w, const float* u, int64_t ldu, int tokens, const int32_t* ids,
+                      const float* weights, const float* shared, cudaEvent_t shared_ready, float* out, int64_t ldo,
+                      MoeW4A16Workspace& ws, cudaStream_t stream);
+
 /// Throws Error if a routed call met expert ids outside [0, E) (waits for the stream).
 void moe_w4a16_check_status(MoeW4A16Workspace& ws, cudaStream_t stream);
 

@@ -557,30 +557,60 @@ __device__ __forceinline__ void w4_mma_chunk(const W4MmaStage& st, const uint4* 
 }
 
 // The activation vector staged in shared memory in two steps, so that its loads are in flight while the kernel reads
-// the slot's expert id and issues its first code loads: load() takes the first kW4MmaXRegs * blockDim 16-byte words
-// of x [cols] (FP16, 16-byte aligned) into registers, store() writes them to xs, zero-padded to `supers` super-chunks
-// of 128 inputs, copies any rest directly (rows of more than kW4MmaXRegs * blockDim * 8 inputs) and ends with a
-// block barrier. Every thread of the block calls both.
+// the slot's expert id and issues its first code loads: load() takes the first words of x [cols] (16-byte aligned;
+// a word = 8 inputs) into kW4MmaXRegs registers of 16 bytes a thread, store() writes them to xs as FP16, zero-padded
+// to `supers` super-chunks of 128 inputs, copies any rest directly and ends with a block barrier. TX: FP16, or FP32
+// (the ops interface's activations, rounded to FP16 as they are staged, as an FP16 copy made first would round
+// them; a word is then two 16-byte loads, so half as many words wait in registers). Every thread of the block calls
+// both.
 constexpr int kW4MmaXRegs = 4;
+template <class TX>
 struct W4MmaX {
+  static constexpr int kVecs = int(sizeof(TX)) / 2;   // 16-byte loads a word: 1 (FP16) or 2 (FP32)
+  static constexpr int kWords = kW4MmaXRegs / kVecs;  // words a thread holds in registers
   uint4 v[kW4MmaXRegs];
-  __device__ __forceinline__ void load(const __half* __restrict__ x, int cols, int supers) {
-    const int words = cols / 8;
+  // Word i of x as 8 FP16 values (raw: its kVecs 16-byte loads).
+  __device__ static __forceinline__ uint4 f16_word(const uint4* raw) {
+    if constexpr (kVecs == 1) {
+      return raw[0];
+    } else {
+      uint4 r;
+      uint32_t* o = &r.x;
 #pragma unroll
-    for (int k = 0; k < kW4MmaXRegs; ++k) {
-      const int i = int(threadIdx.x) + k * int(blockDim.x);
-      v[k] = i < words ? __ldg(reinterpret_cast<const uint4*>(x) + i) : make_uint4(0, 0, 0, 0);
+      for (int q = 0; q < 2; ++q) {
+        const float4 f = *reinterpret_cast<const float4*>(&raw[q]);
+        const __half2 a = __floats2half2_rn(f.x, f.y), b = __floats2half2_rn(f.z, f.w);
+        o[2 * q] = *reinterpret_cast<const uint32_t*>(&a);
+        o[2 * q + 1] = *reinterpret_cast<const uint32_t*>(&b);
+      }
+      return r;
     }
   }
-  __device__ __forceinline__ void store(const __half* __restrict__ x, int cols, int supers, uint4* xs) const {
+  __device__ __forceinline__ void load(const TX* __restrict__ x, int cols, int supers) {
+    const int words = cols / 8;
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) {
+      const int i = int(threadIdx.x) + k * int(blockDim.x);
+#pragma unroll
+      for (int q = 0; q < kVecs; ++q)
+        v[k * kVecs + q] =
+            i < words ? __ldg(reinterpret_cast<const uint4*>(x) + int64_t(i) * kVecs + q) : make_uint4(0, 0, 0, 0);
+    }
+  }
+  __device__ __forceinline__ void store(const TX* __restrict__ x, int cols, int supers, uint4* xs) const {
     const int words = cols / 8, n = supers * 16;
 #pragma unroll
-    for (int k = 0; k < kW4MmaXRegs; ++k) {
+    for (int k = 0; k < kWords; ++k) {
       const int i = int(threadIdx.x) + k * int(blockDim.x);
-      if (i < n) xs[w4_mma_xs_index(i)] = v[k];
+      if (i < n) xs[w4_mma_xs_index(i)] = f16_word(&v[k * kVecs]);
     }
-    for (int i = int(threadIdx.x) + kW4MmaXRegs * int(blockDim.x); i < n; i += int(blockDim.x))
-      xs[w4_mma_xs_index(i)] = i < words ? __ldg(reinterpret_cast<const uint4*>(x) + i) : make_uint4(0, 0, 0, 0);
+    for (int i = int(threadIdx.x) + kWords * int(blockDim.x); i < n; i += int(blockDim.x)) {
+      uint4 raw[kVecs];
+#pragma unroll
+      for (int q = 0; q < kVecs; ++q)
+        raw[q] = i < words ? __ldg(reinterpret_cast<const uint4*>(x) + int64_t(i) * kVecs + q) : make_uint4(0, 0, 0, 0);
+      xs[w4_mma_xs_index(i)] = f16_word(raw);
+    }
     __syncthreads();
   }
 };
@@ -590,9 +620,9 @@ struct W4MmaX {
 // x's first words (W4MmaX::load), xs is the shared staging buffer (w4_mma_smem). The FP32 sums, added over the
 // tile's warps in warp order, land in sums[tile * 16 + r] (shared memory; NVFP4: times 2^-14). Every thread of the
 // block calls it (barriers inside).
-template <bool NVFP4, int TILES>
-__device__ __forceinline__ void w4_mma_block(const W4Mat& w, int64_t row_lo, int64_t row_hi,
-                                             const __half* __restrict__ x, const W4MmaX& xr, uint4* xs, float* sums) {
+template <bool NVFP4, int TILES, class TX>
+__device__ __forceinline__ void w4_mma_block(const W4Mat& w, int64_t row_lo, int64_t row_hi, const TX* __restrict__ x,
+                                             const W4MmaX<TX>& xr, uint4* xs, float* sums) {
   constexpr int kSplit = kW4MmaWarps / TILES, D = kW4MmaDepth;
   __shared__ float part[kW4MmaWarps][16];
   const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5, t = lane & 3, g = lane >> 2;
@@ -634,10 +664,10 @@ constexpr size_t w4_mma_smem(int cols) {
 }
 
 // Block (s, y): slot s, gate rows y*8 .. y*8+7 and the matching up rows as one 16-row tile (tile rows 0-7 gate,
-// 8-15 up), all kW4MmaWarps warps on it. h[s, n] = fp16(silu(G(g)) * G(u)).
-template <bool NVFP4>
+// 8-15 up), all kW4MmaWarps warps on it. h[s, n] = fp16(silu(G(g)) * G(u)). TU: the activations' type (W4MmaX).
+template <bool NVFP4, class TU>
 __global__ void __launch_bounds__(kW4MmaWarps * 32, kW4MmaMinBlocks)
-    w4_gemv_mma_gate_up_kernel(W4Mat w, const __half* __restrict__ u, int64_t ldu, const int32_t* __restrict__ ids,
+    w4_gemv_mma_gate_up_kernel(W4Mat w, const TU* __restrict__ u, int64_t ldu, const int32_t* __restrict__ ids,
                                int top_k, int experts, int inter, __half* __restrict__ h,
                                int32_t* __restrict__ status) {
   pdl_begin();
@@ -645,9 +675,9 @@ __global__ void __launch_bounds__(kW4MmaWarps * 32, kW4MmaMinBlocks)
   extern __shared__ uint4 xs[];
   __shared__ float sums[16];
   const int s = blockIdx.x;
-  const __half* x = u + int64_t(s / top_k) * ldu;
+  const TU* x = u + int64_t(s / top_k) * ldu;
   const int supers = w4_mma_supers(w.cols);
-  W4MmaX xr;
+  W4MmaX<TU> xr;
   xr.load(x, w.cols, supers);  // independent of the expert id: in flight while it is read
   const int e = ids[s];
   if (e < 0 || e >= experts) {
@@ -689,7 +719,7 @@ __global__ void __launch_bounds__(kW4MmaWarps * 32, kW4MmaMinBlocks)
   __shared__ float sums[kRows];
   const int s = blockIdx.x, t = s / top_k;
   const __half* x = h + int64_t(s) * inter;
-  W4MmaX xr;
+  W4MmaX<__half> xr;
   xr.load(x, w.cols, w4_mma_supers(w.cols));  // independent of the expert id: in flight while it is read
   const int e = ids[s];
   const int r0 = int(blockIdx.y) * kRows;
@@ -715,10 +745,14 @@ __global__ void __launch_bounds__(kW4MmaWarps * 32, kW4MmaMinBlocks)
 #endif
 }
 
-template __global__ void w4_gemv_mma_gate_up_kernel<true>(W4Mat, const __half*, int64_t, const int32_t*, int, int, int,
-                                                          __half*, int32_t*);
-template __global__ void w4_gemv_mma_gate_up_kernel<false>(W4Mat, const __half*, int64_t, const int32_t*, int, int, int,
-                                                           __half*, int32_t*);
+#define FN_W4_GEMV_MMA_GATE_UP(NV, TU)                                                                             \
+  template __global__ void w4_gemv_mma_gate_up_kernel<NV, TU>(W4Mat, const TU*, int64_t, const int32_t*, int, int, \
+                                                              int, __half*, int32_t*);
+FN_W4_GEMV_MMA_GATE_UP(true, __half)
+FN_W4_GEMV_MMA_GATE_UP(true, float)
+FN_W4_GEMV_MMA_GATE_UP(false, __half)
+FN_W4_GEMV_MMA_GATE_UP(false, float)
+#undef FN_W4_GEMV_MMA_GATE_UP
 #define FN_W4_GEMV_MMA_DOWN(NV, TO)                                                                                 \
   template __global__ void w4_gemv_mma_down_kernel<NV, TO>(W4Mat, const __half*, const int32_t*, const float*, int, \
                                                            int, int, int, __half*, int32_t*, const float*, TO*,     \
@@ -1195,7 +1229,7 @@ bool w4_gemv_tensor_cores(const W4Mat& w) {
 }
 
 bool w4_gemv_tensor_cores_compiled() {
-  return kernel_ptx_version(reinterpret_cast<const void*>(w4_gemv_mma_gate_up_kernel<true>)) >= 80;
+  return kernel_ptx_version(reinterpret_cast<const void*>(w4_gemv_mma_gate_up_kernel<true, __half>)) >= 80;
 }
 
 cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const __half* u, int64_t ldu, const int32_t* ids, int slots,
@@ -1204,8 +1238,8 @@ cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const __half* u, int64_t ldu,
   if (slots == 0) return cudaSuccess;
   if (tensor_cores && !w.fp8) {  // (callers ask only where w4_gemv_tensor_cores(w))
     const dim3 grid(slots, (inter + 7) / 8);
-    launch((w.nvfp4 ? w4_gemv_mma_gate_up_kernel<true> : w4_gemv_mma_gate_up_kernel<false>), grid, kW4MmaWarps * 32,
-           w4_mma_smem(w.cols), stream, w, u, ldu, ids, top_k, experts, inter, h, status);
+    launch((w.nvfp4 ? w4_gemv_mma_gate_up_kernel<true, __half> : w4_gemv_mma_gate_up_kernel<false, __half>), grid,
+           kW4MmaWarps * 32, w4_mma_smem(w.cols), stream, w, u, ldu, ids, top_k, experts, inter, h, status);
     return cudaGetLastError();
   }
   const dim3 grid(slots, w4_gemv_row_blocks(inter, w4_code_cols(w), kW4GemvOutsGateUp));
@@ -1214,6 +1248,16 @@ cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const __half* u, int64_t ldu,
                     : w4_gemv_gate_up_kernel<kInt4>),
          grid, kW4GemvThreads, 0, stream, w, u, ldu, ids, top_k, experts, inter, w4_gemv_lanes(w4_code_cols(w)), h,
          status);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const float* u, int64_t ldu, const int32_t* ids, int slots,
+                                   int top_k, int experts, int inter, __half* h, int32_t* status, cudaStream_t stream) {
+  if (slots == 0) return cudaSuccess;
+  if (w.fp8 || ldu % 4 != 0 || reinterpret_cast<uintptr_t>(u) % 16 != 0) return cudaErrorInvalidValue;
+  const dim3 grid(slots, (inter + 7) / 8);
+  launch((w.nvfp4 ? w4_gemv_mma_gate_up_kernel<true, float> : w4_gemv_mma_gate_up_kernel<false, float>), grid,
+         kW4MmaWarps * 32, w4_mma_smem(w.cols), stream, w, u, ldu, ids, top_k, experts, inter, h, status);
   return cudaGetLastError();
 }
 
