@@ -3,6 +3,7 @@
 // W8A16: a GEMV over the codes, or the codes as FP16 tiles for the tensor cores with the row scale after), zc_rms_norm.
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <array>
 
 #include "ops/contract/dense.h"
@@ -31,7 +32,37 @@ void CudaOps::linear_group(const Tensor& x, std::span<const Tensor> w, std::span
   const char* op = "linear_group";
   contract::linear_group(spec(), x, w, y, bias);
   if (x.dim(0) == 0 || gemv_group(x, w, y, bias, op)) return;
+  const bool w8 = std::any_of(w.begin(), w.end(), [](const Tensor& wi) { return wi.has_scales(); });
+  if (split() && !w8) {  // the FP16x2 halves of x made once for the whole group
+    const Tensor x2 = split_halves(x, op);
+    for (size_t i = 0; i < w.size(); ++i) split_product(x2, w[i], y[i], bias.empty() ? Tensor() : bias[i], op);
+    return;
+  }
   for (size_t i = 0; i < w.size(); ++i) product(x, w[i], y[i], bias.empty() ? Tensor() : bias[i], op);
+}
+
+Tensor CudaOps::split_halves(const Tensor& x, const char* what) {
+  const int64_t T = x.dim(0);
+  Tensor x2 = alloc({2 * T, x.dim(1)}, DType::F16, "fp16x2 activations");
+  FN_CUDA_CHECK(
+      detail::launch_split_f16x2(dp<const float>(x), dp<__half>(x2), T, to_int(x.dim(1), what, "in"), stream()), what);
+  return x2;
+}
+
+void CudaOps::split_product(const Tensor& x2, const Tensor& w, const Tensor& y, const Tensor& bias, const char* what) {
+  const int64_t T = x2.dim(0) / 2;
+  const int t = to_int(T, what, "rows"), in = to_int(x2.dim(1), what, "in"), out = to_int(w.dim(0), what, "out");
+  const __half* b = bias.defined() ? dp<__half>(bias) : nullptr;
+  if (T >= kSplitAccumulateRows) {
+    // y = x_hi w^T, then y += x_lo w^T (cuBLAS's beta = 1: the sum of the halves' products, as the summing kernel's)
+    blas_.linear(dp<__half>(x2), t, in, dp<__half>(w), out, y.data(), OutType::F32, out, stream(), what);
+    blas_.linear(dp<__half>(x2) + T * in, t, in, dp<__half>(w), out, y.data(), OutType::F32, out, stream(), what, 1.f);
+    if (b) FN_CUDA_CHECK(detail::launch_add_bias(dp<float>(y), b, T, out, stream()), what);
+    return;
+  }
+  Tensor y2 = alloc({2 * T, out}, DType::F32, "product");
+  blas_.linear(dp<__half>(x2), 2 * t, in, dp<__half>(w), out, y2.data(), OutType::F32, out, stream(), what);
+  FN_CUDA_CHECK(detail::launch_sum_halves(dp<const float>(y2), dp<float>(y), T, out, b, stream()), what);
 }
 
 void CudaOps::zc_rms_norm(const Tensor& x, const Tensor& w, int64_t group, double eps, const Tensor& y) {
@@ -52,14 +83,7 @@ void CudaOps::product(const Tensor& x, const Tensor& w, const Tensor& y, const T
   if (w.has_scales()) return product_w8(x, w, y, bias, what, float32_inputs);
   // Decode-sized products: one float32 GEMV launch over the FP16 weights (as exact as FP16x2, read once).
   if (gemv_group(x, {&w, 1}, {&y, 1}, {&bias, 1}, what)) return;
-  if (split() || float32_inputs) {
-    const int m = to_int(2 * T, what, "rows");
-    Tensor x2 = alloc({2 * T, in}, DType::F16, "fp16x2 activations"), y2 = alloc({2 * T, out}, DType::F32, "product");
-    FN_CUDA_CHECK(detail::launch_split_f16x2(dp<const float>(x), dp<__half>(x2), T, in, stream()), what);
-    blas_.linear(dp<__half>(x2), m, in, dp<__half>(w), out, y2.data(), OutType::F32, out, stream(), what);
-    FN_CUDA_CHECK(detail::launch_sum_halves(dp<const float>(y2), dp<float>(y), T, out, b, stream()), what);
-    return;
-  }
+  if (split() || float32_inputs) return split_product(split_halves(x, what), w, y, bias, what);
   Tensor xh = half_copy(x, what);
   blas_.linear(dp<__half>(xh), to_int(T, what, "rows"), in, dp<__half>(w), out, y.data(), OutType::F32, out, stream(),
                what);

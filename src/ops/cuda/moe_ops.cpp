@@ -232,9 +232,13 @@ void CudaOps::shared_expert(const Tensor& u, const MoeWeights& w, const Tensor& 
           op);
       return;
     }
-    if (!gu_done) {
+    if (!gu_done && w8) {
       product(u, w.shared_gate_proj, g, Tensor(), "shared_expert.gate_proj");
       product(u, w.shared_up_proj, up, Tensor(), "shared_expert.up_proj");
+    } else if (!gu_done) {  // FP16x2: u's halves made once for both
+      const Tensor u2 = split_halves(u, op);
+      split_product(u2, w.shared_gate_proj, g, Tensor(), "shared_expert.gate_proj");
+      split_product(u2, w.shared_up_proj, up, Tensor(), "shared_expert.up_proj");
     }
     FN_CUDA_CHECK(
         detail::launch_silu_mul_f32(dp<const float>(g), dp<const float>(up), dp<float>(g), g.numel(), stream()),
