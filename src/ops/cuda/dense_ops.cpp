@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 
 #include "ops/contract/dense.h"
 #include "ops/cuda/backend.h"
@@ -53,7 +54,12 @@ void CudaOps::split_product(const Tensor& x2, const Tensor& w, const Tensor& y, 
   const int64_t T = x2.dim(0) / 2;
   const int t = to_int(T, what, "rows"), in = to_int(x2.dim(1), what, "in"), out = to_int(w.dim(0), what, "out");
   const __half* b = bias.defined() ? dp<__half>(bias) : nullptr;
-  if (T >= kSplitAccumulateRows) {
+  // FLASHNEXT_CUDA_SPLIT_ACCUMULATE_ROWS (read once) moves the threshold, for before/after measurements.
+  static const int64_t accumulate_rows = [] {
+    const char* v = std::getenv("FLASHNEXT_CUDA_SPLIT_ACCUMULATE_ROWS");
+    return v ? std::max<int64_t>(1, std::atoll(v)) : kSplitAccumulateRows;
+  }();
+  if (T >= accumulate_rows) {
     // y = x_hi w^T, then y += x_lo w^T (cuBLAS's beta = 1: the sum of the halves' products, as the summing kernel's)
     blas_.linear(dp<__half>(x2), t, in, dp<__half>(w), out, y.data(), OutType::F32, out, stream(), what);
     blas_.linear(dp<__half>(x2) + T * in, t, in, dp<__half>(w), out, y.data(), OutType::F32, out, stream(), what, 1.f);
