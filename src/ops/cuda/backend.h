@@ -357,10 +357,10 @@ class CudaOps final : public Ops {
   /// T rows, the second adding to the first's output (no [2T, out] intermediate and no summing pass, the weights read
   /// twice), below one GEMM of 2T rows (the weights read once) and a kernel that adds its halves.
   void split_product(const Tensor& x2, const Tensor& w, const Tensor& y, const Tensor& bias, const char* what);
-  /// Rows from which split_product accumulates its halves' products in place: where the product is bound by its
-  /// arithmetic, not by reading the weights (1,024 rows of 2,560 inputs: about 45 us of FP16 tensor work against 17
-  /// of reading a 52 MB weight on an H100).
-  static constexpr int64_t kSplitAccumulateRows = 1024;
+  /// Rows from which split_product accumulates its halves' products in place (bench, H100, released widths, 256
+  /// experts, the same binary with and without: prefill 1K 7,573 -> 7,250 tokens/s, 2K 8,474 -> 8,667, 4K 8,726 ->
+  /// 8,934; below 2,048 rows reading the weights twice costs more than the intermediate it saves).
+  static constexpr int64_t kSplitAccumulateRows = 2048;
   /// y[i] = x w[i]^T (+ bias[i]) as one decode GEMV launch when x has at most kGemvMaxTokens rows, K % 8 == 0 and
   /// every pointer is 16-byte aligned (8-bit weights: gemv_group_w8; a group mixing them with FP16 ones does not
   /// qualify); returns false (nothing done) otherwise. Shapes checked by the caller.
