@@ -107,6 +107,11 @@ void add_dense(std::vector<OpCase>& v) {
   }
   v.push_back(linear_case(4, 264, 2051, true));
   v.push_back(linear_case(4, 264, 201, true));
+  // Prefill chunks of 2,048 rows and more (CUDA FP16x2: the halves' products summed by cuBLAS in place), with and
+  // without a bias, and a group whose halves are made once.
+  v.push_back(linear_case(2049, 72, 40, true));
+  v.push_back(linear_case(2048, 72, 40, false));
+  v.push_back(linear_group_case(2050, 136, {200, 24, 8}, {false, true, false}));
   // GDN projections at TP4 (qkv | z | b | a) and QSA's at TP2 (q | k | v | index q | index k).
   v.push_back(linear_group_case(5, kH, {kGdnTp4.conv_dim(), 12 * 128, 12, 12}, {}));
   v.push_back(linear_group_case(1, kH, {12 * 2 * kHeadDim, kHeadDim, kHeadDim, kNi * kDi, kDi}, {}));
