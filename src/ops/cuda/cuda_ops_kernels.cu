@@ -997,6 +997,10 @@ __global__ void qsa_expand_selection_kernel(Layout lay, const int32_t* __restric
   for (int64_t i = used + threadIdx.x; i < width; i += kThreads) row[i] = -1;
 }
 
+// Items of a query's scores row qsa_topk_kernel's tie path holds in shared memory (4,096 x 8 bytes: a 16K context at
+// the released compress ratio); longer rows use the global scratch.
+constexpr int kQsaTopkSharedItems = 4096;
+
 // Order-preserving unsigned key of a score (larger score, larger key; -0 and +0 one key, as they compare equal).
 __device__ __forceinline__ uint32_t score_key(float f) {
   const uint32_t u = __float_as_uint(f == 0.f ? 0.f : f);
@@ -1007,11 +1011,14 @@ __device__ __forceinline__ uint32_t score_key(float f) {
 // torch.topk (CPU) would choose, written to top[blockIdx.x]. A 4-pass radix select finds the k-th largest key and
 // how many of the items equal to it are taken; when that is all of them (no tie across the k-th score) the choice
 // is the set of items at or above it, written in index order by an ordered compaction; otherwise (a tie across the
-// boundary, or a NaN) one thread runs torch's own selection (ops/torch_topk_order.h) on the row in `scratch`.
+// boundary, or a NaN) one thread runs torch's own selection (ops/torch_topk_order.h) on the row, held in shared
+// memory where the launch gave `smem_items` >= the row's items of it (a single thread's selection waits on every
+// access: shared memory's latency, not L2's), else in `scratch`.
 template <class Layout>
 __global__ void qsa_topk_kernel(Layout lay, const float* __restrict__ scores, int64_t ld, int block, int top_blocks,
-                                int t0, topk::Scored* __restrict__ scratch, int32_t* __restrict__ top) {
+                                int t0, topk::Scored* __restrict__ scratch, int32_t* __restrict__ top, int smem_items) {
   pdl_begin();
+  extern __shared__ topk::Scored tie_items[];
   const int t = t0 + blockIdx.x;
   const int64_t nb = (lay.position(t) + 1) / block;
   if (nb <= top_blocks) return;  // takes every block: its row of `top` is not read
@@ -1069,12 +1076,14 @@ __global__ void qsa_topk_kernel(Layout lay, const float* __restrict__ scores, in
       if (score_key(s[j]) >= prefix) out[at++] = int32_t(j);
     return;
   }
-  if (threadIdx.x == 0) {  // a tie across the k-th score: which equal items torch keeps is its algorithm's
-    topk::Scored* items = scratch + int64_t(blockIdx.x) * ld;
-    for (int64_t j = 0; j < nb; ++j) items[j] = topk::Scored{s[j], int32_t(j)};
-    topk::torch_topk_select(items, nb, top_blocks);
-    for (int64_t i = 0; i < top_blocks; ++i) out[i] = items[i].index;
-  }
+  // A tie across the k-th score: which equal items torch keeps is its algorithm's (one thread), the row copied in and
+  // the choice copied out by the whole block.
+  topk::Scored* items = nb <= smem_items ? tie_items : scratch + int64_t(blockIdx.x) * ld;
+  for (int64_t j = threadIdx.x; j < nb; j += kThreads) items[j] = topk::Scored{s[j], int32_t(j)};
+  __syncthreads();
+  if (threadIdx.x == 0) topk::torch_topk_select(items, nb, top_blocks);
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < top_blocks; i += kThreads) out[i] = items[i].index;
 }
 
 // The templates as sm_70 kernels for the NVRTC check (scripts/check-sm70.sh compiles device code only).
@@ -1100,7 +1109,7 @@ FN_DECODE_KERNELS(7)
 FN_DECODE_KERNELS(8)
 #undef FN_DECODE_KERNELS
 template __global__ void qsa_topk_kernel<PagedIndex>(PagedIndex, const float*, int64_t, int, int, int, topk::Scored*,
-                                                     int32_t*);
+                                                     int32_t*, int);
 template __global__ void qsa_block_keys_f32_kernel<PagedIndex>(PagedIndex, const float*, int, int, int, const __half*,
                                                                int, float, float, float*);
 template __global__ void qsa_block_scores_f32_kernel<PagedIndex>(PagedIndex, const float*, int, int, const float*, int,
@@ -1608,8 +1617,10 @@ cudaError_t launch_qsa_topk_paged(const QsaPagedIndex& pi, const float* scores, 
                                   int t1, topk::Scored* scratch, int32_t* top, cudaStream_t stream) {
   if (t1 <= t0) return cudaSuccess;
   const PagedIndex lay{pi.tok_seq, pi.positions, pi.tables, pi.ld, pi.page, pi.block};
-  launch(qsa_topk_kernel<PagedIndex>, t1 - t0, kThreads, 0, stream, lay, scores, ld, pi.block, top_blocks, t0, scratch,
-         top);
+  // The tie path's row in shared memory up to kQsaTopkSharedItems items (32 KB: no opt-in beyond 48 KB needed).
+  const int smem_items = ld <= kQsaTopkSharedItems ? int(ld) : 0;
+  launch(qsa_topk_kernel<PagedIndex>, t1 - t0, kThreads, size_t(smem_items) * sizeof(topk::Scored), stream, lay, scores,
+         ld, pi.block, top_blocks, t0, scratch, top, smem_items);
   return cudaGetLastError();
 }
 
