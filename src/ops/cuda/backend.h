@@ -345,8 +345,8 @@ class CudaOps final : public Ops {
 
   // ------------------------------------------------ dense_ops.cpp
 
-  /// y [T, out] F32 = x [T, in] F32 · w [out, in]^T (+ bias [out]) on the tensor cores: x as FP16x2 rows (one GEMM
-  /// of 2T rows, halves summed) or rounded to FP16, per the activation precision; `float32_inputs` takes FP16x2
+  /// y [T, out] F32 = x [T, in] F32 · w [out, in]^T (+ bias [out]) on the tensor cores: x as FP16x2 rows
+  /// (split_product) or rounded to FP16, per the activation precision; `float32_inputs` takes FP16x2
   /// whatever the precision (products whose results feed discrete choices: the router). Shapes checked by the
   /// caller.
   void product(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& bias, const char* what,

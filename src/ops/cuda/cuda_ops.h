@@ -13,8 +13,9 @@
 // is converted row by row in the gather. Activations at the interface stay
 // float32, as the interface defines them: the residual stream, norm statistics, softmaxes, GDN states, QSA caches,
 // indexer scores and the router are FP32. The inputs of tensor-core products are, by default
-// (ActivationPrecision::Fp16x2), split into two FP16 halves hi = fp16(x), lo = fp16(x - hi) stacked as rows of one GEMM
-// (the weights are read once), which makes every product float32-accurate: needed because near-tied discrete decisions
+// (ActivationPrecision::Fp16x2), split into two FP16 halves hi = fp16(x), lo = fp16(x - hi) (stacked as rows of one
+// GEMM, which reads the weights once; from 2,048 rows two GEMMs, the second adding to the first's output), which makes
+// every product float32-accurate: needed because near-tied discrete decisions
 // of the model (MoE routing, the QSA indexer's block top-k) flip under plain FP16 activations and move the logits far
 // beyond rounding (tiny-a "long": 0.15 with FP16 rounding at the GEMM inputs, 4e-6 with the split; measured by
 // emulation on the CPU oracle). ActivationPrecision::Fp16 rounds those inputs to FP16 and runs the batched FP16 kernels
