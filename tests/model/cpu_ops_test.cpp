@@ -229,6 +229,45 @@ TEST(CpuOps, SparseAttentionOverAllTokensIsDenseAttention) {
   }
 }
 
+// The MoE block's two orders agree bit for bit: moe_shared_expert_start's term added by moe_experts(..., shared)
+// is the sum moe_experts then moe_shared_expert (accumulated) make. A shared term of the wrong shape, or out itself,
+// is an Error naming moe_experts.
+TEST(CpuOps, SharedExpertBegunAheadEqualsAccumulated) {
+  const int64_t T = 3, H = 16, I = 8, E = 4, k = 2;
+  MoeWeights w;
+  w.gate = random_tensor({E, I, H}, 31, 0.3f);
+  w.up = random_tensor({E, I, H}, 32, 0.3f);
+  w.down = random_tensor({E, H, I}, 33, 0.3f);
+  w.shared_gate_proj = random_tensor({I, H}, 34, 0.3f);
+  w.shared_up_proj = random_tensor({I, H}, 35, 0.3f);
+  w.shared_down_proj = random_tensor({H, I}, 36, 0.3f);
+  w.shared_expert_gate = random_tensor({1, H}, 37, 0.3f);
+  const Tensor u = random_tensor({T, H}, 38);
+  const std::vector<int32_t> id = {0, 2, 3, 1, 2, 3};
+  const std::vector<float> wt = {0.75f, 0.25f, 0.5f, 0.5f, 0.125f, 0.875f};
+  const Tensor ids = cpu()->upload(id.data(), DType::I32, {T, k}),
+               weights = cpu()->upload(wt.data(), DType::F32, {T, k});
+  Tensor accumulated = cpu()->empty({T, H}), ahead = cpu()->empty({T, H}), shared = cpu()->empty({T, H});
+  cpu()->moe_experts(u, ids, weights, w, accumulated);
+  cpu()->moe_shared_expert(u, w, accumulated);
+  cpu()->moe_shared_expert_start(u, w, shared);
+  cpu()->moe_experts(u, ids, weights, w, ahead, shared);
+  const auto a = host(accumulated), b = host(ahead), routed_only = [&] {
+    Tensor r = cpu()->empty({T, H});
+    cpu()->moe_experts(u, ids, weights, w, r);
+    return host(r);
+  }();
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "element " << i;
+  EXPECT_GT(max_diff(a, routed_only), 1e-3);  // the shared term is there
+  try {
+    cpu()->moe_experts(u, ids, weights, w, ahead, cpu()->empty({T, H + 1}));
+    ADD_FAILURE() << "a shared term of the wrong shape was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("moe_experts"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(cpu()->moe_experts(u, ids, weights, w, ahead, ahead), Error);
+}
+
 // Shape errors are Errors naming the op, never crashes.
 TEST(CpuOps, ShapeMismatchIsAnError) {
   Tensor x = cpu()->zeros({2, 3}), w = cpu()->zeros({4, 5}), y = cpu()->zeros({2, 4});
