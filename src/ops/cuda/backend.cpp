@@ -127,7 +127,7 @@ CudaOps::CudaOps(int device, const CudaOpsOptions& options) : ctx_(std::make_sha
 CudaOps::~CudaOps() {
   if (ctx_->side) cudaStreamSynchronize(ctx_->side);  // gathers begun but never waited for (a failed step)
   for (PendingGather& g : pending_gathers_) cudaEventDestroy(g.done);
-  for (PendingShared& p : pending_shared_) (void)join_branch(p.done);  // begun, never joined (a failed step)
+  join_pending_branches();  // begun, never joined (a failed step)
   for (cudaEvent_t e : profile_events_) cudaEventDestroy(e);
   if (ctx_->stream) cudaStreamSynchronize(ctx_->stream);
 }
@@ -309,10 +309,14 @@ void CudaOps::begin_step(int64_t tokens) {
 void CudaOps::end_step() {
   in_step_ = false;
   arena_.active = false;
-  // A shared expert begun on the branch stream whose moe_experts never came (a failed step): joined, so that no
-  // work of the step is left outside the stream.
-  for (PendingShared& p : pending_shared_) (void)join_branch(p.done);
+  join_pending_branches();
+}
+
+void CudaOps::join_pending_branches() noexcept {
+  bool failed = false;
+  for (PendingShared& p : pending_shared_) failed |= join_branch(p.done) != cudaSuccess;
   pending_shared_.clear();
+  if (failed) cudaGetLastError();  // a failed step's: not left for the next launch's check
 }
 
 namespace {
@@ -355,6 +359,9 @@ std::shared_ptr<StepGraph> CudaOps::end_step_capture(std::string* why) {
     return nullptr;
   }
   use_device();
+  // A shared expert begun on the branch stream and never joined (a step that threw between the two): joined before
+  // the capture ends, so that the driver does not refuse it as unjoined work.
+  join_pending_branches();
   recording_.active = false;
   ctx_->recording = false;
   cudaGraph_t graph = nullptr;

@@ -423,6 +423,8 @@ class CudaOps final : public Ops {
   /// The main stream waits for `done` (an event recorded on the branch stream), which is then destroyed and nulled;
   /// nothing for a null event. Returns the wait's error.
   cudaError_t join_branch(cudaEvent_t& done) noexcept;
+  /// join_branch of every shared expert still pending (a step that threw before its moe_experts), errors cleared.
+  void join_pending_branches() noexcept;
   /// A shared expert begun on the branch stream and not yet joined: what it reads and writes, its scratch, and the
   /// event its last launch records.
   struct PendingShared {

@@ -34,7 +34,9 @@ void CudaOps::linear_group(const Tensor& x, std::span<const Tensor> w, std::span
   contract::linear_group(spec(), x, w, y, bias);
   if (x.dim(0) == 0 || gemv_group(x, w, y, bias, op)) return;
   const bool w8 = std::any_of(w.begin(), w.end(), [](const Tensor& wi) { return wi.has_scales(); });
-  if (split() && !w8) {  // the FP16x2 halves of x made once for the whole group
+  // The FP16x2 halves of x made once for the whole group (decode-sized groups the one launch did not take go weight
+  // by weight, each to its own GEMV where it can).
+  if (split() && !w8 && x.dim(0) > detail::kGemvMaxTokens) {
     const Tensor x2 = split_halves(x, op);
     for (size_t i = 0; i < w.size(); ++i) split_product(x2, w[i], y[i], bias.empty() ? Tensor() : bias[i], op);
     return;

@@ -34,9 +34,8 @@ void CudaOps::moe_router_topk(const Tensor& u, const Tensor& router, bool norm_t
 void CudaOps::moe_experts(const Tensor& u, const Tensor& ids, const Tensor& weights, const MoeWeights& w,
                           const Tensor& out, const Tensor& shared) {
   const char* op = "moe_experts";
-  const auto [T, H, k, E, I] = contract::moe_experts(spec(), u, ids, weights, w, out, shared);
   // The shared expert begun on the branch stream, if it was: joined before the launch that reads `shared` (and, at
-  // the latest, when this call returns), its scratch released after that.
+  // the latest, when this call returns or throws, checks included), its scratch released after that.
   PendingShared branch;
   if (shared.defined()) {
     auto it = std::find_if(pending_shared_.begin(), pending_shared_.end(),
@@ -46,11 +45,14 @@ void CudaOps::moe_experts(const Tensor& u, const Tensor& ids, const Tensor& weig
       pending_shared_.erase(it);
     }
   }
-  struct Join {  // also when a check below throws: no branch work is left unjoined
+  struct Join {
     CudaOps& ops;
     PendingShared& p;
-    ~Join() { (void)ops.join_branch(p.done); }
+    ~Join() {
+      if (ops.join_branch(p.done) != cudaSuccess) cudaGetLastError();  // (the error is the step's; not kept)
+    }
   } join{*this, branch};
+  const auto [T, H, k, E, I] = contract::moe_experts(spec(), u, ids, weights, w, out, shared);
   const float* sh = shared.defined() ? dp<const float>(shared) : nullptr;
   if (w.packed) return moe_experts_w4a16(u, ids, weights, *w.packed, out, sh, branch.done);
   FN_CHECK(E <= detail::kMoeMaxExperts && H % 8 == 0 && I % 8 == 0,
@@ -181,10 +183,13 @@ void CudaOps::moe_shared_expert_start(const Tensor& u, const MoeWeights& w, cons
   PendingShared p{u, shared, {}, nullptr};
   cudaEvent_t ready = nullptr;
   FN_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "moe_shared_expert_start");
-  const cudaError_t recorded = cudaEventRecord(ready, ctx_->stream);
-  const cudaError_t forked = recorded ? recorded : cudaStreamWaitEvent(ctx_->branch, ready, 0);
+  // The join's event made before the fork, so that after it only its record can fail.
+  cudaError_t err = cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming);
+  if (err == cudaSuccess) err = cudaEventRecord(ready, ctx_->stream);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(ctx_->branch, ready, 0);
   cudaEventDestroy(ready);  // released once the wait is satisfied
-  FN_CUDA_CHECK(forked, "moe_shared_expert_start");
+  if (err != cudaSuccess && p.done) cudaEventDestroy(p.done);
+  FN_CUDA_CHECK(err, "moe_shared_expert_start");
   on_branch_ = true;
   std::exception_ptr failed;
   try {
@@ -193,11 +198,14 @@ void CudaOps::moe_shared_expert_start(const Tensor& u, const MoeWeights& w, cons
     failed = std::current_exception();
   }
   on_branch_ = false;
-  // The branch ends in an event, also after a failure (joined below then, so that no work is left unjoined).
-  cudaError_t err = cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming);
-  if (err == cudaSuccess) err = cudaEventRecord(p.done, ctx_->branch);
+  // The branch ends in its event, also after a failure (joined at once then, so that no work is left unjoined).
+  err = cudaEventRecord(p.done, ctx_->branch);
   if (failed || err != cudaSuccess) {
-    (void)join_branch(p.done);
+    if (err == cudaSuccess) {
+      if (join_branch(p.done) != cudaSuccess) cudaGetLastError();
+    } else {
+      cudaEventDestroy(p.done);  // not recorded: nothing to wait for; the error is reported below
+    }
     if (failed) std::rethrow_exception(failed);
     FN_CUDA_CHECK(err, "moe_shared_expert_start");
   }

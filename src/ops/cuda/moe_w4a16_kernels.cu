@@ -1254,7 +1254,8 @@ cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const __half* u, int64_t ldu,
 cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const float* u, int64_t ldu, const int32_t* ids, int slots,
                                    int top_k, int experts, int inter, __half* h, int32_t* status, cudaStream_t stream) {
   if (slots == 0) return cudaSuccess;
-  if (w.fp8 || ldu % 4 != 0 || reinterpret_cast<uintptr_t>(u) % 16 != 0) return cudaErrorInvalidValue;
+  if (!w4_gemv_tensor_cores(w) || ldu % 4 != 0 || reinterpret_cast<uintptr_t>(u) % 16 != 0)
+    return cudaErrorInvalidValue;
   const dim3 grid(slots, (inter + 7) / 8);
   launch((w.nvfp4 ? w4_gemv_mma_gate_up_kernel<true, float> : w4_gemv_mma_gate_up_kernel<false, float>), grid,
          kW4MmaWarps * 32, w4_mma_smem(w.cols), stream, w, u, ldu, ids, top_k, experts, inter, h, status);

@@ -86,7 +86,7 @@ cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const __half* u, int64_t ldu,
                                    cudaStream_t stream);
 /// The tensor-core gate/up GEMV (only where w4_gemv_tensor_cores(w)) over FP32 activations u (ldu a multiple of 4,
 /// 16-byte aligned rows), rounded to FP16 as the kernel stages them: h as the FP16 form's on an FP16 copy of u.
-/// cudaErrorInvalidValue for FP8 experts or misaligned u.
+/// cudaErrorInvalidValue where w4_gemv_tensor_cores(w) is false (FP8 experts, a GPU below SM80) or u is misaligned.
 cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const float* u, int64_t ldu, const int32_t* ids, int slots,
                                    int top_k, int experts, int inter, __half* h, int32_t* status, cudaStream_t stream);
 /// GEMV path, down and combine in one kernel: ys[s, n] = fp16(weights[s] * down_{ids[s]}(h[s])); the last block of
