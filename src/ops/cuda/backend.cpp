@@ -312,9 +312,26 @@ void CudaOps::end_step() {
   join_pending_branches();
 }
 
+cudaError_t CudaOps::fork_to(cudaStream_t to) noexcept {
+  cudaEvent_t ready = nullptr;
+  cudaError_t err = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
+  if (err == cudaSuccess) err = cudaEventRecord(ready, ctx_->stream);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(to, ready, 0);
+  if (ready) cudaEventDestroy(ready);  // released once the wait is satisfied
+  return err;
+}
+
+cudaError_t CudaOps::join_event(cudaEvent_t& done) noexcept {
+  if (!done) return cudaSuccess;
+  const cudaError_t waited = cudaStreamWaitEvent(ctx_->stream, done, 0);
+  cudaEventDestroy(done);
+  done = nullptr;
+  return waited;
+}
+
 void CudaOps::join_pending_branches() noexcept {
   bool failed = false;
-  for (PendingShared& p : pending_shared_) failed |= join_branch(p.done) != cudaSuccess;
+  for (PendingShared& p : pending_shared_) failed |= join_event(p.done) != cudaSuccess;
   pending_shared_.clear();
   if (failed) cudaGetLastError();  // a failed step's: not left for the next launch's check
 }

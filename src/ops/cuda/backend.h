@@ -420,10 +420,13 @@ class CudaOps final : public Ops {
   /// join, and only the decode GEMV path may run (Error otherwise). Shapes checked by the caller.
   void shared_expert(const Tensor& u, const MoeWeights& w, const Tensor& out, bool accumulate,
                      std::vector<Tensor>* scratch);
-  /// The main stream waits for `done` (an event recorded on the branch stream), which is then destroyed and nulled;
-  /// nothing for a null event. Returns the wait's error.
-  cudaError_t join_branch(cudaEvent_t& done) noexcept;
-  /// join_branch of every shared expert still pending (a step that threw before its moe_experts), errors cleared.
+  /// Stream `to` (the side or branch stream) waits for everything enqueued on the main stream so far (through an
+  /// event, released once the wait is satisfied). Returns the first error.
+  cudaError_t fork_to(cudaStream_t to) noexcept;
+  /// The main stream waits for `done` (an event recorded on the side or branch stream), which is then destroyed and
+  /// nulled; nothing for a null event. Returns the wait's error.
+  cudaError_t join_event(cudaEvent_t& done) noexcept;
+  /// join_event of every shared expert still pending (a step that threw before its moe_experts), errors cleared.
   void join_pending_branches() noexcept;
   /// A shared expert begun on the branch stream and not yet joined: what it reads and writes, its scratch, and the
   /// event its last launch records.

@@ -49,7 +49,7 @@ void CudaOps::moe_experts(const Tensor& u, const Tensor& ids, const Tensor& weig
     CudaOps& ops;
     PendingShared& p;
     ~Join() {
-      if (ops.join_branch(p.done) != cudaSuccess) cudaGetLastError();  // (the error is the step's; not kept)
+      if (ops.join_event(p.done) != cudaSuccess) cudaGetLastError();  // (the error is the step's; not kept)
     }
   } join{*this, branch};
   const auto [T, H, k, E, I] = contract::moe_experts(spec(), u, ids, weights, w, out, shared);
@@ -59,16 +59,8 @@ void CudaOps::moe_experts(const Tensor& u, const Tensor& ids, const Tensor& weig
            "{}: {} experts (1..{}), hidden {} and expert width {} (multiples of 8) exceed the kernel's limits", op, E,
            detail::kMoeMaxExperts, H, I);
   if (T == 0) return;
-  FN_CUDA_CHECK(join_branch(branch.done), op);  // the combine at the end reads `shared`
+  FN_CUDA_CHECK(join_event(branch.done), op);  // the combine at the end reads `shared`
   moe_experts_f16(u, ids, weights, w, out, E, I, sh);
-}
-
-cudaError_t CudaOps::join_branch(cudaEvent_t& done) noexcept {
-  if (!done) return cudaSuccess;
-  const cudaError_t waited = cudaStreamWaitEvent(ctx_->stream, done, 0);
-  cudaEventDestroy(done);
-  done = nullptr;
-  return waited;
 }
 
 void CudaOps::moe_experts_f16(const Tensor& u, const Tensor& ids, const Tensor& weights, const MoeWeights& w,
@@ -181,13 +173,9 @@ void CudaOps::moe_shared_expert_start(const Tensor& u, const MoeWeights& w, cons
   for (const Tensor* t : read) branch = branch && !t->has_scales() && aligned16(*t);
   if (!branch) return shared_expert(u, w, shared, /*accumulate=*/false, nullptr);
   PendingShared p{u, shared, {}, nullptr};
-  cudaEvent_t ready = nullptr;
-  FN_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "moe_shared_expert_start");
   // The join's event made before the fork, so that after it only its record can fail.
   cudaError_t err = cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming);
-  if (err == cudaSuccess) err = cudaEventRecord(ready, ctx_->stream);
-  if (err == cudaSuccess) err = cudaStreamWaitEvent(ctx_->branch, ready, 0);
-  cudaEventDestroy(ready);  // released once the wait is satisfied
+  if (err == cudaSuccess) err = fork_to(ctx_->branch);
   if (err != cudaSuccess && p.done) cudaEventDestroy(p.done);
   FN_CUDA_CHECK(err, "moe_shared_expert_start");
   on_branch_ = true;
@@ -202,7 +190,7 @@ void CudaOps::moe_shared_expert_start(const Tensor& u, const MoeWeights& w, cons
   err = cudaEventRecord(p.done, ctx_->branch);
   if (failed || err != cudaSuccess) {
     if (err == cudaSuccess) {
-      if (join_branch(p.done) != cudaSuccess) cudaGetLastError();
+      if (join_event(p.done) != cudaSuccess) cudaGetLastError();
     } else {
       cudaEventDestroy(p.done);  // not recorded: nothing to wait for; the error is reported below
     }

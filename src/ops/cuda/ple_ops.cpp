@@ -59,12 +59,9 @@ void CudaOps::ple_gather_start(const PleTable& table, const Tensor& rows, const 
   use_device();
   if (!table.shards.empty()) gather_table(table);  // made (once) on the main stream, before the event below
   // The side stream starts once the main stream has made `rows` (and allocated `e`).
-  cudaEvent_t ready = nullptr, done = nullptr;
-  FN_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "ple_gather_start");
-  FN_CUDA_CHECK(cudaEventRecord(ready, stream()), "ple_gather_start");
-  FN_CUDA_CHECK(cudaStreamWaitEvent(ctx_->side, ready, 0), "ple_gather_start");
-  cudaEventDestroy(ready);  // released once the wait is satisfied
+  FN_CUDA_CHECK(fork_to(ctx_->side), "ple_gather_start");
   gather_ple_rows(table, rows, e, ctx_->side);
+  cudaEvent_t done = nullptr;
   FN_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "ple_gather_start");
   FN_CUDA_CHECK(cudaEventRecord(done, ctx_->side), "ple_gather_start");
   pending_gathers_.push_back({rows, e, done});
@@ -74,8 +71,7 @@ void CudaOps::ple_gather_wait(const Tensor& e) {
   auto it = std::find_if(pending_gathers_.begin(), pending_gathers_.end(),
                          [&](const PendingGather& g) { return g.e.data() == e.data(); });
   FN_CHECK(it != pending_gathers_.end(), "ple_gather_wait: no gather into {} was started", e.str());
-  const cudaError_t waited = cudaStreamWaitEvent(stream(), it->done, 0);
-  cudaEventDestroy(it->done);
+  const cudaError_t waited = join_event(it->done);
   pending_gathers_.erase(it);  // rows and e may now be freed: later frees are ordered after the gather
   FN_CUDA_CHECK(waited, "ple_gather_wait");
 }
