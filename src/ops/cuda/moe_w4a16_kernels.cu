@@ -574,16 +574,9 @@ struct W4MmaX {
     if constexpr (kVecs == 1) {
       return raw[0];
     } else {
-      uint4 r;
-      uint32_t* o = &r.x;
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const float4 f = *reinterpret_cast<const float4*>(&raw[q]);
-        const __half2 a = __floats2half2_rn(f.x, f.y), b = __floats2half2_rn(f.z, f.w);
-        o[2 * q] = *reinterpret_cast<const uint32_t*>(&a);
-        o[2 * q + 1] = *reinterpret_cast<const uint32_t*>(&b);
-      }
-      return r;
+      const float4 a = *reinterpret_cast<const float4*>(&raw[0]), b = *reinterpret_cast<const float4*>(&raw[1]);
+      return make_uint4(h2_bits(__floats2half2_rn(a.x, a.y)), h2_bits(__floats2half2_rn(a.z, a.w)),
+                        h2_bits(__floats2half2_rn(b.x, b.y)), h2_bits(__floats2half2_rn(b.z, b.w)));
     }
   }
   __device__ __forceinline__ void load(const TX* __restrict__ x, int cols, int supers) {
