@@ -64,9 +64,13 @@ struct GemvSegments8 {
 #ifndef __CUDACC_RTC__  // host launchers
 /// y[i] = fp16(x[i]) (round to nearest even) for i < n.
 cudaError_t launch_f32_to_f16(const float* x, __half* y, int64_t n, cudaStream_t stream);
-/// y[i] = float(x[i]).
 /// One empty kernel (one warp): what a launch costs on its own.
 cudaError_t launch_noop(cudaStream_t stream);
+/// Requests bytes [p, p + bytes) into L2 (prefetch_l2, device_math.cuh) once the kernel ahead has finished: one block
+/// whose threads issue 64 KB pieces; it ends when they are issued, not when they arrive. Only a hint (no result
+/// depends on it); on a GPU below 9.0 the kernel is empty (callers skip it there: kernels_wait_for_dependencies).
+cudaError_t launch_prefetch_l2(const void* p, int64_t bytes, cudaStream_t stream);
+/// y[i] = float(x[i]).
 cudaError_t launch_f16_to_f32(const __half* x, float* y, int64_t n, cudaStream_t stream);
 /// dst[i] = fp16(src[i]) for a checkpoint tensor of `src_type`; stats[0] += the number of values outside the FP16
 /// range (|x| > 65504, infinities and NaN included), stats[1] = max(stats[1], bits of the largest finite |x|).
