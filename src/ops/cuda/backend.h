@@ -57,6 +57,8 @@ struct Context {
   cudaStream_t branch = nullptr;   ///< work beside the main stream's within a layer (moe_shared_expert_start)
   int32_t* status = nullptr;       ///< device [kStatusSlots]
   int32_t* status_host = nullptr;  ///< pinned [kStatusSlots]
+  /// device: the decode router's count of its finished blocks (launch_moe_router_decode), 0 between launches
+  int32_t* router_done = nullptr;
   /// While a step is recorded (CudaOps::begin_step_capture): pool memory released meanwhile is freed after the
   /// recording ends (a free enqueued on the recording stream would become part of the recorded step).
   bool recording = false;

@@ -6,6 +6,7 @@
 #include "ops/cuda/kernel_attributes.h"
 #endif
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/moe_router_topk.cuh"
 #include "ops/torch_topk_order.h"
 
 namespace flashnext::cuda::detail {
@@ -301,6 +302,55 @@ __global__ void gemv_f16w_f32x_kernel(const float* __restrict__ x, int64_t ldx, 
 #pragma unroll
     for (int t = 0; t < T; ++t) seg.y[s][t * seg.ldy[s] + n0 + r] = acc[r][t] + bias;
   }
+}
+
+// The decode router in one launch (launch_moe_router_decode): logits[t, e] = x_t . w_e as gemv_f16w_f32x_kernel<T, 1>
+// computes them for one segment of E rows (the same warps per row, slices, sums and order, so the same float32
+// logits), then the last block to finish (an acquire-release count in `done`, which it resets) runs router_topk_warp
+// for each token, one warp per token (T <= kWarps): no launch boundary between the logits and the top-k.
+template <int T, int kPer>
+__global__ void moe_router_decode_kernel(const float* __restrict__ x, int64_t ldx, const __half* __restrict__ w, int K,
+                                         int E, int parts, WeightsPrologue pro, float* logits, int32_t* done, int top_k,
+                                         bool norm, int32_t* __restrict__ ids, float* __restrict__ weights) {
+  const int warp = int(threadIdx.x >> 5), lane = threadIdx.x & 31, part = warp % parts;
+  const int e = int(blockIdx.x) * (kWarps / parts) + warp / parts;
+  const bool active = e < E;
+  const __half* wr = w + int64_t(active ? e : 0) * K;
+  LaneSlicesF16<gemv_prefetch<T>()> slices;
+  pdl_begin_after_weights(pro, [&] {
+    if (active && pro.l2 && part == 0 && lane == 0) prefetch_l2(wr, size_t(K) * sizeof(__half));
+    if (active) slices.load(reinterpret_cast<const uint4*>(wr), 1, lane_slice0(lane, part), K / 8, 32 * parts);
+  });
+  __shared__ float red[kWarps][T];
+  __shared__ int last;
+  float acc[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) acc[t] = 0.f;
+  if (active) lane_dots_f16w<T>(wr, x, ldx, K, lane, slices, acc, part, parts);
+#pragma unroll
+  for (int t = 0; t < T; ++t) acc[t] = warp_sum(acc[t]);
+  if (lane == 0)
+#pragma unroll
+    for (int t = 0; t < T; ++t) red[warp][t] = acc[t];
+  __syncthreads();
+  if (active && part == 0 && lane == 0)  // the row's partials in warp order, as the GEMV adds them
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      float a = red[warp][t];
+      for (int p = 1; p < parts; ++p) a += red[warp + p][t];
+      logits[int64_t(t) * E + e] = a;
+    }
+  __syncthreads();  // the block's logits happen before thread 0's release (cumulative over the barrier)
+  if (threadIdx.x == 0) {
+    int32_t before;
+    asm volatile("atom.acq_rel.gpu.add.s32 %0, [%1], 1;" : "=r"(before) : "l"(done) : "memory");
+    last = before == int(gridDim.x) - 1;
+    if (last) *done = 0;  // every block has counted; the next launch is ordered after this one by the stream
+  }
+  __syncthreads();
+  if (!last || warp >= T) return;
+  router_topk_warp<kPer>(logits + int64_t(warp) * E, E, top_k, norm, ids + int64_t(warp) * top_k,
+                         weights + int64_t(warp) * top_k);
 }
 
 // ---------------------------------------------------------------- 8-bit weights (W8A16)
@@ -1132,6 +1182,25 @@ __global__ void qsa_topk_kernel(Layout lay, const float* __restrict__ scores, in
   template __global__ void hc_up_kernel<TT>(float*, const float*, const float*, const __half*, const __half*,          \
                                             const float*, const float*, int, int, int, int, float, float*, float*,     \
                                             WeightsPrologue);
+#define FN_ROUTER_DECODE(TT)                                                                                        \
+  template __global__ void moe_router_decode_kernel<TT, 8>(const float*, int64_t, const __half*, int, int, int,     \
+                                                           WeightsPrologue, float*, int32_t*, int, bool, int32_t*,  \
+                                                           float*);                                                 \
+  template __global__ void moe_router_decode_kernel<TT, 16>(const float*, int64_t, const __half*, int, int, int,    \
+                                                            WeightsPrologue, float*, int32_t*, int, bool, int32_t*, \
+                                                            float*);                                                \
+  template __global__ void moe_router_decode_kernel<TT, 32>(const float*, int64_t, const __half*, int, int, int,    \
+                                                            WeightsPrologue, float*, int32_t*, int, bool, int32_t*, \
+                                                            float*);
+FN_ROUTER_DECODE(1)
+FN_ROUTER_DECODE(2)
+FN_ROUTER_DECODE(3)
+FN_ROUTER_DECODE(4)
+FN_ROUTER_DECODE(5)
+FN_ROUTER_DECODE(6)
+FN_ROUTER_DECODE(7)
+FN_ROUTER_DECODE(8)
+#undef FN_ROUTER_DECODE
 FN_DECODE_KERNELS(1)
 FN_DECODE_KERNELS(2)
 FN_DECODE_KERNELS(3)
@@ -1413,6 +1482,22 @@ cudaError_t launch_linear_f32_narrow(const float* x, const __half* w, float* y, 
   return cudaGetLastError();
 }
 
+namespace {
+/// Warps per row of a decode GEMV launch over `groups` row groups: enough in all for about 4,096 warps (16 KB of
+/// 16-byte loads in flight per SM at 4 deep), at most FLASHNEXT_CUDA_GEMV_SPLIT (1, 2, 4 or 8, default 8; 1: one warp
+/// per group, for before/after measurements).
+int gemv_parts(int64_t groups) {
+  static const int max_parts = [] {
+    const char* v = std::getenv("FLASHNEXT_CUDA_GEMV_SPLIT");
+    const int p = v ? std::atoi(v) : kWarps;
+    return p == 1 || p == 2 || p == 4 ? p : kWarps;
+  }();
+  int parts = 1;
+  while (parts < max_parts && groups * parts < 4096) parts *= 2;
+  return parts;
+}
+}  // namespace
+
 cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, int K, const GemvSegments& segments, int tokens,
                                   cudaStream_t stream) {
   if (tokens == 0 || segments.count == 0) return cudaSuccess;
@@ -1436,15 +1521,7 @@ cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, int K, const Gemv
     seg.groups_end[i] = groups;
   }
   if (groups == 0) return cudaSuccess;
-  // Warps per group: enough in all for about 4,096 warps (16 KB of 16-byte loads in flight per SM at 4 deep), at most
-  // FLASHNEXT_CUDA_GEMV_SPLIT (1, 2, 4 or 8, default 8; 1: one warp per group, for before/after measurements).
-  static const int max_parts = [] {
-    const char* v = std::getenv("FLASHNEXT_CUDA_GEMV_SPLIT");
-    const int p = v ? std::atoi(v) : kWarps;
-    return p == 1 || p == 2 || p == 4 ? p : kWarps;
-  }();
-  int parts = 1;
-  while (parts < max_parts && int64_t(groups) * parts < 4096) parts *= 2;
+  const int parts = gemv_parts(groups);  // warps per group
   const int groups_per_block = kWarps / parts;
   const unsigned blocks = unsigned((int64_t(groups) + groups_per_block - 1) / groups_per_block);
   const WeightsPrologue pro = weights_prologue();
@@ -1460,6 +1537,36 @@ cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, int K, const Gemv
     FN_GEMV_CASE(5) FN_GEMV_CASE(6) FN_GEMV_CASE(7) FN_GEMV_CASE(8)
 #undef FN_GEMV_CASE
     default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+bool moe_router_decode_supported(int tokens, int hidden, int experts, int top_k) {
+  return tokens >= 1 && tokens <= kGemvMaxTokens && hidden % 8 == 0 && experts >= 1 && experts <= 32 * 32 &&
+         top_k >= 1 && top_k <= 32 && top_k <= experts;
+}
+
+cudaError_t launch_moe_router_decode(const float* x, int64_t ldx, const __half* w, int hidden, int experts, int tokens,
+                                     int top_k, bool norm, float* logits, int32_t* done, int32_t* ids, float* weights,
+                                     cudaStream_t stream) {
+  if (!moe_router_decode_supported(tokens, hidden, experts, top_k)) return cudaErrorInvalidValue;
+  const int parts = gemv_parts(experts);
+  const unsigned blocks = unsigned((int64_t(experts) + kWarps / parts - 1) / (kWarps / parts));
+  const WeightsPrologue pro = weights_prologue();
+  const int per = (experts + 31) / 32;
+  switch (tokens * 4 + (per <= 8 ? 0 : per <= 16 ? 1 : 2)) {
+#define FN_ROUTER_CASE(TT, I, P)                                                                                 \
+  case TT * 4 + I:                                                                                               \
+    launch(moe_router_decode_kernel<TT, P>, blocks, kThreads, 0, stream, x, ldx, w, hidden, experts, parts, pro, \
+           logits, done, top_k, norm, ids, weights);                                                             \
+    break;
+#define FN_ROUTER_CASES(TT) FN_ROUTER_CASE(TT, 0, 8) FN_ROUTER_CASE(TT, 1, 16) FN_ROUTER_CASE(TT, 2, 32)
+    FN_ROUTER_CASES(1)
+    FN_ROUTER_CASES(2)
+    FN_ROUTER_CASES(3) FN_ROUTER_CASES(4) FN_ROUTER_CASES(5) FN_ROUTER_CASES(6) FN_ROUTER_CASES(7) FN_ROUTER_CASES(8)
+#undef FN_ROUTER_CASES
+#undef FN_ROUTER_CASE
+        default : return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }
