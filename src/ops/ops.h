@@ -528,13 +528,6 @@ class Ops {
     throw Error(name() + ": replay_step: this backend does not record steps");
   }
 
-  // ---------------------------------------------------------------- hints
-
-  /// A hint that `weight` (a weight operand: memory no op writes while steps run) is read by an op a few ops from
-  /// now: a backend may start bringing it closer meanwhile, while the ops in between run (the CUDA backend: into L2
-  /// on compute capability 9.0+, once the op ahead has finished). No result depends on it; the default does nothing.
-  virtual void prefetch_weight(const Tensor& weight) { (void)weight; }
-
   // ---------------------------------------------------------------- profiling (flashnext bench --profile)
 
   /// Attributes the time of the ops enqueued from now on to `phase` (a string literal: "gdn_rule", "moe_routed",

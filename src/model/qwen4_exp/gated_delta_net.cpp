@@ -18,7 +18,6 @@ Tensor gated_delta_net(Ops& ops, const ModelConfig& cfg, const GdnLayerWeights& 
   Tensor b = ops.empty({T, nv}), a = ops.empty({T, nv});
   const Tensor weights[] = {w.in_proj_qkv, w.in_proj_z, w.in_proj_b, w.in_proj_a}, outputs[] = {qkv, z, b, a};
   ops.linear_group(u, weights, outputs);
-  ops.prefetch_weight(w.out_proj);  // read after the conv, the rule and the norm (a hint, Ops::prefetch_weight)
   for (const KeepRows& k : keep) {  // before the conv, which works in place
     ops.copy_rows(qkv, k.first, k.into->qkv, 0, k.n);
     ops.copy_rows(a, k.first, k.into->a, 0, k.n);

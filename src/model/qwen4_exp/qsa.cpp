@@ -18,7 +18,6 @@ Tensor qsa_attention(Ops& ops, const ModelConfig& cfg, const QsaLayerWeights& w,
   const Tensor weights[] = {w.q_proj, w.k_proj, w.v_proj, w.index_q_proj, w.index_k_proj};
   const Tensor outputs[] = {qg, k, v, qi, ki}, biases[] = {w.q_bias, w.k_bias, w.v_bias, Tensor(), Tensor()};
   ops.linear_group(u, weights, outputs, biases);
-  ops.prefetch_weight(w.o_proj);  // read after the selection and attention (a hint, Ops::prefetch_weight)
   Tensor q = ops.empty({T, nh * D}), gate = ops.empty({T, nh * D});
   ops.qsa_prepare_qk_batch(qg, k, w.q_norm, w.k_norm, cfg.rms_norm_eps, rope, batch, q, gate);
   // Write the step's tokens into their KV blocks.

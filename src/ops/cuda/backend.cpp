@@ -75,9 +75,6 @@ Context::Context(int dev) : device(dev) {
   FN_CUDA_CHECK(cudaMemset(status, 0, sizeof(int32_t) * kStatusSlots), "cuda backend: status words");
   FN_CUDA_CHECK(cudaMallocHost(&p, sizeof(int32_t) * kStatusSlots), "cuda backend: status words");
   status_host = static_cast<int32_t*>(p);
-  FN_CUDA_CHECK(cudaMalloc(&p, sizeof(int32_t)), "cuda backend: router counter");
-  router_done = static_cast<int32_t*>(p);
-  FN_CUDA_CHECK(cudaMemset(router_done, 0, sizeof(int32_t)), "cuda backend: router counter");
 }
 Context::~Context() {
   if (stream) cudaStreamSynchronize(stream);
@@ -85,7 +82,6 @@ Context::~Context() {
   if (branch) cudaStreamSynchronize(branch);
   if (status) cudaFree(status);
   if (status_host) cudaFreeHost(status_host);
-  if (router_done) cudaFree(router_done);
   if (stream) cudaStreamDestroy(stream);
   if (side) cudaStreamDestroy(side);
   if (branch) cudaStreamDestroy(branch);
@@ -190,18 +186,6 @@ void CudaOps::gather_rows(const Tensor& src, const Tensor& rows, const Tensor& d
 
 void CudaOps::scatter_rows(const Tensor& src, const Tensor& rows, const Tensor& dst) {
   copy_rows_indexed("scatter_rows", src, rows, dst, /*scatter=*/true);
-}
-
-void CudaOps::prefetch_weight(const Tensor& weight) {
-  static const bool off = [] {
-    const char* v = std::getenv("FLASHNEXT_CUDA_PREFETCH_WEIGHT");
-    return v && std::strcmp(v, "0") == 0;
-  }();
-  if (off || !weight.defined() || weight.nbytes() == 0 || !detail::l2_prefetch()) return;
-  use_device();
-  // Only where the kernel holds the prefetch (compiled for 9.0+, which is also what its wait needs).
-  if (!detail::kernels_wait_for_dependencies()) return;
-  FN_CUDA_CHECK(detail::launch_prefetch_l2(weight.data(), int64_t(weight.nbytes()), stream()), "prefetch_weight");
 }
 
 void CudaOps::profile_phase(const char* phase) {
@@ -570,14 +554,6 @@ bool cuda_w4a16_gemv_tensor_cores(int device) {
 
 void set_cuda_programmatic_launch(bool allowed) {
   cuda::detail::programmatic_launch_setting().store(allowed ? 1 : 0);
-}
-
-void set_cuda_l2_prefetch(bool on) {
-  cuda::detail::l2_prefetch_setting().store(on ? 1 : 0);
-}
-
-bool cuda_l2_prefetch() {
-  return cuda::detail::l2_prefetch();
 }
 
 CudaMemoryCounters cuda_memory_counters(const Ops& ops) {

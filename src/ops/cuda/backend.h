@@ -57,8 +57,6 @@ struct Context {
   cudaStream_t branch = nullptr;   ///< work beside the main stream's within a layer (moe_shared_expert_start)
   int32_t* status = nullptr;       ///< device [kStatusSlots]
   int32_t* status_host = nullptr;  ///< pinned [kStatusSlots]
-  /// device: the decode router's count of its finished blocks (launch_moe_router_decode), 0 between launches
-  int32_t* router_done = nullptr;
   /// While a step is recorded (CudaOps::begin_step_capture): pool memory released meanwhile is freed after the
   /// recording ends (a free enqueued on the recording stream would become part of the recorded step).
   bool recording = false;
@@ -139,10 +137,6 @@ class CudaOps final : public Ops {
   StepReplay replay_step(StepGraph& graph, std::span<const uint8_t> input) override;
   /// An event on the stream per mark (events reused across set_profiling calls).
   void profile_phase(const char* phase) override;
-  /// One small kernel that requests the weight's bytes into L2 after the kernel ahead (launch_prefetch_l2), where
-  /// the GPU is 9.0+ and neither FLASHNEXT_CUDA_L2_PREFETCH=0 (set_cuda_l2_prefetch) nor
-  /// FLASHNEXT_CUDA_PREFETCH_WEIGHT=0 turns it off; otherwise nothing.
-  void prefetch_weight(const Tensor& weight) override;
   /// Counters of the step arena, for tests and bench (cuda_ops.h cuda_memory_counters).
   CudaMemoryCounters memory_counters() const { return counters_; }
   /// The GPU and the stream that all of this backend's work runs on in order: collectives enqueue on it

@@ -146,14 +146,6 @@ bool cuda_programmatic_launch(int device);
 /// Turns programmatic dependent launch off (false) or back on where a GPU has it (true), for the whole process, from
 /// the next launch on. For tests and benchmarks that compare both; not thread-safe against steps in flight.
 void set_cuda_programmatic_launch(bool allowed);
-/// Turns the decode kernels' L2 prefetch of their weights (device_math.cuh prefetch_l2: the dense and 8-bit GEMVs,
-/// the shared expert's down product, the hyper-connection read, the W4A16 tensor-core GEMVs; compute capability 9.0+)
-/// off (false) or back on (true; FLASHNEXT_CUDA_L2_PREFETCH=0 starts it off), for the whole process, from the next
-/// launch on (a recorded step keeps what it was recorded with). Results do not depend on it: for tests and
-/// benchmarks that compare both; not thread-safe against steps in flight.
-void set_cuda_l2_prefetch(bool on);
-/// Whether the L2 prefetch of set_cuda_l2_prefetch is on (it runs only on compute capability 9.0 and newer).
-bool cuda_l2_prefetch();
 /// The routed W4A16 experts' decode GEMV on GPU `device` (docs/ENGINE.md "Precision"): true for the tensor-core
 /// kernels (compute capability 8.0+, compiled for it, not turned off by FLASHNEXT_CUDA_W4_GEMV=fma), false for the
 /// FP32-FMA ones. Throws Error when a device query fails.

@@ -6,7 +6,6 @@
 #include "ops/cuda/kernel_attributes.h"
 #endif
 #include "ops/cuda/device_math.cuh"
-#include "ops/cuda/moe_router_topk.cuh"
 #include "ops/torch_topk_order.h"
 
 namespace flashnext::cuda::detail {
@@ -25,14 +24,6 @@ __global__ void f32_to_f16_kernel(const float* __restrict__ x, __half* __restric
 
 // Does nothing: the per-launch cost (cuda_launch_cost_us).
 __global__ void noop_kernel() {}
-
-// launch_prefetch_l2: thread i takes the 64 KB pieces i, i + blockDim.x, ... of [p, p + bytes), after the wait.
-__global__ void prefetch_l2_kernel(const char* p, int64_t bytes) {
-  pdl_begin();
-  constexpr int64_t kPiece = int64_t(64) << 10;
-  for (int64_t o = int64_t(threadIdx.x) * kPiece; o < bytes; o += int64_t(blockDim.x) * kPiece)
-    prefetch_l2(p + o, size_t(min(kPiece, bytes - o)));
-}
 
 __global__ void f16_to_f32_kernel(const __half* __restrict__ x, float* __restrict__ y, int64_t n) {
   pdl_begin();
@@ -237,12 +228,11 @@ __device__ __forceinline__ void lane_dots_rows_f16w(const __half* __restrict__ w
 // parallelism unused; warp p of a group takes its 8-wide slices p, p + parts, ... and the partial sums are added in
 // warp order), 16-byte weight loads (8 FP16 values) shared by the T tokens and activation loads shared by the R rows,
 // float32 products and sums (the decode GEMV: as exact as a float32 product of the FP16 weights, reading the weights
-// once). With pro.early each lane's first weight slices are loaded before the wait on the kernel ahead
-// (pdl_begin_after_weights), with pro.l2 the first warp of a group requests the group's rows into L2 before that
-// (prefetch_l2). K % 8 == 0, rows of x 16-byte aligned.
+// once). With `early` each lane's first weight slices are loaded before the wait on the kernel ahead
+// (pdl_begin_after_weights). K % 8 == 0, rows of x 16-byte aligned.
 template <int T, int R>
 __global__ void gemv_f16w_f32x_kernel(const float* __restrict__ x, int64_t ldx, int K, GemvSegments seg, int parts,
-                                      WeightsPrologue pro) {
+                                      bool early) {
   const int warp = int(threadIdx.x >> 5), lane = threadIdx.x & 31, part = warp % parts;
   const int g = int(blockIdx.x) * (kWarps / parts) + warp / parts;
   const bool active = g < seg.groups_end[seg.count - 1];
@@ -256,8 +246,7 @@ __global__ void gemv_f16w_f32x_kernel(const float* __restrict__ x, int64_t ldx, 
   const __half* w = seg.w[s] + int64_t(n0) * K;
   constexpr int P = R == 1 ? gemv_prefetch<T>() : gemv_rows_prefetch<T>();
   LaneSlicesF16<P, R> slices;
-  pdl_begin_after_weights(pro, [&] {
-    if (active && pro.l2 && part == 0 && lane == 0) prefetch_l2(w, size_t(nr) * K * sizeof(__half));
+  pdl_begin_after_weights(early, [&] {
     if (active) slices.load(reinterpret_cast<const uint4*>(w), nr, lane_slice0(lane, part), K / 8, 32 * parts);
   });
   __shared__ float red[kWarps][R * T];
@@ -304,55 +293,6 @@ __global__ void gemv_f16w_f32x_kernel(const float* __restrict__ x, int64_t ldx, 
   }
 }
 
-// The decode router in one launch (launch_moe_router_decode): logits[t, e] = x_t . w_e as gemv_f16w_f32x_kernel<T, 1>
-// computes them for one segment of E rows (the same warps per row, slices, sums and order, so the same float32
-// logits), then the last block to finish (an acquire-release count in `done`, which it resets) runs router_topk_warp
-// for each token, one warp per token (T <= kWarps): no launch boundary between the logits and the top-k.
-template <int T, int kPer>
-__global__ void moe_router_decode_kernel(const float* __restrict__ x, int64_t ldx, const __half* __restrict__ w, int K,
-                                         int E, int parts, WeightsPrologue pro, float* logits, int32_t* done, int top_k,
-                                         bool norm, int32_t* __restrict__ ids, float* __restrict__ weights) {
-  const int warp = int(threadIdx.x >> 5), lane = threadIdx.x & 31, part = warp % parts;
-  const int e = int(blockIdx.x) * (kWarps / parts) + warp / parts;
-  const bool active = e < E;
-  const __half* wr = w + int64_t(active ? e : 0) * K;
-  LaneSlicesF16<gemv_prefetch<T>()> slices;
-  pdl_begin_after_weights(pro, [&] {
-    if (active && pro.l2 && part == 0 && lane == 0) prefetch_l2(wr, size_t(K) * sizeof(__half));
-    if (active) slices.load(reinterpret_cast<const uint4*>(wr), 1, lane_slice0(lane, part), K / 8, 32 * parts);
-  });
-  __shared__ float red[kWarps][T];
-  __shared__ int last;
-  float acc[T];
-#pragma unroll
-  for (int t = 0; t < T; ++t) acc[t] = 0.f;
-  if (active) lane_dots_f16w<T>(wr, x, ldx, K, lane, slices, acc, part, parts);
-#pragma unroll
-  for (int t = 0; t < T; ++t) acc[t] = warp_sum(acc[t]);
-  if (lane == 0)
-#pragma unroll
-    for (int t = 0; t < T; ++t) red[warp][t] = acc[t];
-  __syncthreads();
-  if (active && part == 0 && lane == 0)  // the row's partials in warp order, as the GEMV adds them
-#pragma unroll
-    for (int t = 0; t < T; ++t) {
-      float a = red[warp][t];
-      for (int p = 1; p < parts; ++p) a += red[warp + p][t];
-      logits[int64_t(t) * E + e] = a;
-    }
-  __syncthreads();  // the block's logits happen before thread 0's release (cumulative over the barrier)
-  if (threadIdx.x == 0) {
-    int32_t before;
-    asm volatile("atom.acq_rel.gpu.add.s32 %0, [%1], 1;" : "=r"(before) : "l"(done) : "memory");
-    last = before == int(gridDim.x) - 1;
-    if (last) *done = 0;  // every block has counted; the next launch is ordered after this one by the stream
-  }
-  __syncthreads();
-  if (!last || warp >= T) return;
-  router_topk_warp<kPer>(logits + int64_t(warp) * E, E, top_k, norm, ids + int64_t(warp) * top_k,
-                         weights + int64_t(warp) * top_k);
-}
-
 // ---------------------------------------------------------------- 8-bit weights (W8A16)
 // Sixteen 8-bit codes (16 bytes) as floats, exactly: int8 through the float bias trick (the byte with its sign bit
 // flipped under 0x4B000000 is 2^23 + 128 + q), E4M3 through FP16 (sign to bit 15, exponent and mantissa shifted
@@ -386,7 +326,7 @@ __device__ __forceinline__ void unpack_w8x16(const uint4& raw, float (&wf)[16]) 
 // several groups, else the row's scale once at the end (FP8: times 2^8 as well). K % 16 == 0, groups multiples of 16.
 template <int T, bool FP8>
 __global__ void gemv_w8_f32x_kernel(const float* __restrict__ x, int64_t ldx, int K, GemvSegments8 seg, int parts,
-                                    WeightsPrologue pro) {
+                                    bool early) {
   constexpr int P = gemv_prefetch<T>();
   const int warp = int(threadIdx.x >> 5), lane = threadIdx.x & 31, part = warp % parts;
   const int n_all = int(blockIdx.x) * (kWarps / parts) + warp / parts;
@@ -403,8 +343,7 @@ __global__ void gemv_w8_f32x_kernel(const float* __restrict__ x, int64_t ldx, in
     for (int u = 0; u < P; ++u)
       if (v0 + stride * u < n16) raw[u] = __ldg(wr + v0 + stride * u);
   };
-  pdl_begin_after_weights(pro, [&] {
-    if (active && pro.l2 && part == 0 && lane == 0) prefetch_l2(wr, size_t(K));  // the row's codes (prefetch_l2)
+  pdl_begin_after_weights(early, [&] {
     if (active) load(v_first);
   });
   __shared__ float red[kWarps][T];
@@ -497,22 +436,17 @@ __global__ void scale_columns_kernel(float* __restrict__ y, int64_t rows, int co
 // per output column c of H): out[t, c] += sigmoid(gate_logit[t]) * sum_k down[c, k] * silu(g[t, k]) * up[t, k]
 // (without `accumulate`: out[t, c] = that term); g,
 // up [T, I] float32, down [H, I] FP16, I % 8 == 0, every pointer 16-byte aligned. Float32 throughout, the products
-// and the order of the sums as silu_mul_f32 + gemv_f16w_f32x + gated_accumulate compute them. With pro.early the
-// first weight slices are loaded before the wait on the kernel ahead (pdl_begin_after_weights), with pro.l2 the
-// block's rows are requested into L2 before that (prefetch_l2).
+// and the order of the sums as silu_mul_f32 + gemv_f16w_f32x + gated_accumulate compute them. With `early` the first
+// weight slices are loaded before the wait on the kernel ahead (pdl_begin_after_weights).
 template <int T>
 __global__ void shared_down_decode_kernel(const float* __restrict__ g, const float* __restrict__ up,
                                           const __half* __restrict__ down, const float* __restrict__ gate_logit, int I,
-                                          int H, float* __restrict__ out, bool accumulate, WeightsPrologue pro) {
+                                          int H, float* __restrict__ out, bool accumulate, bool early) {
   const int c = int((int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5);
   const int lane = threadIdx.x & 31;
   const uint4* wr = reinterpret_cast<const uint4*>(down + int64_t(c < H ? c : 0) * I);
   LaneSlicesF16<gemv_prefetch<T>()> slices;
-  pdl_begin_after_weights(pro, [&] {
-    if (pro.l2 && threadIdx.x == 0) {
-      const int c0 = int(blockIdx.x) * kWarps;
-      prefetch_l2(down + int64_t(c0) * I, size_t(min(kWarps, H - c0)) * I * sizeof(__half));
-    }
+  pdl_begin_after_weights(early, [&] {
     if (c < H) slices.load(wr, 1, lane_slice0(lane, 0), I / 8, 32);
   });
   if (c >= H) return;
@@ -554,9 +488,8 @@ __global__ void shared_down_decode_kernel(const float* __restrict__ g, const flo
 //            hidden column j, lane group b (32 / S lanes) for stream b: m_b = up[b*H + j] . d[t];
 //            u[t, j] = mean_b sigmoid(m_b) * n[t, b*H + j]. The up weights and the X' elements are loaded before the
 //            prologue.
-// Both kernels load their first weights (and norm weights) before the wait on the kernel ahead where pro.early
-// (pdl_begin_after_weights); with pro.l2 each hc_down block first requests its rows and a share of the up rows
-// (hc_up's weights, which hc_up then reads from L2) into L2 (prefetch_l2).
+// Both kernels load their first weights (and norm weights) before the wait on the kernel ahead where `early`
+// (pdl_begin_after_weights).
 // With a pending injection (add_out [T, H], add_inj [T, S]; hc_inject_read) both kernels read X' = X + add_inj[t, b] *
 // add_out[t, j] (the expression of hc_inject_kernel) instead of X, and hc_up, whose lanes own one X element each,
 // stores X' in place. Needs H, R multiples of 8, S a power of two <= kHcMaxStreamsDecode, rows 16-byte aligned.
@@ -593,7 +526,7 @@ __global__ void __launch_bounds__(kHcDownThreads, kHcDownMinBlocks<T>)
     hc_down_kernel(const float* __restrict__ X, const float* __restrict__ add_out, const float* __restrict__ add_inj,
                    const __half* __restrict__ norm_w, const __half* __restrict__ down,
                    const __half* __restrict__ inject, int S, int H, int R, int rows, float* __restrict__ part,
-                   const __half* __restrict__ up, float* __restrict__ ss_out, WeightsPrologue pro) {
+                   float* __restrict__ ss_out, bool early) {
   constexpr int RB = kHcDownRows, V = T * (RB + 1);  // per token: RB row dots, then the square sum
   const int g = int(blockIdx.x), b = int(blockIdx.y), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t W = int64_t(S) * H;
@@ -605,7 +538,7 @@ __global__ void __launch_bounds__(kHcDownThreads, kHcDownMinBlocks<T>)
     wr[i] = reinterpret_cast<const uint4*>(r < R ? down + int64_t(r) * W : inject + int64_t(r - R) * W);
   }
   // The weight and norm slices of this thread's first 8-wide slice (the only one at the released width), loaded
-  // before the wait with pro.early; the loop loads the later ones.
+  // before the wait with `early`; the loop loads the later ones.
   uint4 wraw[RB], graw;
   auto load_slice = [&](int v) {
     const int64_t k8 = int64_t(b) * n8 + v;  // the slice in a row of S*H inputs
@@ -613,18 +546,7 @@ __global__ void __launch_bounds__(kHcDownThreads, kHcDownMinBlocks<T>)
     for (int i = 0; i < RB; ++i) wraw[i] = __ldg(wr[i] + k8);
     graw = __ldg(reinterpret_cast<const uint4*>(norm_w) + k8);
   };
-  pdl_begin_after_weights(pro, [&] {
-    if (pro.l2 && threadIdx.x < RB) {  // this block's row slices, then its share of the up rows [S*H, R]
-      const int r = min(g * RB + int(threadIdx.x), rows - 1);
-      prefetch_l2((r < R ? down + int64_t(r) * W : inject + int64_t(r - R) * W) + int64_t(b) * H,
-                  size_t(H) * sizeof(__half));
-    } else if (pro.l2 && threadIdx.x == RB) {
-      const int64_t up_bytes = W * R * int64_t(sizeof(__half)), blocks = int64_t(gridDim.x) * gridDim.y;
-      const int64_t share = ((up_bytes + blocks - 1) / blocks + 127) & ~int64_t(127),
-                    begin = (int64_t(b) * gridDim.x + g) * share;
-      if (begin < up_bytes)
-        prefetch_l2(reinterpret_cast<const char*>(up) + begin, size_t(min(share, up_bytes - begin)));
-    }
+  pdl_begin_after_weights(early, [&] {
     if (int(threadIdx.x) < n8) load_slice(int(threadIdx.x));
   });
   __shared__ float red[kHcDownThreads / 32][V];
@@ -684,7 +606,7 @@ __global__ void hc_up_kernel(float* __restrict__ X, const float* __restrict__ ad
                              const float* __restrict__ add_inj, const __half* __restrict__ norm_w,
                              const __half* __restrict__ up, const float* __restrict__ part,
                              const float* __restrict__ ss, int S, int H, int R, int rows, float eps,
-                             float* __restrict__ u, float* __restrict__ inj, WeightsPrologue pro) {
+                             float* __restrict__ u, float* __restrict__ inj, bool early) {
   extern __shared__ float d_s[];  // [T, R]
   __shared__ float rstd[T][kHcMaxStreamsDecode];
   constexpr int P = kHcUpSlices;
@@ -693,10 +615,10 @@ __global__ void hc_up_kernel(float* __restrict__ X, const float* __restrict__ ad
   const bool active = j < H;  // per warp
   const uint4* wr = reinterpret_cast<const uint4*>(up + (int64_t(b) * H + (active ? j : 0)) * R);
   const int64_t W = int64_t(S) * H, c = int64_t(b) * H + j;
-  // The first up-row slices and the norm weight of this lane's element, before the wait with pro.early.
+  // The first up-row slices and the norm weight of this lane's element, before the wait with `early`.
   uint4 raw[P];
   float gn = 0.f;
-  pdl_begin_after_weights(pro, [&] {
+  pdl_begin_after_weights(early, [&] {
 #pragma unroll
     for (int i = 0; i < P; ++i)
       if (active && sub + i * L < r8) raw[i] = __ldg(wr + sub + i * L);
@@ -1166,41 +1088,17 @@ __global__ void qsa_topk_kernel(Layout lay, const float* __restrict__ scores, in
 
 // The templates as sm_70 kernels for the NVRTC check (scripts/check-sm70.sh compiles device code only).
 #define FN_DECODE_KERNELS(TT)                                                                                          \
-  template __global__ void gemv_f16w_f32x_kernel<TT, 1>(const float*, int64_t, int, GemvSegments, int,                 \
-                                                        WeightsPrologue);                                              \
-  template __global__ void gemv_w8_f32x_kernel<TT, false>(const float*, int64_t, int, GemvSegments8, int,              \
-                                                          WeightsPrologue);                                            \
-  template __global__ void gemv_w8_f32x_kernel<TT, true>(const float*, int64_t, int, GemvSegments8, int,               \
-                                                         WeightsPrologue);                                             \
-  template __global__ void gemv_f16w_f32x_kernel<TT, kGemvRows>(const float*, int64_t, int, GemvSegments, int,         \
-                                                                WeightsPrologue);                                      \
+  template __global__ void gemv_f16w_f32x_kernel<TT, 1>(const float*, int64_t, int, GemvSegments, int, bool);          \
+  template __global__ void gemv_w8_f32x_kernel<TT, false>(const float*, int64_t, int, GemvSegments8, int, bool);       \
+  template __global__ void gemv_w8_f32x_kernel<TT, true>(const float*, int64_t, int, GemvSegments8, int, bool);        \
+  template __global__ void gemv_f16w_f32x_kernel<TT, kGemvRows>(const float*, int64_t, int, GemvSegments, int, bool);  \
   template __global__ void shared_down_decode_kernel<TT>(const float*, const float*, const __half*, const float*, int, \
-                                                         int, float*, bool, WeightsPrologue);                          \
+                                                         int, float*, bool, bool);                                     \
   template __global__ void hc_down_kernel<TT>(const float*, const float*, const float*, const __half*, const __half*,  \
-                                              const __half*, int, int, int, int, float*, const __half*, float*,        \
-                                              WeightsPrologue);                                                        \
+                                              const __half*, int, int, int, int, float*, float*, bool);                \
   template __global__ void hc_up_kernel<TT>(float*, const float*, const float*, const __half*, const __half*,          \
                                             const float*, const float*, int, int, int, int, float, float*, float*,     \
-                                            WeightsPrologue);
-#define FN_ROUTER_DECODE(TT)                                                                                        \
-  template __global__ void moe_router_decode_kernel<TT, 8>(const float*, int64_t, const __half*, int, int, int,     \
-                                                           WeightsPrologue, float*, int32_t*, int, bool, int32_t*,  \
-                                                           float*);                                                 \
-  template __global__ void moe_router_decode_kernel<TT, 16>(const float*, int64_t, const __half*, int, int, int,    \
-                                                            WeightsPrologue, float*, int32_t*, int, bool, int32_t*, \
-                                                            float*);                                                \
-  template __global__ void moe_router_decode_kernel<TT, 32>(const float*, int64_t, const __half*, int, int, int,    \
-                                                            WeightsPrologue, float*, int32_t*, int, bool, int32_t*, \
-                                                            float*);
-FN_ROUTER_DECODE(1)
-FN_ROUTER_DECODE(2)
-FN_ROUTER_DECODE(3)
-FN_ROUTER_DECODE(4)
-FN_ROUTER_DECODE(5)
-FN_ROUTER_DECODE(6)
-FN_ROUTER_DECODE(7)
-FN_ROUTER_DECODE(8)
-#undef FN_ROUTER_DECODE
+                                            bool);
 FN_DECODE_KERNELS(1)
 FN_DECODE_KERNELS(2)
 FN_DECODE_KERNELS(3)
@@ -1414,11 +1312,6 @@ unsigned score_slices(int rows, int64_t ld) {
 }
 }  // namespace (NVRTC, used by the SM70 check, compiles device code only)
 namespace {
-/// The weights prologue of the kernels that begin with pdl_begin_after_weights: early_weights() and l2_prefetch()
-/// (kernel_attributes.h).
-WeightsPrologue weights_prologue() {
-  return WeightsPrologue{early_weights(), l2_prefetch()};
-}
 unsigned grid_for(int64_t n) {
   const int64_t blocks = (n + kThreads - 1) / kThreads;
   return unsigned(blocks < 65535 * 16 ? (blocks > 0 ? blocks : 1) : 65535 * 16);  // grid-stride loops cover the rest
@@ -1437,12 +1330,6 @@ bool kernels_wait_for_dependencies() {
 
 cudaError_t launch_noop(cudaStream_t stream) {
   noop_kernel<<<1, 32, 0, stream>>>();
-  return cudaGetLastError();
-}
-
-cudaError_t launch_prefetch_l2(const void* p, int64_t bytes, cudaStream_t stream) {
-  if (bytes <= 0) return cudaSuccess;
-  launch(prefetch_l2_kernel, 1, kThreads, 0, stream, static_cast<const char*>(p), bytes);
   return cudaGetLastError();
 }
 
@@ -1482,22 +1369,6 @@ cudaError_t launch_linear_f32_narrow(const float* x, const __half* w, float* y, 
   return cudaGetLastError();
 }
 
-namespace {
-/// Warps per row of a decode GEMV launch over `groups` row groups: enough in all for about 4,096 warps (16 KB of
-/// 16-byte loads in flight per SM at 4 deep), at most FLASHNEXT_CUDA_GEMV_SPLIT (1, 2, 4 or 8, default 8; 1: one warp
-/// per group, for before/after measurements).
-int gemv_parts(int64_t groups) {
-  static const int max_parts = [] {
-    const char* v = std::getenv("FLASHNEXT_CUDA_GEMV_SPLIT");
-    const int p = v ? std::atoi(v) : kWarps;
-    return p == 1 || p == 2 || p == 4 ? p : kWarps;
-  }();
-  int parts = 1;
-  while (parts < max_parts && groups * parts < 4096) parts *= 2;
-  return parts;
-}
-}  // namespace
-
 cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, int K, const GemvSegments& segments, int tokens,
                                   cudaStream_t stream) {
   if (tokens == 0 || segments.count == 0) return cudaSuccess;
@@ -1521,52 +1392,30 @@ cudaError_t launch_gemv_f16w_f32x(const float* x, int64_t ldx, int K, const Gemv
     seg.groups_end[i] = groups;
   }
   if (groups == 0) return cudaSuccess;
-  const int parts = gemv_parts(groups);  // warps per group
+  // Warps per group: enough in all for about 4,096 warps (16 KB of 16-byte loads in flight per SM at 4 deep), at most
+  // FLASHNEXT_CUDA_GEMV_SPLIT (1, 2, 4 or 8, default 8; 1: one warp per group, for before/after measurements).
+  static const int max_parts = [] {
+    const char* v = std::getenv("FLASHNEXT_CUDA_GEMV_SPLIT");
+    const int p = v ? std::atoi(v) : kWarps;
+    return p == 1 || p == 2 || p == 4 ? p : kWarps;
+  }();
+  int parts = 1;
+  while (parts < max_parts && int64_t(groups) * parts < 4096) parts *= 2;
   const int groups_per_block = kWarps / parts;
   const unsigned blocks = unsigned((int64_t(groups) + groups_per_block - 1) / groups_per_block);
-  const WeightsPrologue pro = weights_prologue();
+  const bool early = early_weights();
   switch (tokens * 2 + (R == 1 ? 0 : 1)) {
-#define FN_GEMV_CASE(TT)                                                                                   \
-  case TT * 2:                                                                                             \
-    launch(gemv_f16w_f32x_kernel<TT, 1>, blocks, kThreads, 0, stream, x, ldx, K, seg, parts, pro);         \
-    break;                                                                                                 \
-  case TT * 2 + 1:                                                                                         \
-    launch(gemv_f16w_f32x_kernel<TT, kGemvRows>, blocks, kThreads, 0, stream, x, ldx, K, seg, parts, pro); \
+#define FN_GEMV_CASE(TT)                                                                                     \
+  case TT * 2:                                                                                               \
+    launch(gemv_f16w_f32x_kernel<TT, 1>, blocks, kThreads, 0, stream, x, ldx, K, seg, parts, early);         \
+    break;                                                                                                   \
+  case TT * 2 + 1:                                                                                           \
+    launch(gemv_f16w_f32x_kernel<TT, kGemvRows>, blocks, kThreads, 0, stream, x, ldx, K, seg, parts, early); \
     break;
     FN_GEMV_CASE(1) FN_GEMV_CASE(2) FN_GEMV_CASE(3) FN_GEMV_CASE(4)
     FN_GEMV_CASE(5) FN_GEMV_CASE(6) FN_GEMV_CASE(7) FN_GEMV_CASE(8)
 #undef FN_GEMV_CASE
     default: return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
-}
-
-bool moe_router_decode_supported(int tokens, int hidden, int experts, int top_k) {
-  return tokens >= 1 && tokens <= kGemvMaxTokens && hidden % 8 == 0 && experts >= 1 && experts <= 32 * 32 &&
-         top_k >= 1 && top_k <= 32 && top_k <= experts;
-}
-
-cudaError_t launch_moe_router_decode(const float* x, int64_t ldx, const __half* w, int hidden, int experts, int tokens,
-                                     int top_k, bool norm, float* logits, int32_t* done, int32_t* ids, float* weights,
-                                     cudaStream_t stream) {
-  if (!moe_router_decode_supported(tokens, hidden, experts, top_k)) return cudaErrorInvalidValue;
-  const int parts = gemv_parts(experts);
-  const unsigned blocks = unsigned((int64_t(experts) + kWarps / parts - 1) / (kWarps / parts));
-  const WeightsPrologue pro = weights_prologue();
-  const int per = (experts + 31) / 32;
-  switch (tokens * 4 + (per <= 8 ? 0 : per <= 16 ? 1 : 2)) {
-#define FN_ROUTER_CASE(TT, I, P)                                                                                 \
-  case TT * 4 + I:                                                                                               \
-    launch(moe_router_decode_kernel<TT, P>, blocks, kThreads, 0, stream, x, ldx, w, hidden, experts, parts, pro, \
-           logits, done, top_k, norm, ids, weights);                                                             \
-    break;
-#define FN_ROUTER_CASES(TT) FN_ROUTER_CASE(TT, 0, 8) FN_ROUTER_CASE(TT, 1, 16) FN_ROUTER_CASE(TT, 2, 32)
-    FN_ROUTER_CASES(1)
-    FN_ROUTER_CASES(2)
-    FN_ROUTER_CASES(3) FN_ROUTER_CASES(4) FN_ROUTER_CASES(5) FN_ROUTER_CASES(6) FN_ROUTER_CASES(7) FN_ROUTER_CASES(8)
-#undef FN_ROUTER_CASES
-#undef FN_ROUTER_CASE
-        default : return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }
@@ -1583,14 +1432,14 @@ cudaError_t launch_gemv_w8_f32x(const float* x, int64_t ldx, int K, const GemvSe
   int parts = 1;
   while (parts < kWarps && int64_t(rows) * parts < 4096) parts *= 2;
   const unsigned blocks = unsigned((int64_t(rows) + kWarps / parts - 1) / (kWarps / parts));
-  const WeightsPrologue pro = weights_prologue();
+  const bool early = early_weights();
   switch (tokens * 2 + (seg.fp8 ? 1 : 0)) {
-#define FN_GEMV8_CASE(TT)                                                                            \
-  case TT * 2:                                                                                       \
-    launch(gemv_w8_f32x_kernel<TT, false>, blocks, kThreads, 0, stream, x, ldx, K, seg, parts, pro); \
-    break;                                                                                           \
-  case TT * 2 + 1:                                                                                   \
-    launch(gemv_w8_f32x_kernel<TT, true>, blocks, kThreads, 0, stream, x, ldx, K, seg, parts, pro);  \
+#define FN_GEMV8_CASE(TT)                                                                              \
+  case TT * 2:                                                                                         \
+    launch(gemv_w8_f32x_kernel<TT, false>, blocks, kThreads, 0, stream, x, ldx, K, seg, parts, early); \
+    break;                                                                                             \
+  case TT * 2 + 1:                                                                                     \
+    launch(gemv_w8_f32x_kernel<TT, true>, blocks, kThreads, 0, stream, x, ldx, K, seg, parts, early);  \
     break;
     FN_GEMV8_CASE(1)
     FN_GEMV8_CASE(2) FN_GEMV8_CASE(3) FN_GEMV8_CASE(4) FN_GEMV8_CASE(5) FN_GEMV8_CASE(6) FN_GEMV8_CASE(7)
@@ -1628,7 +1477,7 @@ cudaError_t launch_shared_down_decode(const float* g, const float* up, const __h
 #define FN_SHARED_CASE(TT)                                                                                          \
   case TT:                                                                                                          \
     launch(shared_down_decode_kernel<TT>, blocks, kThreads, 0, stream, g, up, down, gate_logit, inter, hidden, out, \
-           accumulate, weights_prologue());                                                                         \
+           accumulate, early_weights());                                                                            \
     break;
     FN_SHARED_CASE(1) FN_SHARED_CASE(2) FN_SHARED_CASE(3) FN_SHARED_CASE(4)
     FN_SHARED_CASE(5) FN_SHARED_CASE(6) FN_SHARED_CASE(7) FN_SHARED_CASE(8)
@@ -1661,14 +1510,14 @@ cudaError_t launch_hc_read_decode(float* X, const float* add_out, const float* a
   const unsigned down_threads = unsigned(std::min(kHcDownThreads, (hidden / 8 + 31) / 32 * 32));
   const unsigned up_blocks = unsigned((hidden + kWarps - 1) / kWarps);
   const size_t up_smem = size_t(tokens) * rank * sizeof(float);
-  const WeightsPrologue pro = weights_prologue();
+  const bool early = early_weights();
   switch (tokens) {
 #define FN_HC_CASE(TT)                                                                                                 \
   case TT:                                                                                                             \
     launch(hc_down_kernel<TT>, down_grid, down_threads, 0, stream, X, add_out, add_inj, norm_w, down, inject, streams, \
-           hidden, rank, rows, part, up, ss, pro);                                                                     \
+           hidden, rank, rows, part, ss, early);                                                                       \
     launch(hc_up_kernel<TT>, up_blocks, kThreads, up_smem, stream, X, add_out, add_inj, norm_w, up, part, ss, streams, \
-           hidden, rank, rows, eps, u, inj, pro);                                                                      \
+           hidden, rank, rows, eps, u, inj, early);                                                                    \
     break;
     FN_HC_CASE(1) FN_HC_CASE(2) FN_HC_CASE(3) FN_HC_CASE(4)
     FN_HC_CASE(5) FN_HC_CASE(6) FN_HC_CASE(7) FN_HC_CASE(8)

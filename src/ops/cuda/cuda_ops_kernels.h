@@ -64,13 +64,9 @@ struct GemvSegments8 {
 #ifndef __CUDACC_RTC__  // host launchers
 /// y[i] = fp16(x[i]) (round to nearest even) for i < n.
 cudaError_t launch_f32_to_f16(const float* x, __half* y, int64_t n, cudaStream_t stream);
+/// y[i] = float(x[i]).
 /// One empty kernel (one warp): what a launch costs on its own.
 cudaError_t launch_noop(cudaStream_t stream);
-/// Requests bytes [p, p + bytes) into L2 (prefetch_l2, device_math.cuh) once the kernel ahead has finished: one block
-/// whose threads issue 64 KB pieces; it ends when they are issued, not when they arrive. Only a hint (no result
-/// depends on it); on a GPU below 9.0 the kernel is empty (callers skip it there: kernels_wait_for_dependencies).
-cudaError_t launch_prefetch_l2(const void* p, int64_t bytes, cudaStream_t stream);
-/// y[i] = float(x[i]).
 cudaError_t launch_f16_to_f32(const __half* x, float* y, int64_t n, cudaStream_t stream);
 /// dst[i] = fp16(src[i]) for a checkpoint tensor of `src_type`; stats[0] += the number of values outside the FP16
 /// range (|x| > 65504, infinities and NaN included), stats[1] = max(stats[1], bits of the largest finite |x|).
@@ -106,17 +102,6 @@ cudaError_t launch_w8_to_f16(const uint8_t* codes, bool fp8, const float* scale,
 /// weight applied after its product over the exact codes.
 cudaError_t launch_scale_columns(float* y, int64_t rows, int cols, int64_t ldy, const float* scale, const __half* bias,
                                  cudaStream_t stream);
-/// Whether launch_moe_router_decode takes these sizes: tokens 1..kGemvMaxTokens, hidden a multiple of 8, experts
-/// 1..1024, top_k 1..min(32, experts).
-bool moe_router_decode_supported(int tokens, int hidden, int experts, int top_k);
-/// A decode step's MoE router in one launch (MODEL.md "MoE block"): logits [tokens, experts] = x [tokens, hidden]
-/// (float32, row stride ldx, 16-byte aligned) times w [experts, hidden]^T (FP16, 16-byte aligned), float32 as
-/// launch_gemv_f16w_f32x computes them, then in the launch's last block per token the softmax top-k of
-/// launch_moe_router_topk into ids / weights [tokens, top_k]. done: a device counter that is 0 before and is 0 again
-/// after (no two launches may use it at once). cudaErrorInvalidValue outside moe_router_decode_supported.
-cudaError_t launch_moe_router_decode(const float* x, int64_t ldx, const __half* w, int hidden, int experts, int tokens,
-                                     int top_k, bool norm, float* logits, int32_t* done, int32_t* ids, float* weights,
-                                     cudaStream_t stream);
 /// Whether launch_hc_read_decode takes these sizes: tokens <= kGemvMaxTokens, streams a power of two <= 8, hidden
 /// and rank multiples of 8, tokens * rank floats of d within 48 KiB of shared memory.
 bool hc_read_decode_supported(int tokens, int streams, int hidden, int rank);

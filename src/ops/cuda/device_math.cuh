@@ -21,41 +21,15 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 
-/// What a kernel that begins with pdl_begin_after_weights does with its weights before the wait on the kernel ahead
-/// (host side: weights_prologue(), kernel_attributes.h). Neither changes a result.
-struct WeightsPrologue {
-  bool early = true;  ///< its first weight loads issued before the wait (FLASHNEXT_CUDA_EARLY_WEIGHTS=0: after)
-  bool l2 = true;     ///< its weight rows requested into L2 first (prefetch_l2; FLASHNEXT_CUDA_L2_PREFETCH=0: not)
-};
-
-/// Asks the L2 cache to fetch bytes [p, p + bytes) (p rounded down and the end up to 16 bytes) while the caller goes
-/// on: one cp.async.bulk.prefetch.L2 instruction, which the copy engine of the SM serves in the background; nothing
-/// waits for it and no register holds it. A decode kernel whose loads are limited by its resident warps (a GEMV of
-/// a few rows per block) issues its block's whole weight range at once so that the DRAM queue stays full, or the
-/// weights of the kernel after it (hc_down: the up rows of hc_up). Only a hint: the loads that follow read memory as
-/// before (a line not yet in L2 is fetched as without it), so results never depend on it. Compute capability 9.0
-/// and newer; nothing below (a V100's 6 MB L2 would hold little of it). Call it for weights only, memory that no
-/// kernel writes while steps run (it may run before the wait on the kernel ahead).
-__device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (bytes == 0) return;
-  const size_t a = __cvta_generic_to_global(p), lo = a & ~size_t(15), hi = (a + bytes + 15) & ~size_t(15);
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(lo), "r"(uint32_t(hi - lo)) : "memory");
-#else
-  (void)p;
-  (void)bytes;
-#endif
-}
-
-/// pdl_begin() with a weights prologue, the only other way a kernel launched by launch() may begin: with pro.early,
+/// pdl_begin() with a weights prologue, the only other way a kernel launched by launch() may begin: with `early`,
 /// load_weights() runs first, so that its loads are in flight while the kernel ahead still runs, then pdl_begin();
 /// without, pdl_begin() first. load_weights may read only weights, memory that no kernel writes while steps run (the
-/// model's weights, written at load: the weight operands of the ops, ops.h), and may write only registers (or issue
-/// prefetch_l2 where pro.l2); the caller passes `pro` from weights_prologue() (kernel_attributes.h).
+/// model's weights, written at load: the weight operands of the ops, ops.h), and may write only registers; the
+/// caller passes `early` from early_weights() (kernel_attributes.h: FLASHNEXT_CUDA_EARLY_WEIGHTS=0 turns it off).
 /// Below compute capability 9.0 the order makes no difference: the kernel starts after the one ahead has finished.
 template <class LoadWeights>
-__device__ __forceinline__ void pdl_begin_after_weights(WeightsPrologue pro, LoadWeights&& load_weights) {
-  if (pro.early) {
+__device__ __forceinline__ void pdl_begin_after_weights(bool early, LoadWeights&& load_weights) {
+  if (early) {
     load_weights();
     pdl_begin();
   } else {

@@ -52,21 +52,6 @@ inline bool early_weights() {
   return on;
 }
 
-/// L2 prefetch of the decode kernels' weights (prefetch_l2, device_math.cuh; compute capability 9.0+): 1 unless the
-/// environment says FLASHNEXT_CUDA_L2_PREFETCH=0 (read at the first launch) or set_cuda_l2_prefetch(false)
-/// (cuda_ops.h) was called. The results do not depend on it.
-inline std::atomic<int>& l2_prefetch_setting() {
-  static std::atomic<int> setting{[] {
-    const char* v = std::getenv("FLASHNEXT_CUDA_L2_PREFETCH");
-    return v && std::strcmp(v, "0") == 0 ? 0 : 1;
-  }()};
-  return setting;
-}
-/// Whether the next launches ask their kernels to prefetch (l2_prefetch_setting).
-inline bool l2_prefetch() {
-  return l2_prefetch_setting().load(std::memory_order_relaxed) != 0;
-}
-
 /// The PTX version (major * 10 + minor of the compute capability it was compiled for) of `kernel`'s code for the
 /// current device, the image cudaFuncGetAttributes picks; 0 when a query fails. It says which instructions the code
 /// holds: a build whose only device code is compute_70 PTX (scripts/nvcc-ptx70.py), JIT-compiled on an H100, reports

@@ -9,22 +9,75 @@
 #endif
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/moe_kernels.h"
-#include "ops/cuda/moe_router_topk.cuh"
 
 namespace flashnext::cuda::detail {
 namespace {
 
 using namespace nvcuda;
 
-// One warp per token: router_topk_warp (moe_router_topk.cuh) over its logits row.
+// One warp per token: p = softmax(logits) in FP32, the top_k by (higher p, then lower expert index), optionally
+// renormalised to sum 1. kPer logits per lane (experts <= 32 kPer; launch_moe_router_topk picks the smallest).
 template <int kPer>
 __global__ void moe_router_topk_kernel(const float* __restrict__ logits, int64_t ld, int tokens, int experts, int top_k,
                                        bool norm, int32_t* __restrict__ ids, float* __restrict__ weights) {
   pdl_begin();
-  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
   if (warp >= tokens) return;
-  router_topk_warp<kPer>(logits + int64_t(warp) * ld, experts, top_k, norm, ids + int64_t(warp) * top_k,
-                         weights + int64_t(warp) * top_k);
+  const float* row = logits + int64_t(warp) * ld;
+  float v[kPer];
+  float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < experts ? row[e] : -__int_as_float(0x7f800000);
+    mx = fmaxf(mx, v[i]);
+  }
+  mx = warp_max(mx);
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < experts ? expf(v[i] - mx) : -1.f;  // probabilities are >= 0; -1 marks "not an expert"
+    if (e < experts) sum += v[i];
+  }
+  sum = warp_sum(sum);
+  const float inv = 1.f / sum;
+  float picked_sum = 0.f, my_w = 0.f;
+  int my_id = 0;
+  for (int j = 0; j < top_k; ++j) {
+    float best = -2.f;
+    int bi = 0x7fffffff;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int e = lane + 32 * i;
+      if (v[i] > best) {  // strict: the lowest index wins among this lane's equals
+        best = v[i];
+        bi = e;
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ob > best || (ob == best && oi < bi)) {
+        best = ob;
+        bi = oi;
+      }
+    }
+    const float p = best * inv;
+    if (lane == j) {
+      my_w = p;
+      my_id = bi;
+    }
+    picked_sum += p;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (lane + 32 * i == bi) v[i] = -3.f;
+  }
+  if (lane < top_k) {
+    ids[int64_t(warp) * top_k + lane] = my_id;
+    weights[int64_t(warp) * top_k + lane] = norm ? my_w / picked_sum : my_w;
+  }
 }
 
 // One block: counting sort of the token slots (slot = token*top_k + j) by expert, and the GEMM tile list

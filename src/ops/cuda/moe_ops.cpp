@@ -4,8 +4,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <vector>
 
@@ -24,20 +22,6 @@ void CudaOps::moe_router_topk(const Tensor& u, const Tensor& router, bool norm_t
            detail::kMoeMaxTopK);
   if (T == 0) return;
   Tensor logits = alloc({T, E}, DType::F32, "router logits");
-  // A decode step's router in one launch (the GEMV's logits, then the top-k in its last block), unless
-  // FLASHNEXT_CUDA_ROUTER_DECODE=0; the same logits, picks and weights as the two launches below.
-  static const bool one_launch = [] {
-    const char* v = std::getenv("FLASHNEXT_CUDA_ROUTER_DECODE");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
-  if (one_launch && !router.has_scales() && router.dtype() == DType::F16 && aligned16(u) && aligned16(router) &&
-      detail::moe_router_decode_supported(int(T), int(H), int(E), int(k))) {
-    FN_CUDA_CHECK(detail::launch_moe_router_decode(dp<const float>(u), H, dp<__half>(router), int(H), int(E), int(T),
-                                                   int(k), norm_topk_prob, dp<float>(logits), ctx_->router_done,
-                                                   dp<int32_t>(ids), dp<float>(weights), stream()),
-                  op);
-    return;
-  }
   const Tensor rw[] = {router}, rl[] = {logits};
   // Float32-accurate either way: the decode GEMV, or the FP16x2 tensor-core product for more rows.
   if (!gemv_group(u, rw, rl, {}, "moe_router_topk logits"))

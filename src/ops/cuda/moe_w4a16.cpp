@@ -687,12 +687,12 @@ void routed(const MoeW4A16Experts& w, const TU* u, int64_t ldu, int tokens, cons
   if (path == W4Path::Gemv || path == W4Path::GemvFma) {  // two launches, no grouping pass
     const bool mma = path == W4Path::Gemv && gemv_tensor_cores_allowed();
     if constexpr (f32_in)
-      FN_CUDA_CHECK(detail::launch_w4_gemv_gate_up(gu, u, ldu, ids, slots, ws.top_k, E, I, ws.h.get(), ws.status.get(),
-                                                   stream, &dn),
-                    "moe_w4a16_routed gemv gate_up");
+      FN_CUDA_CHECK(
+          detail::launch_w4_gemv_gate_up(gu, u, ldu, ids, slots, ws.top_k, E, I, ws.h.get(), ws.status.get(), stream),
+          "moe_w4a16_routed gemv gate_up");
     else
       FN_CUDA_CHECK(detail::launch_w4_gemv_gate_up(gu, u, ldu, ids, slots, ws.top_k, E, I, ws.h.get(), ws.status.get(),
-                                                   mma && detail::w4_gemv_tensor_cores(gu), stream, &dn),
+                                                   mma && detail::w4_gemv_tensor_cores(gu), stream),
                     "moe_w4a16_routed gemv gate_up");
     repeat_h();
     wait_for_shared();

@@ -650,18 +650,6 @@ __device__ __forceinline__ void w4_mma_block(const W4Mat& w, int64_t row_lo, int
   __syncthreads();
 }
 
-// Requests rows [row0, row0 + n) of w (rows of the [E * rows] stack: expert e's row r is e * rows + r) into L2: their
-// codes and group scales (prefetch_l2; the zero points and row multipliers are left to the loads). One thread calls
-// it; nothing waits on it.
-__device__ __forceinline__ void w4_prefetch_rows(const W4Mat& w, int64_t row0, int n) {
-  if (n <= 0) return;
-  prefetch_l2(w.codes + row0 * w.wpr, size_t(n) * w.wpr * sizeof(uint32_t));
-  if (w.fp8)
-    prefetch_l2(w.fscales + row0 * w.groups, size_t(n) * w.groups * sizeof(float));
-  else
-    prefetch_l2(w.scales + row0 * w.groups, size_t(n) * w.groups * sizeof(__half));
-}
-
 // Dynamic shared memory of the tensor-core GEMV kernels for rows of `cols` inputs: the staged activations (whole
 // super-chunks of 16 words, each 8 words followed by a padding word).
 constexpr size_t w4_mma_smem(int cols) {
@@ -670,13 +658,11 @@ constexpr size_t w4_mma_smem(int cols) {
 
 // Block (s, y): slot s, gate rows y*8 .. y*8+7 and the matching up rows as one 16-row tile (tile rows 0-7 gate,
 // 8-15 up), all kW4MmaWarps warps on it. h[s, n] = fp16(silu(G(g)) * G(u)). TU: the activations' type (W4MmaX).
-// With l2, the block first requests its 16 rows into L2 and, where next.codes is set (the down matrix), its share
-// (one of gridDim.y) of the slot's expert's rows of next, which the down GEMV then reads from L2 (w4_prefetch_rows).
 template <bool NVFP4, class TU>
 __global__ void __launch_bounds__(kW4MmaWarps * 32, kW4MmaMinBlocks)
     w4_gemv_mma_gate_up_kernel(W4Mat w, const TU* __restrict__ u, int64_t ldu, const int32_t* __restrict__ ids,
-                               int top_k, int experts, int inter, __half* __restrict__ h, int32_t* __restrict__ status,
-                               W4Mat next, bool l2) {
+                               int top_k, int experts, int inter, __half* __restrict__ h,
+                               int32_t* __restrict__ status) {
   pdl_begin();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ uint4 xs[];
@@ -694,14 +680,6 @@ __global__ void __launch_bounds__(kW4MmaWarps * 32, kW4MmaMinBlocks)
   const int g = (int(threadIdx.x) & 31) >> 2, n0 = int(blockIdx.y) * 8;
   const int64_t base = int64_t(e) * w.rows;
   const int n = min(n0 + g, inter - 1);
-  if (l2 && threadIdx.x < 3) {
-    if (threadIdx.x < 2) {
-      w4_prefetch_rows(w, base + (threadIdx.x ? inter : 0) + n0, min(8, inter - n0));
-    } else if (next.codes) {
-      const int share = (next.rows + int(gridDim.y) - 1) / int(gridDim.y), r0 = int(blockIdx.y) * share;
-      w4_prefetch_rows(next, int64_t(e) * next.rows + r0, min(share, next.rows - r0));
-    }
-  }
   const bool out_lane = threadIdx.x < 8 && n0 + int(threadIdx.x) < inter;
   const int nn = n0 + int(threadIdx.x);
   float gg = 0.f, gu = 0.f;  // the row multipliers, loaded ahead
@@ -720,14 +698,13 @@ __global__ void __launch_bounds__(kW4MmaWarps * 32, kW4MmaMinBlocks)
 }
 
 // Block (s, y): slot s, rows y * 16 * kW4MmaDownTiles .. (kW4MmaDownTiles tiles, kW4MmaWarps / kW4MmaDownTiles warps
-// each): ys[s, n] = fp16(weights[s] * G(y)), then w4_gemv_combine. With l2 the block first requests its rows into L2
-// (w4_prefetch_rows).
+// each): ys[s, n] = fp16(weights[s] * G(y)), then w4_gemv_combine.
 template <bool NVFP4, class TO>
 __global__ void __launch_bounds__(kW4MmaWarps * 32, kW4MmaMinBlocks)
     w4_gemv_mma_down_kernel(W4Mat w, const __half* __restrict__ h, const int32_t* __restrict__ ids,
                             const float* __restrict__ weights, int top_k, int experts, int hidden, int inter,
                             __half* ys, int32_t* __restrict__ done, const float* __restrict__ shared,
-                            TO* __restrict__ out, int64_t ldo, bool l2) {
+                            TO* __restrict__ out, int64_t ldo) {
   pdl_begin();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int kRows = 16 * kW4MmaDownTiles;
@@ -743,7 +720,6 @@ __global__ void __launch_bounds__(kW4MmaWarps * 32, kW4MmaMinBlocks)
     const int warp = int(threadIdx.x) >> 5, g = (int(threadIdx.x) & 31) >> 2;
     const int tile0 = r0 + (warp / (kW4MmaWarps / kW4MmaDownTiles)) * 16;
     const int64_t base = int64_t(e) * w.rows;
-    if (l2 && threadIdx.x == 0) w4_prefetch_rows(w, base + r0, min(kRows, hidden - r0));
     const int n = r0 + int(threadIdx.x);
     const bool out_lane = threadIdx.x < kRows && n < hidden;
     float gn = 0.f, ws = 0.f;  // the row multiplier and the slot's routing weight, loaded ahead
@@ -764,7 +740,7 @@ __global__ void __launch_bounds__(kW4MmaWarps * 32, kW4MmaMinBlocks)
 
 #define FN_W4_GEMV_MMA_GATE_UP(NV, TU)                                                                             \
   template __global__ void w4_gemv_mma_gate_up_kernel<NV, TU>(W4Mat, const TU*, int64_t, const int32_t*, int, int, \
-                                                              int, __half*, int32_t*, W4Mat, bool);
+                                                              int, __half*, int32_t*);
 FN_W4_GEMV_MMA_GATE_UP(true, __half)
 FN_W4_GEMV_MMA_GATE_UP(true, float)
 FN_W4_GEMV_MMA_GATE_UP(false, __half)
@@ -773,7 +749,7 @@ FN_W4_GEMV_MMA_GATE_UP(false, float)
 #define FN_W4_GEMV_MMA_DOWN(NV, TO)                                                                                 \
   template __global__ void w4_gemv_mma_down_kernel<NV, TO>(W4Mat, const __half*, const int32_t*, const float*, int, \
                                                            int, int, int, __half*, int32_t*, const float*, TO*,     \
-                                                           int64_t, bool);
+                                                           int64_t);
 FN_W4_GEMV_MMA_DOWN(true, __half)
 FN_W4_GEMV_MMA_DOWN(true, float)
 FN_W4_GEMV_MMA_DOWN(false, __half)
@@ -1238,20 +1214,6 @@ cudaError_t launch_repeat_cols_f16(const __half* src, int64_t ld, int rows, int 
   return cudaGetLastError();
 }
 
-namespace {
-/// The `next` argument of the tensor-core gate/up GEMV: the down matrix whose slot experts' rows it requests into L2
-/// (w4_gemv_mma_gate_up_kernel), or none (codes null) where no down matrix is given, l2_prefetch() is off, or the
-/// slots' down rows would exceed kW4DownPrefetchBytes (more than L2 keeps for the next launch: at 8 tokens the 80
-/// slots' rows of the released experts would be 80 MB).
-constexpr int64_t kW4DownPrefetchBytes = int64_t(16) << 20;
-W4Mat w4_down_prefetch(const W4Mat* down, int slots) {
-  if (!down || !l2_prefetch()) return W4Mat{};
-  const int64_t per_expert =
-      int64_t(down->rows) * (int64_t(down->wpr) * 4 + int64_t(down->groups) * (down->fp8 ? 4 : 2));
-  return int64_t(slots) * per_expert <= kW4DownPrefetchBytes ? *down : W4Mat{};
-}
-}  // namespace
-
 bool w4_gemv_tensor_cores(const W4Mat& w) {
   // Dynamic shared memory within the 48 KB a launch gets without opting in, with 1 KB left for the kernels' static
   // arrays (at most 400 bytes).
@@ -1265,13 +1227,12 @@ bool w4_gemv_tensor_cores_compiled() {
 
 cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const __half* u, int64_t ldu, const int32_t* ids, int slots,
                                    int top_k, int experts, int inter, __half* h, int32_t* status, bool tensor_cores,
-                                   cudaStream_t stream, const W4Mat* down) {
+                                   cudaStream_t stream) {
   if (slots == 0) return cudaSuccess;
   if (tensor_cores && !w.fp8) {  // (callers ask only where w4_gemv_tensor_cores(w))
     const dim3 grid(slots, (inter + 7) / 8);
     launch((w.nvfp4 ? w4_gemv_mma_gate_up_kernel<true, __half> : w4_gemv_mma_gate_up_kernel<false, __half>), grid,
-           kW4MmaWarps * 32, w4_mma_smem(w.cols), stream, w, u, ldu, ids, top_k, experts, inter, h, status,
-           w4_down_prefetch(down, slots), l2_prefetch());
+           kW4MmaWarps * 32, w4_mma_smem(w.cols), stream, w, u, ldu, ids, top_k, experts, inter, h, status);
     return cudaGetLastError();
   }
   const dim3 grid(slots, w4_gemv_row_blocks(inter, w4_code_cols(w), kW4GemvOutsGateUp));
@@ -1284,15 +1245,13 @@ cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const __half* u, int64_t ldu,
 }
 
 cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const float* u, int64_t ldu, const int32_t* ids, int slots,
-                                   int top_k, int experts, int inter, __half* h, int32_t* status, cudaStream_t stream,
-                                   const W4Mat* down) {
+                                   int top_k, int experts, int inter, __half* h, int32_t* status, cudaStream_t stream) {
   if (slots == 0) return cudaSuccess;
   if (!w4_gemv_tensor_cores(w) || ldu % 4 != 0 || reinterpret_cast<uintptr_t>(u) % 16 != 0)
     return cudaErrorInvalidValue;
   const dim3 grid(slots, (inter + 7) / 8);
   launch((w.nvfp4 ? w4_gemv_mma_gate_up_kernel<true, float> : w4_gemv_mma_gate_up_kernel<false, float>), grid,
-         kW4MmaWarps * 32, w4_mma_smem(w.cols), stream, w, u, ldu, ids, top_k, experts, inter, h, status,
-         w4_down_prefetch(down, slots), l2_prefetch());
+         kW4MmaWarps * 32, w4_mma_smem(w.cols), stream, w, u, ldu, ids, top_k, experts, inter, h, status);
   return cudaGetLastError();
 }
 
@@ -1304,8 +1263,7 @@ cudaError_t launch_w4_gemv_down(const W4Mat& w, const __half* h, const int32_t* 
   if (tensor_cores && !w.fp8) {
     const dim3 grid(tokens * top_k, (hidden + 16 * kW4MmaDownTiles - 1) / (16 * kW4MmaDownTiles));
     launch((w.nvfp4 ? w4_gemv_mma_down_kernel<true, TO> : w4_gemv_mma_down_kernel<false, TO>), grid, kW4MmaWarps * 32,
-           w4_mma_smem(w.cols), stream, w, h, ids, weights, top_k, experts, hidden, inter, ys, done, shared, out, ldo,
-           l2_prefetch());
+           w4_mma_smem(w.cols), stream, w, h, ids, weights, top_k, experts, hidden, inter, ys, done, shared, out, ldo);
     return cudaGetLastError();
   }
   const dim3 grid(tokens * top_k, w4_gemv_row_blocks(hidden, w4_code_cols(w), kW4GemvOutsDown));

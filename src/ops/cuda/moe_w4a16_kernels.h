@@ -80,19 +80,15 @@ cudaError_t launch_w4_align(const int32_t* ids, int slots, int experts, int32_t*
                             int32_t* status, cudaStream_t stream);
 /// GEMV path (decode), gate/up, one slot per block column: h[s, n] = fp16(silu(g) * u) of expert ids[s] on token
 /// s / top_k, for every slot s < slots. Ids outside [0, E) are skipped and set *status. tensor_cores: the mma.sync
-/// kernel (only where w4_gemv_tensor_cores(w)), else the FP32-FMA one. down (optional): the down matrix the next
-/// launch reads, whose rows of the slots' experts the tensor-core kernel requests into L2 on compute capability 9.0+
-/// where they fit (at most 16 MB in all; l2_prefetch(), kernel_attributes.h); results do not depend on it.
+/// kernel (only where w4_gemv_tensor_cores(w)), else the FP32-FMA one.
 cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const __half* u, int64_t ldu, const int32_t* ids, int slots,
                                    int top_k, int experts, int inter, __half* h, int32_t* status, bool tensor_cores,
-                                   cudaStream_t stream, const W4Mat* down = nullptr);
+                                   cudaStream_t stream);
 /// The tensor-core gate/up GEMV (only where w4_gemv_tensor_cores(w)) over FP32 activations u (ldu a multiple of 4,
 /// 16-byte aligned rows), rounded to FP16 as the kernel stages them: h as the FP16 form's on an FP16 copy of u.
 /// cudaErrorInvalidValue where w4_gemv_tensor_cores(w) is false (FP8 experts, a GPU below SM80) or u is misaligned.
-/// down as in the FP16 form.
 cudaError_t launch_w4_gemv_gate_up(const W4Mat& w, const float* u, int64_t ldu, const int32_t* ids, int slots,
-                                   int top_k, int experts, int inter, __half* h, int32_t* status, cudaStream_t stream,
-                                   const W4Mat* down = nullptr);
+                                   int top_k, int experts, int inter, __half* h, int32_t* status, cudaStream_t stream);
 /// GEMV path, down and combine in one kernel: ys[s, n] = fp16(weights[s] * down_{ids[s]}(h[s])); the last block of
 /// each (token, row block) to finish (counted in done [tokens, w4_gemv_down_row_blocks(H, w4_code_cols(w))], zero
 /// before and after) writes out[t, n] = the FP32 sum of the token's valid slots in slot order (+ shared[t, n], the

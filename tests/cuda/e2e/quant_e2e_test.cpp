@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <random>
@@ -363,35 +362,6 @@ TEST_P(QuantGpu, TensorParallelTwoRanksMatchReference) {
   SequenceState seq = model->new_sequence();
   check_rows(fmt + " short TP 2", model->forward(seq, ids, LogitsMode::All), ref.f32("short.logits"),
              ref.i64("short.argmax"), 0, int64_t(ids.size()), model->config().vocab_size);
-}
-
-// The decode kernels' L2 prefetch (set_cuda_l2_prefetch; device_math.cuh prefetch_l2) is a hint: a prefill and six
-// greedy decode steps give bit for bit the logits they give without it, over every format's decode kernels (the
-// W4A16 tensor-core GEMVs, whose gate/up requests the down matrix's rows, the FP32-FMA and 8-bit GEMVs, the dense
-// GEMV, the hyper-connection read). Below compute capability 9.0 both runs are the same code.
-TEST_P(QuantGpu, L2PrefetchSameLogits) {
-  const std::string fmt = GetParam();
-  Reference ref(Reference::AtPath{quant_dir(fmt) + "/reference.safetensors"});
-  Model& model = quant_model(fmt);
-  const int64_t V = model.config().vocab_size;
-  const auto ids = ref.ids("short");
-  auto run = [&](bool on) {
-    set_cuda_l2_prefetch(on);
-    SequenceState seq = model.new_sequence();
-    std::vector<float> all = model.forward(seq, ids, LogitsMode::Last);
-    for (int step = 0; step < 6; ++step) {
-      const int32_t next = int32_t(argmax(&all[all.size() - size_t(V)], V));
-      const std::vector<float> last = model.forward(seq, std::vector<int32_t>{next}, LogitsMode::Last);
-      all.insert(all.end(), last.begin(), last.end());
-    }
-    return all;
-  };
-  const bool was = cuda_l2_prefetch();
-  const std::vector<float> with = run(true), without = run(false);
-  set_cuda_l2_prefetch(was);
-  ASSERT_EQ(with.size(), without.size());
-  EXPECT_EQ(0, std::memcmp(with.data(), without.data(), with.size() * sizeof(float)))
-      << fmt << ": logits differ with and without the L2 prefetch";
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, QuantGpu, ::testing::ValuesIn(kFormats), [](const auto& info) {
