@@ -1007,13 +1007,44 @@ __device__ __forceinline__ uint32_t score_key(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// Exclusive prefix sum of v over the block's threads in thread order (blockDim.x == kThreads), returned to each
+// thread, with the block's sum in `total`; warp_total: kWarps ints of shared memory. Two barriers: every thread of the
+// block calls it.
+__device__ __forceinline__ int block_exclusive_scan(int v, int* warp_total, int& total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int incl = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int n = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += n;
+  }
+  if (lane == 31) warp_total[warp] = incl;
+  __syncthreads();
+  int before = 0;
+  total = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    before += w < warp ? warp_total[w] : 0;
+    total += warp_total[w];
+  }
+  __syncthreads();  // warp_total may be rewritten by the next call
+  return before + incl - v;
+}
+
+// Keys of a scores row that qsa_topk_kernel's radix passes hold in registers per thread (rows of up to
+// kThreads * kQsaTopkKeyRegs items, an 8K context at the released compress ratio); longer rows are read again.
+constexpr int kQsaTopkKeyRegs = 8;
+static_assert(kThreads == 256, "qsa_topk_kernel: one thread per radix bin");
+
 // One block per query token with more complete blocks than top_blocks: the top_blocks indices of its scores row that
 // torch.topk (CPU) would choose, written to top[blockIdx.x]. A 4-pass radix select finds the k-th largest key and
-// how many of the items equal to it are taken; when that is all of them (no tie across the k-th score) the choice
-// is the set of items at or above it, written in index order by an ordered compaction; otherwise (a tie across the
-// boundary, or a NaN) one thread runs torch's own selection (ops/torch_topk_order.h) on the row, held in shared
-// memory where the launch gave `smem_items` >= the row's items of it (a single thread's selection waits on every
-// access: shared memory's latency, not L2's), else in `scratch`.
+// how many of the items equal to it are taken (each pass a histogram of the next 8 bits, one thread per bin, and a
+// block scan from the top bin down that the one bin holding the k-th key recognises); when that is all of them (no
+// tie across the k-th score) the choice is the set of items at or above it, written in index order by an ordered
+// compaction (a block scan of the threads' counts); otherwise (a tie across the boundary, or a NaN) one thread runs
+// torch's own selection (ops/torch_topk_order.h) on the row, held in shared memory where the launch gave
+// `smem_items` >= the row's items of it (a single thread's selection waits on every access: shared memory's latency,
+// not L2's), else in `scratch`.
 template <class Layout>
 __global__ void qsa_topk_kernel(Layout lay, const float* __restrict__ scores, int64_t ld, int block, int top_blocks,
                                 int t0, topk::Scored* __restrict__ scratch, int32_t* __restrict__ top, int smem_items) {
@@ -1028,30 +1059,52 @@ __global__ void qsa_topk_kernel(Layout lay, const float* __restrict__ scores, in
   __shared__ uint32_t prefix, mask, eq_count;
   __shared__ int64_t remaining;
   __shared__ int has_nan;
-  __shared__ int32_t counts[kThreads];
+  __shared__ int warp_total[kWarps];
   if (threadIdx.x == 0) prefix = 0, mask = 0, remaining = top_blocks, has_nan = 0;
+  __syncthreads();  // has_nan is set below
+  const bool in_regs = nb <= int64_t(kThreads) * kQsaTopkKeyRegs;
+  uint32_t keys[kQsaTopkKeyRegs];
+  if (in_regs) {
+    bool nan = false;
+#pragma unroll
+    for (int i = 0; i < kQsaTopkKeyRegs; ++i) {
+      const int64_t j = threadIdx.x + int64_t(i) * kThreads;
+      const float f = j < nb ? s[j] : 0.f;
+      nan |= f != f;
+      keys[i] = score_key(f);
+    }
+    if (nan) has_nan = 1;
+  }
   for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int i = threadIdx.x; i < 256; i += kThreads) hist[i] = 0;
+    hist[threadIdx.x] = 0;
     __syncthreads();
-    for (int64_t j = threadIdx.x; j < nb; j += kThreads) {
-      const float f = s[j];
-      if (f != f) has_nan = 1;
-      const uint32_t key = score_key(f);
-      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+    if (in_regs) {
+#pragma unroll
+      for (int i = 0; i < kQsaTopkKeyRegs; ++i)
+        if (threadIdx.x + int64_t(i) * kThreads < nb && (keys[i] & mask) == prefix)
+          atomicAdd(&hist[(keys[i] >> shift) & 255u], 1u);
+    } else {
+      for (int64_t j = threadIdx.x; j < nb; j += kThreads) {
+        const float f = s[j];
+        if (f != f) has_nan = 1;
+        const uint32_t key = score_key(f);
+        if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+      }
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      int64_t above = 0;
-      for (int d = 255; d >= 0; --d) {
-        if (above + hist[d] >= remaining) {
-          remaining -= above;
-          prefix |= uint32_t(d) << shift;
-          mask |= 255u << shift;
-          eq_count = hist[d];
-          break;
-        }
-        above += hist[d];
-      }
+    // Thread i takes bin d = 255 - i: the scan gives the items in the bins above d, and the k-th largest key is in
+    // the one bin d with above < remaining <= above + hist[d] (the highest bin whose cumulative count from the top
+    // reaches `remaining`).
+    const int64_t rem = remaining;  // read by every thread before the bin that holds the k-th key rewrites it
+    const int d = 255 - int(threadIdx.x);
+    const int h = int(hist[d]);
+    int total;
+    const int above = block_exclusive_scan(h, warp_total, total);
+    if (above < rem && above + h >= rem) {
+      remaining = rem - above;
+      prefix |= uint32_t(d) << shift;
+      mask |= 255u << shift;
+      eq_count = uint32_t(h);
     }
     __syncthreads();
   }
@@ -1060,18 +1113,8 @@ __global__ void qsa_topk_kernel(Layout lay, const float* __restrict__ scores, in
     const int64_t j1 = j0 + chunk < nb ? j0 + chunk : nb;
     int32_t c = 0;
     for (int64_t j = j0; j < j1; ++j) c += score_key(s[j]) >= prefix;
-    counts[threadIdx.x] = c;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int32_t acc = 0;
-      for (int i = 0; i < kThreads; ++i) {
-        const int32_t v = counts[i];
-        counts[i] = acc;
-        acc += v;
-      }
-    }
-    __syncthreads();
-    int32_t at = counts[threadIdx.x];
+    int total;
+    int32_t at = block_exclusive_scan(c, warp_total, total);
     for (int64_t j = j0; j < j1; ++j)
       if (score_key(s[j]) >= prefix) out[at++] = int32_t(j);
     return;
