@@ -234,7 +234,8 @@ void add_qsa(std::vector<OpCase>& v) {
   // of dim 20 (a partial chunk of 32 dims).
   v.push_back(qsa_indexer_select_batch_case(3, 20, 16, 4, plan({0, 0}, {{70, 33}}, 8), 0));
   // Rows of more than 2,048 complete blocks (blocks of 2 over a 4,200-token prefill and a decode: the top-k kernel's
-  // radix passes read the row again instead of holding it in registers), every 7th query zero (ties).
+  // radix passes read the row again instead of holding it in registers, for the prefill's queries past position
+  // 4,096), every 7th query zero (ties, the decode's query among them).
   v.push_back(qsa_indexer_select_batch_case(2, 64, 16, 2, plan({0}, {{4200}, {1}}, 8), 7));
   // Released indexer (4 heads of 128, budget 2048 = 512 blocks): a 2047-token prefill, then decodes at positions
   // 2047 .. 2051 (512 complete blocks at 2047, 513 at 2051); every 5th query zero (ties).

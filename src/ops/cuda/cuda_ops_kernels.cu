@@ -1170,7 +1170,7 @@ __global__ void compact_selection_kernel(const int32_t* __restrict__ selected, i
                                          int32_t* __restrict__ compact, int32_t* __restrict__ counts, int32_t* status) {
   pdl_begin();
   __shared__ int warp_total[kWarps];
-  const int t = int(blockIdx.x), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int t = int(blockIdx.x);
   const int32_t* in = selected + int64_t(t) * n_sel;
   int32_t* out = compact + int64_t(t) * n_sel;
   int base = 0;
@@ -1185,26 +1185,12 @@ __global__ void compact_selection_kernel(const int32_t* __restrict__ selected, i
       if (v[u] >= rows && status) atomicOr(status, 1);
       count += v[u] >= 0 && v[u] < rows;
     }
-    int incl = count;  // inclusive scan over the warp, then over the warps' totals
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int n = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += n;
-    }
-    if (lane == 31) warp_total[warp] = incl;
-    __syncthreads();
-    int before = 0, total = 0;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      before += w < warp ? warp_total[w] : 0;
-      total += warp_total[w];
-    }
-    int pos = base + before + incl - count;
+    int total;
+    int pos = base + block_exclusive_scan(count, warp_total, total);
 #pragma unroll
     for (int u = 0; u < kCompactPer; ++u)
       if (v[u] >= 0 && v[u] < rows) out[pos++] = v[u];
     base += total;
-    __syncthreads();  // warp_total is rewritten by the next round
   }
   if (threadIdx.x == 0) counts[t] = base;
 }
