@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -62,6 +63,7 @@ struct BenchArgs {
   int64_t batch_context = 8192, batch_steps = 32;
   int repeat = 3;
   bool profile = false, json = false;
+  bool kernel_trace = false;  ///< --kernel-trace: the kernels of an extra prefill run per prompt and of decode steps
   std::string speculative;                    ///< "mtp:K" / "ngram:K": speculative decoding at forced acceptance
   std::vector<double> acceptance{0, 0.5, 1};  ///< fractions of the K drafts accepted in every step
   int64_t spec_steps = 24;                    ///< verify steps per acceptance rate (the first 4 untimed)
@@ -245,6 +247,57 @@ json profile_json(const std::vector<std::pair<std::string, double>>& times, doub
   json j = json::object();
   for (const auto& [name, ms] : times) j[name] = ms / divide;
   return j;
+}
+
+/// `--kernel-trace`: `calls` calls of `call` with kernel tracing on (cuda_kernel_tracing), summed per call
+/// (summarize_kernel_trace) over the kernels of GPU 0 (rank 0's under --tp): wall_ms (host clock, traced), span_ms,
+/// idle_ms, kernels, and per kernel name launches, busy_us and critical_us. Null without a CUDA backend or CUPTI.
+json kernel_trace_json(Ops& ops, int calls, const std::function<void()>& call) {
+#ifdef FLASHNEXT_HAVE_CUDA
+  if (ops.device() != Device::CUDA || calls < 1) return nullptr;
+  ops.synchronize();
+  if (!cuda_kernel_tracing(true)) return nullptr;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < calls; ++i) call();
+  ops.synchronize();
+  const double wall_s = seconds(t0, Clock::now());
+  cuda_kernel_tracing(false);
+  std::vector<KernelInterval> trace = cuda_kernel_trace();
+  std::erase_if(trace, [](const KernelInterval& k) { return k.device != 0; });
+  const KernelTraceSummary s = summarize_kernel_trace(std::move(trace));
+  const double n = calls;
+  json rows = json::array();
+  for (const KernelTraceRow& r : s.rows)
+    rows.push_back(json{{"name", r.name},
+                        {"launches", double(r.launches) / n},
+                        {"busy_us", r.busy_us / n},
+                        {"critical_us", r.critical_us / n}});
+  return json{{"calls", calls},
+              {"wall_ms", 1e3 * wall_s / n},
+              {"span_ms", 1e-3 * s.span_us / n},
+              {"idle_ms", 1e-3 * s.idle_us / n},
+              {"kernels", double(s.kernels) / n},
+              {"by_kernel", rows}};
+#else
+  (void)ops, (void)calls, (void)call;
+  return nullptr;
+#endif
+}
+
+/// The first `top` rows of a kernel_trace_json, a line each, under a header naming `what`.
+void print_kernel_trace(const json& t, const std::string& what, size_t top) {
+  if (t.is_null()) return;
+  fmt::print(
+      "{} kernel trace, per call: traced wall {:.3f} ms, kernels' span {:.3f} ms, idle {:.3f} ms, {:.0f} "
+      "kernels; critical us (busy us, launches):\n",
+      what, t["wall_ms"].get<double>(), t["span_ms"].get<double>(), t["idle_ms"].get<double>(),
+      t["kernels"].get<double>());
+  size_t i = 0;
+  for (const json& r : t["by_kernel"]) {
+    if (i++ == top) break;
+    fmt::print("  {:9.1f} ({:9.1f}, {:6.1f})  {}\n", r["critical_us"].get<double>(), r["busy_us"].get<double>(),
+               r["launches"].get<double>(), r["name"].get<std::string>());
+  }
 }
 
 double sum_ms(const std::vector<std::pair<std::string, double>>& times) {
@@ -592,6 +645,13 @@ int run(BenchArgs a) {
           cost = c;
           note_memory();
         }
+        json trace = nullptr;
+        if (a.kernel_trace)  // one more run, untimed, with the kernels traced
+          trace = kernel_trace_json(*ops, 1, [&] {
+            pool.next_block = base;
+            SequenceState s = pool.take(0, P);
+            (void)prefill(m, s, random_ids(P, V, a.seed + uint64_t(P) * 7), chunk);
+          });
         const double t = median(runs);
         const double ratio = ceil.known() ? cost.flops / ceil.flops_per_s / t : 0;
         json j{{"prompt_tokens", P},
@@ -603,6 +663,7 @@ int run(BenchArgs a) {
                {"tflops_per_s", cost.flops / t / 1e12},
                {"ratio_to_compute_ceiling", ceil.known() ? json(ratio) : json()}};
         if (a.profile) j["profile_ms"] = prof;
+        if (a.kernel_trace) j["kernel_trace"] = trace;
         prefill_runs.push_back(j);
         log(
             fmt::format("prefill {:>6} tokens{}: {:8.0f} tokens/s, TTFT {:.3f} s, {:.1f} TFLOP/s ({} of the compute "
@@ -615,7 +676,8 @@ int run(BenchArgs a) {
       pool.next_block = base;
       const int kProfileSteps = int(std::min<int64_t>(16, a.decode_tokens));  // marked steps after the timed ones
       const int kCountSteps = 8;  // then steps with CUDA API counting on (launches per step)
-      SequenceState s = pool.take(0, a.decode_context + a.decode_tokens + kProfileSteps + kCountSteps);
+      const int kTraceSteps = a.kernel_trace ? 8 : 0;  // then steps with the kernels traced
+      SequenceState s = pool.take(0, a.decode_context + a.decode_tokens + kProfileSteps + kCountSteps + kTraceSteps);
       const auto [t_first, pc] = prefill(m, s, random_ids(a.decode_context, V, a.seed + 5), a.chunk);
       (void)pc;
       std::vector<Clock::time_point> emitted{Clock::now()};  // token 1 (from the prefill)
@@ -669,6 +731,11 @@ int run(BenchArgs a) {
         decode["profile_wall_ms_per_step"] = wall_ms;
         decode["profile_host_gap_ms_per_step"] = wall_ms - sum_ms(times) / std::max(1, done);
       }
+      if (a.kernel_trace)
+        decode["kernel_trace"] = kernel_trace_json(*ops, kTraceSteps, [&] {
+          Tensor logits = m.forward_tensor(s, {&tok, 1}, LogitsMode::Last);
+          tok = sample(m, logits, 0.f, 0, 0)[0];
+        });
       decode["launches_per_step"] = nullptr;
       decode["memcpys_per_step"] = nullptr;
       decode["memsets_per_step"] = nullptr;
@@ -934,6 +1001,11 @@ int run(BenchArgs a) {
       for (const auto& [k, v] : decode["profile_ms_per_step"].items()) fmt::print(" {} {:.3f}", k, v.get<double>());
       fmt::print(" | host gap {:.3f}\n", decode["profile_host_gap_ms_per_step"].get<double>());
     }
+    for (const json& p : prefill_runs)
+      if (p.contains("kernel_trace"))
+        print_kernel_trace(p["kernel_trace"], fmt::format("prefill {}", p["prompt_tokens"].get<int64_t>()), 30);
+    if (!decode.is_null() && decode.contains("kernel_trace"))
+      print_kernel_trace(decode["kernel_trace"], "decode b=1", 40);
     if (!decode.is_null() && decode["launches_per_step"].is_number()) {
       fmt::print("decode b=1 per step: {:.0f} kernel launches, {:.0f} copies, {:.0f} sets (empty-kernel launch {:.2f} us)\n",
                  decode["launches_per_step"].get<double>(), decode["memcpys_per_step"].get<double>(),
@@ -1039,6 +1111,9 @@ FLASHNEXT_SUBCOMMAND(
                      "refeed (a forward over them)")
           ->delimiter(',');
       sub.add_flag("--profile", a->profile, "per-phase device time of a prefill run and of decode steps");
+      sub.add_flag("--kernel-trace", a->kernel_trace,
+                   "the kernels of one more prefill run per prompt and of 8 more decode steps (CUPTI), each charged "
+                   "with the time it alone extends the timeline (docs/BENCH.md)");
       sub.add_flag("--json", a->json, "print one JSON object (docs/BENCH.md) instead of the table");
       sub.add_option("--out", a->out, "also write the JSON report to this file");
       return [a, prompts, batches, prefill_chunks, cpu_defaults] {

@@ -48,6 +48,7 @@
 #include <memory>
 #include <string>
 
+#include "ops/kernel_trace.h"
 #include "ops/ops.h"
 
 namespace flashnext {
@@ -135,6 +136,14 @@ struct CudaApiCounts {
 bool cuda_api_counting(bool on);
 /// What was counted since counting was last turned on.
 CudaApiCounts cuda_api_counts();
+/// Kernel tracing (CUPTI's activity records of kind CONCURRENT_KERNEL: every kernel of the process, those of replayed
+/// graphs and cuBLAS's included, with device timestamps, overlap kept). On: what was collected is dropped and tracing
+/// starts; off: the records are flushed and tracing stops (synchronize the device first: a kernel still running has no
+/// record). Returns false, tracing nothing, when this build has no CUPTI or CUPTI refuses (another profiler attached).
+/// Tracing adds device and host time per kernel: report traced steps beside untraced timings, never as them.
+bool cuda_kernel_tracing(bool on);
+/// The kernels traced between the last cuda_kernel_tracing(true) and (false), in the order CUPTI delivered them.
+std::vector<KernelInterval> cuda_kernel_trace();
 /// The mean device time of one launch of an empty kernel on GPU `device`, launched back to back `launches` times
 /// on one stream between two events, in microseconds: the floor each kernel of a step pays.
 double cuda_launch_cost_us(int device, int launches = 2000);
