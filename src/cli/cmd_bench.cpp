@@ -271,7 +271,8 @@ json kernel_trace_json(Ops& ops, int calls, const std::function<void()>& call) {
     rows.push_back(json{{"name", r.name},
                         {"launches", double(r.launches) / n},
                         {"busy_us", r.busy_us / n},
-                        {"critical_us", r.critical_us / n}});
+                        {"critical_us", r.critical_us / n},
+                        {"idle_before_us", r.idle_before_us / n}});
   return json{{"calls", calls},
               {"wall_ms", 1e3 * wall_s / n},
               {"span_ms", 1e-3 * s.span_us / n},
@@ -289,14 +290,15 @@ void print_kernel_trace(const json& t, const std::string& what, size_t top) {
   if (t.is_null()) return;
   fmt::print(
       "{} kernel trace, per call: traced wall {:.3f} ms, kernels' span {:.3f} ms, idle {:.3f} ms, {:.0f} "
-      "kernels; critical us (busy us, launches):\n",
+      "kernels; critical us (busy us, launches, idle before us):\n",
       what, t["wall_ms"].get<double>(), t["span_ms"].get<double>(), t["idle_ms"].get<double>(),
       t["kernels"].get<double>());
   size_t i = 0;
   for (const json& r : t["by_kernel"]) {
     if (i++ == top) break;
-    fmt::print("  {:9.1f} ({:9.1f}, {:6.1f})  {}\n", r["critical_us"].get<double>(), r["busy_us"].get<double>(),
-               r["launches"].get<double>(), r["name"].get<std::string>());
+    fmt::print("  {:9.1f} ({:9.1f}, {:6.1f}, {:7.1f})  {}\n", r["critical_us"].get<double>(),
+               r["busy_us"].get<double>(), r["launches"].get<double>(), r["idle_before_us"].get<double>(),
+               r["name"].get<std::string>());
   }
 }
 

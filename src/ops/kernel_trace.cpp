@@ -27,7 +27,11 @@ KernelTraceSummary summarize_kernel_trace(std::vector<KernelInterval> trace) {
     r.name = k.name;
     ++r.launches;
     r.busy_us += double(k.end_ns - k.start_ns) * 1e-3;
-    if (k.start_ns > latest_end) s.idle_us += double(k.start_ns - latest_end) * 1e-3;
+    if (k.start_ns > latest_end) {
+      const double gap = double(k.start_ns - latest_end) * 1e-3;
+      s.idle_us += gap;
+      r.idle_before_us += gap;
+    }
     const uint64_t from = std::max(k.start_ns, latest_end);
     if (k.end_ns > from) r.critical_us += double(k.end_ns - from) * 1e-3;
     latest_end = std::max(latest_end, k.end_ns);

@@ -18,12 +18,13 @@ struct KernelInterval {
 };
 
 /// The kernels of one name in a trace: launches, busy time (the sum of end - start; under programmatic launch it
-/// includes the time the blocks waited for the kernel ahead) and critical time (what the timeline gains by this
-/// name's ends: summarize_kernel_trace), in microseconds.
+/// includes the time the blocks waited for the kernel ahead), critical time (what the timeline gains by this name's
+/// ends) and idle before (the device idle just before these kernels started: what they waited for, e.g. a copy or
+/// the host), in microseconds (summarize_kernel_trace).
 struct KernelTraceRow {
   std::string name;
   int64_t launches = 0;
-  double busy_us = 0, critical_us = 0;
+  double busy_us = 0, critical_us = 0, idle_before_us = 0;
 };
 
 /// A trace summed: span (first start to last end), idle (time within the span when no kernel ran: host work, copies,
@@ -38,7 +39,8 @@ struct KernelTraceSummary {
 /// Sums a trace. The intervals are taken in order of start (ties: earlier end first); with E the latest end of the
 /// ones before, interval i is charged max(0, end_i - max(start_i, E)): the part of the timeline it alone extends, so
 /// a kernel that ran inside the span of others (a branch stream's, or one hidden by its neighbours) is charged
-/// nothing, and a chain of overlapping kernels is charged end to end. start_i > E adds start_i - E to idle. Intervals
+/// nothing, and a chain of overlapping kernels is charged end to end. start_i > E adds start_i - E to idle and to
+/// kernel i's idle_before_us. Intervals
 /// with end < start are an error (Error naming the kernel).
 KernelTraceSummary summarize_kernel_trace(std::vector<KernelInterval> trace);
 

@@ -35,6 +35,8 @@ TEST(KernelTrace, OverlappingChainIdleGapAndBranch) {
   EXPECT_DOUBLE_EQ(row(s, "d").critical_us, 0.0);  // inside b
   EXPECT_DOUBLE_EQ(row(s, "b").busy_us, 15.0);
   EXPECT_DOUBLE_EQ(row(s, "d").busy_us, 6.0);
+  EXPECT_DOUBLE_EQ(row(s, "c").idle_before_us, 5.0);  // the gap 20 .. 25
+  EXPECT_DOUBLE_EQ(row(s, "a").idle_before_us + row(s, "b").idle_before_us + row(s, "d").idle_before_us, 0.0);
   // Largest critical first; equal ones keep name order (a before b).
   ASSERT_EQ(s.rows.size(), 4u);
   EXPECT_EQ(s.rows[0].name, "a");
@@ -72,8 +74,9 @@ TEST(KernelTrace, ChargesAreTheUnionOfTheIntervals) {
       for (uint64_t x = k.start_ns; x < k.end_ns; ++x) covered[size_t(x - lo)] = 1;
     const double union_us = double(std::count(covered.begin(), covered.end(), 1)) * 1e-3;
     const KernelTraceSummary s = summarize_kernel_trace(t);
-    double critical = 0, busy = 0, busy_expected = 0;
-    for (const auto& r : s.rows) critical += r.critical_us, busy += r.busy_us;
+    double critical = 0, busy = 0, busy_expected = 0, idle_before = 0;
+    for (const auto& r : s.rows) critical += r.critical_us, busy += r.busy_us, idle_before += r.idle_before_us;
+    EXPECT_NEAR(idle_before, s.idle_us, 1e-9) << trial;
     for (const auto& k : t) busy_expected += double(k.end_ns - k.start_ns) * 1e-3;
     EXPECT_NEAR(critical, union_us, 1e-9) << trial;
     EXPECT_NEAR(s.idle_us, double(hi - lo) * 1e-3 - union_us, 1e-9) << trial;
