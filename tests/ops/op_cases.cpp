@@ -195,6 +195,13 @@ void add_gdn(std::vector<OpCase>& v) {
   for (const StepPlan& p : {decode_step_5(), mixed_step_5()}) v.push_back(gdn_conv_batch_case(odd, 4, p));
   v.push_back(gdn_conv_batch_case(kGdnTp4, 4, plan({0, 40}, {{65, 1}})));
   v.push_back(gdn_conv_batch_case(odd, 4, plan({40, 9, 0}, {{4, 4, 1}, {2, 1, 9}, {16, 1, 17}})));
+  // The CUDA backend's in-place prefill conv walks runs of 32 rows: 100 rows make 4 runs, the last partial, each but
+  // the first starting from the halo of the run before; a step of 1, 2 and 70 rows sends 1 and 2 rows (fewer than
+  // the K - 1 = 3 state rows) through the same kernels; K = 2 and 6 other window lengths.
+  v.push_back(gdn_conv_batch_case(odd, 4, one_sequence(100, 5)));
+  v.push_back(gdn_conv_batch_case(odd, 4, plan({3, 0, 50}, {{1, 2, 70}, {33, 1, 1}})));
+  v.push_back(gdn_conv_batch_case(odd, 2, one_sequence(65, 1)));
+  v.push_back(gdn_conv_batch_case(odd, 6, plan({0, 7}, {{40, 3}, {20, 18}})));
   for (int64_t T : {1, 7, 63, 64, 65, 130}) v.push_back(gdn_rule_batch_case(d, one_sequence(T, T == 1 ? 5 : 0)));
   // The CUDA backend's recurrence over few rows (up to 16 per sequence; 17 takes the chunked form): speculative
   // verify steps of 1 + K rows and their replays, several sequences with the state carried.

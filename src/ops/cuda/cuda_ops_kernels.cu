@@ -707,21 +707,85 @@ __global__ void gated_accumulate_kernel(float* __restrict__ out, const float* __
   }
 }
 
-// y[t, c] = silu(sum_k w[c, k] * in(t - (K-1) + k, c)); in(p) = x[p, c] (p >= 0) or state[(K-1) + p, c].
-__global__ void gdn_conv_f32_kernel(const float* __restrict__ x, float* __restrict__ y, const float* __restrict__ state,
-                                    const __half* __restrict__ w, int tokens, int channels, int K) {
+// The causal conv of a prefill chunk in place (launch_gdn_conv_f32), in two kernels. Rows are cut into runs of
+// kConvRun; a run's first K-1 taps lie in the run before, which its own thread overwrites, so gdn_conv_halo_kernel
+// first copies them (and, for run 0, the conv state) into `halo` and writes the new state, then gdn_conv_runs_kernel
+// walks each run with the last K-1 inputs in registers, reading every input once and writing its output in place.
+constexpr int kConvRun = 32;   // rows a gdn_conv_runs_kernel thread walks
+constexpr int kConvBatch = 8;  // rows whose loads it issues together
+
+// halo[j][r][c] = in(j * kConvRun - (K-1) + r, c) with in(p) = x[p, c] for p >= 0, else state[(K-1) + p, c], for run
+// j = blockIdx.y; run 0's thread then replaces the state (time-major [K-1, C], oldest first) by the last K-1 rows of
+// [state; x], the old rows taken from its registers.
+__global__ void gdn_conv_halo_kernel(const float* __restrict__ x, float* __restrict__ state, float* __restrict__ halo,
+                                     int tokens, int channels, int K) {
   pdl_begin();
-  const int64_t n = int64_t(tokens) * channels;
-  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
-    const int64_t t = i / channels;
-    const int c = int(i % channels);
-    float acc = 0.f;
-    for (int k = 0; k < K; ++k) {
-      const int64_t p = t - (K - 1) + k;
-      const float v = p >= 0 ? x[p * channels + c] : state[((K - 1) + p) * channels + c];
-      acc += to_f(w[int64_t(c) * K + k]) * v;
+  const int c = int(blockIdx.x) * kThreads + threadIdx.x, j = int(blockIdx.y), ctx = K - 1;
+  if (c >= channels) return;
+  float old[kGdnConvMaxTaps];
+#pragma unroll
+  for (int r = 0; r < kGdnConvMaxTaps; ++r) {
+    old[r] = 0.f;
+    if (r < ctx) {
+      const int64_t p = int64_t(j) * kConvRun - ctx + r;
+      const float v = p >= 0 ? x[p * channels + c] : state[(ctx + p) * channels + c];
+      halo[(int64_t(j) * ctx + r) * channels + c] = v;
+      old[r] = v;  // run 0: the state's row r
     }
-    y[i] = siluf_(acc);
+  }
+  if (j != 0) return;
+#pragma unroll
+  for (int r = 0; r < kGdnConvMaxTaps; ++r) {
+    if (r >= ctx) break;
+    const int64_t p = int64_t(tokens) - ctx + r;
+    float v = 0.f;
+    if (p >= 0) {
+      v = x[p * channels + c];
+    } else {
+#pragma unroll
+      for (int q = 0; q < kGdnConvMaxTaps; ++q)
+        if (q == tokens + r) v = old[q];  // the old state's row tokens + r (< ctx), without dynamic register indexing
+    }
+    state[int64_t(r) * channels + c] = v;
+  }
+}
+
+// x[t, c] = silu(sum_k w[c, k] * in(t - (K-1) + k, c)) for the rows of run blockIdx.y, in place: the window of the K-1
+// inputs before a row (from halo at the run's start) in registers, kConvBatch rows loaded before any is written. The
+// products and sums in the order of the reference's conv (k = 0 .. K-1).
+__global__ void gdn_conv_runs_kernel(float* __restrict__ x, const float* __restrict__ halo,
+                                     const __half* __restrict__ w, int tokens, int channels, int K) {
+  pdl_begin();
+  const int c = int(blockIdx.x) * kThreads + threadIdx.x, j = int(blockIdx.y), ctx = K - 1;
+  if (c >= channels) return;
+  float wk[kGdnConvMaxTaps], win[kGdnConvMaxTaps];
+#pragma unroll
+  for (int k = 0; k < kGdnConvMaxTaps; ++k) {
+    wk[k] = k < K ? to_f(w[int64_t(c) * K + k]) : 0.f;
+    win[k] = k < ctx ? halo[(int64_t(j) * ctx + k) * channels + c] : 0.f;
+  }
+  const int t0 = j * kConvRun, t1 = min(tokens, t0 + kConvRun);
+  for (int tb = t0; tb < t1; tb += kConvBatch) {
+    float v[kConvBatch];
+#pragma unroll
+    for (int u = 0; u < kConvBatch; ++u) v[u] = tb + u < t1 ? x[int64_t(tb + u) * channels + c] : 0.f;
+#pragma unroll
+    for (int u = 0; u < kConvBatch; ++u) {
+      if (tb + u >= t1) break;
+      float acc = 0.f;
+#pragma unroll
+      for (int k = 0; k < kGdnConvMaxTaps; ++k) {
+        if (k < ctx) acc += wk[k] * win[k];
+        if (k == ctx) acc += wk[k] * v[u];
+      }
+      x[int64_t(tb + u) * channels + c] = siluf_(acc);
+#pragma unroll
+      for (int k = 0; k + 1 < kGdnConvMaxTaps; ++k)
+        if (k + 1 < ctx) win[k] = win[k + 1];
+#pragma unroll
+      for (int k = 0; k < kGdnConvMaxTaps; ++k)
+        if (k == ctx - 1) win[k] = v[u];
+    }
   }
 }
 
@@ -1294,7 +1358,7 @@ __global__ void copy_rows_indexed_kernel(const uint32_t* src, uint32_t* dst, con
 
 // Causal conv over state slots, a thread per (sequence b, channel): the rows seq_starts[b] .. seq_starts[b+1] of
 // `in` in order (seq_starts null: row b alone, a decode step), taps over [state rows of slot slots[b]; in] spaced by
-// `dilation` (the same summation order as gdn_conv_f32_kernel / ple_conv_add_f32_kernel), the state shifted by one
+// `dilation` (the same summation order as gdn_conv_runs_kernel / ple_conv_add_f32_kernel), the state shifted by one
 // row in place per row (oldest dropped, the row appended), so n rows equal n decode steps bit for bit. accumulate:
 // out += add + silu(conv) (PLE); else out = silu(conv) (GDN; out may alias in: a thread reads an element before it
 // writes it, and only its own).
@@ -1564,14 +1628,19 @@ cudaError_t launch_gated_accumulate(float* out, const float* s, const float* gat
   return cudaGetLastError();
 }
 
-cudaError_t launch_gdn_conv_f32(const float* x, float* y, float* state, const __half* w, int tokens, int channels,
+int64_t gdn_conv_halo_floats(int tokens, int channels, int kernel) {
+  return int64_t((tokens + kConvRun - 1) / kConvRun) * (kernel - 1) * channels;
+}
+
+cudaError_t launch_gdn_conv_f32(float* x, float* state, const __half* w, float* halo, int tokens, int channels,
                                 int kernel, cudaStream_t stream) {
-  if (tokens == 0) return cudaSuccess;
-  launch(gdn_conv_f32_kernel, grid_for(int64_t(tokens) * channels), kThreads, 0, stream, x, y, state, w, tokens,
-         channels, kernel);
-  if (kernel > 1)
-    launch(conv_state_kernel, (channels + kThreads - 1) / kThreads, kThreads, 0, stream, x, state, tokens, channels,
-           kernel - 1);
+  if (tokens == 0 || channels == 0) return cudaSuccess;
+  if (kernel < 1 || kernel > kGdnConvMaxTaps) return cudaErrorInvalidValue;
+  const int64_t runs = (int64_t(tokens) + kConvRun - 1) / kConvRun;
+  if (runs > 65535) return cudaErrorInvalidValue;  // grid y
+  const dim3 grid(unsigned((channels + kThreads - 1) / kThreads), unsigned(runs));
+  if (kernel > 1) launch(gdn_conv_halo_kernel, grid, kThreads, 0, stream, x, state, halo, tokens, channels, kernel);
+  launch(gdn_conv_runs_kernel, grid, kThreads, 0, stream, x, halo, w, tokens, channels, kernel);
   return cudaGetLastError();
 }
 

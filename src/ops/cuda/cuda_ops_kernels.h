@@ -61,6 +61,9 @@ struct GemvSegments8 {
   bool fp8;
 };
 
+/// Taps of the prefill conv kernels at most (launch_gdn_conv_f32 refuses more: cudaErrorInvalidValue).
+constexpr int kGdnConvMaxTaps = 8;
+
 #ifndef __CUDACC_RTC__  // host launchers
 /// y[i] = fp16(x[i]) (round to nearest even) for i < n.
 cudaError_t launch_f32_to_f16(const float* x, __half* y, int64_t n, cudaStream_t stream);
@@ -134,11 +137,15 @@ cudaError_t launch_shared_down_decode(const float* g, const float* up, const __h
 /// that term), [T, H] FP32.
 cudaError_t launch_gated_accumulate(float* out, const float* s, const float* gate_logit, int tokens, int hidden,
                                     bool accumulate, cudaStream_t stream);
-/// Causal depthwise conv + SiLU over a chunk: y[t, c] = silu(sum_k w[c, k] * in(t - (K-1) + k, c)) with in(p) =
-/// x[p, c] for p >= 0, else state[(K-1) + p, c]; then state (time-major [K-1, C], oldest first) becomes the last
-/// K-1 inputs. x, y [T, C] FP32 (y must not alias x), w [C, K] FP16.
-cudaError_t launch_gdn_conv_f32(const float* x, float* y, float* state, const __half* w, int tokens, int channels,
+/// Causal depthwise conv + SiLU over a chunk of one sequence, in place: x[t, c] = silu(sum_k w[c, k] * in(t - (K-1)
+/// + k, c)) with in(p) = x[p, c] (its value before the call) for p >= 0, else state[(K-1) + p, c]; then state
+/// (time-major [K-1, C], oldest first) becomes the last K-1 inputs. x [T, C] FP32, w [C, K] FP16, K <=
+/// kGdnConvMaxTaps, halo: scratch of gdn_conv_halo_floats(T, C, K) floats (free again once the stream has run the
+/// call; T <= 65535 * 32). Source of the math: MODEL.md "Gated DeltaNet", the reference's causal_conv1d_fn.
+cudaError_t launch_gdn_conv_f32(float* x, float* state, const __half* w, float* halo, int tokens, int channels,
                                 int kernel, cudaStream_t stream);
+/// Floats of launch_gdn_conv_f32's scratch for T tokens of C channels and K taps.
+int64_t gdn_conv_halo_floats(int tokens, int channels, int kernel);
 /// A causal depthwise conv over state slots for `batch` sequences: sequence b's rows seq_starts[b] .. seq_starts[b+1]
 /// of in/out/add in order (seq_starts null: row b alone, a decode step), state pool [slots, (K-1)*dilation, channels]
 /// F32 indexed by slots[b] (time-major, oldest first), shifted in place per row, so n rows equal n decode steps bit

@@ -4,6 +4,8 @@
 // gates.
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 #include "ops/contract/gdn.h"
 #include "ops/cuda/backend.h"
 #include "ops/cuda/gdn_kernels.h"
@@ -24,18 +26,22 @@ void CudaOps::gdn_conv_batch(const Tensor& qkv, const Tensor& weight, const Tens
                   op);
     return;
   }
-  // Per sequence: the conv reads its rows and writes a copy (in place would overwrite inputs of later rows).
-  Tensor y = alloc(qkv.shape(), DType::F32, "gdn_conv output");
+  // Per sequence, in place: the inputs each run of rows needs from the run before are copied aside first (one
+  // scratch for all sequences: the stream runs them in order).
+  FN_CHECK(K <= detail::kGdnConvMaxTaps, "{}: conv kernel size {} exceeds the CUDA kernels' {}", op, K,
+           detail::kGdnConvMaxTaps);
+  int64_t most_rows = 0;
+  for (int64_t s = 0; s < batch.num_seqs; ++s) most_rows = std::max(most_rows, batch.rows_of(s));
+  Tensor halo = alloc({std::max<int64_t>(1, detail::gdn_conv_halo_floats(to_int(most_rows, op, "tokens"), c, k))},
+                      DType::F32, "gdn_conv halo");
   const int64_t slot_floats = (K - 1) * C;
   for (int64_t s = 0; s < batch.num_seqs; ++s) {
     const int64_t r0 = batch.cu_seqlens[size_t(s)];
-    FN_CUDA_CHECK(
-        detail::launch_gdn_conv_f32(dp<const float>(qkv) + r0 * C, dp<float>(y) + r0 * C,
-                                    dp<float>(state_pool) + batch.slot_ids[size_t(s)] * slot_floats, dp<__half>(weight),
-                                    to_int(batch.rows_of(s), op, "tokens"), c, k, stream()),
-        op);
+    FN_CUDA_CHECK(detail::launch_gdn_conv_f32(
+                      dp<float>(qkv) + r0 * C, dp<float>(state_pool) + batch.slot_ids[size_t(s)] * slot_floats,
+                      dp<__half>(weight), dp<float>(halo), to_int(batch.rows_of(s), op, "tokens"), c, k, stream()),
+                  op);
   }
-  FN_CUDA_CHECK(cudaMemcpyAsync(qkv.data(), y.data(), qkv.nbytes(), cudaMemcpyDeviceToDevice, stream()), op);
 }
 
 void CudaOps::gdn_rule_batch(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w, const GdnDims& d,
