@@ -202,6 +202,12 @@ void add_gdn(std::vector<OpCase>& v) {
   v.push_back(gdn_conv_batch_case(odd, 4, plan({3, 0, 50}, {{1, 2, 70}, {33, 1, 1}})));
   v.push_back(gdn_conv_batch_case(odd, 2, one_sequence(65, 1)));
   v.push_back(gdn_conv_batch_case(odd, 6, plan({0, 7}, {{40, 3}, {20, 18}})));
+  // K = 1 (no state, no halo), K = 8 (the kernels' most taps) with a sequence of exactly K - 1 rows, and 296 channels
+  // (a second block of 40 past the first 256).
+  const GdnDims wide{1, 3, 40, 72};
+  v.push_back(gdn_conv_batch_case(odd, 1, one_sequence(45, 2)));
+  v.push_back(gdn_conv_batch_case(wide, 8, plan({9, 0}, {{7, 70}, {33, 7}})));
+  v.push_back(gdn_conv_batch_case(wide, 4, plan({0, 5}, {{3, 97}})));
   for (int64_t T : {1, 7, 63, 64, 65, 130}) v.push_back(gdn_rule_batch_case(d, one_sequence(T, T == 1 ? 5 : 0)));
   // The CUDA backend's recurrence over few rows (up to 16 per sequence; 17 takes the chunked form): speculative
   // verify steps of 1 + K rows and their replays, several sequences with the state carried.

@@ -734,63 +734,54 @@ __global__ void gated_accumulate_kernel(float* __restrict__ out, const float* __
 }
 
 // The causal conv of a prefill chunk in place (launch_gdn_conv_f32), in two kernels. Rows are cut into runs of
-// kConvRun; a run's first K-1 taps lie in the run before, which its own thread overwrites, so gdn_conv_halo_kernel
+// kGdnConvRun; a run's first K-1 taps lie in the run before, which its own thread overwrites, so gdn_conv_halo_kernel
 // first copies them (and, for run 0, the conv state) into `halo` and writes the new state, then gdn_conv_runs_kernel
 // walks each run with the last K-1 inputs in registers, reading every input once and writing its output in place.
-constexpr int kConvRun = 32;   // rows a gdn_conv_runs_kernel thread walks
-constexpr int kConvBatch = 8;  // rows whose loads it issues together
+// Register arrays are indexed by constants only (K is a run-time value: an index derived from it would put the array
+// in local memory where the wait of pdl_begin() compiles to nothing, below 9.0).
+constexpr int kConvBatch = 8;  // rows whose loads a gdn_conv_runs_kernel thread issues together
+static_assert(kGdnConvMaxTaps - 1 <= kGdnConvRun, "only run 0 may read the conv state");
 
-// halo[j][r][c] = in(j * kConvRun - (K-1) + r, c) with in(p) = x[p, c] for p >= 0, else state[(K-1) + p, c], for run
-// j = blockIdx.y; run 0's thread then replaces the state (time-major [K-1, C], oldest first) by the last K-1 rows of
-// [state; x], the old rows taken from its registers.
+// halo[j][r][c] = in(j * kGdnConvRun - (K-1) + r, c) with in(p) = x[p, c] for p >= 0, else state[(K-1) + p, c], for
+// run j = blockIdx.y; run 0's thread then replaces the state (time-major [K-1, C], oldest first) by the last K-1 rows
+// of [state; x] in place: row r takes x's row tokens - (K-1) + r, or where that is negative the state's row tokens + r
+// (> r: not yet overwritten).
 __global__ void gdn_conv_halo_kernel(const float* __restrict__ x, float* __restrict__ state, float* __restrict__ halo,
                                      int tokens, int channels, int K) {
   pdl_begin();
   const int c = int(blockIdx.x) * kThreads + threadIdx.x, j = int(blockIdx.y), ctx = K - 1;
   if (c >= channels) return;
-  float old[kGdnConvMaxTaps];
-#pragma unroll
-  for (int r = 0; r < kGdnConvMaxTaps; ++r) {
-    old[r] = 0.f;
-    if (r < ctx) {
-      const int64_t p = int64_t(j) * kConvRun - ctx + r;
-      const float v = p >= 0 ? x[p * channels + c] : state[(ctx + p) * channels + c];
-      halo[(int64_t(j) * ctx + r) * channels + c] = v;
-      old[r] = v;  // run 0: the state's row r
-    }
+  for (int r = 0; r < ctx; ++r) {
+    const int64_t p = int64_t(j) * kGdnConvRun - ctx + r;
+    halo[(int64_t(j) * ctx + r) * channels + c] = p >= 0 ? x[p * channels + c] : state[(ctx + p) * channels + c];
   }
   if (j != 0) return;
-#pragma unroll
-  for (int r = 0; r < kGdnConvMaxTaps; ++r) {
-    if (r >= ctx) break;
+  for (int r = 0; r < ctx; ++r) {
     const int64_t p = int64_t(tokens) - ctx + r;
-    float v = 0.f;
-    if (p >= 0) {
-      v = x[p * channels + c];
-    } else {
-#pragma unroll
-      for (int q = 0; q < kGdnConvMaxTaps; ++q)
-        if (q == tokens + r) v = old[q];  // the old state's row tokens + r (< ctx), without dynamic register indexing
-    }
-    state[int64_t(r) * channels + c] = v;
+    state[int64_t(r) * channels + c] = p >= 0 ? x[p * channels + c] : state[(int64_t(tokens) + r) * channels + c];
   }
 }
 
-// x[t, c] = silu(sum_k w[c, k] * in(t - (K-1) + k, c)) for the rows of run blockIdx.y, in place: the window of the K-1
-// inputs before a row (from halo at the run's start) in registers, kConvBatch rows loaded before any is written. The
-// products and sums in the order of the reference's conv (k = 0 .. K-1).
+// x[t, c] = silu(sum_k w[c, k] * in(t - (K-1) + k, c)) for the rows of run blockIdx.y, in place. The window is the
+// last K entries of win[kGdnConvMaxTaps]: win[M-1] the row's own input, win[M-1-d] the input d rows back (M =
+// kGdnConvMaxTaps), so tap k meets win[M-K+k] and the weights sit at the same places (wk[M-K+k] = w[c, k]); the run
+// starts from halo, and kConvBatch rows are loaded before any is written. The products and sums in the order of the
+// reference's conv (k = 0 .. K-1).
 __global__ void gdn_conv_runs_kernel(float* __restrict__ x, const float* __restrict__ halo,
                                      const __half* __restrict__ w, int tokens, int channels, int K) {
   pdl_begin();
+  constexpr int M = kGdnConvMaxTaps;
   const int c = int(blockIdx.x) * kThreads + threadIdx.x, j = int(blockIdx.y), ctx = K - 1;
   if (c >= channels) return;
-  float wk[kGdnConvMaxTaps], win[kGdnConvMaxTaps];
+  float wk[M], win[M];
 #pragma unroll
-  for (int k = 0; k < kGdnConvMaxTaps; ++k) {
-    wk[k] = k < K ? to_f(w[int64_t(c) * K + k]) : 0.f;
-    win[k] = k < ctx ? halo[(int64_t(j) * ctx + k) * channels + c] : 0.f;
+  for (int q = 0; q < M; ++q) {
+    const int k = q - (M - K);  // the tap at place q, if any
+    wk[q] = k >= 0 ? to_f(w[int64_t(c) * K + k]) : 0.f;
+    const int r = q - (M - 1 - ctx);  // halo row r = ctx - d sits at place M - 1 - d
+    win[q] = r >= 0 && r < ctx ? halo[(int64_t(j) * ctx + r) * channels + c] : 0.f;
   }
-  const int t0 = j * kConvRun, t1 = min(tokens, t0 + kConvRun);
+  const int t0 = j * kGdnConvRun, t1 = min(tokens, t0 + kGdnConvRun);
   for (int tb = t0; tb < t1; tb += kConvBatch) {
     float v[kConvBatch];
 #pragma unroll
@@ -798,19 +789,14 @@ __global__ void gdn_conv_runs_kernel(float* __restrict__ x, const float* __restr
 #pragma unroll
     for (int u = 0; u < kConvBatch; ++u) {
       if (tb + u >= t1) break;
+      win[M - 1] = v[u];
       float acc = 0.f;
 #pragma unroll
-      for (int k = 0; k < kGdnConvMaxTaps; ++k) {
-        if (k < ctx) acc += wk[k] * win[k];
-        if (k == ctx) acc += wk[k] * v[u];
-      }
+      for (int q = 0; q < M; ++q)
+        if (q >= M - K) acc += wk[q] * win[q];
       x[int64_t(tb + u) * channels + c] = siluf_(acc);
 #pragma unroll
-      for (int k = 0; k + 1 < kGdnConvMaxTaps; ++k)
-        if (k + 1 < ctx) win[k] = win[k + 1];
-#pragma unroll
-      for (int k = 0; k < kGdnConvMaxTaps; ++k)
-        if (k == ctx - 1) win[k] = v[u];
+      for (int q = 0; q + 1 < M; ++q) win[q] = win[q + 1];
     }
   }
 }
@@ -1680,15 +1666,15 @@ cudaError_t launch_gated_accumulate(float* out, const float* s, const float* gat
 }
 
 int64_t gdn_conv_halo_floats(int tokens, int channels, int kernel) {
-  return int64_t((tokens + kConvRun - 1) / kConvRun) * (kernel - 1) * channels;
+  return (int64_t(tokens) + kGdnConvRun - 1) / kGdnConvRun * (kernel - 1) * channels;
 }
 
 cudaError_t launch_gdn_conv_f32(float* x, float* state, const __half* w, float* halo, int tokens, int channels,
                                 int kernel, cudaStream_t stream) {
   if (tokens == 0 || channels == 0) return cudaSuccess;
   if (kernel < 1 || kernel > kGdnConvMaxTaps) return cudaErrorInvalidValue;
-  const int64_t runs = (int64_t(tokens) + kConvRun - 1) / kConvRun;
-  if (runs > 65535) return cudaErrorInvalidValue;  // grid y
+  if (tokens > kGdnConvMaxRows) return cudaErrorInvalidValue;  // grid y
+  const int64_t runs = (int64_t(tokens) + kGdnConvRun - 1) / kGdnConvRun;
   const dim3 grid(unsigned((channels + kThreads - 1) / kThreads), unsigned(runs));
   if (kernel > 1) launch(gdn_conv_halo_kernel, grid, kThreads, 0, stream, x, state, halo, tokens, channels, kernel);
   launch(gdn_conv_runs_kernel, grid, kThreads, 0, stream, x, halo, w, tokens, channels, kernel);

@@ -61,8 +61,9 @@ struct GemvSegments8 {
   bool fp8;
 };
 
-/// Taps of the prefill conv kernels at most (launch_gdn_conv_f32 refuses more: cudaErrorInvalidValue).
-constexpr int kGdnConvMaxTaps = 8;
+/// Taps of the prefill conv kernels at most, rows a thread of them walks, and rows of one sequence at most
+/// (launch_gdn_conv_f32 refuses more: cudaErrorInvalidValue; 65,535 runs, the grid's y limit).
+constexpr int kGdnConvMaxTaps = 8, kGdnConvRun = 32, kGdnConvMaxRows = 65535 * kGdnConvRun;
 
 #ifndef __CUDACC_RTC__  // host launchers
 /// y[i] = fp16(x[i]) (round to nearest even) for i < n.
@@ -140,8 +141,8 @@ cudaError_t launch_gated_accumulate(float* out, const float* s, const float* gat
 /// Causal depthwise conv + SiLU over a chunk of one sequence, in place: x[t, c] = silu(sum_k w[c, k] * in(t - (K-1)
 /// + k, c)) with in(p) = x[p, c] (its value before the call) for p >= 0, else state[(K-1) + p, c]; then state
 /// (time-major [K-1, C], oldest first) becomes the last K-1 inputs. x [T, C] FP32, w [C, K] FP16, K <=
-/// kGdnConvMaxTaps, halo: scratch of gdn_conv_halo_floats(T, C, K) floats (free again once the stream has run the
-/// call; T <= 65535 * 32). Source of the math: MODEL.md "Gated DeltaNet", the reference's causal_conv1d_fn.
+/// kGdnConvMaxTaps, T <= kGdnConvMaxRows, halo: scratch of gdn_conv_halo_floats(T, C, K) floats (free again once the
+/// stream has run the call). Source of the math: MODEL.md "Gated DeltaNet", the reference's causal_conv1d_fn.
 cudaError_t launch_gdn_conv_f32(float* x, float* state, const __half* w, float* halo, int tokens, int channels,
                                 int kernel, cudaStream_t stream);
 /// Floats of launch_gdn_conv_f32's scratch for T tokens of C channels and K taps.

@@ -32,6 +32,9 @@ void CudaOps::gdn_conv_batch(const Tensor& qkv, const Tensor& weight, const Tens
            detail::kGdnConvMaxTaps);
   int64_t most_rows = 0;
   for (int64_t s = 0; s < batch.num_seqs; ++s) most_rows = std::max(most_rows, batch.rows_of(s));
+  FN_CHECK(most_rows <= detail::kGdnConvMaxRows,
+           "{}: a sequence of {} rows in one step exceeds the CUDA conv kernels' {} (prefill it in smaller chunks)", op,
+           most_rows, detail::kGdnConvMaxRows);
   Tensor halo = alloc({std::max<int64_t>(1, detail::gdn_conv_halo_floats(to_int(most_rows, op, "tokens"), c, k))},
                       DType::F32, "gdn_conv halo");
   const int64_t slot_floats = (K - 1) * C;
