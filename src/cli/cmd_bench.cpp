@@ -251,7 +251,8 @@ json profile_json(const std::vector<std::pair<std::string, double>>& times, doub
 
 /// `--kernel-trace`: `calls` calls of `call` with kernel tracing on (cuda_kernel_tracing), summed per call
 /// (summarize_kernel_trace) over the kernels of GPU 0 (rank 0's under --tp): wall_ms (host clock, traced), span_ms,
-/// idle_ms, kernels, and per kernel name launches, busy_us and critical_us. Null without a CUDA backend or CUPTI.
+/// idle_ms, kernels, and per kernel name launches, busy_us, critical_us and idle_before_us. Null without a CUDA
+/// backend or where CUPTI is unavailable (a build without it, or another profiler attached).
 json kernel_trace_json(Ops& ops, int calls, const std::function<void()>& call) {
 #ifdef FLASHNEXT_HAVE_CUDA
   if (ops.device() != Device::CUDA || calls < 1) return nullptr;
@@ -500,6 +501,7 @@ int run(BenchArgs a) {
            "--decode-tokens {} must exceed --decode-skip {} + 1 (or be 0: no batch-1 decode)", a.decode_tokens,
            a.decode_skip);
   FN_CHECK(a.decode_skip >= 1, "--decode-skip must be >= 1 (the first emitted token comes from the prefill)");
+  FN_CHECK(!a.kernel_trace || a.device == "cuda", "--kernel-trace traces CUDA kernels: it needs --device cuda");
   FN_CHECK(a.batch_steps >= 3 || a.batches.empty(), "--batch-steps must be >= 3 (2 warm-up steps), got {}",
            a.batch_steps);
   for (int64_t p : a.prompts) FN_CHECK(p >= 1, "--prompts: every prompt length must be >= 1, got {}", p);
@@ -665,7 +667,12 @@ int run(BenchArgs a) {
                {"tflops_per_s", cost.flops / t / 1e12},
                {"ratio_to_compute_ceiling", ceil.known() ? json(ratio) : json()}};
         if (a.profile) j["profile_ms"] = prof;
-        if (a.kernel_trace) j["kernel_trace"] = trace;
+        if (a.kernel_trace) {
+          j["kernel_trace"] = trace;
+          if (trace.is_null())
+            log("--kernel-trace: no trace (this build has no CUPTI, or CUPTI refused: another "
+                "profiler attached?)");
+        }
         prefill_runs.push_back(j);
         log(
             fmt::format("prefill {:>6} tokens{}: {:8.0f} tokens/s, TTFT {:.3f} s, {:.1f} TFLOP/s ({} of the compute "
@@ -733,11 +740,13 @@ int run(BenchArgs a) {
         decode["profile_wall_ms_per_step"] = wall_ms;
         decode["profile_host_gap_ms_per_step"] = wall_ms - sum_ms(times) / std::max(1, done);
       }
-      if (a.kernel_trace)
+      if (a.kernel_trace) {
         decode["kernel_trace"] = kernel_trace_json(*ops, kTraceSteps, [&] {
           Tensor logits = m.forward_tensor(s, {&tok, 1}, LogitsMode::Last);
           tok = sample(m, logits, 0.f, 0, 0)[0];
         });
+        if (decode["kernel_trace"].is_null()) log("--kernel-trace: no trace of the decode steps (no CUPTI)");
+      }
       decode["launches_per_step"] = nullptr;
       decode["memcpys_per_step"] = nullptr;
       decode["memsets_per_step"] = nullptr;

@@ -242,6 +242,9 @@ TEST(BenchCli, BadFlagsFailBeforeAllocating) {
   r = run_flashnext("bench --device cpu --decode-tokens 10 --decode-skip 32");
   EXPECT_EQ(r.status, 1);
   EXPECT_THAT(r.out, HasSubstr("--decode-tokens 10 must exceed --decode-skip 32"));
+  r = run_flashnext("bench --device cpu --kernel-trace");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.out, HasSubstr("--kernel-trace traces CUDA kernels: it needs --device cuda"));
   r = run_flashnext("bench --device cpu --layers 4 --tp 3");  // 16 GDN key heads
   EXPECT_EQ(r.status, 1);
   EXPECT_THAT(r.out, HasSubstr("--tp 3 does not fit"));
