@@ -251,7 +251,8 @@ json profile_json(const std::vector<std::pair<std::string, double>>& times, doub
 
 /// `--kernel-trace`: `calls` calls of `call` with kernel tracing on (cuda_kernel_tracing), summed per call
 /// (summarize_kernel_trace) over the kernels of GPU 0 (rank 0's under --tp): wall_ms (host clock, traced), span_ms,
-/// idle_ms, kernels, and per kernel name launches, busy_us, critical_us and idle_before_us. Null without a CUDA
+/// idle_ms, kernels, and per kernel name (by_kernel) and per name and grid (by_kernel_grid) launches, busy_us,
+/// critical_us and idle_before_us. Null without a CUDA
 /// backend or where CUPTI is unavailable (a build without it, or another profiler attached).
 json kernel_trace_json(Ops& ops, int calls, const std::function<void()>& call) {
 #ifdef FLASHNEXT_HAVE_CUDA
@@ -265,29 +266,34 @@ json kernel_trace_json(Ops& ops, int calls, const std::function<void()>& call) {
   cuda_kernel_tracing(false);
   std::vector<KernelInterval> trace = cuda_kernel_trace();
   std::erase_if(trace, [](const KernelInterval& k) { return k.device != 0; });
-  const KernelTraceSummary s = summarize_kernel_trace(std::move(trace));
+  const KernelTraceSummary s = summarize_kernel_trace(trace), g = summarize_kernel_trace(std::move(trace), true);
   const double n = calls;
-  json rows = json::array();
-  for (const KernelTraceRow& r : s.rows)
-    rows.push_back(json{{"name", r.name},
-                        {"launches", double(r.launches) / n},
-                        {"busy_us", r.busy_us / n},
-                        {"critical_us", r.critical_us / n},
-                        {"idle_before_us", r.idle_before_us / n}});
+  auto rows = [n](const KernelTraceSummary& sum) {
+    json j = json::array();
+    for (const KernelTraceRow& r : sum.rows)
+      j.push_back(json{{"name", r.name},
+                       {"launches", double(r.launches) / n},
+                       {"busy_us", r.busy_us / n},
+                       {"critical_us", r.critical_us / n},
+                       {"idle_before_us", r.idle_before_us / n}});
+    return j;
+  };
   return json{{"calls", calls},
               {"wall_ms", 1e3 * wall_s / n},
               {"span_ms", 1e-3 * s.span_us / n},
               {"idle_ms", 1e-3 * s.idle_us / n},
               {"kernels", double(s.kernels) / n},
-              {"by_kernel", rows}};
+              {"by_kernel", rows(s)},
+              {"by_kernel_grid", rows(g)}};
 #else
   (void)ops, (void)calls, (void)call;
   return nullptr;
 #endif
 }
 
-/// The first `top` rows of a kernel_trace_json, a line each, under a header naming `what`.
-void print_kernel_trace(const json& t, const std::string& what, size_t top) {
+/// The first `top` rows of a kernel_trace_json's `rows` (by_kernel or by_kernel_grid), a line each, under a header
+/// naming `what`.
+void print_kernel_trace(const json& t, const std::string& what, size_t top, const char* rows = "by_kernel") {
   if (t.is_null()) return;
   fmt::print(
       "{} kernel trace, per call: traced wall {:.3f} ms, kernels' span {:.3f} ms, idle {:.3f} ms, {:.0f} "
@@ -295,7 +301,7 @@ void print_kernel_trace(const json& t, const std::string& what, size_t top) {
       what, t["wall_ms"].get<double>(), t["span_ms"].get<double>(), t["idle_ms"].get<double>(),
       t["kernels"].get<double>());
   size_t i = 0;
-  for (const json& r : t["by_kernel"]) {
+  for (const json& r : t[rows]) {
     if (i++ == top) break;
     fmt::print("  {:9.1f} ({:9.1f}, {:6.1f}, {:7.1f})  {}\n", r["critical_us"].get<double>(),
                r["busy_us"].get<double>(), r["launches"].get<double>(), r["idle_before_us"].get<double>(),
@@ -1016,7 +1022,7 @@ int run(BenchArgs a) {
       if (p.contains("kernel_trace"))
         print_kernel_trace(p["kernel_trace"], fmt::format("prefill {}", p["prompt_tokens"].get<int64_t>()), 30);
     if (!decode.is_null() && decode.contains("kernel_trace"))
-      print_kernel_trace(decode["kernel_trace"], "decode b=1", 40);
+      print_kernel_trace(decode["kernel_trace"], "decode b=1", 40, "by_kernel_grid");
     if (!decode.is_null() && decode["launches_per_step"].is_number()) {
       fmt::print("decode b=1 per step: {:.0f} kernel launches, {:.0f} copies, {:.0f} sets (empty-kernel launch {:.2f} us)\n",
                  decode["launches_per_step"].get<double>(), decode["memcpys_per_step"].get<double>(),

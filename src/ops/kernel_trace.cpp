@@ -1,6 +1,7 @@
 #include "ops/kernel_trace.h"
 
 #include <cxxabi.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -11,7 +12,7 @@
 
 namespace flashnext {
 
-KernelTraceSummary summarize_kernel_trace(std::vector<KernelInterval> trace) {
+KernelTraceSummary summarize_kernel_trace(std::vector<KernelInterval> trace, bool by_grid) {
   KernelTraceSummary s;
   if (trace.empty()) return s;
   for (const KernelInterval& k : trace)
@@ -23,8 +24,9 @@ KernelTraceSummary summarize_kernel_trace(std::vector<KernelInterval> trace) {
   std::map<std::string, KernelTraceRow> rows;
   uint64_t latest_end = trace.front().start_ns;
   for (const KernelInterval& k : trace) {
-    KernelTraceRow& r = rows[k.name];
-    r.name = k.name;
+    const std::string key = by_grid ? fmt::format("{} [{} x {} x {}]", k.name, k.grid_x, k.grid_y, k.grid_z) : k.name;
+    KernelTraceRow& r = rows[key];
+    r.name = key;
     ++r.launches;
     r.busy_us += double(k.end_ns - k.start_ns) * 1e-3;
     if (k.start_ns > latest_end) {

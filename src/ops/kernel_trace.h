@@ -10,11 +10,13 @@
 namespace flashnext {
 
 /// One kernel's execution: its name (short_kernel_name), when its first block started and its last ended, in
-/// nanoseconds of one clock (CUPTI's timestamps), and the device and stream it ran on.
+/// nanoseconds of one clock (CUPTI's timestamps), the device and stream it ran on, and its grid (blocks in x, y, z;
+/// 0 where unknown).
 struct KernelInterval {
   std::string name;
   uint64_t start_ns = 0, end_ns = 0;
   uint32_t device = 0, stream = 0;
+  int32_t grid_x = 0, grid_y = 0, grid_z = 0;
 };
 
 /// The kernels of one name in a trace: launches, busy time (the sum of end - start; under programmatic launch it
@@ -42,7 +44,9 @@ struct KernelTraceSummary {
 /// nothing, and a chain of overlapping kernels is charged end to end. start_i > E adds start_i - E to idle and to
 /// kernel i's idle_before_us. Intervals
 /// with end < start are an error (Error naming the kernel).
-KernelTraceSummary summarize_kernel_trace(std::vector<KernelInterval> trace);
+/// With `by_grid` the rows are per name and grid ("name [gx x gy x gz]"), which tells apart the launches of one kernel
+/// at different shapes (the decode GEMV's projections, its lm_head).
+KernelTraceSummary summarize_kernel_trace(std::vector<KernelInterval> trace, bool by_grid = false);
 
 /// A kernel's symbol as a short name: demangled, without return type, parameter list and the namespaces flashnext::,
 /// detail:: and (anonymous namespace)::, template arguments kept ("_Z3fooILi1EEvPf" -> "foo<1>"). A name that does not

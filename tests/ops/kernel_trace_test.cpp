@@ -56,6 +56,24 @@ TEST(KernelTrace, LaunchesOfOneNameAddUp) {
   EXPECT_DOUBLE_EQ(s.span_us, 6.0);
 }
 
+TEST(KernelTrace, RowsByGrid) {
+  // One kernel at two shapes: by name one row, by grid two, with the same charges in all.
+  const std::vector<KernelInterval> t{{"gemv", 0, 4000, 0, 0, 2060, 1, 1},
+                                      {"gemv", 4000, 5000, 0, 0, 640, 1, 1},
+                                      {"gemv", 6000, 10000, 0, 0, 2060, 1, 1}};
+  const KernelTraceSummary by_name = summarize_kernel_trace(t), by_grid = summarize_kernel_trace(t, true);
+  ASSERT_EQ(by_name.rows.size(), 1u);
+  EXPECT_DOUBLE_EQ(by_name.rows[0].critical_us, 9.0);
+  ASSERT_EQ(by_grid.rows.size(), 2u);
+  EXPECT_EQ(by_grid.rows[0].name, "gemv [2060 x 1 x 1]");
+  EXPECT_EQ(by_grid.rows[0].launches, 2);
+  EXPECT_DOUBLE_EQ(by_grid.rows[0].critical_us, 8.0);
+  EXPECT_EQ(by_grid.rows[1].name, "gemv [640 x 1 x 1]");
+  EXPECT_DOUBLE_EQ(by_grid.rows[1].critical_us, 1.0);
+  EXPECT_DOUBLE_EQ(by_grid.rows[0].idle_before_us + by_grid.rows[1].idle_before_us, by_name.idle_us);
+  EXPECT_DOUBLE_EQ(by_grid.idle_us, 1.0);
+}
+
 TEST(KernelTrace, ChargesAreTheUnionOfTheIntervals) {
   // Random timelines on a grid of 1 ns: the charges add up to the covered points, idle to the uncovered ones.
   std::mt19937 rng(7);

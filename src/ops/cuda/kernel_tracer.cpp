@@ -39,7 +39,7 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
       auto it = g_names.find(k->name);
       if (it == g_names.end()) it = g_names.emplace(k->name, short_kernel_name(k->name)).first;
-      g_trace.push_back({it->second, k->start, k->end, k->deviceId, k->streamId});
+      g_trace.push_back({it->second, k->start, k->end, k->deviceId, k->streamId, k->gridX, k->gridY, k->gridZ});
     }
   }
   std::free(buffer);
