@@ -30,8 +30,7 @@ void CudaOps::gdn_conv_batch(const Tensor& qkv, const Tensor& weight, const Tens
   // scratch for all sequences: the stream runs them in order).
   FN_CHECK(K <= detail::kGdnConvMaxTaps, "{}: conv kernel size {} exceeds the CUDA kernels' {}", op, K,
            detail::kGdnConvMaxTaps);
-  int64_t most_rows = 0;
-  for (int64_t s = 0; s < batch.num_seqs; ++s) most_rows = std::max(most_rows, batch.rows_of(s));
+  const int64_t most_rows = batch.max_rows();
   FN_CHECK(most_rows <= detail::kGdnConvMaxRows,
            "{}: a sequence of {} rows in one step exceeds the CUDA conv kernels' {} (prefill it in smaller chunks)", op,
            most_rows, detail::kGdnConvMaxRows);
