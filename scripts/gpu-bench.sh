@@ -29,6 +29,8 @@
 #      BASELINE_OPS=DIR with --prepare packs the bench_ops and bench_moe_w4a16 of DIR (built from the baseline commit),
 #      and OPS_PERF / W4_BENCH then run them too (ops-perf-PREC-baseline.txt, bench-moe-w4a16-baseline.txt);
 #      BASELINE=0 skips the packed baseline build's bench (one bundle, a run that needs no before);
+#      ENV_VARIANTS="VAR=VALUE ...|VAR=VALUE ...": the full-size run of this build once more per '|'-separated set of
+#      variables (bench-full-variant-N.json, N from 1): one binary's alternative kernels side by side;
 #      BASELINE2_ENV="VAR=VALUE ...": the baseline build once more with those variables (bench-full-baseline2.json),
 #      e.g. BASELINE_BIN=<main> BASELINE2_ENV=FLASHNEXT_CUDA_GRAPHS=0: a change, its parent, and the parent without
 #      graphs in one call;
@@ -338,6 +340,19 @@ if [ "$status" = 0 ] && [ "${FULL:-1}" != 0 ]; then
       { status=1; tail -n 20 "$OUT/bench-full-baseline2.txt"; }
     grep -v "^bench:" "$OUT/bench-full-baseline2.txt" | tee -a "$S"
   fi
+  # One more run of this build per '|'-separated set of variables of ENV_VARIANTS (bench-full-variant-N.json, N from 1).
+  IFS='|' read -r -a variants <<<"${ENV_VARIANTS:-}"
+  n=0
+  for v in "${variants[@]}"; do
+    n=$((n + 1))
+    [ "$status" = 0 ] || break
+    echo "gpu-bench: released geometry again with $v (variant $n)" | tee -a "$S"
+    # shellcheck disable=SC2086
+    env $v timeout 420 "$G/bin/flashnext" bench --profile --repeat 2 ${BENCH_ARGS:-} \
+      --out "$OUT/bench-full-variant-$n.json" >"$OUT/bench-full-variant-$n.txt" 2>&1 ||
+      { status=1; tail -n 20 "$OUT/bench-full-variant-$n.txt"; }
+    grep -v "^bench:" "$OUT/bench-full-variant-$n.txt" | tee -a "$S"
+  done
 else
   echo "gpu-bench: the released geometry NOT run (FULL=${FULL:-1}, status $status)" | tee -a "$S"
 fi
