@@ -9,7 +9,6 @@
 #include <initializer_list>
 #include <map>
 #include <mutex>
-#include <string>
 #include <tuple>
 
 #include "ops/cuda/kernel_attributes.h"
@@ -828,8 +827,8 @@ __global__ void hc_up_kernel(float* __restrict__ X, const float* __restrict__ ad
 // units x, x + gridDim.x, ... (unit = g + groups * b), then, after grid_barrier, up column groups x, x + gridDim.x, ...
 // of (blockDim.x / 32) columns, a warp each; its first unit's and first column's weights are loaded before the wait
 // with `early`. The dependents are launched after the barrier (pdl_wait_after_weights).
-template <int T, int MB = kHcFusedMinBlocks>
-__global__ void __launch_bounds__(kHcDownThreads, MB)
+template <int T>
+__global__ void __launch_bounds__(kHcDownThreads, kHcFusedMinBlocks)
     hc_read_fused_kernel(float* X, const float* __restrict__ add_out, const float* __restrict__ add_inj,
                          const __half* __restrict__ norm_w, const __half* __restrict__ down,
                          const __half* __restrict__ up, const __half* __restrict__ inject, int S, int H, int R,
@@ -1385,9 +1384,6 @@ FN_HC_FUSED_KERNEL(2)
 FN_HC_FUSED_KERNEL(3)
 FN_HC_FUSED_KERNEL(4)
 #undef FN_HC_FUSED_KERNEL
-template __global__ void hc_read_fused_kernel<1, 3>(float*, const float*, const float*, const __half*, const __half*,
-                                                    const __half*, const __half*, int, int, int, int, float, float*,
-                                                    float*, float*, float*, GridBarrier*, bool);
 static_assert(kHcFusedMaxTokens == 4, "instantiate hc_read_fused_kernel for every token count it takes");
 template __global__ void qsa_topk_kernel<PagedIndex>(PagedIndex, const float*, int64_t, int, int, int, topk::Scored*,
                                                      int32_t*, int);
@@ -1792,7 +1788,7 @@ int64_t hc_read_decode_scratch(int tokens, int streams, int rank, bool inject) {
 // The fused read's grid for T tokens at `threads` threads and `smem` bytes of dynamic shared memory: as many blocks as
 // the current GPU holds at once (occupancy times SMs; queried once per device, T and size) and no more than `units`;
 // 0 where a query fails or no block fits.
-template <int T, int MB>
+template <int T>
 unsigned hc_fused_grid(unsigned threads, size_t smem, int units) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return 0;
@@ -1801,10 +1797,10 @@ unsigned hc_fused_grid(unsigned threads, size_t smem, int units) {
   int per_gpu = 0;
   {
     std::lock_guard<std::mutex> lock(mu);
-    const auto [it, added] = resident.try_emplace({device, T * 16 + MB, threads, smem}, 0);
+    const auto [it, added] = resident.try_emplace({device, T, threads, smem}, 0);
     if (added) {
       int per_sm = 0, sms = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, hc_read_fused_kernel<T, MB>, int(threads), smem) ==
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, hc_read_fused_kernel<T>, int(threads), smem) ==
               cudaSuccess &&
           cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess)
         it->second = per_sm * sms;
@@ -1836,32 +1832,20 @@ cudaError_t launch_hc_read_decode(float* X, const float* add_out, const float* a
     if (tokens > kHcFusedMaxTokens) return cudaErrorInvalidValue;
     int units = std::max(groups * streams, int((hidden + down_threads / 32 - 1) / (down_threads / 32)));
     if (max_blocks > 0) units = std::min(units, max_blocks);
-    // FLASHNEXT_CUDA_HC_FUSED (an experiment's switch, read once): "plain" launches without the cooperative
-    // attribute (programmatic launch only), "coop3" / "plain3" take the one-token kernel compiled for 3 blocks an SM.
-    static const int variant = [] {
-      const char* v = std::getenv("FLASHNEXT_CUDA_HC_FUSED");
-      const std::string s = v ? v : "";
-      return (s.rfind("plain", 0) == 0 ? 1 : 0) | (!s.empty() && s.back() == '3' ? 2 : 0);
-    }();
     auto go = [&](auto kernel, unsigned blocks) {
       if (!blocks) return cudaErrorCooperativeLaunchTooLarge;
-      return (variant & 1)
-                 ? launch(kernel, blocks, down_threads, up_smem, stream, X, add_out, add_inj, norm_w, down, up, inject,
-                          streams, hidden, rank, rows, eps, part, ss, u, inj, barrier, early)
-                 : launch_cooperative(kernel, blocks, down_threads, up_smem, stream, X, add_out, add_inj, norm_w, down,
-                                      up, inject, streams, hidden, rank, rows, eps, part, ss, u, inj, barrier, early);
+      return launch_cooperative(kernel, blocks, down_threads, up_smem, stream, X, add_out, add_inj, norm_w, down, up,
+                                inject, streams, hidden, rank, rows, eps, part, ss, u, inj, barrier, early);
     };
     switch (tokens) {
       case 1:
-        return (variant & 2)
-                   ? go(hc_read_fused_kernel<1, 3>, hc_fused_grid<1, 3>(down_threads, up_smem, units))
-                   : go(hc_read_fused_kernel<1>, hc_fused_grid<1, kHcFusedMinBlocks>(down_threads, up_smem, units));
+        return go(hc_read_fused_kernel<1>, hc_fused_grid<1>(down_threads, up_smem, units));
       case 2:
-        return go(hc_read_fused_kernel<2>, hc_fused_grid<2, kHcFusedMinBlocks>(down_threads, up_smem, units));
+        return go(hc_read_fused_kernel<2>, hc_fused_grid<2>(down_threads, up_smem, units));
       case 3:
-        return go(hc_read_fused_kernel<3>, hc_fused_grid<3, kHcFusedMinBlocks>(down_threads, up_smem, units));
+        return go(hc_read_fused_kernel<3>, hc_fused_grid<3>(down_threads, up_smem, units));
       case 4:
-        return go(hc_read_fused_kernel<4>, hc_fused_grid<4, kHcFusedMinBlocks>(down_threads, up_smem, units));
+        return go(hc_read_fused_kernel<4>, hc_fused_grid<4>(down_threads, up_smem, units));
       default:
         return cudaErrorInvalidValue;
     }
