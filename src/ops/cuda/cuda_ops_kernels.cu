@@ -726,14 +726,17 @@ __device__ __forceinline__ void hc_up_store_x(const HcUpColumn<P>& col, float* X
 }
 
 // The up stage's block prologue: rstd [T][kHcMaxStreamsDecode], d_s [T, R] and (inj non-null: block 0) inj [T, S],
-// from the down stage's partials and square sums (read through L2: other blocks of the fused kernel wrote them).
+// from the down stage's partials and square sums (Barrier: other blocks of this kernel wrote them before a grid
+// barrier, so they are read through L2 with ld.cg; else the partials with plain loads, which at one token keep hc_up
+// at 64 registers where ld.cg took 80).
 // Row r's product with n[t] sums the stream partials (contiguous per (t, r)), each times its stream's rstd, in stream
 // order, the loop over streams unrolled so that the loads of several rows are in flight together. Barriers around.
-template <int T>
+template <int T, bool Barrier>
 __device__ __forceinline__ void hc_up_mix_rows(const float* part, const float* ss, int S, int H, int R, int rows,
                                                float eps, float* d_s, float (*rstd)[kHcMaxStreamsDecode],
                                                float* __restrict__ inj) {
   const int nt = int(blockDim.x);
+  auto load = [](const float* a) { return Barrier ? __ldcg(a) : *a; };
   for (int q = threadIdx.x; q < T * S; q += nt) rstd[q / S][q % S] = rsqrtf(__ldcg(ss + q) / float(H) + eps);
   __syncthreads();
   auto mixed_dot = [&](int t, int r) {
@@ -741,7 +744,7 @@ __device__ __forceinline__ void hc_up_mix_rows(const float* part, const float* s
     float a = 0.f;
 #pragma unroll
     for (int bb = 0; bb < kHcMaxStreamsDecode; ++bb)
-      if (bb < S) a += rstd[t][bb] * __ldcg(p + bb);
+      if (bb < S) a += rstd[t][bb] * load(p + bb);
     return a / float(S);
   };
   for (int q0 = threadIdx.x; q0 < T * R; q0 += 4 * nt) {
@@ -819,7 +822,7 @@ __global__ void hc_up_kernel(float* __restrict__ X, const float* __restrict__ ad
   float xv[T];
   hc_up_x<T>(col, X, add_out, add_inj, S, H, xv);
   hc_up_store_x<T>(col, X, add_out, S, H, xv);
-  hc_up_mix_rows<T>(part, ss, S, H, R, rows, eps, d_s, rstd, blockIdx.x == 0 ? inj : nullptr);
+  hc_up_mix_rows<T, false>(part, ss, S, H, R, rows, eps, d_s, rstd, blockIdx.x == 0 ? inj : nullptr);
   hc_up_column<T>(col, d_s, rstd, xv, S, H, R, u);
 }
 
@@ -860,7 +863,7 @@ __global__ void __launch_bounds__(kHcDownThreads, kHcFusedMinBlocks)
   pdl_launch_dependents();
   extern __shared__ float d_s[];  // [T, R]
   __shared__ float rstd[T][kHcMaxStreamsDecode];
-  hc_up_mix_rows<T>(part, ss, S, H, R, rows, eps, d_s, rstd, blockIdx.x == 0 ? inj : nullptr);
+  hc_up_mix_rows<T, true>(part, ss, S, H, R, rows, eps, d_s, rstd, blockIdx.x == 0 ? inj : nullptr);
   for (int v = int(blockIdx.x); v < up_units; v += int(gridDim.x)) {
     if (v != int(blockIdx.x)) {
       col.of(up, v * warps + warp, S, H, R);
