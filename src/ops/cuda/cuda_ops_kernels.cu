@@ -520,11 +520,12 @@ __global__ void shared_down_decode_kernel(const float* __restrict__ g, const flo
 //          memory (block 0 also writes inj[t][s] = 2 sigmoid(sum_b rstd p / S) of the inject rows: hc_up_mix_rows),
 //          then one warp per hidden column j, lane group b (32 / S lanes) for stream b: m_b = up[b*H + j] . d[t];
 //          u[t, j] = mean_b sigmoid(m_b) * n[t, b*H + j] (hc_up_column).
-// Either two launches, hc_down_kernel (a block per down unit) and hc_up_kernel (a block per kWarps columns), or one,
-// hc_read_fused_kernel: blocks that hold their first down unit's and their first up columns' weights from before the
-// wait, so that all 13 MB of a read at the released widths are in flight at once, do the down units, meet at a grid
-// barrier (a cooperative launch) and do the up columns; the kernel boundary, and the up weights' loads after it, are
-// gone. Every kernel loads its first weights (and norm weights) before the wait on the kernel ahead where `early`.
+// Either two launches, hc_down_kernel (a block per down unit) and hc_up_kernel (a block per kWarps columns), or one
+// (FLASHNEXT_CUDA_HC_DECODE=one), hc_read_fused_kernel: blocks that hold their first down unit's and their first up
+// columns' weights from before the wait do the down units, meet at a grid barrier (a cooperative launch) and do the up
+// columns, with no kernel boundary between the stages. On an H100 the one launch is the slower (docs/BENCHMARKS.md:
+// its cooperative grid starts only when every block fits, and 60 of its 264 blocks load a second down unit late).
+// Every kernel loads its first weights (and norm weights) before the wait on the kernel ahead where `early`.
 // With a pending injection (add_out [T, H], add_inj [T, S]; hc_inject_read) both stages read X' = X + add_inj[t, b] *
 // add_out[t, j] (the expression of hc_inject_kernel) instead of X, and the up stage, whose lanes own one X element
 // each, stores X' in place (the fused kernel after its barrier: every down unit has read X by then). Needs H, R
