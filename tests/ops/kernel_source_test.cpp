@@ -1,13 +1,11 @@
 // The launch contract of the CUDA kernels, checked on their source (runs without a GPU): a kernel that
 // src/ops/cuda/kernel_attributes.h `launch` starts may be scheduled while the kernel ahead of it in the stream still
 // runs (programmatic dependent launch on compute capability 9.0+), so its first statement must be pdl_begin()
-// (device_math.cuh), the wait for the kernels ahead, or pdl_begin_after_weights / pdl_wait_after_weights (the wait
-// after loads of weights, which no kernel writes; the second for kernels with a grid barrier, which launch their
-// dependents after it). A kernel that touched other memory before it would race with them, and only sometimes; this
-// test names a kernel that has none of them.
+// (device_math.cuh), the wait for the kernels ahead, or pdl_begin_after_weights (the wait after loads of weights,
+// which no kernel writes). A kernel that touched other memory before it would race with them, and only sometimes;
+// this test names a kernel that has neither.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -56,29 +54,18 @@ TEST(KernelSource, EveryKernelStartedByLaunchBeginsWithPdlBegin) {
       ++checked;
       size_t body = brace + 1;
       while (body < src.size() && std::isspace(static_cast<unsigned char>(src[body]))) ++body;
-      // pdl_begin() first, or pdl_begin_after_weights(early, load_weights) / pdl_wait_after_weights(...) in the
-      // kernel's body, whose prologue may read weights only; what comes before that call (indices and pointers
-      // computed from the parameters, the prologue's lambda) is not checked here: device_math.cuh states the rule,
-      // reviews keep it.
+      // pdl_begin() first, or pdl_begin_after_weights(early, load_weights) in the kernel's body, whose prologue may
+      // read weights only; what comes before that call (indices and pointers computed from the parameters, the
+      // prologue's lambda) is not checked here: device_math.cuh states the rule, reviews keep it.
+      const size_t after_weights = src.find("pdl_begin_after_weights(", body);
       const size_t next_kernel = src.find("__global__", body);
-      const size_t after_weights =
-          std::min(src.find("pdl_begin_after_weights(", body), src.find("pdl_wait_after_weights(", body));
       const bool plain_first = src.compare(body, 12, "pdl_begin();") == 0;
       const bool weights_first = after_weights != std::string::npos && after_weights < next_kernel &&
                                  src.find("pdl_begin();", body) > after_weights;
-      // A kernel with a grid barrier launches its dependents after it (device_math.cuh pdl_wait_after_weights): a
-      // pdl_begin* would let the next kernel take SM room its own blocks still need.
-      const std::string kernel_body =
-          src.substr(body, next_kernel == std::string::npos ? std::string::npos : next_kernel - body);
-      if (kernel_body.find("grid_barrier(") != std::string::npos) {
-        EXPECT_EQ(kernel_body.find("pdl_begin"), std::string::npos)
-            << entry.path().filename().string() << ": kernel " << name
-            << " has a grid barrier, so it must open with pdl_wait_after_weights or pdl_wait, not pdl_begin*";
-      }
       EXPECT_TRUE(plain_first || weights_first)
           << entry.path().filename().string() << ": kernel " << name
           << " is not started with <<<>>>, so launch() starts it, but its first statement is not pdl_begin() and it "
-             "does not call pdl_begin_after_weights() or pdl_wait_after_weights() before any other load";
+             "does not call pdl_begin_after_weights() before any other load";
     }
   }
   EXPECT_GE(files, 5) << "no launch() calls found under " << dir;

@@ -75,9 +75,6 @@ Context::Context(int dev) : device(dev) {
   FN_CUDA_CHECK(cudaMemset(status, 0, sizeof(int32_t) * kStatusSlots), "cuda backend: status words");
   FN_CUDA_CHECK(cudaMallocHost(&p, sizeof(int32_t) * kStatusSlots), "cuda backend: status words");
   status_host = static_cast<int32_t*>(p);
-  FN_CUDA_CHECK(cudaMalloc(&p, sizeof(GridBarrier)), "cuda backend: grid barrier");
-  barrier = static_cast<GridBarrier*>(p);
-  FN_CUDA_CHECK(cudaMemset(barrier, 0, sizeof(GridBarrier)), "cuda backend: grid barrier");
 }
 Context::~Context() {
   if (stream) cudaStreamSynchronize(stream);
@@ -85,7 +82,6 @@ Context::~Context() {
   if (branch) cudaStreamSynchronize(branch);
   if (status) cudaFree(status);
   if (status_host) cudaFreeHost(status_host);
-  if (barrier) cudaFree(barrier);
   if (stream) cudaStreamDestroy(stream);
   if (side) cudaStreamDestroy(side);
   if (branch) cudaStreamDestroy(branch);

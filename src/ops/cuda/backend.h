@@ -57,8 +57,6 @@ struct Context {
   cudaStream_t branch = nullptr;   ///< work beside the main stream's within a layer (moe_shared_expert_start)
   int32_t* status = nullptr;       ///< device [kStatusSlots]
   int32_t* status_host = nullptr;  ///< pinned [kStatusSlots]
-  /// The grid barrier of the main stream's barrier kernels (the fused decode hyper-connection read), zeroed.
-  GridBarrier* barrier = nullptr;
   /// While a step is recorded (CudaOps::begin_step_capture): pool memory released meanwhile is freed after the
   /// recording ends (a free enqueued on the recording stream would become part of the recorded step).
   bool recording = false;
@@ -396,10 +394,6 @@ class CudaOps final : public Ops {
   /// do not apply. Shapes checked by the caller.
   bool hc_read_fused(const Tensor& X, const Tensor& out, const Tensor& inj_prev, const HcWeights& hc, double eps,
                      const Tensor& u, const Tensor& inj);
-  /// Whether the decode read may take its one-launch form (launch_hc_read_decode with ctx_->barrier) where
-  /// FLASHNEXT_CUDA_HC_DECODE=one asks for it: false once the driver refused its cooperative launch (then the
-  /// two-launch form, the same bits, from there on).
-  bool hc_decode_one_launch_ = true;
 
   // ------------------------------------------------ gdn_ops.cpp
 

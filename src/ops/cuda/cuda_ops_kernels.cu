@@ -3,13 +3,8 @@
 // the float32 CPU backend src/ops/cpu is the oracle they are tested against). SM70 instructions only.
 #include "ops/cuda/cuda_ops_kernels.h"
 #ifndef __CUDACC_RTC__
-#include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <initializer_list>
-#include <map>
-#include <mutex>
-#include <tuple>
 
 #include "ops/cuda/kernel_attributes.h"
 #endif
@@ -508,48 +503,35 @@ __global__ void shared_down_decode_kernel(const float* __restrict__ g, const flo
   }
 }
 
-// Decode hyper-connection read (hc_read for T <= kGemvMaxTokens tokens, float32 throughout). With
+// Decode hyper-connection read (hc_read for T <= kGemvMaxTokens tokens, float32 throughout), in two launches. With
 // n = X * rstd * (1 + hc_norm), a row's product splits by stream: w . n[t] = sum_b rstd[t][b] * p[t][b], where
-// p[t][b] = sum over stream b's inputs k of w[k] (1 + hc_norm[k]) X[t, k], so no statistics pass has to come first.
-// Two stages, whose work units the kernels below share (the same operations in the same order either way):
-//   down:  unit (g, b) for rows g*kHcDownRows .. +kHcDownRows of [input_mix_weight_down (R rows); block_inject
-//          (S rows)] over stream b's H inputs, one thread per 8-wide slice with all of its weight, norm and X loads
-//          in flight at once: the partial dots p[t][r][b] and (units g = 0) the stream's square sums ss[t][b]
-//          (hc_down_unit).
-//   up:    rstd[t][b] = rsqrt(ss[t][b] / H + eps), d[t][r] = silu(sum_b rstd[t][b] p[t][r][b] / S) into shared
-//          memory (block 0 also writes inj[t][s] = 2 sigmoid(sum_b rstd p / S) of the inject rows: hc_up_mix_rows),
-//          then one warp per hidden column j, lane group b (32 / S lanes) for stream b: m_b = up[b*H + j] . d[t];
-//          u[t, j] = mean_b sigmoid(m_b) * n[t, b*H + j] (hc_up_column).
-// Either two launches, hc_down_kernel (a block per down unit) and hc_up_kernel (a block per kWarps columns), or one
-// (FLASHNEXT_CUDA_HC_DECODE=one), hc_read_fused_kernel: blocks that hold their first down unit's and their first up
-// columns' weights from before the wait do the down units, meet at a grid barrier (a cooperative launch) and do the up
-// columns, with no kernel boundary between the stages. On an H100 the one launch is the slower (docs/BENCHMARKS.md:
-// its cooperative grid starts only when every block fits, and 60 of its 264 blocks load a second down unit late).
-// Every kernel loads its first weights (and norm weights) before the wait on the kernel ahead where `early`.
-// With a pending injection (add_out [T, H], add_inj [T, S]; hc_inject_read) both stages read X' = X + add_inj[t, b] *
-// add_out[t, j] (the expression of hc_inject_kernel) instead of X, and the up stage, whose lanes own one X element
-// each, stores X' in place (the fused kernel after its barrier: every down unit has read X by then). Needs H, R
-// multiples of 8, S a power of two <= kHcMaxStreamsDecode, rows 16-byte aligned.
+// p[t][b] = sum over stream b's inputs k of w[k] (1 + hc_norm[k]) X[t, k], so no statistics pass has to come first:
+//   hc_down: block (g, b) for rows g*kHcDownRows .. +kHcDownRows of [input_mix_weight_down (R rows); block_inject
+//            (S rows)] over stream b's H inputs, one thread per 8-wide slice with all of its weight, norm and X loads
+//            in flight at once: the partial dots p[t][r][b] and (blocks g = 0) the stream's square sums ss[t][b].
+//   hc_up:   rstd[t][b] = rsqrt(ss[t][b] / H + eps), d[t][r] = silu(sum_b rstd[t][b] p[t][r][b] / S) into shared
+//            memory (block 0 also writes inj[t][s] = 2 sigmoid(sum_b rstd p / S) of the inject rows), then one warp per
+//            hidden column j, lane group b (32 / S lanes) for stream b: m_b = up[b*H + j] . d[t];
+//            u[t, j] = mean_b sigmoid(m_b) * n[t, b*H + j]. The up weights and the X' elements are loaded before the
+//            prologue.
+// Both kernels load their first weights (and norm weights) before the wait on the kernel ahead where `early`
+// (pdl_begin_after_weights).
+// With a pending injection (add_out [T, H], add_inj [T, S]; hc_inject_read) both kernels read X' = X + add_inj[t, b] *
+// add_out[t, j] (the expression of hc_inject_kernel) instead of X, and hc_up, whose lanes own one X element each,
+// stores X' in place. Needs H, R multiples of 8, S a power of two <= kHcMaxStreamsDecode, rows 16-byte aligned.
 constexpr int kHcMaxStreamsDecode = 8;
-constexpr int kHcDownRows = 4;  // rows per down unit: they share the unit's X and norm loads
+constexpr int kHcDownRows = 4;  // rows per hc_down block: they share the block's X and norm loads
 // Threads of an hc_down block: a slice of 8 inputs each, the 320 slices of a stream at the released width (2,560).
 constexpr int kHcDownThreads = 320;
 // Blocks per SM hc_down is compiled for (its registers capped to fit): with the per-token accumulators of 2-4 tokens
 // it took 102 registers, one 320-thread block an SM, its 324 blocks (released widths) in 2.5 waves; 96 fit two (1.2
-// waves; 3-4 tokens spill about 100 bytes). One token: 56 registers at a cap of 3 blocks (without the cap it took 70:
-// 2 blocks an SM, 264 of the 324 blocks in the first wave); 5-8 tokens need more than 96.
+// waves; 3-4 tokens spill about 100 bytes). One token: capped for 3 blocks an SM, one wave (uncapped it took 70
+// registers: 2 blocks an SM, 264 of the 324 blocks in the first wave); 5-8 tokens need more than 96.
 template <int T>
 constexpr int kHcDownMinBlocks = T == 1   ? 3
                                  : T <= 4 ? 2
                                           : 1;
-constexpr int kHcUpSlices = 8;  // 8-wide up-row slices per lane in flight (hc_up_kernel)
-// Up-row slices per lane that hc_read_fused_kernel holds from before its wait: a lane's whole share at the released
-// widths (rank 320 over the 8 lanes of a stream at S = 4), so that its up weights are in flight with its down weights.
-constexpr int kHcFusedUpSlices = 5;
-// Blocks per SM the fused kernel is compiled for (registers capped at 102): at one token it takes 90 registers and
-// no spill, so an H100's 132 SMs hold 264 blocks: the released widths' 256 up column groups in one round, their 324
-// down units in two (60 blocks load a second unit after their first). At 2-4 tokens the cap spills 150-190 bytes.
-constexpr int kHcFusedMinBlocks = 2;
+constexpr int kHcUpSlices = 8;  // 8-wide up-row slices per lane in flight
 
 // X'[t, b*H + 4i .. +4) as hc_read_decode reads it: X plus the pending injection, if any.
 __device__ __forceinline__ float4 hc_x4(const float* __restrict__ X, const float* __restrict__ add_out,
@@ -566,55 +548,50 @@ __device__ __forceinline__ float4 hc_x4(const float* __restrict__ X, const float
   return v;
 }
 
-// A down unit (g, b) and a thread's current 8-wide slice of its rows and of the norm weight.
-struct HcDownSlice {
-  const uint4* wr[kHcDownRows];
-  uint4 wraw[kHcDownRows], graw;
-  int g, b;
-  // Unit (g, b): rows g*kHcDownRows .. of [down (R rows); inject], the last row repeated past `rows`; W = S*H.
-  __device__ __forceinline__ void rows_of(const __half* __restrict__ down, const __half* __restrict__ inject, int g_,
-                                          int b_, int R, int rows, int64_t W) {
-    g = g_;
-    b = b_;
+// At most kHcDownThreads threads (one per 8-wide slice of a stream, looping beyond); the T * (kHcDownRows + 1)
+// accumulators stay in registers (kHcDownMinBlocks).
+template <int T>
+__global__ void __launch_bounds__(kHcDownThreads, kHcDownMinBlocks<T>)
+    hc_down_kernel(const float* __restrict__ X, const float* __restrict__ add_out, const float* __restrict__ add_inj,
+                   const __half* __restrict__ norm_w, const __half* __restrict__ down,
+                   const __half* __restrict__ inject, int S, int H, int R, int rows, float* __restrict__ part,
+                   float* __restrict__ ss_out, bool early) {
+  constexpr int RB = kHcDownRows, V = T * (RB + 1);  // per token: RB row dots, then the square sum
+  const int g = int(blockIdx.x), b = int(blockIdx.y), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t W = int64_t(S) * H;
+  const int n8 = H / 8;
+  const uint4* wr[RB];
 #pragma unroll
-    for (int i = 0; i < kHcDownRows; ++i) {
-      const int r = min(g * kHcDownRows + i, rows - 1);
-      wr[i] = reinterpret_cast<const uint4*>(r < R ? down + int64_t(r) * W : inject + int64_t(r - R) * W);
-    }
+  for (int i = 0; i < RB; ++i) {
+    const int r = min(g * RB + i, rows - 1);
+    wr[i] = reinterpret_cast<const uint4*>(r < R ? down + int64_t(r) * W : inject + int64_t(r - R) * W);
   }
-  // Slice v of stream b (weights only: may run before the wait).
-  __device__ __forceinline__ void load(const __half* __restrict__ norm_w, int n8, int v) {
+  // The weight and norm slices of this thread's first 8-wide slice (the only one at the released width), loaded
+  // before the wait with `early`; the loop loads the later ones.
+  uint4 wraw[RB], graw;
+  auto load_slice = [&](int v) {
     const int64_t k8 = int64_t(b) * n8 + v;  // the slice in a row of S*H inputs
 #pragma unroll
-    for (int i = 0; i < kHcDownRows; ++i) wraw[i] = __ldg(wr[i] + k8);
+    for (int i = 0; i < RB; ++i) wraw[i] = __ldg(wr[i] + k8);
     graw = __ldg(reinterpret_cast<const uint4*>(norm_w) + k8);
-  }
-};
-
-// The down stage of unit (s.g, s.b): the block's threads take the stream's 8-wide slices from threadIdx.x (the first
-// already in `s`, the later ones loaded here), the T * (kHcDownRows + 1) accumulators in registers, summed by warp and
-// then in warp order through `red`, into part[t][r][b] and (g = 0) ss_out[t][b]. Ends with a barrier (red is free).
-template <int T>
-__device__ __forceinline__ void hc_down_unit(HcDownSlice& s, const float* __restrict__ X,
-                                             const float* __restrict__ add_out, const float* __restrict__ add_inj,
-                                             const __half* __restrict__ norm_w, int S, int H, int rows,
-                                             float* __restrict__ part, float* __restrict__ ss_out,
-                                             float (*red)[T * (kHcDownRows + 1)]) {
-  constexpr int RB = kHcDownRows, V = T * (RB + 1);  // per token: RB row dots, then the square sum
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n8 = H / 8;
+  };
+  pdl_begin_after_weights(early, [&] {
+    if (int(threadIdx.x) < n8) load_slice(int(threadIdx.x));
+  });
+  __shared__ float red[kHcDownThreads / 32][V];
   float acc[T][RB + 1];
 #pragma unroll
   for (int t = 0; t < T; ++t)
 #pragma unroll
     for (int i = 0; i <= RB; ++i) acc[t][i] = 0.f;
   for (int v = threadIdx.x; v < n8; v += blockDim.x) {
-    if (v != int(threadIdx.x)) s.load(norm_w, n8, v);
+    if (v != int(threadIdx.x)) load_slice(v);
     float gf[8];
-    unpack_f16x8(s.graw, gf);
+    unpack_f16x8(graw, gf);
 #pragma unroll
     for (int t = 0; t < T; ++t) {
-      const float4 p = hc_x4(X, add_out, add_inj, t, s.b, 2 * v, S, H),
-                   q = hc_x4(X, add_out, add_inj, t, s.b, 2 * v + 1, S, H);
+      const float4 p = hc_x4(X, add_out, add_inj, t, b, 2 * v, S, H),
+                   q = hc_x4(X, add_out, add_inj, t, b, 2 * v + 1, S, H);
       float xf[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
       float sq = 0.f;
 #pragma unroll
@@ -626,7 +603,7 @@ __device__ __forceinline__ void hc_down_unit(HcDownSlice& s, const float* __rest
 #pragma unroll
       for (int i = 0; i < RB; ++i) {
         float wf[8];
-        unpack_f16x8(s.wraw[i], wf);
+        unpack_f16x8(wraw[i], wf);
         acc[t][i] += wf[0] * xf[0] + wf[1] * xf[1] + wf[2] * xf[2] + wf[3] * xf[3] + wf[4] * xf[4] + wf[5] * xf[5] +
                      wf[6] * xf[6] + wf[7] * xf[7];
       }
@@ -644,134 +621,78 @@ __device__ __forceinline__ void hc_down_unit(HcDownSlice& s, const float* __rest
   for (int q = threadIdx.x; q < V; q += blockDim.x) {
     float a = 0.f;
     for (int w = 0; w < warps; ++w) a += red[w][q];
-    const int t = q / (RB + 1), i = q % (RB + 1), r = s.g * RB + i;
+    const int t = q / (RB + 1), i = q % (RB + 1), r = g * RB + i;
     if (i < RB) {
-      if (r < rows) part[(int64_t(t) * rows + r) * S + s.b] = a;
-    } else if (s.g == 0) {
-      ss_out[t * S + s.b] = a;
+      if (r < rows) part[(int64_t(t) * rows + r) * S + b] = a;
+    } else if (g == 0) {
+      ss_out[t * S + b] = a;
     }
   }
-  __syncthreads();
 }
 
-// Block (g, b): down unit (g, b).
 template <int T>
-__global__ void __launch_bounds__(kHcDownThreads, kHcDownMinBlocks<T>)
-    hc_down_kernel(const float* __restrict__ X, const float* __restrict__ add_out, const float* __restrict__ add_inj,
-                   const __half* __restrict__ norm_w, const __half* __restrict__ down,
-                   const __half* __restrict__ inject, int S, int H, int R, int rows, float* __restrict__ part,
-                   float* __restrict__ ss_out, bool early) {
-  HcDownSlice s;
-  s.rows_of(down, inject, int(blockIdx.x), int(blockIdx.y), R, rows, int64_t(S) * H);
-  const int n8 = H / 8;
-  // The thread's first slice (the only one at the released width) before the wait with `early`.
-  pdl_begin_after_weights(early, [&] {
-    if (int(threadIdx.x) < n8) s.load(norm_w, n8, int(threadIdx.x));
-  });
-  __shared__ float red[kHcDownThreads / 32][T * (kHcDownRows + 1)];
-  hc_down_unit<T>(s, X, add_out, add_inj, norm_w, S, H, rows, part, ss_out, red);
-}
-
-// Column j of the up stage as its warp holds it: lane group b (L = 32 / S lanes) for stream b, whose lane `sub` takes
-// the 8-wide slices sub, sub + L, ... of up row b*H + j, P of them at a time; inactive (the whole warp) past H.
-template <int P>
-struct HcUpColumn {
-  const uint4* wr;
+__global__ void hc_up_kernel(float* __restrict__ X, const float* __restrict__ add_out,
+                             const float* __restrict__ add_inj, const __half* __restrict__ norm_w,
+                             const __half* __restrict__ up, const float* __restrict__ part,
+                             const float* __restrict__ ss, int S, int H, int R, int rows, float eps,
+                             float* __restrict__ u, float* __restrict__ inj, bool early) {
+  extern __shared__ float d_s[];  // [T, R]
+  __shared__ float rstd[T][kHcMaxStreamsDecode];
+  constexpr int P = kHcUpSlices;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, L = 32 / S, b = lane / L, sub = lane % L;
+  const int j = int(blockIdx.x) * kWarps + warp, r8 = R / 8;
+  const bool active = j < H;  // per warp
+  const uint4* wr = reinterpret_cast<const uint4*>(up + (int64_t(b) * H + (active ? j : 0)) * R);
+  const int64_t W = int64_t(S) * H, c = int64_t(b) * H + j;
+  // The first up-row slices and the norm weight of this lane's element, before the wait with `early`.
   uint4 raw[P];
-  float gn;   // 1 + hc_norm of element c (the lane group's first lane)
-  int64_t c;  // b*H + j
-  int j, b, sub, L;
-  bool active;
-  __device__ __forceinline__ void of(const __half* __restrict__ up, int j_, int S, int H, int R) {
-    const int lane = threadIdx.x & 31;
-    j = j_;
-    L = 32 / S;
-    b = lane / L;
-    sub = lane % L;
-    active = j < H;
-    wr = reinterpret_cast<const uint4*>(up + (int64_t(b) * H + (active ? j : 0)) * R);
-    c = int64_t(b) * H + j;
-  }
-  // The first P slices and the norm weight (weights only: may run before the wait).
-  __device__ __forceinline__ void load_first(const __half* __restrict__ norm_w, int r8) {
+  float gn = 0.f;
+  pdl_begin_after_weights(early, [&] {
 #pragma unroll
     for (int i = 0; i < P; ++i)
       if (active && sub + i * L < r8) raw[i] = __ldg(wr + sub + i * L);
-    gn = active ? 1.f + to_f(norm_w[c]) : 0.f;
-  }
-};
-
-// xv[t] = X'[t, c] for the lane group's first lane (X plus the pending injection, if any), 0 for the others.
-template <int T, int P>
-__device__ __forceinline__ void hc_up_x(const HcUpColumn<P>& col, const float* X, const float* __restrict__ add_out,
-                                        const float* __restrict__ add_inj, int S, int H, float (&xv)[T]) {
-  const int64_t W = int64_t(S) * H;
+    if (active) gn = 1.f + to_f(norm_w[c]);
+  });
+  // The X' element this lane group mixes (its first lane), with the pending injection stored in place.
+  float xv[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) {
     xv[t] = 0.f;
-    if (col.active && col.sub == 0) {
-      xv[t] = X[t * W + col.c];
-      if (add_out) xv[t] = xv[t] + add_inj[t * S + col.b] * add_out[int64_t(t) * H + col.j];
+    if (active && sub == 0) {
+      xv[t] = X[t * W + c];
+      if (add_out) X[t * W + c] = xv[t] = xv[t] + add_inj[t * S + b] * add_out[int64_t(t) * H + j];
     }
   }
-}
-
-// X'[t, c] = xv[t] stored in place where an injection was pending.
-template <int T, int P>
-__device__ __forceinline__ void hc_up_store_x(const HcUpColumn<P>& col, float* X, const float* add_out, int S, int H,
-                                              const float (&xv)[T]) {
-  if (!add_out || !col.active || col.sub != 0) return;
-  const int64_t W = int64_t(S) * H;
-#pragma unroll
-  for (int t = 0; t < T; ++t) X[t * W + col.c] = xv[t];
-}
-
-// The up stage's block prologue: rstd [T][kHcMaxStreamsDecode], d_s [T, R] and (inj non-null: block 0) inj [T, S],
-// from the down stage's partials and square sums (Barrier: other blocks of this kernel wrote them before a grid
-// barrier, so they are read through L2 with ld.cg; else the partials with plain loads, which at one token keep hc_up
-// at 64 registers where ld.cg took 80).
-// Row r's product with n[t] sums the stream partials (contiguous per (t, r)), each times its stream's rstd, in stream
-// order, the loop over streams unrolled so that the loads of several rows are in flight together. Barriers around.
-template <int T, bool Barrier>
-__device__ __forceinline__ void hc_up_mix_rows(const float* part, const float* ss, int S, int H, int R, int rows,
-                                               float eps, float* d_s, float (*rstd)[kHcMaxStreamsDecode],
-                                               float* __restrict__ inj) {
-  const int nt = int(blockDim.x);
-  auto load = [](const float* a) { return Barrier ? __ldcg(a) : *a; };
-  for (int q = threadIdx.x; q < T * S; q += nt) rstd[q / S][q % S] = rsqrtf(__ldcg(ss + q) / float(H) + eps);
+  if (threadIdx.x < T * S) {
+    const int t = threadIdx.x / S, bb = threadIdx.x % S;
+    rstd[t][bb] = rsqrtf(ss[t * S + bb] / float(H) + eps);
+  }
   __syncthreads();
+  // Row r's product with n[t]: the stream partials of hc_down (contiguous per (t, r)), each times its stream's rstd,
+  // in stream order; the loop over streams unrolled so that the loads of several rows are in flight together.
   auto mixed_dot = [&](int t, int r) {
     const float* p = part + (int64_t(t) * rows + r) * S;
     float a = 0.f;
 #pragma unroll
     for (int bb = 0; bb < kHcMaxStreamsDecode; ++bb)
-      if (bb < S) a += rstd[t][bb] * load(p + bb);
+      if (bb < S) a += rstd[t][bb] * p[bb];
     return a / float(S);
   };
-  for (int q0 = threadIdx.x; q0 < T * R; q0 += 4 * nt) {
+  for (int q0 = threadIdx.x; q0 < T * R; q0 += 4 * kThreads) {
     float a[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int q = q0 + i * nt;
+      const int q = q0 + i * kThreads;
       a[i] = q < T * R ? mixed_dot(q / R, q % R) : 0.f;
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      if (q0 + i * nt < T * R) d_s[q0 + i * nt] = siluf_(a[i]);
+      if (q0 + i * kThreads < T * R) d_s[q0 + i * kThreads] = siluf_(a[i]);
   }
-  if (inj)
-    for (int q = threadIdx.x; q < T * S; q += nt) inj[q] = 2.f * sigmoidf_(mixed_dot(q / S, R + q % S));
+  if (blockIdx.x == 0 && inj)
+    for (int q = threadIdx.x; q < T * S; q += kThreads) inj[q] = 2.f * sigmoidf_(mixed_dot(q / S, R + q % S));
   __syncthreads();
-}
-
-// Column col.j of the up stage: m_b = up[b*H + j] . d[t] by lane group b (the first P slices already in col.raw),
-// u[t, j] = mean_b sigmoid(m_b) * xv[t] * rstd[t][b] * (1 + hc_norm). Nothing for an inactive warp.
-template <int T, int P>
-__device__ __forceinline__ void hc_up_column(HcUpColumn<P>& col, const float* d_s,
-                                             const float (*rstd)[kHcMaxStreamsDecode], const float (&xv)[T], int S,
-                                             int H, int R, float* __restrict__ u) {
-  if (!col.active) return;
-  const int L = col.L, sub = col.sub, r8 = R / 8;
+  if (!active) return;  // the whole warp; no barrier follows
   float acc[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) acc[t] = 0.f;
@@ -779,14 +700,14 @@ __device__ __forceinline__ void hc_up_column(HcUpColumn<P>& col, const float* d_
     if (v0 != sub) {
 #pragma unroll
       for (int i = 0; i < P; ++i)
-        if (v0 + i * L < r8) col.raw[i] = __ldg(col.wr + v0 + i * L);
+        if (v0 + i * L < r8) raw[i] = __ldg(wr + v0 + i * L);
     }
 #pragma unroll
     for (int i = 0; i < P; ++i) {
       const int v = v0 + i * L;
       if (v >= r8) break;
       float wf[8];
-      unpack_f16x8(col.raw[i], wf);
+      unpack_f16x8(raw[i], wf);
 #pragma unroll
       for (int t = 0; t < T; ++t) {
         const float4* dp = reinterpret_cast<const float4*>(d_s + t * R + v * 8);
@@ -796,83 +717,13 @@ __device__ __forceinline__ void hc_up_column(HcUpColumn<P>& col, const float* d_
       }
     }
   }
-  const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int t = 0; t < T; ++t) {
     float m = acc[t];
     for (int o = L / 2; o > 0; o >>= 1) m += __shfl_xor_sync(0xffffffffu, m, o);  // the lane group's sum
-    float term = sub == 0 ? sigmoidf_(m) * (xv[t] * rstd[t][col.b] * col.gn) : 0.f;
+    float term = sub == 0 ? sigmoidf_(m) * (xv[t] * rstd[t][b] * gn) : 0.f;
     for (int o = L; o < 32; o <<= 1) term += __shfl_xor_sync(0xffffffffu, term, o);  // over the streams
-    if (lane == 0) u[int64_t(t) * H + col.j] = term / float(S);
-  }
-}
-
-// Block x: up columns x*kWarps .. +kWarps, after hc_down_kernel. The up weights and the X' elements are loaded before
-// the prologue.
-template <int T>
-__global__ void hc_up_kernel(float* __restrict__ X, const float* __restrict__ add_out,
-                             const float* __restrict__ add_inj, const __half* __restrict__ norm_w,
-                             const __half* __restrict__ up, const float* __restrict__ part,
-                             const float* __restrict__ ss, int S, int H, int R, int rows, float eps,
-                             float* __restrict__ u, float* __restrict__ inj, bool early) {
-  extern __shared__ float d_s[];  // [T, R]
-  __shared__ float rstd[T][kHcMaxStreamsDecode];
-  HcUpColumn<kHcUpSlices> col;
-  col.of(up, int(blockIdx.x) * kWarps + int(threadIdx.x >> 5), S, H, R);
-  pdl_begin_after_weights(early, [&] { col.load_first(norm_w, R / 8); });
-  float xv[T];
-  hc_up_x<T>(col, X, add_out, add_inj, S, H, xv);
-  hc_up_store_x<T>(col, X, add_out, S, H, xv);
-  hc_up_mix_rows<T, false>(part, ss, S, H, R, rows, eps, d_s, rstd, blockIdx.x == 0 ? inj : nullptr);
-  hc_up_column<T>(col, d_s, rstd, xv, S, H, R, u);
-}
-
-// The whole read in one cooperative launch of at most as many blocks as the GPU holds at once: block x takes down
-// units x, x + gridDim.x, ... (unit = g + groups * b), then, after grid_barrier, up column groups x, x + gridDim.x, ...
-// of (blockDim.x / 32) columns, a warp each; its first unit's and first column's weights are loaded before the wait
-// with `early`. The dependents are launched after the barrier (pdl_wait_after_weights).
-template <int T>
-__global__ void __launch_bounds__(kHcDownThreads, kHcFusedMinBlocks)
-    hc_read_fused_kernel(float* X, const float* __restrict__ add_out, const float* __restrict__ add_inj,
-                         const __half* __restrict__ norm_w, const __half* __restrict__ down,
-                         const __half* __restrict__ up, const __half* __restrict__ inject, int S, int H, int R,
-                         int rows, float eps, float* part, float* ss, float* __restrict__ u, float* __restrict__ inj,
-                         GridBarrier* bar, bool early) {
-  const int n8 = H / 8, groups = (rows + kHcDownRows - 1) / kHcDownRows, down_units = groups * S;
-  const int warps = int(blockDim.x) >> 5, warp = int(threadIdx.x) >> 5, up_units = (H + warps - 1) / warps;
-  const int64_t W = int64_t(S) * H;
-  int unit = int(blockIdx.x);
-  HcDownSlice s;
-  s.rows_of(down, inject, unit % groups, unit / groups, R, rows, W);
-  HcUpColumn<kHcFusedUpSlices> col;
-  col.of(up, unit * warps + warp, S, H, R);
-  pdl_wait_after_weights(early, [&] {
-    if (unit < down_units && int(threadIdx.x) < n8) s.load(norm_w, n8, int(threadIdx.x));
-    col.load_first(norm_w, R / 8);
-  });
-  __shared__ float red[kHcDownThreads / 32][T * (kHcDownRows + 1)];
-  for (; unit < down_units; unit += int(gridDim.x)) {
-    if (unit != int(blockIdx.x)) {
-      s.rows_of(down, inject, unit % groups, unit / groups, R, rows, W);
-      if (int(threadIdx.x) < n8) s.load(norm_w, n8, int(threadIdx.x));
-    }
-    hc_down_unit<T>(s, X, add_out, add_inj, norm_w, S, H, rows, part, ss, red);
-  }
-  float xv[T];
-  hc_up_x<T>(col, X, add_out, add_inj, S, H, xv);  // X' of the first column, before any block stores it
-  grid_barrier(bar);
-  pdl_launch_dependents();
-  extern __shared__ float d_s[];  // [T, R]
-  __shared__ float rstd[T][kHcMaxStreamsDecode];
-  hc_up_mix_rows<T, true>(part, ss, S, H, R, rows, eps, d_s, rstd, blockIdx.x == 0 ? inj : nullptr);
-  for (int v = int(blockIdx.x); v < up_units; v += int(gridDim.x)) {
-    if (v != int(blockIdx.x)) {
-      col.of(up, v * warps + warp, S, H, R);
-      col.load_first(norm_w, R / 8);
-      hc_up_x<T>(col, X, add_out, add_inj, S, H, xv);
-    }
-    hc_up_store_x<T>(col, X, add_out, S, H, xv);
-    hc_up_column<T>(col, d_s, rstd, xv, S, H, R, u);
+    if (lane == 0) u[int64_t(t) * H + j] = term / float(S);
   }
 }
 
@@ -1379,16 +1230,6 @@ FN_DECODE_KERNELS(6)
 FN_DECODE_KERNELS(7)
 FN_DECODE_KERNELS(8)
 #undef FN_DECODE_KERNELS
-#define FN_HC_FUSED_KERNEL(TT)                                                                                        \
-  template __global__ void hc_read_fused_kernel<TT>(float*, const float*, const float*, const __half*, const __half*, \
-                                                    const __half*, const __half*, int, int, int, int, float, float*,  \
-                                                    float*, float*, float*, GridBarrier*, bool);
-FN_HC_FUSED_KERNEL(1)
-FN_HC_FUSED_KERNEL(2)
-FN_HC_FUSED_KERNEL(3)
-FN_HC_FUSED_KERNEL(4)
-#undef FN_HC_FUSED_KERNEL
-static_assert(kHcFusedMaxTokens == 4, "instantiate hc_read_fused_kernel for every token count it takes");
 template __global__ void qsa_topk_kernel<PagedIndex>(PagedIndex, const float*, int64_t, int, int, int, topk::Scored*,
                                                      int32_t*, int);
 template __global__ void qsa_block_keys_f32_kernel<PagedIndex>(PagedIndex, const float*, int, int, int, const __half*,
@@ -1789,71 +1630,21 @@ int64_t hc_read_decode_scratch(int tokens, int streams, int rank, bool inject) {
   return int64_t(tokens) * streams * (rank + (inject ? streams : 0) + 1);
 }
 
-// The fused read's grid for T tokens at `threads` threads and `smem` bytes of dynamic shared memory: as many blocks as
-// the current GPU holds at once (occupancy times SMs; queried once per device, T and size) and no more than `units`;
-// 0 where a query fails or no block fits.
-template <int T>
-unsigned hc_fused_grid(unsigned threads, size_t smem, int units) {
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  static std::mutex mu;
-  static std::map<std::tuple<int, int, unsigned, size_t>, int> resident;
-  int per_gpu = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    const auto [it, added] = resident.try_emplace({device, T, threads, smem}, 0);
-    if (added) {
-      int per_sm = 0, sms = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, hc_read_fused_kernel<T>, int(threads), smem) ==
-              cudaSuccess &&
-          cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess)
-        it->second = per_sm * sms;
-      else
-        (void)cudaGetLastError();
-    }
-    per_gpu = it->second;
-  }
-  return unsigned(std::min(per_gpu, units));
-}
-
 cudaError_t launch_hc_read_decode(float* X, const float* add_out, const float* add_inj, const __half* norm_w,
                                   const __half* down, const __half* up, const __half* inject, int tokens, int streams,
                                   int hidden, int rank, float eps, float* scratch, float* u, float* inj,
-                                  GridBarrier* barrier, cudaStream_t stream, int max_blocks) {
+                                  cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   if (!hc_read_decode_supported(tokens, streams, hidden, rank)) return cudaErrorInvalidValue;
   const int rows = rank + (inject ? streams : 0);
   if (!inject) inj = nullptr;  // no inject rows: nothing to write (their partials do not exist)
   float* part = scratch;                                   // [tokens, rows, streams]
   float* ss = scratch + int64_t(tokens) * rows * streams;  // [tokens, streams]
-  const int groups = (rows + kHcDownRows - 1) / kHcDownRows;
-  const dim3 down_grid{unsigned(groups), unsigned(streams)};
+  const dim3 down_grid(unsigned((rows + kHcDownRows - 1) / kHcDownRows), unsigned(streams));
   const unsigned down_threads = unsigned(std::min(kHcDownThreads, (hidden / 8 + 31) / 32 * 32));
   const unsigned up_blocks = unsigned((hidden + kWarps - 1) / kWarps);
   const size_t up_smem = size_t(tokens) * rank * sizeof(float);
   const bool early = early_weights();
-  if (barrier) {  // the one launch, or its refusal (nothing ran): the caller decides what follows
-    if (tokens > kHcFusedMaxTokens) return cudaErrorInvalidValue;
-    int units = std::max(groups * streams, int((hidden + down_threads / 32 - 1) / (down_threads / 32)));
-    if (max_blocks > 0) units = std::min(units, max_blocks);
-    auto go = [&](auto kernel, unsigned blocks) {
-      if (!blocks) return cudaErrorCooperativeLaunchTooLarge;
-      return launch_cooperative(kernel, blocks, down_threads, up_smem, stream, X, add_out, add_inj, norm_w, down, up,
-                                inject, streams, hidden, rank, rows, eps, part, ss, u, inj, barrier, early);
-    };
-    switch (tokens) {
-      case 1:
-        return go(hc_read_fused_kernel<1>, hc_fused_grid<1>(down_threads, up_smem, units));
-      case 2:
-        return go(hc_read_fused_kernel<2>, hc_fused_grid<2>(down_threads, up_smem, units));
-      case 3:
-        return go(hc_read_fused_kernel<3>, hc_fused_grid<3>(down_threads, up_smem, units));
-      case 4:
-        return go(hc_read_fused_kernel<4>, hc_fused_grid<4>(down_threads, up_smem, units));
-      default:
-        return cudaErrorInvalidValue;
-    }
-  }
   switch (tokens) {
 #define FN_HC_CASE(TT)                                                                                                 \
   case TT:                                                                                                             \

@@ -8,7 +8,6 @@
 #include <cuda_fp16.h>
 
 #include "ops/cuda/cuda_stdint.h"
-#include "ops/cuda/grid_barrier.h"
 #include "ops/torch_topk_order.h"
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime_api.h>
@@ -30,8 +29,6 @@ constexpr float kF16Max = 65504.f;
 
 /// Tokens up to which products take the decode GEMV (launch_gemv_f16w_f32x) instead of a tensor-core GEMM.
 constexpr int kGemvMaxTokens = 8;
-/// Most tokens the one-launch decode hyper-connection read takes (launch_hc_read_decode with a barrier).
-constexpr int kHcFusedMaxTokens = 4;
 /// Projections of one input that one GEMV launch computes at most.
 constexpr int kGemvMaxSegments = 8;
 /// Weight rows per warp of the decode GEMV from 2 tokens on (their activation loads shared; one token, or a product of
@@ -115,20 +112,17 @@ bool hc_read_decode_supported(int tokens, int streams, int hidden, int rank);
 /// Floats of scratch launch_hc_read_decode needs: the per-stream partial dots of the rank (+ inject) rows and the
 /// per-stream square sums, tokens * streams * (rank + (inject ? streams : 0) + 1).
 int64_t hc_read_decode_scratch(int tokens, int streams, int rank, bool inject);
-/// hc_read for tokens <= kGemvMaxTokens in float32 (cuda_ops_kernels.cu "Decode hyper-connection read"): X [tokens,
-/// streams*hidden], norm_w [streams*hidden], down [rank, streams*hidden], up [streams*hidden, rank], inject [streams,
-/// streams*hidden] or null; u [tokens, hidden], inj [tokens, streams] (unused without inject); scratch:
-/// hc_read_decode_scratch floats. With add_out [tokens, hidden] and add_inj [tokens, streams] (both or neither) the
-/// pending injection X += add_inj (x) add_out is read into the product and stored into X (hc_inject_read). With
-/// `barrier` (zeroed device memory of this stream's own, kept between calls; tokens <= kHcFusedMaxTokens) one
-/// cooperative launch with a grid barrier, whose own error is returned: cudaErrorCooperativeLaunchTooLarge where no
-/// block fits, or a refused attribute, and then nothing ran; without, two launches. Both give the same bits.
-/// `max_blocks` > 0 caps the one launch's grid (tests: blocks that loop over several units). cudaErrorInvalidValue
-/// outside hc_read_decode_supported; every row must be 16-byte aligned (the caller's check).
+/// hc_read for tokens <= kGemvMaxTokens in float32, two launches (cuda_ops_kernels.cu "Decode hyper-connection
+/// read"): X [tokens, streams*hidden], norm_w [streams*hidden], down [rank, streams*hidden], up [streams*hidden, rank],
+/// inject [streams, streams*hidden] or null; u [tokens, hidden], inj [tokens, streams] (unused without inject);
+/// scratch: hc_read_decode_scratch floats. With add_out [tokens, hidden] and add_inj [tokens, streams] (both or
+/// neither) the pending injection X += add_inj (x) add_out is read into the product and stored into X
+/// (hc_inject_read). cudaErrorInvalidValue outside hc_read_decode_supported; every row must be 16-byte aligned (the
+/// caller's check).
 cudaError_t launch_hc_read_decode(float* X, const float* add_out, const float* add_inj, const __half* norm_w,
                                   const __half* down, const __half* up, const __half* inject, int tokens, int streams,
                                   int hidden, int rank, float eps, float* scratch, float* u, float* inj,
-                                  GridBarrier* barrier, cudaStream_t stream, int max_blocks = 0);
+                                  cudaStream_t stream);
 /// y[t, o] = sum_i x[t, i] * w[o, i] with FP32 inputs and accumulation over FP16 weights: for the narrow products
 /// that decide discrete choices or gates (MoE router logits, shared_expert_gate). One warp per output.
 cudaError_t launch_linear_f32_narrow(const float* x, const __half* w, float* y, int tokens, int in, int out,

@@ -5,94 +5,37 @@
 #include <cuda_fp16.h>
 
 #include "ops/cuda/cuda_stdint.h"
-#include "ops/cuda/grid_barrier.h"
 
 namespace flashnext::cuda {
 
-/// The two halves of pdl_begin() (below): the wait for the kernels ahead of this one in the stream (PTX
-/// griddepcontrol.wait: they have finished and their writes are visible), and the launch of the next kernel of the
-/// stream onto the SMs this grid leaves free (griddepcontrol.launch_dependents), where it waits in turn. Apart, for a
-/// kernel whose blocks wait for each other (grid_barrier): it may launch its dependents only after its barrier, since
-/// a dependent scheduled earlier could take the SM room that blocks of this grid still need to become resident, and
-/// then wait for them forever. Compute capability 9.0 and newer; nothing below (a V100 has no programmatic dependent
-/// launch), and launch() does not ask for it for a kernel compiled so (kernel_waits_for_dependencies).
-__device__ __forceinline__ void pdl_wait() {
+/// The first statement of every kernel launched by launch() (kernel_attributes.h): waits until the kernels ahead of
+/// this one in the stream have finished and their writes are visible (PTX griddepcontrol.wait), then lets the next
+/// kernel of the stream be scheduled onto the SMs this grid leaves free (griddepcontrol.launch_dependents), where it
+/// waits in turn. Nothing of a kernel may read or write global memory before it. Compute capability 9.0 and newer;
+/// compiles to nothing below (a V100 has no programmatic dependent launch), and launch() does not ask for it for a
+/// kernel compiled so (kernel_waits_for_dependencies).
+__device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 
-/// The first statement of every kernel launched by launch() (kernel_attributes.h): pdl_wait(), then
-/// pdl_launch_dependents(). Nothing of a kernel may read or write global memory before it.
-__device__ __forceinline__ void pdl_begin() {
-  pdl_wait();
-  pdl_launch_dependents();
-}
-
-/// pdl_wait() with a weights prologue: with `early`, load_weights() runs first, so that its loads are in flight while
-/// the kernel ahead still runs, then pdl_wait(); without, pdl_wait() first. load_weights may read only weights, memory
-/// that no kernel writes while steps run (the model's weights, written at load: the weight operands of the ops,
-/// ops.h), and may write only registers; the caller passes `early` from early_weights() (kernel_attributes.h:
-/// FLASHNEXT_CUDA_EARLY_WEIGHTS=0 turns it off). Below compute capability 9.0 the order makes no difference: the
-/// kernel starts after the one ahead has finished. The opening of a kernel with a grid barrier, which calls
-/// pdl_launch_dependents() after it.
-template <class LoadWeights>
-__device__ __forceinline__ void pdl_wait_after_weights(bool early, LoadWeights&& load_weights) {
-  if (early) {
-    load_weights();
-    pdl_wait();
-  } else {
-    pdl_wait();
-    load_weights();
-  }
-}
-
-/// pdl_wait_after_weights, then pdl_launch_dependents(): the only other way a kernel launched by launch() may begin.
+/// pdl_begin() with a weights prologue, the only other way a kernel launched by launch() may begin: with `early`,
+/// load_weights() runs first, so that its loads are in flight while the kernel ahead still runs, then pdl_begin();
+/// without, pdl_begin() first. load_weights may read only weights, memory that no kernel writes while steps run (the
+/// model's weights, written at load: the weight operands of the ops, ops.h), and may write only registers; the
+/// caller passes `early` from early_weights() (kernel_attributes.h: FLASHNEXT_CUDA_EARLY_WEIGHTS=0 turns it off).
+/// Below compute capability 9.0 the order makes no difference: the kernel starts after the one ahead has finished.
 template <class LoadWeights>
 __device__ __forceinline__ void pdl_begin_after_weights(bool early, LoadWeights&& load_weights) {
-  pdl_wait_after_weights(early, load_weights);
-  pdl_launch_dependents();
-}
-
-/// Nanoseconds of the GPU's global timer.
-__device__ __forceinline__ unsigned long long global_timer_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-/// Waits until every block of the grid has called it: what a block wrote to global memory before the call is visible
-/// to every block after it (read it with ld.cg, e.g. __ldcg: the L1 is not coherent). Every block of the grid must be
-/// resident at once (a cooperative launch, a grid no larger than the GPU holds, and no dependent launched before the
-/// barrier: pdl_wait_after_weights). The last block to arrive resets `arrived` and advances `generation`, which the
-/// others watch; a wait longer than 10 s traps: the launch fails with an error instead of hanging the stream, and the
-/// CUDA context is lost with it (every later call fails), as after any kernel fault.
-__device__ __forceinline__ void grid_barrier(GridBarrier* bar) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    volatile unsigned int* generation = &bar->generation;
-    const unsigned int seen = *generation;  // cannot advance before this block arrives
-    __threadfence();                        // this block's writes before its arrival
-    const unsigned int blocks = gridDim.x * gridDim.y * gridDim.z;
-    if (atomicAdd(&bar->arrived, 1u) == blocks - 1) {
-      atomicExch(&bar->arrived, 0u);
-      __threadfence();
-      atomicAdd(&bar->generation, 1u);
-    } else {
-      const unsigned long long start = global_timer_ns();
-      while (*generation == seen) {
-        __nanosleep(64);
-        if (global_timer_ns() - start > 10000000000ull) __trap();
-      }
-    }
-    __threadfence();
+  if (early) {
+    load_weights();
+    pdl_begin();
+  } else {
+    pdl_begin();
+    load_weights();
   }
-  __syncthreads();
 }
 
 __device__ __forceinline__ float to_f(__half x) {

@@ -1,8 +1,7 @@
-// The CUDA backend's hyper-connection ops: the gated residual read (in decode float32 GEMVs in two launches, or on
-// request one with a grid barrier; in prefill on SM80+ four launches around two tensor-core products with FP16x2
-// activations in either precision, else norm, FP16x2 or FP16 products and the mix: three kernels around two cuBLAS
-// products), the injection into every stream, and in decode and the tensor-core prefill the injection folded into the
-// next read (hc_inject_read).
+// The CUDA backend's hyper-connection ops: the gated residual read (two float32 GEMV launches in decode; in prefill
+// on SM80+ four launches around two tensor-core products with FP16x2 activations in either precision, else norm,
+// FP16x2 or FP16 products and the mix: three kernels around two cuBLAS products), the injection into every stream, and
+// in decode and the tensor-core prefill the injection folded into the next read (hc_inject_read).
 #include <cuda_fp16.h>
 
 #include <cstdlib>
@@ -14,10 +13,9 @@
 
 namespace flashnext::cuda {
 
-// The read in the backend's own kernels: decode (at most kGemvMaxTokens rows: float32 throughout; the per-stream
-// partial dots of the down and inject rows, then the statistics, the up rows and the mix, in two launches, or with
-// FLASHNEXT_CUDA_HC_DECODE=one in one cooperative launch up to kHcFusedMaxTokens rows) or prefill on SM80+
-// (hc_kernels.h: four launches around two tensor-core products), the same arguments either way.
+// The read in the backend's own kernels: decode (at most kGemvMaxTokens rows: float32 throughout, two launches, the
+// per-stream partial dots of the down and inject rows, then the statistics, the up rows and the mix) or prefill on
+// SM80+ (hc_kernels.h: four launches around two tensor-core products), the same arguments either way.
 bool CudaOps::hc_read_fused(const Tensor& X, const Tensor& out, const Tensor& inj_prev, const HcWeights& hc, double eps,
                             const Tensor& u, const Tensor& inj) {
   static const bool prefill_off = [] {
@@ -37,39 +35,13 @@ bool CudaOps::hc_read_fused(const Tensor& X, const Tensor& out, const Tensor& in
   const int64_t floats = decode ? detail::hc_read_decode_scratch(T, int(S), R, with_inject)
                                 : detail::hc_read_prefill_scratch(T, int(S), int(H), R, with_inject);
   Tensor scratch = alloc({floats}, DType::F32, "hc_read scratch");
-  const char* what = out.defined() ? (decode ? "hc_inject_read decode" : "hc_inject_read prefill")
-                                   : (decode ? "hc_read decode" : "hc_read prefill");
-  float* const add_out = out.defined() ? dp<float>(out) : nullptr;
-  const float* const add_inj = out.defined() ? dp<const float>(inj_prev) : nullptr;
-  const __half* const inject = with_inject ? dp<__half>(hc.inject) : nullptr;
-  float* const inj_out = with_inject ? dp<float>(inj) : nullptr;
-  if (!decode) {
-    FN_CUDA_CHECK(detail::launch_hc_read_prefill(dp<float>(X), add_out, add_inj, dp<__half>(hc.norm),
-                                                 dp<__half>(hc.down), dp<__half>(hc.up), inject, T, int(S), int(H), R,
-                                                 float(eps), dp<float>(scratch), dp<float>(u), inj_out, stream()),
-                  what);
-    return true;
-  }
-  static const bool one_launch_asked = [] {
-    const char* v = std::getenv("FLASHNEXT_CUDA_HC_DECODE");
-    return v && std::strcmp(v, "one") == 0;
-  }();
-  // The one-launch read (FLASHNEXT_CUDA_HC_DECODE=one; slower than the two on an H100: docs/BENCHMARKS.md) on the
-  // main stream only (the barrier is the main stream's); its refusal (nothing ran: the launcher returns that launch's
-  // own error) turns it off for this backend and the two launches do the read.
-  const bool one_launch = one_launch_asked && hc_decode_one_launch_ && !on_branch_ && T <= detail::kHcFusedMaxTokens;
-  auto read = [&](GridBarrier* barrier) {
-    return detail::launch_hc_read_decode(dp<float>(X), add_out, add_inj, dp<__half>(hc.norm), dp<__half>(hc.down),
-                                         dp<__half>(hc.up), inject, T, int(S), int(H), R, float(eps),
-                                         dp<float>(scratch), dp<float>(u), inj_out, barrier, stream());
-  };
-  if (one_launch) {
-    const cudaError_t err = read(ctx_->barrier);
-    if (err == cudaSuccess) return true;
-    (void)cudaGetLastError();  // a launch configuration error: not sticky (a recording it fails is refused)
-    hc_decode_one_launch_ = false;
-  }
-  FN_CUDA_CHECK(read(nullptr), what);
+  const auto launch = decode ? detail::launch_hc_read_decode : detail::launch_hc_read_prefill;
+  FN_CUDA_CHECK(launch(dp<float>(X), out.defined() ? dp<const float>(out) : nullptr,
+                       out.defined() ? dp<const float>(inj_prev) : nullptr, dp<__half>(hc.norm), dp<__half>(hc.down),
+                       dp<__half>(hc.up), with_inject ? dp<__half>(hc.inject) : nullptr, T, int(S), int(H), R,
+                       float(eps), dp<float>(scratch), dp<float>(u), with_inject ? dp<float>(inj) : nullptr, stream()),
+                out.defined() ? (decode ? "hc_inject_read decode" : "hc_inject_read prefill")
+                              : (decode ? "hc_read decode" : "hc_read prefill"));
   return true;
 }
 

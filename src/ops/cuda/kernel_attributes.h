@@ -75,33 +75,6 @@ inline bool kernel_waits_for_dependencies(const void* kernel) {
   return kernel_ptx_version(kernel) >= 90;
 }
 
-/// launch() and launch_cooperative(): `kernel` on `stream` with programmatic stream serialization where
-/// programmatic_launch_setting() allows it and the kernel's code has the wait (kernel_waits_for_dependencies), and
-/// with `cooperative` the cooperative attribute.
-template <class... Params, class... Args>
-cudaError_t launch_with_attributes(bool cooperative, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                                   cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attr[2];
-  unsigned n = 0;
-  if (cooperative) {
-    attr[n].id = cudaLaunchAttributeCooperative;
-    attr[n++].val.cooperative = 1;
-  }
-  if (programmatic_launch_setting().load(std::memory_order_relaxed) != 0 &&
-      kernel_waits_for_dependencies(reinterpret_cast<const void*>(kernel))) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = attr;
-  config.numAttrs = n;
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-}
-
 /// Launches `kernel` on `stream` as `kernel<<<grid, block, smem, stream>>>(args...)` does, with programmatic stream
 /// serialization where programmatic_launch_setting() allows it and the kernel's code has the wait
 /// (kernel_waits_for_dependencies): the GPU may then schedule the kernel's blocks as soon as every
@@ -113,18 +86,19 @@ cudaError_t launch_with_attributes(bool cooperative, void (*kernel)(Params...), 
 /// cudaGetLastError).
 template <class... Params, class... Args>
 cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
-  return launch_with_attributes(false, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
-}
-
-/// launch() of a kernel whose blocks wait for each other (device_math.cuh grid_barrier): a cooperative launch, so that
-/// the driver guarantees that every block is resident at once (cudaErrorCooperativeLaunchTooLarge where `grid` is
-/// more than the GPU holds), with programmatic stream serialization as launch() asks for it. The kernel opens with
-/// pdl_wait_after_weights or pdl_wait() and calls pdl_launch_dependents() only after its barrier. Returns the
-/// launch's CUDA error (a driver that refuses the two attributes together returns it here, before anything ran).
-template <class... Params, class... Args>
-cudaError_t launch_cooperative(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                               Args&&... args) {
-  return launch_with_attributes(true, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attr;
+  const bool programmatic = programmatic_launch_setting().load(std::memory_order_relaxed) != 0 &&
+                            kernel_waits_for_dependencies(reinterpret_cast<const void*>(kernel));
+  config.numAttrs = programmatic ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
 }  // namespace flashnext::cuda::detail
