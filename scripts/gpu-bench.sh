@@ -28,9 +28,11 @@
 #      --prepare packs a flashnext built from the baseline commit, and the run then benches it as that baseline;
 #      BASELINE_OPS=DIR with --prepare packs the bench_ops and bench_moe_w4a16 of DIR (built from the baseline commit),
 #      and OPS_PERF / W4_BENCH then run them too (ops-perf-PREC-baseline.txt, bench-moe-w4a16-baseline.txt);
-#      BASELINE=0 skips the packed baseline build's bench (one bundle, a run that needs no before);
+#      BASELINE=0 skips the packed baseline builds' benches (one bundle, a run that needs no before);
 #      ENV_VARIANTS="VAR=VALUE ...|VAR=VALUE ...": the full-size run of this build once more per '|'-separated set of
 #      variables (bench-full-variant-N.json, N from 1): one binary's alternative kernels side by side;
+#      BASELINE2_BIN=PATH with --prepare packs a second baseline build (another commit), which the run then benches
+#      as bench-full-baseline2.json (three commits in one call: e.g. a change, its parent, an older one);
 #      BASELINE2_ENV="VAR=VALUE ...": the baseline build once more with those variables (bench-full-baseline2.json),
 #      e.g. BASELINE_BIN=<main> BASELINE2_ENV=FLASHNEXT_CUDA_GRAPHS=0: a change, its parent, and the parent without
 #      graphs in one call;
@@ -58,6 +60,10 @@ if [ "${1:-}" = "--prepare" ]; then
   if [ -n "${BASELINE_BIN:-}" ]; then  # a flashnext built from the baseline commit, packed as bin/flashnext-baseline
     mkdir -p gpu/bench/baseline && cp "$BASELINE_BIN" gpu/bench/baseline/flashnext-baseline
     extra=(gpu/bench/baseline/flashnext-baseline)
+  fi
+  if [ -n "${BASELINE2_BIN:-}" ]; then  # a second baseline build (another commit), packed as bin/flashnext-baseline2
+    mkdir -p gpu/bench/baseline && cp "$BASELINE2_BIN" gpu/bench/baseline/flashnext-baseline2
+    extra+=(gpu/bench/baseline/flashnext-baseline2)
   fi
   if [ -n "${BASELINE_OPS:-}" ]; then  # the op benchmarks of the baseline commit, as bin/*-baseline
     mkdir -p gpu/bench/baseline
@@ -331,11 +337,14 @@ if [ "$status" = 0 ] && [ "${FULL:-1}" != 0 ]; then
       { status=1; tail -n 20 "$OUT/bench-full-baseline.txt"; }
     grep -v "^bench:" "$OUT/bench-full-baseline.txt" | tee -a "$S"
   fi
-  if [ -n "${BASELINE2_ENV:-}" ] && [ "$status" = 0 ]; then
-    # A second baseline: the baseline build once more under BASELINE2_ENV (bench-full-baseline2.json).
-    echo "gpu-bench: released geometry again with ${BASELINE2_ENV} $(basename "$baseline_bin") (second baseline)" | tee -a "$S"
+  baseline2_bin=$baseline_bin
+  [ -x "$G/bin/flashnext-baseline2" ] && [ "${BASELINE:-1}" != 0 ] && baseline2_bin="$G/bin/flashnext-baseline2"
+  if { [ -n "${BASELINE2_ENV:-}" ] || [ "$baseline2_bin" != "$baseline_bin" ]; } && [ "$status" = 0 ]; then
+    # A second baseline: the build BASELINE2_BIN packed, or the baseline build once more under BASELINE2_ENV
+    # (bench-full-baseline2.json).
+    echo "gpu-bench: released geometry again with ${BASELINE2_ENV:-} $(basename "$baseline2_bin") (second baseline)" | tee -a "$S"
     # shellcheck disable=SC2086
-    env ${BASELINE2_ENV} timeout 420 "$baseline_bin" bench --profile --repeat 2 ${BENCH_ARGS:-} \
+    env ${BASELINE2_ENV:-} timeout 420 "$baseline2_bin" bench --profile --repeat 2 ${BENCH_ARGS:-} \
       --out "$OUT/bench-full-baseline2.json" >"$OUT/bench-full-baseline2.txt" 2>&1 ||
       { status=1; tail -n 20 "$OUT/bench-full-baseline2.txt"; }
     grep -v "^bench:" "$OUT/bench-full-baseline2.txt" | tee -a "$S"

@@ -363,6 +363,17 @@ class Ops {
                               const GdnDims& dims, const Tensor& state_pool, const StepBatch& batch,
                               const Tensor& o) = 0;
 
+  /// gdn_rule_batch into o, then its output norm in place: gated_rms_norm(o, z, norm_weight, eps, act, o), the
+  /// GDN layer's two ops in one call (the CUDA backend folds the norm into the recurrence of decode steps and
+  /// speculative verifies). z, o [T, nv*dv]; norm_weight [dv]. The default is the two ops in order.
+  virtual void gdn_rule_norm_batch(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w,
+                                   const GdnDims& dims, const Tensor& state_pool, const StepBatch& batch,
+                                   const Tensor& z, const Tensor& norm_weight, double eps, GateAct act,
+                                   const Tensor& o) {
+    gdn_rule_batch(qkv, a, b, w, dims, state_pool, batch, o);
+    gated_rms_norm(o, z, norm_weight, eps, act, o);
+  }
+
   /// GDN output norm (`Qwen4ExpTextRMSNormGated`) per head of width D = w.numel():
   /// y = w * (x * rsqrt(mean(x^2) + eps)) * act(z). x, z, y [T, n*D]; w [D] (plain scale, not zero-centred).
   /// In place (y == x) allowed.

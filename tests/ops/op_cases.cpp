@@ -226,6 +226,16 @@ void add_gdn(std::vector<OpCase>& v) {
   v.push_back(gdn_rule_batch_case({1, 2, 80, 24}, plan({0, 5}, {{129, 64}})));  // 5 key tiles, a warp's columns cut
   v.push_back(gdn_rule_batch_case({1, 2, 128, 128}, one_sequence(1000), Weights::HostFp16, 1.f));  // 16 chunks
   v.push_back(gdn_rule_batch_case({1, 2, 20, 40}, one_sequence(70)));
+  // The rule with its output norm: in the recurrence's launch for decode steps and few rows (the last block of each
+  // (sequence, head) normalises its rows; dv = 24 and 72: a partial last slice), else the two ops (a chunked
+  // prefill); steps of few rows in a row (each launch must find the counters back at zero), a verify of 9 rows, the
+  // released heads; both activations.
+  for (GateAct act : {GateAct::Sigmoid, GateAct::Silu})
+    v.push_back(gdn_rule_norm_batch_case(d, decode_batch(3, 17), act));
+  v.push_back(gdn_rule_norm_batch_case(odd, plan({40, 9, 0}, {{4, 4, 1}, {2, 1, 9}, {1, 1, 1}}), GateAct::Sigmoid));
+  v.push_back(gdn_rule_norm_batch_case({1, 3, 40, 72}, plan({5, 0}, {{1, 9}, {1, 1}, {1, 0}}), GateAct::Sigmoid));
+  v.push_back(gdn_rule_norm_batch_case(d, one_sequence(100, 3), GateAct::Sigmoid));
+  v.push_back(gdn_rule_norm_batch_case(kGdn, decode_batch(2, 40), GateAct::Sigmoid));
 }
 
 void add_qsa(std::vector<OpCase>& v) {

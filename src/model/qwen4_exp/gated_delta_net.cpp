@@ -27,12 +27,10 @@ Tensor gated_delta_net(Ops& ops, const ModelConfig& cfg, const GdnLayerWeights& 
   ops.profile_phase("gdn_rule");
   ops.gdn_conv_batch(qkv, w.conv1d, cache.conv, batch);
   // Gated delta rule over each sequence's tokens, continuing its recurrent state (the recurrence for a decode
-  // token, the chunked form for a prefill chunk).
+  // token, the chunked form for a prefill chunk), then the gated RMSNorm per value head.
   Tensor o = ops.empty({T, value_dim});
-  ops.gdn_rule_batch(qkv, a, b, w.rule, dims, cache.recurrent, batch, o);
-  // Gated RMSNorm per value head, then out_proj.
-  ops.gated_rms_norm(o, z, w.norm, cfg.rms_norm_eps,
-                     cfg.output_gate_type == "sigmoid" ? GateAct::Sigmoid : GateAct::Silu, o);
+  ops.gdn_rule_norm_batch(qkv, a, b, w.rule, dims, cache.recurrent, batch, z, w.norm, cfg.rms_norm_eps,
+                          cfg.output_gate_type == "sigmoid" ? GateAct::Sigmoid : GateAct::Silu, o);
   ops.profile_phase("gdn_proj");
   Tensor out = ops.empty({T, cfg.hidden_size});
   ops.linear(o, w.out_proj, out);

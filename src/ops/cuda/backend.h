@@ -197,6 +197,11 @@ class CudaOps final : public Ops {
   /// to rounding).
   void gdn_rule_batch(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w, const GdnDims& dims,
                       const Tensor& state_pool, const StepBatch& batch, const Tensor& o) override;
+  /// Where the step takes the recurrence (few_rows): the norm in the recurrence's launch (detail::GdnOutNorm), no
+  /// second kernel; otherwise the default (the two ops).
+  void gdn_rule_norm_batch(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w,
+                           const GdnDims& dims, const Tensor& state_pool, const StepBatch& batch, const Tensor& z,
+                           const Tensor& norm_weight, double eps, GateAct act, const Tensor& o) override;
   void gated_rms_norm(const Tensor& x, const Tensor& z, const Tensor& w, double eps, GateAct act,
                       const Tensor& y) override;
 
@@ -405,6 +410,10 @@ class CudaOps final : public Ops {
     std::weak_ptr<void> a_log, dt_bias;
   };
   std::map<std::pair<const void*, const void*>, GdnGates> gdn_gates_;
+  /// The folded norm's counters (detail::GdnOutNorm::done), one per (state slot, value head), zero between launches;
+  /// grown for a larger pool, and every one ever made kept (a recorded step may name it).
+  std::vector<Tensor> gdn_norm_done_;
+  int32_t* gdn_norm_counters(int64_t count, const char* op);
 
   // ------------------------------------------------ moe_ops.cpp
 

@@ -31,13 +31,19 @@ __device__ __forceinline__ void gdn_gates(const T* a, const T* b, const float* a
 // (warp w, lane l) owns column j = 32*slice + l and key rows i = w, w+8, ... of the state S [dk, dv], which stays in
 // its registers over the sequence's rows seq_starts[s] .. seq_starts[s+1] (row s alone without seq_starts: decode)
 // and is stored once after them. Each row takes exactly the operations of a decode step, in the same order, so n rows
-// give the state and outputs of n decode steps bit for bit.
+// give the state and outputs of n decode steps bit for bit. With norm.z (GdnOutNorm), the last block of the
+// (sequence, value head) to finish (a counter per (slot, head), counted by thread 0 with an acquire-release atomic at
+// GPU scope after a block barrier, as the W4A16 down GEMV's combine) applies the gated norm to the head's dv outputs
+// of every row, a warp per row, reading them from L2 (__ldcg).
+// 4 blocks an SM, as the kernel took without the norm's epilogue (64 registers, 16 bytes spilled; with it, unbounded,
+// ptxas takes 80 and 3 blocks fit; bounded, 24 bytes spill).
 template <class T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 4)
     gdn_recurrent_kernel(const T* __restrict__ qkv, int64_t ld_qkv, const T* __restrict__ a, const T* __restrict__ bb,
                          int64_t ld_ab, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
                          float* __restrict__ state, const int32_t* __restrict__ slots,
-                         const int32_t* __restrict__ seq_starts, GdnHeads d, T* __restrict__ out, int64_t ld_out) {
+                         const int32_t* __restrict__ seq_starts, GdnHeads d, T* __restrict__ out, int64_t ld_out,
+                         GdnOutNorm norm) {
   pdl_begin();
   __shared__ float qs[kGdnMaxDk], ks[kGdnMaxDk];
   __shared__ float part[kThreads / 32][32];
@@ -102,17 +108,45 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     part[warp][lane] = o;
     __syncthreads();
-    if (warp == 0 && col) {
+    if (warp == 0) {
       o = 0.f;
 #pragma unroll
       for (int w = 0; w < kThreads / 32; ++w) o += part[w][lane];
-      out[int64_t(r) * ld_out + int64_t(head) * d.dv + j] = from_f<T>(o);
+      if (col) out[int64_t(r) * ld_out + int64_t(head) * d.dv + j] = from_f<T>(o);
     }
   }
 #pragma unroll
   for (int m = 0; m < kRows; ++m) {
     const int i = warp + m * (kThreads / 32);
     if (col && i < d.dk) S[int64_t(i) * d.dv + j] = s[m];
+  }
+  if (!norm.z) return;
+  __shared__ int last;
+  __syncthreads();  // the block's outputs and square sums happen before thread 0's release
+  if (threadIdx.x == 0) {
+    int32_t* cnt = norm.done + int64_t(slots[seq]) * d.nv + head;
+    int32_t before;
+    asm volatile("atom.acq_rel.gpu.add.s32 %0, [%1], 1;" : "=r"(before) : "l"(cnt) : "memory");
+    last = before == slices - 1;
+    if (last) *cnt = 0;  // the other blocks of this (slot, head) have counted; the next launch is ordered after
+  }
+  __syncthreads();
+  if (!last) return;
+  for (int r = r0 + warp; r < r1; r += kThreads / 32) {  // a warp per row
+    T* orow = out + int64_t(r) * ld_out + int64_t(head) * d.dv;
+    float ss = 0.f;
+#pragma unroll 1
+    for (int c = lane; c < d.dv; c += 32) {
+      const float v = to_f(__ldcg(orow + c));
+      ss += v * v;
+    }
+    const float rs = rsqrtf(warp_sum(ss) / float(d.dv) + norm.eps);
+    const float* zr = norm.z + int64_t(r) * norm.ld_z + int64_t(head) * d.dv;
+#pragma unroll 1
+    for (int c = lane; c < d.dv; c += 32) {
+      const float zv = zr[c];
+      orow[c] = from_f<T>(to_f(norm.w[c]) * to_f(__ldcg(orow + c)) * rs * (norm.silu ? siluf_(zv) : sigmoidf_(zv)));
+    }
   }
 }
 
@@ -961,7 +995,7 @@ __global__ void __launch_bounds__(kWalkThreads)
 #define FN_GDN_INSTANTIATE(T)                                                                                          \
   template __global__ void gdn_recurrent_kernel<T>(const T*, int64_t, const T*, const T*, int64_t, const float*,       \
                                                    const float*, float*, const int32_t*, const int32_t*, GdnHeads, T*, \
-                                                   int64_t);
+                                                   int64_t, GdnOutNorm);
 FN_GDN_INSTANTIATE(float)
 #undef FN_GDN_INSTANTIATE
 // Both scratch forms of the chunk preparation (the launcher's choice is fenced off under NVRTC).
@@ -980,11 +1014,11 @@ FN_GDN_PREP_INSTANTIATE(true)
 cudaError_t launch_gdn_recurrent(const float* qkv, int64_t ld_qkv, const float* a, const float* b, int64_t ld_ab,
                                  const float* a_log, const float* dt_bias, float* state, const int32_t* slots,
                                  const int32_t* seq_starts, int num_seqs, GdnHeads dims, float* out, int64_t ld_out,
-                                 cudaStream_t stream) {
+                                 const GdnOutNorm& norm, cudaStream_t stream) {
   if (num_seqs == 0) return cudaSuccess;
   const unsigned blocks = unsigned(num_seqs) * dims.nv * ((dims.dv + 31) / 32);
   launch(gdn_recurrent_kernel<float>, blocks, kThreads, 0, stream, qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state,
-         slots, seq_starts, dims, out, ld_out);
+         slots, seq_starts, dims, out, ld_out, norm);
   return cudaGetLastError();
 }
 

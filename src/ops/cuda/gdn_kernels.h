@@ -19,15 +19,30 @@ struct GdnHeads {
   int nk, nv, dk, dv;
 };
 
+/// The GDN output norm (`Qwen4ExpTextRMSNormGated`, ops.h gated_rms_norm) folded into the recurrence:
+/// o <- w * (o * rsqrt(mean over the head's dv outputs of o^2 + eps)) * act(z), per row and value head, in float32;
+/// act = silu (silu) or sigmoid. z == nullptr: no norm. z [rows, ld_z] at the outputs' columns; w [dv]; done: one
+/// int32 counter per (state slot, value head), [slots * nv], all zero before the launch and left zero after it (the
+/// last block of a (slot, head) resets its counter).
+struct GdnOutNorm {
+  const float* z = nullptr;
+  int64_t ld_z = 0;
+  const __half* w = nullptr;
+  float eps = 0.f;
+  bool silu = false;
+  int32_t* done = nullptr;
+};
+
 #ifndef __CUDACC_RTC__  // host launchers
 /// The recurrence, one launch for every sequence s of the step: over its rows seq_starts[s] .. seq_starts[s+1] in
 /// order (seq_starts null: row s alone, a decode step), state in slot slots[s] read once and written once. Each row
 /// runs a decode step's operations, so n rows equal n decode steps bit for bit. For few rows per sequence (CudaOps::
-/// few_rows: a speculative verify, its replay, a short chunk); the chunked form is faster beyond.
+/// few_rows: a speculative verify, its replay, a short chunk); the chunked form is faster beyond. With norm.z set, the
+/// outputs are the gated norm's (GdnOutNorm), made by the last of each (sequence, value head)'s blocks to finish.
 cudaError_t launch_gdn_recurrent(const float* qkv, int64_t ld_qkv, const float* a, const float* b, int64_t ld_ab,
                                  const float* a_log, const float* dt_bias, float* state, const int32_t* slots,
                                  const int32_t* seq_starts, int num_seqs, GdnHeads dims, float* out, int64_t ld_out,
-                                 cudaStream_t stream);
+                                 const GdnOutNorm& norm, cudaStream_t stream);
 
 /// The chunked form over the rows cu_seqlens[s] .. cu_seqlens[s+1] of every sequence s (`rows` in all), state in
 /// slot slots[s] read and written. Per pass of `heads_per_pass` value heads (gdn_kernels.cu): the chunk preparation,

@@ -46,6 +46,45 @@ void CudaOps::gdn_conv_batch(const Tensor& qkv, const Tensor& weight, const Tens
   }
 }
 
+void CudaOps::gdn_rule_norm_batch(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w,
+                                  const GdnDims& d, const Tensor& state_pool, const StepBatch& batch, const Tensor& z,
+                                  const Tensor& norm_weight, double eps, GateAct act, const Tensor& o) {
+  const char* op = "gdn_rule_norm_batch";
+  const int64_t T = contract::gdn_rule_batch(spec(), qkv, a, b, w, d, state_pool, batch, o);
+  contract::gated_rms_norm(spec(), o, z, norm_weight, o);
+  FN_CHECK(norm_weight.numel() == d.v_head_dim, "{}: norm weight {} is not [{}] (the value head dim)", op,
+           norm_weight.str(), d.v_head_dim);
+  if (!few_rows(batch) || d.k_head_dim > detail::kGdnMaxDk) {
+    Ops::gdn_rule_norm_batch(qkv, a, b, w, d, state_pool, batch, z, norm_weight, eps, act, o);
+    return;
+  }
+  if (T == 0) return;
+  const int64_t nv = d.num_v_heads, ld_o = nv * d.v_head_dim;
+  const detail::GdnHeads heads{int(d.num_k_heads), int(nv), int(d.k_head_dim), int(d.v_head_dim)};
+  const float* a_log = gdn_gates(w, nv, op);
+  detail::GdnOutNorm norm;
+  norm.z = dp<const float>(z);
+  norm.ld_z = ld_o;
+  norm.w = dp<__half>(norm_weight);
+  norm.eps = float(eps);
+  norm.silu = act == GateAct::Silu;
+  norm.done = gdn_norm_counters(state_pool.dim(0) * nv, op);
+  FN_CUDA_CHECK(
+      detail::launch_gdn_recurrent(dp<const float>(qkv), qkv.dim(1), dp<const float>(a), dp<const float>(b), nv, a_log,
+                                   a_log + nv, dp<float>(state_pool), dp<int32_t>(batch.slots), row_starts(batch),
+                                   to_int(batch.num_seqs, op, "sequences"), heads, dp<float>(o), ld_o, norm, stream()),
+      op);
+}
+
+int32_t* CudaOps::gdn_norm_counters(int64_t count, const char* op) {
+  if (gdn_norm_done_.empty() || gdn_norm_done_.back().numel() < count) {
+    gdn_norm_done_.push_back(alloc({std::max<int64_t>(1, count)}, DType::I32, "gdn norm counters", Lifetime::Kept));
+    FN_CUDA_CHECK(cudaMemsetAsync(gdn_norm_done_.back().data(), 0, size_t(gdn_norm_done_.back().numel()) * 4, stream()),
+                  op);
+  }
+  return dp<int32_t>(gdn_norm_done_.back());
+}
+
 void CudaOps::gdn_rule_batch(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w, const GdnDims& d,
                              const Tensor& state_pool, const StepBatch& batch, const Tensor& o) {
   const char* op = "gdn_rule_batch";
@@ -58,11 +97,11 @@ void CudaOps::gdn_rule_batch(const Tensor& qkv, const Tensor& a, const Tensor& b
   const float* a_log = gdn_gates(w, nv, op);
   const float* dt_bias = a_log + nv;
   if (few_rows(batch)) {  // the recurrence, each sequence's rows in order
-    FN_CUDA_CHECK(
-        detail::launch_gdn_recurrent(dp<const float>(qkv), C, dp<const float>(a), dp<const float>(b), nv, a_log,
-                                     dt_bias, dp<float>(state_pool), dp<int32_t>(batch.slots), row_starts(batch),
-                                     to_int(batch.num_seqs, op, "sequences"), heads, dp<float>(o), ld_o, stream()),
-        op);
+    FN_CUDA_CHECK(detail::launch_gdn_recurrent(dp<const float>(qkv), C, dp<const float>(a), dp<const float>(b), nv,
+                                               a_log, dt_bias, dp<float>(state_pool), dp<int32_t>(batch.slots),
+                                               row_starts(batch), to_int(batch.num_seqs, op, "sequences"), heads,
+                                               dp<float>(o), ld_o, detail::GdnOutNorm{}, stream()),
+                  op);
     return;
   }
   // A step with prefill chunks: every sequence's rows (cu_seqlens), state in slot slots[s]; the state walk and the
