@@ -270,6 +270,9 @@ void add_qsa(std::vector<OpCase>& v) {
   v.push_back(sparse_attention_batch_case(3, 1, 24, 16, 4, mixed_step_5()));
   // TP2 heads at the released budget: contexts just below and above 2048 positions.
   v.push_back(sparse_attention_batch_case(12, 1, kHeadDim, kBudget, kBlock, plan({2046, 2100}, {{1, 1}})));
+  // One decode query over 4,099 selected positions: 128 splits of the selection (the combine's groups take more
+  // than one round of loads), head dim 24 (a partial block of combined columns).
+  v.push_back(sparse_attention_batch_case(3, 1, 24, 4096, 4, plan({4200}, {{1}})));
   // Prefill chunks (on SM80+ GPUs the tile-union kernel, groups of consecutive queries over their selections'
   // union): sequences of 65, 7 and 1 rows (full and partial groups); 3 heads a KV head at head dim 24; the released
   // heads over a 37-query chunk whose contexts cross the budget (positions 2030 .. 2066).

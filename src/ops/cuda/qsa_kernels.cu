@@ -275,53 +275,78 @@ __global__ void __launch_bounds__(kThreads, 2)
 }
 
 // Merges the split partials of each (token, head) and applies the output gate: M = max_s m_s, w_s = e^{m_s - M}
-// (splits with m_s = -inf, which saw no position, skipped), o[d] = sum_s w_s acc_s[d] / sum_s w_s l_s in split order.
-// The split weights and sums are made once a block (shared memory) and every thread's acc loads are issued 8 at a
-// time ahead of their sums (a split's loads used to wait on the one before: 33 dependent rounds at decode).
-// splits <= kQsaMaxSplits.
+// (splits with m_s = -inf, which saw no position, skipped), o[d] = sum_s w_s acc_s[d] / sum_s w_s l_s. Block (token
+// t, head hq; kCombineCols columns d): thread (group g, column c) issues the loads of its splits g, g + G, ...
+// (kCombineAhead at a time, the first ones before the weights are known) and sums them in split order; the G groups'
+// sums are then added in group order. The split weights and L are made by every block (one load of each m_s and l_s;
+// L a block-wide sum). Every dependent round is one load deep, where a block per (t, hq) that walked the splits was
+// about ten. splits <= kQsaMaxSplits.
+constexpr int kCombineCols = 32, kCombineGroups = kThreads / kCombineCols, kCombineAhead = 12;
 template <class T>
-__global__ void qsa_combine_kernel(const float* __restrict__ partial, int heads, int dim, int splits,
-                                   const T* __restrict__ gate, int64_t ld_gate, int64_t gate_hs, T* __restrict__ out,
-                                   int64_t ldo) {
+__global__ void __launch_bounds__(kThreads)
+    qsa_combine_kernel(const float* __restrict__ partial, int heads, int dim, int splits, const T* __restrict__ gate,
+                       int64_t ld_gate, int64_t gate_hs, T* __restrict__ out, int64_t ldo) {
   pdl_begin();
-  __shared__ float w[kQsaMaxSplits], l[kQsaMaxSplits];
+  __shared__ float w[kQsaMaxSplits];
   __shared__ float scratch[32];
-  __shared__ float total;
+  __shared__ float sums[kCombineGroups][kCombineCols];
   const int t = blockIdx.x / heads, hq = blockIdx.x % heads;
-  const float* pp = partial + (int64_t(t) * heads + hq) * splits * (dim + 2);
+  const int g = threadIdx.x / kCombineCols, c = threadIdx.x % kCombineCols;
+  const int d = blockIdx.y * kCombineCols + c;
+  const int64_t ld = dim + 2;
+  const float* pp = partial + (int64_t(t) * heads + hq) * splits * ld;
   const float neg_inf = -__int_as_float(0x7f800000);
-  float M = neg_inf;
-  for (int s = threadIdx.x; s < splits; s += blockDim.x) {
-    w[s] = pp[s * (dim + 2)];  // m_s for now
-    l[s] = pp[s * (dim + 2) + 1];
-    M = fmaxf(M, w[s]);
-  }
-  M = block_max(M, scratch);
-  for (int s = threadIdx.x; s < splits; s += blockDim.x) w[s] = w[s] == neg_inf ? neg_inf : expf(w[s] - M);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float L = 0.f;
-    for (int s = 0; s < splits; ++s)
-      if (w[s] != neg_inf) L += w[s] * l[s];
-    total = L;
-  }
-  __syncthreads();
-  const float L = total;
-  constexpr int kAhead = 8;
-  for (int d = threadIdx.x; d < dim; d += blockDim.x) {
-    float o = 0.f;
-    for (int s0 = 0; s0 < splits; s0 += kAhead) {
-      float a[kAhead];
+  float a[kCombineAhead];
 #pragma unroll
-      for (int u = 0; u < kAhead; ++u) a[u] = s0 + u < splits ? pp[(s0 + u) * (dim + 2) + 2 + d] : 0.f;
+  for (int u = 0; u < kCombineAhead; ++u) {
+    const int sp = g + u * kCombineGroups;
+    a[u] = sp < splits && d < dim ? pp[sp * ld + 2 + d] : 0.f;
+  }
+  static_assert(kQsaMaxSplits <= 2 * kThreads, "qsa_combine_kernel: two splits' (m, l) a thread");
+  float m[2], l[2];
 #pragma unroll
-      for (int u = 0; u < kAhead; ++u)
-        if (s0 + u < splits && w[s0 + u] != neg_inf) o += w[s0 + u] * a[u];
+  for (int k = 0; k < 2; ++k) {
+    const int sp = int(threadIdx.x) + k * kThreads;
+    m[k] = sp < splits ? pp[sp * ld] : neg_inf;
+    l[k] = sp < splits ? pp[sp * ld + 1] : 0.f;
+  }
+  const float M = block_max(fmaxf(m[0], m[1]), scratch);
+  float wl = 0.f;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int sp = int(threadIdx.x) + k * kThreads;
+    const float ws = m[k] == neg_inf ? 0.f : expf(m[k] - M);
+    if (sp < splits) w[sp] = ws;
+    wl += ws * l[k];
+  }
+  const float L = block_sum(wl, scratch);  // its barriers also publish w
+  float o = 0.f;
+#pragma unroll
+  for (int u = 0; u < kCombineAhead; ++u) {
+    const int sp = g + u * kCombineGroups;
+    if (sp < splits) o += w[sp] * a[u];
+  }
+  for (int s0 = kCombineAhead * kCombineGroups; s0 < splits; s0 += kCombineAhead * kCombineGroups) {
+#pragma unroll
+    for (int u = 0; u < kCombineAhead; ++u) {
+      const int sp = s0 + g + u * kCombineGroups;
+      a[u] = sp < splits && d < dim ? pp[sp * ld + 2 + d] : 0.f;
     }
-    o = L > 0.f ? o / L : 0.f;
-    if (gate) o *= sigmoidf_(to_f(gate[int64_t(t) * ld_gate + int64_t(hq) * gate_hs + d]));
-    out[int64_t(t) * ldo + int64_t(hq) * dim + d] = from_f<T>(o);
+#pragma unroll
+    for (int u = 0; u < kCombineAhead; ++u) {
+      const int sp = s0 + g + u * kCombineGroups;
+      if (sp < splits) o += w[sp] * a[u];
+    }
   }
+  sums[g][c] = o;
+  __syncthreads();
+  if (g != 0 || d >= dim) return;
+  o = 0.f;
+#pragma unroll
+  for (int k = 0; k < kCombineGroups; ++k) o += sums[k][c];
+  o = L > 0.f ? o / L : 0.f;
+  if (gate) o *= sigmoidf_(to_f(gate[int64_t(t) * ld_gate + int64_t(hq) * gate_hs + d]));
+  out[int64_t(t) * ldo + int64_t(hq) * dim + d] = from_f<T>(o);
 }
 
 // The float32 activations of the ops interface (compiled by NVRTC too, for the SM70 check).
@@ -760,8 +785,8 @@ cudaError_t launch_qsa_attention(const float* q, int64_t ldq, const int32_t* tok
          k_cache, v_cache, heads, kv_heads, dim, splits, split_len, gate, ld_gate, gate_head_stride, partial, out, ldo,
          status, vec4);
   if (splits > 1)
-    launch(qsa_combine_kernel<float>, tokens * heads, kThreads, 0, stream, partial, heads, dim, splits, gate, ld_gate,
-           gate_head_stride, out, ldo);
+    launch(qsa_combine_kernel<float>, dim3{unsigned(tokens * heads), unsigned((dim + kCombineCols - 1) / kCombineCols)},
+           kThreads, 0, stream, partial, heads, dim, splits, gate, ld_gate, gate_head_stride, out, ldo);
   return cudaGetLastError();
 }
 QsaUnionPlan qsa_union_plan(int heads, int kv_heads, int dim) {
