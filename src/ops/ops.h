@@ -61,6 +61,14 @@ struct GdnWeights {
   Tensor dt_bias;  ///< [nv]
 };
 
+/// The GDN output norm (`Qwen4ExpTextRMSNormGated`) as gdn_mix_batch takes it: z [T, nv*dv] (the in_proj_z
+/// output), weight [dv]; an undefined weight: no norm.
+struct GdnOutputNorm {
+  Tensor z, weight;
+  double eps = 0;
+  GateAct act = GateAct::Sigmoid;
+};
+
 /// Rotary embedding: NeoX rotate-half on the first `rotary_dim` dims of each head, angle pos * inv_freq[i] with
 /// inv_freq[i] = 1 / theta^(2i / rotary_dim) computed in float32 (`Qwen4ExpTextRotaryEmbedding`; for text the
 /// mRoPE sections share one position, so this is plain RoPE).
@@ -363,15 +371,17 @@ class Ops {
                               const GdnDims& dims, const Tensor& state_pool, const StepBatch& batch,
                               const Tensor& o) = 0;
 
-  /// gdn_rule_batch into o, then its output norm in place: gated_rms_norm(o, z, norm_weight, eps, act, o), the
-  /// GDN layer's two ops in one call (the CUDA backend folds the norm into the recurrence of decode steps and
-  /// speculative verifies). z, o [T, nv*dv]; norm_weight [dv]. The default is the two ops in order.
-  virtual void gdn_rule_norm_batch(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w,
-                                   const GdnDims& dims, const Tensor& state_pool, const StepBatch& batch,
-                                   const Tensor& z, const Tensor& norm_weight, double eps, GateAct act,
-                                   const Tensor& o) {
+  /// The GDN mixer's sequence ops in one call: gdn_conv_batch(qkv, conv_weight, conv_pool, batch), then
+  /// gdn_rule_batch(qkv, a, b, w, dims, state_pool, batch, o), then where norm.weight is defined
+  /// gated_rms_norm(o, norm.z, norm.weight, norm.eps, norm.act, o). qkv [T, C] is the raw in_proj_qkv output; what
+  /// it holds afterwards is unspecified (the conv output here; the CUDA backend folds the conv into the recurrence of
+  /// decode steps and speculative verifies, and its norm too, leaving qkv as it was). The default is the ops in order.
+  virtual void gdn_mix_batch(const Tensor& qkv, const Tensor& conv_weight, const Tensor& conv_pool, const Tensor& a,
+                             const Tensor& b, const GdnWeights& w, const GdnDims& dims, const Tensor& state_pool,
+                             const StepBatch& batch, const GdnOutputNorm& norm, const Tensor& o) {
+    gdn_conv_batch(qkv, conv_weight, conv_pool, batch);
     gdn_rule_batch(qkv, a, b, w, dims, state_pool, batch, o);
-    gated_rms_norm(o, z, norm_weight, eps, act, o);
+    if (norm.weight.defined()) gated_rms_norm(o, norm.z, norm.weight, norm.eps, norm.act, o);
   }
 
   /// GDN output norm (`Qwen4ExpTextRMSNormGated`) per head of width D = w.numel():

@@ -149,6 +149,8 @@ TEST(OpRegistry, CoversEveryProductionOp) {
                        "hc_inject/",
                        "gdn_conv_batch/",
                        "gdn_rule_batch/",
+                       "gdn_mix_batch/",
+                       "hc_inject_read/",
                        "qsa_prepare_qk_batch/",
                        "qsa_indexer_select_batch/",
                        "sparse_attention_batch/",

@@ -628,21 +628,25 @@ OpCase gdn_rule_batch_case(const GdnDims& d, const StepPlan& plan, Weights wk, f
   return c;
 }
 
-OpCase gdn_rule_norm_batch_case(const GdnDims& d, const StepPlan& plan, GateAct act, Weights wk) {
+OpCase gdn_mix_batch_case(const GdnDims& d, int64_t K, const StepPlan& plan, std::optional<GateAct> act, Weights wk) {
   OpCase c;
   const int64_t C = d.conv_dim(), nv = d.num_v_heads, dk = d.k_head_dim, dv = d.v_head_dim;
-  c.name = fmt::format("gdn_rule_norm_batch/nk={}/nv={}/dk={}/dv={}/{}/{}", d.num_k_heads, nv, dk, dv, plan.describe(),
-                       act == GateAct::Silu ? "silu" : "sigmoid");
+  c.name =
+      fmt::format("gdn_mix_batch/nk={}/nv={}/dk={}/dv={}/K={}/{}/{}", d.num_k_heads, nv, dk, dv, K, plan.describe(),
+                  !act                    ? "no_norm"
+                  : *act == GateAct::Silu ? "silu"
+                                          : "sigmoid");
   c.family = OpFamily::Gdn;
-  const int64_t T = plan_tokens(plan);
-  c.bytes = kW * double(dv) + kF * double(T * (C + 2 * nv + 2 * nv * dv) + 2 * plan_seq_steps(plan) * nv * dk * dv);
-  c.flops = 7.0 * double(T * nv * dk * dv) + 8.0 * double(T * nv * dv);
+  const int64_t T = plan_tokens(plan), steps = plan_seq_steps(plan);
+  c.bytes =
+      kW * double(C * K + dv) + kF * double(T * (C + 2 * nv + 2 * nv * dv) + 2 * steps * (nv * dk * dv + (K - 1) * C));
+  c.flops = 2.0 * double(T * C * K) + 7.0 * double(T * nv * dk * dv) + 8.0 * double(T * nv * dv);
   c.build = [=](Ops& ops, uint64_t seed) {
     Gen g(ops, seed, wk);
     const Paging p = make_paging(plan);
     GdnWeights w{g.weight({nv}, 0.5f), g.weight({nv}, 0.5f)};
-    Tensor norm_w = g.weight({dv}, 0.5f);
-    Tensor pool = g.act({p.num_slots, nv, dk, dv}, 0.1f);
+    Tensor conv_w = g.weight({C, K}, 0.5f), norm_w = g.weight({dv}, 0.5f);
+    Tensor conv_pool = g.act({p.num_slots, K - 1, C}), pool = g.act({p.num_slots, nv, dk, dv}, 0.1f);
     std::vector<Tensor> qkv, a, b, z, o;
     std::vector<StepBatch> batches;
     for (size_t i = 0; i < plan.steps.size(); ++i) {
@@ -655,14 +659,17 @@ OpCase gdn_rule_norm_batch_case(const GdnDims& d, const StepPlan& plan, GateAct 
       batches.push_back(plan_step(ops, plan, p, i));
     }
     return OpRun{[=, &ops] {
-                   for (size_t i = 0; i < qkv.size(); ++i)
-                     ops.gdn_rule_norm_batch(qkv[i], a[i], b[i], w, d, pool, batches[i], z[i], norm_w, 1e-6, act, o[i]);
+                   for (size_t i = 0; i < qkv.size(); ++i) {
+                     const GdnOutputNorm norm = act ? GdnOutputNorm{z[i], norm_w, 1e-6, *act} : GdnOutputNorm{};
+                     ops.gdn_mix_batch(qkv[i], conv_w, conv_pool, a[i], b[i], w, d, pool, batches[i], norm, o[i]);
+                   }
                  },
                  [=, &ops] {
                    std::vector<OpOutput> r;
                    for (size_t i = 0; i < o.size(); ++i)
                      r.push_back(close(ops, fmt::format("step{}.o", i), o[i], kRule, kRule));
                    r.push_back(close(ops, "state_pool", pool, kRule, kRule));
+                   r.push_back(exact_f32(ops, "conv_pool", conv_pool));
                    return r;
                  }};
   };

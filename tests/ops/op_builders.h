@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,8 +71,9 @@ OpCase gdn_conv_batch_case(const GdnDims& d, int64_t K, const StepPlan& plan, We
 /// state_scale: the initial states uniform in [-state_scale, state_scale] (0.1; 1e5 passes FP16's range).
 OpCase gdn_rule_batch_case(const GdnDims& d, const StepPlan& plan, Weights wk = Weights::HostFp16,
                            float state_scale = 0.1f);
-/// gdn_rule_norm_batch: the rule, then the gated output norm (act) of every step's outputs in place.
-OpCase gdn_rule_norm_batch_case(const GdnDims& d, const StepPlan& plan, GateAct act, Weights wk = Weights::HostFp16);
+/// gdn_mix_batch: the conv of K taps, the rule, then the gated output norm (act; none: no norm) of every step.
+OpCase gdn_mix_batch_case(const GdnDims& d, int64_t K, const StepPlan& plan, std::optional<GateAct> act,
+                          Weights wk = Weights::HostFp16);
 
 // ---------------------------------------------------------------- QSA
 OpCase qsa_prepare_qk_batch_case(int64_t nh, int64_t nkv, int64_t D, int64_t rotary, const StepPlan& plan,

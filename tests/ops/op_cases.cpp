@@ -226,16 +226,28 @@ void add_gdn(std::vector<OpCase>& v) {
   v.push_back(gdn_rule_batch_case({1, 2, 80, 24}, plan({0, 5}, {{129, 64}})));  // 5 key tiles, a warp's columns cut
   v.push_back(gdn_rule_batch_case({1, 2, 128, 128}, one_sequence(1000), Weights::HostFp16, 1.f));  // 16 chunks
   v.push_back(gdn_rule_batch_case({1, 2, 20, 40}, one_sequence(70)));
-  // The rule with its output norm: in the recurrence's launch for decode steps and few rows (the last block of each
-  // (sequence, head) normalises its rows; dv = 24 and 72: a partial last slice), else the two ops (a chunked
-  // prefill); steps of few rows in a row (each launch must find the counters back at zero), a verify of 9 rows, the
-  // released heads; both activations.
-  for (GateAct act : {GateAct::Sigmoid, GateAct::Silu})
-    v.push_back(gdn_rule_norm_batch_case(d, decode_batch(3, 17), act));
-  v.push_back(gdn_rule_norm_batch_case(odd, plan({40, 9, 0}, {{4, 4, 1}, {2, 1, 9}, {1, 1, 1}}), GateAct::Sigmoid));
-  v.push_back(gdn_rule_norm_batch_case({1, 3, 40, 72}, plan({5, 0}, {{1, 9}, {1, 1}, {1, 0}}), GateAct::Sigmoid));
-  v.push_back(gdn_rule_norm_batch_case(d, one_sequence(100, 3), GateAct::Sigmoid));
-  v.push_back(gdn_rule_norm_batch_case(kGdn, decode_batch(2, 40), GateAct::Sigmoid));
+  // The mixer's conv, rule and norm in one op. The CUDA backend runs steps of few rows as one recurrence launch with
+  // the norm in it (the last block of each (slot, value head) normalises its rows) and the conv folded in where the
+  // launch fits one wave of the folded kernel (the last block of each key head's value heads writes its q/k conv
+  // state): the released heads for one sequence over three steps (folded) and for 16 sequences over two (the conv
+  // apart, many waves); several sequences of several rows (speculative verifies: 4 slices a head), dv = 24 and 72
+  // (one and three slices, the last partial), K = 1, 2 and 8, no norm (a replay), both activations; the 16/17-row
+  // boundary, a prefill then decode, and a chunked prefill (the ops in order).
+  const std::optional<GateAct> sig = GateAct::Sigmoid, silu = GateAct::Silu, no_norm;
+  v.push_back(gdn_mix_batch_case(kGdn, 4, plan({40}, {{1}, {1}, {1}}), sig));
+  v.push_back(gdn_mix_batch_case(
+      kGdn, 4, plan(std::vector<int64_t>(16, 40), {std::vector<int64_t>(16, 1), std::vector<int64_t>(16, 1)}), sig));
+  for (const auto& act : {sig, silu}) v.push_back(gdn_mix_batch_case(d, 4, decode_batch(3, 17), act));
+  v.push_back(gdn_mix_batch_case(d, 4, plan({0, 5, 17}, {{9, 4, 1}, {1, 1, 1}}), silu));
+  v.push_back(gdn_mix_batch_case(odd, 4, plan({40, 9, 0}, {{4, 4, 1}, {2, 1, 9}, {1, 1, 1}}), sig));
+  v.push_back(gdn_mix_batch_case({1, 3, 40, 72}, 4, plan({5, 0}, {{1, 9}, {1, 1}, {1, 0}}), sig));
+  v.push_back(gdn_mix_batch_case(odd, 1, plan({3, 0}, {{2, 5}, {1, 1}}), sig));
+  v.push_back(gdn_mix_batch_case(odd, 2, plan({3, 0}, {{2, 5}, {1, 1}}), silu));
+  v.push_back(gdn_mix_batch_case({1, 3, 40, 72}, 8, plan({9, 2}, {{3, 7}, {1, 1}}), sig));
+  v.push_back(gdn_mix_batch_case(d, 4, plan({0, 5, 17}, {{9, 4, 1}, {1, 1, 1}}), no_norm));
+  for (int64_t T : {16, 17}) v.push_back(gdn_mix_batch_case(d, 4, one_sequence(T, 3), sig));
+  v.push_back(gdn_mix_batch_case(d, 4, prefill_then_decode(), sig));
+  v.push_back(gdn_mix_batch_case(d, 4, one_sequence(100, 3), silu));
 }
 
 void add_qsa(std::vector<OpCase>& v) {

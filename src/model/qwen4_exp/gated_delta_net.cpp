@@ -23,14 +23,14 @@ Tensor gated_delta_net(Ops& ops, const ModelConfig& cfg, const GdnLayerWeights& 
     ops.copy_rows(a, k.first, k.into->a, 0, k.n);
     ops.copy_rows(b, k.first, k.into->b, 0, k.n);
   }
-  // qkv = silu(causal depthwise conv1d(qkv)), continuing the conv tail.
+  // silu(causal depthwise conv1d(qkv)) continuing the conv tail, the gated delta rule over each sequence's tokens
+  // continuing its recurrent state (the recurrence for a decode token, the chunked form for a prefill chunk), then
+  // the gated RMSNorm per value head.
   ops.profile_phase("gdn_rule");
-  ops.gdn_conv_batch(qkv, w.conv1d, cache.conv, batch);
-  // Gated delta rule over each sequence's tokens, continuing its recurrent state (the recurrence for a decode
-  // token, the chunked form for a prefill chunk), then the gated RMSNorm per value head.
   Tensor o = ops.empty({T, value_dim});
-  ops.gdn_rule_norm_batch(qkv, a, b, w.rule, dims, cache.recurrent, batch, z, w.norm, cfg.rms_norm_eps,
-                          cfg.output_gate_type == "sigmoid" ? GateAct::Sigmoid : GateAct::Silu, o);
+  const GdnOutputNorm norm{z, w.norm, cfg.rms_norm_eps,
+                           cfg.output_gate_type == "sigmoid" ? GateAct::Sigmoid : GateAct::Silu};
+  ops.gdn_mix_batch(qkv, w.conv1d, cache.conv, a, b, w.rule, dims, cache.recurrent, batch, norm, o);
   ops.profile_phase("gdn_proj");
   Tensor out = ops.empty({T, cfg.hidden_size});
   ops.linear(o, w.out_proj, out);
@@ -44,8 +44,8 @@ void gated_delta_net_replay(Ops& ops, const ModelConfig& cfg, const GdnLayerWeig
   const GdnDims dims = gdn_dims(cfg);
   Tensor qkv = ops.empty({n, dims.conv_dim()}), o = ops.empty({n, dims.num_v_heads * dims.v_head_dim});
   ops.copy_rows(kept.qkv, 0, qkv, 0, n);
-  ops.gdn_conv_batch(qkv, w.conv1d, cache.conv, batch);
-  ops.gdn_rule_batch(qkv, kept.a.rows(0, n), kept.b.rows(0, n), w.rule, dims, cache.recurrent, batch, o);
+  ops.gdn_mix_batch(qkv, w.conv1d, cache.conv, kept.a.rows(0, n), kept.b.rows(0, n), w.rule, dims, cache.recurrent,
+                    batch, GdnOutputNorm{}, o);
 }
 
 }  // namespace flashnext

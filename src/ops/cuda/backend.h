@@ -197,11 +197,12 @@ class CudaOps final : public Ops {
   /// to rounding).
   void gdn_rule_batch(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w, const GdnDims& dims,
                       const Tensor& state_pool, const StepBatch& batch, const Tensor& o) override;
-  /// Where the step takes the recurrence (few_rows): the norm in the recurrence's launch (detail::GdnOutNorm), no
-  /// second kernel; otherwise the default (the two ops).
-  void gdn_rule_norm_batch(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w,
-                           const GdnDims& dims, const Tensor& state_pool, const StepBatch& batch, const Tensor& z,
-                           const Tensor& norm_weight, double eps, GateAct act, const Tensor& o) override;
+  /// Where the step takes the recurrence (few_rows): one launch (detail::launch_gdn_recurrent) with the norm in it
+  /// and, where its blocks fit in one wave of the folded kernel (a decode step of one sequence at the released
+  /// widths), the conv too (qkv left as it was); with the conv apart, its decode launch first. Otherwise the default.
+  void gdn_mix_batch(const Tensor& qkv, const Tensor& conv_weight, const Tensor& conv_pool, const Tensor& a,
+                     const Tensor& b, const GdnWeights& w, const GdnDims& dims, const Tensor& state_pool,
+                     const StepBatch& batch, const GdnOutputNorm& norm, const Tensor& o) override;
   void gated_rms_norm(const Tensor& x, const Tensor& z, const Tensor& w, double eps, GateAct act,
                       const Tensor& y) override;
 
@@ -410,10 +411,12 @@ class CudaOps final : public Ops {
     std::weak_ptr<void> a_log, dt_bias;
   };
   std::map<std::pair<const void*, const void*>, GdnGates> gdn_gates_;
-  /// The folded norm's counters (detail::GdnOutNorm::done), one per (state slot, value head), zero between launches;
+  /// The counters of the folded norm and conv (detail::GdnOutNorm::done, GdnConvIn::done), zero between launches;
   /// grown for a larger pool, and every one ever made kept (a recorded step may name it).
-  std::vector<Tensor> gdn_norm_done_;
-  int32_t* gdn_norm_counters(int64_t count, const char* op);
+  std::vector<Tensor> gdn_done_;
+  int32_t* gdn_counters(int64_t count, const char* op);
+  /// detail::gdn_recurrent_folded_resident_blocks() of this GPU (-1: not asked yet).
+  int gdn_folded_resident_ = -1;
 
   // ------------------------------------------------ moe_ops.cpp
 

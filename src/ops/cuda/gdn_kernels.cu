@@ -27,6 +27,47 @@ __device__ __forceinline__ void gdn_gates(const T* a, const T* b, const float* a
   *g = -expf(a_log[head]) * softplusf_(to_f(*a) + dt_bias[head]);
 }
 
+// The folded conv (GdnConvIn). Input of channel ch at row rr of a sequence whose rows start at r0: its raw projection
+// row, or for rr < r0 row ctx - (r0 - rr) of the slot's conv state cst [ctx, ld] (ctx = K - 1).
+template <class T>
+__device__ __forceinline__ float conv_input(const T* qkv, int64_t ld, const float* cst, int ctx, int r0, int rr,
+                                            int64_t ch) {
+  return rr >= r0 ? to_f(qkv[int64_t(rr) * ld + ch]) : cst[int64_t(ctx - (r0 - rr)) * ld + ch];
+}
+
+// silu of channel ch's causal conv at row r: the taps k = 0 .. K-1 in order, as conv_slots_kernel.
+template <class T>
+__device__ __forceinline__ float conv_at(const T* qkv, int64_t ld, const GdnConvIn& cv, const float* cst, int r0, int r,
+                                         int64_t ch) {
+  const int ctx = cv.K - 1;
+  float x[kGdnFoldedConvMaxTaps], w[kGdnFoldedConvMaxTaps];
+#pragma unroll
+  for (int k = 0; k < kGdnFoldedConvMaxTaps; ++k)
+    if (k < cv.K) {  // every tap's loads issued before the sum
+      x[k] = conv_input(qkv, ld, cst, ctx, r0, r - ctx + k, ch);
+      w[k] = to_f(cv.w[ch * cv.K + k]);
+    }
+  float acc = 0.f;
+#pragma unroll
+  for (int k = 0; k < kGdnFoldedConvMaxTaps; ++k)
+    if (k < cv.K) acc += w[k] * x[k];
+  return siluf_(acc);
+}
+
+// Channel ch's conv state after the rows r0 .. r1-1: its last K - 1 inputs, all read before any is written.
+template <class T>
+__device__ __forceinline__ void store_conv_state(const T* qkv, int64_t ld, const GdnConvIn& cv, float* cst, int r0,
+                                                 int r1, int64_t ch) {
+  const int ctx = cv.K - 1;
+  float x[kGdnFoldedConvMaxTaps - 1];
+#pragma unroll
+  for (int q = 0; q < kGdnFoldedConvMaxTaps - 1; ++q)
+    if (q < ctx) x[q] = conv_input(qkv, ld, cst, ctx, r0, r1 - ctx + q, ch);
+#pragma unroll
+  for (int q = 0; q < kGdnFoldedConvMaxTaps - 1; ++q)
+    if (q < ctx) cst[int64_t(q) * ld + ch] = x[q];
+}
+
 // The recurrence over a few rows per sequence. Block = (sequence, value head, slice of 32 value columns); thread
 // (warp w, lane l) owns column j = 32*slice + l and key rows i = w, w+8, ... of the state S [dk, dv], which stays in
 // its registers over the sequence's rows seq_starts[s] .. seq_starts[s+1] (row s alone without seq_starts: decode)
@@ -34,16 +75,22 @@ __device__ __forceinline__ void gdn_gates(const T* a, const T* b, const float* a
 // give the state and outputs of n decode steps bit for bit. With norm.z (GdnOutNorm), the last block of the
 // (sequence, value head) to finish (a counter per (slot, head), counted by thread 0 with an acquire-release atomic at
 // GPU scope after a block barrier, as the W4A16 down GEMV's combine) applies the gated norm to the head's dv outputs
-// of every row, a warp per row, reading them from L2 (__ldcg).
-// 4 blocks an SM, as the kernel took without the norm's epilogue (64 registers, 16 bytes spilled; with it, unbounded,
-// ptxas takes 80 and 3 blocks fit; bounded, 24 bytes spill).
-template <class T>
-__global__ void __launch_bounds__(kThreads, 4)
+// of every row, a warp per row, reading them from L2 (__ldcg). With conv.w (GdnConvIn), q, k and v are the conv's
+// outputs computed from the raw rows and the slot's conv state; each block writes the new conv state of its own 32 v
+// channels, and the last block of the key head's value heads (a counter per (slot, key head), as above) that of the
+// key head's q and k channels, once every block that reads them has counted. FOLD: conv.w is set (compiled apart, so
+// that the other form keeps its registers).
+// Registers (sm_90): without the fold, 4 blocks an SM as before the epilogues (64 registers, no spill); with it, 128
+// (2 blocks an SM; bounded to 3 it spills 64 bytes), which is why the host folds the conv in only where the launch
+// fits one wave (gdn_recurrent_folded_resident_blocks).
+template <class T, bool FOLD>
+__global__ void __launch_bounds__(kThreads, FOLD ? 1 : 4)
     gdn_recurrent_kernel(const T* __restrict__ qkv, int64_t ld_qkv, const T* __restrict__ a, const T* __restrict__ bb,
                          int64_t ld_ab, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
                          float* __restrict__ state, const int32_t* __restrict__ slots,
                          const int32_t* __restrict__ seq_starts, GdnHeads d, T* __restrict__ out, int64_t ld_out,
-                         GdnOutNorm norm) {
+                         GdnConvIn conv, GdnOutNorm norm) {
+  static_assert(2 * kGdnMaxDk <= kThreads, "gdn_recurrent_kernel: a thread per q and k element");
   pdl_begin();
   __shared__ float qs[kGdnMaxDk], ks[kGdnMaxDk];
   __shared__ float part[kThreads / 32][32];
@@ -59,6 +106,8 @@ __global__ void __launch_bounds__(kThreads, 4)
   const int j = slice * 32 + lane;
   const bool col = j < d.dv;
   float* S = state + (int64_t(slots[seq]) * d.nv + head) * d.dk * d.dv;
+  float* cst = FOLD ? conv.state + int64_t(slots[seq]) * (conv.K - 1) * ld_qkv : nullptr;
+  const int64_t ch_v = int64_t(2 * d.nk * d.dk) + int64_t(head) * d.dv + j;
   float s[kRows];
 #pragma unroll
   for (int m = 0; m < kRows; ++m) {
@@ -68,13 +117,21 @@ __global__ void __launch_bounds__(kThreads, 4)
   for (int r = r0; r < r1; ++r) {
     // qs, ks and part of the row before are no longer read: the barriers after its outputs (and block_sum's) order it.
     const T* row = qkv + int64_t(r) * ld_qkv;
+    // q by the first dk threads, k by the next dk (2 dk <= kThreads), the same sums with the conv folded in or not:
+    // its outputs are bit for bit conv_slots_kernel's, so both forms give the same bits.
     float sq = 0.f, sk = 0.f;
-    for (int i = threadIdx.x; i < d.dk; i += kThreads) {
-      const float q = to_f(row[int64_t(kh) * d.dk + i]), k = to_f(row[int64_t(d.nk + kh) * d.dk + i]);
-      qs[i] = q;
-      ks[i] = k;
-      sq += q * q;
-      sk += k * k;
+    for (int e = threadIdx.x; e < 2 * d.dk; e += kThreads) {
+      const bool is_q = e < d.dk;
+      const int i = is_q ? e : e - d.dk;
+      const int64_t ch = int64_t(is_q ? kh : d.nk + kh) * d.dk + i;
+      const float x = FOLD ? conv_at(qkv, ld_qkv, conv, cst, r0, r, ch) : to_f(row[ch]);
+      if (is_q) {
+        qs[i] = x;
+        sq += x * x;
+      } else {
+        ks[i] = x;
+        sk += x * x;
+      }
     }
     sq = block_sum(sq, scratch);
     sk = block_sum(sk, scratch);
@@ -94,7 +151,7 @@ __global__ void __launch_bounds__(kThreads, 4)
     kv = 0.f;
 #pragma unroll
     for (int w = 0; w < kThreads / 32; ++w) kv += part[w][lane];
-    const float v = col ? to_f(row[int64_t(2 * d.nk * d.dk) + int64_t(head) * d.dv + j]) : 0.f;
+    const float v = !col ? 0.f : FOLD ? conv_at(qkv, ld_qkv, conv, cst, r0, r, ch_v) : to_f(row[ch_v]);
     const float delta = beta * (v - kv);
     float o = 0.f;
 #pragma unroll
@@ -120,18 +177,34 @@ __global__ void __launch_bounds__(kThreads, 4)
     const int i = warp + m * (kThreads / 32);
     if (col && i < d.dk) S[int64_t(i) * d.dv + j] = s[m];
   }
-  if (!norm.z) return;
-  __shared__ int last;
-  __syncthreads();  // the block's outputs and square sums happen before thread 0's release
+  // The block's own v channels' conv state: every warp read them in the rows above, before the last row's barriers.
+  if (FOLD && warp == 0 && col) store_conv_state(qkv, ld_qkv, conv, cst, r0, r1, ch_v);
+  if (!FOLD && !norm.z) return;
+  __shared__ int last_conv, last_norm;
+  __syncthreads();  // the block's reads of the conv state and its outputs happen before thread 0's release
   if (threadIdx.x == 0) {
-    int32_t* cnt = norm.done + int64_t(slots[seq]) * d.nv + head;
+    const int slot = slots[seq];
     int32_t before;
-    asm volatile("atom.acq_rel.gpu.add.s32 %0, [%1], 1;" : "=r"(before) : "l"(cnt) : "memory");
-    last = before == slices - 1;
-    if (last) *cnt = 0;  // the other blocks of this (slot, head) have counted; the next launch is ordered after
+    if (FOLD) {
+      int32_t* cnt = conv.done + int64_t(slot) * d.nk + kh;
+      asm volatile("atom.acq_rel.gpu.add.s32 %0, [%1], 1;" : "=r"(before) : "l"(cnt) : "memory");
+      last_conv = before == (d.nv / d.nk) * slices - 1;
+      if (last_conv) *cnt = 0;  // every block of this (slot, key head) has counted; the next launch is ordered after
+    }
+    if (norm.z) {
+      int32_t* cnt = norm.done + int64_t(slot) * d.nv + head;
+      asm volatile("atom.acq_rel.gpu.add.s32 %0, [%1], 1;" : "=r"(before) : "l"(cnt) : "memory");
+      last_norm = before == slices - 1;
+      if (last_norm) *cnt = 0;
+    }
   }
   __syncthreads();
-  if (!last) return;
+  if (FOLD && last_conv) {  // the key head's q and k channels
+    for (int i = threadIdx.x; i < 2 * d.dk; i += kThreads)
+      store_conv_state(qkv, ld_qkv, conv, cst, r0, r1,
+                       i < d.dk ? int64_t(kh) * d.dk + i : int64_t(d.nk + kh) * d.dk + i - d.dk);
+  }
+  if (!norm.z || !last_norm) return;
   for (int r = r0 + warp; r < r1; r += kThreads / 32) {  // a warp per row
     T* orow = out + int64_t(r) * ld_out + int64_t(head) * d.dv;
     float ss = 0.f;
@@ -992,11 +1065,12 @@ __global__ void __launch_bounds__(kWalkThreads)
 }
 
 // Both activation types are compiled in every build (NVRTC included, for the SM70 check).
-#define FN_GDN_INSTANTIATE(T)                                                                                          \
-  template __global__ void gdn_recurrent_kernel<T>(const T*, int64_t, const T*, const T*, int64_t, const float*,       \
-                                                   const float*, float*, const int32_t*, const int32_t*, GdnHeads, T*, \
-                                                   int64_t, GdnOutNorm);
-FN_GDN_INSTANTIATE(float)
+#define FN_GDN_INSTANTIATE(T, FOLD)                                                                                    \
+  template __global__ void gdn_recurrent_kernel<T, FOLD>(const T*, int64_t, const T*, const T*, int64_t, const float*, \
+                                                         const float*, float*, const int32_t*, const int32_t*,         \
+                                                         GdnHeads, T*, int64_t, GdnConvIn, GdnOutNorm);
+FN_GDN_INSTANTIATE(float, false)
+FN_GDN_INSTANTIATE(float, true)
 #undef FN_GDN_INSTANTIATE
 // Both scratch forms of the chunk preparation (the launcher's choice is fenced off under NVRTC).
 #define FN_GDN_PREP_INSTANTIATE(SPLIT)                                                                              \
@@ -1014,12 +1088,25 @@ FN_GDN_PREP_INSTANTIATE(true)
 cudaError_t launch_gdn_recurrent(const float* qkv, int64_t ld_qkv, const float* a, const float* b, int64_t ld_ab,
                                  const float* a_log, const float* dt_bias, float* state, const int32_t* slots,
                                  const int32_t* seq_starts, int num_seqs, GdnHeads dims, float* out, int64_t ld_out,
-                                 const GdnOutNorm& norm, cudaStream_t stream) {
+                                 const GdnConvIn& conv, const GdnOutNorm& norm, cudaStream_t stream) {
   if (num_seqs == 0) return cudaSuccess;
   const unsigned blocks = unsigned(num_seqs) * dims.nv * ((dims.dv + 31) / 32);
-  launch(gdn_recurrent_kernel<float>, blocks, kThreads, 0, stream, qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state,
-         slots, seq_starts, dims, out, ld_out, norm);
+  if (conv.w && (conv.K < 1 || conv.K > kGdnFoldedConvMaxTaps)) return cudaErrorInvalidValue;
+  launch(conv.w ? gdn_recurrent_kernel<float, true> : gdn_recurrent_kernel<float, false>, blocks, kThreads, 0, stream,
+         qkv, ld_qkv, a, b, ld_ab, a_log, dt_bias, state, slots, seq_starts, dims, out, ld_out, conv, norm);
   return cudaGetLastError();
+}
+
+int gdn_recurrent_folded_resident_blocks() {
+  int device = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gdn_recurrent_kernel<float, true>, kThreads, 0) !=
+          cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return sms * per_sm;
 }
 
 namespace {

@@ -33,16 +33,37 @@ struct GdnOutNorm {
   int32_t* done = nullptr;
 };
 
+/// The causal conv (ops.h gdn_conv_batch) folded into the recurrence: the kernel reads the raw in_proj_qkv rows and
+/// computes silu(sum_k w[c, k] x[t - (K-1) + k, c]) itself (inputs before the sequence's rows from its conv state),
+/// leaving qkv as it was, and writes the slot's new conv state (its last K - 1 inputs). w == nullptr: qkv is already
+/// the conv output. w [C, K] FP16, state [slots, K-1, C] F32 (C = ld_qkv), 1 <= K <= kGdnFoldedConvMaxTaps; done:
+/// one int32 counter per (state slot, key head), [slots * nk], zero before and after the launch (the last block of
+/// a key head's value heads writes its q and k channels' state).
+constexpr int kGdnFoldedConvMaxTaps = 8;
+struct GdnConvIn {
+  const __half* w = nullptr;
+  float* state = nullptr;
+  int K = 0;
+  int32_t* done = nullptr;
+};
+
 #ifndef __CUDACC_RTC__  // host launchers
 /// The recurrence, one launch for every sequence s of the step: over its rows seq_starts[s] .. seq_starts[s+1] in
 /// order (seq_starts null: row s alone, a decode step), state in slot slots[s] read once and written once. Each row
 /// runs a decode step's operations, so n rows equal n decode steps bit for bit. For few rows per sequence (CudaOps::
-/// few_rows: a speculative verify, its replay, a short chunk); the chunked form is faster beyond. With norm.z set, the
-/// outputs are the gated norm's (GdnOutNorm), made by the last of each (sequence, value head)'s blocks to finish.
+/// few_rows: a speculative verify, its replay, a short chunk); the chunked form is faster beyond. With conv.w set,
+/// qkv is the raw projection and the conv is computed in the launch (GdnConvIn); with norm.z set, the outputs are the
+/// gated norm's (GdnOutNorm), made by the last of each (sequence, value head)'s blocks to finish.
 cudaError_t launch_gdn_recurrent(const float* qkv, int64_t ld_qkv, const float* a, const float* b, int64_t ld_ab,
                                  const float* a_log, const float* dt_bias, float* state, const int32_t* slots,
                                  const int32_t* seq_starts, int num_seqs, GdnHeads dims, float* out, int64_t ld_out,
-                                 const GdnOutNorm& norm, cudaStream_t stream);
+                                 const GdnConvIn& conv, const GdnOutNorm& norm, cudaStream_t stream);
+
+/// Blocks of launch_gdn_recurrent's folded-conv kernel (conv.w set) that the current GPU holds at once (its SMs times
+/// the kernel's blocks an SM, by the occupancy calculator; 0 where the query fails). The folded kernel takes twice
+/// the registers of the other, so the CUDA backend folds the conv in only where a launch's num_seqs * nv *
+/// ceil(dv / 32) blocks fit in this.
+int gdn_recurrent_folded_resident_blocks();
 
 /// The chunked form over the rows cu_seqlens[s] .. cu_seqlens[s+1] of every sequence s (`rows` in all), state in
 /// slot slots[s] read and written. Per pass of `heads_per_pass` value heads (gdn_kernels.cu): the chunk preparation,

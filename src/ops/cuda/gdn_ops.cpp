@@ -46,43 +46,61 @@ void CudaOps::gdn_conv_batch(const Tensor& qkv, const Tensor& weight, const Tens
   }
 }
 
-void CudaOps::gdn_rule_norm_batch(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w,
-                                  const GdnDims& d, const Tensor& state_pool, const StepBatch& batch, const Tensor& z,
-                                  const Tensor& norm_weight, double eps, GateAct act, const Tensor& o) {
-  const char* op = "gdn_rule_norm_batch";
-  const int64_t T = contract::gdn_rule_batch(spec(), qkv, a, b, w, d, state_pool, batch, o);
-  contract::gated_rms_norm(spec(), o, z, norm_weight, o);
-  FN_CHECK(norm_weight.numel() == d.v_head_dim, "{}: norm weight {} is not [{}] (the value head dim)", op,
-           norm_weight.str(), d.v_head_dim);
+void CudaOps::gdn_mix_batch(const Tensor& qkv, const Tensor& conv_weight, const Tensor& conv_pool, const Tensor& a,
+                            const Tensor& b, const GdnWeights& w, const GdnDims& d, const Tensor& state_pool,
+                            const StepBatch& batch, const GdnOutputNorm& norm, const Tensor& o) {
+  const char* op = "gdn_mix_batch";
+  const auto [T, C, K] = contract::gdn_conv_batch(spec(), qkv, conv_weight, conv_pool, batch);
+  contract::gdn_rule_batch(spec(), qkv, a, b, w, d, state_pool, batch, o);
+  if (norm.weight.defined()) {
+    contract::gated_rms_norm(spec(), o, norm.z, norm.weight, o);
+    FN_CHECK(norm.weight.numel() == d.v_head_dim, "{}: norm weight {} is not [{}] (the value head dim)", op,
+             norm.weight.str(), d.v_head_dim);
+  }
   if (!few_rows(batch) || d.k_head_dim > detail::kGdnMaxDk) {
-    Ops::gdn_rule_norm_batch(qkv, a, b, w, d, state_pool, batch, z, norm_weight, eps, act, o);
+    Ops::gdn_mix_batch(qkv, conv_weight, conv_pool, a, b, w, d, state_pool, batch, norm, o);
     return;
   }
   if (T == 0) return;
-  const int64_t nv = d.num_v_heads, ld_o = nv * d.v_head_dim;
+  const int64_t nv = d.num_v_heads, ld_o = nv * d.v_head_dim, slots = state_pool.dim(0);
+  const int64_t blocks = batch.num_seqs * nv * ((d.v_head_dim + 31) / 32);
+  if (gdn_folded_resident_ < 0) gdn_folded_resident_ = detail::gdn_recurrent_folded_resident_blocks();
+  // One slot's counters: nv for the norm, then nk for the conv.
+  int32_t* done = gdn_counters(slots * (nv + d.num_k_heads), op);
+  detail::GdnConvIn conv;
+  if (K <= detail::kGdnFoldedConvMaxTaps && blocks <= gdn_folded_resident_) {
+    conv.w = dp<__half>(conv_weight);
+    conv.state = dp<float>(conv_pool);
+    conv.K = int(K);
+    conv.done = done + slots * nv;
+  } else {
+    gdn_conv_batch(qkv, conv_weight, conv_pool, batch);
+  }
+  detail::GdnOutNorm on;
+  if (norm.weight.defined()) {
+    on.z = dp<const float>(norm.z);
+    on.ld_z = ld_o;
+    on.w = dp<__half>(norm.weight);
+    on.eps = float(norm.eps);
+    on.silu = norm.act == GateAct::Silu;
+    on.done = done;
+  }
   const detail::GdnHeads heads{int(d.num_k_heads), int(nv), int(d.k_head_dim), int(d.v_head_dim)};
   const float* a_log = gdn_gates(w, nv, op);
-  detail::GdnOutNorm norm;
-  norm.z = dp<const float>(z);
-  norm.ld_z = ld_o;
-  norm.w = dp<__half>(norm_weight);
-  norm.eps = float(eps);
-  norm.silu = act == GateAct::Silu;
-  norm.done = gdn_norm_counters(state_pool.dim(0) * nv, op);
-  FN_CUDA_CHECK(
-      detail::launch_gdn_recurrent(dp<const float>(qkv), qkv.dim(1), dp<const float>(a), dp<const float>(b), nv, a_log,
-                                   a_log + nv, dp<float>(state_pool), dp<int32_t>(batch.slots), row_starts(batch),
-                                   to_int(batch.num_seqs, op, "sequences"), heads, dp<float>(o), ld_o, norm, stream()),
-      op);
+  FN_CUDA_CHECK(detail::launch_gdn_recurrent(dp<const float>(qkv), C, dp<const float>(a), dp<const float>(b), nv, a_log,
+                                             a_log + nv, dp<float>(state_pool), dp<int32_t>(batch.slots),
+                                             row_starts(batch), to_int(batch.num_seqs, op, "sequences"), heads,
+                                             dp<float>(o), ld_o, conv, on, stream()),
+                op);
 }
 
-int32_t* CudaOps::gdn_norm_counters(int64_t count, const char* op) {
-  if (gdn_norm_done_.empty() || gdn_norm_done_.back().numel() < count) {
-    gdn_norm_done_.push_back(alloc({std::max<int64_t>(1, count)}, DType::I32, "gdn norm counters", Lifetime::Kept));
-    FN_CUDA_CHECK(cudaMemsetAsync(gdn_norm_done_.back().data(), 0, size_t(gdn_norm_done_.back().numel()) * 4, stream()),
-                  op);
+int32_t* CudaOps::gdn_counters(int64_t count, const char* op) {
+  if (gdn_done_.empty() || gdn_done_.back().numel() < count) {
+    Tensor t = alloc({std::max<int64_t>(1, count)}, DType::I32, "gdn counters", Lifetime::Kept);
+    FN_CUDA_CHECK(cudaMemsetAsync(t.data(), 0, size_t(t.numel()) * sizeof(int32_t), stream()), op);
+    gdn_done_.push_back(std::move(t));  // zeroed before any launch can name it
   }
-  return dp<int32_t>(gdn_norm_done_.back());
+  return dp<int32_t>(gdn_done_.back());
 }
 
 void CudaOps::gdn_rule_batch(const Tensor& qkv, const Tensor& a, const Tensor& b, const GdnWeights& w, const GdnDims& d,
@@ -100,7 +118,7 @@ void CudaOps::gdn_rule_batch(const Tensor& qkv, const Tensor& a, const Tensor& b
     FN_CUDA_CHECK(detail::launch_gdn_recurrent(dp<const float>(qkv), C, dp<const float>(a), dp<const float>(b), nv,
                                                a_log, dt_bias, dp<float>(state_pool), dp<int32_t>(batch.slots),
                                                row_starts(batch), to_int(batch.num_seqs, op, "sequences"), heads,
-                                               dp<float>(o), ld_o, detail::GdnOutNorm{}, stream()),
+                                               dp<float>(o), ld_o, detail::GdnConvIn{}, detail::GdnOutNorm{}, stream()),
                   op);
     return;
   }
