@@ -282,9 +282,13 @@ void add_qsa(std::vector<OpCase>& v) {
   v.push_back(sparse_attention_batch_case(3, 1, 24, 16, 4, mixed_step_5()));
   // TP2 heads at the released budget: contexts just below and above 2048 positions.
   v.push_back(sparse_attention_batch_case(12, 1, kHeadDim, kBudget, kBlock, plan({2046, 2100}, {{1, 1}})));
-  // One decode query over 4,099 selected positions: 128 splits of the selection (the combine's groups take more
-  // than one round of loads), head dim 24 (a partial block of combined columns).
+  // Decode splits of the selection and their combine: one query over 4,099 selected positions, 129 splits (the
+  // combine's groups take more than one round of loads), head dim 24 (a partial block of combined columns); beside a
+  // query of 11 positions (its splits past the first saw nothing); one query over 8,447 positions, 264 splits (a
+  // thread of the combine takes two splits' (m, l)).
   v.push_back(sparse_attention_batch_case(3, 1, 24, 4096, 4, plan({4200}, {{1}})));
+  v.push_back(sparse_attention_batch_case(3, 1, 24, 4096, 4, plan({4200, 10}, {{1, 1}})));
+  v.push_back(sparse_attention_batch_case(2, 1, 16, 8444, 4, plan({8600}, {{1}})));
   // Prefill chunks (on SM80+ GPUs the tile-union kernel, groups of consecutive queries over their selections'
   // union): sequences of 65, 7 and 1 rows (full and partial groups); 3 heads a KV head at head dim 24; the released
   // heads over a 37-query chunk whose contexts cross the budget (positions 2030 .. 2066).

@@ -415,7 +415,7 @@ class CudaOps final : public Ops {
   /// grown for a larger pool, and every one ever made kept (a recorded step may name it).
   std::vector<Tensor> gdn_done_;
   int32_t* gdn_counters(int64_t count, const char* op);
-  /// detail::gdn_recurrent_folded_resident_blocks() of this GPU (-1: not asked yet).
+  /// detail::gdn_recurrent_folded_resident_blocks() of this GPU (-1: not asked yet; 0: the query failed, asked again).
   int gdn_folded_resident_ = -1;
 
   // ------------------------------------------------ moe_ops.cpp

@@ -80,21 +80,23 @@ __device__ __forceinline__ void store_conv_state(const T* qkv, int64_t ld, const
 // channels, and the last block of the key head's value heads (a counter per (slot, key head), as above) that of the
 // key head's q and k channels, once every block that reads them has counted. FOLD: conv.w is set (compiled apart, so
 // that the other form keeps its registers).
-// Registers (sm_90): without the fold, 4 blocks an SM as before the epilogues (64 registers, no spill); with it, 128
-// (2 blocks an SM; bounded to 3 it spills 64 bytes), which is why the host folds the conv in only where the launch
-// fits one wave (gdn_recurrent_folded_resident_blocks).
+// Registers (sm_90): without the fold, 4 blocks an SM as before the epilogues (64 registers, no spill); with it, 2
+// (128 registers, no spill; bounded to 3 it spills 64 bytes), which is why the host folds the conv in only where the
+// launch fits one wave (gdn_recurrent_folded_resident_blocks). With the fold, warp 0 computes the row's v conv into
+// shared memory (vs) before the barrier after which every warp reads it.
+static_assert(2 * kGdnMaxDk <= kThreads, "gdn_recurrent_kernel: a thread per q and k element");
 template <class T, bool FOLD>
-__global__ void __launch_bounds__(kThreads, FOLD ? 1 : 4)
+__global__ void __launch_bounds__(kThreads, FOLD ? 2 : 4)
     gdn_recurrent_kernel(const T* __restrict__ qkv, int64_t ld_qkv, const T* __restrict__ a, const T* __restrict__ bb,
                          int64_t ld_ab, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
                          float* __restrict__ state, const int32_t* __restrict__ slots,
                          const int32_t* __restrict__ seq_starts, GdnHeads d, T* __restrict__ out, int64_t ld_out,
                          GdnConvIn conv, GdnOutNorm norm) {
-  static_assert(2 * kGdnMaxDk <= kThreads, "gdn_recurrent_kernel: a thread per q and k element");
   pdl_begin();
   __shared__ float qs[kGdnMaxDk], ks[kGdnMaxDk];
   __shared__ float part[kThreads / 32][32];
   __shared__ float scratch[32];
+  __shared__ float vs[32];
   constexpr int kRows = kGdnMaxDk / (kThreads / 32);
   const int slices = (d.dv + 31) / 32;
   const int seq = blockIdx.x / (d.nv * slices);
@@ -146,12 +148,14 @@ __global__ void __launch_bounds__(kThreads, FOLD ? 1 : 4)
       s[m] = s[m] * decay;
       if (i < d.dk) kv += s[m] * ks[i] * rk;
     }
+    // vs of the row before was read before the barriers after its outputs.
+    if (FOLD && warp == 0) vs[lane] = col ? conv_at(qkv, ld_qkv, conv, cst, r0, r, ch_v) : 0.f;
     part[warp][lane] = kv;
     __syncthreads();
     kv = 0.f;
 #pragma unroll
     for (int w = 0; w < kThreads / 32; ++w) kv += part[w][lane];
-    const float v = !col ? 0.f : FOLD ? conv_at(qkv, ld_qkv, conv, cst, r0, r, ch_v) : to_f(row[ch_v]);
+    const float v = !col ? 0.f : FOLD ? vs[lane] : to_f(row[ch_v]);
     const float delta = beta * (v - kv);
     float o = 0.f;
 #pragma unroll
@@ -1099,14 +1103,11 @@ cudaError_t launch_gdn_recurrent(const float* qkv, int64_t ld_qkv, const float* 
 
 int gdn_recurrent_folded_resident_blocks() {
   int device = 0, sms = 0, per_sm = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gdn_recurrent_kernel<float, true>, kThreads, 0) !=
-          cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return sms * per_sm;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e == cudaSuccess)
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gdn_recurrent_kernel<float, true>, kThreads, 0);
+  return e == cudaSuccess ? sms * per_sm : 0;  // these queries' errors are not sticky and are returned, not kept
 }
 
 namespace {

@@ -64,7 +64,7 @@ void CudaOps::gdn_mix_batch(const Tensor& qkv, const Tensor& conv_weight, const 
   if (T == 0) return;
   const int64_t nv = d.num_v_heads, ld_o = nv * d.v_head_dim, slots = state_pool.dim(0);
   const int64_t blocks = batch.num_seqs * nv * ((d.v_head_dim + 31) / 32);
-  if (gdn_folded_resident_ < 0) gdn_folded_resident_ = detail::gdn_recurrent_folded_resident_blocks();
+  if (gdn_folded_resident_ <= 0) gdn_folded_resident_ = detail::gdn_recurrent_folded_resident_blocks();  // 0: failed
   // One slot's counters: nv for the norm, then nk for the conv.
   int32_t* done = gdn_counters(slots * (nv + d.num_k_heads), op);
   detail::GdnConvIn conv;

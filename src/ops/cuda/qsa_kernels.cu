@@ -324,7 +324,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int u = 0; u < kCombineAhead; ++u) {
     const int sp = g + u * kCombineGroups;
-    if (sp < splits) o += w[sp] * a[u];
+    if (sp < splits && w[sp] != 0.f) o += w[sp] * a[u];  // a split that saw no position (w = 0) adds nothing
   }
   for (int s0 = kCombineAhead * kCombineGroups; s0 < splits; s0 += kCombineAhead * kCombineGroups) {
 #pragma unroll
@@ -335,7 +335,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int u = 0; u < kCombineAhead; ++u) {
       const int sp = s0 + g + u * kCombineGroups;
-      if (sp < splits) o += w[sp] * a[u];
+      if (sp < splits && w[sp] != 0.f) o += w[sp] * a[u];
     }
   }
   sums[g][c] = o;

@@ -6,6 +6,7 @@
 
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -252,82 +253,90 @@ TEST_P(CudaOps, BadInputIsAnError) {
 // same bits as the ops one by one.
 TEST_P(CudaOps, GdnFewRowsEqualDecodeStepsBitForBit) {
   Ops& g = *gpu();
-  const GdnDims d{2, 4, 128, 128};
-  const int64_t nv = d.num_v_heads, C = d.conv_dim(), K = 4, rows[2] = {4, 9}, T = rows[0] + rows[1];
-  const int64_t ov = nv * d.v_head_dim;
-  const std::vector<float> alog = normal(size_t(nv), 1, 0.5f, true), dtb = normal(size_t(nv), 2, 0.5f, true),
-                           cw = normal(size_t(C * K), 7, 0.5f, true);
-  const GdnWeights w{g.load_weight(alog.data(), DType::F32, {nv}), g.load_weight(dtb.data(), DType::F32, {nv})};
-  const Tensor conv_w = g.load_weight(cw.data(), DType::F32, {C, K});
-  const std::vector<float> qkv = normal(size_t(T * C), 3, 1.f, false), a = normal(size_t(T * nv), 4, 2.f, false),
-                           b = normal(size_t(T * nv), 5, 2.f, false),
-                           s0 = normal(size_t(3 * nv * d.k_head_dim * d.v_head_dim), 6, 0.1f, false),
-                           c0 = normal(size_t(3 * (K - 1) * C), 8, 1.f, false),
-                           z = normal(size_t(T * ov), 9, 2.f, false), nw = normal(size_t(d.v_head_dim), 10, 0.5f, true);
-  const Tensor norm_w = g.load_weight(nw.data(), DType::F32, {d.v_head_dim});
-  const std::vector<int32_t> tables[2] = {{0}, {1}};  // one KV block each (a step's sequences write their own)
-  const int32_t slots[2] = {2, 0};
-  const int64_t starts[2] = {0, rows[0]}, pos0[2] = {7, 0};
-  struct Run {
-    Tensor state, conv;
-    std::vector<float> o;
-  };
-  const auto fresh = [&] {
-    return Run{g.upload(s0.data(), DType::F32, {3, nv, d.k_head_dim, d.v_head_dim}),
-               g.upload(c0.data(), DType::F32, {3, K - 1, C}), std::vector<float>(size_t(T * ov))};
-  };
-  // Rows `src` of the inputs fed as one step of `seqs`; their outputs written to the same rows of run.o.
-  const auto feed = [&](Run& run, const std::vector<StepSequence>& seqs, const std::vector<int64_t>& src, bool mix) {
-    const int64_t n = int64_t(src.size());
-    std::vector<float> q1, a1, b1, z1;
-    for (int64_t r : src) {
-      q1.insert(q1.end(), qkv.begin() + r * C, qkv.begin() + (r + 1) * C);
-      a1.insert(a1.end(), a.begin() + r * nv, a.begin() + (r + 1) * nv);
-      b1.insert(b1.end(), b.begin() + r * nv, b.begin() + (r + 1) * nv);
-      z1.insert(z1.end(), z.begin() + r * ov, z.begin() + (r + 1) * ov);
-    }
-    const StepBatch batch = make_step_batch(g, seqs, 16);
-    Tensor x = g.upload(q1.data(), DType::F32, {n, C}), o = g.empty({n, ov});
-    const Tensor ta = g.upload(a1.data(), DType::F32, {n, nv}), tb = g.upload(b1.data(), DType::F32, {n, nv});
-    const GdnOutputNorm norm{g.upload(z1.data(), DType::F32, {n, ov}), norm_w, 1e-6, GateAct::Sigmoid};
-    if (mix) {
-      g.gdn_mix_batch(x, conv_w, run.conv, ta, tb, w, d, run.state, batch, norm, o);
-    } else {
-      g.gdn_conv_batch(x, conv_w, run.conv, batch);
-      g.gdn_rule_batch(x, ta, tb, w, d, run.state, batch, o);
-      g.gated_rms_norm(o, norm.z, norm.weight, norm.eps, norm.act, o);
-    }
-    const std::vector<float> h = host(g, o);
-    for (int64_t k = 0; k < n; ++k) std::copy_n(h.begin() + k * ov, ov, run.o.begin() + src[size_t(k)] * ov);
-  };
-  std::vector<int64_t> all(static_cast<size_t>(T));
-  for (int64_t r = 0; r < T; ++r) all[size_t(r)] = r;
-  Run first;  // the ops one by one in one step: what every other run must equal
-  for (const bool mix : {false, true}) {
-    SCOPED_TRACE(mix ? "gdn_mix_batch" : "the ops one by one");
-    Run step = fresh(), decode = fresh();
-    feed(step, {{rows[0], pos0[0], slots[0], tables[0]}, {rows[1], pos0[1], slots[1], tables[1]}}, all, mix);
-    for (int64_t i = 0; i < rows[1]; ++i) {  // both sequences while both have rows left, then the longer one alone
-      std::vector<StepSequence> seqs;
-      std::vector<int64_t> src;
-      for (int s : {0, 1})
-        if (i < rows[s]) {
-          seqs.push_back({1, pos0[s] + i, slots[s], tables[s]});
-          src.push_back(starts[s] + i);
-        }
-      feed(decode, seqs, src, mix);
-    }
-    if (!mix) first = step;
-    for (const Run* r : {&decode, &step}) {
-      EXPECT_EQ(0, std::memcmp(first.o.data(), r->o.data(), first.o.size() * sizeof(float))) << "outputs differ";
-      for (const auto& [what, x, y] :
-           {std::tuple{"recurrent state", &first.state, &r->state}, std::tuple{"conv state", &first.conv, &r->conv}}) {
-        const std::vector<float> hx = host(g, *x), hy = host(g, *y);
-        EXPECT_EQ(0, std::memcmp(hx.data(), hy.data(), hx.size() * sizeof(float))) << what << " differs";
+  // The released heads' shape at a small scale with K = 4; dv = 72 (three slices, the last partial) with K = 8; dk = 20
+  // (fewer than a warp of q and k threads) with K = 1 (no conv state).
+  for (const auto& [d, K] :
+       {std::pair{GdnDims{2, 4, 128, 128}, int64_t(4)}, std::pair{GdnDims{1, 3, 40, 72}, int64_t(8)},
+        std::pair{GdnDims{1, 3, 20, 24}, int64_t(1)}}) {
+    SCOPED_TRACE(
+        fmt::format("nk {} nv {} dk {} dv {} K {}", d.num_k_heads, d.num_v_heads, d.k_head_dim, d.v_head_dim, K));
+    const int64_t nv = d.num_v_heads, C = d.conv_dim(), rows[2] = {4, 9}, T = rows[0] + rows[1];
+    const int64_t ov = nv * d.v_head_dim;
+    const std::vector<float> alog = normal(size_t(nv), 1, 0.5f, true), dtb = normal(size_t(nv), 2, 0.5f, true),
+                             cw = normal(size_t(C * K), 7, 0.5f, true);
+    const GdnWeights w{g.load_weight(alog.data(), DType::F32, {nv}), g.load_weight(dtb.data(), DType::F32, {nv})};
+    const Tensor conv_w = g.load_weight(cw.data(), DType::F32, {C, K});
+    const std::vector<float> qkv = normal(size_t(T * C), 3, 1.f, false), a = normal(size_t(T * nv), 4, 2.f, false),
+                             b = normal(size_t(T * nv), 5, 2.f, false),
+                             s0 = normal(size_t(3 * nv * d.k_head_dim * d.v_head_dim), 6, 0.1f, false),
+                             c0 = normal(size_t(3 * (K - 1) * C), 8, 1.f, false),
+                             z = normal(size_t(T * ov), 9, 2.f, false),
+                             nw = normal(size_t(d.v_head_dim), 10, 0.5f, true);
+    const Tensor norm_w = g.load_weight(nw.data(), DType::F32, {d.v_head_dim});
+    const std::vector<int32_t> tables[2] = {{0}, {1}};  // one KV block each (a step's sequences write their own)
+    const int32_t slots[2] = {2, 0};
+    const int64_t starts[2] = {0, rows[0]}, pos0[2] = {7, 0};
+    struct Run {
+      Tensor state, conv;
+      std::vector<float> o;
+    };
+    const auto fresh = [&] {
+      return Run{g.upload(s0.data(), DType::F32, {3, nv, d.k_head_dim, d.v_head_dim}),
+                 g.upload(c0.data(), DType::F32, {3, K - 1, C}), std::vector<float>(size_t(T * ov))};
+    };
+    // Rows `src` of the inputs fed as one step of `seqs`; their outputs written to the same rows of run.o.
+    const auto feed = [&](Run& run, const std::vector<StepSequence>& seqs, const std::vector<int64_t>& src, bool mix) {
+      const int64_t n = int64_t(src.size());
+      std::vector<float> q1, a1, b1, z1;
+      for (int64_t r : src) {
+        q1.insert(q1.end(), qkv.begin() + r * C, qkv.begin() + (r + 1) * C);
+        a1.insert(a1.end(), a.begin() + r * nv, a.begin() + (r + 1) * nv);
+        b1.insert(b1.end(), b.begin() + r * nv, b.begin() + (r + 1) * nv);
+        z1.insert(z1.end(), z.begin() + r * ov, z.begin() + (r + 1) * ov);
       }
+      const StepBatch batch = make_step_batch(g, seqs, 16);
+      Tensor x = g.upload(q1.data(), DType::F32, {n, C}), o = g.empty({n, ov});
+      const Tensor ta = g.upload(a1.data(), DType::F32, {n, nv}), tb = g.upload(b1.data(), DType::F32, {n, nv});
+      const GdnOutputNorm norm{g.upload(z1.data(), DType::F32, {n, ov}), norm_w, 1e-6, GateAct::Sigmoid};
+      if (mix) {
+        g.gdn_mix_batch(x, conv_w, run.conv, ta, tb, w, d, run.state, batch, norm, o);
+      } else {
+        g.gdn_conv_batch(x, conv_w, run.conv, batch);
+        g.gdn_rule_batch(x, ta, tb, w, d, run.state, batch, o);
+        g.gated_rms_norm(o, norm.z, norm.weight, norm.eps, norm.act, o);
+      }
+      const std::vector<float> h = host(g, o);
+      for (int64_t k = 0; k < n; ++k) std::copy_n(h.begin() + k * ov, ov, run.o.begin() + src[size_t(k)] * ov);
+    };
+    std::vector<int64_t> all(static_cast<size_t>(T));
+    for (int64_t r = 0; r < T; ++r) all[size_t(r)] = r;
+    Run first;  // the ops one by one in one step: what every other run must equal
+    for (const bool mix : {false, true}) {
+      SCOPED_TRACE(mix ? "gdn_mix_batch" : "the ops one by one");
+      Run step = fresh(), decode = fresh();
+      feed(step, {{rows[0], pos0[0], slots[0], tables[0]}, {rows[1], pos0[1], slots[1], tables[1]}}, all, mix);
+      for (int64_t i = 0; i < rows[1]; ++i) {  // both sequences while both have rows left, then the longer one alone
+        std::vector<StepSequence> seqs;
+        std::vector<int64_t> src;
+        for (int s : {0, 1})
+          if (i < rows[s]) {
+            seqs.push_back({1, pos0[s] + i, slots[s], tables[s]});
+            src.push_back(starts[s] + i);
+          }
+        feed(decode, seqs, src, mix);
+      }
+      if (!mix) first = step;
+      for (const Run* r : {&decode, &step}) {
+        EXPECT_EQ(0, std::memcmp(first.o.data(), r->o.data(), first.o.size() * sizeof(float))) << "outputs differ";
+        for (const auto& [what, x, y] : {std::tuple{"recurrent state", &first.state, &r->state},
+                                         std::tuple{"conv state", &first.conv, &r->conv}}) {
+          const std::vector<float> hx = host(g, *x), hy = host(g, *y);
+          EXPECT_EQ(0, std::memcmp(hx.data(), hy.data(), hx.size() * sizeof(float))) << what << " differs";
+        }
+      }
+      EXPECT_NE(s0, host(g, step.state));  // the step moved the states of slots 2 and 0
+      if (K > 1) EXPECT_NE(c0, host(g, step.conv));
     }
-    EXPECT_NE(s0, host(g, step.state));  // the step moved the states of slots 2 and 0
-    EXPECT_NE(c0, host(g, step.conv));
   }
 }
 
