@@ -22,7 +22,12 @@
 #      "4 16 64"; MULTITURN_ARGS: extra bench_multiturn.py arguments) into $OUT/multiturn.log; MAX_MODEL_LEN
 #      (default 4096) for every server; SPEC=1 adds `serve --speculative` against the server without it
 #      (tools/check_spec_serve.py: tiny-a ngram:4, tiny-mtp mtp:3 and ngram:4, with the tokenizers --prepare cut to
-#      their vocabularies in gpu/serve/tok-N) into $OUT/spec.log.
+#      their vocabularies in gpu/serve/tok-N) into $OUT/spec.log; RELEASED=1 adds the released geometry with dummy
+#      weights (models/release/config.json, `serve --load-format dummy --hf-overrides '{"num_experts": N}'`, N =
+#      RELEASED_EXPERTS, default 512 on a GPU of 100 GB or more, else 256, with the 4096-id tokenizer) driven at
+#      concurrency 1 with 8,192-token prompts and 256 output tokens, beside `flashnext bench`'s batch-1 decode at the
+#      same geometry and context (issue 13: serve's per-token latency for one stream against bench's step) into
+#      $OUT/released.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/gpu-bundle.sh
@@ -80,10 +85,10 @@ get() { python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.
 start_server() {
   local log=$1
   shift
-  "$G/bin/flashnext" serve --device cuda --model "$FX/medium/model" --port $port --served-model-name medium \
-    --max-model-len "${MAX_MODEL_LEN:-4096}" "$@" >"$log" 2>&1 &
+  "$G/bin/flashnext" serve --device cuda --model "${SERVE_MODEL:-$FX/medium/model}" --port $port \
+    --served-model-name "${SERVE_NAME:-medium}" --max-model-len "${MAX_MODEL_LEN:-4096}" "$@" >"$log" 2>&1 &
   srv=$!
-  for _ in $(seq 1 120); do
+  for _ in $(seq 1 "${SERVE_WAIT:-120}"); do
     get "http://127.0.0.1:$port/health" >/dev/null 2>&1 && return 0
     kill -0 $srv 2>/dev/null || break
     sleep 1
@@ -148,9 +153,37 @@ if [ "${SPEC:-0}" = 1 ]; then
 else
   notrun+=("serve --speculative check: SPEC=0")
 fi
+if [ "${RELEASED:-0}" = 1 ]; then
+  : >"$OUT/released.log"
+  gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
+  experts=${RELEASED_EXPERTS:-$([ "${gpu_mib:-0}" -ge 100000 ] && echo 512 || echo 256)}
+  d=$(mktemp -d /tmp/released.XXXX)
+  cp models/release/config.json "$d/"
+  cp "$TOKENIZER"/* "$d/" 2>/dev/null || python3 tools/truncate_tokenizer.py models/tiny-b-random "$d" 4096
+  cmd="flashnext bench --experts $experts --prompts none --batches none --decode-context 8192 --decode-tokens 256"
+  echo "\$ $cmd" >>"$OUT/released.log"
+  # shellcheck disable=SC2086
+  timeout 420 "$G/bin/"$cmd --out "$OUT/released-bench.json" >>"$OUT/released.log" 2>&1 || status=1
+  if SERVE_MODEL=$d SERVE_NAME=released MAX_MODEL_LEN=9216 SERVE_WAIT=400 start_server "$OUT/serve-released.log" \
+    --load-format dummy --hf-overrides "{\"num_experts\": $experts}" --max-num-seqs 8; then
+    bcmd="python3 tools/bench_serve.py --url http://127.0.0.1:$port --concurrency 1 --num-requests 4 --input-len 8192 --output-len 256 --vocab-size 4096"
+    { echo "\$ flashnext serve --device cuda --model <models/release/config.json + the 4096-id tokenizer> --load-format dummy --hf-overrides '{\"num_experts\": $experts}' --max-model-len 9216 --max-num-seqs 8"
+      echo "\$ $bcmd"; } >>"$OUT/released.log"
+    # shellcheck disable=SC2086
+    timeout 400 $bcmd >>"$OUT/released.log" 2>&1 || status=1
+  else
+    echo "gpu-serve: the released-geometry server did not come up:"; tail -n 20 "$OUT/serve-released.log"; status=1
+    notrun+=("released geometry serving: the server did not come up")
+  fi
+  kill $srv 2>/dev/null; wait $srv 2>/dev/null
+  grep -E 'GPU memory|memory [0-9]+ bytes' "$OUT/serve-released.log" >>"$OUT/released.log"
+  cat "$OUT/released.log"
+else
+  notrun+=("released geometry serving (dummy weights) against bench: RELEASED=0")
+fi
 {
   grep -h -E '^\[  (PASSED|FAILED) |tests? ran|^E2E:' "$OUT"/e2e.log "$OUT"/e2e-medium.log 2>/dev/null
-  cat "$OUT/bench.log" "$OUT/multiturn.log" "$OUT/spec.log" 2>/dev/null
+  cat "$OUT/bench.log" "$OUT/multiturn.log" "$OUT/spec.log" "$OUT/released.log" 2>/dev/null
 } >"$OUT/summary.txt"
 if ((${#notrun[@]})); then printf 'NOT RUN: %s\n' "${notrun[@]}"; else echo "NOT RUN: nothing (every part ran)"; fi |
   tee -a "$OUT/summary.txt"
