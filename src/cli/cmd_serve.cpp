@@ -49,6 +49,7 @@ struct ServeArgs {
   std::string allowed_origins, allowed_methods = "*", allowed_headers = "*";  // lists: JSON or comma-separated
   bool enable_prefix_caching = true, prefix_caching_given = false;  // given: --[no-]enable-prefix-caching was passed
   std::string speculative;                                          // --speculative mtp:K | ngram:K
+  cli::WeightArgs weights;                                          // --load-format, --hf-overrides
   int64_t prefix_cache_snapshot_interval = PrefixCacheConfig{}.snapshot_interval_blocks;
   int64_t prefix_cache_snapshots = 0;  // 0: sized from the budget
 };
@@ -108,15 +109,16 @@ int run(const ServeArgs& a) {
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
 
   const SpeculativeConfig spec = SpeculativeConfig::parse(a.speculative);  // before any weight is read
+  const WeightSource weights = cli::weight_source(a.weights);
   const std::string dir = resolve_model_dir(a.model);
   ModelOptions mo;
   const bool mtp = spec.method == SpeculativeConfig::Method::Mtp;
-  cli::set_backend(mo, a.device, a.threads, a.tp, a.nodes, cli::node_fingerprint(a.nodes, dir, mtp));
-  mo.progress = cli::LoadProgressPrinter();
+  cli::set_backend(mo, a.device, a.threads, a.tp, a.nodes, cli::node_fingerprint(a.nodes, dir, mtp, weights));
+  if (!weights.dummy) mo.progress = cli::LoadProgressPrinter();
   mo.load_mtp = mtp;
   LoadedModel m = [&] {
     try {
-      return LoadedModel::load(dir, mo, /*with_chat_template=*/true);
+      return LoadedModel::load(dir, mo, /*with_chat_template=*/true, weights);
     } catch (const Error& e) {
       if (!mo.load_mtp) throw;
       fail("--speculative {}: {}", spec.str(), e.what());  // say which flag asked for the MTP layer
@@ -199,9 +201,14 @@ int run(const ServeArgs& a) {
   server::Server srv(scheduler, m.tokenizer, m.chat_template ? &*m.chat_template : nullptr, m.generation, so);
   const int port = srv.bind();
   spdlog::info(
-      "flashnext serve: model {} as \"{}\" on {}, max_model_len {}, max_num_seqs {}, "
+      "flashnext serve: model {}{} as \"{}\" on {}, max_model_len {}, max_num_seqs {}, "
       "max_num_batched_tokens {}, prefill chunk {}",
-      dir, so.served_model_names.front(), m.model->ops().name(), sc.max_model_len, sc.max_num_seqs,
+      dir,
+      weights.dummy ? fmt::format(" (dummy weights{})", weights.hf_overrides.is_null()
+                                                            ? std::string()
+                                                            : ", --hf-overrides " + weights.hf_overrides.dump())
+                    : std::string(),
+      so.served_model_names.front(), m.model->ops().name(), sc.max_model_len, sc.max_num_seqs,
       sc.max_num_batched_tokens, scheduler.config().prefill_chunk_size);
   spdlog::info(
       "flashnext serve: memory {} bytes = {} state slots x {} B (GDN + PLE) + {} KV blocks x {} tokens x "
@@ -248,6 +255,7 @@ FLASHNEXT_SUBCOMMAND(
       sub.add_option("--model", a->model,
                      fmt::format("model folder (Hugging Face layout); default: the bundled {}", kBundledModel));
       sub.add_option("--device", a->device, "cpu (default) or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+      cli::add_weight_options(sub, a->weights);
       sub.add_option("--host", a->host, "address to listen on (default 127.0.0.1; 0.0.0.0 = all)");
       sub.add_option("--port", a->port, "TCP port (default 8000; 0 = any free port)")->check(CLI::Range(0, 65535));
       sub.add_option("--max-model-len", a->max_model_len,

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "engine/loaded_model.h"
 #include "loader/config.h"
 #include "model/qwen4_exp/model.h"
 #include "ops/ops.h"
@@ -104,9 +105,44 @@ inline std::string node_fingerprint(const ModelConfig& c, bool load_mtp) {
                      load_mtp ? "MTP layer" : "no MTP layer");
 }
 
-/// node_fingerprint of the model folder `dir` when `nodes` spans several processes; "" otherwise (nothing read).
-inline std::string node_fingerprint(const NodeArgs& nodes, const std::string& dir, bool load_mtp) {
-  return nodes.nnodes > 1 ? node_fingerprint(load_config(dir), load_mtp) : std::string();
+/// node_fingerprint of the model folder `dir` when `nodes` spans several processes; "" otherwise (nothing read). With
+/// dummy weights: of the config with its overrides, and saying so (every node makes the same random weights).
+inline std::string node_fingerprint(const NodeArgs& nodes, const std::string& dir, bool load_mtp,
+                                    const WeightSource& weights = {}) {
+  if (nodes.nnodes <= 1) return std::string();
+  if (!weights.dummy) return node_fingerprint(load_config(dir), load_mtp);
+  return node_fingerprint(config_with_overrides(dir, weights.hf_overrides), load_mtp) +
+         fmt::format(", dummy weights of seed {}", weights.seed);
+}
+
+/// --load-format and --hf-overrides (vLLM's flags) of generate, chat and serve.
+struct WeightArgs {
+  std::string load_format = "auto", hf_overrides;
+};
+
+inline void add_weight_options(CLI::App& sub, WeightArgs& a) {
+  sub.add_option("--load-format", a.load_format,
+                 "auto (default): the folder's checkpoint; dummy: pseudo-random weights of its config.json made on "
+                 "the device (profiling and serving benchmarks without the checkpoint; the folder needs config.json "
+                 "and a tokenizer)")
+      ->check(CLI::IsMember({"auto", "dummy"}));
+  sub.add_option("--hf-overrides", a.hf_overrides,
+                 "with --load-format dummy: a JSON object of config.json fields to override, e.g. "
+                 "'{\"num_experts\": 256}'");
+}
+
+/// The weight source the flags ask for. Throws Error naming --hf-overrides when it is not a JSON object or comes
+/// without --load-format dummy.
+inline WeightSource weight_source(const WeightArgs& a) {
+  WeightSource w;
+  w.dummy = a.load_format == "dummy";
+  if (!a.hf_overrides.empty()) {
+    w.hf_overrides = nlohmann::json::parse(a.hf_overrides, nullptr, false);
+    FN_CHECK(!w.hf_overrides.is_discarded() && w.hf_overrides.is_object(),
+             "--hf-overrides must be a JSON object of config fields, got '{}'", a.hf_overrides);
+    FN_CHECK(w.dummy, "--hf-overrides applies to --load-format dummy only: a checkpoint's tensors fix its config");
+  }
+  return w;
 }
 
 /// Sets the backend fields of `options` for `--device D --threads N --tp K`. tp 1: one backend (make_backend).

@@ -34,6 +34,7 @@ struct GenerationArgs {
   std::vector<std::string> stop, vars;
   bool ignore_eos = false, no_thinking = false;
   bool load_mtp = false;  ///< load the MTP layer too (generate --speculative mtp:K)
+  WeightArgs weights;
 };
 
 inline void add_generation_options(CLI::App& sub, GenerationArgs& a) {
@@ -43,6 +44,7 @@ inline void add_generation_options(CLI::App& sub, GenerationArgs& a) {
   sub.add_option("--threads", a.threads, "CPU threads (0 = all cores)")->check(cli::non_negative_number());
   sub.add_option("--tp", a.tp, "tensor-parallel ranks (default 1; threads of this process, docs/ENGINE.md)");
   add_node_options(sub, a.nodes);
+  add_weight_options(sub, a.weights);
   sub.add_option("--max-tokens", a.max_tokens, "most tokens to generate (default 256, or the model's max_new_tokens)");
   sub.add_option("--temperature", a.temperature, "sampling temperature; 0 = greedy (default: the model's, else 1)");
   sub.add_option("--top-p", a.top_p, "nucleus sampling mass in (0, 1] (default: the model's, else 1)");
@@ -109,15 +111,17 @@ inline void check_sampling_options(const GenerationArgs& a) {
 /// stderr what was loaded and how long it took.
 inline LoadedModel load_for_generation(const GenerationArgs& a, bool with_chat_template) {
   check_sampling_options(a);
+  const WeightSource weights = weight_source(a.weights);
   ModelOptions options;
   const std::string dir = resolve_model_dir(a.model);
-  set_backend(options, a.device, a.threads, a.tp, a.nodes, node_fingerprint(a.nodes, dir, a.load_mtp));
-  options.progress = LoadProgressPrinter();
+  set_backend(options, a.device, a.threads, a.tp, a.nodes, node_fingerprint(a.nodes, dir, a.load_mtp, weights));
+  if (!weights.dummy) options.progress = LoadProgressPrinter();
   options.load_mtp = a.load_mtp;
   const auto t0 = std::chrono::steady_clock::now();
-  LoadedModel m = LoadedModel::load(dir, options, with_chat_template);
+  LoadedModel m = LoadedModel::load(dir, options, with_chat_template, weights);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  fmt::print(stderr, "flashnext: loaded {} in {:.2f} s ({}{}){}\n", dir, s, m.model->ops().name(),
+  fmt::print(stderr, "flashnext: {} {} in {:.2f} s ({}{}){}\n", weights.dummy ? "made dummy weights for" : "loaded",
+             dir, s, m.model->ops().name(),
              m.model->tp() > 1 ? fmt::format(", tensor-parallel over {} ranks", m.model->tp()) : "",
              a.model.empty() ? fmt::format("; {}", kBundledModelNote) : std::string());
   return m;

@@ -1,11 +1,42 @@
 #include "engine/loaded_model.h"
 
+#include <filesystem>
+#include <fstream>
+
 #include "core/error.h"
+#include "loader/config.h"
 
 namespace flashnext {
 
-LoadedModel LoadedModel::load(const std::string& dir, const ModelOptions& options, bool with_chat_template) {
-  std::unique_ptr<Model> model = Model::load(dir, options);
+ModelConfig config_with_overrides(const std::string& dir, const nlohmann::json& overrides) {
+  const std::string path = (std::filesystem::path(dir) / "config.json").string();
+  if (overrides.is_null()) return load_config(path);
+  FN_CHECK(overrides.is_object(), "--hf-overrides must be a JSON object of config fields, got {}", overrides.dump());
+  std::ifstream in(path);
+  FN_CHECK(in.good(), "{}: cannot open config file", path);
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: not valid JSON ({})", path, e.what());
+  }
+  FN_CHECK(doc.is_object(), "{}: not a JSON object", path);
+  nlohmann::json& text = doc.contains("text_config") && doc["text_config"].is_object() ? doc["text_config"] : doc;
+  for (const auto& [key, value] : overrides.items()) {
+    FN_CHECK(text.contains(key), "--hf-overrides: '{}' is not a field of {}{}", key, path,
+             &text == &doc ? "" : " (text_config)");
+    text[key] = value;
+  }
+  return parse_config(doc, fmt::format("{} with --hf-overrides {}", path, overrides.dump()));
+}
+
+LoadedModel LoadedModel::load(const std::string& dir, const ModelOptions& options, bool with_chat_template,
+                              const WeightSource& weights) {
+  FN_CHECK(weights.dummy || weights.hf_overrides.is_null(),
+           "--hf-overrides applies to --load-format dummy only: a checkpoint's tensors fix its config ({})", dir);
+  std::unique_ptr<Model> model =
+      weights.dummy ? Model::random(config_with_overrides(dir, weights.hf_overrides), options, weights.seed)
+                    : Model::load(dir, options);
   Tokenizer tokenizer = Tokenizer::load(dir);
   const ModelConfig& config = model->config();
   if (tokenizer.vocab_size() > config.vocab_size)

@@ -12,6 +12,8 @@
 #include <sstream>
 
 #include "cli/cli_run.h"
+#include "engine/generator.h"
+#include "engine/loaded_model.h"
 #include "fixture.h"
 
 namespace flashnext {
@@ -94,6 +96,24 @@ TEST_F(Cli, GeneratePromptUsesTheChatTemplateAndRawDoesNot) {
   EXPECT_EQ(ids_after(r.err, "output ids: "), test::reference_ids("code.greedy_ids"));
 }
 
+// --load-format dummy --hf-overrides: the greedy tokens of the dummy model the engine makes in process from the same
+// folder, overrides and seed (0).
+TEST_F(Cli, GenerateWithDummyWeights) {
+  const std::string overrides = R"({"num_experts": 4, "num_experts_per_tok": 2})";
+  CliRun r =
+      run_cli({"generate", "--model", test::kModelDir, "--load-format", "dummy", "--hf-overrides", overrides,
+               "--prompt", "Hello", "--raw", "--temperature", "0", "--max-tokens", "6", "--ignore-eos", "--show-ids"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("flashnext: made dummy weights for"), std::string::npos) << r.err;
+  LoadedModel m = LoadedModel::load(test::kModelDir, {}, false, WeightSource{true, json::parse(overrides), 0});
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = 6;
+  p.ignore_eos = true;
+  Generator gen = generate(*m.model, m.tokenizer, m.generation, {m.raw_prompt("Hello"), p});
+  EXPECT_EQ(ids_after(r.err, "output ids: "), gen.output_ids());
+}
+
 TEST_F(Cli, ChatAnswersEachLineThenExits) {
   // First turn = chat case 0's conversation, so its reply starts with chat0's greedy tokens.
   const std::string question = test::tokenizer_cases()["chat"][0]["messages"][0]["content"];
@@ -158,6 +178,15 @@ TEST_F(Cli, BadInputFailsWithAClearMessage) {
   expect_error({"logits", "--model", mtp_model, "--ids", "1,2", "--out", (cli_scratch() / "x.npy").string(),
                 "--speculative", "mtp:2"},
                "applies to --greedy N");
+  // --hf-overrides: a JSON object of the config's fields, with --load-format dummy only (serve checks it before
+  // loading too).
+  expect_error({"generate", "--model", test::kModelDir, "--prompt", "hi", "--hf-overrides", "{\"num_experts\": 4}"},
+               "--hf-overrides applies to --load-format dummy only");
+  expect_error({"serve", "--model", test::kModelDir, "--port", "0", "--load-format", "dummy", "--hf-overrides", "4"},
+               "--hf-overrides must be a JSON object of config fields, got '4'");
+  expect_error({"generate", "--model", test::kModelDir, "--prompt", "hi", "--load-format", "dummy", "--hf-overrides",
+                "{\"num_expert\": 4}"},
+               "'num_expert' is not a field of");
   auto expect_parse_error = [](const std::vector<std::string>& args, const std::string& text) {
     CliRun r = run_cli(args);
     EXPECT_NE(r.status, 0) << r.err;  // CLI11's exit codes
@@ -166,6 +195,7 @@ TEST_F(Cli, BadInputFailsWithAClearMessage) {
   expect_parse_error({"serve", "--model", test::kModelDir, "--port", "0", "--max-num-seqs", "0"},
                      "--max-num-seqs: must be > 0, got 0");
   expect_parse_error({"generate", "--prompt", "hi", "--threads", "-2"}, "--threads: must be >= 0, got -2");
+  expect_parse_error({"generate", "--prompt", "hi", "--load-format", "pt"}, "--load-format: pt not in {auto,dummy}");
   expect_error({"serve", "--model", test::kModelDir, "--port", "0", "--no-enable-prefix-caching",
                 "--prefix-cache-snapshots", "8"},
                "--prefix-cache-snapshots needs prefix caching, which --no-enable-prefix-caching turned off");

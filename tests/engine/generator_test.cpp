@@ -12,6 +12,7 @@
 #include "engine/loaded_model.h"
 #include "engine/model_dir.h"
 #include "fixture.h"
+#include "loader/config.h"
 
 namespace flashnext {
 namespace {
@@ -138,6 +139,47 @@ TEST(ModelDir, AGivenFolderMustHoldAConfig) {
   std::ofstream(file) << "x";
   EXPECT_NE(message(file.string()).find("not a folder"), std::string::npos) << message(file.string());
   std::filesystem::remove_all(empty);
+}
+
+// --load-format dummy: the folder's tokenizer and config (with --hf-overrides merged into it) and the weights of
+// Model::random with the given seed: the logits of a prompt equal those of that model made directly, bit for bit
+// (both on the CPU backend), and another seed's differ; overrides change the geometry; misuse is an Error.
+TEST(DummyWeights, AreModelRandomOfTheConfigWithItsOverrides) {
+  const nlohmann::json overrides = {{"num_experts", 4}, {"num_experts_per_tok", 2}};
+  LoadedModel m = LoadedModel::load(test::kModelDir, {}, false, WeightSource{true, overrides, 7});
+  const ModelConfig want = config_with_overrides(test::kModelDir, overrides);
+  EXPECT_EQ(m.model->config().num_experts, 4);
+  EXPECT_EQ(m.model->config().num_experts_per_tok, 2);
+  EXPECT_NE(load_config(test::kModelDir).num_experts, 4);  // the override changed something
+  const std::vector<int32_t> prompt = m.raw_prompt("Hello there");
+  ASSERT_FALSE(prompt.empty());
+  const auto logits = [&](Model& model) {
+    SequenceState seq = model.new_sequence();
+    return model.forward(seq, prompt, LogitsMode::Last);
+  };
+  std::unique_ptr<Model> direct = Model::random(want, {}, 7);
+  EXPECT_EQ(logits(*m.model), logits(*direct));
+  std::unique_ptr<Model> other_seed = Model::random(want, {}, 8);
+  EXPECT_NE(logits(*m.model), logits(*other_seed));
+  LoadedModel plain = LoadedModel::load(test::kModelDir, {}, false, WeightSource{true, nullptr, 7});
+  EXPECT_EQ(plain.model->config().num_experts, load_config(test::kModelDir).num_experts);
+
+  auto message = [](const WeightSource& w) {
+    try {
+      LoadedModel::load(test::kModelDir, {}, false, w);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message(WeightSource{false, overrides, 0}).find("--hf-overrides applies to --load-format dummy only"),
+            std::string::npos);
+  const std::string typo = message(WeightSource{true, {{"num_expertz", 4}}, 0});
+  EXPECT_NE(typo.find("'num_expertz' is not a field of"), std::string::npos) << typo;
+  EXPECT_NE(message(WeightSource{true, nlohmann::json::array({1}), 0}).find("must be a JSON object"),
+            std::string::npos);
+  const std::string bad = message(WeightSource{true, {{"num_experts_per_tok", 64}}, 0});
+  EXPECT_NE(bad.find("num_experts_per_tok"), std::string::npos) << bad;  // the config's own check, naming the field
 }
 
 }  // namespace
