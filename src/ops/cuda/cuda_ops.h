@@ -122,6 +122,8 @@ struct CudaMemoryCounters {
   int64_t arena_bytes = 0;  ///< size of the current arena block
   /// Recorded steps (Ops::begin_step_capture ... end_step_capture): made, and replayed (replay_step runs).
   int64_t graphs_recorded = 0, graph_replays = 0;
+  /// gdn_mix_batch launches with the conv folded into the recurrence (docs/ENGINE.md), and those with it apart.
+  int64_t gdn_conv_folded = 0, gdn_conv_apart = 0;
 };
 /// The counters of `ops`, a backend made by make_cuda_ops. Throws Error for another backend.
 CudaMemoryCounters cuda_memory_counters(const Ops& ops);

@@ -73,8 +73,10 @@ void CudaOps::gdn_mix_batch(const Tensor& qkv, const Tensor& conv_weight, const 
     conv.state = dp<float>(conv_pool);
     conv.K = int(K);
     conv.done = done + slots * nv;
+    ++counters_.gdn_conv_folded;
   } else {
     gdn_conv_batch(qkv, conv_weight, conv_pool, batch);
+    ++counters_.gdn_conv_apart;
   }
   detail::GdnOutNorm on;
   if (norm.weight.defined()) {

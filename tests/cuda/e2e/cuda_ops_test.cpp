@@ -313,6 +313,7 @@ TEST_P(CudaOps, GdnFewRowsEqualDecodeStepsBitForBit) {
     Run first;  // the ops one by one in one step: what every other run must equal
     for (const bool mix : {false, true}) {
       SCOPED_TRACE(mix ? "gdn_mix_batch" : "the ops one by one");
+      const CudaMemoryCounters before = cuda_memory_counters(g);
       Run step = fresh(), decode = fresh();
       feed(step, {{rows[0], pos0[0], slots[0], tables[0]}, {rows[1], pos0[1], slots[1], tables[1]}}, all, mix);
       for (int64_t i = 0; i < rows[1]; ++i) {  // both sequences while both have rows left, then the longer one alone
@@ -325,6 +326,9 @@ TEST_P(CudaOps, GdnFewRowsEqualDecodeStepsBitForBit) {
           }
         feed(decode, seqs, src, mix);
       }
+      // Every gdn_mix_batch launch here (a few blocks) folded its conv in: the step and the 9 decode steps.
+      EXPECT_EQ(cuda_memory_counters(g).gdn_conv_folded - before.gdn_conv_folded, mix ? 1 + rows[1] : 0);
+      EXPECT_EQ(cuda_memory_counters(g).gdn_conv_apart, before.gdn_conv_apart);
       if (!mix) first = step;
       for (const Run* r : {&decode, &step}) {
         EXPECT_EQ(0, std::memcmp(first.o.data(), r->o.data(), first.o.size() * sizeof(float))) << "outputs differ";
@@ -335,7 +339,9 @@ TEST_P(CudaOps, GdnFewRowsEqualDecodeStepsBitForBit) {
         }
       }
       EXPECT_NE(s0, host(g, step.state));  // the step moved the states of slots 2 and 0
-      if (K > 1) EXPECT_NE(c0, host(g, step.conv));
+      if (K > 1) {
+        EXPECT_NE(c0, host(g, step.conv));
+      }
     }
   }
 }
