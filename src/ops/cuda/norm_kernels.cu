@@ -55,19 +55,11 @@ __global__ void zc_rmsnorm_wide_kernel(const T* __restrict__ x, int64_t ldx, T* 
     yr[i] = from_f<T>(to_f(xr[i]) * r * (1.f + to_f(w[(g0 + i) % w_len])));
 }
 
-// Per (token, head): ZC-RMSNorm over `dim` with weight w[dim], then NeoX rotary on the first rotary_dims.
+// One head's row xr [dim] into yr (may alias xr): ZC-RMSNorm with weight w[dim], then NeoX rotary on the first
+// rotary_dims at position p; a warp's lanes call it together.
 template <class T>
-__global__ void head_norm_rope_kernel(const T* __restrict__ x, int64_t xts, int64_t xhs, T* y, int64_t yts, int64_t yhs,
-                                      const __half* __restrict__ w, const int32_t* __restrict__ pos, int tokens,
-                                      int heads, int dim, int rotary_dims, float theta, float eps) {
-  pdl_begin();
-  const int64_t item = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (item >= int64_t(tokens) * heads) return;
-  const int lane = threadIdx.x & 31;
-  const int64_t t = item / heads;
-  const int h = int(item % heads);
-  const T* xr = x + t * xts + h * xhs;
-  T* yr = y + t * yts + h * yhs;
+__device__ __forceinline__ void norm_rope_row(const T* xr, T* yr, const __half* __restrict__ w, int64_t p, int dim,
+                                              int rotary_dims, float theta, float eps, int lane) {
   float ss = 0.f;
   for (int i = lane; i < dim; i += 32) {
     float v = to_f(xr[i]);
@@ -75,7 +67,6 @@ __global__ void head_norm_rope_kernel(const T* __restrict__ x, int64_t xts, int6
   }
   const float r = rsqrtf(warp_sum(ss) / float(dim) + eps);
   const int half_r = rotary_dims / 2;
-  const int64_t p = pos[t];
   // Read everything this lane needs before writing: y may alias x.
   for (int i = lane; i < half_r; i += 32) {
     float a = to_f(xr[i]) * r * (1.f + to_f(w[i]));
@@ -86,6 +77,46 @@ __global__ void head_norm_rope_kernel(const T* __restrict__ x, int64_t xts, int6
     yr[i + half_r] = from_f<T>(b * c + a * s);
   }
   for (int i = rotary_dims + lane; i < dim; i += 32) yr[i] = from_f<T>(to_f(xr[i]) * r * (1.f + to_f(w[i])));
+}
+
+// Per (token, head): ZC-RMSNorm over `dim` with weight w[dim], then NeoX rotary on the first rotary_dims.
+template <class T>
+__global__ void head_norm_rope_kernel(const T* __restrict__ x, int64_t xts, int64_t xhs, T* y, int64_t yts, int64_t yhs,
+                                      const __half* __restrict__ w, const int32_t* __restrict__ pos, int tokens,
+                                      int heads, int dim, int rotary_dims, float theta, float eps) {
+  pdl_begin();
+  const int64_t item = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (item >= int64_t(tokens) * heads) return;
+  const int64_t t = item / heads;
+  const int h = int(item % heads);
+  norm_rope_row(x + t * xts + h * xhs, y + t * yts + h * yhs, w, pos[t], dim, rotary_dims, theta, eps,
+                int(threadIdx.x & 31));
+}
+
+// QSA q/k preparation (qsa_prepare_qk_batch) in one launch, a warp per (token, head) over the nh query heads, then
+// the nkv key heads: query head h of qg [T, nh, 2, dim] (query half, gate half) normalised and rotated into q
+// [T, nh, dim] with q_norm, its gate half copied to gate [T, nh, dim]; key head h of k [T, nkv, dim] in place with
+// k_norm. The same arithmetic as two head_norm_rope_kernel launches and a copy.
+__global__ void qsa_prepare_qk_kernel(const float* __restrict__ qg, float* __restrict__ q, float* __restrict__ gate,
+                                      float* k, const __half* __restrict__ q_norm, const __half* __restrict__ k_norm,
+                                      const int32_t* __restrict__ pos, int tokens, int nh, int nkv, int dim,
+                                      int rotary_dims, float theta, float eps) {
+  pdl_begin();
+  const int heads = nh + nkv;
+  const int64_t item = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (item >= int64_t(tokens) * heads) return;
+  const int lane = int(threadIdx.x & 31);
+  const int64_t t = item / heads;
+  const int h = int(item % heads);
+  if (h < nh) {
+    const float* xr = qg + (t * nh + h) * 2 * dim;
+    float* gr = gate + (t * nh + h) * dim;
+    for (int i = lane; i < dim; i += 32) gr[i] = xr[dim + i];
+    norm_rope_row(xr, q + (t * nh + h) * dim, q_norm, pos[t], dim, rotary_dims, theta, eps, lane);
+  } else {
+    float* kr = k + (t * nkv + (h - nh)) * dim;
+    norm_rope_row(kr, kr, k_norm, pos[t], dim, rotary_dims, theta, eps, lane);
+  }
 }
 
 // Per (token, head): y = w * (x * rsqrt(mean(x^2) + eps)) * act(z)   (GDN output norm, plain w); act is sigmoid
@@ -161,6 +192,19 @@ cudaError_t head_norm_rope_launch(const T* x, int64_t xts, int64_t xhs, T* y, in
   return cudaGetLastError();
 }
 
+}  // namespace
+
+cudaError_t launch_qsa_prepare_qk(const float* qg, float* q, float* gate, float* k, const __half* q_norm,
+                                  const __half* k_norm, const int32_t* pos, int tokens, int nh, int nkv, int dim,
+                                  int rotary_dims, float theta, float eps, cudaStream_t stream) {
+  const int64_t items = int64_t(tokens) * (nh + nkv);
+  if (items == 0) return cudaSuccess;
+  launch(qsa_prepare_qk_kernel, blocks_for(items), kWarps * 32, 0, stream, qg, q, gate, k, q_norm, k_norm, pos, tokens,
+         nh, nkv, dim, rotary_dims, theta, eps);
+  return cudaGetLastError();
+}
+
+namespace {
 template <class T>
 cudaError_t gated_rmsnorm_launch(const T* x, int64_t ldx, const T* z, int64_t ldz, T* y, int64_t ldy, const __half* w,
                                  int tokens, int heads, int dim, float eps, bool silu_gate, cudaStream_t stream) {

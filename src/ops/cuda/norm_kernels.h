@@ -33,6 +33,13 @@ cudaError_t launch_head_norm_rope(const float* x, int64_t x_token_stride, int64_
 cudaError_t launch_gated_rmsnorm(const float* x, int64_t ldx, const float* z, int64_t ldz, float* y, int64_t ldy,
                                  const __half* w, int tokens, int heads, int dim, float eps, bool silu_gate,
                                  cudaStream_t stream);
+/// QSA q/k preparation in one launch (ops.h qsa_prepare_qk_batch): for every token t (position pos[t]) and query
+/// head h of qg [T, nh, 2 * dim] (per head: query dim, gate dim), q[t, h] = RoPE(ZC-RMSNorm(query; q_norm)) and
+/// gate[t, h] = the gate half; k [T, nkv, dim] in place, RoPE(ZC-RMSNorm(k; k_norm)). Contiguous rows; the same
+/// arithmetic as launch_head_norm_rope.
+cudaError_t launch_qsa_prepare_qk(const float* qg, float* q, float* gate, float* k, const __half* q_norm,
+                                  const __half* k_norm, const int32_t* pos, int tokens, int nh, int nkv, int dim,
+                                  int rotary_dims, float theta, float eps, cudaStream_t stream);
 #endif
 
 }  // namespace flashnext::cuda::detail

@@ -56,18 +56,11 @@ void CudaOps::qsa_prepare_qk_batch(const Tensor& qg, const Tensor& k, const Tens
   const char* op = "qsa_prepare_qk_batch";
   const auto [T, D, nh, nkv] = contract::qsa_prepare_qk_batch(spec(), qg, k, q_norm, k_norm, rope, batch, q, gate);
   if (T == 0) return;
-  const int t = to_int(T, op, "tokens");
-  FN_CUDA_CHECK(detail::launch_head_norm_rope(dp<const float>(qg), nh * 2 * D, 2 * D, dp<float>(q), nh * D, D,
-                                              dp<__half>(q_norm), dp<int32_t>(batch.positions), t, int(nh), int(D),
-                                              int(rope.rotary_dim), float(rope.theta), float(eps), stream()),
-                op);
-  // gate[t, h] = the second half of head h's q_proj output.
-  FN_CUDA_CHECK(cudaMemcpy2DAsync(gate.data(), size_t(D) * 4, dp<float>(qg) + D, size_t(2 * D) * 4, size_t(D) * 4,
-                                  size_t(T * nh), cudaMemcpyDeviceToDevice, stream()),
-                op);
-  FN_CUDA_CHECK(detail::launch_head_norm_rope(dp<const float>(k), nkv * D, D, dp<float>(k), nkv * D, D,
-                                              dp<__half>(k_norm), dp<int32_t>(batch.positions), t, int(nkv), int(D),
-                                              int(rope.rotary_dim), float(rope.theta), float(eps), stream()),
+  // One launch: q, the gate (the second half of each head's q_proj output) and k in place.
+  FN_CUDA_CHECK(detail::launch_qsa_prepare_qk(dp<const float>(qg), dp<float>(q), dp<float>(gate), dp<float>(k),
+                                              dp<__half>(q_norm), dp<__half>(k_norm), dp<int32_t>(batch.positions),
+                                              to_int(T, op, "tokens"), int(nh), int(nkv), int(D), int(rope.rotary_dim),
+                                              float(rope.theta), float(eps), stream()),
                 op);
 }
 
