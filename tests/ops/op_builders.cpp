@@ -588,6 +588,27 @@ OpCase gdn_conv_batch_case(const GdnDims& d, int64_t K, const StepPlan& plan, We
   return c;
 }
 
+// The per-step inputs of the gated delta rule cases: qkv [n, conv_dim], a and b [n, nv] (with z, the output gate
+// [n, nv*dv]), an output o [n, nv*dv] and the StepBatch of each step of the plan.
+struct GdnSteps {
+  std::vector<Tensor> qkv, a, b, z, o;
+  std::vector<StepBatch> batches;
+};
+GdnSteps gdn_steps(Ops& ops, Gen& g, const StepPlan& plan, const Paging& p, const GdnDims& d, bool with_z) {
+  GdnSteps s;
+  const int64_t nv = d.num_v_heads, width = nv * d.v_head_dim;
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    const int64_t n = step_tokens(plan, i);
+    s.qkv.push_back(g.act({n, d.conv_dim()}));
+    s.a.push_back(g.act({n, nv}, 2.f));
+    s.b.push_back(g.act({n, nv}, 2.f));
+    if (with_z) s.z.push_back(g.act({n, width}, 2.f));
+    s.o.push_back(ops.empty({n, width}));
+    s.batches.push_back(plan_step(ops, plan, p, i));
+  }
+  return s;
+}
+
 OpCase gdn_rule_batch_case(const GdnDims& d, const StepPlan& plan, Weights wk, float state_scale) {
   OpCase c;
   const int64_t C = d.conv_dim(), nv = d.num_v_heads, dk = d.k_head_dim, dv = d.v_head_dim;
@@ -603,24 +624,15 @@ OpCase gdn_rule_batch_case(const GdnDims& d, const StepPlan& plan, Weights wk, f
     // A_log, dt_bias are float32 parameters in the checkpoint; here FP16-exact too.
     GdnWeights w{g.weight({nv}, 0.5f), g.weight({nv}, 0.5f)};
     Tensor pool = g.act({p.num_slots, nv, dk, dv}, state_scale);
-    std::vector<Tensor> qkv, a, b, o;
-    std::vector<StepBatch> batches;
-    for (size_t i = 0; i < plan.steps.size(); ++i) {
-      const int64_t n = step_tokens(plan, i);
-      qkv.push_back(g.act({n, C}));
-      a.push_back(g.act({n, nv}, 2.f));
-      b.push_back(g.act({n, nv}, 2.f));
-      o.push_back(ops.empty({n, nv * dv}));
-      batches.push_back(plan_step(ops, plan, p, i));
-    }
+    const GdnSteps in = gdn_steps(ops, g, plan, p, d, false);
     return OpRun{[=, &ops] {
-                   for (size_t i = 0; i < qkv.size(); ++i)
-                     ops.gdn_rule_batch(qkv[i], a[i], b[i], w, d, pool, batches[i], o[i]);
+                   for (size_t i = 0; i < in.qkv.size(); ++i)
+                     ops.gdn_rule_batch(in.qkv[i], in.a[i], in.b[i], w, d, pool, in.batches[i], in.o[i]);
                  },
                  [=, &ops] {
                    std::vector<OpOutput> r;
-                   for (size_t i = 0; i < o.size(); ++i)
-                     r.push_back(close(ops, fmt::format("step{}.o", i), o[i], kRule, kRule));
+                   for (size_t i = 0; i < in.o.size(); ++i)
+                     r.push_back(close(ops, fmt::format("step{}.o", i), in.o[i], kRule, kRule));
                    r.push_back(close(ops, "state_pool", pool, kRule, kRule));
                    return r;
                  }};
@@ -647,27 +659,18 @@ OpCase gdn_mix_batch_case(const GdnDims& d, int64_t K, const StepPlan& plan, std
     GdnWeights w{g.weight({nv}, 0.5f), g.weight({nv}, 0.5f)};
     Tensor conv_w = g.weight({C, K}, 0.5f), norm_w = g.weight({dv}, 0.5f);
     Tensor conv_pool = g.act({p.num_slots, K - 1, C}), pool = g.act({p.num_slots, nv, dk, dv}, 0.1f);
-    std::vector<Tensor> qkv, a, b, z, o;
-    std::vector<StepBatch> batches;
-    for (size_t i = 0; i < plan.steps.size(); ++i) {
-      const int64_t n = step_tokens(plan, i);
-      qkv.push_back(g.act({n, C}));
-      a.push_back(g.act({n, nv}, 2.f));
-      b.push_back(g.act({n, nv}, 2.f));
-      z.push_back(g.act({n, nv * dv}, 2.f));
-      o.push_back(ops.empty({n, nv * dv}));
-      batches.push_back(plan_step(ops, plan, p, i));
-    }
+    const GdnSteps in = gdn_steps(ops, g, plan, p, d, true);
     return OpRun{[=, &ops] {
-                   for (size_t i = 0; i < qkv.size(); ++i) {
-                     const GdnOutputNorm norm = act ? GdnOutputNorm{z[i], norm_w, 1e-6, *act} : GdnOutputNorm{};
-                     ops.gdn_mix_batch(qkv[i], conv_w, conv_pool, a[i], b[i], w, d, pool, batches[i], norm, o[i]);
+                   for (size_t i = 0; i < in.qkv.size(); ++i) {
+                     const GdnOutputNorm norm = act ? GdnOutputNorm{in.z[i], norm_w, 1e-6, *act} : GdnOutputNorm{};
+                     ops.gdn_mix_batch(in.qkv[i], conv_w, conv_pool, in.a[i], in.b[i], w, d, pool, in.batches[i], norm,
+                                       in.o[i]);
                    }
                  },
                  [=, &ops] {
                    std::vector<OpOutput> r;
-                   for (size_t i = 0; i < o.size(); ++i)
-                     r.push_back(close(ops, fmt::format("step{}.o", i), o[i], kRule, kRule));
+                   for (size_t i = 0; i < in.o.size(); ++i)
+                     r.push_back(close(ops, fmt::format("step{}.o", i), in.o[i], kRule, kRule));
                    r.push_back(close(ops, "state_pool", pool, kRule, kRule));
                    r.push_back(exact_f32(ops, "conv_pool", conv_pool));
                    return r;
