@@ -224,7 +224,7 @@ int run(const ServeArgs& a) {
         "flashnext serve: speculative decoding {}: decoding requests verify up to {} drafts per step, {} checkpoint "
         "slots x {} B (request fields num_speculative_tokens, speculative: false to opt out)",
         spec.str(), spec.k, sc.max_num_seqs, mp.slot_bytes());
-  if (a.model.empty()) spdlog::warn("flashnext serve: {}", kBundledModelNote);
+  if (a.model.empty() && !weights.dummy) spdlog::warn("flashnext serve: {}", kBundledModelNote);
   if (so.cors.enabled())
     spdlog::info("flashnext serve: CORS for origins {} (methods {}, headers {}{})",
                  fmt::join(so.cors.allowed_origins, ","), fmt::join(so.cors.allowed_methods, ","),

@@ -123,12 +123,12 @@ struct WeightArgs {
 inline void add_weight_options(CLI::App& sub, WeightArgs& a) {
   sub.add_option("--load-format", a.load_format,
                  "auto (default): the folder's checkpoint; dummy: pseudo-random weights of its config.json made on "
-                 "the device (profiling and serving benchmarks without the checkpoint; the folder needs config.json "
-                 "and a tokenizer)")
+                 "the device, the same on every run (profiling and serving benchmarks without the checkpoint; the "
+                 "folder needs config.json and a tokenizer)")
       ->check(CLI::IsMember({"auto", "dummy"}));
   sub.add_option("--hf-overrides", a.hf_overrides,
-                 "with --load-format dummy: a JSON object of config.json fields to override, e.g. "
-                 "'{\"num_experts\": 256}'");
+                 "with --load-format dummy: a JSON object of config.json fields to override (the text config's, "
+                 "flat or under \"text_config\"), e.g. '{\"num_experts\": 256}'");
 }
 
 /// The weight source the flags ask for. Throws Error naming --hf-overrides when it is not a JSON object or comes
@@ -137,9 +137,13 @@ inline WeightSource weight_source(const WeightArgs& a) {
   WeightSource w;
   w.dummy = a.load_format == "dummy";
   if (!a.hf_overrides.empty()) {
-    w.hf_overrides = nlohmann::json::parse(a.hf_overrides, nullptr, false);
-    FN_CHECK(!w.hf_overrides.is_discarded() && w.hf_overrides.is_object(),
-             "--hf-overrides must be a JSON object of config fields, got '{}'", a.hf_overrides);
+    try {
+      w.hf_overrides = nlohmann::json::parse(a.hf_overrides);
+    } catch (const nlohmann::json::parse_error& e) {
+      fail("--hf-overrides is not valid JSON ({}): '{}'", e.what(), a.hf_overrides);
+    }
+    FN_CHECK(w.hf_overrides.is_object(), "--hf-overrides must be a JSON object of config fields, got '{}'",
+             a.hf_overrides);
     FN_CHECK(w.dummy, "--hf-overrides applies to --load-format dummy only: a checkpoint's tensors fix its config");
   }
   return w;

@@ -123,7 +123,7 @@ inline LoadedModel load_for_generation(const GenerationArgs& a, bool with_chat_t
   fmt::print(stderr, "flashnext: {} {} in {:.2f} s ({}{}){}\n", weights.dummy ? "made dummy weights for" : "loaded",
              dir, s, m.model->ops().name(),
              m.model->tp() > 1 ? fmt::format(", tensor-parallel over {} ranks", m.model->tp()) : "",
-             a.model.empty() ? fmt::format("; {}", kBundledModelNote) : std::string());
+             a.model.empty() && !weights.dummy ? fmt::format("; {}", kBundledModelNote) : std::string());
   return m;
 }
 

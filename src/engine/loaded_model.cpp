@@ -21,10 +21,18 @@ ModelConfig config_with_overrides(const std::string& dir, const nlohmann::json& 
     fail("{}: not valid JSON ({})", path, e.what());
   }
   FN_CHECK(doc.is_object(), "{}: not a JSON object", path);
-  nlohmann::json& text = doc.contains("text_config") && doc["text_config"].is_object() ? doc["text_config"] : doc;
-  for (const auto& [key, value] : overrides.items()) {
+  const bool nested = doc.contains("text_config") && doc["text_config"].is_object();
+  nlohmann::json& text = nested ? doc["text_config"] : doc;
+  // Flat keys, or (as vLLM's --hf-overrides for a multimodal config) the text config's keys under "text_config".
+  nlohmann::json flat = overrides;
+  if (nested && overrides.contains("text_config")) {
+    FN_CHECK(overrides.size() == 1 && overrides["text_config"].is_object(),
+             "--hf-overrides: \"text_config\" must be an object and the only key, got {}", overrides.dump());
+    flat = overrides["text_config"];
+  }
+  for (const auto& [key, value] : flat.items()) {
     FN_CHECK(text.contains(key), "--hf-overrides: '{}' is not a field of {}{}", key, path,
-             &text == &doc ? "" : " (text_config)");
+             nested ? "'s text_config (the fields the model reads; give them flat or under \"text_config\")" : "");
     text[key] = value;
   }
   return parse_config(doc, fmt::format("{} with --hf-overrides {}", path, overrides.dump()));
@@ -34,16 +42,17 @@ LoadedModel LoadedModel::load(const std::string& dir, const ModelOptions& option
                               const WeightSource& weights) {
   FN_CHECK(weights.dummy || weights.hf_overrides.is_null(),
            "--hf-overrides applies to --load-format dummy only: a checkpoint's tensors fix its config ({})", dir);
-  std::unique_ptr<Model> model =
-      weights.dummy ? Model::random(config_with_overrides(dir, weights.hf_overrides), options, weights.seed)
-                    : Model::load(dir, options);
+  // The tokenizer and the config first: a folder without a tokenizer, or with one that does not fit the config,
+  // fails before any weight is read or made.
   Tokenizer tokenizer = Tokenizer::load(dir);
-  const ModelConfig& config = model->config();
+  const ModelConfig config = config_with_overrides(dir, weights.hf_overrides);
   if (tokenizer.vocab_size() > config.vocab_size)
     fail(
         "{}: the tokenizer has ids up to {} but the model's vocab_size ({}) is {}: the tokenizer does not belong to "
         "this model",
         tokenizer.source(), tokenizer.vocab_size() - 1, config.source, config.vocab_size);
+  std::unique_ptr<Model> model =
+      weights.dummy ? Model::random(config, options, weights.seed) : Model::load(dir, options);
   GenerationConfig generation = load_generation_config(dir, config);
   std::optional<chat::ChatTemplate> chat_template;
   if (with_chat_template) chat_template = chat::ChatTemplate::from_dir(dir);

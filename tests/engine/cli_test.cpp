@@ -187,6 +187,9 @@ TEST_F(Cli, BadInputFailsWithAClearMessage) {
   expect_error({"generate", "--model", test::kModelDir, "--prompt", "hi", "--load-format", "dummy", "--hf-overrides",
                 "{\"num_expert\": 4}"},
                "'num_expert' is not a field of");
+  expect_error({"generate", "--model", test::kModelDir, "--prompt", "hi", "--load-format", "dummy", "--hf-overrides",
+                "{\"num_experts\": 4,}"},
+               "--hf-overrides is not valid JSON");
   auto expect_parse_error = [](const std::vector<std::string>& args, const std::string& text) {
     CliRun r = run_cli(args);
     EXPECT_NE(r.status, 0) << r.err;  // CLI11's exit codes

@@ -180,6 +180,21 @@ TEST(DummyWeights, AreModelRandomOfTheConfigWithItsOverrides) {
             std::string::npos);
   const std::string bad = message(WeightSource{true, {{"num_experts_per_tok", 64}}, 0});
   EXPECT_NE(bad.find("num_experts_per_tok"), std::string::npos) << bad;  // the config's own check, naming the field
+  // The text config's fields under "text_config" (vLLM's form for a multimodal config) are the same overrides.
+  const nlohmann::json nested = {{"text_config", overrides}};
+  EXPECT_EQ(config_with_overrides(test::kModelDir, nested).num_experts, 4);
+  // A folder without a tokenizer fails before any weight is made.
+  const std::filesystem::path bare = std::filesystem::path(::testing::TempDir()) / "flashnext-dummy-no-tokenizer";
+  std::filesystem::create_directories(bare);
+  std::filesystem::copy_file(std::filesystem::path(test::kModelDir) / "config.json", bare / "config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  try {
+    LoadedModel::load(bare.string(), {}, false, WeightSource{true, nullptr, 0});
+    ADD_FAILURE() << "a folder without tokenizer.json loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(bare);
 }
 
 }  // namespace
