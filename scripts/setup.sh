@@ -26,6 +26,7 @@ if command -v ccache >/dev/null 2>&1; then
   args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
 cmake -S . -B "$BUILD_DIR" "${args[@]}" >/dev/null
-# Only the CLI: the tests and benchmarks are built by scripts/test.sh, so the README's first command stays fast.
-cmake --build "$BUILD_DIR" --target flashnext --parallel "$(nproc)"
+# Only the CLI: the tests and benchmarks are built by scripts/test.sh, so the README's first command stays fast. Its
+# progress goes to stderr: the README's first command's stdout is the generated text alone.
+cmake --build "$BUILD_DIR" --target flashnext --parallel "$(nproc)" >&2
 echo "setup: built $BUILD_DIR/flashnext" >&2
