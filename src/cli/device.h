@@ -110,9 +110,8 @@ inline std::string node_fingerprint(const ModelConfig& c, bool load_mtp) {
 inline std::string node_fingerprint(const NodeArgs& nodes, const std::string& dir, bool load_mtp,
                                     const WeightSource& weights = {}) {
   if (nodes.nnodes <= 1) return std::string();
-  if (!weights.dummy) return node_fingerprint(load_config(dir), load_mtp);
   return node_fingerprint(config_with_overrides(dir, weights.hf_overrides), load_mtp) +
-         fmt::format(", dummy weights of seed {}", weights.seed);
+         (weights.dummy ? fmt::format(", dummy weights of seed {}", weights.seed) : std::string());
 }
 
 /// --load-format and --hf-overrides (vLLM's flags) of generate, chat and serve.

@@ -1,25 +1,15 @@
 #include "engine/loaded_model.h"
 
-#include <filesystem>
-#include <fstream>
-
 #include "core/error.h"
 #include "loader/config.h"
 
 namespace flashnext {
 
 ModelConfig config_with_overrides(const std::string& dir, const nlohmann::json& overrides) {
-  const std::string path = (std::filesystem::path(dir) / "config.json").string();
-  if (overrides.is_null()) return load_config(path);
+  if (overrides.is_null()) return load_config(dir);
   FN_CHECK(overrides.is_object(), "--hf-overrides must be a JSON object of config fields, got {}", overrides.dump());
-  std::ifstream in(path);
-  FN_CHECK(in.good(), "{}: cannot open config file", path);
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: not valid JSON ({})", path, e.what());
-  }
+  const std::string path = config_path(dir);
+  nlohmann::json doc = read_config_json(path);
   FN_CHECK(doc.is_object(), "{}: not a JSON object", path);
   const bool nested = doc.contains("text_config") && doc["text_config"].is_object();
   nlohmann::json& text = nested ? doc["text_config"] : doc;

@@ -343,18 +343,25 @@ ModelConfig parse_config(const json& doc, const std::string& source) {
   return c;
 }
 
-ModelConfig load_config(const std::string& path) {
+std::string config_path(const std::string& path) {
   fs::path p = path;
   if (fs::is_directory(p)) p /= "config.json";
+  return p.string();
+}
+
+json read_config_json(const std::string& path) {
+  const std::string p = config_path(path);
   std::ifstream in(p);
-  if (!in) fail("{}: cannot open config file", p.string());
-  json doc;
+  if (!in) fail("{}: cannot open config file", p);
   try {
-    doc = json::parse(in);
+    return json::parse(in);
   } catch (const json::exception& e) {
-    fail("{}: not valid JSON ({})", p.string(), e.what());
+    fail("{}: not valid JSON ({})", p, e.what());
   }
-  return parse_config(doc, p.string());
+}
+
+ModelConfig load_config(const std::string& path) {
+  return parse_config(read_config_json(path), config_path(path));
 }
 
 }  // namespace flashnext

@@ -108,6 +108,12 @@ struct ModelConfig {
 /// and the field on any invalid value or unsupported architecture.
 ModelConfig load_config(const std::string& path);
 
+/// The config.json file that `path` names: `path` itself, or the config.json of a model folder.
+std::string config_path(const std::string& path);
+/// The JSON document of config_path(path), unvalidated (for parse_config after changes, e.g. --hf-overrides).
+/// Throws Error naming the file when it cannot be read or is not valid JSON.
+nlohmann::json read_config_json(const std::string& path);
+
 /// Parses and validates an already-read config.json document; `source` names it in error messages.
 ModelConfig parse_config(const nlohmann::json& doc, const std::string& source);
 

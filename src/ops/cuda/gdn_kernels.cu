@@ -81,7 +81,7 @@ __device__ __forceinline__ void store_conv_state(const T* qkv, int64_t ld, const
 // key head's q and k channels, once every block that reads them has counted. FOLD: conv.w is set (compiled apart, so
 // that the other form keeps its registers).
 // Registers (sm_90): without the fold, 4 blocks an SM as before the epilogues (64 registers, no spill); with it, 2
-// (128 registers, no spill; bounded to 3 it spills 64 bytes), which is why the host folds the conv in only where the
+// (122 registers, no spill; bounded to 3 it spills 64 bytes), which is why the host folds the conv in only where the
 // launch fits one wave (gdn_recurrent_folded_resident_blocks). With the fold, warp 0 computes the row's v conv into
 // shared memory (vs) before the barrier after which every warp reads it.
 static_assert(2 * kGdnMaxDk <= kThreads, "gdn_recurrent_kernel: a thread per q and k element");
