@@ -14,7 +14,7 @@
 #      precisions, and the W4A16 kernel tests); E2E_NCCL=0 skips their second pass through NCCL and the check of
 #      tensor parallelism over two processes (run_nodes below);
 #      OPS_PERF=1 adds the per-op table (bench_ops, both precisions); W4_BENCH=1 the W4A16 expert kernels alone
-#      (bench_moe_w4a16; W4_FILTER: a format name, e.g. nvfp4);
+#      (bench_moe_w4a16; W4_FILTER: a format name, e.g. nvfp4; W4_TOKENS: the token counts, e.g. 8,16,32,64);
 #      OPS_FILTER (a regex of case names) and OPS_PRECISIONS (default "fp16x2 fp16") narrow that table;
 #      E2E_FILTER: a gtest filter that narrows test_cuda_e2e (e.g. '*QuantGpu*'; with it the NCCL pass is not run);
 #      TEST_OPS=0 leaves out the op-case registry runs (test_ops), for a call that checks only the W4A16 kernels and
@@ -265,7 +265,9 @@ if [ "${W4_BENCH:-0}" = 1 ]; then
   # tensor-core GEMV, the FP32-FMA GEMV and the GEMM at 1..4096 tokens, per format.
   for suffix in "${op_bench_suffixes[@]}"; do
     echo "gpu-bench: bench_moe_w4a16$suffix ${W4_FILTER:-}" | tee -a "$S"
-    timeout 300 "$G/bin/bench_moe_w4a16$suffix" ${W4_FILTER:-} >"$OUT/bench-moe-w4a16$suffix.txt" 2>&1 ||
+    w4_args=(${W4_FILTER:-})
+    [ -n "${W4_TOKENS:-}" ] && w4_args=("${W4_FILTER:-}" "$W4_TOKENS")
+    timeout 300 "$G/bin/bench_moe_w4a16$suffix" "${w4_args[@]}" >"$OUT/bench-moe-w4a16$suffix.txt" 2>&1 ||
       echo "gpu-bench: bench_moe_w4a16$suffix failed" | tee -a "$S"
     cat "$OUT/bench-moe-w4a16$suffix.txt" | tee -a "$S"
   done

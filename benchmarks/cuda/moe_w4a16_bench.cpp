@@ -99,9 +99,11 @@ void bench_format(const char* name, W4Format f, int group, int planes = 1) {
     const bool fp8 = f == W4Format::Fp8;
     W4Path chosen = moe_w4a16_auto_path(experts, T, k);
     if (fp8) chosen = chosen == W4Path::Gemv ? W4Path::GemvFma : chosen == W4Path::Gemm ? W4Path::GemmWmma : chosen;
-    for (W4Path path : {W4Path::Gemv, W4Path::GemvFma, W4Path::Gemm, W4Path::GemmWmma}) {
-      if (T >= 1024 && (path == W4Path::Gemv || path == W4Path::GemvFma)) continue;  // 20-110 ms a call
-      if (fp8 && (path == W4Path::Gemv || path == W4Path::Gemm)) continue;  // the same kernels as the next rows
+    for (W4Path path : {W4Path::Gemv, W4Path::GemvGrouped, W4Path::GemvFma, W4Path::Gemm, W4Path::GemmWmma}) {
+      const bool gemv = path == W4Path::Gemv || path == W4Path::GemvGrouped || path == W4Path::GemvFma;
+      if (T >= 1024 && gemv) continue;  // 20-110 ms a call
+      // FP8: the same kernels as other rows (the grouped GEMV falls back to the GEMV, which runs the FP32-FMA one)
+      if (fp8 && (path == W4Path::Gemv || path == W4Path::GemvGrouped || path == W4Path::Gemm)) continue;
       const int iters = T >= 1024 ? 10 : 50;
       const double ms = time_ms(
           [&] {
@@ -116,10 +118,11 @@ void bench_format(const char* name, W4Format f, int group, int planes = 1) {
           "| %s | %d | %s%s | %.0f | %.1f | %.0f GB/s (%.0f%% of 4.3 TB/s, %.0f%% of copy) | %.1f TFLOP/s "
           "(%.1f%% of 990, %.1f%% of 790) |\n",
           name, T,
-          path == W4Path::Gemv      ? "GEMV"
-          : path == W4Path::GemvFma ? "GEMV FMA"
-          : path == W4Path::Gemm    ? "GEMM mma.sync"
-                                    : "GEMM WMMA",
+          path == W4Path::Gemv          ? "GEMV"
+          : path == W4Path::GemvGrouped ? "GEMV grouped"
+          : path == W4Path::GemvFma     ? "GEMV FMA"
+          : path == W4Path::Gemm        ? "GEMM mma.sync"
+                                        : "GEMM WMMA",
           path == chosen ? " (auto)" : "", hit, ms * 1e3, gbs, 100.0 * gbs / kLimitGbs, 100.0 * gbs / g_copy_gbs,
           tflops, 100.0 * tflops / kPeakTflops, 100.0 * tflops / kMeasuredTflops);
       std::fflush(stdout);

@@ -655,6 +655,24 @@ TEST(W4Repack, EveryE4m3WeightIsExact) {
   }
 }
 
+// Auto's choice of the grouped GEMV: where the slots are at least 1.25 times the experts uniform routing touches,
+// E (1 - (1 - k/E)^T) (moe_w4a16.h kW4GroupMinMeanX4), and only where the grouped kernels can run.
+TEST(W4Path, AutoGroupsTheGemvWhereSlotsShareExperts) {
+  // 512 experts, top-10: 16 tokens touch 138.6 (160 slots: 1.15 a touched expert), 24 touch 193.1 (1.24), 32 touch
+  // 239.6 (1.34); 256 experts: 8 tokens touch 69.9 (1.14), 16 touch 120.7 (1.33).
+  EXPECT_EQ(moe_w4a16_pick_path(1, 10, 512, true, true), W4Path::Gemv);
+  EXPECT_EQ(moe_w4a16_pick_path(16, 10, 512, true, true), W4Path::Gemv);
+  EXPECT_EQ(moe_w4a16_pick_path(24, 10, 512, true, true), W4Path::Gemv);
+  EXPECT_EQ(moe_w4a16_pick_path(32, 10, 512, true, true), W4Path::GemvGrouped);
+  EXPECT_EQ(moe_w4a16_pick_path(8, 10, 256, true, true), W4Path::Gemv);
+  EXPECT_EQ(moe_w4a16_pick_path(16, 10, 256, true, true), W4Path::GemvGrouped);
+  EXPECT_EQ(moe_w4a16_pick_path(32, 10, 512, true, false), W4Path::Gemv);    // the grouped kernels cannot run
+  EXPECT_EQ(moe_w4a16_pick_path(32, 10, 512, false, false), W4Path::Gemm);   // FP32-FMA GEMV limits: 320 > 160 slots
+  EXPECT_EQ(moe_w4a16_pick_path(256, 10, 512, true, true), W4Path::Gemm);    // 2,560 slots: past the GEMV's 1,280
+  EXPECT_EQ(moe_w4a16_pick_path(4, 1, 1, true, true), W4Path::Gemm);         // 4 slots of one expert: mean 4 > 2.5
+  EXPECT_EQ(moe_w4a16_pick_path(2, 1, 1, true, true), W4Path::GemvGrouped);  // 2 slots of one expert: 2 >= 1.25
+}
+
 // ------------------------------------------------------------------ kernels vs a CPU loop
 
 struct MoeCase {
@@ -757,15 +775,23 @@ TEST_P(W4Moe, BothPathsMatchReference) {
   MoeW4A16Workspace ws(T, k, E, H, I, P);
   DeviceArray<__half> out(size_t(T) * H, "out");
   DeviceArray<float> out32(size_t(T) * H, "out32");
-  for (W4Path path : {W4Path::Gemv, W4Path::GemvFma, W4Path::Gemm, W4Path::GemmWmma}) {
+  std::vector<float> gemv_out;
+  for (W4Path path : {W4Path::Gemv, W4Path::GemvGrouped, W4Path::GemvFma, W4Path::Gemm, W4Path::GemmWmma}) {
     moe_w4a16_routed(experts, du.get(), H, T, dids.get(), dw.get(), p.shared ? dsh.get() : nullptr, nullptr, out.get(),
                      H, ws, nullptr, path);
     sync();
-    expect_close(host_half(out.get(), size_t(T) * H), ref, 3e-3f, 1e-2f,
-                 path == W4Path::Gemv      ? "GEMV path (tensor cores where the GPU has them)"
-                 : path == W4Path::GemvFma ? "GEMV path, FP32 FMA"
-                 : path == W4Path::Gemm    ? "GEMM path (mma.sync where the GPU has it)"
-                                           : "GEMM path, WMMA");
+    const std::vector<float> got = host_half(out.get(), size_t(T) * H);
+    expect_close(got, ref, 3e-3f, 1e-2f,
+                 path == W4Path::Gemv          ? "GEMV path (tensor cores where the GPU has them)"
+                 : path == W4Path::GemvGrouped ? "grouped GEMV path (the GEMV path where it cannot run)"
+                 : path == W4Path::GemvFma     ? "GEMV path, FP32 FMA"
+                 : path == W4Path::Gemm        ? "GEMM path (mma.sync where the GPU has it)"
+                                               : "GEMM path, WMMA");
+    // The grouped GEMV computes each slot's column as the one-slot GEMV does: the same bits.
+    if (path == W4Path::Gemv) gemv_out = got;
+    if (path == W4Path::GemvGrouped)
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_EQ(got[i], gemv_out[i]) << "grouped GEMV output " << i << " differs from the GEMV's";
   }
   // The shared term written on another stream meanwhile, ready at an event that the routed call waits for.
   cudaStream_t other = nullptr;

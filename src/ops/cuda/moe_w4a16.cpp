@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <string_view>
 #include <type_traits>
 
@@ -569,7 +570,7 @@ MoeW4A16Workspace::MoeW4A16Workspace(int max_tokens_, int top_k_, int experts_, 
       hidden(hidden_),
       inter(inter_),
       planes(planes_),
-      max_tiles((max_tokens_ * top_k_ + detail::kMoeTileM - 1) / detail::kMoeTileM +
+      max_tiles((max_tokens_ * top_k_ + detail::kW4GroupSlots - 1) / detail::kW4GroupSlots +
                 std::min(experts_, max_tokens_ * top_k_)),
       offsets(size_t(experts_) + 1, "moe expert offsets"),
       sorted_slots(size_t(max_tokens_) * top_k_, "moe sorted slots"),
@@ -593,13 +594,18 @@ MoeW4A16Workspace::MoeW4A16Workspace(int max_tokens_, int top_k_, int experts_, 
 }
 
 namespace {
-// FLASHNEXT_CUDA_W4_GEMV=fma (read once): the FP32-FMA GEMV kernels on every GPU, for before/after measurements.
-bool gemv_tensor_cores_allowed() {
-  static const bool allowed = [] {
+// FLASHNEXT_CUDA_W4_GEMV (read once, for before/after measurements): `fma` the FP32-FMA GEMV kernels on every GPU,
+// `grouped` the grouped tensor-core GEMV wherever Auto picks the GEMV and it can run, `ungrouped` never; else unset.
+std::string_view w4_gemv_setting() {
+  static const std::string setting = [] {
     const char* v = std::getenv("FLASHNEXT_CUDA_W4_GEMV");
-    return !(v && std::string_view(v) == "fma");
+    return std::string(v ? v : "");
   }();
-  return allowed;
+  return setting;
+}
+
+bool gemv_tensor_cores_allowed() {
+  return w4_gemv_setting() != "fma";
 }
 
 // FLASHNEXT_CUDA_W4_GEMM=wmma (read once): the WMMA GEMM kernels on every GPU, for before/after measurements.
@@ -617,19 +623,38 @@ bool moe_w4a16_gemv_tensor_cores() {
   return gemv_tensor_cores_allowed() && detail::w4_gemv_tensor_cores_compiled();
 }
 
+namespace {
+// Whether both matrices can run the grouped tensor-core GEMV (W4Path::GemvGrouped) here.
+bool grouped_gemv_runs(const MoeW4A16Experts& w) {
+  return w.gate_up && w.down && gemv_tensor_cores_allowed() && detail::w4_gemv_grouped(w.gate_up->view()) &&
+         detail::w4_gemv_grouped(w.down->view());
+}
+}  // namespace
+
 W4Path moe_w4a16_auto_path(const MoeW4A16Experts& w, int tokens, int top_k) {
   const bool tensor_cores = w.gate_up && w.down && gemv_tensor_cores_allowed() &&
                             detail::w4_gemv_tensor_cores(w.gate_up->view()) &&
                             detail::w4_gemv_tensor_cores(w.down->view());
-  return moe_w4a16_pick_path(tokens, top_k, w.experts, tensor_cores);
+  // Auto groups only where a block's staged rows leave room for several blocks an SM (kW4GroupAutoSmem).
+  const bool grouped = tensor_cores && grouped_gemv_runs(w) && w4_gemv_setting() != "ungrouped" &&
+                       detail::w4_gemv_grouped_smem(w.gate_up->view()) <= kW4GroupAutoSmem &&
+                       detail::w4_gemv_grouped_smem(w.down->view()) <= kW4GroupAutoSmem;
+  const W4Path path = moe_w4a16_pick_path(tokens, top_k, w.experts, tensor_cores, grouped);
+  if (path == W4Path::Gemv && w4_gemv_setting() == "grouped" && grouped_gemv_runs(w)) return W4Path::GemvGrouped;
+  return path;
 }
 
-W4Path moe_w4a16_pick_path(int tokens, int top_k, int experts, bool tensor_core_gemv) {
+W4Path moe_w4a16_pick_path(int tokens, int top_k, int experts, bool tensor_core_gemv, bool grouped_gemv) {
   const int64_t slots = int64_t(tokens) * top_k;
   const int64_t touched = std::max<int64_t>(1, std::min<int64_t>(experts, slots));
   const int64_t max_slots = tensor_core_gemv ? kW4GemvMaxSlots : kW4GemvFmaMaxSlots;
   const int64_t max_mean_x2 = tensor_core_gemv ? kW4GemvMaxMeanX2 : kW4GemvFmaMaxMeanX2;
-  return slots <= max_slots && 2 * slots <= max_mean_x2 * touched ? W4Path::Gemv : W4Path::Gemm;
+  if (!(slots <= max_slots && 2 * slots <= max_mean_x2 * touched)) return W4Path::Gemm;
+  if (!grouped_gemv) return W4Path::Gemv;
+  // The experts uniform routing touches: E * (1 - (1 - k/E)^tokens).
+  const double e = double(std::max(1, experts)), hit = std::min(1.0, double(top_k) / e);
+  const double expected = e * (1.0 - std::pow(1.0 - hit, double(tokens)));
+  return 4.0 * double(slots) >= double(kW4GroupMinMeanX4) * expected ? W4Path::GemvGrouped : W4Path::Gemv;
 }
 
 namespace {
@@ -665,8 +690,10 @@ void routed(const MoeW4A16Experts& w, const TU* u, int64_t ldu, int tokens, cons
   FN_CHECK(u && ids && weights && out, "moe_w4a16_routed: null pointer");
   const int slots = tokens * ws.top_k;
   if (path == W4Path::Auto) path = moe_w4a16_auto_path(w, tokens, ws.top_k);
+  if (path == W4Path::GemvGrouped && !grouped_gemv_runs(w)) path = W4Path::Gemv;
   if constexpr (f32_in) {
-    FN_CHECK(P == 1 && path == W4Path::Gemv && gemv_tensor_cores_allowed() && detail::w4_gemv_tensor_cores(gu),
+    FN_CHECK(P == 1 && (path == W4Path::Gemv || path == W4Path::GemvGrouped) && gemv_tensor_cores_allowed() &&
+                 detail::w4_gemv_tensor_cores(gu),
              "moe_w4a16_routed: FP32 activations are taken by the tensor-core GEMV only (moe_w4a16_routed_takes_f32)");
   } else if (P == 2) {  // two planes: the products read [u, u] and [h, h] (the planes' inputs side by side)
     FN_CUDA_CHECK(detail::launch_repeat_cols_f16(u, ldu, tokens, H, 2, ws.u2.get(), stream),
@@ -702,12 +729,35 @@ void routed(const MoeW4A16Experts& w, const TU* u, int64_t ldu, int tokens, cons
         "moe_w4a16_routed gemv down");
     return;
   }
-  if constexpr (!f32_in) {  // (FP32 activations were refused above)
-    const bool mma = path != W4Path::GemmWmma && gemm_mma_allowed();
+  const auto align = [&](int tile_m) {
     FN_CUDA_CHECK(
-        detail::launch_w4_align(ids, slots, E, ws.offsets.get(), ws.sorted_slots.get(), ws.slot_row.get(),
+        detail::launch_w4_align(ids, slots, E, tile_m, ws.offsets.get(), ws.sorted_slots.get(), ws.slot_row.get(),
                                 ws.tile_expert.get(), ws.tile_row.get(), ws.num_tiles.get(), ws.status.get(), stream),
         "moe_w4a16_routed align");
+  };
+  const auto combine = [&] {
+    wait_for_shared();
+    FN_CUDA_CHECK(
+        detail::launch_moe_combine(ws.ys.get(), ws.slot_row.get(), tokens, ws.top_k, H, shared, out, ldo, stream),
+        "moe_w4a16_routed combine");
+  };
+  if (path == W4Path::GemvGrouped) {  // grouping, then the GEMVs over tiles of up to kW4GroupSlots slots, combine
+    align(detail::kW4GroupSlots);
+    const detail::W4Tiles tiles{ws.offsets.get(), ws.sorted_slots.get(), ws.tile_expert.get(), ws.tile_row.get(),
+                                ws.num_tiles.get()};
+    const int max_tiles = int(ceil_div(slots, detail::kW4GroupSlots)) + std::min(E, slots);
+    FN_CUDA_CHECK(detail::launch_w4_gemv_grouped_gate_up(gu, u, ldu, tiles, max_tiles, ws.top_k, I, ws.h.get(), stream),
+                  "moe_w4a16_routed grouped gemv gate_up");
+    repeat_h();
+    FN_CUDA_CHECK(
+        detail::launch_w4_gemv_grouped_down(dn, hin, tiles, max_tiles, weights, H, P * I, ws.ys.get(), stream),
+        "moe_w4a16_routed grouped gemv down");
+    combine();
+    return;
+  }
+  if constexpr (!f32_in) {  // (FP32 activations were refused above)
+    const bool mma = path != W4Path::GemmWmma && gemm_mma_allowed();
+    align(detail::kW4TileM);
     const int max_tiles = int(ceil_div(slots, detail::kW4TileM)) + std::min(E, slots);
     FN_CUDA_CHECK(detail::launch_w4_gemm_gate_up(gu, u, ldu, ws.top_k, I, ws.offsets.get(), ws.sorted_slots.get(),
                                                  ws.tile_expert.get(), ws.tile_row.get(), ws.num_tiles.get(), max_tiles,
@@ -718,10 +768,7 @@ void routed(const MoeW4A16Experts& w, const TU* u, int64_t ldu, int tokens, cons
                                               ws.tile_expert.get(), ws.tile_row.get(), ws.num_tiles.get(), max_tiles,
                                               ws.ys.get(), mma && detail::w4_gemm_tensor_cores(dn), stream),
                   "moe_w4a16_routed gemm down");
-    wait_for_shared();
-    FN_CUDA_CHECK(
-        detail::launch_moe_combine(ws.ys.get(), ws.slot_row.get(), tokens, ws.top_k, H, shared, out, ldo, stream),
-        "moe_w4a16_routed combine");
+    combine();
   }
 }
 
@@ -740,7 +787,8 @@ void moe_w4a16_routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, in
 }
 
 bool moe_w4a16_routed_takes_f32(const MoeW4A16Experts& w, int tokens, int top_k) {
-  return w.gate_up && w.down && w.planes == 1 && moe_w4a16_auto_path(w, tokens, top_k) == W4Path::Gemv &&
+  const W4Path path = w.gate_up && w.down ? moe_w4a16_auto_path(w, tokens, top_k) : W4Path::Gemm;
+  return w.gate_up && w.down && w.planes == 1 && (path == W4Path::Gemv || path == W4Path::GemvGrouped) &&
          gemv_tensor_cores_allowed() && detail::w4_gemv_tensor_cores(w.gate_up->view());
 }
 

@@ -271,7 +271,8 @@ struct MoeW4A16Experts {
 };
 
 /// Scratch for moe_w4a16_routed, for up to max_tokens tokens with top_k slots each: the grouping of slots by expert
-/// (offsets [E+1], sorted_slots / slot_row [max_tokens*top_k], GEMM tiles [max_tiles], num_tiles, the expert-id
+/// (offsets [E+1], sorted_slots / slot_row [max_tokens*top_k], tiles [max_tiles] of the GEMM or of the grouped GEMV
+/// (ceil(slots / detail::kW4GroupSlots) + min(E, slots), the most either takes), num_tiles, the expert-id
 /// status word), the activations h [slots, I] and expert outputs ys [slots, H] (FP16), the GEMV path's
 /// completion counters `done` [max_tokens, detail::w4_gemv_down_row_blocks(hidden, 2 * inter)] (zero between
 /// calls), and for experts of two planes the repeated inputs u2 [max_tokens, 2H] and h2 [slots, 2I].
@@ -287,10 +288,13 @@ class MoeW4A16Workspace {
 /// Which kernels compute the experts: GEMV (per token slot; for few tokens per expert) or the GEMM (64-slot tiles over
 /// the slots grouped by expert; prefill). Auto picks per launch, without a device round trip. Gemv runs the
 /// tensor-core GEMV where detail::w4_gemv_tensor_cores allows it and FLASHNEXT_CUDA_W4_GEMV is not `fma`, else the
-/// FP32-FMA GEMV (a lane group per 1-2 outputs, every GPU); GemvFma forces the latter (tests, benchmarks). Gemm runs
-/// the mma.sync GEMM where detail::w4_gemm_tensor_cores allows it and FLASHNEXT_CUDA_W4_GEMM is not `wmma`, else the
-/// WMMA GEMM (every GPU); GemmWmma forces the latter.
-enum class W4Path : uint8_t { Auto, Gemv, GemvFma, Gemm, GemmWmma };
+/// FP32-FMA GEMV (a lane group per 1-2 outputs, every GPU); GemvFma forces the latter (tests, benchmarks).
+/// GemvGrouped groups the slots by expert first and runs the tensor-core GEMV with up to kW4GroupSlots slots of one
+/// expert as the MMA's columns (each expert's weights read once per 8 of its slots instead of once per slot; four
+/// launches: grouping, gate/up, down, combine), bit for bit Gemv's result; where detail::w4_gemv_grouped does not
+/// allow it, Gemv runs. Gemm runs the mma.sync GEMM where detail::w4_gemm_tensor_cores allows it and
+/// FLASHNEXT_CUDA_W4_GEMM is not `wmma`, else the WMMA GEMM (every GPU); GemmWmma forces the latter.
+enum class W4Path : uint8_t { Auto, Gemv, GemvFma, Gemm, GemmWmma, GemvGrouped };
 
 /// Auto's choice: GEMV when there are at most kW4GemvMaxSlots slots (tokens * top_k) and the mean number of slots
 /// per touched expert, tokens * top_k / min(E, tokens * top_k), is at most kW4GemvMaxMeanX2 / 2; else the GEMM; where
@@ -301,14 +305,24 @@ enum class W4Path : uint8_t { Auto, Gemv, GemvFma, Gemm, GemmWmma };
 /// 1,151 and 1,413 / 1,509 at 128 (2.5 slots an expert), 2,258 / 1,277 and 2,783 / 1,638 at 256; FP32-FMA GEMV /
 /// WMMA GEMM 548 / 865 and 890 / 825 at 32 tokens, 1,042 / 1,267 and 1,687 / 1,188 at 64 (the H200's 2026-11-30
 /// figures put that crossover at 16-64 tokens: the Fma limits).
+/// Where the GEMV is picked and the grouped tensor-core GEMV can run (grouped_gemv), Auto takes GemvGrouped when the
+/// slots are at least kW4GroupMinMeanX4 / 4 times the experts uniform routing touches, E * (1 - (1 - k/E)^tokens)
+/// (the weights it reads fewer times than the per-slot GEMV; its grouping and combine launches cost about two small
+/// kernels). moe_w4a16_auto_path passes grouped_gemv only where a grouped block's shared memory is at most
+/// kW4GroupAutoSmem bytes (46 KB + 3 KB at the released hidden 2,560: 4 blocks an SM of an H100; wider rows would
+/// leave 1-2), and FLASHNEXT_CUDA_W4_GEMV=grouped makes it take the grouped GEMV wherever the GEMV is picked and it
+/// can run, =ungrouped never (read once; for before/after measurements).
 constexpr int kW4GemvMaxMeanX2 = 5;
 constexpr int kW4GemvMaxSlots = 1280;
 constexpr int kW4GemvFmaMaxMeanX2 = 4;
 constexpr int kW4GemvFmaMaxSlots = 160;
-W4Path moe_w4a16_pick_path(int tokens, int top_k, int experts, bool tensor_core_gemv);
+constexpr int kW4GroupMinMeanX4 = 5;
+constexpr size_t kW4GroupAutoSmem = 64 * 1024;
+W4Path moe_w4a16_pick_path(int tokens, int top_k, int experts, bool tensor_core_gemv, bool grouped_gemv = false);
 struct MoeW4A16Experts;
 /// What W4Path::Auto runs for these experts: moe_w4a16_pick_path with whether both matrices' GEMVs would run on the
-/// tensor cores (moe_w4a16_gemv_tensor_cores and detail::w4_gemv_tensor_cores of each).
+/// tensor cores (moe_w4a16_gemv_tensor_cores and detail::w4_gemv_tensor_cores of each) and whether the grouped GEMV
+/// can (detail::w4_gemv_grouped of each).
 W4Path moe_w4a16_auto_path(const MoeW4A16Experts& w, int tokens, int top_k);
 /// Whether W4Path::Gemv runs the tensor-core GEMV on the current device for NVFP4 and int4 groups of 32k inputs
 /// (compiled for it and not turned off by FLASHNEXT_CUDA_W4_GEMV=fma), rather than the FP32-FMA one.
@@ -329,7 +343,7 @@ void moe_w4a16_routed(const MoeW4A16Experts& w, const __half* u, int64_t ldu, in
                       MoeW4A16Workspace& ws, cudaStream_t stream, W4Path path = W4Path::Auto);
 
 /// Whether moe_w4a16_routed takes FP32 activations for `tokens` tokens here: where Auto picks the tensor-core GEMV
-/// (decode) for one plane, whose gate/up kernel rounds them to FP16 as it stages them.
+/// (decode; grouped or not) for one plane, whose gate/up kernels round them to FP16 as they stage them.
 bool moe_w4a16_routed_takes_f32(const MoeW4A16Experts& w, int tokens, int top_k);
 /// moe_w4a16_routed (W4Path::Auto) with FP32 activations u [tokens, H] (row stride ldu a multiple of 8, rows 16-byte
 /// aligned): the same result as on an FP16 copy of u, without making the copy. Throws Error where

@@ -101,7 +101,7 @@ __device__ __forceinline__ void warp_inclusive_scan2(int& a, int& b, int lane) {
 // scattered into their expert's rows by atomics (the order inside an expert does not change any result: each
 // sorted row is computed on its own and the combine sums in slot order).
 __global__ void __launch_bounds__(kMoeMaxExperts)
-    w4_align_kernel(const int32_t* __restrict__ ids, int slots, int experts, int32_t* __restrict__ offsets,
+    w4_align_kernel(const int32_t* __restrict__ ids, int slots, int experts, int tile_m, int32_t* __restrict__ offsets,
                     int32_t* __restrict__ sorted_slots, int32_t* __restrict__ slot_row,
                     int32_t* __restrict__ tile_expert, int32_t* __restrict__ tile_row, int32_t* __restrict__ num_tiles,
                     int32_t* __restrict__ status) {
@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(kMoeMaxExperts)
       atomicOr(status, 1);
   }
   __syncthreads();
-  const int c = e < experts ? count[e] : 0, nt = (c + kW4TileM - 1) / kW4TileM;
+  const int c = e < experts ? count[e] : 0, nt = (c + tile_m - 1) / tile_m;
   int rows = c, tiles = nt;
   warp_inclusive_scan2(rows, tiles, lane);
   if (lane == 31) {
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kMoeMaxExperts)
     count[e] = off;  // now the scatter cursor
     for (int i = 0; i < nt; ++i) {
       tile_expert[ts + i] = e;
-      tile_row[ts + i] = off + i * kW4TileM;
+      tile_row[ts + i] = off + i * tile_m;
     }
     if (e == experts - 1) {
       offsets[experts] = off + c;
@@ -608,23 +608,26 @@ struct W4MmaX {
   }
 };
 
-// The block's rows times x: TILES tiles of 16 rows, kW4MmaWarps / TILES warps per tile splitting its super-chunks
-// (warp k of a tile takes k, k + split, ...). This lane's rows are row_lo (tile row g) and row_hi (g + 8); xr holds
-// x's first words (W4MmaX::load), xs is the shared staging buffer (w4_mma_smem). The FP32 sums, added over the
-// tile's warps in warp order, land in sums[tile * 16 + r] (shared memory; NVFP4: times 2^-14). Every thread of the
-// block calls it (barriers inside).
-template <bool NVFP4, int TILES, class TX>
-__device__ __forceinline__ void w4_mma_block(const W4Mat& w, int64_t row_lo, int64_t row_hi, const TX* __restrict__ x,
-                                             const W4MmaX<TX>& xr, uint4* xs, float* sums) {
+// The block's rows times the staged activations: TILES tiles of 16 rows, kW4MmaWarps / TILES warps per tile
+// splitting its super-chunks (warp k of a tile takes k, k + split, ...). This lane's rows are row_lo (tile row g) and
+// row_hi (g + 8). stage() stages the activations into shared memory and ends with a block barrier; it runs once the
+// first kW4MmaDepth super-chunks' codes are in flight. xs: the staged activations of this lane's MMA column g (the
+// B operand; COLS 1: one vector in every column, so lane g's xs is the block's; COLS kW4GroupSlots: column g is slot
+// g's vector). The FP32 sums, added over the tile's warps in warp order, land in sums[(tile * 16 + r) * COLS + col]
+// (shared memory; NVFP4: times 2^-14). Every thread of the block calls it (barriers inside).
+template <bool NVFP4, int TILES, int COLS, class Stage>
+__device__ __forceinline__ void w4_mma_block(const W4Mat& w, int64_t row_lo, int64_t row_hi, Stage&& stage,
+                                             const uint4* xs, float* sums) {
+  static_assert(COLS == 1 || COLS == kW4GroupSlots, "one vector, or one slot an MMA column");
   constexpr int kSplit = kW4MmaWarps / TILES, D = kW4MmaDepth;
-  __shared__ float part[kW4MmaWarps][16];
+  __shared__ float part[kW4MmaWarps][16][COLS];
   const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5, t = lane & 3, g = lane >> 2;
   const int chunks = (w.cols / 8 + 3) / 4, supers = w4_mma_supers(w.cols);
   const int j0 = warp % kSplit;
   W4MmaStage st[D + 1];  // codes in flight before the activations are staged
 #pragma unroll
   for (int i = 0; i < D; ++i) st[i] = w4_mma_load<NVFP4>(w, row_lo, row_hi, 4 * (j0 + i * kSplit) + t, chunks);
-  xr.store(x, w.cols, supers, xs);
+  stage();
   float d[4] = {0.f, 0.f, 0.f, 0.f}, e[4] = {0.f, 0.f, 0.f, 0.f};  // two independent MMA chains
   // A ring of D + 1 stages unrolled D + 1 times, so that no stage is copied (a copy would wait for its loads): step r
   // refills the slot step r - 1 computed with the super-chunk D ahead, then computes slot r.
@@ -635,17 +638,24 @@ __device__ __forceinline__ void w4_mma_block(const W4Mat& w, int64_t row_lo, int
       if (j + r * kSplit < supers) w4_mma_chunk<NVFP4>(st[r], xs, 4 * (j + r * kSplit) + t, d, e);
     }
   }
-  if (t == 0) {
-    part[warp][g] = d[0] + e[0];
-    part[warp][8 + g] = d[2] + e[2];
+  if constexpr (COLS == 1) {  // every column holds the same sums: column 0's
+    if (t == 0) {
+      part[warp][g][0] = d[0] + e[0];
+      part[warp][8 + g][0] = d[2] + e[2];
+    }
+  } else {  // D fragment: rows g and g + 8, columns 2t and 2t + 1
+    part[warp][g][2 * t] = d[0] + e[0];
+    part[warp][g][2 * t + 1] = d[1] + e[1];
+    part[warp][8 + g][2 * t] = d[2] + e[2];
+    part[warp][8 + g][2 * t + 1] = d[3] + e[3];
   }
   __syncthreads();
-  if (threadIdx.x < TILES * 16) {
-    const int tile = int(threadIdx.x) / 16, r = int(threadIdx.x) % 16;
+  for (int q = int(threadIdx.x); q < TILES * 16 * COLS; q += int(blockDim.x)) {
+    const int tile = q / (16 * COLS), rc = q % (16 * COLS);
     float s = 0.f;
 #pragma unroll
-    for (int k = 0; k < kSplit; ++k) s += part[tile * kSplit + k][r];
-    sums[threadIdx.x] = s;
+    for (int k = 0; k < kSplit; ++k) s += part[tile * kSplit + k][rc / COLS][rc % COLS];
+    sums[q] = s;
   }
   __syncthreads();
 }
@@ -687,7 +697,8 @@ __global__ void __launch_bounds__(kW4MmaWarps * 32, kW4MmaMinBlocks)
     gg = w.global[base + nn];
     gu = w.global[base + inter + nn];
   }
-  w4_mma_block<NVFP4, 1>(w, base + n, base + inter + n, x, xr, xs, sums);
+  w4_mma_block<NVFP4, 1, 1>(
+      w, base + n, base + inter + n, [&] { xr.store(x, w.cols, supers, xs); }, xs, sums);
   if (out_lane) {
     const float k = NVFP4 ? kNvfp4GemvScale : 1.f;
     const float gv = apply_global(sums[threadIdx.x] * k, gg, w.divide);
@@ -727,8 +738,9 @@ __global__ void __launch_bounds__(kW4MmaWarps * 32, kW4MmaMinBlocks)
       gn = w.global[base + n];
       ws = weights[s];
     }
-    w4_mma_block<NVFP4, kW4MmaDownTiles>(w, base + min(tile0 + g, hidden - 1), base + min(tile0 + 8 + g, hidden - 1), x,
-                                         xr, xs, sums);
+    w4_mma_block<NVFP4, kW4MmaDownTiles, 1>(
+        w, base + min(tile0 + g, hidden - 1), base + min(tile0 + 8 + g, hidden - 1),
+        [&] { xr.store(x, w.cols, w4_mma_supers(w.cols), xs); }, xs, sums);
     if (out_lane) {
       const float k = NVFP4 ? kNvfp4GemvScale : 1.f;
       ys[int64_t(s) * hidden + n] = to_h(apply_global(sums[threadIdx.x] * k, gn, w.divide) * ws);
@@ -755,6 +767,152 @@ FN_W4_GEMV_MMA_DOWN(true, float)
 FN_W4_GEMV_MMA_DOWN(false, __half)
 FN_W4_GEMV_MMA_DOWN(false, float)
 #undef FN_W4_GEMV_MMA_DOWN
+
+// ---------------------------------------------------------------- grouped tensor-core GEMV (decode, several tokens)
+// The tensor-core GEMV above puts one activation vector in all 8 columns of the MMA, so every slot reads its expert's
+// weights itself. Here the slots are grouped by expert first (launch_w4_align, tiles of kW4GroupSlots sorted rows)
+// and column g of the MMA is the tile's slot g: a block reads its rows' codes once for up to 8 slots. The A operand,
+// the k order, the split over warps and every sum are those of the one-slot kernels, and an MMA column's sums do not
+// depend on the other columns, so each slot's values are bit for bit the one-slot kernels'. Lanes of a column past
+// the tile's slots read slot n - 1's activations (their sums are not stored).
+
+// Shared-memory stride of one staged slot in 16-byte words: whole padded super-chunks (w4_mma_smem), rounded up to
+// 2 mod 8, so that the two slots a quarter-warp's 16-byte loads read (lanes g = 2m, 2m + 1) fall in different banks.
+__host__ __device__ constexpr int w4_group_stride(int cols) {
+  return w4_mma_supers(cols) * 18 + (10 - w4_mma_supers(cols) * 18 % 8) % 8;
+}
+// Dynamic shared memory of the grouped kernels: kW4GroupSlots staged rows.
+constexpr size_t w4_group_smem(int cols) {
+  return size_t(kW4GroupSlots) * size_t(w4_group_stride(cols)) * sizeof(uint4);
+}
+// Static shared memory of the grouped kernels, at most (w4_mma_block's partial sums and the down kernel's sums).
+constexpr size_t kW4GroupStaticSmem =
+    sizeof(float) * (kW4MmaWarps * 16 * kW4GroupSlots + 16 * kW4MmaDownTiles * kW4GroupSlots) +
+    sizeof(void*) * kW4GroupSlots;
+
+// Stages the activation rows of a tile's n slots (1 <= n <= kW4GroupSlots; rows[j], in shared memory, is slot j's,
+// written before the call: the barrier at the start orders them) into xs, slot j at xs + j * w4_group_stride(cols),
+// each as W4MmaX stages one vector (FP16 words, FP32 rounded to FP16, zero past the row up to whole super-chunks),
+// then a block barrier. Each thread issues kBatch words' loads before it stores them.
+template <class TX>
+__device__ __forceinline__ void w4_group_stage(const TX* const* rows, int n, int cols, uint4* xs) {
+  constexpr int V = W4MmaX<TX>::kVecs, kBatch = 8 / V;  // 16-byte loads a word; words in flight a thread
+  const int words = cols / 8, per = w4_mma_supers(cols) * 16, stride = w4_group_stride(cols), total = n * per;
+  __syncthreads();
+  for (int i0 = int(threadIdx.x); i0 < total; i0 += kBatch * int(blockDim.x)) {
+    uint4 raw[kBatch][V];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = i0 + b * int(blockDim.x), j = i / per, k = i % per;
+      const bool in = i < total && k < words;
+#pragma unroll
+      for (int q = 0; q < V; ++q)
+        raw[b][q] = in ? __ldg(reinterpret_cast<const uint4*>(rows[j]) + int64_t(k) * V + q) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = i0 + b * int(blockDim.x);
+      if (i < total) xs[(i / per) * stride + w4_mma_xs_index(i % per)] = W4MmaX<TX>::f16_word(raw[b]);
+    }
+  }
+  __syncthreads();
+}
+
+// Block (i, y): tile i (expert e, sorted rows r0 .. r0 + n - 1), gate rows y*8 .. y*8+7 and the matching up rows as
+// one 16-row tile (tile rows 0-7 gate, 8-15 up), all kW4MmaWarps warps on it, the n slots as the MMA's columns.
+// h[r0 + j, n] = fp16(silu(G(g)) * G(u)) of slot j. TU: the activations' type.
+template <bool NVFP4, class TU>
+__global__ void __launch_bounds__(kW4MmaWarps * 32)
+    w4_gemv_mma_grouped_gate_up_kernel(W4Mat w, const TU* __restrict__ u, int64_t ldu, W4Tiles tiles, int top_k,
+                                       int inter, __half* __restrict__ h) {
+  pdl_begin();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  extern __shared__ uint4 xs[];
+  __shared__ float sums[16 * kW4GroupSlots];
+  const int i = int(blockIdx.x);
+  if (i >= *tiles.num_tiles) return;  // uniform over the block
+  const int e = tiles.tile_expert[i], r0 = tiles.tile_row[i];
+  const int n = min(kW4GroupSlots, tiles.offsets[e + 1] - r0);
+  __shared__ const TU* rows[kW4GroupSlots];  // the tile's slots' activation rows (read by w4_group_stage)
+  if (int(threadIdx.x) < n) rows[threadIdx.x] = u + int64_t(tiles.sorted_slots[r0 + int(threadIdx.x)] / top_k) * ldu;
+  const int g = (int(threadIdx.x) & 31) >> 2, n0 = int(blockIdx.y) * 8;
+  const int64_t base = int64_t(e) * w.rows;
+  const int nr = min(n0 + g, inter - 1);
+  // Output thread q < 64: slot j = q / 8 of the tile, row n0 + q % 8; its row multipliers loaded ahead.
+  const int oj = int(threadIdx.x) / 8, orow = int(threadIdx.x) % 8, on = n0 + orow;
+  const bool out_lane = threadIdx.x < 8 * kW4GroupSlots && oj < n && on < inter;
+  float gg = 0.f, gu = 0.f;
+  if (out_lane) {
+    gg = w.global[base + on];
+    gu = w.global[base + inter + on];
+  }
+  w4_mma_block<NVFP4, 1, kW4GroupSlots>(
+      w, base + nr, base + inter + nr, [&] { w4_group_stage<TU>(rows, n, w.cols, xs); },
+      xs + min(g, n - 1) * w4_group_stride(w.cols), sums);
+  if (out_lane) {
+    const float k = NVFP4 ? kNvfp4GemvScale : 1.f;
+    const float gv = apply_global(sums[orow * kW4GroupSlots + oj] * k, gg, w.divide);
+    const float uv = apply_global(sums[(8 + orow) * kW4GroupSlots + oj] * k, gu, w.divide);
+    h[int64_t(r0 + oj) * inter + on] = to_h(siluf_(gv) * uv);
+  }
+#endif
+}
+
+// Block (i, y): tile i (expert e, sorted rows r0 .. r0 + n - 1), rows y * 16 * kW4MmaDownTiles .. (kW4MmaDownTiles
+// tiles, kW4MmaWarps / kW4MmaDownTiles warps each), the n slots' h rows as the MMA's columns:
+// ys[r0 + j, n] = fp16(weights[slot j] * G(y)).
+template <bool NVFP4>
+__global__ void __launch_bounds__(kW4MmaWarps * 32)
+    w4_gemv_mma_grouped_down_kernel(W4Mat w, const __half* __restrict__ h, W4Tiles tiles,
+                                    const float* __restrict__ weights, int hidden, int inter, __half* __restrict__ ys) {
+  pdl_begin();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int kRows = 16 * kW4MmaDownTiles, kOuts = kRows * kW4GroupSlots / (kW4MmaWarps * 32);
+  static_assert(kOuts * kW4MmaWarps * 32 == kRows * kW4GroupSlots, "whole outputs a thread");
+  extern __shared__ uint4 xs[];
+  __shared__ float sums[kRows * kW4GroupSlots];
+  const int i = int(blockIdx.x);
+  if (i >= *tiles.num_tiles) return;  // uniform over the block
+  const int e = tiles.tile_expert[i], r0 = tiles.tile_row[i];
+  const int n = min(kW4GroupSlots, tiles.offsets[e + 1] - r0);
+  __shared__ const __half* rows[kW4GroupSlots];  // the tile's h rows (read by w4_group_stage)
+  if (int(threadIdx.x) < n) rows[threadIdx.x] = h + int64_t(r0 + int(threadIdx.x)) * inter;
+  const int warp = int(threadIdx.x) >> 5, g = (int(threadIdx.x) & 31) >> 2;
+  const int rb = int(blockIdx.y) * kRows, tile0 = rb + (warp / (kW4MmaWarps / kW4MmaDownTiles)) * 16;
+  const int64_t base = int64_t(e) * w.rows;
+  // Output q = threadIdx.x + o * blockDim.x: row rb + q / kW4GroupSlots, slot q % kW4GroupSlots; its row multiplier
+  // and routing weight loaded ahead.
+  float gn[kOuts], ws[kOuts];
+#pragma unroll
+  for (int o = 0; o < kOuts; ++o) {
+    const int q = int(threadIdx.x) + o * kW4MmaWarps * 32, row = rb + q / kW4GroupSlots, j = q % kW4GroupSlots;
+    const bool out = j < n && row < hidden;
+    gn[o] = out ? w.global[base + row] : 0.f;
+    ws[o] = out ? weights[tiles.sorted_slots[r0 + j]] : 0.f;
+  }
+  w4_mma_block<NVFP4, kW4MmaDownTiles, kW4GroupSlots>(
+      w, base + min(tile0 + g, hidden - 1), base + min(tile0 + 8 + g, hidden - 1),
+      [&] { w4_group_stage<__half>(rows, n, w.cols, xs); }, xs + min(g, n - 1) * w4_group_stride(w.cols), sums);
+  const float k = NVFP4 ? kNvfp4GemvScale : 1.f;
+#pragma unroll
+  for (int o = 0; o < kOuts; ++o) {
+    const int q = int(threadIdx.x) + o * kW4MmaWarps * 32, row = rb + q / kW4GroupSlots, j = q % kW4GroupSlots;
+    if (j < n && row < hidden)
+      ys[int64_t(r0 + j) * hidden + row] = to_h(apply_global(sums[q] * k, gn[o], w.divide) * ws[o]);
+  }
+#endif
+}
+
+#define FN_W4_GEMV_MMA_GROUPED(NV)                                                                                     \
+  template __global__ void w4_gemv_mma_grouped_gate_up_kernel<NV, __half>(W4Mat, const __half*, int64_t, W4Tiles, int, \
+                                                                          int, __half*);                               \
+  template __global__ void w4_gemv_mma_grouped_gate_up_kernel<NV, float>(W4Mat, const float*, int64_t, W4Tiles, int,   \
+                                                                         int, __half*);                                \
+  template __global__ void w4_gemv_mma_grouped_down_kernel<NV>(W4Mat, const __half*, W4Tiles, const float*, int, int,  \
+                                                               __half*);
+FN_W4_GEMV_MMA_GROUPED(true)
+FN_W4_GEMV_MMA_GROUPED(false)
+#undef FN_W4_GEMV_MMA_GROUPED
 
 // ---------------------------------------------------------------- tensor-core path (prefill)
 
@@ -1193,10 +1351,11 @@ __global__ void repeat_cols_f16_kernel(const __half* __restrict__ src, int64_t l
 }  // namespace
 
 #ifndef __CUDACC_RTC__  // host launchers (NVRTC, used by the SM70 check, compiles device code only)
-cudaError_t launch_w4_align(const int32_t* ids, int slots, int experts, int32_t* offsets, int32_t* sorted_slots,
-                            int32_t* slot_row, int32_t* tile_expert, int32_t* tile_row, int32_t* num_tiles,
-                            int32_t* status, cudaStream_t stream) {
-  launch(w4_align_kernel, 1, kMoeMaxExperts, 0, stream, ids, slots, experts, offsets, sorted_slots, slot_row,
+cudaError_t launch_w4_align(const int32_t* ids, int slots, int experts, int tile_m, int32_t* offsets,
+                            int32_t* sorted_slots, int32_t* slot_row, int32_t* tile_expert, int32_t* tile_row,
+                            int32_t* num_tiles, int32_t* status, cudaStream_t stream) {
+  if (tile_m < 1) return cudaErrorInvalidValue;
+  launch(w4_align_kernel, 1, kMoeMaxExperts, 0, stream, ids, slots, experts, tile_m, offsets, sorted_slots, slot_row,
          tile_expert, tile_row, num_tiles, status);
   return cudaGetLastError();
 }
@@ -1280,6 +1439,61 @@ template cudaError_t launch_w4_gemv_down<__half>(const W4Mat&, const __half*, co
 template cudaError_t launch_w4_gemv_down<float>(const W4Mat&, const __half*, const int32_t*, const float*, int, int,
                                                 int, int, int, __half*, int32_t*, const float*, float*, int64_t, bool,
                                                 cudaStream_t);
+
+bool w4_gemv_grouped(const W4Mat& w) {
+  if (!w4_gemv_tensor_cores(w)) return false;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  thread_local std::map<int, int> optin;  // per device: the opt-in shared memory a block may have
+  const auto [it, added] = optin.try_emplace(device, 0);
+  if (added && cudaDeviceGetAttribute(&it->second, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
+    it->second = 0;
+  return w4_gemv_grouped_smem(w) <= size_t(it->second);
+}
+
+size_t w4_gemv_grouped_smem(const W4Mat& w) {
+  return w4_group_smem(w.cols) + kW4GroupStaticSmem;
+}
+
+namespace {
+// The grouped kernels' launch: their dynamic shared memory granted first where it passes the 48 KB default.
+template <class... KArgs, class... Args>
+cudaError_t launch_grouped(void (*kernel)(KArgs...), dim3 grid, size_t smem, cudaStream_t stream, Args&&... args) {
+  if (smem + kW4GroupStaticSmem > 48 * 1024) {
+    const cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
+    if (err != cudaSuccess) return err;
+  }
+  launch(kernel, grid, kW4MmaWarps * 32, smem, stream, std::forward<Args>(args)...);
+  return cudaGetLastError();
+}
+}  // namespace
+
+cudaError_t launch_w4_gemv_grouped_gate_up(const W4Mat& w, const __half* u, int64_t ldu, const W4Tiles& tiles,
+                                           int max_tiles, int top_k, int inter, __half* h, cudaStream_t stream) {
+  if (max_tiles == 0) return cudaSuccess;
+  const dim3 grid(max_tiles, (inter + 7) / 8);
+  return launch_grouped(
+      w.nvfp4 ? w4_gemv_mma_grouped_gate_up_kernel<true, __half> : w4_gemv_mma_grouped_gate_up_kernel<false, __half>,
+      grid, w4_group_smem(w.cols), stream, w, u, ldu, tiles, top_k, inter, h);
+}
+
+cudaError_t launch_w4_gemv_grouped_gate_up(const W4Mat& w, const float* u, int64_t ldu, const W4Tiles& tiles,
+                                           int max_tiles, int top_k, int inter, __half* h, cudaStream_t stream) {
+  if (max_tiles == 0) return cudaSuccess;
+  if (ldu % 4 != 0 || reinterpret_cast<uintptr_t>(u) % 16 != 0) return cudaErrorInvalidValue;
+  const dim3 grid(max_tiles, (inter + 7) / 8);
+  return launch_grouped(
+      w.nvfp4 ? w4_gemv_mma_grouped_gate_up_kernel<true, float> : w4_gemv_mma_grouped_gate_up_kernel<false, float>,
+      grid, w4_group_smem(w.cols), stream, w, u, ldu, tiles, top_k, inter, h);
+}
+
+cudaError_t launch_w4_gemv_grouped_down(const W4Mat& w, const __half* h, const W4Tiles& tiles, int max_tiles,
+                                        const float* weights, int hidden, int inter, __half* ys, cudaStream_t stream) {
+  if (max_tiles == 0) return cudaSuccess;
+  const dim3 grid(max_tiles, (hidden + 16 * kW4MmaDownTiles - 1) / (16 * kW4MmaDownTiles));
+  return launch_grouped(w.nvfp4 ? w4_gemv_mma_grouped_down_kernel<true> : w4_gemv_mma_grouped_down_kernel<false>, grid,
+                        w4_group_smem(w.cols), stream, w, h, tiles, weights, hidden, inter, ys);
+}
 
 template <bool GU, class... Args>
 static void launch_w4_gemm_mma(const W4Mat& w, int n_out, int max_tiles, cudaStream_t stream, Args... args) {

@@ -18,6 +18,7 @@ constexpr int kW4GemvOutsDown = 2;    // output columns per GEMV lane group, dow
 constexpr int kW4GemvChunks = 3;    // 16-byte code chunks per lane and row loaded ahead of the arithmetic
 constexpr int kW4MmaWarps = 4;      // warps per tensor-core GEMV block (gate/up: one 16-row tile, K split 4 ways)
 constexpr int kW4MmaDownTiles = 2;  // 16-row tiles per tensor-core down GEMV block (K split kW4MmaWarps / 2 ways)
+constexpr int kW4GroupSlots = 8;    // slots of one expert per grouped tensor-core GEMV block: the MMA's 8 columns
 
 /// One repacked W4 matrix stack on the device (layout: moe_w4a16.h, W4Packed).
 struct W4Mat {
@@ -31,6 +32,18 @@ struct W4Mat {
   bool nvfp4 = false, divide = false;
   bool fp8 = false;      ///< W4Format::Fp8: one byte a weight (only the FP32-FMA GEMV and the WMMA GEMM take it)
   int chunk_shift = -1;  ///< log2(group / 32) where group is 32 * 2^k (chunk c's group: c >> chunk_shift), else -1
+};
+
+/// The grouping of token slots by expert that launch_w4_align writes (device arrays): offsets [E+1] (expert e's
+/// sorted rows are offsets[e] .. offsets[e+1]-1), sorted_slots [slots] (the slot of each sorted row), and tiles of
+/// at most `tile_m` sorted rows of one expert (tile i: expert tile_expert[i], first row tile_row[i]; *num_tiles of
+/// them).
+struct W4Tiles {
+  const int32_t* offsets = nullptr;
+  const int32_t* sorted_slots = nullptr;
+  const int32_t* tile_expert = nullptr;
+  const int32_t* tile_row = nullptr;
+  const int32_t* num_tiles = nullptr;
 };
 
 #ifndef __CUDACC_RTC__  // host launchers
@@ -72,12 +85,13 @@ bool w4_gemv_tensor_cores_compiled();
 /// both pointers 16-byte aligned (cudaErrorInvalidValue otherwise).
 cudaError_t launch_repeat_cols_f16(const __half* src, int64_t ld, int rows, int cols, int copies, __half* dst,
                                    cudaStream_t stream);
-/// Groups token slots by expert for the GEMM path (one block, parallel scan; experts <= kMoeMaxExperts): offsets
-/// [E+1], sorted_slots / slot_row [slots], GEMM tiles of kW4TileM rows (tile_expert / tile_row, count in
-/// *num_tiles). Ids outside [0, E) get slot_row -1 and set *status.
-cudaError_t launch_w4_align(const int32_t* ids, int slots, int experts, int32_t* offsets, int32_t* sorted_slots,
-                            int32_t* slot_row, int32_t* tile_expert, int32_t* tile_row, int32_t* num_tiles,
-                            int32_t* status, cudaStream_t stream);
+/// Groups token slots by expert (one block, parallel scan; experts <= kMoeMaxExperts): offsets [E+1],
+/// sorted_slots / slot_row [slots] (a slot's sorted row), tiles of at most tile_m sorted rows of one expert
+/// (tile_expert / tile_row, count in *num_tiles; at most ceil(slots / tile_m) + min(E, slots) of them): kW4TileM for
+/// the GEMM path, kW4GroupSlots for the grouped GEMV. Ids outside [0, E) get slot_row -1 and set *status.
+cudaError_t launch_w4_align(const int32_t* ids, int slots, int experts, int tile_m, int32_t* offsets,
+                            int32_t* sorted_slots, int32_t* slot_row, int32_t* tile_expert, int32_t* tile_row,
+                            int32_t* num_tiles, int32_t* status, cudaStream_t stream);
 /// GEMV path (decode), gate/up, one slot per block column: h[s, n] = fp16(silu(g) * u) of expert ids[s] on token
 /// s / top_k, for every slot s < slots. Ids outside [0, E) are skipped and set *status. tensor_cores: the mma.sync
 /// kernel (only where w4_gemv_tensor_cores(w)), else the FP32-FMA one.
@@ -98,6 +112,27 @@ template <class TO>
 cudaError_t launch_w4_gemv_down(const W4Mat& w, const __half* h, const int32_t* ids, const float* weights, int tokens,
                                 int top_k, int experts, int hidden, int inter, __half* ys, int32_t* done,
                                 const float* shared, TO* out, int64_t ldo, bool tensor_cores, cudaStream_t stream);
+/// Whether the grouped tensor-core GEMV kernels can compute `w` on the current device: w4_gemv_tensor_cores(w), and
+/// the kW4GroupSlots staged activation rows fit the device's shared memory per block (opt-in limit).
+bool w4_gemv_grouped(const W4Mat& w);
+/// Shared memory a grouped GEMV block of `w` takes (staged rows and static arrays), in bytes: what bounds its blocks
+/// per SM.
+size_t w4_gemv_grouped_smem(const W4Mat& w);
+/// Grouped GEMV path (decode of several tokens), gate/up: one block per (tile of launch_w4_align with tile_m =
+/// kW4GroupSlots, 8 gate rows and their up rows); the tile's slots' activations are the MMA's columns, so each of an
+/// expert's weights is read once per kW4GroupSlots of its slots. h[r, n] = fp16(silu(g) * u) for every sorted row r
+/// (the GEMM path's layout), bit for bit the tensor-core GEMV's value for r's slot. max_tiles: the grid's extent
+/// (blocks past *num_tiles return at once). Only where w4_gemv_grouped(w). u: FP16, or FP32 rounded to FP16 as the
+/// rows are staged (ldu a multiple of 4 and 16-byte aligned rows; launch_w4_gemv_gate_up's FP32 form).
+cudaError_t launch_w4_gemv_grouped_gate_up(const W4Mat& w, const __half* u, int64_t ldu, const W4Tiles& tiles,
+                                           int max_tiles, int top_k, int inter, __half* h, cudaStream_t stream);
+cudaError_t launch_w4_gemv_grouped_gate_up(const W4Mat& w, const float* u, int64_t ldu, const W4Tiles& tiles,
+                                           int max_tiles, int top_k, int inter, __half* h, cudaStream_t stream);
+/// Grouped GEMV path, down: ys[r, n] = fp16(weights[sorted_slots[r]] * down_e(h[r])) for every sorted row r (h rows
+/// `inter` wide), bit for bit the tensor-core down GEMV's value; combined afterwards by launch_moe_combine. Only where
+/// w4_gemv_grouped(w).
+cudaError_t launch_w4_gemv_grouped_down(const W4Mat& w, const __half* h, const W4Tiles& tiles, int max_tiles,
+                                        const float* weights, int hidden, int inter, __half* ys, cudaStream_t stream);
 /// Whether the mma.sync GEMM kernels (compute capability 8.0+) can compute `w` on the current device: compiled for
 /// it (as w4_gemv_tensor_cores_compiled) and NVFP4 or int4 with groups of a multiple of 32 inputs (not FP8).
 /// Otherwise the WMMA GEMM (every GPU) runs.

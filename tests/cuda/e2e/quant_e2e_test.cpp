@@ -281,7 +281,8 @@ void routed_experts_match_cpu_oracle(const std::string& fmt, int layer) {
     EXPECT_LE(err, kExpertTol * scale) << fmt << " layer " << layer << " T=" << T;
     const char* path = "fp16";
     if (const auto* p = dynamic_cast<const cuda::CudaW4Experts*>(wg.packed.get())) {
-      const bool gemv = cuda::moe_w4a16_auto_path(p->view(), int(T), int(k)) == cuda::W4Path::Gemv;
+      const cuda::W4Path auto_path = cuda::moe_w4a16_auto_path(p->view(), int(T), int(k));
+      const bool gemv = auto_path == cuda::W4Path::Gemv || auto_path == cuda::W4Path::GemvGrouped;
       path = p->planes == 2                             ? (gemv ? "w8a16 planes gemv" : "w8a16 planes gemm")
              : p->gate_up.format == cuda::W4Format::Fp8 ? (gemv ? "w8a16 fp8 gemv" : "w8a16 fp8 gemm")
                                                         : (gemv ? "w4a16 gemv" : "w4a16 gemm");
