@@ -19,7 +19,8 @@
 #      E2E_FILTER: a gtest filter that narrows test_cuda_e2e (e.g. '*QuantGpu*'; with it the NCCL pass is not run);
 #      TEST_OPS=0 leaves out the op-case registry runs (test_ops), for a call that checks only the W4A16 kernels and
 #      the end-to-end tests (e.g. E2E_FILTER='*QuantGpu*' TEST_OPS=0);
-#      FULL=0 skips the released-geometry bench; PTX70=1 (also with --prepare) runs the tests again from binaries
+#      FULL=0 skips the released-geometry bench, which runs only after every check above passed unless
+#      FULL_AFTER_FAILURE=1 (a scarce GPU call that should bring figures back whatever the tests say); PTX70=1 (also with --prepare) runs the tests again from binaries
 #      whose device code is compute_70 PTX only (scripts/nvcc-ptx70.py), JIT-compiled by the driver as for a V100;
 #      MEDIUM=1 adds the medium fixture's tests (made with tools/make_fixtures.py into FIXTURE_DIR, default /tmp/fx);
 #      FP16=1 adds the fp16 run; BENCH_ARGS: extra arguments of the full-size run (e.g. "--prompts 1024,4096");
@@ -312,7 +313,11 @@ if [ "${FULL:-1}" != 0 ] && [ "${gpu_mib:-0}" -lt 100000 ] && [[ "${BENCH_ARGS:-
     "(run on an H200, or shrink it with BENCH_ARGS=\"--experts 256 ...\")" | tee -a "$S"
   FULL=0
 fi
-if [ "$status" = 0 ] && [ "${FULL:-1}" != 0 ]; then
+if [ "$status" != 0 ] && [ "${FULL:-1}" != 0 ] && [ "${FULL_AFTER_FAILURE:-0}" = 1 ]; then
+  echo "gpu-bench: a check above FAILED; the released geometry runs anyway (FULL_AFTER_FAILURE=1): its figures are" \
+    "those of a build that failed a check" | tee -a "$S"
+fi
+if { [ "$status" = 0 ] || [ "${FULL_AFTER_FAILURE:-0}" = 1 ]; } && [ "${FULL:-1}" != 0 ]; then
   echo "gpu-bench: released geometry, default precision: flashnext bench --profile ${BENCH_ARGS:-}" | tee -a "$S"
   # shellcheck disable=SC2086
   timeout 420 "$G/bin/flashnext" bench --profile --repeat 2 ${BENCH_ARGS:-} --out "$OUT/bench-full.json" \
