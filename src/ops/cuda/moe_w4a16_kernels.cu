@@ -785,7 +785,8 @@ __host__ __device__ constexpr int w4_group_stride(int cols) {
 constexpr size_t w4_group_smem(int cols) {
   return size_t(kW4GroupSlots) * size_t(w4_group_stride(cols)) * sizeof(uint4);
 }
-// Static shared memory of the grouped kernels, at most (w4_mma_block's partial sums and the down kernel's sums).
+// Static shared memory of the grouped kernels, at most: w4_mma_block's partial sums, the down kernel's sums, the row
+// pointers.
 constexpr size_t kW4GroupStaticSmem =
     sizeof(float) * (kW4MmaWarps * 16 * kW4GroupSlots + 16 * kW4MmaDownTiles * kW4GroupSlots) +
     sizeof(void*) * kW4GroupSlots;
