@@ -20,7 +20,8 @@
 #      TEST_OPS=0 leaves out the op-case registry runs (test_ops), for a call that checks only the W4A16 kernels and
 #      the end-to-end tests (e.g. E2E_FILTER='*QuantGpu*' TEST_OPS=0);
 #      FULL=0 skips the released-geometry bench, which runs only after every check above passed unless
-#      FULL_AFTER_FAILURE=1 (a scarce GPU call that should bring figures back whatever the tests say); PTX70=1 (also with --prepare) runs the tests again from binaries
+#      FULL_AFTER_FAILURE=1 (a scarce GPU call that should bring figures back whatever the tests say);
+#      PTX70=1 (also with --prepare) runs the tests again from binaries
 #      whose device code is compute_70 PTX only (scripts/nvcc-ptx70.py), JIT-compiled by the driver as for a V100;
 #      MEDIUM=1 adds the medium fixture's tests (made with tools/make_fixtures.py into FIXTURE_DIR, default /tmp/fx);
 #      FP16=1 adds the fp16 run; BENCH_ARGS: extra arguments of the full-size run (e.g. "--prompts 1024,4096");

@@ -635,13 +635,13 @@ W4Path moe_w4a16_auto_path(const MoeW4A16Experts& w, int tokens, int top_k) {
   const bool tensor_cores = w.gate_up && w.down && gemv_tensor_cores_allowed() &&
                             detail::w4_gemv_tensor_cores(w.gate_up->view()) &&
                             detail::w4_gemv_tensor_cores(w.down->view());
+  const bool can_group = tensor_cores && grouped_gemv_runs(w);
   // Auto groups only where a block's staged rows leave room for several blocks an SM (kW4GroupAutoSmem).
-  const bool grouped = tensor_cores && grouped_gemv_runs(w) && w4_gemv_setting() != "ungrouped" &&
+  const bool grouped = can_group && w4_gemv_setting() != "ungrouped" &&
                        detail::w4_gemv_grouped_smem(w.gate_up->view()) <= kW4GroupAutoSmem &&
                        detail::w4_gemv_grouped_smem(w.down->view()) <= kW4GroupAutoSmem;
   const W4Path path = moe_w4a16_pick_path(tokens, top_k, w.experts, tensor_cores, grouped);
-  if (path == W4Path::Gemv && w4_gemv_setting() == "grouped" && grouped_gemv_runs(w)) return W4Path::GemvGrouped;
-  return path;
+  return path == W4Path::Gemv && can_group && w4_gemv_setting() == "grouped" ? W4Path::GemvGrouped : path;
 }
 
 W4Path moe_w4a16_pick_path(int tokens, int top_k, int experts, bool tensor_core_gemv, bool grouped_gemv) {
